@@ -1,0 +1,221 @@
+//! The greedy portfolio: several buffer orderings, each placed buffer by buffer at the best-fitting
+//! gap among the buffers already placed that share a step with it; the lowest peak wins (ties go to
+//! the earlier entry of the portfolio, so the result is deterministic).
+//!
+//! The orderings are the ones that work well on allocation traces (largest first, longest first,
+//! largest area first, highest contention first, and the online order by start step). The start
+//! ordering needs no overlap graph, so it also serves components too dense to build one for.
+
+use alloc::collections::BTreeMap;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use super::sections::Sections;
+use super::Item;
+
+/// The overlap graph of a component, in compressed rows over local indices (positions in the
+/// component's member list).
+pub(crate) struct Overlaps {
+    row_start: Vec<usize>,
+    neighbours: Vec<u32>,
+}
+
+impl Overlaps {
+    /// Builds the graph, or `None` if it would have more than `pair_limit` pairs.
+    pub(crate) fn build(items: &[Item], members: &[u32], pair_limit: usize) -> Option<Overlaps> {
+        let mut by_lower: Vec<u32> = (0..members.len() as u32).collect();
+        by_lower.sort_unstable_by_key(|&l| (items[members[l as usize] as usize].lower, l));
+        let mut pairs: Vec<(u32, u32)> = Vec::new();
+        let mut active: Vec<u32> = Vec::new();
+        for &local in &by_lower {
+            let item = &items[members[local as usize] as usize];
+            active.retain(|&other| items[members[other as usize] as usize].upper > item.lower);
+            if pairs.len() + active.len() > pair_limit {
+                return None;
+            }
+            pairs.extend(active.iter().map(|&other| (other, local)));
+            active.push(local);
+        }
+        let mut degree = vec![0usize; members.len() + 1];
+        for &(a, b) in &pairs {
+            degree[a as usize] += 1;
+            degree[b as usize] += 1;
+        }
+        let mut row_start = Vec::with_capacity(members.len() + 1);
+        let mut total = 0;
+        for d in &degree[..members.len()] {
+            row_start.push(total);
+            total += d;
+        }
+        row_start.push(total);
+        let mut fill = row_start.clone();
+        let mut neighbours = vec![0u32; total];
+        for &(a, b) in &pairs {
+            neighbours[fill[a as usize]] = b;
+            fill[a as usize] += 1;
+            neighbours[fill[b as usize]] = a;
+            fill[b as usize] += 1;
+        }
+        for l in 0..members.len() {
+            neighbours[row_start[l]..row_start[l + 1]].sort_unstable();
+        }
+        Some(Overlaps { row_start, neighbours })
+    }
+
+    /// The local indices of the members overlapping `local` in time, ascending.
+    pub(crate) fn of(&self, local: usize) -> &[u32] {
+        &self.neighbours[self.row_start[local]..self.row_start[local + 1]]
+    }
+
+    /// The number of neighbours of `local`.
+    pub(crate) fn degree(&self, local: usize) -> usize {
+        self.row_start[local + 1] - self.row_start[local]
+    }
+}
+
+/// Where a greedy run puts each buffer among the gaps that fit it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Fit {
+    /// The smallest gap that fits (ties: the lowest).
+    Best,
+    /// The lowest gap that fits.
+    First,
+}
+
+/// A placement of one component, offsets relative to its base, in units.
+#[derive(Clone, Debug)]
+pub(crate) struct ComponentPlacement {
+    pub offsets: Vec<u64>,
+    pub peak: u64,
+}
+
+/// Runs the portfolio on one component and returns the best placement found.
+pub(crate) fn best_greedy(
+    items: &[Item],
+    members: &[u32],
+    overlaps: Option<&Overlaps>,
+    sections: &Sections,
+) -> ComponentPlacement {
+    let mut best = by_start(items, members);
+    let Some(overlaps) = overlaps else { return best };
+    let n = members.len();
+    let item = |l: usize| &items[members[l] as usize];
+    let length = |l: usize| u64::from(item(l).upper - item(l).lower);
+    let contention: Vec<u64> = (0..n).map(|l| sections.max_total_over(item(l))).collect();
+
+    let mut orderings: Vec<(Vec<u32>, Fit)> = Vec::new();
+    let mut order = |key: &dyn Fn(usize) -> (u128, u64, u64), fits: &[Fit]| {
+        let mut o: Vec<u32> = (0..n as u32).collect();
+        // Descending keys, then the local index: a total order.
+        o.sort_unstable_by(|&a, &b| key(b as usize).cmp(&key(a as usize)).then(a.cmp(&b)));
+        for &fit in fits {
+            orderings.push((o.clone(), fit));
+        }
+    };
+    order(&|l| (u128::from(contention[l]), item(l).size, length(l)), &[Fit::Best, Fit::First]);
+    order(&|l| (u128::from(item(l).size), length(l), 0), &[Fit::Best, Fit::First]);
+    order(&|l| (u128::from(length(l)), item(l).size, 0), &[Fit::Best]);
+    order(&|l| (u128::from(item(l).size) * u128::from(length(l)), item(l).size, 0), &[Fit::Best]);
+    order(&|l| (overlaps.degree(l) as u128, item(l).size, 0), &[Fit::Best]);
+    for (ordering, fit) in &orderings {
+        let candidate = in_order(items, members, overlaps, ordering, *fit);
+        if candidate.peak < best.peak {
+            best = candidate;
+        }
+    }
+    best
+}
+
+/// Places members in `order`, each at a gap among its already placed neighbours.
+pub(crate) fn in_order(
+    items: &[Item],
+    members: &[u32],
+    overlaps: &Overlaps,
+    order: &[u32],
+    fit: Fit,
+) -> ComponentPlacement {
+    const UNPLACED: u64 = u64::MAX;
+    let mut offsets = vec![UNPLACED; members.len()];
+    let mut peak = 0;
+    let mut taken: Vec<(u64, u64)> = Vec::new();
+    for &local in order {
+        let size = items[members[local as usize] as usize].size;
+        taken.clear();
+        for &other in overlaps.of(local as usize) {
+            let offset = offsets[other as usize];
+            if offset != UNPLACED {
+                taken.push((offset, offset + items[members[other as usize] as usize].size));
+            }
+        }
+        taken.sort_unstable();
+        let offset = choose_gap(&taken, size, fit);
+        offsets[local as usize] = offset;
+        peak = peak.max(offset + size);
+    }
+    ComponentPlacement { offsets, peak }
+}
+
+/// The offset for a buffer of `size` among the `taken` ranges (sorted by start): the gap `fit`
+/// chooses, or the top of the highest range when no gap fits.
+fn choose_gap(taken: &[(u64, u64)], size: u64, fit: Fit) -> u64 {
+    let mut cursor = 0u64;
+    let mut chosen: Option<(u64, u64)> = None; // (gap size, offset)
+    for &(start, end) in taken {
+        if start > cursor {
+            let gap = start - cursor;
+            if gap >= size {
+                match fit {
+                    Fit::First => return cursor,
+                    Fit::Best => {
+                        if chosen.is_none_or(|(best_gap, _)| gap < best_gap) {
+                            chosen = Some((gap, cursor));
+                        }
+                    }
+                }
+            }
+        }
+        cursor = cursor.max(end);
+    }
+    chosen.map_or(cursor, |(_, offset)| offset)
+}
+
+/// The online order: by start step (frees before allocations at the same step, larger first among
+/// equal starts), each buffer at the best-fitting gap among the buffers alive then. Needs no
+/// overlap graph: the live ranges are kept in an ordered map.
+pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
+    let mut order: Vec<u32> = (0..members.len() as u32).collect();
+    order.sort_unstable_by(|&a, &b| {
+        let (x, y) = (&items[members[a as usize] as usize], &items[members[b as usize] as usize]);
+        x.lower.cmp(&y.lower).then(y.size.cmp(&x.size)).then(a.cmp(&b))
+    });
+    let mut offsets = vec![0u64; members.len()];
+    let mut peak = 0;
+    // offset -> (end, upper step) of live ranges; expired ones are dropped lazily by step.
+    let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+    let mut taken: Vec<(u64, u64)> = Vec::new();
+    for &local in &order {
+        let item = &items[members[local as usize] as usize];
+        live.retain(|_, &mut (_, upper)| upper > item.lower);
+        taken.clear();
+        taken.extend(live.iter().map(|(&start, &(end, _))| (start, end)));
+        let offset = choose_gap(&taken, item.size, Fit::Best);
+        offsets[local as usize] = offset;
+        peak = peak.max(offset + item.size);
+        live.insert(offset, (offset + item.size, item.upper));
+    }
+    ComponentPlacement { offsets, peak }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_fit_takes_the_tightest_gap() {
+        let taken = [(0, 2), (5, 6), (8, 9)]; // gaps [2,5) size 3 and [6,8) size 2
+        assert_eq!(choose_gap(&taken, 2, Fit::Best), 6);
+        assert_eq!(choose_gap(&taken, 2, Fit::First), 2);
+        assert_eq!(choose_gap(&taken, 4, Fit::Best), 9);
+        assert_eq!(choose_gap(&[(0, 5), (1, 3), (6, 7)], 1, Fit::Best), 5);
+    }
+}

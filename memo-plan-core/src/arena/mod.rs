@@ -1,0 +1,339 @@
+//! Arena placement: give every buffer an offset so that buffers alive at the same step never share
+//! a byte, with the lowest possible peak (or under a given capacity). `spec/placement.md` is the
+//! contract; `ARCHITECTURE.md` explains the pipeline:
+//!
+//! 1. units: with alignment `a`, sizes become `ceil(size / a)` units and offsets multiples of `a`;
+//! 2. reductions that keep optimality ([`decompose`]): temporal components and peeling;
+//! 3. per component, the greedy portfolio ([`greedy`]) gives an incumbent;
+//! 4. components above the lower bound go to the exact search ([`search`]), which proves a capacity
+//!    infeasible or finds a placement under it, within a deterministic node budget.
+//!
+//! The reported peak is proven optimal when it equals the lower bound (the most bytes ever alive
+//! at once), or when the search proved every lower capacity infeasible for the component that
+//! sets it.
+
+mod decompose;
+mod greedy;
+#[cfg(feature = "mip")]
+pub mod mip;
+mod search;
+mod sections;
+
+use alloc::vec;
+use alloc::vec::Vec;
+use core::fmt;
+
+use crate::lifetime::{footprint, BufferLifetime};
+use crate::log::debug_log;
+use greedy::{ComponentPlacement, Overlaps};
+use search::SearchOutcome;
+use sections::Sections;
+
+/// The default node budget of the exact search, shared by all components of one solve.
+/// Enough for every 300-buffer known-optimum instance of the benchmark set; see BENCHMARKS.md.
+pub const DEFAULT_BUDGET_NODES: u64 = 2_000_000;
+
+/// Components with more buffers than this are placed by the greedy portfolio only: each search
+/// node costs time linear in the component, so larger ones would spend the budget slowly.
+pub const EXACT_SEARCH_MAX_BUFFERS: usize = 2_000;
+
+/// Components whose overlap graph would have more pairs than this use only the start-order greedy,
+/// which needs no graph (bounds memory to about 8 bytes a pair).
+pub const OVERLAP_PAIR_LIMIT: usize = 40_000_000;
+
+/// What to solve for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SolveOptions {
+    /// Find a placement whose peak is at most this many bytes (the peak is still minimised as far
+    /// as the budget allows). `None`: only minimise.
+    pub capacity: Option<u64>,
+    /// Every offset is a multiple of this (0 or 1: no alignment); every buffer occupies its size
+    /// rounded up to it.
+    pub alignment: u64,
+    /// Node budget of the exact search, over the whole solve.
+    pub budget_nodes: u64,
+}
+
+impl Default for SolveOptions {
+    fn default() -> Self {
+        SolveOptions { capacity: None, alignment: 1, budget_nodes: DEFAULT_BUDGET_NODES }
+    }
+}
+
+/// A placement and what is known about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Solution {
+    /// The offset of each buffer, in bytes, in input order.
+    pub offsets: Vec<u64>,
+    /// The arena size this placement needs: the highest offset + footprint.
+    pub peak: u64,
+    /// The most footprint bytes alive at once: no placement can have a lower peak.
+    pub lower_bound: u64,
+    /// Whether no placement has a lower peak (proven).
+    pub optimal: bool,
+    /// How it was found.
+    pub stats: SolveStats,
+}
+
+/// How a solve went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SolveStats {
+    /// Search nodes visited.
+    pub nodes: u64,
+    /// The peak of the greedy portfolio, before the exact search.
+    pub greedy_peak: u64,
+    /// Components left after the reductions (each placed on its own).
+    pub components: u32,
+    /// Buffers in the largest such component.
+    pub largest_component: u32,
+    /// Buffers placed by the reductions alone.
+    pub fixed_buffers: u32,
+    /// Whether the node budget ran out before every component was settled.
+    pub budget_exhausted: bool,
+}
+
+/// Why no placement came back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SolveError {
+    /// A buffer with `upper <= lower`.
+    EmptyLifetime {
+        /// Its index in the input.
+        buffer: usize,
+    },
+    /// The footprints add up to more than 2^64 bytes.
+    TooLarge,
+    /// No placement fits under the capacity: proven.
+    ProvenInfeasible {
+        /// The capacity asked for.
+        capacity: u64,
+        /// A proven lower bound on every placement's peak, above the capacity.
+        lower_bound: u64,
+    },
+    /// No placement under the capacity was found before the node budget ran out; one may exist.
+    NotFoundWithinBudget {
+        /// The capacity asked for.
+        capacity: u64,
+        /// The best peak found.
+        best_peak: u64,
+        /// The proven lower bound.
+        lower_bound: u64,
+        /// Nodes spent.
+        nodes: u64,
+    },
+}
+
+impl fmt::Display for SolveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Self::EmptyLifetime { buffer } => {
+                write!(f, "buffer #{buffer} has an empty lifetime (upper <= lower): lifetimes are half-open [lower, upper)")
+            }
+            Self::TooLarge => f.write_str("the buffers add up to more than 2^64 bytes"),
+            Self::ProvenInfeasible { capacity, lower_bound } => write!(
+                f,
+                "proven infeasible: every placement needs at least {lower_bound} bytes, above the capacity {capacity}"
+            ),
+            Self::NotFoundWithinBudget { capacity, best_peak, lower_bound, nodes } => write!(
+                f,
+                "no placement under {capacity} bytes found within the budget ({nodes} nodes): best peak {best_peak}, \
+                 lower bound {lower_bound}; raise the node budget or the capacity"
+            ),
+        }
+    }
+}
+
+impl core::error::Error for SolveError {}
+
+/// A buffer in units, as the solver sees it (only non-empty buffers).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Item {
+    pub lower: u32,
+    pub upper: u32,
+    pub size: u64,
+}
+
+/// Places `buffers` (see the module docs). Deterministic: the same input and options give the same
+/// offsets on every platform.
+pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solution, SolveError> {
+    let alignment = options.alignment.max(1);
+    // Non-empty buffers become items; `item_of[i]` maps an item back to its buffer.
+    let mut items: Vec<Item> = Vec::new();
+    let mut buffer_of: Vec<usize> = Vec::new();
+    let mut total: u64 = 0;
+    for (index, b) in buffers.iter().enumerate() {
+        if b.upper <= b.lower {
+            return Err(SolveError::EmptyLifetime { buffer: index });
+        }
+        let bytes = footprint(b.size, alignment).ok_or(SolveError::TooLarge)?;
+        total = total.checked_add(bytes).ok_or(SolveError::TooLarge)?;
+        if bytes > 0 {
+            items.push(Item { lower: b.lower, upper: b.upper, size: bytes / alignment });
+            buffer_of.push(index);
+        }
+    }
+    let capacity_units = options.capacity.map(|c| c / alignment);
+
+    let reduced = decompose::decompose(&items);
+    let mut offsets_units = vec![0u64; items.len()];
+    let mut peak_units = 0u64;
+    for &(item, offset) in &reduced.fixed {
+        offsets_units[item as usize] = offset;
+        peak_units = peak_units.max(offset + items[item as usize].size);
+    }
+
+    // Each leaf component: its sections, graph, greedy incumbent and proven lower bound.
+    let mut leaves: Vec<LeafState> = reduced
+        .leaves
+        .iter()
+        .map(|leaf| {
+            let sections = Sections::new(&items, &leaf.items);
+            let overlaps = Overlaps::build(&items, &leaf.items, OVERLAP_PAIR_LIMIT);
+            let best = greedy::best_greedy(&items, &leaf.items, overlaps.as_ref(), &sections);
+            let proven_lower = sections.lower_bound();
+            LeafState { base: leaf.base, sections, overlaps, best, proven_lower }
+        })
+        .collect();
+    let lower_bound_units =
+        leaves.iter().map(|l| l.base + l.proven_lower).chain(core::iter::once(peak_units)).max().unwrap_or(0);
+    let greedy_peak_units = leaves.iter().map(|l| l.base + l.best.peak).fold(peak_units, u64::max);
+    debug_log!("solve: {} items, {} leaves, lower bound {} units, greedy {} units", items.len(), leaves.len(), lower_bound_units, greedy_peak_units);
+
+    if let Some(capacity) = capacity_units {
+        if lower_bound_units > capacity {
+            return Err(SolveError::ProvenInfeasible {
+                capacity: options.capacity.unwrap_or(0),
+                lower_bound: lower_bound_units * alignment,
+            });
+        }
+    }
+
+    // Improve the leaves that set the peak, highest first. `target` is the peak the whole arena
+    // needs anyway; a leaf need not go below it.
+    let mut nodes_left = options.budget_nodes;
+    let mut nodes = 0u64;
+    let mut budget_exhausted = false;
+    let mut order: Vec<usize> = (0..leaves.len()).collect();
+    order.sort_unstable_by_key(|&i| (core::cmp::Reverse(leaves[i].base + leaves[i].best.peak), i));
+    let mut target = lower_bound_units;
+    for &i in &order {
+        let leaf = &mut leaves[i];
+        let members = &reduced.leaves[i].items;
+        if leaf.base + leaf.best.peak > target {
+            let goal = target - leaf.base;
+            let capacity_goal = capacity_units.map(|c| c - leaf.base);
+            let exhausted = leaf.improve(&items, members, goal, capacity_goal, &mut nodes_left, &mut nodes);
+            budget_exhausted |= exhausted;
+        }
+        target = target.max(leaf.base + leaf.best.peak);
+    }
+
+    let mut proven_lower_units = peak_units;
+    for (leaf, members) in leaves.iter().zip(&reduced.leaves) {
+        for (local, &item) in members.items.iter().enumerate() {
+            offsets_units[item as usize] = leaf.base + leaf.best.offsets[local];
+        }
+        peak_units = peak_units.max(leaf.base + leaf.best.peak);
+        proven_lower_units = proven_lower_units.max(leaf.base + leaf.proven_lower);
+    }
+
+    let lower_bound = lower_bound_units * alignment;
+    let peak = peak_units * alignment;
+    if let Some(capacity) = options.capacity {
+        if peak > capacity {
+            return Err(if proven_lower_units * alignment > capacity {
+                SolveError::ProvenInfeasible { capacity, lower_bound: proven_lower_units * alignment }
+            } else {
+                SolveError::NotFoundWithinBudget { capacity, best_peak: peak, lower_bound, nodes }
+            });
+        }
+    }
+    let mut offsets = vec![0u64; buffers.len()];
+    for (item, &buffer) in buffer_of.iter().enumerate() {
+        offsets[buffer] = offsets_units[item] * alignment;
+    }
+    Ok(Solution {
+        offsets,
+        peak,
+        lower_bound,
+        optimal: peak_units == proven_lower_units,
+        stats: SolveStats {
+            nodes,
+            greedy_peak: greedy_peak_units * alignment,
+            components: leaves.len() as u32,
+            largest_component: reduced.leaves.iter().map(|l| l.items.len() as u32).max().unwrap_or(0),
+            fixed_buffers: reduced.fixed.len() as u32,
+            budget_exhausted,
+        },
+    })
+}
+
+/// One component being improved.
+struct LeafState {
+    base: u64,
+    sections: Sections,
+    overlaps: Option<Overlaps>,
+    best: ComponentPlacement,
+    /// No placement of this component has a lower peak (units, relative to `base`).
+    proven_lower: u64,
+}
+
+impl LeafState {
+    /// Lowers the component's peak towards `goal` with the exact search: first to the capacity
+    /// (if one is asked for and not met), then to `goal`, then by bisection between the proven
+    /// lower bound and the best peak. Returns whether the budget ran out.
+    fn improve(
+        &mut self,
+        items: &[Item],
+        members: &[u32],
+        goal: u64,
+        capacity: Option<u64>,
+        nodes_left: &mut u64,
+        nodes: &mut u64,
+    ) -> bool {
+        let Some(overlaps) = self.overlaps.as_ref().filter(|_| members.len() <= EXACT_SEARCH_MAX_BUFFERS) else {
+            return false;
+        };
+        let rank = search_rank(items, members, &self.sections);
+        let mut tries: Vec<u64> = capacity.filter(|&c| c < self.best.peak).into_iter().collect();
+        tries.push(goal);
+        let mut next_try = 0;
+        while self.proven_lower < self.best.peak && self.best.peak > goal {
+            let capacity = if next_try < tries.len() {
+                next_try += 1;
+                tries[next_try - 1].max(self.proven_lower)
+            } else {
+                self.proven_lower + (self.best.peak - 1 - self.proven_lower) / 2
+            };
+            if capacity >= self.best.peak {
+                continue;
+            }
+            let (outcome, used) = search::search(items, members, overlaps, &self.sections, &rank, capacity, nodes_left);
+            *nodes += used;
+            match outcome {
+                SearchOutcome::Found(placement) => self.best = placement,
+                SearchOutcome::Infeasible => self.proven_lower = capacity + 1,
+                SearchOutcome::BudgetExhausted => return true,
+            }
+        }
+        false
+    }
+}
+
+/// The static tie-break order of the search: buffers in the most contended sections first, then
+/// longer, then larger (MiniMalloc's best-performing preorder), then input order.
+fn search_rank(items: &[Item], members: &[u32], sections: &Sections) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..members.len() as u32).collect();
+    let key = |l: u32| {
+        let item = &items[members[l as usize] as usize];
+        (sections.max_total_over(item), item.upper - item.lower, item.size)
+    };
+    order.sort_unstable_by(|&a, &b| key(b).cmp(&key(a)).then(a.cmp(&b)));
+    let mut rank = vec![0u32; members.len()];
+    for (position, &l) in order.iter().enumerate() {
+        rank[l as usize] = position as u32;
+    }
+    rank
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,106 @@
+//! Time sections of a component: the elementary step ranges between consecutive lifetime
+//! endpoints. Within a section the set of live buffers does not change, so the live units of a
+//! section (its "total") and a buffer's section range are all the search needs about time.
+
+use alloc::vec::Vec;
+
+use super::Item;
+
+/// The sections of one component.
+pub(crate) struct Sections {
+    /// Section `k` covers steps `[points[k], points[k + 1])`.
+    points: Vec<u32>,
+    /// Live units in each section.
+    pub totals: Vec<u64>,
+    /// `range_max[j][k]`: the largest total over sections `k .. k + 2^j` (a sparse table).
+    range_max: Vec<Vec<u64>>,
+}
+
+impl Sections {
+    pub(crate) fn new(items: &[Item], members: &[u32]) -> Sections {
+        let mut points: Vec<u32> = Vec::with_capacity(members.len() * 2);
+        for &m in members {
+            points.push(items[m as usize].lower);
+            points.push(items[m as usize].upper);
+        }
+        points.sort_unstable();
+        points.dedup();
+        let count = points.len().saturating_sub(1);
+        // Difference array over sections, then a prefix sum.
+        let mut delta = alloc::vec![0i128; count + 1];
+        let mut sections = Sections { points, totals: Vec::new(), range_max: Vec::new() };
+        for &m in members {
+            let range = sections.range_of(&items[m as usize]);
+            delta[range.start] += i128::from(items[m as usize].size);
+            delta[range.end] -= i128::from(items[m as usize].size);
+        }
+        let mut running = 0i128;
+        sections.totals = delta[..count]
+            .iter()
+            .map(|d| {
+                running += d;
+                // Component totals never exceed the checked sum of all sizes.
+                u64::try_from(running).unwrap_or(u64::MAX)
+            })
+            .collect();
+        let mut table = alloc::vec![sections.totals.clone()];
+        let mut width = 1;
+        while width * 2 <= count {
+            let previous = &table[table.len() - 1];
+            let next: Vec<u64> = (0..=count - width * 2).map(|k| previous[k].max(previous[k + width])).collect();
+            table.push(next);
+            width *= 2;
+        }
+        sections.range_max = table;
+        sections
+    }
+
+    /// The number of sections.
+    pub(crate) fn len(&self) -> usize {
+        self.totals.len()
+    }
+
+    /// The sections an item spans.
+    pub(crate) fn range_of(&self, item: &Item) -> core::ops::Range<usize> {
+        let start = self.points.partition_point(|&p| p < item.lower);
+        let end = self.points.partition_point(|&p| p < item.upper);
+        start..end
+    }
+
+    /// The largest live total during an item's lifetime (its "contention").
+    pub(crate) fn max_total_over(&self, item: &Item) -> u64 {
+        let range = self.range_of(item);
+        if range.is_empty() {
+            return 0;
+        }
+        let level = (usize::BITS - 1 - range.len().leading_zeros()) as usize;
+        let row = &self.range_max[level];
+        row[range.start].max(row[range.end - (1 << level)])
+    }
+
+    /// The largest total over all sections: the component's lower bound.
+    pub(crate) fn lower_bound(&self) -> u64 {
+        self.totals.iter().copied().max().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn totals_and_range_max() {
+        let items = [
+            Item { lower: 0, upper: 4, size: 3 },
+            Item { lower: 2, upper: 6, size: 5 },
+            Item { lower: 5, upper: 9, size: 1 },
+        ];
+        let s = Sections::new(&items, &[0, 1, 2]);
+        // points 0 2 4 5 6 9 -> sections [0,2) [2,4) [4,5) [5,6) [6,9)
+        assert_eq!(s.totals, [3, 8, 5, 6, 1]);
+        assert_eq!(s.range_of(&items[1]), 1..4);
+        assert_eq!(s.max_total_over(&items[0]), 8);
+        assert_eq!(s.max_total_over(&items[2]), 6);
+        assert_eq!(s.lower_bound(), 8);
+    }
+}

@@ -1,0 +1,6 @@
+//! Independent checkers. They import only the data types of their inputs and recompute
+//! everything they need; they never call the solver (so they can catch its bugs).
+
+pub mod placement;
+
+pub use placement::{check_placement, PlacementViolation};

@@ -1,0 +1,31 @@
+//! MEMO's planner, as a dependency-light `no_std` library.
+//!
+//! What is here now (see `ARCHITECTURE.md` beside this crate for the module map):
+//! - [`trace`]: memory request traces, in MEMO's `malloc`/`free` text form and the `id,lower,upper,size`
+//!   CSV form of public dynamic-storage-allocation (DSA) benchmarks;
+//! - [`lifetime`]: buffer lifetimes, the live-bytes profile and its maximum, the lower bound of any
+//!   placement;
+//! - [`arena`]: exact arena placement (greedy portfolio, then a MiniMalloc-style branch-and-bound);
+//! - [`check`]: an independent checker for placements that shares no code with the solver;
+//! - [`generate`]: deterministic instance generators (known optimum, training-step shaped).
+//!
+//! Everything is integer arithmetic and deterministic: same input, same output, on every platform.
+#![no_std]
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+extern crate alloc;
+#[cfg(any(test, feature = "std"))]
+extern crate std;
+
+mod log;
+
+pub mod arena;
+pub mod check;
+pub mod generate;
+pub mod lifetime;
+pub mod trace;
+
+pub use arena::{solve, SolveError, SolveOptions, Solution, SolveStats};
+pub use lifetime::{lower_bound, BufferLifetime};
+pub use trace::{parse_trace, Trace, TraceError, TraceFormat};
