@@ -35,11 +35,19 @@ pub const DEFAULT_BUDGET_NODES: u64 = 2_000_000;
 
 /// Components with more buffers than this are placed by the greedy portfolio only: each search
 /// node costs time linear in the component, so larger ones would spend the budget slowly.
-pub const EXACT_SEARCH_MAX_BUFFERS: usize = 2_000;
+pub const EXACT_SEARCH_MAX_BUFFERS: usize = 600;
 
 /// Components whose overlap graph would have more pairs than this use only the start-order greedy,
 /// which needs no graph (bounds memory to about 8 bytes a pair).
 pub const OVERLAP_PAIR_LIMIT: usize = 40_000_000;
+
+/// Shuffled tie-break orders the search restarts with, besides the three heuristic ones.
+pub const SEARCH_RESTART_SHUFFLES: usize = 29;
+
+/// The node limit of the first round of restarts, per buffer of the component; it doubles every
+/// round. Searches on these instances either finish in about one node per buffer or wander for
+/// very long (a heavy tail), so short runs under several orders beat one long run.
+pub const SEARCH_FIRST_LIMIT_PER_BUFFER: u64 = 4;
 
 /// What to solve for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -278,6 +286,40 @@ struct LeafState {
 }
 
 impl LeafState {
+    /// One capacity, searched under each tie-break order in turn with a node limit that doubles
+    /// every round (deterministic restarts), until one run finds a placement or proves there is
+    /// none, or the budget is spent. Any one run's "infeasible" is a proof: each run is complete.
+    #[allow(clippy::too_many_arguments)]
+    fn search_with_restarts(
+        &self,
+        items: &[Item],
+        members: &[u32],
+        overlaps: &Overlaps,
+        ranks: &[Vec<u32>],
+        capacity: u64,
+        nodes_left: &mut u64,
+        nodes: &mut u64,
+    ) -> SearchOutcome {
+        let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
+        loop {
+            for rank in ranks {
+                if *nodes_left == 0 {
+                    return SearchOutcome::BudgetExhausted;
+                }
+                let mut run_budget = limit.min(*nodes_left);
+                let (outcome, used) =
+                    search::search(items, members, overlaps, &self.sections, rank, capacity, &mut run_budget);
+                *nodes_left -= used;
+                *nodes += used;
+                match outcome {
+                    SearchOutcome::BudgetExhausted => {}
+                    settled => return settled,
+                }
+            }
+            limit = limit.saturating_mul(2);
+        }
+    }
+
     /// Lowers the component's peak towards `goal` with the exact search: first to the capacity
     /// (if one is asked for and not met), then to `goal`, then by bisection between the proven
     /// lower bound and the best peak. Returns whether the budget ran out.
@@ -293,7 +335,7 @@ impl LeafState {
         let Some(overlaps) = self.overlaps.as_ref().filter(|_| members.len() <= EXACT_SEARCH_MAX_BUFFERS) else {
             return false;
         };
-        let rank = search_rank(items, members, &self.sections);
+        let ranks = search_ranks(items, members, &self.sections);
         let mut tries: Vec<u64> = capacity.filter(|&c| c < self.best.peak).into_iter().collect();
         tries.push(goal);
         let mut next_try = 0;
@@ -307,9 +349,7 @@ impl LeafState {
             if capacity >= self.best.peak {
                 continue;
             }
-            let (outcome, used) = search::search(items, members, overlaps, &self.sections, &rank, capacity, nodes_left);
-            *nodes += used;
-            match outcome {
+            match self.search_with_restarts(items, members, overlaps, &ranks, capacity, nodes_left, nodes) {
                 SearchOutcome::Found(placement) => self.best = placement,
                 SearchOutcome::Infeasible => self.proven_lower = capacity + 1,
                 SearchOutcome::BudgetExhausted => return true,
@@ -319,20 +359,38 @@ impl LeafState {
     }
 }
 
-/// The static tie-break order of the search: buffers in the most contended sections first, then
-/// longer, then larger (MiniMalloc's best-performing preorder), then input order.
-fn search_rank(items: &[Item], members: &[u32], sections: &Sections) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..members.len() as u32).collect();
-    let key = |l: u32| {
-        let item = &items[members[l as usize] as usize];
-        (sections.max_total_over(item), item.upper - item.lower, item.size)
+/// The tie-break orders the restarts cycle through: buffers in the most contended sections
+/// first, then longer, then larger (MiniMalloc's best-performing preorder); largest first; longest
+/// first; then fixed-seed shuffles. Each is a rank per buffer (lower rank tried first).
+fn search_ranks(items: &[Item], members: &[u32], sections: &Sections) -> Vec<Vec<u32>> {
+    let n = members.len();
+    let item = |l: u32| &items[members[l as usize] as usize];
+    let by_key = |key: &dyn Fn(u32) -> (u64, u64, u64)| {
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.sort_unstable_by(|&a, &b| key(b).cmp(&key(a)).then(a.cmp(&b)));
+        order
     };
-    order.sort_unstable_by(|&a, &b| key(b).cmp(&key(a)).then(a.cmp(&b)));
-    let mut rank = vec![0u32; members.len()];
-    for (position, &l) in order.iter().enumerate() {
-        rank[l as usize] = position as u32;
+    let mut orders = vec![
+        by_key(&|l| (sections.max_total_over(item(l)), u64::from(item(l).upper - item(l).lower), item(l).size)),
+        by_key(&|l| (item(l).size, u64::from(item(l).upper - item(l).lower), 0)),
+        by_key(&|l| (u64::from(item(l).upper - item(l).lower), item(l).size, 0)),
+    ];
+    let mut rng = crate::generate::SplitMix64::new(0x5EED);
+    for _ in 0..SEARCH_RESTART_SHUFFLES {
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        rng.shuffle(&mut order);
+        orders.push(order);
     }
-    rank
+    orders
+        .iter()
+        .map(|order| {
+            let mut rank = vec![0u32; n];
+            for (position, &l) in order.iter().enumerate() {
+                rank[l as usize] = position as u32;
+            }
+            rank
+        })
+        .collect()
 }
 
 #[cfg(test)]

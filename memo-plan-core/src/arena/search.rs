@@ -12,13 +12,30 @@
 //! - dominance: a branch at or above the lowest end any unplaced buffer could reach is skipped
 //!   (that buffer fits under it, and putting it first is no worse);
 //! - section bound: in every time section, the unplaced buffers stack above both the section's
-//!   floor (highest end placed in it) and the current offset; if they would pass the capacity, the
-//!   node is cut.
+//!   floor and the current offset; if they would pass the capacity, the node is cut. A section's
+//!   floor is the highest end placed in it, raised to the lowest minimum offset of its unplaced
+//!   buffers (space below that can never be used again);
+//! - dynamic decomposition: when the buffers placed so far cut time into ranges that no unplaced
+//!   buffer crosses, the ranges are independent: each is searched on its own, and one failing
+//!   fails the node without re-enumerating the others.
+//!
+//! - zero slack: when a partition's unplaced buffers exactly fill every one of its sections up to
+//!   the capacity (as at the lower bound of a perfectly packable instance), no gap may ever open.
+//!   A section with the lowest floor must then be filled next, at its floor, by one of its own
+//!   buffers whose minimum offset is that floor; the partition branches only on those (a skyline
+//!   search; among equally low sections, the one with the fewest such buffers), with identical
+//!   buffers tried once. (Only a *lowest* section may be chosen: the buffer filling a higher one
+//!   may have to wait for buffers below it.) A partition keeps its mode for its whole search,
+//!   so the canonical-order argument is never mixed with this one.
 //!
 //! The search is exact: "infeasible" is a proof. It counts nodes and stops when its budget is
 //! spent, reporting that honestly rather than guessing.
 
+use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
+use core::ops::Range;
+
+use crate::generate::SplitMix64;
 
 use super::greedy::{ComponentPlacement, Overlaps};
 use super::sections::Sections;
@@ -38,21 +55,51 @@ const UNPLACED: u64 = u64::MAX;
 
 struct Search<'a> {
     size: Vec<u64>,
+    /// Each buffer's section range `[start, end)`.
     sections_of: Vec<(u32, u32)>,
+    /// The buffers of each section, in compressed rows.
+    section_row: Vec<usize>,
+    section_members: Vec<u32>,
     rank: Vec<u32>,
     overlaps: &'a Overlaps,
     offset: Vec<u64>,
+    /// The offset of each buffer on the last path that placed it; on success, the placement.
+    solution: Vec<u64>,
     min_offset: Vec<u64>,
     floor: Vec<u64>,
     total: Vec<u64>,
+    /// `cuts[b]`: unplaced buffers spanning both section `b` and section `b + 1`.
+    cuts: Vec<u32>,
     capacity: u64,
     nodes_left: u64,
     nodes: u64,
+    /// Random 128-bit keys of the buffers and sections. `state_key` is the XOR of the keys of the
+    /// placed buffers and of `key(section) * (floor + 1)` over the sections. In zero-slack mode
+    /// the placed set and the floors determine everything the rest of the search sees (every
+    /// section is filled solidly up to its floor), so equal keys mean equal subproblems, however
+    /// the placed buffers were ordered.
+    keys: Vec<u128>,
+    section_keys: Vec<u128>,
+    state_key: u128,
+    /// Partial placements (with the section range searched) proven infeasible: a skyline search
+    /// reaches the same one through many orders. Bounded; a full cache stops growing.
+    failed: BTreeSet<(u128, u32, u32)>,
+}
+
+/// The most entries the failed-placement cache keeps (about 40 bytes each).
+const FAILED_CACHE_LIMIT: usize = 1 << 20;
+
+/// Undo records of one placement.
+#[derive(Default)]
+struct Undo {
+    offsets: Vec<(u32, u64)>,
+    floors: Vec<(u32, u64)>,
 }
 
 /// Searches for a placement of `members` with peak at most `capacity` (units), spending at most
 /// `*nodes_left` nodes (decremented by what is used). `rank` orders ties between buffers with the
-/// same minimum offset (a static preference: lower rank first).
+/// same minimum offset (a static preference: lower rank first). Returns the outcome and the nodes
+/// spent.
 pub(crate) fn search(
     items: &[Item],
     members: &[u32],
@@ -63,40 +110,81 @@ pub(crate) fn search(
     nodes_left: &mut u64,
 ) -> (SearchOutcome, u64) {
     let n = members.len();
+    let section_count = sections.len();
+    let sections_of: Vec<(u32, u32)> = members
+        .iter()
+        .map(|&m| {
+            let r = sections.range_of(&items[m as usize]);
+            (r.start as u32, r.end as u32)
+        })
+        .collect();
+    let mut row_count = alloc::vec![0usize; section_count + 1];
+    let mut cuts = alloc::vec![0u32; section_count.saturating_sub(1)];
+    for &(start, end) in &sections_of {
+        for s in start..end {
+            row_count[s as usize] += 1;
+        }
+        for b in start..end.saturating_sub(1) {
+            cuts[b as usize] += 1;
+        }
+    }
+    let mut section_row = Vec::with_capacity(section_count + 1);
+    let mut running = 0;
+    for count in &row_count[..section_count] {
+        section_row.push(running);
+        running += count;
+    }
+    section_row.push(running);
+    let mut fill = section_row.clone();
+    let mut section_members = alloc::vec![0u32; running];
+    for (l, &(start, end)) in sections_of.iter().enumerate() {
+        for s in start as usize..end as usize {
+            section_members[fill[s]] = l as u32;
+            fill[s] += 1;
+        }
+    }
     let mut state = Search {
         size: members.iter().map(|&m| items[m as usize].size).collect(),
-        sections_of: members
-            .iter()
-            .map(|&m| {
-                let r = sections.range_of(&items[m as usize]);
-                (r.start as u32, r.end as u32)
-            })
-            .collect(),
+        sections_of,
+        section_row,
+        section_members,
         rank: rank.to_vec(),
         overlaps,
         offset: alloc::vec![UNPLACED; n],
+        solution: alloc::vec![0; n],
         min_offset: alloc::vec![0; n],
-        floor: alloc::vec![0; sections.len()],
+        floor: alloc::vec![0; section_count],
         total: sections.totals.clone(),
+        cuts,
         capacity,
         nodes_left: *nodes_left,
         nodes: 0,
+        keys: random_keys(0x6D65_6D6F, n),
+        section_keys: random_keys(0x666C_6F6F, section_count),
+        state_key: 0,
+        failed: BTreeSet::new(),
     };
     if state.total.iter().any(|&t| t > capacity) {
         return (SearchOutcome::Infeasible, 0);
     }
+    state.state_key = state.section_keys.iter().fold(0, |key, &k| key ^ k); // all floors 0
     let unplaced: Vec<u32> = (0..n as u32).collect();
-    let outcome = state.dfs(&unplaced, (0, 0));
+    let outcome = state.search_partition(&unplaced, 0..section_count);
     *nodes_left = state.nodes_left;
     let result = match outcome {
         Dfs::Found => {
-            let peak = (0..n).map(|l| state.offset[l] + state.size[l]).max().unwrap_or(0);
-            SearchOutcome::Found(ComponentPlacement { offsets: state.offset, peak })
+            let peak = (0..n).map(|l| state.solution[l] + state.size[l]).max().unwrap_or(0);
+            SearchOutcome::Found(ComponentPlacement { offsets: state.solution, peak })
         }
         Dfs::Infeasible => SearchOutcome::Infeasible,
         Dfs::Exhausted => SearchOutcome::BudgetExhausted,
     };
     (result, state.nodes)
+}
+
+fn random_keys(seed: u64, count: usize) -> Vec<u128> {
+    let mut rng = SplitMix64::new(seed);
+    (0..count).map(|_| (u128::from(rng.next_u64()) << 64) | u128::from(rng.next_u64())).collect()
 }
 
 enum Dfs {
@@ -106,7 +194,105 @@ enum Dfs {
 }
 
 impl Search<'_> {
-    fn dfs(&mut self, unplaced: &[u32], last: (u64, u32)) -> Dfs {
+    /// Starts the search of a partition, choosing its mode: zero slack when every section that
+    /// still has unplaced buffers is exactly full, canonical otherwise.
+    fn search_partition(&mut self, unplaced: &[u32], sections: Range<usize>) -> Dfs {
+        let zero_slack = sections.clone().all(|s| self.total[s] == 0 || self.floor[s] + self.total[s] == self.capacity);
+        if zero_slack {
+            self.fill_skyline(unplaced, sections)
+        } else {
+            self.dfs(unplaced, sections, (0, 0))
+        }
+    }
+
+    /// The zero-slack search: fill a lowest section at its floor.
+    fn fill_skyline(&mut self, unplaced: &[u32], sections: Range<usize>) -> Dfs {
+        if unplaced.is_empty() {
+            return Dfs::Found;
+        }
+        let memo_key = (self.state_key, sections.start as u32, sections.end as u32);
+        if self.failed.contains(&memo_key) {
+            return Dfs::Infeasible;
+        }
+        let outcome = self.fill_skyline_uncached(unplaced, sections);
+        if matches!(outcome, Dfs::Infeasible) && self.failed.len() < FAILED_CACHE_LIMIT {
+            self.failed.insert(memo_key);
+        }
+        outcome
+    }
+
+    fn fill_skyline_uncached(&mut self, unplaced: &[u32], sections: Range<usize>) -> Dfs {
+        if self.nodes_left == 0 {
+            return Dfs::Exhausted;
+        }
+        self.nodes_left -= 1;
+        self.nodes += 1;
+        // The sections with the lowest floor: whatever fills one of them at that floor has every
+        // buffer below it placed already, so it can be placed now, at its minimum offset, which
+        // must equal the floor. Branch on the lowest section with the fewest such buffers (fail
+        // first); if one has none, the partition cannot be completed.
+        let Some(lowest) = sections.clone().filter(|&s| self.total[s] > 0).map(|s| self.floor[s]).min() else {
+            return Dfs::Found;
+        };
+        let mut chosen: Option<(usize, u64, usize)> = None; // (count, floor, section)
+        for section in sections.clone() {
+            if self.total[section] == 0 || self.floor[section] != lowest {
+                continue;
+            }
+            let count = self
+                .members_of(section)
+                .iter()
+                .filter(|&&m| self.offset[m as usize] == UNPLACED && self.min_offset[m as usize] == lowest)
+                .count();
+            if count == 0 {
+                return Dfs::Infeasible;
+            }
+            if chosen.is_none_or(|best| (count, lowest, section) < best) {
+                chosen = Some((count, lowest, section));
+            }
+        }
+        let Some((_, fill, section)) = chosen else {
+            return Dfs::Found;
+        };
+        let mut candidates: Vec<(u32, u32)> = self
+            .members_of(section)
+            .iter()
+            .filter(|&&m| self.offset[m as usize] == UNPLACED && self.min_offset[m as usize] == fill)
+            .map(|&m| (self.rank[m as usize], m))
+            .collect();
+        candidates.sort_unstable();
+        let mut undo = Undo::default();
+        let mut tried: Vec<(u32, u32, u64)> = Vec::new();
+        for &(_, local) in &candidates {
+            let shape = (self.sections_of[local as usize].0, self.sections_of[local as usize].1, self.size[local as usize]);
+            if tried.contains(&shape) {
+                continue; // an identical buffer was tried here: the same subtree
+            }
+            tried.push(shape);
+            if fill + self.size[local as usize] > self.capacity {
+                continue;
+            }
+            undo.offsets.clear();
+            undo.floors.clear();
+            self.place(local, fill, &mut undo);
+            let outcome = if self.sections_fit(sections.clone(), 0) {
+                let rest: Vec<u32> = unplaced.iter().copied().filter(|&l| l != local).collect();
+                self.continue_after(local, rest, sections.clone(), None)
+            } else {
+                Dfs::Infeasible
+            };
+            self.unplace(local, &undo);
+            match outcome {
+                Dfs::Infeasible => {}
+                found_or_exhausted => return found_or_exhausted,
+            }
+        }
+        Dfs::Infeasible
+    }
+
+    /// Searches the partition made of the `unplaced` buffers over `sections`, continuing a
+    /// canonical order whose last placement was `last` (offset, rank). Leaves the state as found.
+    fn dfs(&mut self, unplaced: &[u32], sections: Range<usize>, last: (u64, u32)) -> Dfs {
         if unplaced.is_empty() {
             return Dfs::Found;
         }
@@ -126,9 +312,7 @@ impl Search<'_> {
             }
             min_height = min_height.min(end);
         }
-        let mut rest: Vec<u32> = Vec::with_capacity(unplaced.len() - 1);
-        let mut offset_changes: Vec<(u32, u64)> = Vec::new();
-        let mut floor_changes: Vec<(u32, u64)> = Vec::new();
+        let mut undo = Undo::default();
         for &(offset, rank, local) in &candidates {
             if (offset, rank) < last {
                 continue;
@@ -136,65 +320,146 @@ impl Search<'_> {
             if offset >= min_height {
                 break; // candidates are sorted by offset: every later one is dominated too
             }
-            self.place(local, offset, &mut offset_changes, &mut floor_changes);
-            let outcome = if self.sections_fit(offset) {
-                rest.clear();
-                rest.extend(unplaced.iter().copied().filter(|&l| l != local));
-                self.dfs(&rest, (offset, rank))
+            undo.offsets.clear();
+            undo.floors.clear();
+            self.place(local, offset, &mut undo);
+            let outcome = if self.sections_fit(sections.clone(), offset) {
+                let rest: Vec<u32> = unplaced.iter().copied().filter(|&l| l != local).collect();
+                self.continue_after(local, rest, sections.clone(), Some((offset, rank)))
             } else {
                 Dfs::Infeasible
             };
+            self.unplace(local, &undo);
             match outcome {
-                Dfs::Found => return Dfs::Found,
-                Dfs::Exhausted => {
-                    self.unplace(local, &offset_changes, &floor_changes);
-                    return Dfs::Exhausted;
-                }
-                Dfs::Infeasible => self.unplace(local, &offset_changes, &floor_changes),
+                Dfs::Infeasible => {}
+                found_or_exhausted => return found_or_exhausted,
             }
-            offset_changes.clear();
-            floor_changes.clear();
         }
         Dfs::Infeasible
     }
 
-    fn place(&mut self, local: u32, offset: u64, offset_changes: &mut Vec<(u32, u64)>, floor_changes: &mut Vec<(u32, u64)>) {
+    /// After placing `local`: split the partition where its placement left no unplaced buffer
+    /// crossing a section boundary, and search the parts one by one; or continue as one part, in
+    /// its mode (`last` is the canonical order's last placement, `None` in zero-slack mode).
+    fn continue_after(&mut self, local: u32, rest: Vec<u32>, sections: Range<usize>, last: Option<(u64, u32)>) -> Dfs {
+        let (start, end) = self.sections_of[local as usize];
+        let mut cut_points: Vec<usize> = Vec::new();
+        for b in start as usize..(end as usize).saturating_sub(1) {
+            if self.cuts[b] == 0 && sections.contains(&(b + 1)) {
+                cut_points.push(b + 1);
+            }
+        }
+        if cut_points.is_empty() {
+            return match last {
+                Some(last) => self.dfs(&rest, sections, last),
+                None => self.fill_skyline(&rest, sections),
+            };
+        }
+        cut_points.push(sections.end);
+        let mut part_start = sections.start;
+        for &part_end in &cut_points {
+            let part: Vec<u32> = rest
+                .iter()
+                .copied()
+                .filter(|&l| {
+                    let (s, e) = self.sections_of[l as usize];
+                    (s as usize) < part_end && part_start < e as usize
+                })
+                .collect();
+            if !part.is_empty() {
+                match self.search_partition(&part, part_start..part_end) {
+                    Dfs::Found => {}
+                    failed => return failed,
+                }
+            }
+            part_start = part_end;
+        }
+        Dfs::Found
+    }
+
+    /// Sets a section's floor, keeping `state_key` in step.
+    fn set_floor(&mut self, section: usize, floor: u64) {
+        let key = self.section_keys[section];
+        self.state_key ^= key.wrapping_mul(u128::from(self.floor[section]) + 1);
+        self.state_key ^= key.wrapping_mul(u128::from(floor) + 1);
+        self.floor[section] = floor;
+    }
+
+    /// The buffers (local indices) alive in `section`.
+    fn members_of(&self, section: usize) -> &[u32] {
+        &self.section_members[self.section_row[section]..self.section_row[section + 1]]
+    }
+
+    fn place(&mut self, local: u32, offset: u64, undo: &mut Undo) {
         let l = local as usize;
         let end = offset + self.size[l];
         self.offset[l] = offset;
+        self.solution[l] = offset;
+        self.state_key ^= self.keys[l];
+        let (start, stop) = self.sections_of[l];
+        for s in start as usize..stop as usize {
+            undo.floors.push((s as u32, self.floor[s]));
+            self.set_floor(s, end);
+            self.total[s] -= self.size[l];
+        }
+        for b in start as usize..(stop as usize).saturating_sub(1) {
+            self.cuts[b] -= 1;
+        }
         for &other in self.overlaps.of(l) {
             let o = other as usize;
             if self.offset[o] == UNPLACED && self.min_offset[o] < end {
-                offset_changes.push((other, self.min_offset[o]));
+                undo.offsets.push((other, self.min_offset[o]));
                 self.min_offset[o] = end;
             }
         }
+        // Raise the floor of the sections of every buffer whose minimum offset rose to the lowest
+        // minimum offset of the section's unplaced buffers.
+        for i in 0..undo.offsets.len() {
+            let (other, _) = undo.offsets[i];
+            let (s0, s1) = self.sections_of[other as usize];
+            for s in s0 as usize..s1 as usize {
+                let lowest = self
+                    .members_of(s)
+                    .iter()
+                    .filter(|&&m| self.offset[m as usize] == UNPLACED)
+                    .map(|&m| self.min_offset[m as usize])
+                    .min();
+                if let Some(lowest) = lowest {
+                    if lowest > self.floor[s] {
+                        undo.floors.push((s as u32, self.floor[s]));
+                        self.set_floor(s, lowest);
+                    }
+                }
+            }
+        }
+    }
+
+    fn unplace(&mut self, local: u32, undo: &Undo) {
+        let l = local as usize;
+        self.state_key ^= self.keys[l];
+        self.offset[l] = UNPLACED;
         let (start, stop) = self.sections_of[l];
         for s in start as usize..stop as usize {
-            floor_changes.push((s as u32, self.floor[s]));
-            self.floor[s] = end;
-            self.total[s] -= self.size[l];
+            self.total[s] += self.size[l];
         }
-    }
-
-    fn unplace(&mut self, local: u32, offset_changes: &[(u32, u64)], floor_changes: &[(u32, u64)]) {
-        let l = local as usize;
-        self.offset[l] = UNPLACED;
-        for &(other, previous) in offset_changes.iter().rev() {
+        for b in start as usize..(stop as usize).saturating_sub(1) {
+            self.cuts[b] += 1;
+        }
+        for &(other, previous) in undo.offsets.iter().rev() {
             self.min_offset[other as usize] = previous;
         }
-        for &(s, previous) in floor_changes.iter().rev() {
-            self.floor[s as usize] = previous;
-            self.total[s as usize] += self.size[l];
+        for &(s, previous) in undo.floors.iter().rev() {
+            self.set_floor(s as usize, previous);
         }
     }
 
-    /// The section bound: the unplaced buffers of every section stack above its floor and above
-    /// `offset` (later placements never go lower, by the canonical order).
-    fn sections_fit(&self, offset: u64) -> bool {
-        self.floor
+    /// The section bound over the partition's sections: the unplaced buffers of every section
+    /// stack above its floor and above `offset` (later placements in this partition never go
+    /// lower, by the canonical order).
+    fn sections_fit(&self, sections: Range<usize>, offset: u64) -> bool {
+        self.floor[sections.clone()]
             .iter()
-            .zip(&self.total)
+            .zip(&self.total[sections])
             .all(|(&floor, &total)| total == 0 || floor.max(offset) + total <= self.capacity)
     }
 }

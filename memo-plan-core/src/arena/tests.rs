@@ -1,0 +1,235 @@
+//! Tests of the whole placement pipeline. Every solution goes through the independent checker.
+
+use alloc::vec::Vec;
+
+use super::*;
+use crate::check::check_placement;
+use crate::generate::{known_optimum, training_step, SplitMix64, StepShape};
+use crate::lifetime::lower_bound;
+use crate::trace::parse_trace;
+
+fn buf(lower: u32, upper: u32, size: u64) -> BufferLifetime {
+    BufferLifetime { id: 0, lower, upper, size }
+}
+
+/// Solves and checks: the checker accepts, the peak is at least the lower bound, and a second
+/// solve gives the identical solution.
+fn solve_checked(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solution, SolveError> {
+    let result = solve(buffers, options);
+    if let Ok(solution) = &result {
+        if let Err(violations) =
+            check_placement(buffers, &solution.offsets, options.alignment, solution.peak, options.capacity)
+        {
+            panic!("checker rejected the solution: {violations:?}");
+        }
+        assert!(solution.peak >= solution.lower_bound);
+        assert_eq!(solution.lower_bound, lower_bound(buffers, options.alignment));
+        if solution.peak == solution.lower_bound {
+            assert!(solution.optimal);
+        }
+    }
+    assert_eq!(result, solve(buffers, options), "not deterministic");
+    result
+}
+
+/// The optimum by brute force: every compacted placement is "each buffer at the lowest offset that
+/// fits among those placed before it" for some order of the buffers.
+fn brute_force_optimum(buffers: &[BufferLifetime]) -> u64 {
+    fn permute(order: &mut Vec<usize>, k: usize, buffers: &[BufferLifetime], best: &mut u64) {
+        if k == order.len() {
+            let mut placed: Vec<(usize, u64)> = Vec::new();
+            let mut peak = 0;
+            for &i in order.iter() {
+                let mut taken: Vec<(u64, u64)> = placed
+                    .iter()
+                    .filter(|&&(j, _)| buffers[j].overlaps_in_time(&buffers[i]))
+                    .map(|&(j, offset)| (offset, offset + buffers[j].size))
+                    .collect();
+                taken.sort_unstable();
+                let mut offset = 0;
+                for (start, end) in taken {
+                    if start >= offset + buffers[i].size {
+                        break;
+                    }
+                    offset = offset.max(end);
+                }
+                placed.push((i, offset));
+                peak = peak.max(offset + buffers[i].size);
+            }
+            *best = (*best).min(peak);
+            return;
+        }
+        for i in k..order.len() {
+            order.swap(k, i);
+            permute(order, k + 1, buffers, best);
+            order.swap(k, i);
+        }
+    }
+    let mut best = u64::MAX;
+    permute(&mut (0..buffers.len()).collect(), 0, buffers, &mut best);
+    if buffers.is_empty() {
+        0
+    } else {
+        best
+    }
+}
+
+fn random_buffers(rng: &mut SplitMix64, count: usize, horizon: u64, max_size: u64) -> Vec<BufferLifetime> {
+    (0..count)
+        .map(|id| {
+            let lower = rng.below(horizon) as u32;
+            let upper = lower + 1 + rng.below(horizon / 2 + 1) as u32;
+            BufferLifetime { id: id as u64, lower, upper, size: rng.between(1, max_size) }
+        })
+        .collect()
+}
+
+#[test]
+fn memo_example_forward_and_backward_reach_their_lower_bounds() {
+    let trace = parse_trace(include_bytes!("../../../examples/traces/memo-layer.trace")).unwrap();
+    // MEMO plans one layer's forward requests (0-11) and backward requests (12-23) separately;
+    // the skeletal tensors 15 and 16 cross the two and live in the rounding buffers instead.
+    let forward: Vec<BufferLifetime> = trace.buffers.iter().copied().filter(|b| b.upper <= 12).collect();
+    let backward: Vec<BufferLifetime> = trace.buffers.iter().copied().filter(|b| b.lower >= 12).collect();
+    let ids = |set: &[BufferLifetime]| set.iter().map(|b| b.id).collect::<Vec<_>>();
+    assert_eq!(ids(&forward), [13, 14, 17, 18, 19]);
+    assert_eq!(ids(&backward), [20, 21, 22, 23, 24]);
+    let options = SolveOptions::default();
+    let forward = solve_checked(&forward, &options).unwrap();
+    let backward = solve_checked(&backward, &options).unwrap();
+    assert_eq!((forward.peak, forward.lower_bound, forward.optimal), (512_000_000, 512_000_000, true));
+    assert_eq!((backward.peak, backward.lower_bound, backward.optimal), (1_920_000_000, 1_920_000_000, true));
+    // The whole layer in one placement also reaches its lower bound.
+    let whole = solve_checked(&trace.buffers, &options).unwrap();
+    assert!(whole.optimal);
+    assert_eq!(whole.peak, whole.lower_bound);
+}
+
+#[test]
+fn matches_brute_force_on_small_random_instances() {
+    let mut rng = SplitMix64::new(1);
+    for case in 0..300 {
+        let count = 1 + (case % 7);
+        let buffers = random_buffers(&mut rng, count, 12, 20);
+        let solution = solve_checked(&buffers, &SolveOptions::default()).unwrap();
+        let optimum = brute_force_optimum(&buffers);
+        assert_eq!(solution.peak, optimum, "case {case}: {buffers:?}");
+        assert!(solution.optimal, "case {case}: optimum reached but not proven: {buffers:?}");
+    }
+}
+
+/// Regression guard for the exact search on known-optimum instances: these (seed, buffers) pairs
+/// are solved to their optimum within the default budget today (measured in BENCHMARKS.md, which
+/// also lists the instances that are not: the search has a heavy tail).
+#[test]
+fn reaches_the_known_optimum_of_generated_instances() {
+    for (seed, count) in [(1, 100), (2, 100), (3, 100), (1, 200), (2, 200), (5, 200), (2, 300), (3, 300), (8, 300)] {
+        let height = 1 << 20;
+        let buffers = known_optimum(seed, count, 4 * count as u32, height);
+        let solution = solve_checked(&buffers, &SolveOptions::default()).unwrap();
+        assert_eq!(solution.lower_bound, height);
+        assert_eq!(solution.peak, height, "seed {seed}, {count} buffers: stats {:?}", solution.stats);
+        assert!(solution.optimal);
+    }
+}
+
+/// Small known-optimum instances: every one is solved to its optimum.
+#[test]
+fn reaches_the_known_optimum_of_every_small_instance() {
+    for count in [5, 10, 20, 30, 40] {
+        for seed in 0..40 {
+            let buffers = known_optimum(seed, count, 3 * count as u32, 1000);
+            let solution = solve_checked(&buffers, &SolveOptions::default()).unwrap();
+            assert_eq!(solution.peak, 1000, "seed {seed}, {count} buffers");
+        }
+    }
+}
+
+#[test]
+fn never_worse_than_the_start_order_greedy_and_checked_on_random_instances() {
+    let mut rng = SplitMix64::new(2);
+    for case in 0..200 {
+        let count = 1 + rng.below(80) as usize;
+        let alignment = [1, 8, 256][case % 3];
+        let buffers = random_buffers(&mut rng, count, 60, 5000);
+        let options = SolveOptions { alignment, budget_nodes: 20_000, ..SolveOptions::default() };
+        let solution = solve_checked(&buffers, &options).unwrap();
+        let items: Vec<Item> = buffers
+            .iter()
+            .map(|b| Item { lower: b.lower, upper: b.upper, size: b.size.div_ceil(alignment) })
+            .collect();
+        let all: Vec<u32> = (0..items.len() as u32).collect();
+        let greedy = greedy::by_start(&items, &all);
+        assert!(solution.peak <= greedy.peak * alignment, "case {case}");
+        assert!(solution.peak <= solution.stats.greedy_peak);
+    }
+}
+
+#[test]
+fn capacity_mode_reports_infeasible_and_not_found_honestly() {
+    let buffers = known_optimum(9, 60, 60, 1000);
+    // Below the lower bound: proven infeasible at once.
+    let e = solve_checked(&buffers, &SolveOptions { capacity: Some(999), ..SolveOptions::default() }).unwrap_err();
+    assert_eq!(e, SolveError::ProvenInfeasible { capacity: 999, lower_bound: 1000 });
+    // At the optimum: found.
+    let s = solve_checked(&buffers, &SolveOptions { capacity: Some(1000), ..SolveOptions::default() }).unwrap();
+    assert!(s.peak <= 1000);
+    // With no search budget, only the greedy answer is there: found or honestly not found.
+    let no_budget = SolveOptions { capacity: Some(1000), budget_nodes: 0, ..SolveOptions::default() };
+    match solve_checked(&buffers, &no_budget) {
+        Ok(s) => assert_eq!(s.peak, 1000),
+        Err(SolveError::NotFoundWithinBudget { capacity, best_peak, lower_bound, nodes }) => {
+            assert_eq!((capacity, lower_bound, nodes), (1000, 1000, 0));
+            assert!(best_peak > 1000);
+        }
+        Err(other) => panic!("unexpected {other:?}"),
+    }
+}
+
+/// Two buffers that must sit side by side, one of which is 1 unit too large for the capacity
+/// between them: the search proves it and the error says so.
+#[test]
+fn proven_infeasible_above_the_lower_bound() {
+    // A and C never meet, B meets both: LB = max(a+b, b+c) = 10, but the triangle below forces 11.
+    // 0:[0,2) 6, 1:[1,3) 4, 2:[2,4) 5, 3:[0,4)... keep it simple: a chain whose optimum is known by
+    // brute force, and ask for one byte less.
+    let buffers = [buf(0, 2, 3), buf(1, 4, 4), buf(3, 5, 3), buf(0, 5, 2), buf(1, 3, 2)];
+    let optimum = brute_force_optimum(&buffers);
+    let lb = lower_bound(&buffers, 1);
+    let e = solve_checked(&buffers, &SolveOptions { capacity: Some(optimum - 1), ..SolveOptions::default() });
+    assert!(
+        matches!(e, Err(SolveError::ProvenInfeasible { capacity, lower_bound }) if capacity == optimum - 1 && lower_bound >= lb),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn alignment_rounds_footprints_and_offsets() {
+    let buffers = [buf(0, 2, 10), buf(1, 3, 10), buf(2, 4, 1)];
+    let s = solve_checked(&buffers, &SolveOptions { alignment: 64, ..SolveOptions::default() }).unwrap();
+    assert!(s.offsets.iter().all(|o| o % 64 == 0));
+    assert_eq!(s.peak, 128);
+}
+
+#[test]
+fn invalid_inputs_are_errors_not_panics() {
+    assert_eq!(solve(&[buf(3, 3, 1)], &SolveOptions::default()), Err(SolveError::EmptyLifetime { buffer: 0 }));
+    assert_eq!(solve(&[buf(0, 1, u64::MAX), buf(0, 1, 1)], &SolveOptions::default()), Err(SolveError::TooLarge));
+    assert_eq!(
+        solve(&[buf(0, 1, u64::MAX)], &SolveOptions { alignment: 2, ..SolveOptions::default() }),
+        Err(SolveError::TooLarge)
+    );
+    let empty = solve_checked(&[], &SolveOptions::default()).unwrap();
+    assert_eq!((empty.peak, empty.optimal), (0, true));
+    let zero = solve_checked(&[buf(0, 4, 0), buf(1, 2, 5)], &SolveOptions::default()).unwrap();
+    assert_eq!(zero.peak, 5);
+}
+
+#[test]
+fn training_step_traces_are_placed_near_their_lower_bound() {
+    let shape = StepShape { layers: 8, transients_per_layer: 200, skeletal_per_layer: 10, activation_bytes: 1 << 28 };
+    let buffers = training_step(3, shape);
+    let s = solve_checked(&buffers, &SolveOptions::default()).unwrap();
+    // Within 0.5% of the lower bound (the issue's target at scale; BENCHMARKS.md has the large runs).
+    assert!(s.peak * 1000 <= s.lower_bound * 1005, "peak {} lower bound {}", s.peak, s.lower_bound);
+}
