@@ -54,6 +54,18 @@ impl Failure {
         }
     }
 
+    /// The exit code.
+    #[cfg(test)]
+    pub fn code(&self) -> u8 {
+        self.code
+    }
+
+    /// The message, without the `memo: ` prefix.
+    #[cfg(test)]
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// Prints the message as one line on standard error (a failing stderr is ignored: there is
     /// nowhere left to report it) and returns the exit code.
     pub fn report(&self) -> ExitCode {

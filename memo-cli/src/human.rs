@@ -5,10 +5,14 @@ use std::time::Duration;
 
 const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
 
-/// A byte count with its exact value and a rounded binary-unit figure:
-/// `2013265920 bytes (1.88 GiB)`.
+/// A byte count with its exact value and, from 1 KiB on, a rounded binary-unit figure:
+/// `2013265920 bytes (1.88 GiB)`, `1000 bytes`.
 pub fn bytes(count: u64) -> String {
-    format!("{count} bytes ({})", binary_units(count))
+    if count < 1024 {
+        format!("{count} bytes")
+    } else {
+        format!("{count} bytes ({})", binary_units(count))
+    }
 }
 
 /// `count` in the largest binary unit that keeps it at or above 1, to two decimals (rounded half
@@ -66,7 +70,8 @@ mod tests {
     #[test]
     fn bytes_show_exact_and_binary_units() {
         assert_eq!(bytes(2_013_265_920), "2013265920 bytes (1.88 GiB)");
-        assert_eq!(bytes(0), "0 bytes (0 B)");
+        assert_eq!(bytes(0), "0 bytes");
+        assert_eq!(bytes(1000), "1000 bytes");
         assert_eq!(binary_units(1023), "1023 B");
         assert_eq!(binary_units(1024), "1.00 KiB");
         assert_eq!(binary_units(1536), "1.50 KiB");

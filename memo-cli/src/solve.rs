@@ -91,24 +91,7 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
         arena::solve(&trace.buffers, &options).map_err(|e| solve_failure(&name, &e, &options))?;
     let elapsed = started.elapsed();
 
-    // Never print a placement the independent checker has not accepted.
-    if let Err(violations) = check_placement(
-        &trace.buffers,
-        &solution.offsets,
-        options.alignment,
-        solution.peak,
-        options.capacity,
-    ) {
-        return Err(Failure::new(
-            exit::INTERNAL_ERROR,
-            format!(
-                "internal error: the solver's placement of {name} failed the independent check ({} violation(s), \
-                 first: {}); this is a bug, please report it with the trace and the command line",
-                violations.len(),
-                violations[0]
-            ),
-        ));
-    }
+    check(&name, &trace, &options, &solution)?;
 
     let solved = Solved {
         name: &name,
@@ -123,9 +106,14 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
         write_csv(&solved)
     };
     written.map_err(|e| {
+        let advice = if e.kind() == io::ErrorKind::BrokenPipe {
+            "the reader closed it early; let it read the whole placement"
+        } else {
+            "check where standard output goes (disk full? closed?)"
+        };
         Failure::new(
             exit::IO_ERROR,
-            format!("cannot write the placement to standard output: {e}; check where it goes"),
+            format!("cannot write the placement to standard output: {e}; {advice}"),
         )
     })?;
     if !args.json {
@@ -133,6 +121,29 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
         let _ = io::stderr().lock().write_all(solved.summary().as_bytes());
     }
     Ok(())
+}
+
+/// Never print a placement the independent checker has not accepted: a rejection is a solver bug.
+fn check(
+    name: &str,
+    trace: &Trace,
+    options: &SolveOptions,
+    solution: &Solution,
+) -> Result<(), Failure> {
+    check_placement(&trace.buffers, &solution.offsets, options.alignment, solution.peak, options.capacity).map_err(
+        |violations| {
+            Failure::new(
+                exit::INTERNAL_ERROR,
+                format!(
+                    "internal error: the solver's placement of {name} failed the independent check \
+                     ({} violation(s), first: {}); this is a bug, please report it with the trace and the \
+                     command line",
+                    violations.len(),
+                    violations.first().map(ToString::to_string).unwrap_or_default()
+                ),
+            )
+        },
+    )
 }
 
 /// How the input is named in messages.
@@ -183,15 +194,15 @@ fn solve_failure(name: &str, error: &SolveError, options: &SolveOptions) -> Fail
                 human::bytes(capacity)
             ),
         ),
-        SolveError::NotFoundWithinBudget { capacity, best_peak, lower_bound, nodes } => Failure::new(
+        SolveError::NotFoundWithinBudget { capacity, best_peak, lower_bound, .. } => Failure::new(
             exit::NOT_FOUND,
             format!(
-                "{name}: no placement under --capacity {} found within {nodes} search nodes (best peak {}, \
-                 lower bound {}); raise --budget-nodes (now {}) or --capacity",
+                "{name}: no placement under --capacity {} found within --budget-nodes {} (best peak {}, \
+                 lower bound {}); raise --budget-nodes or --capacity",
                 human::bytes(capacity),
+                options.budget_nodes,
                 human::bytes(best_peak),
                 human::bytes(lower_bound),
-                options.budget_nodes
             ),
         ),
         SolveError::TooLarge => Failure::new(
@@ -304,8 +315,8 @@ impl Solved<'_> {
         row(
             "components",
             format!(
-                "{} (largest {} buffers)",
-                stats.components, stats.largest_component
+                "{} (largest {} buffers; {} placed by reductions)",
+                stats.components, stats.largest_component, stats.fixed_buffers
             ),
         );
         let exhausted = if stats.budget_exhausted {
@@ -323,5 +334,51 @@ impl Solved<'_> {
         row("elapsed", human::duration(self.elapsed));
         lines.push(String::new());
         lines.join("\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The exit-70 path: a placement the checker rejects is reported, never printed.
+    #[test]
+    fn a_placement_that_fails_the_check_is_an_internal_error() {
+        let trace =
+            trace::parse_trace(b"malloc 1 10\nmalloc 2 10\nfree 1 10\nfree 2 10\n").unwrap();
+        let options = SolveOptions::default();
+        let mut solution = arena::solve(&trace.buffers, &options).unwrap();
+        assert!(check("t", &trace, &options, &solution).is_ok());
+        solution.offsets = vec![0, 5];
+        let failure = check("t", &trace, &options, &solution).unwrap_err();
+        assert_eq!(failure.code(), exit::INTERNAL_ERROR);
+        assert!(
+            failure.message().contains("please report it"),
+            "{}",
+            failure.message()
+        );
+    }
+
+    #[test]
+    fn trace_errors_name_file_and_line() {
+        let error = trace::parse_trace(b"malloc 1 10\nfree 2 10\n").unwrap_err();
+        let failure = trace_failure("t.trace", &error);
+        assert_eq!(failure.code(), exit::BAD_INPUT);
+        assert!(
+            failure.message().starts_with("t.trace:2: free of id 2"),
+            "{}",
+            failure.message()
+        );
+    }
+
+    #[test]
+    fn option_values_take_units() {
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("512MB"), Ok(512_000_000));
+        assert!(parse_bytes("2 lots")
+            .unwrap_err()
+            .starts_with("expected a byte count"));
+        assert_eq!(parse_nodes("100"), Ok(100));
+        assert!(parse_nodes("-1").is_err());
     }
 }
