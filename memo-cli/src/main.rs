@@ -1,1 +1,99 @@
-fn main() {}
+//! The `memo` command line: a small dispatcher over one module per subcommand.
+//!
+//! Exit codes are listed in [`exit`]; every failure is one line on standard error starting with
+//! `memo:`.
+
+pub mod exit;
+mod human;
+mod solve;
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, Subcommand};
+
+use exit::Failure;
+
+/// MEMO's memory planner: verified arena placements for long-context LLM training.
+#[derive(Debug, Parser)]
+#[command(name = "memo", version, after_help = exit::HELP)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Place the buffers of a memory request trace in one arena with the lowest peak
+    #[command(long_about = solve::LONG_ABOUT)]
+    Solve(solve::SolveArgs),
+}
+
+fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(error) => return clap_exit(&error, &args),
+    };
+    let result = match &cli.command {
+        Command::Solve(solve_args) => solve::run(solve_args),
+    };
+    match result {
+        Ok(()) => ExitCode::from(exit::SUCCESS),
+        Err(failure) => failure.report(),
+    }
+}
+
+/// `--help` and `--version` print in full and succeed; every other clap error becomes a one-line
+/// usage error (exit 2) that points at the right `--help`.
+fn clap_exit(error: &clap::Error, args: &[OsString]) -> ExitCode {
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+    ) {
+        let mut text = error.render().to_string();
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        return match std::io::stdout().lock().write_all(text.as_bytes()) {
+            Ok(()) => ExitCode::from(exit::SUCCESS),
+            Err(e) => Failure::new(
+                exit::IO_ERROR,
+                format!("cannot write the help to standard output: {e}"),
+            )
+            .report(),
+        };
+    }
+    let command = Cli::command();
+    let subcommand = args
+        .iter()
+        .skip(1)
+        .filter_map(|a| a.to_str())
+        .find(|a| command.get_subcommands().any(|s| s.get_name() == *a));
+    let help = match subcommand {
+        Some(name) => format!("memo {name} --help"),
+        None => "memo --help".to_string(),
+    };
+    let what = match error.kind() {
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand | ErrorKind::MissingSubcommand => {
+            "no command given".to_string()
+        }
+        _ => {
+            // The first paragraph of clap's message, on one line, without its `error: ` label.
+            let rendered = error.render().to_string();
+            let paragraph: Vec<&str> = rendered
+                .lines()
+                .map(str::trim)
+                .take_while(|l| !l.is_empty())
+                .collect();
+            let joined = paragraph.join(" ");
+            joined
+                .strip_prefix("error: ")
+                .unwrap_or(&joined)
+                .to_string()
+        }
+    };
+    Failure::new(exit::BAD_INPUT, format!("{what}; see `{help}`")).report()
+}

@@ -1,0 +1,76 @@
+//! Exit codes of `memo`, and the one-line error that goes with each failure.
+//!
+//! | code | meaning |
+//! |------|---------|
+//! | 0    | success |
+//! | 1    | I/O error: the input cannot be read, or the output cannot be written (e.g. a closed pipe) |
+//! | 2    | bad input: a usage error (unknown option, bad value) or an invalid trace |
+//! | 3    | proven infeasible: no placement fits under `--capacity` |
+//! | 4    | not found: no placement under `--capacity` was found within `--budget-nodes` |
+//! | 70   | internal error: a result failed its independent check (a bug: please report it) |
+//!
+//! Every failure prints exactly one line on standard error, starting with `memo:`, that says what
+//! went wrong and what to do about it.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+/// Everything went well.
+pub const SUCCESS: u8 = 0;
+/// The input could not be read or the output could not be written.
+pub const IO_ERROR: u8 = 1;
+/// A usage error or an invalid trace.
+pub const BAD_INPUT: u8 = 2;
+/// No placement fits under the capacity (proven).
+pub const INFEASIBLE: u8 = 3;
+/// No placement under the capacity was found within the node budget (one may exist).
+pub const NOT_FOUND: u8 = 4;
+/// A result failed its independent check: a bug in `memo` (`EX_SOFTWARE` of `sysexits.h`).
+pub const INTERNAL_ERROR: u8 = 70;
+
+/// The exit-code table as `--help` shows it.
+pub const HELP: &str = "\
+Exit codes:
+  0   success
+  1   I/O error: cannot read the input or write the output (e.g. a closed pipe)
+  2   bad input: usage error or invalid trace (the message names the file and line)
+  3   proven infeasible under --capacity
+  4   no placement under --capacity found within --budget-nodes (raise either)
+  70  internal error: the result failed its independent check (please report it)";
+
+/// Why a command failed: an exit code and a one-line message (without the `memo: ` prefix).
+#[derive(Debug)]
+pub struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    /// A failure with the given exit code and message.
+    pub fn new(code: u8, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The exit code.
+    #[cfg(test)]
+    pub fn code(&self) -> u8 {
+        self.code
+    }
+
+    /// The message, without the `memo: ` prefix.
+    #[cfg(test)]
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Prints the message as one line on standard error (a failing stderr is ignored: there is
+    /// nowhere left to report it) and returns the exit code.
+    pub fn report(&self) -> ExitCode {
+        let line = self.message.replace(['\n', '\r'], " ");
+        let _ = writeln!(std::io::stderr().lock(), "memo: {line}");
+        ExitCode::from(self.code)
+    }
+}
