@@ -25,6 +25,9 @@ pub mod check;
 pub mod generate;
 pub mod lifetime;
 pub mod trace;
+pub mod model;
+//pub mod swap;
+pub mod cost;
 
 pub use arena::{solve, SolveError, SolveOptions, Solution, SolveStats};
 pub use lifetime::{lower_bound, BufferLifetime};

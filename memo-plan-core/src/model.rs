@@ -161,7 +161,8 @@ impl fmt::Display for ModelError {
             }
             ModelError::Overflow { what } => write!(
                 f,
-                "the {what} does not fit in 64 bits: the model or sequence is too large to plan; \
+                "the {what} does not fit in an integer (64 bits for bytes, 128 for FLOPs): the model or \
+                 sequence is too large to plan; \
                  use a shorter seq_len, a smaller micro_batch or a larger t"
             ),
             ModelError::AchievedAbovePeak { achieved, peak } => write!(
@@ -564,4 +565,4 @@ impl SkeletalSet {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
