@@ -26,7 +26,7 @@ pub mod generate;
 pub mod lifetime;
 pub mod trace;
 pub mod model;
-//pub mod swap;
+pub mod swap;
 pub mod cost;
 
 pub use arena::{solve, SolveError, SolveOptions, Solution, SolveStats};
