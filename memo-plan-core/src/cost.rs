@@ -76,7 +76,10 @@ impl fmt::Display for CostError {
                 write!(f, "step_time_s = {seconds} is not a time: give the measured step time, a finite number of seconds above 0")
             }
             CostError::BadAlpha { alpha } => {
-                write!(f, "alpha = {alpha} is not a swap fraction: give a number from 0 (recompute all) to 1 (swap all)")
+                write!(
+                    f,
+                    "alpha = {alpha} is not a swap fraction: give a number from 0 (recompute all) to 1 (swap all)"
+                )
             }
         }
     }
@@ -303,7 +306,12 @@ impl fmt::Display for Mfu {
 
 /// MFU = model FLOPs per GPU / (`step_time_s` * `peak_flops`), recompute excluded, under both
 /// attention conventions.
-pub fn mfu(model: &ModelConfig, parallel: &Parallelism, hardware: &Hardware, step_time_s: f64) -> Result<Mfu, CostError> {
+pub fn mfu(
+    model: &ModelConfig,
+    parallel: &Parallelism,
+    hardware: &Hardware,
+    step_time_s: f64,
+) -> Result<Mfu, CostError> {
     hardware.validate()?;
     if !(step_time_s.is_finite() && step_time_s > 0.0) {
         return Err(CostError::BadStepTime { seconds: step_time_s });

@@ -202,9 +202,7 @@ fn write_names<'a>(f: &mut fmt::Formatter<'_>, names: impl Iterator<Item = &'a s
 /// What to do about a zero field.
 fn zero_fix(field: &str) -> &'static str {
     match field {
-        "achieved_flops" => {
-            "give the FLOP/s one GPU sustains (e.g. 60% of peak_flops) or a measured_layer_forward_s"
-        }
+        "achieved_flops" => "give the FLOP/s one GPU sustains (e.g. 60% of peak_flops) or a measured_layer_forward_s",
         "layers" | "hidden" | "heads" | "ffn_hidden" | "vocab" | "seq_len" | "micro_batch" => {
             "a model needs at least 1 of each"
         }
@@ -272,7 +270,7 @@ impl ModelConfig {
         if let Some((field, _)) = fields.iter().find(|(_, value)| *value == 0) {
             return Err(zero(field));
         }
-        if self.hidden % self.heads != 0 {
+        if !self.hidden.is_multiple_of(self.heads) {
             return Err(ModelError::HeadsDoNotDivideHidden { hidden: self.hidden, heads: self.heads });
         }
         Ok(())
@@ -389,7 +387,7 @@ impl Parallelism {
             return Err(zero("data"));
         }
         for (field, value) in [("heads", model.heads), ("ffn_hidden", model.ffn_hidden), ("seq_len", model.seq_len)] {
-            if value % self.tensor != 0 {
+            if !value.is_multiple_of(self.tensor) {
                 return Err(ModelError::NotDivisibleByTensorParallel { field, value, tensor: self.tensor });
             }
         }

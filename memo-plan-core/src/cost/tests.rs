@@ -15,7 +15,14 @@ fn tiny_layer_forward_by_hand() {
     let full = layer_forward_flops(&tiny(), &Parallelism::single(), AttentionFlops::Full).unwrap();
     assert_eq!(
         full,
-        LayerForwardFlops { qkv: 1536, attention_scores: 256, attention_values: 256, projection: 512, fc1: 2048, fc2: 2048 }
+        LayerForwardFlops {
+            qkv: 1536,
+            attention_scores: 256,
+            attention_values: 256,
+            projection: 512,
+            fc1: 2048,
+            fc2: 2048
+        }
     );
     assert_eq!((full.gemm(), full.attention(), full.total()), (6144, 512, 6656));
     let causal = layer_forward_flops(&tiny(), &Parallelism::single(), AttentionFlops::CausalHalved).unwrap();

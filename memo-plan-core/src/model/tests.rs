@@ -70,7 +70,8 @@ fn skeletal_set_of_7b_at_1m_on_8_gpus() {
     assert_eq!(set.others_bytes, 14 * GIB);
     // LSE: 32 heads * 2^20 tokens * 4 B / 8 = 16 MiB.
     assert_eq!(set.lse_bytes, 16 * MIB);
-    let bf16_bytes: u64 = set.tensors.iter().filter(|t| t.kind != SkeletalKind::AttentionLogSumExp).map(|t| t.bytes).sum();
+    let bf16_bytes: u64 =
+        set.tensors.iter().filter(|t| t.kind != SkeletalKind::AttentionLogSumExp).map(|t| t.bytes).sum();
     assert_eq!(bf16_bytes, 1 << 34);
     assert_eq!(set.total_bytes, (1 << 34) + 16 * MIB);
     assert_eq!(set.always_swapped_bytes(), 2 * GIB + 16 * MIB);
@@ -210,8 +211,7 @@ fn hardware_presets_hold_the_datasheet_numbers() {
     assert_eq!((a800.d2h_bytes_per_s, a800.h2d_bytes_per_s), (25_000_000_000, 25_000_000_000));
     assert_eq!(a800.peak_flops, 312_000_000_000_000);
     assert_eq!(a800.achieved_flops, 312_000_000_000_000 / 100 * 60);
-    let peaks: [(&str, u64, u64); 3] =
-        [("h100x8", 989, 8), ("h200x1", 989, 1), ("mi300x8", 1307, 8)];
+    let peaks: [(&str, u64, u64); 3] = [("h100x8", 989, 8), ("h200x1", 989, 1), ("mi300x8", 1307, 8)];
     for (name, tflops, gpus) in peaks {
         let hardware = Hardware::preset(name).unwrap();
         hardware.validate().unwrap();

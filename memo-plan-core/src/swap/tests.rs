@@ -212,7 +212,10 @@ fn invalid_inputs_are_errors() {
     let e = swap_fraction(&model, &parallel, &hardware, &SwapOptions::default()).unwrap_err();
     assert_eq!(e, SwapError::Zero { field: "bandwidth_bytes_per_s" });
     assert!(format!("{e}").contains("bandwidth_bytes_per_s is 0"));
-    assert_eq!(SwapError::from(CostError::BadAlpha { alpha: 2.0 }), SwapError::Cost(CostError::BadAlpha { alpha: 2.0 }));
+    assert_eq!(
+        SwapError::from(CostError::BadAlpha { alpha: 2.0 }),
+        SwapError::Cost(CostError::BadAlpha { alpha: 2.0 })
+    );
     assert!(format!("{}", SwapError::Cost(CostError::BadAlpha { alpha: 2.0 })).contains("alpha = 2"));
 }
 
