@@ -105,19 +105,20 @@ pub struct LayerForwardFlops {
 }
 
 impl LayerForwardFlops {
-    /// All of them. Cannot overflow: [`layer_forward_flops`] checked the sum.
+    /// All of them. Exact for counts from [`layer_forward_flops`], which checked the sum;
+    /// saturating for hand-made values.
     pub fn total(&self) -> u128 {
-        self.gemm() + self.attention()
+        self.gemm().saturating_add(self.attention())
     }
 
     /// The four GEMMs.
     pub fn gemm(&self) -> u128 {
-        self.qkv + self.projection + self.fc1 + self.fc2
+        self.qkv.saturating_add(self.projection).saturating_add(self.fc1).saturating_add(self.fc2)
     }
 
     /// The two attention products.
     pub fn attention(&self) -> u128 {
-        self.attention_scores + self.attention_values
+        self.attention_scores.saturating_add(self.attention_values)
     }
 }
 

@@ -555,10 +555,11 @@ pub struct SkeletalSet {
 }
 
 impl SkeletalSet {
-    /// Bytes swapped whatever alpha is: `S_input + S_attn + LSE`.
+    /// Bytes swapped whatever alpha is: `S_input + S_attn + LSE`. Exact for a set from
+    /// [`ModelConfig::skeletal_set`] (the three are parts of `total_bytes`, which fit); saturating
+    /// for hand-made values.
     pub fn always_swapped_bytes(&self) -> u64 {
-        // Cannot overflow: the three are parts of total_bytes, which fit.
-        self.input_bytes + self.attention_bytes + self.lse_bytes
+        self.input_bytes.saturating_add(self.attention_bytes).saturating_add(self.lse_bytes)
     }
 }
 

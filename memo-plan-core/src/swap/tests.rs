@@ -290,3 +290,101 @@ fn hand_made_problem_errors_and_extremes() {
     p.always_swapped_bytes = 0;
     assert_eq!(p.solve(None).unwrap().max_seq_len_for_host, Some(u64::MAX - u64::MAX % 4));
 }
+
+/// Extreme and ordinary values for every integer input.
+const PICKS: [u64; 10] = [0, 1, 2, 3, 8, 56, 4096, 1 << 20, 1 << 40, u64::MAX];
+
+#[test]
+fn no_input_makes_any_entry_point_panic() {
+    let mut rng = crate::generate::SplitMix64::new(7);
+    let mut pick = || PICKS[rng.below(PICKS.len() as u64) as usize];
+    for _ in 0..3000 {
+        let model = ModelConfig {
+            name: "sweep".into(),
+            layers: u32::try_from(pick()).unwrap_or(u32::MAX),
+            hidden: pick(),
+            heads: pick(),
+            ffn_hidden: pick(),
+            vocab: pick(),
+            seq_len: pick(),
+            micro_batch: pick(),
+        };
+        let parallel = Parallelism::new(pick(), pick());
+        let hardware = Hardware {
+            name: "sweep".into(),
+            device_memory_bytes: pick(),
+            host_memory_per_node_bytes: pick(),
+            gpus_per_node: pick(),
+            d2h_bytes_per_s: pick(),
+            h2d_bytes_per_s: pick(),
+            gpus_sharing_uplink: pick(),
+            peak_flops: pick(),
+            achieved_flops: pick(),
+            measured_layer_forward_s: [None, Some(0.0), Some(1e-300), Some(1e300), Some(f64::NAN)]
+                [(pick() % 5) as usize],
+        };
+        let alpha = [0.0, 0.5, 1.0, -1.0, f64::NAN][(pick() % 5) as usize];
+        let _ = model.parameter_count();
+        let _ = model.model_state_bytes(&parallel);
+        let _ = model.skeletal_set(&parallel).map(|set| set.always_swapped_bytes());
+        let _ = hardware.validate();
+        for attention in AttentionFlops::BOTH {
+            let _ = cost::layer_forward_flops(&model, &parallel, attention).map(|f| f.total());
+            let _ = cost::layer_backward_flops(&model, &parallel, attention);
+            let _ = cost::step_flops(&model, &parallel, attention, alpha);
+            let _ = cost::layer_forward_time_s(&model, &parallel, &hardware, attention);
+        }
+        let _ = cost::recompute_flops(&model, &parallel, pick());
+        let _ = cost::classifier_forward_flops(&model, &parallel);
+        let _ =
+            cost::mfu(&model, &parallel, &hardware, [1e-300, 1.0, 0.0][(pick() % 3) as usize]).map(|m| format!("{m}"));
+        for forced_alpha in [None, Some(alpha)] {
+            let options = SwapOptions { forced_alpha, ..SwapOptions::default() };
+            match swap_fraction(&model, &parallel, &hardware, &options) {
+                Ok(result) => {
+                    assert!((0.0..=1.0).contains(&result.alpha), "{result:?}");
+                    let _ = (format!("{result}"), result.swapped_tokens(model.seq_len));
+                }
+                Err(error) => assert!(!format!("{error}").is_empty()),
+            }
+        }
+    }
+}
+
+/// Valid by construction, of every magnitude: only overflow may be refused, and a solved alpha
+/// always satisfies the LP's constraints that it claims to.
+#[test]
+fn valid_inputs_of_any_size_solve_or_overflow_and_meet_the_lp() {
+    let mut rng = crate::generate::SplitMix64::new(11);
+    let mut solved = 0;
+    for _ in 0..3000 {
+        let heads = [1u64, 2, 8, 64][rng.below(4) as usize];
+        let head_dim = [1u64, 64, 128, 1 << 20, 1 << 40][rng.below(5) as usize];
+        let tensor = [1u64, 2, 8, 64].into_iter().filter(|t| heads.is_multiple_of(*t)).nth(rng.below(2) as usize).unwrap_or(1);
+        let seq_len = tensor * [1u64, 1000, 1 << 15, 1 << 20, 1 << 40][rng.below(5) as usize];
+        let micro_batch = [1u64, 2, 1 << 30][rng.below(3) as usize];
+        let layers = [1u32, 2, 3, 32, 80, u32::MAX][rng.below(6) as usize];
+        let model = ModelConfig::new("sweep", layers, heads * head_dim, heads, seq_len, micro_batch);
+        let mut hardware = Hardware::preset(["a800x8", "h100x8", "h200x1", "mi300x8"][rng.below(4) as usize]).unwrap();
+        hardware.host_memory_per_node_bytes = [0, 1 << 30, 2 * TIB, u64::MAX][rng.below(4) as usize];
+        hardware.d2h_bytes_per_s = [1, 1_000_000_000, 25_000_000_000, u64::MAX][rng.below(4) as usize];
+        let parallel = Parallelism::new(tensor, 1);
+        match swap_fraction(&model, &parallel, &hardware, &SwapOptions::default()) {
+            Ok(result) => {
+                solved += 1;
+                assert!((0.0..=1.0).contains(&result.alpha), "{result:?}");
+                if result.alpha_bandwidth >= 0.0 {
+                    assert_eq!(result.forward_stall_s, 0.0, "{result:?}");
+                    assert!(result.swap_out_time_s <= result.layer_forward_s * (1.0 + 1e-9), "{result:?}");
+                }
+                if result.alpha_host >= 0.0 {
+                    assert!(result.fits_in_host(), "{result:?}");
+                }
+                assert_eq!(result.host_bytes_needed > result.host_bytes_available, !result.fits_in_host());
+            }
+            Err(SwapError::Model(ModelError::Overflow { .. })) => {}
+            Err(other) => panic!("{model:?} {parallel:?}: {other}"),
+        }
+    }
+    assert!(solved > 1000, "{solved}");
+}
