@@ -22,12 +22,12 @@ mod log;
 
 pub mod arena;
 pub mod check;
+pub mod cost;
 pub mod generate;
 pub mod lifetime;
-pub mod trace;
 pub mod model;
 pub mod swap;
-pub mod cost;
+pub mod trace;
 
 pub use arena::{solve, SolveError, SolveOptions, Solution, SolveStats};
 pub use lifetime::{lower_bound, BufferLifetime};

@@ -360,7 +360,8 @@ fn valid_inputs_of_any_size_solve_or_overflow_and_meet_the_lp() {
     for _ in 0..3000 {
         let heads = [1u64, 2, 8, 64][rng.below(4) as usize];
         let head_dim = [1u64, 64, 128, 1 << 20, 1 << 40][rng.below(5) as usize];
-        let tensor = [1u64, 2, 8, 64].into_iter().filter(|t| heads.is_multiple_of(*t)).nth(rng.below(2) as usize).unwrap_or(1);
+        let tensor =
+            [1u64, 2, 8, 64].into_iter().filter(|t| heads.is_multiple_of(*t)).nth(rng.below(2) as usize).unwrap_or(1);
         let seq_len = tensor * [1u64, 1000, 1 << 15, 1 << 20, 1 << 40][rng.below(5) as usize];
         let micro_batch = [1u64, 2, 1 << 30][rng.below(3) as usize];
         let layers = [1u32, 2, 3, 32, 80, u32::MAX][rng.below(6) as usize];
