@@ -220,17 +220,17 @@ fn overflow(what: &'static str) -> ModelError {
 }
 
 /// `a * b`, or an overflow error naming `what`.
-pub(crate) fn mul(a: u64, b: u64, what: &'static str) -> Result<u64, ModelError> {
+fn mul(a: u64, b: u64, what: &'static str) -> Result<u64, ModelError> {
     a.checked_mul(b).ok_or(overflow(what))
 }
 
 /// `a + b`, or an overflow error naming `what`.
-pub(crate) fn add(a: u64, b: u64, what: &'static str) -> Result<u64, ModelError> {
+fn add(a: u64, b: u64, what: &'static str) -> Result<u64, ModelError> {
     a.checked_add(b).ok_or(overflow(what))
 }
 
 impl ModelConfig {
-    /// A model with `ffn_hidden = 4 * hidden` (saturating; [`ModelConfig::validate`] then reports
+    /// A model with `ffn_hidden = 4 * hidden` (saturating: the sizes computed from it then report
     /// the overflow) and the GPT-2 vocabulary.
     pub fn new(name: &str, layers: u32, hidden: u64, heads: u64, seq_len: u64, micro_batch: u64) -> Self {
         ModelConfig {
@@ -286,6 +286,7 @@ impl ModelConfig {
     ///
     /// The vocabulary is not padded (Megatron-LM pads it to a multiple of 128 * t).
     pub fn parameter_count(&self) -> Result<u64, ModelError> {
+        self.validate()?;
         const WHAT: &str = "parameter count";
         let h = self.hidden;
         let f = self.ffn_hidden;

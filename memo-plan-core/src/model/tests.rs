@@ -133,6 +133,7 @@ fn zero_fields_are_errors_naming_the_field() {
         let mut model = tiny();
         set(&mut model);
         assert_eq!(model.validate(), Err(ModelError::Zero { field }));
+        assert_eq!(model.parameter_count(), Err(ModelError::Zero { field }));
         assert_eq!(model.skeletal_set(&Parallelism::single()).unwrap_err(), ModelError::Zero { field });
         assert_eq!(model.model_state_bytes(&Parallelism::single()).unwrap_err(), ModelError::Zero { field });
         let text = format!("{}", ModelError::Zero { field });
