@@ -22,8 +22,11 @@ mod log;
 
 pub mod arena;
 pub mod check;
+pub mod cost;
 pub mod generate;
 pub mod lifetime;
+pub mod model;
+pub mod swap;
 pub mod trace;
 
 pub use arena::{solve, SolveError, SolveOptions, Solution, SolveStats};

@@ -1,0 +1,334 @@
+//! FLOPs of one layer and of one training step, MFU, and a per-layer forward-time estimate
+//! (`spec/cost-model.md`).
+//!
+//! Only matrix products are counted (the convention of Megatron-LM's and the paper's MFU): the
+//! GEMMs `2*m*n*k` and FlashAttention's two products `Q K^T` and `P V`. Layer norms, GeLU, softmax,
+//! residual adds and the cross-entropy are memory-bound, well under 1% of the FLOPs, and counted
+//! as 0. With `b` sequences of `s` tokens, hidden `h`, MLP width `f` and vocabulary `V`, one
+//! layer's forward is
+//!
+//! ```text
+//! QKV 6bsh^2 + projection 2bsh^2 + FC1 2bshf + FC2 2bshf + attention 4bs^2h
+//! ```
+//!
+//! (`24bsh^2 + 4bs^2h` when `f = 4h`); the attention term is halved under the causal mask when
+//! [`AttentionFlops::CausalHalved`] is chosen. The backward is twice the forward. Every count is
+//! per GPU: the whole count divided by `t`, exactly (the inputs are validated so that `t` divides
+//! `s`, `h` and `f`). Counts are `u128` with checked arithmetic; an overflow is an error.
+
+use core::fmt;
+
+use crate::model::{Hardware, ModelConfig, ModelError, Parallelism};
+
+/// How the attention products are counted under the causal mask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum AttentionFlops {
+    /// Half of `4bs^2h`: the masked half is skipped, as FlashAttention does. The right count for
+    /// time; the stricter MFU convention.
+    CausalHalved,
+    /// All of `4bs^2h`, as if no mask. The convention behind many published MFU figures (about 2x
+    /// the other at 1M tokens).
+    Full,
+}
+
+impl AttentionFlops {
+    /// Both conventions, in report order.
+    pub const BOTH: [AttentionFlops; 2] = [AttentionFlops::CausalHalved, AttentionFlops::Full];
+
+    /// How a report labels the convention.
+    pub fn label(self) -> &'static str {
+        match self {
+            AttentionFlops::CausalHalved => "attention FLOPs halved for the causal mask",
+            AttentionFlops::Full => "attention FLOPs counted in full",
+        }
+    }
+}
+
+/// What is wrong with an input of the cost model.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CostError {
+    /// The model, parallel layout or machine is invalid, or a count overflows.
+    Model(ModelError),
+    /// A step time that is not a finite number of seconds above 0.
+    BadStepTime {
+        /// The value given.
+        seconds: f64,
+    },
+    /// A swap fraction outside `[0, 1]` (or not a number).
+    BadAlpha {
+        /// The value given.
+        alpha: f64,
+    },
+}
+
+impl From<ModelError> for CostError {
+    fn from(error: ModelError) -> Self {
+        CostError::Model(error)
+    }
+}
+
+impl fmt::Display for CostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CostError::Model(error) => error.fmt(f),
+            CostError::BadStepTime { seconds } => {
+                write!(f, "step_time_s = {seconds} is not a time: give the measured step time, a finite number of seconds above 0")
+            }
+            CostError::BadAlpha { alpha } => {
+                write!(
+                    f,
+                    "alpha = {alpha} is not a swap fraction: give a number from 0 (recompute all) to 1 (swap all)"
+                )
+            }
+        }
+    }
+}
+
+impl core::error::Error for CostError {}
+
+/// The FLOPs of one layer's forward on one GPU, per operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerForwardFlops {
+    /// The QKV GEMM: `2 * bs * h * 3h`.
+    pub qkv: u128,
+    /// `Q K^T`: `2 * b * s^2 * h` (halved under [`AttentionFlops::CausalHalved`]).
+    pub attention_scores: u128,
+    /// `P V`: `2 * b * s^2 * h` (halved under [`AttentionFlops::CausalHalved`]).
+    pub attention_values: u128,
+    /// The attention output projection: `2 * bs * h * h`.
+    pub projection: u128,
+    /// FC1: `2 * bs * h * f`.
+    pub fc1: u128,
+    /// FC2: `2 * bs * f * h`.
+    pub fc2: u128,
+}
+
+impl LayerForwardFlops {
+    /// All of them. Exact for counts from [`layer_forward_flops`], which checked the sum;
+    /// saturating for hand-made values.
+    pub fn total(&self) -> u128 {
+        self.gemm().saturating_add(self.attention())
+    }
+
+    /// The four GEMMs.
+    pub fn gemm(&self) -> u128 {
+        self.qkv.saturating_add(self.projection).saturating_add(self.fc1).saturating_add(self.fc2)
+    }
+
+    /// The two attention products.
+    pub fn attention(&self) -> u128 {
+        self.attention_scores.saturating_add(self.attention_values)
+    }
+}
+
+/// `a * b`, or an overflow error naming `what`.
+fn mul(a: u128, b: u128, what: &'static str) -> Result<u128, ModelError> {
+    a.checked_mul(b).ok_or(ModelError::Overflow { what })
+}
+
+/// `a + b`, or an overflow error naming `what`.
+fn add(a: u128, b: u128, what: &'static str) -> Result<u128, ModelError> {
+    a.checked_add(b).ok_or(ModelError::Overflow { what })
+}
+
+/// `2 * rows * n * k / t`: one GEMM over `rows` token rows, per GPU.
+fn gemm(rows: u128, n: u64, k: u64, tensor: u64, what: &'static str) -> Result<u128, ModelError> {
+    Ok(mul(mul(mul(rows, 2, what)?, u128::from(n), what)?, u128::from(k), what)? / u128::from(tensor))
+}
+
+fn validated(model: &ModelConfig, parallel: &Parallelism) -> Result<(), ModelError> {
+    model.validate()?;
+    parallel.validate_for(model)
+}
+
+/// One layer's forward FLOPs on one GPU, per operation.
+pub fn layer_forward_flops(
+    model: &ModelConfig,
+    parallel: &Parallelism,
+    attention: AttentionFlops,
+) -> Result<LayerForwardFlops, CostError> {
+    validated(model, parallel)?;
+    const WHAT: &str = "FLOP count of one layer";
+    let (h, f, t) = (model.hidden, model.ffn_hidden, parallel.tensor);
+    let rows = mul(u128::from(model.micro_batch), u128::from(model.seq_len), WHAT)?;
+    // Q K^T: for each of b sequences, an s x s product over the h columns of all heads.
+    let full_product = mul(mul(rows, u128::from(model.seq_len), WHAT)?, u128::from(h), WHAT)?;
+    let product = match attention {
+        AttentionFlops::Full => mul(full_product, 2, WHAT)?,
+        AttentionFlops::CausalHalved => full_product,
+    } / u128::from(t);
+    let flops = LayerForwardFlops {
+        // 2 * bs * h * 3h, as three h x h products (exact: t divides h).
+        qkv: mul(gemm(rows, h, h, t, WHAT)?, 3, WHAT)?,
+        attention_scores: product,
+        attention_values: product,
+        projection: gemm(rows, h, h, t, WHAT)?,
+        fc1: gemm(rows, h, f, t, WHAT)?,
+        fc2: gemm(rows, f, h, t, WHAT)?,
+    };
+    // Check once that the sums `total` forms fit.
+    let sum = [flops.qkv, flops.projection, flops.fc1, flops.fc2, flops.attention_scores, flops.attention_values]
+        .into_iter()
+        .try_fold(0u128, |sum, term| add(sum, term, WHAT))?;
+    mul(sum, 3, "FLOP count of one layer's forward and backward")?;
+    Ok(flops)
+}
+
+/// One layer's backward FLOPs on one GPU: twice the forward (the gradients with respect to the
+/// inputs and to the weights each cost one forward).
+pub fn layer_backward_flops(
+    model: &ModelConfig,
+    parallel: &Parallelism,
+    attention: AttentionFlops,
+) -> Result<u128, CostError> {
+    // Cannot overflow: layer_forward_flops checked three times the total.
+    Ok(layer_forward_flops(model, parallel, attention)?.total() * 2)
+}
+
+/// The tokens of each sequence MEMO recomputes at swap fraction `alpha`: `[floor(alpha*s), s)`,
+/// so `s - floor(alpha*s)`.
+pub fn recomputed_tokens(seq_len: u64, alpha: f64) -> Result<u64, CostError> {
+    if !(0.0..=1.0).contains(&alpha) {
+        return Err(CostError::BadAlpha { alpha });
+    }
+    // f64 -> u64 `as` saturates; min() keeps rounding at huge s inside [0, s].
+    let swapped = (libm::floor(alpha * seq_len as f64) as u64).min(seq_len);
+    Ok(seq_len - swapped)
+}
+
+/// The FLOPs of recomputing `recomputed_tokens` tokens of each of the `b` sequences of one layer
+/// before its backward, on one GPU: the row-wise ops that rebuild the token-split tensors from the
+/// layer input and the attention output (norm, QKV, projection + residual, norm, FC1, GeLU).
+/// Attention is not recomputed. Counted: the QKV, projection and FC1 GEMMs over those rows.
+pub fn recompute_flops(model: &ModelConfig, parallel: &Parallelism, recomputed_tokens: u64) -> Result<u128, CostError> {
+    validated(model, parallel)?;
+    const WHAT: &str = "FLOP count of the recompute";
+    let (h, t) = (model.hidden, parallel.tensor);
+    let rows = mul(u128::from(model.micro_batch), u128::from(recomputed_tokens), WHAT)?;
+    let qkv = mul(gemm(rows, h, h, t, WHAT)?, 3, WHAT)?;
+    let projection = gemm(rows, h, h, t, WHAT)?;
+    let fc1 = gemm(rows, h, model.ffn_hidden, t, WHAT)?;
+    Ok(add(add(qkv, projection, WHAT)?, fc1, WHAT)?)
+}
+
+/// The classifier's forward FLOPs on one GPU: `2 * b*s * h * V / t` (the logits GEMM; the
+/// cross-entropy counts 0). Its backward is twice this.
+pub fn classifier_forward_flops(model: &ModelConfig, parallel: &Parallelism) -> Result<u128, CostError> {
+    validated(model, parallel)?;
+    const WHAT: &str = "FLOP count of the classifier";
+    let rows = mul(u128::from(model.micro_batch), u128::from(model.seq_len), WHAT)?;
+    Ok(gemm(rows, model.hidden, model.vocab, parallel.tensor, WHAT)?)
+}
+
+/// The FLOPs of one training step (one micro-batch per data-parallel rank) on one GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepFlops {
+    /// How the attention products were counted.
+    pub attention: AttentionFlops,
+    /// Model FLOPs: `3 * (n * layer forward + classifier forward)`, recompute excluded. The MFU
+    /// numerator.
+    pub model_flops: u128,
+    /// Recompute FLOPs: `(n - 2) * recompute` (the last two layers never swap, so never recompute).
+    pub recompute_flops: u128,
+    /// What the GPU executes: model plus recompute FLOPs.
+    pub hardware_flops: u128,
+}
+
+/// The FLOPs of one training step on one GPU at swap fraction `alpha`.
+pub fn step_flops(
+    model: &ModelConfig,
+    parallel: &Parallelism,
+    attention: AttentionFlops,
+    alpha: f64,
+) -> Result<StepFlops, CostError> {
+    const WHAT: &str = "FLOP count of one step";
+    let layer = layer_forward_flops(model, parallel, attention)?.total();
+    let layers = u128::from(model.layers);
+    let forward = add(mul(layer, layers, WHAT)?, classifier_forward_flops(model, parallel)?, WHAT)?;
+    let model_flops = mul(forward, 3, WHAT)?;
+    let tokens = recomputed_tokens(model.seq_len, alpha)?;
+    let swapped_layers = u128::from(model.layers.saturating_sub(2));
+    let recompute = mul(recompute_flops(model, parallel, tokens)?, swapped_layers, WHAT)?;
+    Ok(StepFlops {
+        attention,
+        model_flops,
+        recompute_flops: recompute,
+        hardware_flops: add(model_flops, recompute, WHAT)?,
+    })
+}
+
+/// `T_layer`, one layer's forward time on one GPU, in seconds: the hardware's measured value when
+/// it has one, else `layer forward FLOPs / achieved_flops`. Pass
+/// [`AttentionFlops::CausalHalved`] for a causal GPT: FlashAttention skips the masked half.
+pub fn layer_forward_time_s(
+    model: &ModelConfig,
+    parallel: &Parallelism,
+    hardware: &Hardware,
+    attention: AttentionFlops,
+) -> Result<f64, CostError> {
+    hardware.validate()?;
+    let flops = layer_forward_flops(model, parallel, attention)?.total();
+    Ok(match hardware.measured_layer_forward_s {
+        Some(seconds) => seconds,
+        // validate() made achieved_flops >= 1 when nothing was measured.
+        None => flops as f64 / hardware.achieved_flops as f64,
+    })
+}
+
+/// Model FLOPs utilisation of one step, under both attention conventions. Always report which.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Mfu {
+    /// The step time it was computed for, in seconds.
+    pub step_time_s: f64,
+    /// Model FLOPs per GPU, attention halved for the causal mask.
+    pub model_flops_causal_halved: u128,
+    /// Model FLOPs per GPU, attention counted in full.
+    pub model_flops_full: u128,
+    /// MFU with attention FLOPs halved for the causal mask, in `[0, inf)` (above 1 means the step
+    /// time is impossibly short).
+    pub causal_halved: f64,
+    /// MFU with attention FLOPs counted in full.
+    pub full: f64,
+}
+
+impl fmt::Display for Mfu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "MFU {:.1}% ({}), {:.1}% ({})",
+            self.causal_halved * 100.0,
+            AttentionFlops::CausalHalved.label(),
+            self.full * 100.0,
+            AttentionFlops::Full.label()
+        )
+    }
+}
+
+/// MFU = model FLOPs per GPU / (`step_time_s` * `peak_flops`), recompute excluded, under both
+/// attention conventions.
+pub fn mfu(
+    model: &ModelConfig,
+    parallel: &Parallelism,
+    hardware: &Hardware,
+    step_time_s: f64,
+) -> Result<Mfu, CostError> {
+    hardware.validate()?;
+    if !(step_time_s.is_finite() && step_time_s > 0.0) {
+        return Err(CostError::BadStepTime { seconds: step_time_s });
+    }
+    // alpha does not change model FLOPs; 1.0 skips the recompute term.
+    let causal = step_flops(model, parallel, AttentionFlops::CausalHalved, 1.0)?.model_flops;
+    let full = step_flops(model, parallel, AttentionFlops::Full, 1.0)?.model_flops;
+    let capacity = step_time_s * hardware.peak_flops as f64;
+    Ok(Mfu {
+        step_time_s,
+        model_flops_causal_halved: causal,
+        model_flops_full: full,
+        causal_halved: causal as f64 / capacity,
+        full: full as f64 / capacity,
+    })
+}
+
+#[cfg(test)]
+mod tests;

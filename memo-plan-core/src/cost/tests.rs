@@ -1,0 +1,169 @@
+use super::*;
+use crate::model::tests::tiny;
+use alloc::format;
+
+const ONE_M: u64 = 1 << 20;
+
+fn seven_b(seq_len: u64) -> (ModelConfig, Parallelism, Hardware) {
+    (ModelConfig::preset("7b", seq_len, 1).unwrap(), Parallelism::new(8, 1), Hardware::preset("a800x8").unwrap())
+}
+
+#[test]
+fn tiny_layer_forward_by_hand() {
+    // b 1, s 4, h 8, f 32: QKV 2*4*8*24, projection 2*4*8*8, FC1 = FC2 = 2*4*8*32,
+    // attention products 2*1*16*8 each (halved under the mask).
+    let full = layer_forward_flops(&tiny(), &Parallelism::single(), AttentionFlops::Full).unwrap();
+    assert_eq!(
+        full,
+        LayerForwardFlops {
+            qkv: 1536,
+            attention_scores: 256,
+            attention_values: 256,
+            projection: 512,
+            fc1: 2048,
+            fc2: 2048
+        }
+    );
+    assert_eq!((full.gemm(), full.attention(), full.total()), (6144, 512, 6656));
+    let causal = layer_forward_flops(&tiny(), &Parallelism::single(), AttentionFlops::CausalHalved).unwrap();
+    assert_eq!((causal.attention_scores, causal.attention_values, causal.total()), (128, 128, 6400));
+    assert_eq!(layer_backward_flops(&tiny(), &Parallelism::single(), AttentionFlops::Full).unwrap(), 13312);
+    // t = 2 halves every count exactly.
+    let split = layer_forward_flops(&tiny(), &Parallelism::new(2, 1), AttentionFlops::Full).unwrap();
+    assert_eq!((split.qkv, split.attention_scores, split.fc2, split.total()), (768, 128, 1024, 3328));
+}
+
+#[test]
+fn tiny_classifier_step_and_recompute_by_hand() {
+    let single = Parallelism::single();
+    assert_eq!(classifier_forward_flops(&tiny(), &single).unwrap(), 2 * 4 * 8 * 10);
+    // 3 * (2 layers * 6656 + 640) and 3 * (2 * 6400 + 640).
+    let full = step_flops(&tiny(), &single, AttentionFlops::Full, 0.5).unwrap();
+    assert_eq!(full.model_flops, 41856);
+    assert_eq!(full.recompute_flops, 0, "2 layers: both are kept, none recomputes");
+    assert_eq!(step_flops(&tiny(), &single, AttentionFlops::CausalHalved, 0.5).unwrap().model_flops, 40320);
+    // Tokens [2, 4) of each sequence: QKV 2*2*8*24, projection 2*2*8*8, FC1 2*2*8*32.
+    assert_eq!(recompute_flops(&tiny(), &single, 2).unwrap(), 768 + 256 + 1024);
+    let mut deeper = tiny();
+    deeper.layers = 4;
+    deeper.micro_batch = 3;
+    let step = step_flops(&deeper, &single, AttentionFlops::Full, 0.5).unwrap();
+    assert_eq!(step.recompute_flops, 2 * 3 * 2048, "layers 0 and 1 recompute 2 tokens of 3 sequences");
+    assert_eq!(step.hardware_flops, step.model_flops + step.recompute_flops);
+    assert_eq!(step_flops(&deeper, &single, AttentionFlops::Full, 1.0).unwrap().recompute_flops, 0);
+}
+
+#[test]
+fn recomputed_tokens_is_the_suffix_after_alpha_s() {
+    assert_eq!(recomputed_tokens(4, 0.5).unwrap(), 2);
+    assert_eq!(recomputed_tokens(10, 0.47).unwrap(), 6, "floor(4.7) = 4 swapped");
+    assert_eq!(recomputed_tokens(ONE_M, 0.0).unwrap(), ONE_M);
+    assert_eq!(recomputed_tokens(ONE_M, 1.0).unwrap(), 0);
+    assert_eq!(recomputed_tokens(u64::MAX, 1.0).unwrap(), 0);
+    for alpha in [-0.1, 1.1, f64::NAN, f64::INFINITY] {
+        assert!(matches!(recomputed_tokens(8, alpha), Err(CostError::BadAlpha { .. })), "{alpha}");
+    }
+    assert!(format!("{}", recomputed_tokens(8, 2.0).unwrap_err()).contains("from 0 (recompute all) to 1"));
+}
+
+#[test]
+fn seven_b_at_1m_matches_the_megatron_formula() {
+    let (model, parallel, _) = seven_b(ONE_M);
+    let (b, s, h) = (1u128, u128::from(ONE_M), 4096u128);
+    let gemm = 24 * b * s * h * h / 8;
+    let full = layer_forward_flops(&model, &parallel, AttentionFlops::Full).unwrap();
+    assert_eq!(full.gemm(), gemm);
+    assert_eq!(full.attention(), 4 * b * s * s * h / 8);
+    assert_eq!(full.total(), 2_304_576_371_818_496);
+    let causal = layer_forward_flops(&model, &parallel, AttentionFlops::CausalHalved).unwrap();
+    assert_eq!(causal.total(), 1_178_676_464_975_872);
+    // Recompute of all tokens: 16 bsh^2 / t.
+    assert_eq!(recompute_flops(&model, &parallel, ONE_M).unwrap(), 16 * b * s * h * h / 8);
+}
+
+#[test]
+fn attention_is_over_90_percent_past_576k() {
+    let (model, parallel, _) = seven_b(576 * 1024);
+    let flops = layer_forward_flops(&model, &parallel, AttentionFlops::CausalHalved).unwrap();
+    let share = flops.attention() as f64 / flops.total() as f64;
+    assert!(share > 0.9, "{share}");
+    let (model, parallel, _) = seven_b(32 * 1024);
+    let flops = layer_forward_flops(&model, &parallel, AttentionFlops::CausalHalved).unwrap();
+    assert!((flops.attention() as f64 / flops.total() as f64) < 0.5);
+}
+
+#[test]
+fn layer_time_is_flops_over_achieved_or_measured() {
+    let (model, parallel, mut hardware) = seven_b(ONE_M);
+    let time = layer_forward_time_s(&model, &parallel, &hardware, AttentionFlops::CausalHalved).unwrap();
+    let expected = 1_178_676_464_975_872.0 / 187_200_000_000_000.0;
+    assert!((time - expected).abs() < 1e-9, "{time}");
+    assert!((6.2..6.4).contains(&time), "{time}");
+    hardware.measured_layer_forward_s = Some(3.5);
+    assert_eq!(layer_forward_time_s(&model, &parallel, &hardware, AttentionFlops::Full).unwrap(), 3.5);
+    hardware.measured_layer_forward_s = Some(f64::NAN);
+    assert!(matches!(
+        layer_forward_time_s(&model, &parallel, &hardware, AttentionFlops::Full),
+        Err(CostError::Model(ModelError::BadMeasuredTime { .. }))
+    ));
+}
+
+#[test]
+fn mfu_reports_both_conventions() {
+    let (model, parallel, hardware) = seven_b(ONE_M);
+    let full = step_flops(&model, &parallel, AttentionFlops::Full, 1.0).unwrap().model_flops;
+    // A step time at which the full-attention MFU is exactly 50%.
+    let step_time = full as f64 / (0.5 * hardware.peak_flops as f64);
+    let mfu = mfu(&model, &parallel, &hardware, step_time).unwrap();
+    assert!((mfu.full - 0.5).abs() < 1e-12, "{}", mfu.full);
+    assert_eq!(mfu.model_flops_full, full);
+    let ratio = mfu.full / mfu.causal_halved;
+    assert!((1.8..2.0).contains(&ratio), "conventions differ by about 2x at 1M: {ratio}");
+    let text = format!("{mfu}");
+    assert!(text.contains("50.0% (attention FLOPs counted in full)"), "{text}");
+    assert!(text.contains("(attention FLOPs halved for the causal mask)"), "{text}");
+}
+
+#[test]
+fn mfu_rejects_bad_step_times_and_machines() {
+    let (model, parallel, mut hardware) = seven_b(ONE_M);
+    for seconds in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert!(matches!(mfu(&model, &parallel, &hardware, seconds), Err(CostError::BadStepTime { .. })), "{seconds}");
+    }
+    assert!(format!("{}", CostError::BadStepTime { seconds: 0.0 }).contains("finite number of seconds above 0"));
+    hardware.peak_flops = 0;
+    assert_eq!(mfu(&model, &parallel, &hardware, 1.0), Err(CostError::Model(ModelError::Zero { field: "peak_flops" })));
+}
+
+#[test]
+fn invalid_models_are_errors_in_every_entry_point() {
+    let mut model = tiny();
+    model.layers = 0;
+    let single = Parallelism::single();
+    let zero = CostError::Model(ModelError::Zero { field: "layers" });
+    assert_eq!(layer_forward_flops(&model, &single, AttentionFlops::Full), Err(zero.clone()));
+    assert_eq!(layer_backward_flops(&model, &single, AttentionFlops::Full), Err(zero.clone()));
+    assert_eq!(recompute_flops(&model, &single, 1), Err(zero.clone()));
+    assert_eq!(classifier_forward_flops(&model, &single), Err(zero.clone()));
+    assert_eq!(step_flops(&model, &single, AttentionFlops::Full, 0.0), Err(zero.clone()));
+    let hardware = Hardware::preset("h200x1").unwrap();
+    assert_eq!(layer_forward_time_s(&model, &single, &hardware, AttentionFlops::Full), Err(zero.clone()));
+    assert_eq!(mfu(&model, &single, &hardware, 1.0), Err(zero));
+    let e = layer_forward_flops(&tiny(), &Parallelism::new(3, 1), AttentionFlops::Full).unwrap_err();
+    assert_eq!(e, CostError::Model(ModelError::NotDivisibleByTensorParallel { field: "heads", value: 2, tensor: 3 }));
+    assert!(format!("{e}").contains("tensor-parallel degree t = 3"));
+}
+
+#[test]
+fn huge_sequences_overflow_into_errors() {
+    let model = ModelConfig::new("long", 1, 8, 2, 1 << 62, 1);
+    let single = Parallelism::single();
+    let overflow = |r: Result<u128, CostError>| matches!(r, Err(CostError::Model(ModelError::Overflow { .. })));
+    assert!(overflow(layer_forward_flops(&model, &single, AttentionFlops::Full).map(|f| f.total())));
+    assert!(overflow(step_flops(&model, &single, AttentionFlops::CausalHalved, 0.5).map(|f| f.model_flops)));
+    let model = ModelConfig::new("wide", u32::MAX, 1 << 40, 1, 1 << 30, u64::MAX);
+    assert!(overflow(recompute_flops(&model, &single, u64::MAX)));
+    assert!(overflow(classifier_forward_flops(&model, &single)));
+    let model = ModelConfig::new("deep", u32::MAX, 1 << 20, 1, 1 << 40, 1 << 10);
+    assert!(overflow(step_flops(&model, &single, AttentionFlops::Full, 0.0).map(|f| f.hardware_flops)));
+}

@@ -1,0 +1,568 @@
+//! The model, its parallel layout and the machine, and what follows from them alone: parameter
+//! counts, the bytes of model state per GPU, and one layer's skeletal tensors per GPU
+//! (`MEMO.md` section 1; `spec/cost-model.md`).
+//!
+//! Conventions, all per GPU:
+//! - `t` ([`Parallelism::tensor`]) is the tensor- and sequence-parallel degree (Megatron-LM TP + SP).
+//!   Parameters, gradients, optimizer state and activations are divided by `t`; every division here
+//!   is exact because [`Parallelism::validate_for`] requires `t` to divide `heads`, `ffn_hidden` and
+//!   `seq_len`.
+//! - `d` ([`Parallelism::data`]) is the data-parallel degree. It does not change any per-GPU size
+//!   (no ZeRO sharding of optimizer state is modelled).
+//! - Byte counts are `u64` computed with checked arithmetic: an overflow is a [`ModelError::Overflow`],
+//!   never a wrap or a panic.
+//!
+//! The presets (the paper's four models and four machines) live in `model/presets.rs`, every
+//! number in one table with where it comes from.
+
+use alloc::string::String;
+use core::fmt;
+
+mod presets;
+
+pub use presets::{HardwarePreset, ModelPreset, ACHIEVED_PERCENT_OF_PEAK, HARDWARE_PRESETS, MODEL_PRESETS};
+
+/// Bytes of one bf16 element: weights, gradients and activations are stored in bf16.
+pub const BF16_BYTES: u64 = 2;
+/// Bytes of one fp32 element: the attention log-sum-exp, master weights and AdamW moments.
+pub const FP32_BYTES: u64 = 4;
+/// Default vocabulary of the paper's GPT models (the GPT-2 BPE vocabulary).
+pub const GPT2_VOCAB: u64 = 50257;
+
+/// A GPT model (pre-LN, GeLU MLP, learned word embedding, rotary positions) and the sequence it
+/// trains on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelConfig {
+    /// A name for reports (`7b`, ...).
+    pub name: String,
+    /// Number of transformer layers `n`.
+    pub layers: u32,
+    /// Hidden size `h`.
+    pub hidden: u64,
+    /// Attention heads; must divide `hidden`.
+    pub heads: u64,
+    /// MLP inner size (FC1 output); `4 * hidden` by default.
+    pub ffn_hidden: u64,
+    /// Vocabulary size `V` (50257 by default).
+    pub vocab: u64,
+    /// Tokens per sequence `s`.
+    pub seq_len: u64,
+    /// Sequences per micro-batch `b`.
+    pub micro_batch: u64,
+}
+
+/// How the model is split over GPUs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Parallelism {
+    /// `t`: the tensor- and sequence-parallel degree. Divides every per-GPU size.
+    pub tensor: u64,
+    /// `d`: the data-parallel degree. Each data-parallel rank trains its own micro-batch.
+    pub data: u64,
+}
+
+/// One machine type: its GPUs, their host link and their speed. Sizes in bytes, rates per second.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hardware {
+    /// A name for reports (`a800x8`, ...).
+    pub name: String,
+    /// Device memory of one GPU.
+    pub device_memory_bytes: u64,
+    /// Host memory of one node, shared by its GPUs; may be 0 (then nothing can be swapped).
+    pub host_memory_per_node_bytes: u64,
+    /// GPUs in one node.
+    pub gpus_per_node: u64,
+    /// Device-to-host copy bandwidth of one GPU when it copies alone.
+    pub d2h_bytes_per_s: u64,
+    /// Host-to-device copy bandwidth of one GPU when it copies alone.
+    pub h2d_bytes_per_s: u64,
+    /// How many GPUs share one host uplink (1 = each GPU has its own link). When they all copy at
+    /// once, each gets `1 / gpus_sharing_uplink` of the bandwidth.
+    pub gpus_sharing_uplink: u64,
+    /// Dense bf16 peak FLOP/s of one GPU: the denominator of MFU.
+    pub peak_flops: u64,
+    /// FLOP/s one GPU actually sustains in a layer's forward: the time model divides FLOPs by it.
+    pub achieved_flops: u64,
+    /// A measured forward time of one layer, in seconds, for this model and sequence. When given,
+    /// it replaces `FLOPs / achieved_flops` (MEMO takes T_layer from a profile).
+    pub measured_layer_forward_s: Option<f64>,
+}
+
+/// What is wrong with a model, parallel layout or machine. Each names the field and what would fix
+/// it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelError {
+    /// A field that must be at least 1 is 0.
+    Zero {
+        /// The field.
+        field: &'static str,
+    },
+    /// `hidden` is not a multiple of `heads`.
+    HeadsDoNotDivideHidden {
+        /// `hidden`.
+        hidden: u64,
+        /// `heads`.
+        heads: u64,
+    },
+    /// The tensor-parallel degree does not divide a size it splits.
+    NotDivisibleByTensorParallel {
+        /// The field that must be a multiple of `t` (`heads`, `ffn_hidden`, `seq_len`).
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// `t`.
+        tensor: u64,
+    },
+    /// A size computed from the inputs does not fit in 64 bits (128 for FLOPs).
+    Overflow {
+        /// What was being computed.
+        what: &'static str,
+    },
+    /// `achieved_flops` is above `peak_flops`.
+    AchievedAbovePeak {
+        /// `achieved_flops`.
+        achieved: u64,
+        /// `peak_flops`.
+        peak: u64,
+    },
+    /// `measured_layer_forward_s` is not a finite number above 0.
+    BadMeasuredTime {
+        /// The value given.
+        seconds: f64,
+    },
+    /// No model preset has this name.
+    UnknownModel {
+        /// The name asked for.
+        name: String,
+    },
+    /// No hardware preset has this name.
+    UnknownHardware {
+        /// The name asked for.
+        name: String,
+    },
+}
+
+impl fmt::Display for ModelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ModelError::Zero { field } => write!(f, "{field} is 0: {}", zero_fix(field)),
+            ModelError::HeadsDoNotDivideHidden { hidden, heads } => write!(
+                f,
+                "hidden = {hidden} is not a multiple of heads = {heads}: choose heads that divide hidden \
+                 (head size = hidden / heads)"
+            ),
+            ModelError::NotDivisibleByTensorParallel { field, value, tensor } => {
+                let below = value - value.checked_rem(*tensor).unwrap_or(0);
+                let above = below.saturating_add(*tensor);
+                write!(
+                    f,
+                    "{field} = {value} is not a multiple of the tensor-parallel degree t = {tensor}: \
+                     use a {field} divisible by {tensor} (e.g. {below} or {above}) or a t that divides {value}"
+                )
+            }
+            ModelError::Overflow { what } => write!(
+                f,
+                "the {what} does not fit in an integer (64 bits for bytes, 128 for FLOPs): the model or \
+                 sequence is too large to plan; \
+                 use a shorter seq_len, a smaller micro_batch or a larger t"
+            ),
+            ModelError::AchievedAbovePeak { achieved, peak } => write!(
+                f,
+                "achieved_flops = {achieved} is above peak_flops = {peak}: achieved_flops is what one \
+                 GPU sustains in practice and must be at most the peak"
+            ),
+            ModelError::BadMeasuredTime { seconds } => write!(
+                f,
+                "measured_layer_forward_s = {seconds} is not a time: give a finite number of seconds \
+                 above 0, or leave it unset to estimate it from achieved_flops"
+            ),
+            ModelError::UnknownModel { name } => {
+                write!(f, "no model preset is named `{name}`; valid names: ")?;
+                write_names(f, MODEL_PRESETS.iter().map(|p| p.name))
+            }
+            ModelError::UnknownHardware { name } => {
+                write!(f, "no hardware preset is named `{name}`; valid names: ")?;
+                write_names(f, HARDWARE_PRESETS.iter().map(|p| p.name))
+            }
+        }
+    }
+}
+
+impl core::error::Error for ModelError {}
+
+fn write_names<'a>(f: &mut fmt::Formatter<'_>, names: impl Iterator<Item = &'a str>) -> fmt::Result {
+    for (index, name) in names.enumerate() {
+        if index > 0 {
+            f.write_str(", ")?;
+        }
+        f.write_str(name)?;
+    }
+    Ok(())
+}
+
+/// What to do about a zero field.
+fn zero_fix(field: &str) -> &'static str {
+    match field {
+        "achieved_flops" => "give the FLOP/s one GPU sustains (e.g. 60% of peak_flops) or a measured_layer_forward_s",
+        "layers" | "hidden" | "heads" | "ffn_hidden" | "vocab" | "seq_len" | "micro_batch" => {
+            "a model needs at least 1 of each"
+        }
+        "tensor" | "data" => "a parallel degree is at least 1 (1 = no parallelism)",
+        _ => "give the machine's value (at least 1)",
+    }
+}
+
+fn zero(field: &'static str) -> ModelError {
+    ModelError::Zero { field }
+}
+
+fn overflow(what: &'static str) -> ModelError {
+    ModelError::Overflow { what }
+}
+
+/// `a * b`, or an overflow error naming `what`.
+fn mul(a: u64, b: u64, what: &'static str) -> Result<u64, ModelError> {
+    a.checked_mul(b).ok_or(overflow(what))
+}
+
+/// `a + b`, or an overflow error naming `what`.
+fn add(a: u64, b: u64, what: &'static str) -> Result<u64, ModelError> {
+    a.checked_add(b).ok_or(overflow(what))
+}
+
+impl ModelConfig {
+    /// A model with `ffn_hidden = 4 * hidden` (saturating: the sizes computed from it then report
+    /// the overflow) and the GPT-2 vocabulary.
+    pub fn new(name: &str, layers: u32, hidden: u64, heads: u64, seq_len: u64, micro_batch: u64) -> Self {
+        ModelConfig {
+            name: String::from(name),
+            layers,
+            hidden,
+            heads,
+            ffn_hidden: hidden.saturating_mul(4),
+            vocab: GPT2_VOCAB,
+            seq_len,
+            micro_batch,
+        }
+    }
+
+    /// The preset named `name` (case-insensitive: `7b`, `13b`, `30b`, `65b`) training on sequences
+    /// of `seq_len` tokens, `micro_batch` at a time.
+    pub fn preset(name: &str, seq_len: u64, micro_batch: u64) -> Result<Self, ModelError> {
+        let preset = MODEL_PRESETS
+            .iter()
+            .find(|p| p.name.eq_ignore_ascii_case(name))
+            .ok_or_else(|| ModelError::UnknownModel { name: String::from(name) })?;
+        Ok(ModelConfig::new(preset.name, preset.layers, preset.hidden, preset.heads, seq_len, micro_batch))
+    }
+
+    /// Checks that every field is at least 1 and that `heads` divides `hidden`. (Sizes computed
+    /// later report their own overflow.)
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let fields = [
+            ("layers", u64::from(self.layers)),
+            ("hidden", self.hidden),
+            ("heads", self.heads),
+            ("ffn_hidden", self.ffn_hidden),
+            ("vocab", self.vocab),
+            ("seq_len", self.seq_len),
+            ("micro_batch", self.micro_batch),
+        ];
+        if let Some((field, _)) = fields.iter().find(|(_, value)| *value == 0) {
+            return Err(zero(field));
+        }
+        if !self.hidden.is_multiple_of(self.heads) {
+            return Err(ModelError::HeadsDoNotDivideHidden { hidden: self.hidden, heads: self.heads });
+        }
+        Ok(())
+    }
+
+    /// Parameters of the whole model (not per GPU):
+    /// - word embedding `V * h`; positions are rotary, so there is no position table (a learned
+    ///   one would hold `s * h` parameters, 4.3e9 for 7B at 1M tokens);
+    /// - per layer: QKV `3h^2 + 3h`, projection `h^2 + h`, FC1 `h*f + f`, FC2 `f*h + h`, two
+    ///   layer norms `2 * 2h`;
+    /// - the final layer norm `2h`;
+    /// - the classifier is tied to the word embedding: no parameters of its own.
+    ///
+    /// The vocabulary is not padded (Megatron-LM pads it to a multiple of 128 * t).
+    pub fn parameter_count(&self) -> Result<u64, ModelError> {
+        self.validate()?;
+        const WHAT: &str = "parameter count";
+        let h = self.hidden;
+        let f = self.ffn_hidden;
+        let square = mul(h, h, WHAT)?;
+        let wide = mul(h, f, WHAT)?;
+        // 4h^2 + 2hf + 9h + f
+        let mut layer = mul(square, 4, WHAT)?;
+        layer = add(layer, mul(wide, 2, WHAT)?, WHAT)?;
+        layer = add(layer, mul(h, 9, WHAT)?, WHAT)?;
+        layer = add(layer, f, WHAT)?;
+        let layers = mul(layer, u64::from(self.layers), WHAT)?;
+        let embedding = mul(self.vocab, h, WHAT)?;
+        let final_norm = mul(h, 2, WHAT)?;
+        add(add(layers, embedding, WHAT)?, final_norm, WHAT)
+    }
+
+    /// Bytes of model state on one GPU (see [`ModelStateBytes`]).
+    pub fn model_state_bytes(&self, parallel: &Parallelism) -> Result<ModelStateBytes, ModelError> {
+        self.validate()?;
+        parallel.validate_for(self)?;
+        let per_gpu = self.parameter_count()?.div_ceil(parallel.tensor);
+        let parameters = mul(per_gpu, BF16_BYTES, "parameter bytes")?;
+        let gradients = mul(per_gpu, BF16_BYTES, "gradient bytes")?;
+        let optimizer = mul(per_gpu, 3 * FP32_BYTES, "optimizer-state bytes")?;
+        let total = add(add(parameters, gradients, "model-state bytes")?, optimizer, "model-state bytes")?;
+        Ok(ModelStateBytes { parameters_per_gpu: per_gpu, parameters, gradients, optimizer, total })
+    }
+
+    /// One layer's skeletal tensors on one GPU, as in `MEMO.md` section 1.
+    pub fn skeletal_set(&self, parallel: &Parallelism) -> Result<SkeletalSet, ModelError> {
+        self.validate()?;
+        parallel.validate_for(self)?;
+        let t = parallel.tensor;
+        // Exact: t divides seq_len and heads (validate_for).
+        let local_tokens = mul(self.micro_batch, self.seq_len / t, "tokens per GPU b*s/t")?;
+        let bsh = mul(local_tokens, self.hidden, "activation elements b*s*h/t")?;
+        let bsf = mul(local_tokens, self.ffn_hidden, "activation elements b*s*f/t")?;
+        let lse = mul(local_tokens, self.heads, "log-sum-exp elements b*heads*s/t")?;
+        use Handling::{AlwaysSwapped, TokenSplit};
+        use SkeletalKind as K;
+        let entries = [
+            (K::LayerInput, bsh, BF16_BYTES, AlwaysSwapped),
+            (K::InputNormOutput, bsh, BF16_BYTES, TokenSplit),
+            (K::Query, bsh, BF16_BYTES, TokenSplit),
+            (K::Key, bsh, BF16_BYTES, TokenSplit),
+            (K::Value, bsh, BF16_BYTES, TokenSplit),
+            (K::AttentionOutput, bsh, BF16_BYTES, AlwaysSwapped),
+            (K::AttentionLogSumExp, lse, FP32_BYTES, AlwaysSwapped),
+            (K::AttentionResidual, bsh, BF16_BYTES, TokenSplit),
+            (K::PostAttentionNormOutput, bsh, BF16_BYTES, TokenSplit),
+            (K::Fc1Output, bsf, BF16_BYTES, TokenSplit),
+            (K::GeluOutput, bsf, BF16_BYTES, TokenSplit),
+        ];
+        let mut tensors = [SkeletalTensor { kind: K::LayerInput, elements: 0, bytes: 0, handling: AlwaysSwapped }; 11];
+        let (mut others_bytes, mut total) = (0u64, 0u64);
+        for (slot, (kind, elements, element_bytes, handling)) in tensors.iter_mut().zip(entries) {
+            let bytes = mul(elements, element_bytes, "skeletal tensor bytes")?;
+            total = add(total, bytes, "skeletal bytes of one layer")?;
+            if handling == TokenSplit {
+                others_bytes = add(others_bytes, bytes, "skeletal bytes of one layer")?;
+            }
+            *slot = SkeletalTensor { kind, elements, bytes, handling };
+        }
+        let bsh_bytes = mul(bsh, BF16_BYTES, "activation bytes")?;
+        Ok(SkeletalSet {
+            tensors,
+            input_bytes: bsh_bytes,
+            attention_bytes: bsh_bytes,
+            lse_bytes: mul(lse, FP32_BYTES, "log-sum-exp bytes")?,
+            others_bytes,
+            total_bytes: total,
+        })
+    }
+}
+
+impl Parallelism {
+    /// `t`-way tensor/sequence parallelism and `d`-way data parallelism.
+    pub fn new(tensor: u64, data: u64) -> Self {
+        Parallelism { tensor, data }
+    }
+
+    /// One GPU: `t = d = 1`.
+    pub fn single() -> Self {
+        Parallelism { tensor: 1, data: 1 }
+    }
+
+    /// GPUs used: `t * d` (saturating).
+    pub fn gpus(&self) -> u64 {
+        self.tensor.saturating_mul(self.data)
+    }
+
+    /// Checks that both degrees are at least 1 and that `t` divides `heads`, `ffn_hidden` and
+    /// `seq_len` (so every per-GPU size is exact). `t` then divides `hidden` too.
+    pub fn validate_for(&self, model: &ModelConfig) -> Result<(), ModelError> {
+        if self.tensor == 0 {
+            return Err(zero("tensor"));
+        }
+        if self.data == 0 {
+            return Err(zero("data"));
+        }
+        for (field, value) in [("heads", model.heads), ("ffn_hidden", model.ffn_hidden), ("seq_len", model.seq_len)] {
+            if !value.is_multiple_of(self.tensor) {
+                return Err(ModelError::NotDivisibleByTensorParallel { field, value, tensor: self.tensor });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Hardware {
+    /// The preset named `name` (case-insensitive: `a800x8`, `h100x8`, `h200x1`, `mi300x8`).
+    pub fn preset(name: &str) -> Result<Self, ModelError> {
+        HARDWARE_PRESETS
+            .iter()
+            .find(|p| p.name.eq_ignore_ascii_case(name))
+            .map(presets::HardwarePreset::hardware)
+            .ok_or_else(|| ModelError::UnknownHardware { name: String::from(name) })
+    }
+
+    /// Checks that every count and rate is at least 1, that `achieved_flops <= peak_flops`, and
+    /// that a measured layer time is a finite positive number. A time source is required:
+    /// `achieved_flops` may be 0 only when `measured_layer_forward_s` is given.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        let fields = [
+            ("device_memory_bytes", self.device_memory_bytes),
+            ("gpus_per_node", self.gpus_per_node),
+            ("d2h_bytes_per_s", self.d2h_bytes_per_s),
+            ("h2d_bytes_per_s", self.h2d_bytes_per_s),
+            ("gpus_sharing_uplink", self.gpus_sharing_uplink),
+            ("peak_flops", self.peak_flops),
+        ];
+        if let Some((field, _)) = fields.iter().find(|(_, value)| *value == 0) {
+            return Err(zero(field));
+        }
+        if self.achieved_flops > self.peak_flops {
+            return Err(ModelError::AchievedAbovePeak { achieved: self.achieved_flops, peak: self.peak_flops });
+        }
+        match self.measured_layer_forward_s {
+            Some(seconds) if !(seconds.is_finite() && seconds > 0.0) => Err(ModelError::BadMeasuredTime { seconds }),
+            Some(_) => Ok(()),
+            None if self.achieved_flops == 0 => Err(zero("achieved_flops")),
+            None => Ok(()),
+        }
+    }
+
+    /// Host memory one GPU may use for swapped activations: the node's host memory divided
+    /// evenly among its GPUs (rounded down; 0 if `gpus_per_node` is 0).
+    pub fn host_memory_per_gpu_bytes(&self) -> u64 {
+        self.host_memory_per_node_bytes.checked_div(self.gpus_per_node).unwrap_or(0)
+    }
+
+    /// Device-to-host bandwidth one GPU gets while all GPUs on its uplink copy at once:
+    /// `d2h_bytes_per_s / gpus_sharing_uplink` (rounded down; 0 if the divisor is 0).
+    pub fn d2h_effective_bytes_per_s(&self) -> u64 {
+        self.d2h_bytes_per_s.checked_div(self.gpus_sharing_uplink).unwrap_or(0)
+    }
+
+    /// Host-to-device bandwidth one GPU gets while all GPUs on its uplink copy at once.
+    pub fn h2d_effective_bytes_per_s(&self) -> u64 {
+        self.h2d_bytes_per_s.checked_div(self.gpus_sharing_uplink).unwrap_or(0)
+    }
+}
+
+/// Bytes of model state on one GPU, with mixed-precision AdamW: bf16 parameters (2 B), bf16
+/// gradients (2 B), and fp32 master weights plus the AdamW moments m and v (3 x 4 = 12 B): 16 bytes
+/// per parameter, divided by `t` (rounded up: layer norms are in fact replicated, a negligible
+/// difference). Not divided by `d`: no ZeRO sharding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelStateBytes {
+    /// Parameters held by one GPU: `ceil(parameter_count / t)`.
+    pub parameters_per_gpu: u64,
+    /// bf16 parameters.
+    pub parameters: u64,
+    /// bf16 gradients.
+    pub gradients: u64,
+    /// fp32 master weights, AdamW m and v.
+    pub optimizer: u64,
+    /// The sum.
+    pub total: u64,
+}
+
+/// How MEMO handles a skeletal tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Handling {
+    /// Copied to host whole after the layer's forward (layer input, attention output, LSE).
+    AlwaysSwapped,
+    /// Tokens `[0, alpha*s)` copied to host, tokens `[alpha*s, s)` recomputed before the backward.
+    TokenSplit,
+}
+
+/// The skeletal tensors of one pre-LN GPT layer, in the order the forward makes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum SkeletalKind {
+    /// The layer's input hidden state (`bsh`).
+    LayerInput,
+    /// The first layer norm's output (`bsh`).
+    InputNormOutput,
+    /// Attention queries (`bsh`).
+    Query,
+    /// Attention keys (`bsh`).
+    Key,
+    /// Attention values (`bsh`).
+    Value,
+    /// Attention output before the projection (`bsh`).
+    AttentionOutput,
+    /// The softmax log-sum-exp FlashAttention saves (`b * heads * s`, fp32).
+    AttentionLogSumExp,
+    /// The hidden state after the projection and the residual add (`bsh`).
+    AttentionResidual,
+    /// The second layer norm's output (`bsh`).
+    PostAttentionNormOutput,
+    /// FC1's output (`b * s * ffn_hidden`).
+    Fc1Output,
+    /// GeLU's output (`b * s * ffn_hidden`).
+    GeluOutput,
+}
+
+impl SkeletalKind {
+    /// A short name for reports and plans.
+    pub fn name(self) -> &'static str {
+        match self {
+            SkeletalKind::LayerInput => "layer_input",
+            SkeletalKind::InputNormOutput => "input_norm_out",
+            SkeletalKind::Query => "q",
+            SkeletalKind::Key => "k",
+            SkeletalKind::Value => "v",
+            SkeletalKind::AttentionOutput => "attention_out",
+            SkeletalKind::AttentionLogSumExp => "attention_lse",
+            SkeletalKind::AttentionResidual => "attention_residual",
+            SkeletalKind::PostAttentionNormOutput => "post_attention_norm_out",
+            SkeletalKind::Fc1Output => "fc1_out",
+            SkeletalKind::GeluOutput => "gelu_out",
+        }
+    }
+}
+
+/// One skeletal tensor of one layer, on one GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SkeletalTensor {
+    /// Which tensor.
+    pub kind: SkeletalKind,
+    /// Elements on one GPU (the whole tensor's divided by `t`).
+    pub elements: u64,
+    /// Bytes on one GPU (bf16: 2 per element; the log-sum-exp is fp32: 4).
+    pub bytes: u64,
+    /// Swapped whole, or split by tokens.
+    pub handling: Handling,
+}
+
+/// One layer's skeletal tensors on one GPU and the sums MEMO's alpha LP uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SkeletalSet {
+    /// The eleven tensors, in forward order.
+    pub tensors: [SkeletalTensor; 11],
+    /// `S_input`: the layer input's bytes.
+    pub input_bytes: u64,
+    /// `S_attn`: the attention output's bytes (without the log-sum-exp).
+    pub attention_bytes: u64,
+    /// The log-sum-exp's bytes, swapped with the attention output.
+    pub lse_bytes: u64,
+    /// `S_others`: the token-split tensors' bytes (14 bsh elements when `ffn_hidden = 4h`).
+    pub others_bytes: u64,
+    /// All eleven tensors' bytes.
+    pub total_bytes: u64,
+}
+
+impl SkeletalSet {
+    /// Bytes swapped whatever alpha is: `S_input + S_attn + LSE`. Exact for a set from
+    /// [`ModelConfig::skeletal_set`] (the three are parts of `total_bytes`, which fit); saturating
+    /// for hand-made values.
+    pub fn always_swapped_bytes(&self) -> u64 {
+        self.input_bytes.saturating_add(self.attention_bytes).saturating_add(self.lse_bytes)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,137 @@
+//! Every preset number, in one place.
+//!
+//! The models are the paper's (MEMO, arXiv 2407.12117, its table of model configurations; GPT with
+//! GeLU, FFN 4h, vocabulary 50257). The machines are vendor datasheet figures plus round
+//! assumptions for what a copy or a kernel achieves in practice. **All machine numbers are
+//! assumptions**: a user overrides any of them by editing the [`Hardware`] value a preset returns
+//! (or by giving a measured layer forward time), and should, once they have measured their own
+//! machine.
+
+use alloc::string::String;
+
+use super::Hardware;
+
+/// `1 << 30` bytes.
+const GIB: u64 = 1 << 30;
+/// `1 << 40` bytes.
+const TIB: u64 = 1 << 40;
+/// `10^9`: copy rates are quoted in decimal GB/s.
+const GB: u64 = 1_000_000_000;
+/// `10^12`: peak rates are quoted in decimal TFLOP/s.
+const TFLOPS: u64 = 1_000_000_000_000;
+
+/// The share of the dense bf16 peak one GPU is assumed to sustain in a layer's forward, in percent.
+/// Assumption: large bf16 GEMMs and FlashAttention-2's forward reach roughly 60-75% of peak on
+/// A100/H100-class parts; 60% is the round, conservative end. Used only when no measured layer
+/// time is given.
+pub const ACHIEVED_PERCENT_OF_PEAK: u64 = 60;
+
+/// A model preset: the paper's GPT shapes (ffn 4h and vocabulary 50257 are filled in by
+/// [`super::ModelConfig::new`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelPreset {
+    /// Lookup name.
+    pub name: &'static str,
+    /// Transformer layers.
+    pub layers: u32,
+    /// Hidden size.
+    pub hidden: u64,
+    /// Attention heads.
+    pub heads: u64,
+}
+
+/// The paper's four models (MEMO, table of model configurations).
+pub const MODEL_PRESETS: &[ModelPreset] = &[
+    ModelPreset { name: "7b", layers: 32, hidden: 4096, heads: 32 },
+    ModelPreset { name: "13b", layers: 40, hidden: 5120, heads: 40 },
+    ModelPreset { name: "30b", layers: 48, hidden: 7168, heads: 56 },
+    ModelPreset { name: "65b", layers: 80, hidden: 8192, heads: 64 },
+];
+
+/// A machine preset. `achieved_flops` is derived: `peak_flops * ACHIEVED_PERCENT_OF_PEAK / 100`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HardwarePreset {
+    /// Lookup name.
+    pub name: &'static str,
+    /// Where the numbers come from.
+    pub source: &'static str,
+    /// Device memory of one GPU.
+    pub device_memory_bytes: u64,
+    /// Host memory of one node.
+    pub host_memory_per_node_bytes: u64,
+    /// GPUs per node.
+    pub gpus_per_node: u64,
+    /// Copy bandwidth per GPU, each way (device-to-host and host-to-device).
+    pub copy_bytes_per_s: u64,
+    /// GPUs sharing one host uplink.
+    pub gpus_sharing_uplink: u64,
+    /// Dense bf16 peak of one GPU.
+    pub peak_flops: u64,
+}
+
+/// The four machines. Each `source` says where its numbers come from.
+pub const HARDWARE_PRESETS: &[HardwarePreset] = &[
+    HardwarePreset {
+        name: "a800x8",
+        source: "8x NVIDIA A800-80GB (A100 compute: 312 TFLOP/s dense bf16, datasheet; 80 GiB HBM2e), \
+                 2 TiB host per node (the paper's testbed); PCIe gen4 x16 is 32 GB/s raw, ~25 GB/s \
+                 assumed achieved per GPU each way with pinned memory",
+        device_memory_bytes: 80 * GIB,
+        host_memory_per_node_bytes: 2 * TIB,
+        gpus_per_node: 8,
+        copy_bytes_per_s: 25 * GB,
+        gpus_sharing_uplink: 1,
+        peak_flops: 312 * TFLOPS,
+    },
+    HardwarePreset {
+        name: "h100x8",
+        source: "8x NVIDIA H100-80GB SXM (989 TFLOP/s dense bf16, datasheet; 80 GiB HBM3), 2 TiB host \
+                 per node (assumed); PCIe gen5 x16 is 64 GB/s raw, ~50 GB/s assumed achieved",
+        device_memory_bytes: 80 * GIB,
+        host_memory_per_node_bytes: 2 * TIB,
+        gpus_per_node: 8,
+        copy_bytes_per_s: 50 * GB,
+        gpus_sharing_uplink: 1,
+        peak_flops: 989 * TFLOPS,
+    },
+    HardwarePreset {
+        name: "h200x1",
+        source: "1x NVIDIA H200 (141 GB HBM3e marketed, ~140 GiB reported by the driver; 989 TFLOP/s \
+                 dense bf16, datasheet), 256 GiB host (assumed); PCIe gen5 x16, ~50 GB/s assumed achieved",
+        device_memory_bytes: 140 * GIB,
+        host_memory_per_node_bytes: 256 * GIB,
+        gpus_per_node: 1,
+        copy_bytes_per_s: 50 * GB,
+        gpus_sharing_uplink: 1,
+        peak_flops: 989 * TFLOPS,
+    },
+    HardwarePreset {
+        name: "mi300x8",
+        source: "8x AMD Instinct MI300X (192 GiB HBM3; 1307 TFLOP/s dense bf16, datasheet), 2 TiB host \
+                 per node (assumed); PCIe gen5 x16, ~50 GB/s assumed achieved",
+        device_memory_bytes: 192 * GIB,
+        host_memory_per_node_bytes: 2 * TIB,
+        gpus_per_node: 8,
+        copy_bytes_per_s: 50 * GB,
+        gpus_sharing_uplink: 1,
+        peak_flops: 1307 * TFLOPS,
+    },
+];
+
+impl HardwarePreset {
+    /// The [`Hardware`] this preset describes, with no measured layer time.
+    pub fn hardware(&self) -> Hardware {
+        Hardware {
+            name: String::from(self.name),
+            device_memory_bytes: self.device_memory_bytes,
+            host_memory_per_node_bytes: self.host_memory_per_node_bytes,
+            gpus_per_node: self.gpus_per_node,
+            d2h_bytes_per_s: self.copy_bytes_per_s,
+            h2d_bytes_per_s: self.copy_bytes_per_s,
+            gpus_sharing_uplink: self.gpus_sharing_uplink,
+            peak_flops: self.peak_flops,
+            achieved_flops: self.peak_flops / 100 * ACHIEVED_PERCENT_OF_PEAK,
+            measured_layer_forward_s: None,
+        }
+    }
+}
