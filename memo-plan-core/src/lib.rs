@@ -22,6 +22,8 @@ mod log;
 
 pub mod arena;
 pub mod check;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod generate;
 pub mod lifetime;
 pub mod trace;
