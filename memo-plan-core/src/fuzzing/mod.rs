@@ -40,3 +40,25 @@ pub fn smoke<T: for<'a> Arbitrary<'a>>(seed: u64, cases: usize, max_len: usize, 
         }
     }
 }
+
+/// Runs `check` on every file of the committed seed corpus of `target`
+/// (`fuzz/corpus/<target>/` at the repository root), decoded as libFuzzer does. Prints `SKIP`
+/// and does nothing when that folder is not there (the crate built outside its repository).
+#[cfg(test)]
+pub(crate) fn run_corpus<T: for<'a> Arbitrary<'a>>(target: &str, check: impl Fn(T)) {
+    let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus").join(target);
+    let Ok(entries) = std::fs::read_dir(&folder) else {
+        std::println!("SKIP: no corpus at {}", folder.display());
+        return;
+    };
+    let mut paths: Vec<std::path::PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+    paths.sort();
+    assert!(!paths.is_empty(), "empty corpus at {}", folder.display());
+    for path in paths {
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        match T::arbitrary_take_rest(Unstructured::new(&bytes)) {
+            Ok(case) => check(case),
+            Err(e) => panic!("{} does not decode: {e}", path.display()),
+        }
+    }
+}

@@ -41,9 +41,11 @@ pub struct Options {
 /// The limits of the trace harness.
 pub const OPTIONS: Options = Options { max_requests: 200, max_rows: 100, id_pool: 8 };
 
-/// One fuzz case. The variant is chosen by the first 4 bytes of the input; all zeros choose
-/// [`TraceCase::Bytes`], so a seed file is 4 zero bytes followed by a trace.
-#[derive(Clone, Debug, Arbitrary)]
+/// One fuzz case. The first byte of the input chooses the variant: an ASCII byte (below 0x80)
+/// makes the whole input, that byte included, a [`TraceCase::Bytes`], so a trace file is a seed
+/// as it is; a byte from 0x80 up builds a [`TraceCase::Text`] (even) or [`TraceCase::Csv`] (odd)
+/// from the bytes after it.
+#[derive(Clone, Debug)]
 pub enum TraceCase {
     /// Any bytes, given to every parser.
     Bytes(Vec<u8>),
@@ -51,6 +53,37 @@ pub enum TraceCase {
     Text(TextTrace),
     /// A valid CSV trace and what it must parse to.
     Csv(CsvTrace),
+}
+
+impl TraceCase {
+    /// The variant the first byte asks for; `None` for raw bytes (an ASCII or no first byte).
+    fn structured(u: &mut Unstructured<'_>) -> Result<Option<bool>> {
+        match u.peek_bytes(1) {
+            Some(&[tag]) if tag >= 0x80 => {
+                u.bytes(1)?;
+                Ok(Some(tag % 2 == 0))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+impl<'a> Arbitrary<'a> for TraceCase {
+    fn arbitrary(u: &mut Unstructured<'a>) -> Result<Self> {
+        Ok(match TraceCase::structured(u)? {
+            None => TraceCase::Bytes(u.arbitrary()?),
+            Some(true) => TraceCase::Text(u.arbitrary()?),
+            Some(false) => TraceCase::Csv(u.arbitrary()?),
+        })
+    }
+
+    fn arbitrary_take_rest(mut u: Unstructured<'a>) -> Result<Self> {
+        Ok(match TraceCase::structured(&mut u)? {
+            None => TraceCase::Bytes(u.take_rest().to_vec()),
+            Some(true) => TraceCase::Text(u.arbitrary()?),
+            Some(false) => TraceCase::Csv(u.arbitrary()?),
+        })
+    }
 }
 
 /// A generated input and the trace it must parse to.
@@ -391,8 +424,23 @@ mod tests {
     }
 
     #[test]
-    fn the_seed_traces_pass() {
+    fn the_example_trace_passes() {
         check(TraceCase::Bytes(include_bytes!("../../../examples/traces/memo-layer.trace").to_vec()));
-        check(TraceCase::Bytes(b"id,lower,upper,size\n0,0,2,10\n1,1,3,5KiB\n0,2,4,7\n".to_vec()));
+    }
+
+    #[test]
+    fn the_committed_corpus_passes() {
+        super::super::run_corpus("trace_parse", check);
+    }
+
+    #[test]
+    fn a_trace_file_is_a_seed_as_it_is() {
+        let input = b"malloc 1 2\nfree 1 2\n";
+        let case = TraceCase::arbitrary_take_rest(Unstructured::new(input)).unwrap();
+        assert!(matches!(&case, TraceCase::Bytes(bytes) if bytes == input), "{case:?}");
+        let text = TraceCase::arbitrary_take_rest(Unstructured::new(&[0x80, 7, 7, 7])).unwrap();
+        assert!(matches!(text, TraceCase::Text(_)), "{text:?}");
+        let csv = TraceCase::arbitrary_take_rest(Unstructured::new(&[0x81, 7, 7, 7])).unwrap();
+        assert!(matches!(csv, TraceCase::Csv(_)), "{csv:?}");
     }
 }
