@@ -20,7 +20,7 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec;
 use alloc::vec::Vec;
-use core::fmt::Write;
+use core::fmt::{self, Write};
 
 use arbitrary::{Arbitrary, Result, Unstructured};
 
@@ -45,7 +45,7 @@ pub const OPTIONS: Options = Options { max_requests: 200, max_rows: 100, id_pool
 /// makes the whole input, that byte included, a [`TraceCase::Bytes`], so a trace file is a seed
 /// as it is; a byte from 0x80 up builds a [`TraceCase::Text`] (even) or [`TraceCase::Csv`] (odd)
 /// from the bytes after it.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub enum TraceCase {
     /// Any bytes, given to every parser.
     Bytes(Vec<u8>),
@@ -64,6 +64,18 @@ impl TraceCase {
                 Ok(Some(tag % 2 == 0))
             }
             _ => Ok(None),
+        }
+    }
+}
+
+/// Raw bytes print as a byte string (`b"malloc 1 2\n"`), which reads far better than a list of
+/// numbers in a crash report.
+impl fmt::Debug for TraceCase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TraceCase::Bytes(bytes) => write!(f, "Bytes(b\"{}\")", bytes.escape_ascii()),
+            TraceCase::Text(text) => f.debug_tuple("Text").field(text).finish(),
+            TraceCase::Csv(csv) => f.debug_tuple("Csv").field(csv).finish(),
         }
     }
 }
