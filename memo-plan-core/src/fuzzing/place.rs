@@ -5,8 +5,9 @@
 //! - determinism: solving twice gives identical results (offsets, peak, bounds, statistics);
 //! - a `Solution` is a valid placement: [`check_placement`] and the pairwise [`naive_check`] both
 //!   accept it, with its peak and under the capacity;
-//! - bounds: live bytes (`lower_bound`) <= `Solution::lower_bound` <= the optimum <= `peak`
-//!   <= `stats.greedy_peak` <= the sum of all footprints; `peak == lower_bound` implies `optimal`;
+//! - bounds: `Solution::lower_bound` is the most footprint bytes alive at once, as its docs say
+//!   (recomputed with [`lower_bound`]), and `lower_bound` <= the optimum <= `peak` <=
+//!   `stats.greedy_peak` <= the sum of all footprints; `peak == lower_bound` implies `optimal`;
 //! - optimality: `optimal` implies `peak` is the optimum (brute force on small instances, the
 //!   tiling height on tiled ones) and no worse than any valid placement we have: the oracle's
 //!   start-order first-fit, a solve of the buffers in reverse order, the solve without capacity.
@@ -183,35 +184,36 @@ pub fn check(case: PlaceCase) {
     let result = solve(&buffers, &options);
     assert_eq!(result, solve(&buffers, &options), "two solves of the same input differ");
 
-    // Valid placements we know of: an infeasibility proof must lie below all of them, and an
-    // optimal solution must not lie above any.
-    let mut known_peaks: Vec<u64> = alloc::vec![first_fit_peak];
-    if let Some(capacity) = options.capacity {
+    // Valid placements we know of, and whether each claims to be optimal: an infeasibility proof
+    // must lie below all of them, and an optimal one must be the lowest of them.
+    let mut known: Vec<(u64, bool)> = alloc::vec![(first_fit_peak, false)];
+    if options.capacity.is_some() {
         let uncapped = solve(&buffers, &SolveOptions { capacity: None, ..options });
         let uncapped = uncapped.unwrap_or_else(|e| panic!("solve without capacity failed: {e}"));
         check_solution(&buffers, &uncapped, alignment, None, live, footprint_sum, optimum);
-        known_peaks.push(uncapped.peak);
-        if let Ok(capped) = &result {
-            assert!(capped.peak <= capacity, "peak {} above the capacity {capacity}", capped.peak);
-        }
+        known.push((uncapped.peak, uncapped.optimal));
     } else {
         let reversed: Vec<BufferLifetime> = buffers.iter().rev().copied().collect();
-        if let Ok(solution) = solve(&reversed, &options) {
-            check_solution(&reversed, &solution, alignment, None, live, footprint_sum, optimum);
-            known_peaks.push(solution.peak);
-        }
+        let solution = solve(&reversed, &options).unwrap_or_else(|e| panic!("solve of the reversed input failed: {e}"));
+        check_solution(&reversed, &solution, alignment, None, live, footprint_sum, optimum);
+        known.push((solution.peak, solution.optimal));
     }
-    let best_known = known_peaks.iter().copied().min().unwrap_or(u64::MAX);
+    if let Ok(solution) = &result {
+        known.push((solution.peak, solution.optimal));
+    }
+    let best_known = known.iter().map(|&(peak, _)| peak).min().unwrap_or(u64::MAX);
+    for &(peak, optimal) in &known {
+        assert!(
+            !optimal || peak == best_known,
+            "claimed optimal peak {peak}, but a placement with peak {best_known} exists"
+        );
+    }
 
     match result {
         Ok(solution) => {
             check_solution(&buffers, &solution, alignment, options.capacity, live, footprint_sum, optimum);
-            if solution.optimal {
-                assert!(
-                    solution.peak <= best_known,
-                    "claimed optimal peak {} but a placement with peak {best_known} exists",
-                    solution.peak
-                );
+            if let Some(capacity) = options.capacity {
+                assert!(solution.peak <= capacity, "peak {} above the capacity {capacity}", solution.peak);
             }
             check_the_checker(&buffers, &solution, alignment, moved);
         }
@@ -267,7 +269,7 @@ fn check_solution(
     }
     let naive = naive_check(buffers, offsets, alignment);
     assert!(naive.valid && naive.peak == peak, "pairwise check: {naive:?}, claimed peak {peak}");
-    assert!(live <= lower_bound && lower_bound <= peak, "bounds: live {live}, solver bound {lower_bound}, peak {peak}");
+    assert!(live == lower_bound && lower_bound <= peak, "bounds: live {live}, solver bound {lower_bound}, peak {peak}");
     assert!(
         peak <= stats.greedy_peak && stats.greedy_peak <= footprint_sum,
         "peak {peak}, greedy {}, sum {footprint_sum}",
