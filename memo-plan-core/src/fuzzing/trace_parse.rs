@@ -432,7 +432,7 @@ mod tests {
 
     #[test]
     fn smoke() {
-        super::super::smoke(0x7472_6163_6500, 1_100, 2_000, check);
+        super::super::smoke(0x7472_6163_6500, 2_400, 2_000, check);
     }
 
     #[test]
