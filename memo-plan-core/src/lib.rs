@@ -23,6 +23,8 @@ mod log;
 pub mod arena;
 pub mod check;
 pub mod cost;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod generate;
 pub mod lifetime;
 pub mod model;
