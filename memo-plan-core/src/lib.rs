@@ -26,6 +26,6 @@ pub mod generate;
 pub mod lifetime;
 pub mod trace;
 
-pub use arena::{solve, SolveError, SolveOptions, Solution, SolveStats};
+pub use arena::{solve, Solution, SolveError, SolveOptions, SolveStats};
 pub use lifetime::{lower_bound, BufferLifetime};
 pub use trace::{parse_trace, Trace, TraceError, TraceFormat};

@@ -158,7 +158,13 @@ impl Search<'_> {
         Dfs::Infeasible
     }
 
-    fn place(&mut self, local: u32, offset: u64, offset_changes: &mut Vec<(u32, u64)>, floor_changes: &mut Vec<(u32, u64)>) {
+    fn place(
+        &mut self,
+        local: u32,
+        offset: u64,
+        offset_changes: &mut Vec<(u32, u64)>,
+        floor_changes: &mut Vec<(u32, u64)>,
+    ) {
         let l = local as usize;
         let end = offset + self.size[l];
         self.offset[l] = offset;
