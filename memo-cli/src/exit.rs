@@ -48,10 +48,7 @@ pub struct Failure {
 impl Failure {
     /// A failure with the given exit code and message.
     pub fn new(code: u8, message: impl Into<String>) -> Self {
-        Failure {
-            code,
-            message: message.into(),
-        }
+        Failure { code, message: message.into() }
     }
 
     /// The exit code.

@@ -27,12 +27,7 @@ pub fn binary_units(count: u64) -> String {
     }
     let scale = 1u128 << (10 * unit);
     let hundredths = (u128::from(count) * 100 + scale / 2) / scale;
-    format!(
-        "{}.{:02} {}",
-        hundredths / 100,
-        hundredths % 100,
-        UNITS[unit]
-    )
+    format!("{}.{:02} {}", hundredths / 100, hundredths % 100, UNITS[unit])
 }
 
 /// `numerator / denominator` to four decimals (rounded half up), or `n/a` when the denominator is 0.
@@ -42,11 +37,7 @@ pub fn ratio(numerator: u64, denominator: u64) -> String {
     }
     let (n, d) = (u128::from(numerator), u128::from(denominator));
     let ten_thousandths = (n * 10_000 + d / 2) / d;
-    format!(
-        "{}.{:04}",
-        ten_thousandths / 10_000,
-        ten_thousandths % 10_000
-    )
+    format!("{}.{:04}", ten_thousandths / 10_000, ten_thousandths % 10_000)
 }
 
 /// Milliseconds with three decimals, as a JSON number.

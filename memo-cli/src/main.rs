@@ -49,29 +49,19 @@ fn main() -> ExitCode {
 /// `--help` and `--version` print in full and succeed; every other clap error becomes a one-line
 /// usage error (exit 2) that points at the right `--help`.
 fn clap_exit(error: &clap::Error, args: &[OsString]) -> ExitCode {
-    if matches!(
-        error.kind(),
-        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
-    ) {
+    if matches!(error.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
         let mut text = error.render().to_string();
         if !text.ends_with('\n') {
             text.push('\n');
         }
         return match std::io::stdout().lock().write_all(text.as_bytes()) {
             Ok(()) => ExitCode::from(exit::SUCCESS),
-            Err(e) => Failure::new(
-                exit::IO_ERROR,
-                format!("cannot write the help to standard output: {e}"),
-            )
-            .report(),
+            Err(e) => Failure::new(exit::IO_ERROR, format!("cannot write the help to standard output: {e}")).report(),
         };
     }
     let command = Cli::command();
-    let subcommand = args
-        .iter()
-        .skip(1)
-        .filter_map(|a| a.to_str())
-        .find(|a| command.get_subcommands().any(|s| s.get_name() == *a));
+    let subcommand =
+        args.iter().skip(1).filter_map(|a| a.to_str()).find(|a| command.get_subcommands().any(|s| s.get_name() == *a));
     let help = match subcommand {
         Some(name) => format!("memo {name} --help"),
         None => "memo --help".to_string(),
@@ -83,16 +73,9 @@ fn clap_exit(error: &clap::Error, args: &[OsString]) -> ExitCode {
         _ => {
             // The first paragraph of clap's message, on one line, without its `error: ` label.
             let rendered = error.render().to_string();
-            let paragraph: Vec<&str> = rendered
-                .lines()
-                .map(str::trim)
-                .take_while(|l| !l.is_empty())
-                .collect();
+            let paragraph: Vec<&str> = rendered.lines().map(str::trim).take_while(|l| !l.is_empty()).collect();
             let joined = paragraph.join(" ");
-            joined
-                .strip_prefix("error: ")
-                .unwrap_or(&joined)
-                .to_string()
+            joined.strip_prefix("error: ").unwrap_or(&joined).to_string()
         }
     };
     Failure::new(exit::BAD_INPUT, format!("{what}; see `{help}`")).report()

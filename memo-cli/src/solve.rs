@@ -65,56 +65,33 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
 }
 
 fn parse_nodes(text: &str) -> Result<u64, String> {
-    text.trim().parse().map_err(|_| {
-        format!("expected a whole number of search nodes, such as {DEFAULT_BUDGET_NODES}")
-    })
+    text.trim().parse().map_err(|_| format!("expected a whole number of search nodes, such as {DEFAULT_BUDGET_NODES}"))
 }
 
 /// Runs `memo solve`.
 pub fn run(args: &SolveArgs) -> Result<(), Failure> {
     let name = input_name(&args.input);
     let bytes = read_input(&args.input).map_err(|e| {
-        Failure::new(
-            exit::IO_ERROR,
-            format!("cannot read {name}: {e}; check the path and permissions"),
-        )
+        Failure::new(exit::IO_ERROR, format!("cannot read {name}: {e}; check the path and permissions"))
     })?;
     let trace = trace::parse_trace(&bytes).map_err(|e| trace_failure(&name, &e))?;
-    let options = SolveOptions {
-        capacity: args.capacity,
-        alignment: args.alignment,
-        budget_nodes: args.budget_nodes,
-    };
+    let options = SolveOptions { capacity: args.capacity, alignment: args.alignment, budget_nodes: args.budget_nodes };
 
     let started = Instant::now();
-    let solution =
-        arena::solve(&trace.buffers, &options).map_err(|e| solve_failure(&name, &e, &options))?;
+    let solution = arena::solve(&trace.buffers, &options).map_err(|e| solve_failure(&name, &e, &options))?;
     let elapsed = started.elapsed();
 
     check(&name, &trace, &options, &solution)?;
 
-    let solved = Solved {
-        name: &name,
-        trace: &trace,
-        options: &options,
-        solution: &solution,
-        elapsed,
-    };
-    let written = if args.json {
-        write_json(&solved)
-    } else {
-        write_csv(&solved)
-    };
+    let solved = Solved { name: &name, trace: &trace, options: &options, solution: &solution, elapsed };
+    let written = if args.json { write_json(&solved) } else { write_csv(&solved) };
     written.map_err(|e| {
         let advice = if e.kind() == io::ErrorKind::BrokenPipe {
             "the reader closed it early; let it read the whole placement"
         } else {
             "check where standard output goes (disk full? closed?)"
         };
-        Failure::new(
-            exit::IO_ERROR,
-            format!("cannot write the placement to standard output: {e}; {advice}"),
-        )
+        Failure::new(exit::IO_ERROR, format!("cannot write the placement to standard output: {e}; {advice}"))
     })?;
     if !args.json {
         // A summary that cannot be written is no reason to fail: the placement is out.
@@ -124,12 +101,7 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
 }
 
 /// Never print a placement the independent checker has not accepted: a rejection is a solver bug.
-fn check(
-    name: &str,
-    trace: &Trace,
-    options: &SolveOptions,
-    solution: &Solution,
-) -> Result<(), Failure> {
+fn check(name: &str, trace: &Trace, options: &SolveOptions, solution: &Solution) -> Result<(), Failure> {
     check_placement(&trace.buffers, &solution.offsets, options.alignment, solution.peak, options.capacity).map_err(
         |violations| {
             Failure::new(
@@ -171,15 +143,8 @@ fn read_input(input: &Path) -> io::Result<Vec<u8>> {
 
 /// `<file>:<line>: <what>`, or `<file>: <what>` for a problem with the input as a whole.
 fn trace_failure(name: &str, error: &TraceError) -> Failure {
-    let what = TraceError {
-        line: 0,
-        kind: error.kind.clone(),
-    };
-    let message = if error.line > 0 {
-        format!("{name}:{}: {what}", error.line)
-    } else {
-        format!("{name}: {what}")
-    };
+    let what = TraceError { line: 0, kind: error.kind.clone() };
+    let message = if error.line > 0 { format!("{name}:{}: {what}", error.line) } else { format!("{name}: {what}") };
     Failure::new(exit::BAD_INPUT, message)
 }
 
@@ -279,11 +244,7 @@ impl Solved<'_> {
     /// The human summary, one figure per line.
     fn summary(&self) -> String {
         let (trace, solution, stats) = (self.trace, self.solution, &self.solution.stats);
-        let mut lines = vec![format!(
-            "memo solve: {} ({})",
-            self.name,
-            format_name(trace.format)
-        )];
+        let mut lines = vec![format!("memo solve: {} ({})", self.name, format_name(trace.format))];
         let mut row = |label: &str, value: String| lines.push(format!("  {label:<20}{value}"));
         row("buffers", trace.buffers.len().to_string());
         row("steps", trace.steps.to_string());
@@ -298,19 +259,8 @@ impl Solved<'_> {
         }
         row("lower bound", human::bytes(solution.lower_bound));
         row("peak", human::bytes(solution.peak));
-        row(
-            "peak / lower bound",
-            human::ratio(solution.peak, solution.lower_bound),
-        );
-        row(
-            "optimality",
-            if solution.optimal {
-                "proven optimal"
-            } else {
-                "not proven optimal"
-            }
-            .to_string(),
-        );
+        row("peak / lower bound", human::ratio(solution.peak, solution.lower_bound));
+        row("optimality", if solution.optimal { "proven optimal" } else { "not proven optimal" }.to_string());
         row("greedy peak", human::bytes(stats.greedy_peak));
         row(
             "components",
@@ -319,18 +269,8 @@ impl Solved<'_> {
                 stats.components, stats.largest_component, stats.fixed_buffers
             ),
         );
-        let exhausted = if stats.budget_exhausted {
-            " (budget exhausted)"
-        } else {
-            ""
-        };
-        row(
-            "search nodes",
-            format!(
-                "{} of {}{exhausted}",
-                stats.nodes, self.options.budget_nodes
-            ),
-        );
+        let exhausted = if stats.budget_exhausted { " (budget exhausted)" } else { "" };
+        row("search nodes", format!("{} of {}{exhausted}", stats.nodes, self.options.budget_nodes));
         row("elapsed", human::duration(self.elapsed));
         lines.push(String::new());
         lines.join("\n")
@@ -344,19 +284,14 @@ mod tests {
     /// The exit-70 path: a placement the checker rejects is reported, never printed.
     #[test]
     fn a_placement_that_fails_the_check_is_an_internal_error() {
-        let trace =
-            trace::parse_trace(b"malloc 1 10\nmalloc 2 10\nfree 1 10\nfree 2 10\n").unwrap();
+        let trace = trace::parse_trace(b"malloc 1 10\nmalloc 2 10\nfree 1 10\nfree 2 10\n").unwrap();
         let options = SolveOptions::default();
         let mut solution = arena::solve(&trace.buffers, &options).unwrap();
         assert!(check("t", &trace, &options, &solution).is_ok());
         solution.offsets = vec![0, 5];
         let failure = check("t", &trace, &options, &solution).unwrap_err();
         assert_eq!(failure.code(), exit::INTERNAL_ERROR);
-        assert!(
-            failure.message().contains("please report it"),
-            "{}",
-            failure.message()
-        );
+        assert!(failure.message().contains("please report it"), "{}", failure.message());
     }
 
     #[test]
@@ -364,20 +299,14 @@ mod tests {
         let error = trace::parse_trace(b"malloc 1 10\nfree 2 10\n").unwrap_err();
         let failure = trace_failure("t.trace", &error);
         assert_eq!(failure.code(), exit::BAD_INPUT);
-        assert!(
-            failure.message().starts_with("t.trace:2: free of id 2"),
-            "{}",
-            failure.message()
-        );
+        assert!(failure.message().starts_with("t.trace:2: free of id 2"), "{}", failure.message());
     }
 
     #[test]
     fn option_values_take_units() {
         assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
         assert_eq!(parse_bytes("512MB"), Ok(512_000_000));
-        assert!(parse_bytes("2 lots")
-            .unwrap_err()
-            .starts_with("expected a byte count"));
+        assert!(parse_bytes("2 lots").unwrap_err().starts_with("expected a byte count"));
         assert_eq!(parse_nodes("100"), Ok(100));
         assert!(parse_nodes("-1").is_err());
     }

@@ -8,10 +8,7 @@ use std::process::{Command, Output, Stdio};
 use memo_plan_core::generate::{known_optimum, SplitMix64};
 use memo_plan_core::BufferLifetime;
 
-const EXAMPLE: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../examples/traces/memo-layer.trace"
-);
+const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/traces/memo-layer.trace");
 
 /// Runs `memo` with `args`, feeding `stdin` (empty when `None`).
 fn memo(args: &[&str], stdin: Option<&[u8]>) -> Output {
@@ -35,10 +32,7 @@ fn memo(args: &[&str], stdin: Option<&[u8]>) -> Output {
 }
 
 fn code(output: &Output) -> i32 {
-    output
-        .status
-        .code()
-        .expect("memo exits with a code, not a signal")
+    output.status.code().expect("memo exits with a code, not a signal")
 }
 
 fn stderr(output: &Output) -> String {
@@ -49,11 +43,7 @@ fn stderr(output: &Output) -> String {
 fn assert_fails(output: &Output, expected: i32) -> String {
     let message = stderr(output);
     assert_eq!(code(output), expected, "stderr: {message}");
-    assert!(
-        output.stdout.is_empty(),
-        "stdout on failure: {:?}",
-        String::from_utf8_lossy(&output.stdout)
-    );
+    assert!(output.stdout.is_empty(), "stdout on failure: {:?}", String::from_utf8_lossy(&output.stdout));
     assert!(message.starts_with("memo: "), "{message:?}");
     assert_eq!(message.lines().count(), 1, "one line expected: {message:?}");
     assert!(!message.contains("panicked"), "{message}");
@@ -113,10 +103,7 @@ fn recheck(rows: &[Row], alignment: u64) -> u64 {
         for (j, b) in rows.iter().enumerate().skip(i + 1) {
             let together = a.lower < b.upper && b.lower < a.upper;
             let share = a.offset < end(b) && b.offset < end(a) && a.size > 0 && b.size > 0;
-            assert!(
-                !(together && share),
-                "rows {i} and {j} overlap: {a:?} {b:?}"
-            );
+            assert!(!(together && share), "rows {i} and {j} overlap: {a:?} {b:?}");
         }
     }
     rows.iter().map(end).max().unwrap_or(0)
@@ -126,12 +113,7 @@ fn recheck(rows: &[Row], alignment: u64) -> u64 {
 fn max_live(rows: &[Row]) -> u64 {
     let last = rows.iter().map(|r| r.upper).max().unwrap_or(0);
     (0..last)
-        .map(|step| {
-            rows.iter()
-                .filter(|r| r.lower <= step && step < r.upper)
-                .map(|r| r.size)
-                .sum()
-        })
+        .map(|step| rows.iter().filter(|r| r.lower <= step && step < r.upper).map(|r| r.size).sum())
         .max()
         .unwrap_or(0)
 }
@@ -140,22 +122,14 @@ fn max_live(rows: &[Row]) -> u64 {
 fn lifetimes_of_text_trace(text: &str) -> Vec<(u64, u32, u32, u64)> {
     let mut buffers: Vec<(u64, u32, u32, u64)> = Vec::new();
     let mut step = 0;
-    for line in text
-        .lines()
-        .map(|l| l.split('#').next().unwrap().trim())
-        .filter(|l| !l.is_empty())
-    {
+    for line in text.lines().map(|l| l.split('#').next().unwrap().trim()).filter(|l| !l.is_empty()) {
         let f: Vec<&str> = line.split_whitespace().collect();
         let id: u64 = f[1].parse().unwrap();
         let size: u64 = f[2].strip_suffix("MB").unwrap().parse::<u64>().unwrap() * 1_000_000;
         if f[0] == "malloc" {
             buffers.push((id, step, u32::MAX, size));
         } else {
-            let b = buffers
-                .iter_mut()
-                .rev()
-                .find(|b| b.0 == id && b.2 == u32::MAX)
-                .unwrap();
+            let b = buffers.iter_mut().rev().find(|b| b.0 == id && b.2 == u32::MAX).unwrap();
             b.2 = step;
         }
         step += 1;
@@ -172,11 +146,7 @@ fn lifetimes_of_text_trace(text: &str) -> Vec<(u64, u32, u32, u64)> {
 fn summary_value<'a>(summary: &'a str, label: &str) -> &'a str {
     summary
         .lines()
-        .find_map(|l| {
-            l.trim_start()
-                .strip_prefix(label)
-                .filter(|rest| rest.starts_with("  "))
-        })
+        .find_map(|l| l.trim_start().strip_prefix(label).filter(|rest| rest.starts_with("  ")))
         .unwrap_or_else(|| panic!("no {label} in the summary:\n{summary}"))
         .trim()
 }
@@ -189,25 +159,13 @@ fn the_example_trace_solves_to_a_valid_optimal_placement() {
     let rows = parse_placement(&output.stdout);
 
     let expected = lifetimes_of_text_trace(&std::fs::read_to_string(EXAMPLE).unwrap());
-    let found: Vec<_> = rows
-        .iter()
-        .map(|r| (r.id, r.lower, r.upper, r.size))
-        .collect();
-    assert_eq!(
-        found, expected,
-        "rows in trace order with the trace's lifetimes"
-    );
+    let found: Vec<_> = rows.iter().map(|r| (r.id, r.lower, r.upper, r.size)).collect();
+    assert_eq!(found, expected, "rows in trace order with the trace's lifetimes");
 
     let peak = recheck(&rows, 1);
     assert_eq!(peak, max_live(&rows), "the peak reaches the lower bound");
-    assert_eq!(
-        summary_value(&summary, "peak"),
-        format!("{peak} bytes (2.26 GiB)")
-    );
-    assert_eq!(
-        summary_value(&summary, "lower bound"),
-        format!("{peak} bytes (2.26 GiB)")
-    );
+    assert_eq!(summary_value(&summary, "peak"), format!("{peak} bytes (2.26 GiB)"));
+    assert_eq!(summary_value(&summary, "lower bound"), format!("{peak} bytes (2.26 GiB)"));
     assert_eq!(summary_value(&summary, "peak / lower bound"), "1.0000");
     assert_eq!(summary_value(&summary, "buffers"), "12");
     assert_eq!(summary_value(&summary, "steps"), "24");
@@ -222,11 +180,7 @@ fn the_example_trace_solves_to_a_valid_optimal_placement() {
 fn json_is_one_object_with_every_field() {
     let output = memo(&["solve", "--json", EXAMPLE], None);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
-    assert!(
-        output.stderr.is_empty(),
-        "no summary with --json: {}",
-        stderr(&output)
-    );
+    assert!(output.stderr.is_empty(), "no summary with --json: {}", stderr(&output));
     let text = std::str::from_utf8(&output.stdout).unwrap();
     assert_eq!(text.lines().count(), 1);
     let json: serde_json::Value = serde_json::from_str(text).expect("valid JSON");
@@ -272,21 +226,11 @@ fn csv_input_solves_and_its_output_reads_back() {
     let output = memo(&["solve", path.to_str().unwrap()], None);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     let rows = parse_placement(&output.stdout);
-    let echoed: Vec<_> = rows
-        .iter()
-        .map(|r| BufferLifetime {
-            id: r.id,
-            lower: r.lower,
-            upper: r.upper,
-            size: r.size,
-        })
-        .collect();
+    let echoed: Vec<_> =
+        rows.iter().map(|r| BufferLifetime { id: r.id, lower: r.lower, upper: r.upper, size: r.size }).collect();
     assert_eq!(echoed, buffers);
     assert_eq!(recheck(&rows, 1), 500, "the known optimum");
-    assert_eq!(
-        summary_value(&stderr(&output), "optimality"),
-        "proven optimal"
-    );
+    assert_eq!(summary_value(&stderr(&output), "optimality"), "proven optimal");
 
     // `memo solve` output is itself a valid CSV trace (the offset column is ignored), on stdin.
     let again = memo(&["solve", "-"], Some(&output.stdout));
@@ -309,29 +253,17 @@ fn alignment_rounds_offsets_and_footprints() {
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     let rows = parse_placement(&output.stdout);
     let peak = recheck(&rows, 1000 * 1024);
-    assert_eq!(
-        summary_value(&stderr(&output), "peak").split(' ').next(),
-        Some(peak.to_string().as_str())
-    );
+    assert_eq!(summary_value(&stderr(&output), "peak").split(' ').next(), Some(peak.to_string().as_str()));
 }
 
 #[test]
 fn a_bad_line_exits_2_naming_file_and_line() {
-    let path = scratch(
-        "bad-line.trace",
-        b"# a comment\nmalloc 1 10\nmalloc 2 ten\nfree 1 10\n",
-    );
+    let path = scratch("bad-line.trace", b"# a comment\nmalloc 1 10\nmalloc 2 ten\nfree 1 10\n");
     let message = assert_fails(&memo(&["solve", path.to_str().unwrap()], None), 2);
-    assert!(
-        message.starts_with(&format!("memo: {}:3: ", path.display())),
-        "{message}"
-    );
+    assert!(message.starts_with(&format!("memo: {}:3: ", path.display())), "{message}");
     assert!(message.contains("size"), "{message}");
 
-    let message = assert_fails(
-        &memo(&["solve", "-"], Some(b"id,lower,upper,size\n1,5,5,10\n")),
-        2,
-    );
+    let message = assert_fails(&memo(&["solve", "-"], Some(b"id,lower,upper,size\n1,5,5,10\n")), 2);
     assert!(message.starts_with("memo: <stdin>:2: "), "{message}");
     let message = assert_fails(&memo(&["solve", "-"], Some(b"")), 2);
     assert!(message.starts_with("memo: <stdin>: "), "{message}");
@@ -342,10 +274,7 @@ fn a_bad_option_value_is_a_one_line_usage_error() {
     let message = assert_fails(&memo(&["solve", "--capacity", "12XB", EXAMPLE], None), 2);
     assert!(message.contains("expected a byte count"), "{message}");
     assert!(message.contains("memo solve --help"), "{message}");
-    let message = assert_fails(
-        &memo(&["solve", "--budget-nodes", "many", EXAMPLE], None),
-        2,
-    );
+    let message = assert_fails(&memo(&["solve", "--budget-nodes", "many", EXAMPLE], None), 2);
     assert!(message.contains("expected a whole number"), "{message}");
     assert_fails(&memo(&["solve"], None), 2);
     assert_fails(&memo(&["solve", "--frobnicate", EXAMPLE], None), 2);
@@ -356,19 +285,13 @@ fn a_bad_option_value_is_a_one_line_usage_error() {
 fn a_tiny_capacity_exits_3() {
     let message = assert_fails(&memo(&["solve", "--capacity", "1MB", EXAMPLE], None), 3);
     assert!(message.contains("proven infeasible"), "{message}");
-    assert!(
-        message.contains("raise --capacity to at least 2432000000"),
-        "{message}"
-    );
+    assert!(message.contains("raise --capacity to at least 2432000000"), "{message}");
 }
 
 #[test]
 fn a_missing_file_exits_1() {
     let message = assert_fails(&memo(&["solve", "/nonexistent/memo/trace.txt"], None), 1);
-    assert!(
-        message.contains("cannot read /nonexistent/memo/trace.txt"),
-        "{message}"
-    );
+    assert!(message.contains("cannot read /nonexistent/memo/trace.txt"), "{message}");
 }
 
 /// With no search nodes, a capacity at the lower bound is out of reach wherever the greedy
@@ -378,23 +301,9 @@ fn no_placement_within_the_budget_exits_4() {
     for seed in 0..64 {
         let buffers = known_optimum(seed, 60, 40, 1000);
         let path = scratch(&format!("budget-{seed}.csv"), as_csv(&buffers).as_bytes());
-        let output = memo(
-            &[
-                "solve",
-                "--budget-nodes",
-                "0",
-                "--capacity",
-                "1000",
-                path.to_str().unwrap(),
-            ],
-            None,
-        );
+        let output = memo(&["solve", "--budget-nodes", "0", "--capacity", "1000", path.to_str().unwrap()], None);
         match code(&output) {
-            0 => assert_eq!(
-                recheck(&parse_placement(&output.stdout), 1),
-                1000,
-                "greedy reached the optimum"
-            ),
+            0 => assert_eq!(recheck(&parse_placement(&output.stdout), 1), 1000, "greedy reached the optimum"),
             4 => {
                 let message = assert_fails(&output, 4);
                 assert!(message.contains("raise --budget-nodes"), "{message}");
@@ -413,9 +322,8 @@ fn garbage_bytes_never_panic() {
         let length = 1 + rng.below(4096) as usize;
         // Raw bytes, then printable noise with newlines (which gets past the UTF-8 check).
         let raw: Vec<u8> = (0..length).map(|_| rng.next_u64() as u8).collect();
-        let printable: Vec<u8> = (0..length)
-            .map(|_| b" \n,0123456789abcdefmalloc free#KMGiB"[rng.below(35) as usize])
-            .collect();
+        let printable: Vec<u8> =
+            (0..length).map(|_| b" \n,0123456789abcdefmalloc free#KMGiB"[rng.below(35) as usize]).collect();
         for input in [raw, printable] {
             let output = memo(&["solve", "-"], Some(&input));
             assert_fails(&output, 2);
@@ -450,14 +358,8 @@ fn mutated_traces_never_panic() {
 /// write happens after the close.
 #[test]
 fn a_closed_stdout_exits_1_without_panicking() {
-    let buffers: Vec<BufferLifetime> = (0..20_000)
-        .map(|i| BufferLifetime {
-            id: i,
-            lower: i as u32,
-            upper: i as u32 + 1,
-            size: 1 << 20,
-        })
-        .collect();
+    let buffers: Vec<BufferLifetime> =
+        (0..20_000).map(|i| BufferLifetime { id: i, lower: i as u32, upper: i as u32 + 1, size: 1 << 20 }).collect();
     let path = scratch("many.csv", as_csv(&buffers).as_bytes());
     let mut child = Command::new(env!("CARGO_BIN_EXE_memo"))
         .args(["solve", path.to_str().unwrap()])
@@ -468,12 +370,7 @@ fn a_closed_stdout_exits_1_without_panicking() {
         .unwrap();
     drop(child.stdout.take());
     let mut message = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut message)
-        .unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut message).unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(1), "{message}");
     assert!(message.starts_with("memo: cannot write"), "{message}");
@@ -485,18 +382,10 @@ fn help_shows_an_example_and_the_exit_codes() {
     let output = memo(&["solve", "--help"], None);
     assert_eq!(code(&output), 0);
     let help = String::from_utf8(output.stdout).unwrap();
-    assert!(
-        help.contains("memo solve examples/traces/memo-layer.trace"),
-        "{help}"
-    );
-    for line in [
-        "0   success",
-        "1   I/O error",
-        "2   bad input",
-        "3   proven infeasible",
-        "4   no placement",
-        "70  internal",
-    ] {
+    assert!(help.contains("memo solve examples/traces/memo-layer.trace"), "{help}");
+    for line in
+        ["0   success", "1   I/O error", "2   bad input", "3   proven infeasible", "4   no placement", "70  internal"]
+    {
         assert!(help.contains(line), "{line} missing from:\n{help}");
     }
 }

@@ -183,9 +183,9 @@ impl StepBuilder {
         let mut live: Vec<usize> = Vec::new();
         for _ in 0..count {
             let size = match self.rng.below(10) {
-                0..=2 => self.rng.between(4, 4096),          // scalars, statistics, small tensors
+                0..=2 => self.rng.between(4, 4096),              // scalars, statistics, small tensors
                 3..=4 => self.rng.between(4096, act / 8 + 4096), // per-head or per-chunk pieces
-                _ => self.size_around(act),                  // full activations
+                _ => self.size_around(act),                      // full activations
             };
             live.push(self.malloc(size));
             // Free some live transients: mostly the oldest, as values die shortly after use.
@@ -219,7 +219,8 @@ mod tests {
 
     #[test]
     fn training_step_is_deterministic_and_well_formed() {
-        let shape = StepShape { layers: 4, transients_per_layer: 100, skeletal_per_layer: 8, activation_bytes: 1 << 26 };
+        let shape =
+            StepShape { layers: 4, transients_per_layer: 100, skeletal_per_layer: 8, activation_bytes: 1 << 26 };
         let a = training_step(7, shape);
         assert_eq!(a, training_step(7, shape));
         assert!(a.iter().all(|b| b.lower < b.upper && b.upper != u32::MAX && b.size > 0));

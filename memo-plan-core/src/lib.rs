@@ -6,6 +6,8 @@
 //! - [`lifetime`]: buffer lifetimes, the live-bytes profile and its maximum, the lower bound of any
 //!   placement;
 //! - [`arena`]: exact arena placement (greedy portfolio, then a MiniMalloc-style branch-and-bound);
+//!   with the `mip` feature, `arena::mip` solves MEMO's MIP formulation with `microlp`, a
+//!   cross-check for small instances;
 //! - [`check`]: an independent checker for placements that shares no code with the solver;
 //! - [`generate`]: deterministic instance generators (known optimum, training-step shaped).
 //!
@@ -31,6 +33,6 @@ pub mod model;
 pub mod swap;
 pub mod trace;
 
-pub use arena::{solve, SolveError, SolveOptions, Solution, SolveStats};
+pub use arena::{solve, Solution, SolveError, SolveOptions, SolveStats};
 pub use lifetime::{lower_bound, BufferLifetime};
 pub use trace::{parse_trace, Trace, TraceError, TraceFormat};

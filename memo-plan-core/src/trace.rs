@@ -286,8 +286,12 @@ pub fn parse_dsa_csv(input: &[u8]) -> Result<Trace, TraceError> {
     for pair in by_id.windows(2) {
         let (a, b) = (&buffers[pair[0]], &buffers[pair[1]]);
         if a.id == b.id && a.overlaps_in_time(b) {
-            let (first, second) = if lines_of[pair[0]] < lines_of[pair[1]] { (pair[0], pair[1]) } else { (pair[1], pair[0]) };
-            return Err(err(lines_of[second], TraceErrorKind::DuplicateLiveId { id: a.id, previous_line: lines_of[first] }));
+            let (first, second) =
+                if lines_of[pair[0]] < lines_of[pair[1]] { (pair[0], pair[1]) } else { (pair[1], pair[0]) };
+            return Err(err(
+                lines_of[second],
+                TraceErrorKind::DuplicateLiveId { id: a.id, previous_line: lines_of[first] },
+            ));
         }
     }
     Ok(Trace { format: TraceFormat::DsaCsv, buffers, steps, never_freed: 0 })

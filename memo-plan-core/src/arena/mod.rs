@@ -134,7 +134,10 @@ impl fmt::Display for SolveError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             Self::EmptyLifetime { buffer } => {
-                write!(f, "buffer #{buffer} has an empty lifetime (upper <= lower): lifetimes are half-open [lower, upper)")
+                write!(
+                    f,
+                    "buffer #{buffer} has an empty lifetime (upper <= lower): lifetimes are half-open [lower, upper)"
+                )
             }
             Self::TooLarge => f.write_str("the buffers add up to more than 2^64 bytes"),
             Self::ProvenInfeasible { capacity, lower_bound } => write!(
@@ -204,7 +207,13 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
     let lower_bound_units =
         leaves.iter().map(|l| l.base + l.proven_lower).chain(core::iter::once(peak_units)).max().unwrap_or(0);
     let greedy_peak_units = leaves.iter().map(|l| l.base + l.best.peak).fold(peak_units, u64::max);
-    debug_log!("solve: {} items, {} leaves, lower bound {} units, greedy {} units", items.len(), leaves.len(), lower_bound_units, greedy_peak_units);
+    debug_log!(
+        "solve: {} items, {} leaves, lower bound {} units, greedy {} units",
+        items.len(),
+        leaves.len(),
+        lower_bound_units,
+        greedy_peak_units
+    );
 
     if let Some(capacity) = capacity_units {
         if lower_bound_units > capacity {

@@ -264,7 +264,8 @@ impl Search<'_> {
         let mut undo = Undo::default();
         let mut tried: Vec<(u32, u32, u64)> = Vec::new();
         for &(_, local) in &candidates {
-            let shape = (self.sections_of[local as usize].0, self.sections_of[local as usize].1, self.size[local as usize]);
+            let shape =
+                (self.sections_of[local as usize].0, self.sections_of[local as usize].1, self.size[local as usize]);
             if tried.contains(&shape) {
                 continue; // an identical buffer was tried here: the same subtree
             }

@@ -154,10 +154,8 @@ fn never_worse_than_the_start_order_greedy_and_checked_on_random_instances() {
         let buffers = random_buffers(&mut rng, count, 60, 5000);
         let options = SolveOptions { alignment, budget_nodes: 20_000, ..SolveOptions::default() };
         let solution = solve_checked(&buffers, &options).unwrap();
-        let items: Vec<Item> = buffers
-            .iter()
-            .map(|b| Item { lower: b.lower, upper: b.upper, size: b.size.div_ceil(alignment) })
-            .collect();
+        let items: Vec<Item> =
+            buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size.div_ceil(alignment) }).collect();
         let all: Vec<u32> = (0..items.len() as u32).collect();
         let greedy = greedy::by_start(&items, &all);
         assert!(solution.peak <= greedy.peak * alignment, "case {case}");

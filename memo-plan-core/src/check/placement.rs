@@ -82,7 +82,9 @@ impl fmt::Display for PlacementViolation {
             Self::OverCapacity { buffer, end, capacity } => {
                 write!(f, "buffer #{buffer} ends at {end}, above the capacity {capacity}")
             }
-            Self::PeakMismatch { claimed, actual } => write!(f, "claimed peak {claimed} but the buffers reach {actual}"),
+            Self::PeakMismatch { claimed, actual } => {
+                write!(f, "claimed peak {claimed} but the buffers reach {actual}")
+            }
         }
     }
 }

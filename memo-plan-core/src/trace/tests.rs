@@ -11,7 +11,10 @@ fn memo_text_gives_half_open_lifetimes_by_request_index() {
     assert_eq!(trace.format, TraceFormat::MemoText);
     assert_eq!(
         trace.buffers,
-        [BufferLifetime { id: 1, lower: 0, upper: 2, size: 10 }, BufferLifetime { id: 2, lower: 1, upper: 3, size: 5120 }]
+        [
+            BufferLifetime { id: 1, lower: 0, upper: 2, size: 10 },
+            BufferLifetime { id: 2, lower: 1, upper: 3, size: 5120 }
+        ]
     );
     assert_eq!(trace.steps, 4);
     assert_eq!(trace.never_freed, 0);
