@@ -1,0 +1,59 @@
+//! Prints the placement quality table of BENCHMARKS.md: for generated instance sets, how often
+//! the solver reaches the known optimum or the lower bound, peak / lower bound of the greedy
+//! portfolio and of the full solve, and the time per instance.
+//!
+//! `cargo run --release -p memo-plan-core --example placement_report`
+
+use memo_plan_core::check::check_placement;
+use memo_plan_core::generate::{known_optimum, training_step, StepShape};
+use memo_plan_core::{solve, BufferLifetime, SolveOptions};
+use std::time::Instant;
+
+fn main() {
+    println!("| set | buffers | instances | at lower bound | proven optimal | worst peak/lb (greedy) | worst peak/lb (solve) | median ms | max ms |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for count in [100usize, 200, 300, 400, 500] {
+        let instances: Vec<Vec<BufferLifetime>> =
+            (0..10).map(|seed| known_optimum(seed, count, 4 * count as u32, 1 << 20)).collect();
+        report(&format!("known optimum {count}"), &instances);
+    }
+    for (layers, transients) in [(32u32, 600u32), (48, 800), (64, 900)] {
+        let shape =
+            StepShape { layers, transients_per_layer: transients, skeletal_per_layer: 11, activation_bytes: 1 << 30 };
+        let instances: Vec<Vec<BufferLifetime>> = (0..3).map(|seed| training_step(seed, shape)).collect();
+        report(&format!("training step, {layers} layers"), &instances);
+    }
+}
+
+fn report(name: &str, instances: &[Vec<BufferLifetime>]) {
+    let mut at_bound = 0;
+    let mut optimal = 0;
+    let mut worst_greedy = 1.0f64;
+    let mut worst = 1.0f64;
+    let mut times = Vec::new();
+    let mut sizes = Vec::new();
+    for buffers in instances {
+        let options = SolveOptions::default();
+        let start = Instant::now();
+        let s = solve(buffers, &options).expect("generated instances are valid");
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+        check_placement(buffers, &s.offsets, 1, s.peak, None).expect("the checker accepts every solution");
+        sizes.push(buffers.len());
+        at_bound += usize::from(s.peak == s.lower_bound);
+        optimal += usize::from(s.optimal);
+        worst_greedy = worst_greedy.max(s.stats.greedy_peak as f64 / s.lower_bound as f64);
+        worst = worst.max(s.peak as f64 / s.lower_bound as f64);
+    }
+    times.sort_by(f64::total_cmp);
+    let size = if sizes.iter().min() == sizes.iter().max() {
+        sizes[0].to_string()
+    } else {
+        format!("{}-{}", sizes.iter().min().unwrap(), sizes.iter().max().unwrap())
+    };
+    println!(
+        "| {name} | {size} | {} | {at_bound} | {optimal} | {worst_greedy:.4} | {worst:.5} | {:.0} | {:.0} |",
+        instances.len(),
+        times[times.len() / 2],
+        times[times.len() - 1]
+    );
+}
