@@ -224,6 +224,7 @@ fn write_json(solved: &Solved) -> io::Result<()> {
         "components": solution.stats.components,
         "nodes": solution.stats.nodes,
         "budget_exhausted": solution.stats.budget_exhausted,
+        "unsearched_components": solution.stats.unsearched_components,
         "elapsed_ms": human::millis(solved.elapsed),
         "offsets": offsets,
     });
@@ -265,8 +266,8 @@ impl Solved<'_> {
         row(
             "components",
             format!(
-                "{} (largest {} buffers; {} placed by reductions)",
-                stats.components, stats.largest_component, stats.fixed_buffers
+                "{} (largest {} buffers; {} placed by reductions; {} too large to search)",
+                stats.components, stats.largest_component, stats.fixed_buffers, stats.unsearched_components
             ),
         );
         let exhausted = if stats.budget_exhausted { " (budget exhausted)" } else { "" };
