@@ -114,7 +114,10 @@ pub(crate) fn best_greedy(
     };
     order(&|l| (u128::from(contention[l]), item(l).size, length(l)), &[Fit::Best, Fit::First]);
     order(&|l| (u128::from(item(l).size), length(l), 0), &[Fit::Best, Fit::First]);
-    order(&|l| (u128::from(length(l)), item(l).size, 0), &[Fit::Best]);
+    order(&|l| (u128::from(length(l)), item(l).size, 0), &[Fit::Best, Fit::First]);
+    order(&|l| (u128::from(contention[l]), length(l), item(l).size), &[Fit::Best, Fit::First]);
+    // Start order, as a program allocates (larger first among equal starts), first fit.
+    order(&|l| (u128::from(u32::MAX - item(l).lower), item(l).size, 0), &[Fit::First]);
     order(&|l| (u128::from(item(l).size) * u128::from(length(l)), item(l).size, 0), &[Fit::Best]);
     order(&|l| (overlaps.degree(l) as u128, item(l).size, 0), &[Fit::Best]);
     for (ordering, fit) in &orderings {
