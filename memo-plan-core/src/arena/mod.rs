@@ -366,43 +366,21 @@ impl LeafState {
         let mut tries: Vec<u64> = capacity.filter(|&c| c < self.best.peak).into_iter().collect();
         tries.push(goal);
         let mut next_try = 0;
-        // The low end of the bisection: proven infeasible below it, or given up on (a search that
-        // ran out of its share of the budget).
-        let mut search_low = self.proven_lower;
-        let mut exhausted = false;
-        while search_low < self.best.peak && self.best.peak > goal {
+        while self.proven_lower < self.best.peak && self.best.peak > goal {
             let capacity = if next_try < tries.len() {
                 next_try += 1;
-                tries[next_try - 1].max(search_low)
+                tries[next_try - 1].max(self.proven_lower)
             } else {
-                search_low + (self.best.peak - 1 - search_low) / 2
+                self.proven_lower + (self.best.peak - 1 - self.proven_lower) / 2
             };
             if capacity >= self.best.peak {
                 continue;
             }
-            if *nodes_left == 0 {
-                return Improvement::BudgetExhausted;
-            }
-            // Each capacity may spend half of what is left, so a capacity that is too hard to
-            // settle still leaves budget to improve the incumbent above it.
-            let mut share = nodes_left.div_ceil(2);
-            let before = share;
-            let outcome = self.search_with_restarts(items, members, overlaps, &ranks, capacity, &mut share, nodes);
-            *nodes_left -= before - share;
-            match outcome {
+            match self.search_with_restarts(items, members, overlaps, &ranks, capacity, nodes_left, nodes) {
                 SearchOutcome::Found(placement) => self.best = placement,
-                SearchOutcome::Infeasible => {
-                    self.proven_lower = capacity + 1;
-                    search_low = capacity + 1;
-                }
-                SearchOutcome::BudgetExhausted => {
-                    exhausted = true;
-                    search_low = capacity + 1;
-                }
+                SearchOutcome::Infeasible => self.proven_lower = capacity + 1,
+                SearchOutcome::BudgetExhausted => return Improvement::BudgetExhausted,
             }
-        }
-        if exhausted {
-            return Improvement::BudgetExhausted;
         }
         Improvement::Settled
     }
