@@ -273,17 +273,7 @@ impl Search<'_> {
             if fill + self.size[local as usize] > self.capacity {
                 continue;
             }
-            undo.offsets.clear();
-            undo.floors.clear();
-            self.place(local, fill, &mut undo);
-            let outcome = if self.sections_fit(sections.clone(), 0) {
-                let rest: Vec<u32> = unplaced.iter().copied().filter(|&l| l != local).collect();
-                self.continue_after(local, rest, sections.clone(), None)
-            } else {
-                Dfs::Infeasible
-            };
-            self.unplace(local, &undo);
-            match outcome {
+            match self.branch(local, fill, unplaced, sections.clone(), None, &mut undo) {
                 Dfs::Infeasible => {}
                 found_or_exhausted => return found_or_exhausted,
             }
@@ -321,22 +311,38 @@ impl Search<'_> {
             if offset >= min_height {
                 break; // candidates are sorted by offset: every later one is dominated too
             }
-            undo.offsets.clear();
-            undo.floors.clear();
-            self.place(local, offset, &mut undo);
-            let outcome = if self.sections_fit(sections.clone(), offset) {
-                let rest: Vec<u32> = unplaced.iter().copied().filter(|&l| l != local).collect();
-                self.continue_after(local, rest, sections.clone(), Some((offset, rank)))
-            } else {
-                Dfs::Infeasible
-            };
-            self.unplace(local, &undo);
-            match outcome {
+            match self.branch(local, offset, unplaced, sections.clone(), Some((offset, rank)), &mut undo) {
                 Dfs::Infeasible => {}
                 found_or_exhausted => return found_or_exhausted,
             }
         }
         Dfs::Infeasible
+    }
+
+    /// One branch: places `local` at `offset`, applies the section bound, searches on, and undoes
+    /// the placement. `last` is the canonical order's new last placement (later placements of the
+    /// partition never go below its offset), or `None` in zero-slack mode (no such promise).
+    fn branch(
+        &mut self,
+        local: u32,
+        offset: u64,
+        unplaced: &[u32],
+        sections: Range<usize>,
+        last: Option<(u64, u32)>,
+        undo: &mut Undo,
+    ) -> Dfs {
+        undo.offsets.clear();
+        undo.floors.clear();
+        self.place(local, offset, undo);
+        let monotonic_from = last.map_or(0, |(offset, _)| offset);
+        let outcome = if self.sections_fit(sections.clone(), monotonic_from) {
+            let rest: Vec<u32> = unplaced.iter().copied().filter(|&l| l != local).collect();
+            self.continue_after(local, rest, sections, last)
+        } else {
+            Dfs::Infeasible
+        };
+        self.unplace(local, undo);
+        outcome
     }
 
     /// After placing `local`: split the partition where its placement left no unplaced buffer
