@@ -9,9 +9,15 @@
 //!   with the `mip` feature, `arena::mip` solves MEMO's MIP formulation with `microlp`, a
 //!   cross-check for small instances;
 //! - [`check`]: an independent checker for placements that shares no code with the solver;
-//! - [`generate`]: deterministic instance generators (known optimum, training-step shaped).
+//! - [`generate`]: deterministic instance generators (known optimum, training-step shaped);
+//! - [`model`], [`swap`], [`cost`]: model and machine descriptions with presets, MEMO's swap
+//!   fraction α and the constraint that binds it, FLOPs per op and MFU (`spec/cost-model.md`);
+//! - with the `fuzzing` feature, `fuzzing`: the harnesses behind the cargo-fuzz targets in `fuzz/`.
 //!
-//! Everything is integer arithmetic and deterministic: same input, same output, on every platform.
+//! Not here yet: the per-layer program, the schedule, bi-level placement, the plan format and the
+//! plan checker.
+//!
+//! Placement is integer arithmetic and deterministic: same input, same output, on every platform.
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
