@@ -1,10 +1,13 @@
-//! The greedy portfolio: several buffer orderings, each placed buffer by buffer at the best-fitting
-//! gap among the buffers already placed that share a step with it; the lowest peak wins (ties go to
-//! the earlier entry of the portfolio, so the result is deterministic).
+//! The greedy portfolio: several buffer orderings, each placed buffer by buffer at a gap among the
+//! buffers already placed that share a step with it (the tightest gap that fits, or the lowest);
+//! the lowest peak wins (ties go to the earlier entry of the portfolio, so the result is
+//! deterministic).
 //!
-//! The orderings are the ones that work well on allocation traces (largest first, longest first,
-//! largest area first, highest contention first, and the online order by start step). The start
-//! ordering needs no overlap graph, so it also serves components too dense to build one for.
+//! The orderings are the ones that work well on allocation traces: highest contention (most bytes
+//! alive during the buffer's lifetime) first, largest first, longest first, largest area first,
+//! most conflicts first, and the order of start steps as a program allocates. The best-fit start
+//! order runs as a sweep that needs no overlap graph, so it also serves components too dense to
+//! build one for.
 
 use alloc::collections::BTreeMap;
 use alloc::vec;
