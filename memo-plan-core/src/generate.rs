@@ -104,7 +104,7 @@ pub struct StepShape {
 /// a few bytes (scalars, statistics) to several times the activation size (gigabytes at long
 /// sequences). Returns the buffers in malloc order.
 pub fn training_step(seed: u64, shape: StepShape) -> Vec<BufferLifetime> {
-    let mut g = StepBuilder { rng: SplitMix64::new(seed), step: 0, buffers: Vec::new(), shape };
+    let mut g = StepBuilder { rng: SplitMix64::new(seed), step: 0, buffers: Vec::new() };
     let act = shape.activation_bytes.max(64);
     // Weights, gradients, optimizer state: alive for the whole step.
     let mut persistent = Vec::new();
@@ -155,7 +155,6 @@ struct StepBuilder {
     rng: SplitMix64,
     step: u32,
     buffers: Vec<BufferLifetime>,
-    shape: StepShape,
 }
 
 impl StepBuilder {
@@ -179,7 +178,6 @@ impl StepBuilder {
 
     /// `count` transient mallocs, each freed a few requests later, all freed at the end.
     fn transient_phase(&mut self, count: u32, act: u64) {
-        let _ = self.shape;
         let mut live: Vec<usize> = Vec::new();
         for _ in 0..count {
             let size = match self.rng.below(10) {

@@ -1,5 +1,6 @@
 //! Buffer lifetimes and what follows from them alone: the live-bytes profile over time and its
-//! maximum, which is a lower bound on the arena of any placement.
+//! maximum, which is a lower bound on the arena of any placement. (Temporal components are split
+//! where the solver needs them, in `arena::decompose`.)
 //!
 //! Time is a sequence of integer steps. A buffer is alive over the half-open range
 //! `[lower, upper)`; two buffers conflict when their ranges intersect. Sizes are bytes; with an
@@ -101,27 +102,6 @@ pub fn lower_bound(buffers: &[BufferLifetime], alignment: u64) -> u64 {
     live_profile(buffers, alignment).max_live_bytes()
 }
 
-/// Splits buffers into temporal components: groups such that no buffer of one group overlaps in
-/// time any buffer of another. `order` must list buffer indices sorted by `lower`; returns the
-/// boundaries as ranges into `order`.
-pub fn temporal_components(buffers: &[BufferLifetime], order: &[u32]) -> Vec<core::ops::Range<usize>> {
-    let mut components = Vec::new();
-    let mut start = 0;
-    let mut reach = 0u32;
-    for (pos, &index) in order.iter().enumerate() {
-        let b = &buffers[index as usize];
-        if pos > start && b.lower >= reach {
-            components.push(start..pos);
-            start = pos;
-        }
-        reach = if pos == start { b.upper } else { reach.max(b.upper) };
-    }
-    if start < order.len() {
-        components.push(start..order.len());
-    }
-    components
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,12 +134,5 @@ mod tests {
         let b = buf(1, 5, 6, 1);
         assert!(!a.overlaps_in_time(&b));
         assert_eq!(lower_bound(&[a, b], 1), 1);
-    }
-
-    #[test]
-    fn components_split_where_nothing_crosses() {
-        let buffers = [buf(0, 0, 3, 1), buf(1, 1, 2, 1), buf(2, 3, 5, 1), buf(3, 6, 8, 1), buf(4, 7, 9, 1)];
-        let order = [0, 1, 2, 3, 4];
-        assert_eq!(temporal_components(&buffers, &order), [0..2, 2..3, 3..5]);
     }
 }
