@@ -36,6 +36,7 @@ pub mod fuzzing;
 pub mod generate;
 pub mod lifetime;
 pub mod model;
+pub mod plan;
 pub mod swap;
 pub mod trace;
 

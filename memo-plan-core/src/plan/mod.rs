@@ -1,0 +1,675 @@
+//! The plan: one training step of one GPU as a program (`DESIGN.md` "The plan is a program";
+//! the byte format is `spec/plan-format.md`).
+//!
+//! A plan holds
+//! - [`Buffer`]s: every tensor the step touches, each with its rows, bytes per row, what it is
+//!   ([`BufferKind`], [`TensorRole`], layer) and its place: an offset in the ONE device arena or
+//!   in the pinned host slab;
+//! - [`Instruction`]s, each on one of three [`Stream`]s: [`Action::Launch`] of an [`Op`] over
+//!   (buffer, row range) arguments, [`Action::Copy`] of a row range between buffers (host <->
+//!   device), [`Action::Record`] and [`Action::Wait`] of events;
+//! - [`Totals`]: arena and host bytes and the lower bounds they are measured against;
+//! - [`Provenance`]: the model, layout, machine, strategy, α and why, and the solver's statistics.
+//!
+//! Semantics the planner, the checker and every runtime share:
+//! - Instructions are issued in list order. Each stream runs its own instructions in that order,
+//!   one at a time. `Record(e)` on stream S completes when every earlier instruction of S has;
+//!   `Wait(e)` on stream T holds T's later instructions until `e` completes. Each event is
+//!   recorded exactly once, before (in list order) any wait on it.
+//! - Buffers of kind [`BufferKind::Input`], [`BufferKind::Parameter`] and
+//!   [`BufferKind::OptimizerState`] hold data before the step starts (the runtime writes them);
+//!   every other byte holds nothing until an instruction writes it.
+//! - A buffer is *live* from the first instruction that touches it to the last (list order).
+//!   Device buffers whose live ranges meet must not share arena bytes.
+//! - An argument's row range `[start, end)` selects bytes `[start * row_bytes, end * row_bytes)`
+//!   of its buffer.
+//!
+//! The plan format is independent of how plans are made: `check::plan` verifies one without
+//! trusting the planner.
+
+use alloc::vec::Vec;
+use core::fmt;
+
+use crate::model::{Hardware, ModelConfig, Parallelism};
+use crate::swap::AlphaBound;
+
+/// The version written into, and required of, encoded plans (`spec/plan-format.md`).
+pub const PLAN_FORMAT_VERSION: u16 = 1;
+
+/// Index of a buffer in [`Plan::buffers`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct BufferId(pub u32);
+
+/// An event, `0..Plan::events`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct EventId(pub u32);
+
+impl BufferId {
+    /// The index into [`Plan::buffers`].
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// The three streams of a device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Stream {
+    /// Kernels.
+    Compute,
+    /// Device-to-host copies (swap-out).
+    DeviceToHost,
+    /// Host-to-device copies (swap-in).
+    HostToDevice,
+}
+
+impl Stream {
+    /// All streams, in index order.
+    pub const ALL: [Stream; 3] = [Stream::Compute, Stream::DeviceToHost, Stream::HostToDevice];
+
+    /// 0, 1, 2: the stream's index (and its code in the byte format).
+    pub fn index(self) -> usize {
+        match self {
+            Stream::Compute => 0,
+            Stream::DeviceToHost => 1,
+            Stream::HostToDevice => 2,
+        }
+    }
+
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stream::Compute => "compute",
+            Stream::DeviceToHost => "d2h",
+            Stream::HostToDevice => "h2d",
+        }
+    }
+}
+
+/// What a buffer is for; decides its initial state and how pictures colour it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum BufferKind {
+    /// Data the runtime writes before the step: token ids and targets (u32 per row).
+    Input,
+    /// A bf16 parameter; holds data before the step.
+    Parameter,
+    /// A parameter's bf16 gradient; written during the step.
+    Gradient,
+    /// fp32 master weights and the AdamW moments of one parameter; holds data before the step.
+    OptimizerState,
+    /// A skeletal tensor in one of the two rounding buffers shared by alternating layers.
+    RoundingBuffer,
+    /// A skeletal tensor kept on the device by its own layer from forward to backward.
+    Skeletal,
+    /// Made and freed inside one layer's forward or backward (level-1 placement), or inside the
+    /// embedding, classifier or optimizer.
+    Transient,
+    /// Passed between layers or phases: the gradient of a layer's output, the final hidden state.
+    CrossLayer,
+    /// A region of the pinned host slab holding one swapped tensor (or its swapped rows).
+    HostSlot,
+    /// A few fp32 accumulators (the loss, the squared gradient norm).
+    Scalar,
+}
+
+impl BufferKind {
+    /// Every kind, in code order.
+    pub const ALL: [BufferKind; 10] = [
+        BufferKind::Input,
+        BufferKind::Parameter,
+        BufferKind::Gradient,
+        BufferKind::OptimizerState,
+        BufferKind::RoundingBuffer,
+        BufferKind::Skeletal,
+        BufferKind::Transient,
+        BufferKind::CrossLayer,
+        BufferKind::HostSlot,
+        BufferKind::Scalar,
+    ];
+
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            BufferKind::Input => "input",
+            BufferKind::Parameter => "parameter",
+            BufferKind::Gradient => "gradient",
+            BufferKind::OptimizerState => "optimizer_state",
+            BufferKind::RoundingBuffer => "rounding_buffer",
+            BufferKind::Skeletal => "skeletal",
+            BufferKind::Transient => "transient",
+            BufferKind::CrossLayer => "cross_layer",
+            BufferKind::HostSlot => "host_slot",
+            BufferKind::Scalar => "scalar",
+        }
+    }
+
+    /// Whether the buffer holds data before the first instruction (the runtime fills it).
+    pub fn initialised_before_step(self) -> bool {
+        matches!(self, BufferKind::Input | BufferKind::Parameter | BufferKind::OptimizerState)
+    }
+}
+
+macro_rules! named_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $label:literal,)* }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[cfg_attr(feature = "defmt", derive(defmt::Format))]
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)*
+        }
+
+        impl $name {
+            /// Every value, in code order (the byte format stores the index).
+            pub const ALL: &'static [$name] = &[$($name::$variant,)*];
+
+            /// The name reports, plans' JSON and `spec/plan-format.md` use.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($name::$variant => $label,)*
+                }
+            }
+
+            /// The code in the byte format: the index in [`Self::ALL`].
+            pub fn code(self) -> u16 {
+                self as u16
+            }
+
+            /// The value with byte-format code `code`, if any.
+            pub fn from_code(code: u16) -> Option<Self> {
+                Self::ALL.get(usize::from(code)).copied()
+            }
+        }
+    };
+}
+
+named_enum! {
+    /// What tensor a buffer holds, in the model's terms. With [`Buffer::layer`] it names the
+    /// tensor in errors and tells a runtime how to initialise parameters.
+    TensorRole {
+        /// Token ids of the local rows (u32).
+        Tokens => "tokens",
+        /// Next-token targets of the local rows (u32).
+        Targets => "targets",
+        /// Word embedding, tied to the classifier (`V x h`, rows sharded by `t`).
+        Embedding => "embedding",
+        /// A layer norm's scale.
+        NormScale1 => "norm1_scale",
+        /// A layer norm's shift.
+        NormShift1 => "norm1_shift",
+        /// Query projection weight.
+        QueryWeight => "wq",
+        /// Query projection bias.
+        QueryBias => "bq",
+        /// Key projection weight.
+        KeyWeight => "wk",
+        /// Key projection bias.
+        KeyBias => "bk",
+        /// Value projection weight.
+        ValueWeight => "wv",
+        /// Value projection bias.
+        ValueBias => "bv",
+        /// Attention output projection weight.
+        ProjectionWeight => "wo",
+        /// Attention output projection bias.
+        ProjectionBias => "bo",
+        /// The second layer norm's scale.
+        NormScale2 => "norm2_scale",
+        /// The second layer norm's shift.
+        NormShift2 => "norm2_shift",
+        /// FC1 weight.
+        Fc1Weight => "w1",
+        /// FC1 bias.
+        Fc1Bias => "b1",
+        /// FC2 weight.
+        Fc2Weight => "w2",
+        /// FC2 bias.
+        Fc2Bias => "b2",
+        /// The final layer norm's scale.
+        FinalNormScale => "final_norm_scale",
+        /// The final layer norm's shift.
+        FinalNormShift => "final_norm_shift",
+        /// Skeletal: the layer input.
+        LayerInput => "layer_input",
+        /// Skeletal: the first norm's output.
+        InputNormOutput => "input_norm_out",
+        /// Skeletal: queries.
+        Query => "q",
+        /// Skeletal: keys.
+        Key => "k",
+        /// Skeletal: values.
+        Value => "v",
+        /// Skeletal: attention output.
+        AttentionOutput => "attention_out",
+        /// Skeletal: attention log-sum-exp (fp32).
+        AttentionLogSumExp => "attention_lse",
+        /// Skeletal: hidden state after attention and its residual add.
+        AttentionResidual => "attention_residual",
+        /// Skeletal: the second norm's output.
+        PostAttentionNormOutput => "post_attention_norm_out",
+        /// Skeletal: FC1 output.
+        Fc1Output => "fc1_out",
+        /// Skeletal: GeLU output.
+        GeluOutput => "gelu_out",
+        /// Transient: a sequence-parallel all-gather of a norm output (t > 1).
+        GatheredNormOutput => "gathered_norm_out",
+        /// Transient: the projection's output before the residual add.
+        ProjectionOutput => "projection_out",
+        /// Transient: FC2's output before the residual add.
+        Fc2Output => "fc2_out",
+        /// Transient: a partial sum before a sequence-parallel reduce-scatter (t > 1).
+        PartialSum => "partial_sum",
+        /// Cross-layer: a layer's output (the last layer's: the final hidden state).
+        LayerOutput => "layer_output",
+        /// The final norm's output.
+        FinalNormOutput => "final_norm_out",
+        /// Transient: one chunk of logits (then, in place, their gradient).
+        LogitsChunk => "logits_chunk",
+        /// Scalar: the summed loss.
+        Loss => "loss",
+        /// Scalar: the squared gradient norm.
+        GradNormSquared => "grad_norm_squared",
+        /// Gradient of a layer's output (cross-layer) or of a tensor inside a layer (transient).
+        OutputGradient => "d_layer_output",
+        /// Transient gradient of the first norm's output.
+        InputNormOutputGradient => "d_input_norm_out",
+        /// Transient gradient of the queries.
+        QueryGradient => "dq",
+        /// Transient gradient of the keys.
+        KeyGradient => "dk",
+        /// Transient gradient of the values.
+        ValueGradient => "dv",
+        /// Transient gradient of the attention output.
+        AttentionOutputGradient => "d_attention_out",
+        /// Transient gradient of the hidden state after attention.
+        AttentionResidualGradient => "d_attention_residual",
+        /// Transient gradient of the second norm's output.
+        PostAttentionNormOutputGradient => "d_post_attention_norm_out",
+        /// Transient gradient of FC1's output.
+        Fc1OutputGradient => "d_fc1_out",
+        /// Transient gradient of GeLU's output.
+        GeluOutputGradient => "d_gelu_out",
+        /// Transient: a norm backward's input gradient before the residual add.
+        NormInputGradient => "d_norm_input",
+        /// Gradient of the final norm's output.
+        FinalNormOutputGradient => "d_final_norm_out",
+        /// Gradient of the embedding output (the first layer's input).
+        EmbeddingOutputGradient => "d_embedding_out",
+        /// A transient over the recomputed rows only (the projection output in the recompute).
+        RecomputedProjectionOutput => "recomputed_projection_out",
+    }
+}
+
+named_enum! {
+    /// A kernel. Each takes a fixed list of arguments ([`Op::signature`]); `spec/plan-format.md`
+    /// gives the arithmetic. Row ranges let one launch work on some tokens only (the recompute
+    /// of tokens `[alpha*s, s)`, the classifier's chunks).
+    Op {
+        /// `out = embedding[tokens]`.
+        Embedding => "embedding",
+        /// `y = layer_norm(x) * scale + shift`.
+        LayerNorm => "layer_norm",
+        /// `y = x W^T + bias`.
+        Linear => "linear",
+        /// Causal FlashAttention with rotary positions: `out, lse = attention(q, k, v)`.
+        Attention => "attention",
+        /// `y = gelu(x)` (tanh approximation).
+        Gelu => "gelu",
+        /// `y = a + b`.
+        Add => "add",
+        /// Sequence-parallel all-gather over the `t` GPUs of a tensor-parallel group.
+        AllGather => "all_gather",
+        /// Sequence-parallel reduce-scatter over the `t` GPUs.
+        ReduceScatter => "reduce_scatter",
+        /// `dx = dy W`.
+        LinearBackwardInput => "linear_backward_input",
+        /// `dx += dy W`.
+        LinearBackwardInputAccumulate => "linear_backward_input_accumulate",
+        /// `dW = dy^T x`, `dbias = sum over rows of dy`.
+        LinearBackwardWeight => "linear_backward_weight",
+        /// `dx = dy * gelu'(x)`.
+        GeluBackward => "gelu_backward",
+        /// The layer norm's backward: `dx`, `dscale`, `dshift` (statistics recomputed from x).
+        LayerNormBackward => "layer_norm_backward",
+        /// FlashAttention's backward: `dq, dk, dv` from `q, k, v, out, lse, dout`.
+        AttentionBackward => "attention_backward",
+        /// `logits = x embedding^T` over a chunk of rows.
+        Classifier => "classifier",
+        /// Cross-entropy of a logits chunk against its targets: adds the chunk's summed loss to
+        /// `loss` and replaces the logits by their gradient (scaled by 1 / tokens of the step).
+        CrossEntropy => "cross_entropy",
+        /// `dembedding += dlogits^T x` over a chunk.
+        ClassifierBackwardWeight => "classifier_backward_weight",
+        /// `dembedding[tokens] += dout` (scatter-add).
+        EmbeddingBackward => "embedding_backward",
+        /// Sets a buffer to zero.
+        Zero => "zero",
+        /// `sum_squares += sum of grad^2` (fp32).
+        GradNormSquared => "grad_norm_squared",
+        /// AdamW on fp32 master weights with global-norm gradient clipping; writes the bf16
+        /// parameter back.
+        AdamW => "adamw",
+    }
+}
+
+/// How a launch uses one argument.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Access {
+    /// Reads the rows.
+    Read,
+    /// Overwrites the rows without reading them.
+    Write,
+    /// Reads then writes the rows (accumulate, in place).
+    ReadWrite,
+}
+
+impl Access {
+    /// Whether the op reads the argument's previous contents.
+    pub fn reads(self) -> bool {
+        matches!(self, Access::Read | Access::ReadWrite)
+    }
+
+    /// Whether the op changes the argument.
+    pub fn writes(self) -> bool {
+        matches!(self, Access::Write | Access::ReadWrite)
+    }
+
+    /// A short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Write => "write",
+            Access::ReadWrite => "read_write",
+        }
+    }
+}
+
+impl Op {
+    /// The op's arguments in order: what each is, and how the op accesses it. A launch of this
+    /// op has exactly these arguments.
+    pub fn signature(self) -> &'static [(&'static str, Access)] {
+        use Access::{Read as R, ReadWrite as RW, Write as W};
+        match self {
+            Op::Embedding => &[("tokens", R), ("embedding", R), ("out", W)],
+            Op::LayerNorm => &[("x", R), ("scale", R), ("shift", R), ("y", W)],
+            Op::Linear => &[("x", R), ("weight", R), ("bias", R), ("y", W)],
+            Op::Attention => &[("q", R), ("k", R), ("v", R), ("out", W), ("lse", W)],
+            Op::Gelu => &[("x", R), ("y", W)],
+            Op::Add => &[("a", R), ("b", R), ("y", W)],
+            Op::AllGather | Op::ReduceScatter => &[("x", R), ("y", W)],
+            Op::LinearBackwardInput => &[("dy", R), ("weight", R), ("dx", W)],
+            Op::LinearBackwardInputAccumulate => &[("dy", R), ("weight", R), ("dx", RW)],
+            Op::LinearBackwardWeight => &[("x", R), ("dy", R), ("dweight", W), ("dbias", W)],
+            Op::GeluBackward => &[("x", R), ("dy", R), ("dx", W)],
+            Op::LayerNormBackward => &[("x", R), ("scale", R), ("dy", R), ("dx", W), ("dscale", W), ("dshift", W)],
+            Op::AttentionBackward => {
+                &[("q", R), ("k", R), ("v", R), ("out", R), ("lse", R), ("dout", R), ("dq", W), ("dk", W), ("dv", W)]
+            }
+            Op::Classifier => &[("x", R), ("embedding", R), ("logits", W)],
+            Op::CrossEntropy => &[("logits", RW), ("targets", R), ("loss", RW)],
+            Op::ClassifierBackwardWeight => &[("x", R), ("dlogits", R), ("dembedding", RW)],
+            Op::EmbeddingBackward => &[("tokens", R), ("dout", R), ("dembedding", RW)],
+            Op::Zero => &[("buffer", W)],
+            Op::GradNormSquared => &[("grad", R), ("sum_squares", RW)],
+            Op::AdamW => &[("parameter", RW), ("grad", R), ("optimizer_state", RW), ("grad_norm_squared", R)],
+        }
+    }
+}
+
+/// Where a buffer lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Place {
+    /// At this byte offset in the device arena.
+    Device {
+        /// Bytes from the arena's start.
+        offset: u64,
+    },
+    /// At this byte offset in the pinned host slab.
+    Host {
+        /// Bytes from the slab's start.
+        offset: u64,
+    },
+}
+
+/// One tensor of the step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Buffer {
+    /// What it is for.
+    pub kind: BufferKind,
+    /// What tensor it holds.
+    pub role: TensorRole,
+    /// The layer it belongs to; `None` for the embedding, classifier, optimizer and the rounding
+    /// buffers (shared by layers; [`Buffer::slot`] names which).
+    pub layer: Option<u32>,
+    /// For rounding buffers: 0 or 1. For host slots and per-layer tensors: 0.
+    pub slot: u8,
+    /// Rows (tokens for activations, output features for weights, 1 for scalars).
+    pub rows: u64,
+    /// Bytes of one row.
+    pub row_bytes: u64,
+    /// Its place in the arena or the host slab.
+    pub place: Place,
+}
+
+impl Buffer {
+    /// `rows * row_bytes`, or `None` when that overflows.
+    pub fn bytes(&self) -> Option<u64> {
+        self.rows.checked_mul(self.row_bytes)
+    }
+}
+
+impl fmt::Display for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.kind, self.layer) {
+            (BufferKind::RoundingBuffer, _) => write!(f, "rounding buffer {} {}", self.slot, self.role.name()),
+            (_, Some(layer)) => write!(f, "layer {layer} {} ({})", self.role.name(), self.kind.name()),
+            (_, None) => write!(f, "{} ({})", self.role.name(), self.kind.name()),
+        }
+    }
+}
+
+/// Rows `[start, end)` of one buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Region {
+    /// The buffer.
+    pub buffer: BufferId,
+    /// First row.
+    pub start: u64,
+    /// One past the last row.
+    pub end: u64,
+}
+
+impl Region {
+    /// Rows `[start, end)` of `buffer`.
+    pub fn rows(buffer: BufferId, start: u64, end: u64) -> Self {
+        Region { buffer, start, end }
+    }
+}
+
+/// One argument of a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Arg {
+    /// The rows it touches.
+    pub region: Region,
+    /// How (must equal the op's [`Op::signature`] at this position).
+    pub access: Access,
+}
+
+/// A kernel launch.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Launch {
+    /// The kernel.
+    pub op: Op,
+    /// Its arguments, in [`Op::signature`] order.
+    pub args: Vec<Arg>,
+    /// The layer it belongs to, for reports; `None` outside the layers.
+    pub layer: Option<u32>,
+    /// Matrix-product FLOPs of the launch (`spec/cost-model.md`), for the time model; 0 for
+    /// memory-bound ops.
+    pub flops: u64,
+}
+
+/// What an instruction does.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Runs a kernel.
+    Launch(Launch),
+    /// Copies `src`'s bytes to `dst` (same byte count; one side on the host, one on the device).
+    Copy {
+        /// Read.
+        src: Region,
+        /// Written.
+        dst: Region,
+    },
+    /// Completes when every earlier instruction of its stream has.
+    Record(EventId),
+    /// Holds its stream's later instructions until the event completes.
+    Wait(EventId),
+}
+
+/// One instruction on one stream.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Instruction {
+    /// The stream that runs it.
+    pub stream: Stream,
+    /// What it does.
+    pub action: Action,
+}
+
+/// How the step keeps the activations its backward needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum Strategy {
+    /// Every layer keeps its whole skeletal set on the device.
+    KeepAll,
+    /// Only layer inputs are kept; the backward reruns each layer's forward (attention included).
+    FullRecompute,
+    /// MEMO without the token split: alpha = 1, every skeletal tensor swapped whole.
+    FullSwap,
+    /// MEMO: input and attention output swapped whole, the first alpha*s tokens of the others
+    /// swapped and the rest recomputed.
+    Memo,
+}
+
+impl Strategy {
+    /// Every strategy, in report order.
+    pub const ALL: [Strategy; 4] = [Strategy::Memo, Strategy::FullRecompute, Strategy::FullSwap, Strategy::KeepAll];
+
+    /// The name the CLI and the JSON use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::KeepAll => "keep-all",
+            Strategy::FullRecompute => "full-recompute",
+            Strategy::FullSwap => "full-swap",
+            Strategy::Memo => "memo",
+        }
+    }
+
+    /// The strategy named `name` (as [`Strategy::name`] writes it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Strategy::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    /// The byte-format code.
+    pub fn code(self) -> u8 {
+        match self {
+            Strategy::KeepAll => 0,
+            Strategy::FullRecompute => 1,
+            Strategy::FullSwap => 2,
+            Strategy::Memo => 3,
+        }
+    }
+
+    /// The strategy with byte-format code `code`.
+    pub fn from_code(code: u8) -> Option<Self> {
+        Strategy::ALL.into_iter().find(|s| s.code() == code)
+    }
+}
+
+/// One placement problem the planner solved, as reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct PlacementSummary {
+    /// Requests placed.
+    pub buffers: u32,
+    /// The peak of the placement, in bytes.
+    pub peak_bytes: u64,
+    /// The maximum of live bytes over time: no placement can be lower.
+    pub lower_bound_bytes: u64,
+    /// Whether the peak is proven minimal.
+    pub optimal: bool,
+    /// Search nodes spent.
+    pub nodes: u64,
+}
+
+/// How the plan was made.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Provenance {
+    /// The model and sequence.
+    pub model: ModelConfig,
+    /// The parallel layout (the plan is one GPU's).
+    pub parallel: Parallelism,
+    /// The machine.
+    pub hardware: Hardware,
+    /// The strategy.
+    pub strategy: Strategy,
+    /// The swap fraction (1 for full-swap; 0 for keep-all and full-recompute, which swap nothing).
+    pub alpha: f64,
+    /// Which constraint bound alpha.
+    pub alpha_bound: AlphaBound,
+    /// Rows of each token-split tensor copied to host (`floor(alpha * rows)`); the rest are
+    /// recomputed.
+    pub swapped_rows: u64,
+    /// Level 1: one layer's forward transients.
+    pub level1_forward: PlacementSummary,
+    /// Level 1: one layer's backward transients (recompute included).
+    pub level1_backward: PlacementSummary,
+    /// Level 2: the whole step with per-layer blocks.
+    pub level2: PlacementSummary,
+}
+
+/// The plan's sizes. The checker recomputes each from the buffers and instructions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Totals {
+    /// Bytes of the device arena: the highest end of a device buffer.
+    pub arena_bytes: u64,
+    /// The maximum, over instructions, of the bytes of device buffers live at once: no placement
+    /// of these buffers with these lifetimes needs less.
+    pub arena_lower_bound_bytes: u64,
+    /// Bytes of the pinned host slab: the highest end of a host slot.
+    pub host_bytes: u64,
+    /// Bytes of parameters, gradients and optimizer state.
+    pub parameter_bytes: u64,
+    /// Bytes of the rounding buffers.
+    pub rounding_buffer_bytes: u64,
+}
+
+/// One GPU's training step: buffers, instructions, sizes and provenance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// How it was made.
+    pub provenance: Provenance,
+    /// Every tensor; [`BufferId`] indexes this.
+    pub buffers: Vec<Buffer>,
+    /// The number of events; [`EventId`]s are `0..events`.
+    pub events: u32,
+    /// The program, in issue order.
+    pub instructions: Vec<Instruction>,
+    /// Sizes.
+    pub totals: Totals,
+}
+
+impl Plan {
+    /// The buffer `id`, if it exists.
+    pub fn buffer(&self, id: BufferId) -> Option<&Buffer> {
+        self.buffers.get(id.index())
+    }
+}
