@@ -29,6 +29,7 @@ extern crate std;
 mod log;
 
 pub mod arena;
+pub mod bilevel;
 pub mod check;
 pub mod cost;
 #[cfg(feature = "fuzzing")]
@@ -37,6 +38,9 @@ pub mod generate;
 pub mod lifetime;
 pub mod model;
 pub mod plan;
+pub mod planner;
+pub mod schedule;
+pub mod simulate;
 pub mod swap;
 pub mod trace;
 

@@ -1,0 +1,270 @@
+//! The planner's front door: model + layout + machine + strategy -> a placed [`Plan`] and what it
+//! costs (`DESIGN.md` data flow). Each strategy goes through the same machinery: α (`swap`), the
+//! instruction stream (`schedule`), bi-level placement (`bilevel`), the timeline (`simulate`).
+//!
+//! A plan is made whether or not it fits; [`PlanReport::fits`] says, and [`Misfit`] says by how
+//! much and what would make it fit.
+
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+
+use crate::bilevel::{self, PlacementError};
+use crate::cost::{self, CostError, Mfu};
+use crate::model::{Hardware, ModelConfig, ModelError, Parallelism};
+use crate::plan::{Plan, Provenance, Strategy};
+use crate::schedule::{self, ScheduleError, ScheduleOptions};
+use crate::simulate::{self, Timeline};
+use crate::swap::{self, AlphaBound, SwapError, SwapFraction, SwapOptions};
+
+/// What to plan.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanRequest {
+    /// The model and sequence.
+    pub model: ModelConfig,
+    /// The parallel layout; the plan is one GPU's.
+    pub parallel: Parallelism,
+    /// The machine.
+    pub hardware: Hardware,
+    /// How activations are kept.
+    pub strategy: Strategy,
+    /// For `memo`: use this α instead of solving MEMO's LP.
+    pub forced_alpha: Option<f64>,
+    /// Node budget of each arena solve.
+    pub budget_nodes: u64,
+}
+
+impl PlanRequest {
+    /// A request with the default node budget and α from the LP.
+    pub fn new(model: ModelConfig, parallel: Parallelism, hardware: Hardware, strategy: Strategy) -> Self {
+        PlanRequest { model, parallel, hardware, strategy, forced_alpha: None, budget_nodes: PLAN_BUDGET_NODES }
+    }
+}
+
+/// Node budget of each placement problem of a plan. Level-1 and level-2 problems have tens to a
+/// few hundred requests; they settle in far fewer nodes, or the greedy placement stands.
+pub const PLAN_BUDGET_NODES: u64 = 200_000;
+
+/// Why a plan could not be made.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PlanError {
+    /// The model, layout or machine is invalid.
+    Model(ModelError),
+    /// α could not be chosen.
+    Swap(SwapError),
+    /// The schedule could not be built.
+    Schedule(ScheduleError),
+    /// The placement failed.
+    Placement(PlacementError),
+    /// The cost model failed.
+    Cost(CostError),
+    /// A forced α with a strategy that has no α.
+    AlphaWithoutMemo {
+        /// The strategy asked for.
+        strategy: Strategy,
+    },
+}
+
+macro_rules! from_error {
+    ($($variant:ident($ty:ty)),*) => {
+        $(impl From<$ty> for PlanError {
+            fn from(error: $ty) -> Self {
+                PlanError::$variant(error)
+            }
+        })*
+    };
+}
+from_error!(Model(ModelError), Swap(SwapError), Schedule(ScheduleError), Placement(PlacementError), Cost(CostError));
+
+impl fmt::Display for PlanError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlanError::Model(e) => e.fmt(f),
+            PlanError::Swap(e) => e.fmt(f),
+            PlanError::Schedule(e) => e.fmt(f),
+            PlanError::Placement(e) => e.fmt(f),
+            PlanError::Cost(e) => e.fmt(f),
+            PlanError::AlphaWithoutMemo { strategy } => write!(
+                f,
+                "a forced alpha applies to the memo strategy only, not {}: drop --alpha or use --strategy memo",
+                strategy.name()
+            ),
+        }
+    }
+}
+
+impl core::error::Error for PlanError {}
+
+/// A plan and what it costs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanReport {
+    /// The plan.
+    pub plan: Plan,
+    /// α and the constraint that bound it (`memo` and `full-swap`).
+    pub swap: Option<SwapFraction>,
+    /// The simulated step.
+    pub timeline: Timeline,
+    /// MFU of the simulated step, both attention conventions.
+    pub mfu: Mfu,
+    /// Distinct level-1 placement problems solved.
+    pub level1_problems: u32,
+    /// `None` when the plan fits the device and the host; else by how much it does not.
+    pub misfit: Option<Misfit>,
+}
+
+impl PlanReport {
+    /// Whether the plan fits the GPU's memory and the host memory of its share of the node.
+    pub fn fits(&self) -> bool {
+        self.misfit.is_none()
+    }
+
+    /// Bytes of device memory the plan uses on each GPU: its one arena.
+    pub fn device_bytes(&self) -> u64 {
+        self.plan.totals.arena_bytes
+    }
+}
+
+/// How a plan misses the machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Misfit {
+    /// Device bytes above the GPU's memory (0 if the arena fits).
+    pub device_excess_bytes: u64,
+    /// Host bytes above this GPU's share of host memory (0 if the swapped data fits).
+    pub host_excess_bytes: u64,
+}
+
+/// Plans one strategy.
+pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
+    let PlanRequest { model, parallel, hardware, strategy, forced_alpha, budget_nodes } = request;
+    model.validate()?;
+    parallel.validate_for(model)?;
+    hardware.validate()?;
+    let swap = match strategy {
+        Strategy::Memo => Some(swap::swap_fraction(
+            model,
+            parallel,
+            hardware,
+            &SwapOptions { forced_alpha: *forced_alpha, ..SwapOptions::default() },
+        )?),
+        _ if forced_alpha.is_some() => return Err(PlanError::AlphaWithoutMemo { strategy: *strategy }),
+        Strategy::FullSwap => Some(swap::swap_fraction(model, parallel, hardware, &SwapOptions::full_swap())?),
+        Strategy::KeepAll | Strategy::FullRecompute => None,
+    };
+    let (alpha, alpha_bound) = swap.map_or((0.0, AlphaBound::None), |s| (s.alpha, s.bound));
+    let alpha_fixed = schedule::alpha_to_fixed(alpha);
+    let schedule = schedule::build(model, parallel, &ScheduleOptions { strategy: *strategy, alpha_fixed })?;
+    let placement = bilevel::place(&schedule, *budget_nodes)?;
+    let plan = Plan {
+        provenance: Provenance {
+            model: model.clone(),
+            parallel: *parallel,
+            hardware: hardware.clone(),
+            strategy: *strategy,
+            alpha,
+            alpha_bound,
+            swapped_rows: schedule.swapped_rows,
+            level1_forward: placement.level1_forward,
+            level1_backward: placement.level1_backward,
+            level2: placement.level2,
+        },
+        buffers: placement.buffers,
+        events: schedule.events,
+        instructions: schedule.instructions,
+        totals: placement.totals,
+    };
+    let timeline = simulate::simulate(&plan)?;
+    let mfu = cost::mfu(model, parallel, hardware, timeline.step_time_s.max(f64::MIN_POSITIVE))?;
+    let device_excess_bytes = plan.totals.arena_bytes.saturating_sub(hardware.device_memory_bytes);
+    let host_excess_bytes = plan.totals.host_bytes.saturating_sub(hardware.host_memory_per_gpu_bytes());
+    let misfit =
+        (device_excess_bytes > 0 || host_excess_bytes > 0).then_some(Misfit { device_excess_bytes, host_excess_bytes });
+    Ok(PlanReport { plan, swap, timeline, mfu, level1_problems: placement.level1_problems, misfit })
+}
+
+/// The longest sequence a strategy fits, found by bisection over multiples of `granularity`
+/// tokens (itself a multiple of `t`), with the plan at that length.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MaxSequence {
+    /// The strategy.
+    pub strategy: Strategy,
+    /// The longest fitting sequence, `None` when not even `granularity` tokens fit.
+    pub seq_len: Option<u64>,
+    /// Plans made during the search.
+    pub plans_made: u32,
+    /// The plan at `seq_len`.
+    pub report: Option<PlanReport>,
+}
+
+/// Finds the longest sequence `request.strategy` fits, searching multiples of `granularity` up to
+/// `limit` tokens. Assumes fitting is monotone in the sequence length (memory grows with it).
+pub fn max_seq(request: &PlanRequest, granularity: u64, limit: u64) -> Result<MaxSequence, PlanError> {
+    let step = granularity.max(1);
+    let mut attempt = request.clone();
+    let mut made = 0u32;
+    let mut try_len = |tokens: u64| -> Result<Option<PlanReport>, PlanError> {
+        attempt.model.seq_len = tokens;
+        made += 1;
+        let report = plan(&attempt)?;
+        Ok(report.fits().then_some(report))
+    };
+    // Invariant: lo * step fits (or lo = 0), hi * step does not (or hi = limit / step + 1).
+    let (mut lo, mut hi) = (0u64, limit / step + 1);
+    let mut best = None;
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        match try_len(mid * step)? {
+            Some(report) => {
+                lo = mid;
+                best = Some(report);
+            }
+            None => hi = mid,
+        }
+    }
+    Ok(MaxSequence {
+        strategy: request.strategy,
+        seq_len: (lo > 0).then_some(lo * step),
+        plans_made: made,
+        report: best,
+    })
+}
+
+/// Plans every strategy for the same request (its `strategy` is ignored).
+pub fn plan_all(request: &PlanRequest) -> Result<Vec<PlanReport>, PlanError> {
+    Strategy::ALL
+        .into_iter()
+        .map(|strategy| plan(&PlanRequest { strategy, forced_alpha: None, ..request.clone() }))
+        .collect()
+}
+
+/// What would make a misfit fit, in words, for messages.
+pub fn remedies(report: &PlanReport) -> Vec<String> {
+    use alloc::format;
+    let mut out = Vec::new();
+    let Some(misfit) = &report.misfit else { return out };
+    let p = &report.plan.provenance;
+    if misfit.device_excess_bytes > 0 {
+        out.push(format!(
+            "device memory: the arena needs {} bytes, {} more than the GPU's {}; plan a shorter sequence \
+             (`--max-seq` finds the longest), a higher tensor-parallel degree than t = {}, or another strategy",
+            report.plan.totals.arena_bytes,
+            misfit.device_excess_bytes,
+            p.hardware.device_memory_bytes,
+            p.parallel.tensor
+        ));
+    }
+    if misfit.host_excess_bytes > 0 {
+        let mut line = format!(
+            "host memory: the swapped activations need {} bytes per GPU, {} more than its share ({}) of the \
+             node's {}; add host memory, raise t, or use memo (which swaps only what fits)",
+            report.plan.totals.host_bytes,
+            misfit.host_excess_bytes,
+            p.hardware.host_memory_per_gpu_bytes(),
+            p.hardware.host_memory_per_node_bytes
+        );
+        if let Some(tokens) = report.swap.and_then(|s| s.max_seq_len_for_host) {
+            line.push_str(&format!("; at most {tokens} tokens keep the always-swapped tensors in host memory"));
+        }
+        out.push(line);
+    }
+    out
+}

@@ -1,0 +1,533 @@
+//! The schedule: one training step of one GPU as an instruction stream over buffers
+//! (`DESIGN.md` data flow; `MEMO.md` section 1 "Execution"). Buffers come out without places;
+//! `bilevel` places them.
+//!
+//! The step, in issue order:
+//! 1. the embedding writes layer 0's input;
+//! 2. each layer's forward (`layer.rs`); after a swapped layer, the compute stream records an
+//!    event, and the device-to-host stream waits for it and copies the layer's swapped data to its
+//!    host slots, then records "swapped out";
+//! 3. the final norm, then the classifier and cross-entropy in chunks of rows (full logits are
+//!    never materialised), each chunk's backward right after its loss, then the final norm's
+//!    backward;
+//! 4. each layer's backward, last layer first: a swapped layer's data comes back on the
+//!    host-to-device stream while the layer above runs its backward; the compute stream waits
+//!    for it, recomputes the rows that were not swapped, and runs the backward;
+//! 5. the embedding's backward, the gradient norm, AdamW on every parameter.
+//!
+//! Rounding buffers (`memo`, `full-swap`): layer `l` keeps its skeletal set in rounding buffer
+//! `l % 2`. Before the compute stream first writes a rounding buffer whose previous occupant is
+//! being swapped out, it waits for that copy ([`Builder::launch`] inserts the wait, so no op can
+//! forget it). Before the host-to-device stream refills a rounding buffer, it waits for the
+//! backward that last read it.
+
+mod layer;
+
+use alloc::vec::Vec;
+use core::fmt;
+
+use crate::cost::{self, AttentionFlops};
+use crate::model::{ModelConfig, ModelError, Parallelism, BF16_BYTES, FP32_BYTES};
+use crate::plan::{
+    Action, Arg, Buffer, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, Region, Strategy, Stream,
+    TensorRole,
+};
+
+pub use layer::SKELETAL_ROLES;
+
+/// Bytes of one token id or target (u32).
+const TOKEN_ID_BYTES: u64 = 4;
+
+/// The most logits bytes one classifier chunk may hold: chunks are as many rows as fit, at least
+/// one. 256 MiB keeps the logits a small share of device memory at any vocabulary.
+pub const LOGITS_CHUNK_BYTES: u64 = 256 << 20;
+
+/// Which part of a layer a transient belongs to: its level-1 block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Phase {
+    /// The layer's forward.
+    Forward,
+    /// The layer's recompute and backward.
+    Backward,
+}
+
+/// A level-1 block: one layer's forward or backward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Block {
+    /// The layer.
+    pub layer: u32,
+    /// Forward or backward.
+    pub phase: Phase,
+}
+
+/// What the schedule needs to know beyond the model: the strategy and the rows it swaps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScheduleOptions {
+    /// How activations are kept.
+    pub strategy: Strategy,
+    /// For `memo`: `floor(alpha * 2^32)`, the swap fraction in fixed point (so the schedule is
+    /// integer arithmetic). Ignored by the other strategies (full-swap swaps every row).
+    pub alpha_fixed: u64,
+}
+
+/// The fixed-point scale of [`ScheduleOptions::alpha_fixed`].
+pub const ALPHA_ONE: u64 = 1 << 32;
+
+/// `floor(alpha * rows)` in fixed point.
+pub fn swapped_rows(rows: u64, alpha_fixed: u64) -> u64 {
+    let alpha = alpha_fixed.min(ALPHA_ONE);
+    // < 2^96: fits u128.
+    ((u128::from(rows) * u128::from(alpha)) >> 32) as u64
+}
+
+/// The swap fraction as [`super::ScheduleOptions::alpha_fixed`] wants it.
+pub fn alpha_to_fixed(alpha: f64) -> u64 {
+    if alpha.is_nan() || alpha <= 0.0 {
+        return 0;
+    }
+    if alpha >= 1.0 {
+        return ALPHA_ONE;
+    }
+    libm::floor(alpha * ALPHA_ONE as f64) as u64
+}
+
+/// The schedule of one step: buffers (places not yet chosen) and instructions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Schedule {
+    /// Every buffer, place `Device { offset: 0 }` or `Host { offset: 0 }` until placed.
+    pub buffers: Vec<Buffer>,
+    /// For each buffer, the level-1 block it belongs to (per-layer transients only).
+    pub blocks: Vec<Option<Block>>,
+    /// The instruction stream.
+    pub instructions: Vec<Instruction>,
+    /// Events used.
+    pub events: u32,
+    /// Rows of the sequence-sharded token-split tensors that are swapped (`memo`: `floor(alpha *
+    /// rows)`; `full-swap`: all; otherwise 0).
+    pub swapped_rows: u64,
+}
+
+/// Why no schedule could be made.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ScheduleError {
+    /// The model or layout is invalid, or a size overflows.
+    Model(ModelError),
+    /// A FLOP count of one launch does not fit in 64 bits.
+    FlopsOverflow {
+        /// The op.
+        op: &'static str,
+    },
+}
+
+impl From<ModelError> for ScheduleError {
+    fn from(error: ModelError) -> Self {
+        ScheduleError::Model(error)
+    }
+}
+
+impl From<cost::CostError> for ScheduleError {
+    fn from(error: cost::CostError) -> Self {
+        match error {
+            cost::CostError::Model(error) => ScheduleError::Model(error),
+            _ => ScheduleError::FlopsOverflow { op: "attention" },
+        }
+    }
+}
+
+impl fmt::Display for ScheduleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScheduleError::Model(error) => error.fmt(f),
+            ScheduleError::FlopsOverflow { op } => write!(
+                f,
+                "the FLOPs of one {op} launch do not fit in 64 bits: the sequence is too long for this model; \
+                 use fewer tokens or a higher tensor-parallel degree"
+            ),
+        }
+    }
+}
+
+impl core::error::Error for ScheduleError {}
+
+/// One GPU's sizes, all checked once.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shape {
+    pub layers: u32,
+    pub tensor: u64,
+    /// Rows of sequence-sharded activations: `b * s / t`.
+    pub local_rows: u64,
+    /// Rows of head-sharded activations: `b * s` (equal to `local_rows` when `t = 1`).
+    pub full_rows: u64,
+    /// `h * 2`: a row of a sequence-sharded activation.
+    pub hidden_row: u64,
+    /// `h / t * 2`: a row of q, k, v, the attention output.
+    pub head_row: u64,
+    /// `heads / t * 4`: a row of the log-sum-exp.
+    pub lse_row: u64,
+    /// `f / t * 2`: a row of FC1's and GeLU's outputs.
+    pub ffn_row: u64,
+    pub hidden: u64,
+    pub ffn: u64,
+    /// Embedding rows on this GPU: `ceil(V / t)`.
+    pub vocab_rows: u64,
+    /// Rows of one classifier chunk (of the local rows).
+    pub chunk_rows: u64,
+    /// Attention FLOPs of one layer's forward, causal mask halved.
+    pub attention_flops: u64,
+}
+
+impl Shape {
+    pub(crate) fn new(model: &ModelConfig, parallel: &Parallelism) -> Result<Self, ScheduleError> {
+        model.validate()?;
+        parallel.validate_for(model)?;
+        let t = parallel.tensor;
+        let overflow = |what| ModelError::Overflow { what };
+        let full_rows = model.micro_batch.checked_mul(model.seq_len).ok_or(overflow("rows b*s"))?;
+        let hidden_row = model.hidden.checked_mul(BF16_BYTES).ok_or(overflow("row bytes"))?;
+        let ffn_row = (model.ffn_hidden / t).checked_mul(BF16_BYTES).ok_or(overflow("row bytes"))?;
+        let lse_row = (model.heads / t).checked_mul(FP32_BYTES).ok_or(overflow("row bytes"))?;
+        let vocab_rows = model.vocab.div_ceil(t);
+        // The classifier's logits of one chunk: gathered rows (t per local row) x V/t columns.
+        let logits_row = vocab_rows.checked_mul(BF16_BYTES).ok_or(overflow("logits row bytes"))?;
+        let chunk_rows = (LOGITS_CHUNK_BYTES / logits_row.saturating_mul(t).max(1)).max(1).min(full_rows / t);
+        let attention = cost::layer_forward_flops(model, parallel, AttentionFlops::CausalHalved)?.attention();
+        let attention_flops = u64::try_from(attention).map_err(|_| ScheduleError::FlopsOverflow { op: "attention" })?;
+        // Every buffer's bytes must fit too: the largest is the gathered FC1 output, full_rows x f/t.
+        for (rows, row) in [(full_rows, hidden_row), (full_rows, ffn_row), (vocab_rows, hidden_row)] {
+            rows.checked_mul(row).ok_or(overflow("buffer bytes"))?;
+            rows.checked_mul(row).and_then(|b| b.checked_mul(6)).ok_or(overflow("optimizer-state bytes"))?;
+        }
+        Ok(Shape {
+            layers: model.layers,
+            tensor: t,
+            local_rows: full_rows / t,
+            full_rows,
+            hidden_row,
+            head_row: (model.hidden / t) * BF16_BYTES,
+            lse_row,
+            ffn_row,
+            hidden: model.hidden,
+            ffn: model.ffn_hidden,
+            vocab_rows,
+            chunk_rows,
+            attention_flops,
+        })
+    }
+}
+
+/// A parameter with its gradient and optimizer state.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Param {
+    pub value: BufferId,
+    pub grad: BufferId,
+    pub state: BufferId,
+}
+
+/// Builds buffers and instructions; the one place that emits instructions, so the rounding-buffer
+/// waits cannot be forgotten.
+pub(crate) struct Builder {
+    pub shape: Shape,
+    buffers: Vec<Buffer>,
+    blocks: Vec<Option<Block>>,
+    instructions: Vec<Instruction>,
+    events: u32,
+    /// Per rounding buffer: the swap-out of its previous occupant, not yet waited for by compute.
+    pending_swap_out: [Option<EventId>; 2],
+    /// Every parameter, in creation order (the optimizer walks it).
+    pub params: Vec<Param>,
+}
+
+impl Builder {
+    fn new(shape: Shape) -> Self {
+        Builder {
+            shape,
+            buffers: Vec::new(),
+            blocks: Vec::new(),
+            instructions: Vec::new(),
+            events: 0,
+            pending_swap_out: [None, None],
+            params: Vec::new(),
+        }
+    }
+
+    /// A new buffer (device, or host for host slots); `block` for per-layer transients.
+    pub fn buffer(
+        &mut self,
+        kind: BufferKind,
+        role: TensorRole,
+        layer: Option<u32>,
+        rows: u64,
+        row_bytes: u64,
+        block: Option<Block>,
+    ) -> BufferId {
+        self.buffer_in_slot(kind, role, layer, 0, rows, row_bytes, block)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn buffer_in_slot(
+        &mut self,
+        kind: BufferKind,
+        role: TensorRole,
+        layer: Option<u32>,
+        slot: u8,
+        rows: u64,
+        row_bytes: u64,
+        block: Option<Block>,
+    ) -> BufferId {
+        let place = if kind == BufferKind::HostSlot { Place::Host { offset: 0 } } else { Place::Device { offset: 0 } };
+        let id = BufferId(self.buffers.len() as u32);
+        self.buffers.push(Buffer { kind, role, layer, slot, rows, row_bytes, place });
+        self.blocks.push(block);
+        id
+    }
+
+    /// A parameter of `rows` x `row_elements` with its gradient and optimizer state.
+    pub fn param(&mut self, role: TensorRole, layer: Option<u32>, rows: u64, row_elements: u64) -> Param {
+        let value = self.buffer(BufferKind::Parameter, role, layer, rows, row_elements * BF16_BYTES, None);
+        let grad = self.buffer(BufferKind::Gradient, role, layer, rows, row_elements * BF16_BYTES, None);
+        // fp32 master weights, AdamW m and v.
+        let state = self.buffer(BufferKind::OptimizerState, role, layer, rows, row_elements * 3 * FP32_BYTES, None);
+        let param = Param { value, grad, state };
+        self.params.push(param);
+        param
+    }
+
+    pub fn rows_of(&self, id: BufferId) -> u64 {
+        self.buffers[id.index()].rows
+    }
+
+    /// All rows of `id`.
+    pub fn all(&self, id: BufferId) -> Region {
+        Region::rows(id, 0, self.rows_of(id))
+    }
+
+    /// Launches `op` on `regions` (in `op.signature()` order) on the compute stream. Waits first
+    /// for the swap-out of a rounding buffer it writes, if that copy was not waited for yet.
+    pub fn launch(&mut self, op: Op, layer: Option<u32>, flops: u64, regions: &[Region]) {
+        let signature = op.signature();
+        debug_assert_eq!(signature.len(), regions.len(), "{op:?}");
+        for (region, (_, access)) in regions.iter().zip(signature) {
+            let buffer = self.buffers[region.buffer.index()];
+            if access.writes() && buffer.kind == BufferKind::RoundingBuffer {
+                if let Some(event) = self.pending_swap_out[usize::from(buffer.slot)].take() {
+                    self.wait(Stream::Compute, event);
+                }
+            }
+        }
+        let args = regions.iter().zip(signature).map(|(&region, &(_, access))| Arg { region, access }).collect();
+        self.push(Stream::Compute, Action::Launch(Launch { op, args, layer, flops }));
+    }
+
+    pub fn copy(&mut self, stream: Stream, src: Region, dst: Region) {
+        self.push(stream, Action::Copy { src, dst });
+    }
+
+    pub fn record(&mut self, stream: Stream) -> EventId {
+        let event = EventId(self.events);
+        self.events += 1;
+        self.push(stream, Action::Record(event));
+        event
+    }
+
+    pub fn wait(&mut self, stream: Stream, event: EventId) {
+        self.push(stream, Action::Wait(event));
+    }
+
+    /// The compute stream must wait for `event` before it next writes rounding buffer `slot`.
+    pub fn note_swap_out(&mut self, slot: usize, event: EventId) {
+        self.pending_swap_out[slot] = Some(event);
+    }
+
+    fn push(&mut self, stream: Stream, action: Action) {
+        self.instructions.push(Instruction { stream, action });
+    }
+
+    /// `2 * rows * in * out` of a linear layer over `rows` rows with `weight` (`out` rows of
+    /// `in` bf16 elements).
+    pub fn linear_flops(&self, rows: u64, weight: BufferId) -> Result<u64, ScheduleError> {
+        let w = &self.buffers[weight.index()];
+        let product = u128::from(rows) * u128::from(w.rows) * u128::from(w.row_bytes / BF16_BYTES) * 2;
+        u64::try_from(product).map_err(|_| ScheduleError::FlopsOverflow { op: "linear" })
+    }
+
+    /// For `t > 1`, all-gathers `x`'s rows over the tensor-parallel group into a new transient
+    /// (t times the rows); for `t = 1`, `x` itself.
+    pub fn gathered(&mut self, x: Region, layer: Option<u32>, block: Option<Block>) -> Region {
+        if self.shape.tensor == 1 {
+            return x;
+        }
+        let row_bytes = self.buffers[x.buffer.index()].row_bytes;
+        let rows = (x.end - x.start) * self.shape.tensor;
+        let gathered =
+            self.buffer(BufferKind::Transient, TensorRole::GatheredNormOutput, layer, rows, row_bytes, block);
+        let out = self.all(gathered);
+        self.launch(Op::AllGather, layer, 0, &[x, out]);
+        out
+    }
+
+    /// The region a row-parallel product writes: for `t = 1`, `dest` itself; for `t > 1`, a new
+    /// partial-sum transient of t times the rows, to be reduce-scattered into `dest` by
+    /// [`Builder::scatter`].
+    pub fn partial_for(&mut self, dest: Region, layer: Option<u32>, block: Option<Block>) -> Region {
+        if self.shape.tensor == 1 {
+            return dest;
+        }
+        let row_bytes = self.buffers[dest.buffer.index()].row_bytes;
+        let rows = (dest.end - dest.start) * self.shape.tensor;
+        let partial = self.buffer(BufferKind::Transient, TensorRole::PartialSum, layer, rows, row_bytes, block);
+        self.all(partial)
+    }
+
+    /// Completes [`Builder::partial_for`]: reduce-scatters `partial` into `dest` when they differ.
+    pub fn scatter(&mut self, partial: Region, dest: Region, layer: Option<u32>) {
+        if partial != dest {
+            self.launch(Op::ReduceScatter, layer, 0, &[partial, dest]);
+        }
+    }
+
+    fn finish(self, swapped_rows: u64) -> Schedule {
+        Schedule {
+            buffers: self.buffers,
+            blocks: self.blocks,
+            instructions: self.instructions,
+            events: self.events,
+            swapped_rows,
+        }
+    }
+}
+
+/// Builds the step's schedule for `model` on `parallel` with `options`.
+pub fn build(
+    model: &ModelConfig,
+    parallel: &Parallelism,
+    options: &ScheduleOptions,
+) -> Result<Schedule, ScheduleError> {
+    let shape = Shape::new(model, parallel)?;
+    let mut b = Builder::new(shape);
+    let (r, layers) = (shape.local_rows, shape.layers);
+
+    let tokens = b.buffer(BufferKind::Input, TensorRole::Tokens, None, r, TOKEN_ID_BYTES, None);
+    let targets = b.buffer(BufferKind::Input, TensorRole::Targets, None, r, TOKEN_ID_BYTES, None);
+    let embedding = b.param(TensorRole::Embedding, None, shape.vocab_rows, shape.hidden);
+    let layer_params: Vec<layer::LayerParams> = (0..layers).map(|l| layer::LayerParams::new(&mut b, l)).collect();
+    let final_scale = b.param(TensorRole::FinalNormScale, None, 1, shape.hidden);
+    let final_shift = b.param(TensorRole::FinalNormShift, None, 1, shape.hidden);
+    let loss = b.buffer(BufferKind::Scalar, TensorRole::Loss, None, 1, FP32_BYTES, None);
+    let grad_norm = b.buffer(BufferKind::Scalar, TensorRole::GradNormSquared, None, 1, FP32_BYTES, None);
+
+    // Where each layer keeps its skeletal set, and which layers swap.
+    let mut storage = layer::Storage::new(&mut b, options.strategy, options.alpha_fixed);
+    let final_hidden = b.buffer(BufferKind::CrossLayer, TensorRole::LayerOutput, None, r, shape.hidden_row, None);
+
+    // 1. Embedding into layer 0's input.
+    let first_input = storage.forward_set(0).input();
+    let out = b.all(first_input);
+    let (tok, emb) = (b.all(tokens), b.all(embedding.value));
+    b.launch(Op::Embedding, None, 0, &[tok, emb, out]);
+
+    // 2. Forward.
+    for l in 0..layers {
+        let set = storage.forward_set(l);
+        let output = if l + 1 < layers { storage.forward_set(l + 1).input() } else { final_hidden };
+        layer::forward(&mut b, l, &layer_params[l as usize], &set, output)?;
+        storage.swap_out(&mut b, l);
+    }
+
+    // 3. Final norm, chunked classifier + cross-entropy with its backward, final norm backward.
+    let final_norm = b.buffer(BufferKind::Transient, TensorRole::FinalNormOutput, None, r, shape.hidden_row, None);
+    let d_final_norm =
+        b.buffer(BufferKind::Transient, TensorRole::FinalNormOutputGradient, None, r, shape.hidden_row, None);
+    let (x, scale, shift, y) =
+        (b.all(final_hidden), b.all(final_scale.value), b.all(final_shift.value), b.all(final_norm));
+    b.launch(Op::LayerNorm, None, 0, &[x, scale, shift, y]);
+    let (loss_all, d_embedding) = (b.all(loss), b.all(embedding.grad));
+    b.launch(Op::Zero, None, 0, &[loss_all]);
+    b.launch(Op::Zero, None, 0, &[d_embedding]);
+    classifier(&mut b, embedding, final_norm, d_final_norm, targets, loss)?;
+    let d_output = storage.new_output_gradient(&mut b, layers - 1);
+    let (x, scale, dy, dx) = (b.all(final_hidden), b.all(final_scale.value), b.all(d_final_norm), b.all(d_output));
+    let (dscale, dshift) = (b.all(final_scale.grad), b.all(final_shift.grad));
+    b.launch(Op::LayerNormBackward, None, 0, &[x, scale, dy, dx, dscale, dshift]);
+
+    // 4. Backward, last layer first.
+    let mut d_out = d_output;
+    for l in (0..layers).rev() {
+        storage.before_backward(&mut b, l);
+        let set = storage.backward_set(l);
+        let params = &layer_params[l as usize];
+        if let Some(what) = storage.recompute(&b, l) {
+            layer::recompute(&mut b, l, params, &set, what)?;
+        }
+        let d_in = if l > 0 {
+            storage.new_output_gradient(&mut b, l - 1)
+        } else {
+            b.buffer(BufferKind::Transient, TensorRole::EmbeddingOutputGradient, None, r, shape.hidden_row, None)
+        };
+        layer::backward(&mut b, l, params, &set, d_out, d_in)?;
+        storage.after_backward(&mut b, l);
+        d_out = d_in;
+    }
+
+    // 5. Embedding backward, gradient norm, AdamW.
+    let (tok, dy) = (b.all(tokens), b.all(d_out));
+    b.launch(Op::EmbeddingBackward, None, 0, &[tok, dy, d_embedding]);
+    let norm = b.all(grad_norm);
+    b.launch(Op::Zero, None, 0, &[norm]);
+    let params = b.params.clone();
+    for p in &params {
+        let grad = b.all(p.grad);
+        b.launch(Op::GradNormSquared, None, 0, &[grad, norm]);
+    }
+    for p in &params {
+        let (value, grad, state) = (b.all(p.value), b.all(p.grad), b.all(p.state));
+        b.launch(Op::AdamW, None, 0, &[value, grad, state, norm]);
+    }
+    Ok(b.finish(storage.swapped_rows()))
+}
+
+/// The classifier in chunks of rows: logits of one chunk, its cross-entropy (loss added, logits
+/// replaced by their gradient), the gradient of the final norm's output for those rows, and the
+/// embedding gradient's share. One logits buffer serves every chunk.
+fn classifier(
+    b: &mut Builder,
+    embedding: Param,
+    final_norm: BufferId,
+    d_final_norm: BufferId,
+    targets: BufferId,
+    loss: BufferId,
+) -> Result<(), ScheduleError> {
+    let shape = b.shape;
+    let chunk_rows = shape.chunk_rows;
+    let logits_rows = chunk_rows * shape.tensor;
+    let logits = b.buffer(
+        BufferKind::Transient,
+        TensorRole::LogitsChunk,
+        None,
+        logits_rows,
+        shape.vocab_rows * BF16_BYTES,
+        None,
+    );
+    let mut start = 0;
+    while start < shape.local_rows {
+        let end = (start + chunk_rows).min(shape.local_rows);
+        let rows = (end - start) * shape.tensor;
+        let x = b.gathered(Region::rows(final_norm, start, end), None, None);
+        let chunk = Region::rows(logits, 0, rows);
+        let flops = b.linear_flops(rows, embedding.value)?;
+        let emb = b.all(embedding.value);
+        b.launch(Op::Classifier, None, flops, &[x, emb, chunk]);
+        let (t, l) = (Region::rows(targets, start, end), b.all(loss));
+        b.launch(Op::CrossEntropy, None, 0, &[chunk, t, l]);
+        let dx = Region::rows(d_final_norm, start, end);
+        let partial = b.partial_for(dx, None, None);
+        b.launch(Op::LinearBackwardInput, None, flops, &[chunk, emb, partial]);
+        b.scatter(partial, dx, None);
+        let d_emb = b.all(embedding.grad);
+        b.launch(Op::ClassifierBackwardWeight, None, flops, &[x, chunk, d_emb]);
+        start = end;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
