@@ -1,1 +1,205 @@
+use alloc::vec::Vec;
 
+use super::*;
+use crate::model::{Hardware, ModelConfig, Parallelism};
+use crate::plan::{Action, BufferKind, Strategy};
+use crate::planner::{self, PlanRequest};
+use crate::swap::AlphaBound;
+
+fn tiny(layers: u32, seq: u64) -> ModelConfig {
+    ModelConfig::new("tiny", layers, 64, 4, seq, 1)
+}
+
+fn request(model: ModelConfig, tensor: u64, machine: &str, strategy: Strategy) -> PlanRequest {
+    PlanRequest::new(model, Parallelism::new(tensor, 1), Hardware::preset(machine).unwrap(), strategy)
+}
+
+/// MEMO.md section 3: 7B at 1M tokens on 8 A800 (2 TiB host), t = 8.
+#[test]
+fn seven_b_at_one_million_tokens_matches_the_paper_setting() {
+    let model = ModelConfig::preset("7b", 1 << 20, 1).unwrap();
+    let set = model.skeletal_set(&Parallelism::new(8, 1)).unwrap();
+    let bsh_16 = 16u64 << 30;
+    // 16 bsh elements in bf16 per GPU = 16 GiB, plus the log-sum-exp (b * heads * s / t fp32).
+    assert_eq!(set.total_bytes, bsh_16 + (1u64 << 20) * 32 / 8 * 4);
+    let reports: Vec<_> =
+        Strategy::ALL.into_iter().map(|s| planner::plan(&request(model.clone(), 8, "a800x8", s)).unwrap()).collect();
+    let by = |s: Strategy| reports.iter().find(|r| r.plan.provenance.strategy == s).unwrap();
+    let memo = by(Strategy::Memo);
+    assert_eq!(memo.plan.provenance.alpha_bound, AlphaBound::HostMemory);
+    assert!((0.46..0.48).contains(&memo.plan.provenance.alpha), "alpha {}", memo.plan.provenance.alpha);
+    assert!(memo.fits(), "{:?}", memo.misfit);
+    assert!(memo.plan.totals.arena_bytes <= 80 << 30);
+    // The two rounding buffers hold one layer's skeletal set each.
+    assert_eq!(memo.plan.totals.rounding_buffer_bytes, 2 * set.total_bytes);
+    assert!(!by(Strategy::KeepAll).fits());
+    let full_swap = by(Strategy::FullSwap);
+    assert!(!full_swap.fits());
+    assert!(full_swap.misfit.as_ref().unwrap().host_excess_bytes > 0);
+}
+
+/// Every launch has its op's arguments, every row range lies inside its buffer, every wait
+/// follows its record, and every buffer is touched.
+#[test]
+fn schedules_are_well_formed_for_every_strategy_and_layout() {
+    for strategy in Strategy::ALL {
+        for tensor in [1, 2] {
+            for alpha in [0, ALPHA_ONE / 3, ALPHA_ONE] {
+                let model = tiny(5, 96);
+                let options = ScheduleOptions { strategy, alpha_fixed: alpha };
+                let schedule = build(&model, &Parallelism::new(tensor, 1), &options).unwrap();
+                let mut touched = alloc::vec![false; schedule.buffers.len()];
+                let mut recorded = alloc::vec![false; schedule.events as usize];
+                let mut check = |region: &Region| {
+                    let buffer = schedule.buffers[region.buffer.index()];
+                    assert!(region.start <= region.end && region.end <= buffer.rows, "{buffer} {region:?}");
+                    touched[region.buffer.index()] = true;
+                };
+                for instruction in &schedule.instructions {
+                    match &instruction.action {
+                        Action::Launch(launch) => {
+                            assert_eq!(instruction.stream, Stream::Compute);
+                            assert_eq!(launch.args.len(), launch.op.signature().len());
+                            launch.args.iter().for_each(|a| check(&a.region));
+                        }
+                        Action::Copy { src, dst } => {
+                            check(src);
+                            check(dst);
+                        }
+                        Action::Record(e) => recorded[e.0 as usize] = true,
+                        Action::Wait(e) => assert!(recorded[e.0 as usize], "wait before record"),
+                    }
+                }
+                let untouched: Vec<_> = touched.iter().enumerate().filter(|(_, t)| !**t).collect();
+                assert!(untouched.is_empty(), "{strategy:?} t={tensor}: untouched {untouched:?}");
+            }
+        }
+    }
+}
+
+/// The compute stream waits for a rounding buffer's swap-out before its next occupant is
+/// written, and the swap-in waits for the backward that last read it.
+#[test]
+fn memo_waits_for_swap_out_before_reusing_a_rounding_buffer() {
+    let model = tiny(6, 64);
+    let options = ScheduleOptions { strategy: Strategy::Memo, alpha_fixed: ALPHA_ONE / 2 };
+    let schedule = build(&model, &Parallelism::single(), &options).unwrap();
+    let records_on = |stream: Stream| {
+        schedule
+            .instructions
+            .iter()
+            .filter_map(|i| match i.action {
+                Action::Record(e) if i.stream == stream => Some(e),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let compute_waits: Vec<EventId> = schedule
+        .instructions
+        .iter()
+        .filter_map(|i| match i.action {
+            Action::Wait(e) if i.stream == Stream::Compute => Some(e),
+            _ => None,
+        })
+        .collect();
+    // Layers 0..3 swap (the last two never do): four swap-outs, each waited for by compute
+    // before layer l+2 is written, and four swap-ins, each waited for before the backward.
+    let swap_outs = records_on(Stream::DeviceToHost);
+    let swap_ins = records_on(Stream::HostToDevice);
+    assert_eq!(swap_outs.len(), 4);
+    assert_eq!(swap_ins.len(), 4);
+    for event in swap_outs.iter().chain(&swap_ins) {
+        assert!(compute_waits.contains(event), "event {event:?} is never waited for by compute");
+    }
+    // Half the rows of each token-split tensor are swapped, the rest recomputed.
+    assert_eq!(schedule.swapped_rows, 32);
+    let recompute_rows: Vec<_> =
+        schedule.buffers.iter().filter(|b| b.role == TensorRole::RecomputedProjectionOutput).map(|b| b.rows).collect();
+    assert_eq!(recompute_rows, [32; 4]);
+}
+
+#[test]
+fn the_same_request_gives_the_same_plan() {
+    for strategy in Strategy::ALL {
+        let r = request(tiny(4, 128), 2, "h100x8", strategy);
+        assert_eq!(planner::plan(&r).unwrap().plan, planner::plan(&r).unwrap().plan);
+    }
+}
+
+/// The two placement levels reach their lower bounds for every preset model at 32K, 256K and
+/// 1M tokens (t = 8, where every preset's heads divide).
+#[test]
+fn both_levels_reach_their_lower_bound_for_every_preset() {
+    for name in ["7b", "13b", "30b", "65b"] {
+        for seq in [32u64 << 10, 256 << 10, 1 << 20] {
+            for strategy in [Strategy::Memo, Strategy::FullRecompute, Strategy::FullSwap] {
+                let model = ModelConfig::preset(name, seq, 1).unwrap();
+                let report = planner::plan(&request(model, 8, "a800x8", strategy)).unwrap();
+                let p = &report.plan.provenance;
+                for level in [p.level1_forward, p.level1_backward, p.level2] {
+                    assert_eq!(level.peak_bytes, level.lower_bound_bytes, "{name} {seq} {strategy:?} {level:?}");
+                }
+                // The whole arena is at the step's live-bytes bound but for the 256-byte padding of
+                // buffers whose size is not a multiple of it (the scalars, small biases).
+                let t = report.plan.totals;
+                assert!(t.arena_bytes >= t.arena_lower_bound_bytes);
+                assert!(t.arena_bytes - t.arena_lower_bound_bytes < padding(&report.plan), "{name} {seq} {strategy:?}");
+            }
+        }
+    }
+}
+
+/// Bytes lost to rounding device buffers up to the placement alignment.
+fn padding(plan: &crate::plan::Plan) -> u64 {
+    let align = crate::bilevel::ALIGNMENT;
+    plan.buffers.iter().map(|b| b.bytes().unwrap().div_ceil(align) * align - b.bytes().unwrap()).sum::<u64>() + 1
+}
+
+/// Keep-all's arena is above the whole step's live-bytes bound by less than 0.5%: each level-1
+/// block reserves its peak over its whole span (the price of reusing one layer's offsets).
+#[test]
+fn keep_all_pays_only_the_block_reservation() {
+    let model = ModelConfig::preset("7b", 256 << 10, 1).unwrap();
+    let report = planner::plan(&request(model, 8, "a800x8", Strategy::KeepAll)).unwrap();
+    let p = &report.plan.provenance;
+    for level in [p.level1_forward, p.level1_backward, p.level2] {
+        assert_eq!(level.peak_bytes, level.lower_bound_bytes);
+    }
+    let t = report.plan.totals;
+    assert!(t.arena_bytes > t.arena_lower_bound_bytes);
+    assert!((t.arena_bytes - t.arena_lower_bound_bytes) * 200 < t.arena_lower_bound_bytes);
+}
+
+/// MEMO.md section 3 and the issue: memo fits a longer sequence than full recompute, which
+/// fits a longer one than keep-all (7B, 8 A800, t = 8).
+#[test]
+fn max_sequence_orders_memo_above_full_recompute_above_keep_all() {
+    let model = ModelConfig::preset("7b", 1024, 1).unwrap();
+    let longest = |strategy| {
+        let r = request(model.clone(), 8, "a800x8", strategy);
+        planner::max_seq(&r, 64 << 10, 8 << 20).unwrap().seq_len.unwrap_or(0)
+    };
+    let (memo, recompute, keep) =
+        (longest(Strategy::Memo), longest(Strategy::FullRecompute), longest(Strategy::KeepAll));
+    assert!(memo > recompute && recompute > keep && keep > 0, "{memo} {recompute} {keep}");
+}
+
+#[test]
+fn host_slots_hold_what_the_swap_fraction_says() {
+    let model = tiny(6, 256);
+    let alpha_fixed = ALPHA_ONE / 4;
+    let schedule =
+        build(&model, &Parallelism::single(), &ScheduleOptions { strategy: Strategy::Memo, alpha_fixed }).unwrap();
+    let set = model.skeletal_set(&Parallelism::single()).unwrap();
+    let host: u64 =
+        schedule.buffers.iter().filter(|b| b.kind == BufferKind::HostSlot).map(|b| b.bytes().unwrap()).sum();
+    // Four swapped layers: always-swapped tensors whole, a quarter of the token-split ones.
+    assert_eq!(host, 4 * (set.always_swapped_bytes() + set.others_bytes / 4));
+}
+
+#[test]
+fn a_forced_alpha_needs_the_memo_strategy() {
+    let mut r = request(tiny(4, 64), 1, "a800x8", Strategy::KeepAll);
+    r.forced_alpha = Some(0.5);
+    assert!(matches!(planner::plan(&r), Err(planner::PlanError::AlphaWithoutMemo { .. })));
+}
