@@ -4,9 +4,11 @@
 //! |------|---------|
 //! | 0    | success |
 //! | 1    | I/O error: the input cannot be read, or the output cannot be written (e.g. a closed pipe) |
-//! | 2    | bad input: a usage error (unknown option, bad value) or an invalid trace |
+//! | 2    | bad input: a usage error (unknown option, bad value), an invalid trace, config or plan file |
 //! | 3    | proven infeasible: no placement fits under `--capacity` |
 //! | 4    | not found: no placement under `--capacity` was found within `--budget-nodes` |
+//! | 5    | does not fit: the plan of the chosen `--strategy` needs more device or host memory than the machine has |
+//! | 6    | invalid plan: a plan file violates the plan rules (`memo check` lists them) |
 //! | 70   | internal error: a result failed its independent check (a bug: please report it) |
 //!
 //! Every failure prints exactly one line on standard error, starting with `memo:`, that says what
@@ -25,6 +27,10 @@ pub const BAD_INPUT: u8 = 2;
 pub const INFEASIBLE: u8 = 3;
 /// No placement under the capacity was found within the node budget (one may exist).
 pub const NOT_FOUND: u8 = 4;
+/// The chosen strategy's plan does not fit the machine.
+pub const DOES_NOT_FIT: u8 = 5;
+/// A plan file violates the plan rules.
+pub const PLAN_INVALID: u8 = 6;
 /// A result failed its independent check: a bug in `memo` (`EX_SOFTWARE` of `sysexits.h`).
 pub const INTERNAL_ERROR: u8 = 70;
 
@@ -36,6 +42,8 @@ Exit codes:
   2   bad input: usage error or invalid trace (the message names the file and line)
   3   proven infeasible under --capacity
   4   no placement under --capacity found within --budget-nodes (raise either)
+  5   the chosen strategy's plan does not fit the machine (the message says by how much, and what would fit)
+  6   the plan file violates the plan rules (`memo check` lists every violation)
   70  internal error: the result failed its independent check (please report it)";
 
 /// Why a command failed: an exit code and a one-line message (without the `memo: ` prefix).

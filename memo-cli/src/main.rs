@@ -3,8 +3,12 @@
 //! Exit codes are listed in [`exit`]; every failure is one line on standard error starting with
 //! `memo:`.
 
+mod checked;
+mod config;
 pub mod exit;
 mod human;
+mod inspect;
+mod plan;
 mod solve;
 
 use std::ffi::OsString;
@@ -29,6 +33,13 @@ enum Command {
     /// Place the buffers of a memory request trace in one arena with the lowest peak
     #[command(long_about = solve::LONG_ABOUT)]
     Solve(solve::SolveArgs),
+    /// Plan one training step per GPU for each strategy (memo, full-recompute, full-swap, keep-all)
+    #[command(long_about = plan::LONG_ABOUT)]
+    Plan(plan::PlanArgs),
+    /// Verify a plan file with the independent checker; list every violation
+    Check(inspect::CheckArgs),
+    /// Summarise a plan file: sizes, buffers by kind, instructions per stream, simulated step
+    Show(inspect::ShowArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +50,9 @@ fn main() -> ExitCode {
     };
     let result = match &cli.command {
         Command::Solve(solve_args) => solve::run(solve_args),
+        Command::Plan(plan_args) => plan::run(plan_args),
+        Command::Check(check_args) => inspect::run_check(check_args),
+        Command::Show(show_args) => inspect::run_show(show_args),
     };
     match result {
         Ok(()) => ExitCode::from(exit::SUCCESS),

@@ -1,0 +1,394 @@
+//! The model, parallel layout and machine a planning command works on: a preset, then a TOML
+//! file's fields, then command-line flags, each overriding the one before.
+//!
+//! The TOML file (`--config FILE`) has up to three tables; every key is optional:
+//!
+//! ```toml
+//! [model]
+//! preset = "7b"            # 7b, 13b, 30b, 65b
+//! layers = 32
+//! hidden = 4096
+//! heads = 32
+//! ffn_hidden = 16384
+//! vocab = 50257
+//! seq_len = "1M"           # tokens: K and M are binary (1M = 1,048,576)
+//! micro_batch = 1
+//!
+//! [parallel]
+//! tensor = 8               # t: tensor/sequence-parallel degree
+//! data = 1                 # d: data-parallel degree
+//!
+//! [machine]
+//! preset = "a800x8"        # a800x8, h100x8, h200x1, mi300x8
+//! device_memory = "80GiB"
+//! host_memory_per_node = "2TiB"
+//! gpus_per_node = 8
+//! d2h = "25GB/s"
+//! h2d = "25GB/s"
+//! gpus_sharing_uplink = 1
+//! peak_flops = "312T"
+//! achieved_flops = "187T"
+//! layer_forward_s = 1.25   # a measured forward time of one layer, replacing the FLOP estimate
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use memo_plan_core::model::{Hardware, ModelConfig, Parallelism, HARDWARE_PRESETS, MODEL_PRESETS};
+use memo_plan_core::trace;
+use serde::Deserialize;
+
+use crate::exit::{self, Failure};
+
+/// The flags every planning command shares.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConfigArgs {
+    /// Model preset (7b, 13b, 30b, 65b)
+    #[arg(long, value_name = "NAME")]
+    pub model: Option<String>,
+
+    /// Tokens per sequence; K and M are binary (1M = 1,048,576)
+    #[arg(long, value_name = "TOKENS", value_parser = parse_tokens)]
+    pub seq: Option<u64>,
+
+    /// Machine preset (a800x8, h100x8, h200x1, mi300x8)
+    #[arg(long, value_name = "NAME")]
+    pub machine: Option<String>,
+
+    /// Tensor/sequence-parallel degree t (default 1)
+    #[arg(long, value_name = "T")]
+    pub tp: Option<u64>,
+
+    /// Data-parallel degree d (default 1)
+    #[arg(long, value_name = "D")]
+    pub dp: Option<u64>,
+
+    /// A TOML file with [model], [parallel] and [machine] tables; flags override it
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Sequences per micro-batch
+    #[arg(long, value_name = "B", help_heading = "Model overrides")]
+    pub micro_batch: Option<u64>,
+    /// Transformer layers
+    #[arg(long, value_name = "N", help_heading = "Model overrides")]
+    pub layers: Option<u32>,
+    /// Hidden size
+    #[arg(long, value_name = "H", help_heading = "Model overrides")]
+    pub hidden: Option<u64>,
+    /// Attention heads
+    #[arg(long, value_name = "A", help_heading = "Model overrides")]
+    pub heads: Option<u64>,
+    /// MLP width (default 4 x hidden)
+    #[arg(long, value_name = "F", help_heading = "Model overrides")]
+    pub ffn_hidden: Option<u64>,
+    /// Vocabulary size
+    #[arg(long, value_name = "V", help_heading = "Model overrides")]
+    pub vocab: Option<u64>,
+
+    /// Memory of one GPU (e.g. 80GiB)
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, help_heading = "Machine overrides")]
+    pub device_memory: Option<u64>,
+    /// Host memory of one node (e.g. 2TiB)
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes, help_heading = "Machine overrides")]
+    pub host_memory: Option<u64>,
+    /// GPUs in one node
+    #[arg(long, value_name = "N", help_heading = "Machine overrides")]
+    pub gpus_per_node: Option<u64>,
+    /// Device-to-host bandwidth of one GPU (e.g. 25GB/s)
+    #[arg(long, value_name = "RATE", value_parser = parse_rate, help_heading = "Machine overrides")]
+    pub d2h: Option<u64>,
+    /// Host-to-device bandwidth of one GPU (e.g. 25GB/s)
+    #[arg(long, value_name = "RATE", value_parser = parse_rate, help_heading = "Machine overrides")]
+    pub h2d: Option<u64>,
+    /// GPUs sharing one host uplink
+    #[arg(long, value_name = "N", help_heading = "Machine overrides")]
+    pub gpus_sharing_uplink: Option<u64>,
+    /// Dense bf16 peak FLOP/s of one GPU (e.g. 312T)
+    #[arg(long, value_name = "RATE", value_parser = parse_rate, help_heading = "Machine overrides")]
+    pub peak_flops: Option<u64>,
+    /// FLOP/s one GPU sustains (e.g. 187T)
+    #[arg(long, value_name = "RATE", value_parser = parse_rate, help_heading = "Machine overrides")]
+    pub achieved_flops: Option<u64>,
+    /// A measured forward time of one layer, in seconds
+    #[arg(long, value_name = "SECONDS", help_heading = "Machine overrides")]
+    pub layer_time: Option<f64>,
+}
+
+/// A resolved configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub model: ModelConfig,
+    pub parallel: Parallelism,
+    pub hardware: Hardware,
+}
+
+/// A number in a TOML file: an integer, or a string with a unit.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Quantity {
+    Integer(u64),
+    Text(String),
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    model: ModelTable,
+    #[serde(default)]
+    parallel: ParallelTable,
+    #[serde(default)]
+    machine: MachineTable,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelTable {
+    preset: Option<String>,
+    layers: Option<u32>,
+    hidden: Option<u64>,
+    heads: Option<u64>,
+    ffn_hidden: Option<u64>,
+    vocab: Option<u64>,
+    seq_len: Option<Quantity>,
+    micro_batch: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ParallelTable {
+    tensor: Option<u64>,
+    data: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MachineTable {
+    preset: Option<String>,
+    device_memory: Option<Quantity>,
+    host_memory_per_node: Option<Quantity>,
+    gpus_per_node: Option<u64>,
+    d2h: Option<Quantity>,
+    h2d: Option<Quantity>,
+    gpus_sharing_uplink: Option<u64>,
+    peak_flops: Option<Quantity>,
+    achieved_flops: Option<Quantity>,
+    layer_forward_s: Option<f64>,
+}
+
+/// Tokens: a whole number, or with K or M (binary: 1K = 1024, 1M = 1,048,576).
+pub fn parse_tokens(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (digits, multiplier) = match text.strip_suffix(['K', 'k']) {
+        Some(digits) => (digits, 1u64 << 10),
+        None => match text.strip_suffix('M') {
+            Some(digits) => (digits, 1 << 20),
+            None => (text, 1),
+        },
+    };
+    digits
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(multiplier))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| "expected a token count such as 32768, 256K or 1M (K and M are binary)".to_string())
+}
+
+/// Bytes: a whole number with an optional unit (K, M, G, T, KB..TB decimal; KiB..TiB binary).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    trace::parse_size(text.trim()).ok_or_else(|| {
+        "expected a byte count such as 80GiB, 2TiB or 512MB (KiB..TiB binary, K..TB decimal)".to_string()
+    })
+}
+
+/// A rate per second: a byte count or a plain number with a decimal unit, `/s` optional
+/// (25GB/s, 312T).
+pub fn parse_rate(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let text = text.strip_suffix("/s").unwrap_or(text);
+    trace::parse_size(text.trim())
+        .filter(|&n| n > 0)
+        .ok_or_else(|| "expected a rate such as 25GB/s or 312T (units K, M, G, T decimal; KiB..TiB binary)".to_string())
+}
+
+fn quantity(value: &Quantity, parse: fn(&str) -> Result<u64, String>, file: &str, key: &str) -> Result<u64, Failure> {
+    match value {
+        Quantity::Integer(n) => Ok(*n),
+        Quantity::Text(text) => {
+            parse(text).map_err(|e| Failure::new(exit::BAD_INPUT, format!("{file}: {key} = {text:?}: {e}")))
+        }
+    }
+}
+
+fn preset_names<T>(presets: &[T], name: fn(&T) -> &'static str) -> String {
+    presets.iter().map(name).collect::<Vec<_>>().join(", ")
+}
+
+impl ConfigArgs {
+    /// Resolves preset, file and flags into one configuration.
+    pub fn resolve(&self) -> Result<Config, Failure> {
+        let (file, file_name) = match &self.config {
+            Some(path) => (read_file(path)?, path.display().to_string()),
+            None => (File::default(), String::new()),
+        };
+        let file_name = file_name.as_str();
+        let seq = match (self.seq, &file.model.seq_len) {
+            (Some(seq), _) => seq,
+            (None, Some(q)) => quantity(q, parse_tokens, file_name, "model.seq_len")?,
+            (None, None) => {
+                return Err(Failure::new(exit::BAD_INPUT, "no sequence length: give --seq (e.g. --seq 1M)"));
+            }
+        };
+        let micro_batch = self.micro_batch.or(file.model.micro_batch).unwrap_or(1);
+        let model_name = self.model.clone().or(file.model.preset.clone());
+        let mut model = match &model_name {
+            Some(name) => ModelConfig::preset(name, seq, micro_batch).map_err(|_| {
+                Failure::new(
+                    exit::BAD_INPUT,
+                    format!(
+                        "unknown model preset {name:?}: use one of {} or give the shape in --config",
+                        preset_names(MODEL_PRESETS, |p| p.name)
+                    ),
+                )
+            })?,
+            None => {
+                let m = &file.model;
+                match (m.layers.or(self.layers), m.hidden.or(self.hidden), m.heads.or(self.heads)) {
+                    (Some(layers), Some(hidden), Some(heads)) => {
+                        ModelConfig::new("custom", layers, hidden, heads, seq, micro_batch)
+                    }
+                    _ => {
+                        return Err(Failure::new(
+                            exit::BAD_INPUT,
+                            "no model: give --model 7b (or 13b, 30b, 65b), or layers, hidden and heads",
+                        ));
+                    }
+                }
+            }
+        };
+        let m = &file.model;
+        apply(&mut model.layers, [m.layers, self.layers]);
+        apply(&mut model.hidden, [m.hidden, self.hidden]);
+        apply(&mut model.heads, [m.heads, self.heads]);
+        // A new hidden size moves the default MLP width with it.
+        if m.hidden.or(self.hidden).is_some() {
+            model.ffn_hidden = model.hidden.saturating_mul(4);
+        }
+        apply(&mut model.ffn_hidden, [m.ffn_hidden, self.ffn_hidden]);
+        apply(&mut model.vocab, [m.vocab, self.vocab]);
+
+        let parallel = Parallelism::new(
+            self.tp.or(file.parallel.tensor).unwrap_or(1),
+            self.dp.or(file.parallel.data).unwrap_or(1),
+        );
+
+        let machine_name = self.machine.clone().or(file.machine.preset.clone()).ok_or_else(|| {
+            Failure::new(
+                exit::BAD_INPUT,
+                format!("no machine: give --machine with one of {}", preset_names(HARDWARE_PRESETS, |p| p.name)),
+            )
+        })?;
+        let mut hardware = Hardware::preset(&machine_name).map_err(|_| {
+            Failure::new(
+                exit::BAD_INPUT,
+                format!(
+                    "unknown machine preset {machine_name:?}: use one of {}",
+                    preset_names(HARDWARE_PRESETS, |p| p.name)
+                ),
+            )
+        })?;
+        let f = &file.machine;
+        let q = |value: &Option<Quantity>, parse, key| -> Result<Option<u64>, Failure> {
+            value.as_ref().map(|v| quantity(v, parse, file_name, key)).transpose()
+        };
+        apply(
+            &mut hardware.device_memory_bytes,
+            [q(&f.device_memory, parse_bytes, "machine.device_memory")?, self.device_memory],
+        );
+        apply(
+            &mut hardware.host_memory_per_node_bytes,
+            [q(&f.host_memory_per_node, parse_bytes, "machine.host_memory_per_node")?, self.host_memory],
+        );
+        apply(&mut hardware.gpus_per_node, [f.gpus_per_node, self.gpus_per_node]);
+        apply(&mut hardware.d2h_bytes_per_s, [q(&f.d2h, parse_rate, "machine.d2h")?, self.d2h]);
+        apply(&mut hardware.h2d_bytes_per_s, [q(&f.h2d, parse_rate, "machine.h2d")?, self.h2d]);
+        apply(&mut hardware.gpus_sharing_uplink, [f.gpus_sharing_uplink, self.gpus_sharing_uplink]);
+        let peak = [q(&f.peak_flops, parse_rate, "machine.peak_flops")?, self.peak_flops];
+        apply(&mut hardware.peak_flops, peak);
+        apply(
+            &mut hardware.achieved_flops,
+            [q(&f.achieved_flops, parse_rate, "machine.achieved_flops")?, self.achieved_flops],
+        );
+        if let Some(seconds) = self.layer_time.or(f.layer_forward_s) {
+            hardware.measured_layer_forward_s = Some(seconds);
+        }
+        model.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("model: {e}")))?;
+        parallel.validate_for(&model).map_err(|e| Failure::new(exit::BAD_INPUT, format!("parallel layout: {e}")))?;
+        hardware.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("machine: {e}")))?;
+        Ok(Config { model, parallel, hardware })
+    }
+}
+
+/// Overrides `field` with each given value in turn (later ones win).
+fn apply<T: Copy, const N: usize>(field: &mut T, values: [Option<T>; N]) {
+    for value in values.into_iter().flatten() {
+        *field = value;
+    }
+}
+
+fn read_file(path: &Path) -> Result<File, Failure> {
+    let name = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Failure::new(exit::IO_ERROR, format!("cannot read {name}: {e}; check the path and permissions"))
+    })?;
+    toml::from_str(&text).map_err(|e| {
+        // toml's message names the line and column; keep it on one line.
+        let message = e.to_string().replace('\n', " ");
+        Failure::new(exit::BAD_INPUT, format!("{name}: {message}"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_binary() {
+        assert_eq!(parse_tokens("1M"), Ok(1 << 20));
+        assert_eq!(parse_tokens("256K"), Ok(256 << 10));
+        assert_eq!(parse_tokens("4096"), Ok(4096));
+        assert!(parse_tokens("0").is_err());
+        assert!(parse_tokens("1G").is_err());
+    }
+
+    #[test]
+    fn rates_accept_per_second() {
+        assert_eq!(parse_rate("25GB/s"), Ok(25_000_000_000));
+        assert_eq!(parse_rate("312T"), Ok(312_000_000_000_000));
+        assert!(parse_rate("fast").is_err());
+    }
+
+    #[test]
+    fn flags_override_the_file_which_overrides_the_preset() {
+        let dir = std::env::temp_dir().join(format!("memo-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(
+            &path,
+            "[model]\npreset = \"7b\"\nlayers = 4\nseq_len = \"32K\"\n[machine]\npreset = \"a800x8\"\nd2h = \"10GB/s\"\n",
+        )
+        .unwrap();
+        let args = ConfigArgs { config: Some(path.clone()), layers: Some(6), tp: Some(2), ..ConfigArgs::default() };
+        let config = args.resolve().unwrap();
+        assert_eq!(config.model.layers, 6);
+        assert_eq!(config.model.hidden, 4096);
+        assert_eq!(config.model.seq_len, 32 << 10);
+        assert_eq!(config.hardware.d2h_bytes_per_s, 10_000_000_000);
+        assert_eq!(config.parallel.tensor, 2);
+        std::fs::write(&path, "[model]\npreset = \"7b\"\nlayerz = 4\n").unwrap();
+        let error = ConfigArgs { config: Some(path), ..ConfigArgs::default() }.resolve().unwrap_err();
+        assert!(error.message().contains("layerz"), "{}", error.message());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}

@@ -1,0 +1,232 @@
+//! `memo check` and `memo show`: read a plan file, verify it with the independent checker, and
+//! report on it.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use memo_plan_core::check::plan::check_plan;
+use memo_plan_core::cost;
+use memo_plan_core::plan::{Action, BufferKind, Plan, Stream};
+use memo_plan_core::simulate;
+use serde_json::{json, Value};
+
+use crate::checked;
+use crate::exit::{self, Failure};
+use crate::human;
+
+const CHECK_EXAMPLES: &str = "\
+Examples:
+  memo plan --model 7b --seq 1M --machine a800x8 --tp 8 --strategy memo -o plan.memo
+  memo check plan.memo";
+
+/// The arguments of `memo check`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = format!("{CHECK_EXAMPLES}\n\n{}", exit::HELP))]
+pub struct CheckArgs {
+    /// The plan file
+    #[arg(value_name = "PLAN")]
+    plan: PathBuf,
+
+    /// Print one JSON object instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+const SHOW_EXAMPLES: &str = "\
+Examples:
+  memo show plan.memo
+  memo show plan.memo --json
+  memo show plan.memo --dump-json > plan.json";
+
+/// The arguments of `memo show`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = format!("{SHOW_EXAMPLES}\n\n{}", exit::HELP))]
+pub struct ShowArgs {
+    /// The plan file
+    #[arg(value_name = "PLAN")]
+    plan: PathBuf,
+
+    /// Print the summary as one JSON object
+    #[arg(long, conflicts_with = "dump_json")]
+    json: bool,
+
+    /// Print the whole plan (buffers, instructions) as JSON
+    #[arg(long)]
+    dump_json: bool,
+}
+
+fn write_stdout(text: &str) -> Result<(), Failure> {
+    io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write to standard output: {e}; is the pipe closed?")))
+}
+
+/// Runs `memo check`: every violation on its own line, exit 6 if there is any.
+pub fn run_check(args: &CheckArgs) -> Result<(), Failure> {
+    let plan = checked::read_plan(&args.plan)?;
+    let name = args.plan.display().to_string();
+    let violations = check_plan(&plan).err().unwrap_or_default();
+    let text = if args.json {
+        let list: Vec<String> = violations.iter().map(ToString::to_string).collect();
+        format!(
+            "{}\n",
+            json!({"plan": name, "valid": violations.is_empty(), "buffers": plan.buffers.len(),
+                   "instructions": plan.instructions.len(), "events": plan.events, "violations": list})
+        )
+    } else if violations.is_empty() {
+        format!(
+            "{name}: valid ({} plan, {} buffers, {} instructions, {} events; arena {}, host {})\n",
+            plan.provenance.strategy.name(),
+            plan.buffers.len(),
+            plan.instructions.len(),
+            plan.events,
+            human::bytes(plan.totals.arena_bytes),
+            human::bytes(plan.totals.host_bytes),
+        )
+    } else {
+        let mut out = String::new();
+        for violation in &violations {
+            out.push_str(&format!("{name}: {violation}\n"));
+        }
+        out
+    };
+    write_stdout(&text)?;
+    if violations.is_empty() {
+        Ok(())
+    } else {
+        Err(Failure::new(
+            exit::PLAN_INVALID,
+            format!("{name}: {} violation(s) of the plan rules (spec/validity.md)", violations.len()),
+        ))
+    }
+}
+
+/// Runs `memo show`.
+pub fn run_show(args: &ShowArgs) -> Result<(), Failure> {
+    let plan = checked::read_plan(&args.plan)?;
+    let name = args.plan.display().to_string();
+    if let Err(violations) = check_plan(&plan) {
+        return Err(Failure::new(
+            exit::PLAN_INVALID,
+            format!("{name}: the plan violates {} rule(s); `memo check {name}` lists them", violations.len()),
+        ));
+    }
+    if args.dump_json {
+        return write_stdout(&format!("{}\n", plan.to_json()));
+    }
+    let summary = summarise(&plan)?;
+    let text = if args.json { format!("{}\n", summary.json) } else { summary.text };
+    write_stdout(&text)
+}
+
+struct Summary {
+    text: String,
+    json: Value,
+}
+
+fn summarise(plan: &Plan) -> Result<Summary, Failure> {
+    let p = &plan.provenance;
+    let t = &plan.totals;
+    let timeline = simulate::simulate(plan).map_err(|e| Failure::new(exit::BAD_INPUT, format!("cost model: {e}")))?;
+    let mfu = cost::mfu(&p.model, &p.parallel, &p.hardware, timeline.step_time_s.max(f64::MIN_POSITIVE))
+        .map_err(|e| Failure::new(exit::BAD_INPUT, format!("cost model: {e}")))?;
+    let mut by_kind = Vec::new();
+    for kind in BufferKind::ALL {
+        let (count, bytes) = plan
+            .buffers
+            .iter()
+            .filter(|b| b.kind == kind)
+            .fold((0u64, 0u64), |(n, sum), b| (n + 1, sum.saturating_add(b.bytes().unwrap_or(0))));
+        if count > 0 {
+            by_kind.push((kind, count, bytes));
+        }
+    }
+    let mut per_stream = [[0u64; 4]; 3];
+    for instruction in &plan.instructions {
+        let column = match instruction.action {
+            Action::Launch(_) => 0,
+            Action::Copy { .. } => 1,
+            Action::Record(_) => 2,
+            Action::Wait(_) => 3,
+        };
+        per_stream[instruction.stream.index()][column] += 1;
+    }
+    let mut text = format!(
+        "{} plan: {} ({} layers, h {}, {} heads), {} tokens x {}, t = {}, d = {}, on {}\n",
+        p.strategy.name(),
+        p.model.name,
+        p.model.layers,
+        p.model.hidden,
+        p.model.heads,
+        p.model.seq_len,
+        p.model.micro_batch,
+        p.parallel.tensor,
+        p.parallel.data,
+        p.hardware.name
+    );
+    text.push_str(&format!(
+        "alpha {:.4} ({}), {} rows of each sequence-sharded token-split tensor swapped\n",
+        p.alpha,
+        p.alpha_bound.label(),
+        p.swapped_rows
+    ));
+    text.push_str(&format!(
+        "device arena {} (lower bound {}); host slab {}; GPU memory {}\n",
+        human::bytes(t.arena_bytes),
+        human::bytes(t.arena_lower_bound_bytes),
+        human::bytes(t.host_bytes),
+        human::bytes(p.hardware.device_memory_bytes)
+    ));
+    text.push_str("buffers by kind:\n");
+    for (kind, count, bytes) in &by_kind {
+        text.push_str(&format!("  {:<16} {:>6} buffers {:>12}\n", kind.name(), count, human::binary_units(*bytes)));
+    }
+    text.push_str("instructions (launch / copy / record / wait):\n");
+    for stream in Stream::ALL {
+        let c = per_stream[stream.index()];
+        text.push_str(&format!("  {:<8} {:>6} {:>6} {:>6} {:>6}\n", stream.name(), c[0], c[1], c[2], c[3]));
+    }
+    for (label, s) in
+        [("level 1 forward", &p.level1_forward), ("level 1 backward", &p.level1_backward), ("level 2", &p.level2)]
+    {
+        text.push_str(&format!(
+            "{label}: {} requests, peak {}, lower bound {}, {}\n",
+            s.buffers,
+            human::binary_units(s.peak_bytes),
+            human::binary_units(s.lower_bound_bytes),
+            if s.optimal { "optimal" } else { "not proven optimal" }
+        ));
+    }
+    text.push_str(&format!(
+        "simulated step {:.3} s (compute busy {:.3} s, waiting {:.3} s; d2h busy {:.3} s; h2d busy {:.3} s)\n{}\n",
+        timeline.step_time_s,
+        timeline.busy_s[0],
+        timeline.compute_stall_s(),
+        timeline.busy_s[1],
+        timeline.busy_s[2],
+        mfu
+    ));
+    let json = json!({
+        "strategy": p.strategy.name(),
+        "model": p.model.name,
+        "seq_len": p.model.seq_len,
+        "machine": p.hardware.name,
+        "alpha": p.alpha,
+        "swapped_rows": p.swapped_rows,
+        "arena_bytes": t.arena_bytes,
+        "arena_lower_bound_bytes": t.arena_lower_bound_bytes,
+        "host_bytes": t.host_bytes,
+        "parameter_bytes": t.parameter_bytes,
+        "rounding_buffer_bytes": t.rounding_buffer_bytes,
+        "buffers": plan.buffers.len(),
+        "instructions": plan.instructions.len(),
+        "events": plan.events,
+        "bytes_by_kind": by_kind.iter().map(|(k, n, b)| json!({"kind": k.name(), "buffers": n, "bytes": b})).collect::<Vec<_>>(),
+        "step_time_s": timeline.step_time_s,
+        "compute_stall_s": timeline.compute_stall_s(),
+        "mfu_causal": mfu.causal_halved,
+        "mfu_full": mfu.full,
+    });
+    Ok(Summary { text, json })
+}

@@ -1,0 +1,364 @@
+//! `memo plan`: plan one training step of one GPU for each strategy (or one), check every plan,
+//! print the strategies side by side, optionally write a plan file; `--max-seq` finds the longest
+//! sequence each strategy fits.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use memo_plan_core::plan::Strategy;
+use memo_plan_core::planner::{self, MaxSequence, PlanReport, PlanRequest, PLAN_BUDGET_NODES};
+use memo_plan_core::swap::AlphaBound;
+use serde_json::{json, Value};
+
+use crate::config::{Config, ConfigArgs};
+use crate::exit::{self, Failure};
+use crate::human;
+
+/// What `memo plan --help` says it does.
+pub const LONG_ABOUT: &str = "\
+Plan one training step of one GPU: where every tensor lives in one device arena, what is swapped
+to host memory and what is recomputed, and the program of kernel launches, copies and events on
+three streams. Each plan passes the independent plan checker before it is reported or written.
+
+Without --strategy, all four strategies are planned and shown side by side: memo (token-wise swap
+and recompute), full-recompute (keep layer inputs only), full-swap (MEMO without the token split,
+alpha = 1) and keep-all (keep every activation). Sizes are per GPU.";
+
+const EXAMPLES: &str = "\
+Examples:
+  memo plan --model 7b --seq 1M --machine a800x8 --tp 8
+  memo plan --model 7b --seq 1M --machine a800x8 --tp 8 --strategy memo -o plan.memo
+  memo plan --model 7b --machine a800x8 --tp 8 --max-seq
+  memo plan --config my-cluster.toml --seq 512K --json";
+
+/// The arguments of `memo plan`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = format!("{EXAMPLES}\n\n{}", exit::HELP))]
+pub struct PlanArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+
+    /// Plan only this strategy: memo, full-recompute, full-swap, keep-all
+    #[arg(long, value_name = "NAME", value_parser = parse_strategy)]
+    strategy: Option<Strategy>,
+
+    /// Force memo's swap fraction alpha (0..1) instead of solving MEMO's LP
+    #[arg(long, value_name = "ALPHA")]
+    alpha: Option<f64>,
+
+    /// Find the longest sequence each strategy fits (in steps of 1K tokens)
+    #[arg(long)]
+    max_seq: bool,
+
+    /// Write the plan (needs --strategy) to this file
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+
+    /// Search nodes of each placement problem
+    #[arg(long, value_name = "N", default_value_t = PLAN_BUDGET_NODES)]
+    budget_nodes: u64,
+
+    /// Print JSON instead of the table
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_strategy(text: &str) -> Result<Strategy, String> {
+    Strategy::from_name(text.trim()).ok_or_else(|| "expected memo, full-recompute, full-swap or keep-all".to_string())
+}
+
+/// One planned strategy and how long planning took.
+struct Planned {
+    report: PlanReport,
+    elapsed: Duration,
+}
+
+/// Runs `memo plan`.
+pub fn run(args: &PlanArgs) -> Result<(), Failure> {
+    if args.max_seq {
+        return run_max_seq(args);
+    }
+    let config = args.config.resolve()?;
+    if args.output.is_some() && args.strategy.is_none() {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            "-o writes one plan: choose it with --strategy (e.g. --strategy memo)",
+        ));
+    }
+    let strategies = match args.strategy {
+        Some(strategy) => vec![strategy],
+        None => Strategy::ALL.to_vec(),
+    };
+    let mut planned = Vec::new();
+    for strategy in strategies {
+        let forced_alpha = if strategy == Strategy::Memo { args.alpha } else { None };
+        let request = PlanRequest { forced_alpha, budget_nodes: args.budget_nodes, ..request(&config, strategy) };
+        let started = Instant::now();
+        let report =
+            planner::plan(&request).map_err(|e| Failure::new(exit::BAD_INPUT, format!("{}: {e}", strategy.name())))?;
+        let elapsed = started.elapsed();
+        crate::checked::check(&report.plan)?;
+        planned.push(Planned { report, elapsed });
+    }
+    if let (Some(path), [one]) = (&args.output, planned.as_slice()) {
+        crate::checked::write_plan(path, &one.report.plan)?;
+    }
+    let text = if args.json { json_text(&config, &planned) } else { table(&config, &planned) };
+    write_stdout(&text)?;
+    match (args.strategy, planned.as_slice()) {
+        (Some(strategy), [one]) if !one.report.fits() => Err(Failure::new(
+            exit::DOES_NOT_FIT,
+            format!("the {} plan does not fit: {}", strategy.name(), planner::remedies(&one.report).join("; ")),
+        )),
+        _ => Ok(()),
+    }
+}
+
+fn request(config: &Config, strategy: Strategy) -> PlanRequest {
+    PlanRequest::new(config.model.clone(), config.parallel, config.hardware.clone(), strategy)
+}
+
+fn write_stdout(text: &str) -> Result<(), Failure> {
+    io::stdout()
+        .lock()
+        .write_all(text.as_bytes())
+        .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write to standard output: {e}; is the pipe closed?")))
+}
+
+/// The alpha-bound name the JSON uses.
+fn bound_name(bound: AlphaBound) -> &'static str {
+    match bound {
+        AlphaBound::Bandwidth => "bandwidth",
+        AlphaBound::HostMemory => "host_memory",
+        AlphaBound::None => "none",
+        AlphaBound::Forced => "forced",
+    }
+}
+
+fn heading(config: &Config) -> String {
+    let (m, p, h) = (&config.model, &config.parallel, &config.hardware);
+    format!(
+        "{} ({} layers, h {}, {} heads), {} tokens x {} sequence(s), t = {}, d = {}, on {}: {} per GPU, {} host per node \
+         ({} per GPU)\n",
+        m.name,
+        m.layers,
+        m.hidden,
+        m.heads,
+        m.seq_len,
+        m.micro_batch,
+        p.tensor,
+        p.data,
+        h.name,
+        human::binary_units(h.device_memory_bytes),
+        human::binary_units(h.host_memory_per_node_bytes),
+        human::binary_units(h.host_memory_per_gpu_bytes()),
+    )
+}
+
+fn table(config: &Config, planned: &[Planned]) -> String {
+    let mut out = heading(config);
+    for p in planned {
+        if let Some(swap) = &p.report.swap {
+            if p.report.plan.provenance.strategy == Strategy::Memo {
+                out.push_str(&format!("memo: {swap}\n"));
+            }
+        }
+    }
+    out.push('\n');
+    out.push_str(&format!(
+        "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>10} {:>7} {:>7} {:>9}\n",
+        "strategy", "fits", "device", "arena LB", "params", "rounding", "host/GPU", "step", "MFU-c", "MFU-f", "plan"
+    ));
+    for p in planned {
+        let r = &p.report;
+        let t = &r.plan.totals;
+        out.push_str(&format!(
+            "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9.1}s {:>6.1}% {:>6.1}% {:>9}\n",
+            r.plan.provenance.strategy.name(),
+            if r.fits() { "yes" } else { "NO" },
+            human::binary_units(r.device_bytes()),
+            human::binary_units(t.arena_lower_bound_bytes),
+            human::binary_units(t.parameter_bytes),
+            human::binary_units(t.rounding_buffer_bytes),
+            human::binary_units(t.host_bytes),
+            r.timeline.step_time_s,
+            r.mfu.causal_halved * 100.0,
+            r.mfu.full * 100.0,
+            human::duration(p.elapsed),
+        ));
+    }
+    out.push_str(
+        "\nMFU-c: attention FLOPs halved for the causal mask; MFU-f: attention counted in full (recompute excluded).\n",
+    );
+    for p in planned {
+        let r = &p.report;
+        let prov = &r.plan.provenance;
+        let level = |s: &memo_plan_core::plan::PlacementSummary| {
+            if s.peak_bytes == s.lower_bound_bytes {
+                format!("{} (= lower bound)", human::binary_units(s.peak_bytes))
+            } else {
+                format!(
+                    "{} (lower bound {}, {} above: {})",
+                    human::binary_units(s.peak_bytes),
+                    human::binary_units(s.lower_bound_bytes),
+                    human::binary_units(s.peak_bytes - s.lower_bound_bytes),
+                    if s.optimal { "proven optimal" } else { "not proven optimal" }
+                )
+            }
+        };
+        out.push_str(&format!(
+            "{}: level 1 forward {}, backward {}; level 2 {}",
+            prov.strategy.name(),
+            level(&prov.level1_forward),
+            level(&prov.level1_backward),
+            level(&prov.level2),
+        ));
+        let gap = r.plan.totals.arena_bytes.saturating_sub(r.plan.totals.arena_lower_bound_bytes);
+        if gap > 0 {
+            out.push_str(&format!(
+                "; the arena is {} above the live-bytes bound of the whole step because each level-1 block \
+                 reserves its peak for its whole span",
+                human::binary_units(gap)
+            ));
+        }
+        out.push('\n');
+        for remedy in planner::remedies(r) {
+            out.push_str(&format!("  does not fit: {remedy}\n"));
+        }
+    }
+    out
+}
+
+/// The JSON object of one plan (`spec/cost-model.md` lists the fields).
+pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration) -> Value {
+    let r = planned_report;
+    let prov = &r.plan.provenance;
+    let t = &r.plan.totals;
+    let skeletal = config.model.skeletal_set(&config.parallel).map(|s| s.total_bytes).unwrap_or(0);
+    let summary = |s: &memo_plan_core::plan::PlacementSummary| {
+        json!({"buffers": s.buffers, "peak_bytes": s.peak_bytes, "lower_bound_bytes": s.lower_bound_bytes,
+               "optimal": s.optimal, "nodes": s.nodes})
+    };
+    json!({
+        "strategy": prov.strategy.name(),
+        "model": config.model.name,
+        "seq_len": config.model.seq_len,
+        "micro_batch": config.model.micro_batch,
+        "tensor_parallel": config.parallel.tensor,
+        "data_parallel": config.parallel.data,
+        "machine": config.hardware.name,
+        "alpha": prov.alpha,
+        "alpha_bound": bound_name(prov.alpha_bound),
+        "swapped_rows": prov.swapped_rows,
+        "device_bytes": r.device_bytes(),
+        "arena_bytes": t.arena_bytes,
+        "parameter_bytes": t.parameter_bytes,
+        "rounding_buffer_bytes": t.rounding_buffer_bytes,
+        "arena_lower_bound_bytes": t.arena_lower_bound_bytes,
+        "host_bytes": t.host_bytes,
+        "skeletal_bytes_per_layer": skeletal,
+        "step_time_s": r.timeline.step_time_s,
+        "compute_stall_s": r.timeline.compute_stall_s(),
+        "mfu_causal": r.mfu.causal_halved,
+        "mfu_full": r.mfu.full,
+        "fits": r.fits(),
+        "device_excess_bytes": r.misfit.as_ref().map_or(0, |m| m.device_excess_bytes),
+        "host_excess_bytes": r.misfit.as_ref().map_or(0, |m| m.host_excess_bytes),
+        "remedies": planner::remedies(r),
+        "level1_forward": summary(&prov.level1_forward),
+        "level1_backward": summary(&prov.level1_backward),
+        "level2": summary(&prov.level2),
+        "buffers": r.plan.buffers.len(),
+        "instructions": r.plan.instructions.len(),
+        "plan_time_ms": human::millis(elapsed),
+    })
+}
+
+fn json_text(config: &Config, planned: &[Planned]) -> String {
+    let value = match planned {
+        [one] => plan_json(config, &one.report, one.elapsed),
+        many => json!({"strategies": many.iter().map(|p| plan_json(config, &p.report, p.elapsed)).collect::<Vec<_>>()}),
+    };
+    format!("{value}\n")
+}
+
+/// The longest sequence `--max-seq` searches up to: 64M tokens.
+const MAX_SEQ_LIMIT: u64 = 64 << 20;
+
+fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
+    let mut config_args = args.config.clone();
+    // The search sets the length itself; a given one is only a starting shape.
+    config_args.seq.get_or_insert(1 << 10);
+    let config = config_args.resolve()?;
+    if args.output.is_some() {
+        return Err(Failure::new(exit::BAD_INPUT, "--max-seq writes no plan file: drop -o"));
+    }
+    // 1K tokens, or a multiple of t when t does not divide 1024.
+    let t = config.parallel.tensor;
+    let granularity = if 1024 % t == 0 { 1024 } else { 1024 * t };
+    let strategies = match args.strategy {
+        Some(strategy) => vec![strategy],
+        None => Strategy::ALL.to_vec(),
+    };
+    let mut found: Vec<(MaxSequence, Duration)> = Vec::new();
+    for strategy in strategies {
+        let forced_alpha = if strategy == Strategy::Memo { args.alpha } else { None };
+        let request = PlanRequest { forced_alpha, budget_nodes: args.budget_nodes, ..request(&config, strategy) };
+        let started = Instant::now();
+        let result = planner::max_seq(&request, granularity, MAX_SEQ_LIMIT)
+            .map_err(|e| Failure::new(exit::BAD_INPUT, format!("{}: {e}", strategy.name())))?;
+        if let Some(report) = &result.report {
+            crate::checked::check(&report.plan)?;
+        }
+        found.push((result, started.elapsed()));
+    }
+    let text = if args.json {
+        let rows: Vec<Value> = found
+            .iter()
+            .map(|(m, elapsed)| {
+                json!({
+                    "strategy": m.strategy.name(),
+                    "max_seq_len": m.seq_len,
+                    "plans_made": m.plans_made,
+                    "search_time_ms": human::millis(*elapsed),
+                    "plan": m.report.as_ref().map(|r| {
+                        let mut c = config.clone();
+                        c.model.seq_len = r.plan.provenance.model.seq_len;
+                        plan_json(&c, r, Duration::ZERO)
+                    }),
+                })
+            })
+            .collect();
+        format!("{}\n", json!({ "granularity": granularity, "max_seq": rows }))
+    } else {
+        let mut out = heading(&config).replacen(&format!("{} tokens", config.model.seq_len), "longest sequence", 1);
+        out.push_str(&format!(
+            "\n{:<15} {:>12} {:>8} {:>11} {:>11} {:>10} {:>7} {:>9}\n",
+            "strategy", "max tokens", "(K)", "device", "host/GPU", "step", "MFU-c", "search"
+        ));
+        for (m, elapsed) in &found {
+            match (&m.seq_len, &m.report) {
+                (Some(tokens), Some(r)) => out.push_str(&format!(
+                    "{:<15} {:>12} {:>7}K {:>11} {:>11} {:>9.1}s {:>6.1}% {:>9}\n",
+                    m.strategy.name(),
+                    tokens,
+                    tokens >> 10,
+                    human::binary_units(r.device_bytes()),
+                    human::binary_units(r.plan.totals.host_bytes),
+                    r.timeline.step_time_s,
+                    r.mfu.causal_halved * 100.0,
+                    human::duration(*elapsed),
+                )),
+                _ => out.push_str(&format!(
+                    "{:<15} {:>12}   (not even {granularity} tokens fit)\n",
+                    m.strategy.name(),
+                    "none"
+                )),
+            }
+        }
+        out.push_str(&format!("\nSearched multiples of {granularity} tokens up to {MAX_SEQ_LIMIT}.\n"));
+        out
+    };
+    write_stdout(&text)
+}
