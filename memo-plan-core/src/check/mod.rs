@@ -2,5 +2,7 @@
 //! everything they need; they never call the solver (so they can catch its bugs).
 
 pub mod placement;
+pub mod plan;
 
 pub use placement::{check_placement, PlacementViolation};
+pub use plan::{check_plan, PlanViolation};

@@ -1,0 +1,642 @@
+//! The plan checker: is a [`Plan`] a safe program? The rules are `spec/validity.md`; the
+//! semantics are those of [`crate::plan`].
+//!
+//! It imports only the plan's types and recomputes everything it needs from the buffers and
+//! instructions; it shares no code with the solver, the lifetimes or the scheduler, so it can
+//! catch their bugs. It reports every violation it finds, sorted by (instruction, buffer).
+//!
+//! The algorithm is one pass over the instructions in list order:
+//! - *happens-before* by vector clocks over the three streams: each instruction ticks its
+//!   stream's own component; `Record(e)` stores the stream's clock in `e`; `Wait(e)` joins `e`'s
+//!   clock into the waiting stream's. An access `A` happens-before the current instruction iff
+//!   they are on the same stream or `A`'s tick is at most what the current stream knows of `A`'s
+//!   stream;
+//! - *byte state* per address space (the arena and the host slab; buffers alias in the arena, so
+//!   the state belongs to bytes, not buffers): an ordered map of disjoint byte segments, each
+//!   with its last writer and the latest reader on each stream since that write (the latest read
+//!   of a stream happens-before a write only if all of that stream's earlier reads do, so one per
+//!   stream is enough). Reads of an instruction are checked and recorded before its writes.
+//!
+//! Live ranges and totals are recomputed separately; the overlap test sorts the live device
+//! buffers by the start of their live range and compares each with those that start before it
+//! ends (quadratic only in buffers live at once).
+
+mod violation;
+
+#[cfg(test)]
+mod tests;
+
+use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
+
+use crate::plan::{Access, Action, BufferId, BufferKind, EventId, Launch, Place, Plan, Region, Stream};
+
+pub use violation::{BufferRef, ByteRange, PlanViolation, Space, Total};
+
+/// Checks `plan` against every rule of `spec/validity.md`; returns all violations, sorted by
+/// [`PlanViolation::sort_key`], or `Ok(())`. Never panics, whatever the plan holds.
+pub fn check_plan(plan: &Plan) -> Result<(), Vec<PlanViolation>> {
+    let mut violations = Vec::new();
+    let extents = check_buffers(plan, &mut violations);
+    Simulation::new(plan, &extents).run(&mut violations);
+    let live = live_ranges(plan);
+    check_overlap(plan, &extents, &live, &mut violations);
+    check_totals(plan, &extents, &live, &mut violations);
+    if violations.is_empty() {
+        return Ok(());
+    }
+    violations.sort_by_key(PlanViolation::sort_key);
+    Err(violations)
+}
+
+/// Where a buffer's bytes are: its space, first byte, size and end (`None` when its size
+/// overflows).
+#[derive(Clone, Copy)]
+struct Extent {
+    space: Space,
+    start: u64,
+    bytes: u64,
+    end: u128,
+}
+
+fn buffer_ref(plan: &Plan, id: BufferId) -> Option<BufferRef> {
+    plan.buffer(id).map(|&buffer| BufferRef { id, buffer })
+}
+
+fn id_of(index: usize) -> BufferId {
+    BufferId(u32::try_from(index).unwrap_or(u32::MAX))
+}
+
+/// Rule 1 for buffers (size, kind vs place) and rule 6's "inside the arena / host slab".
+fn check_buffers(plan: &Plan, out: &mut Vec<PlanViolation>) -> Vec<Option<Extent>> {
+    let mut extents = Vec::with_capacity(plan.buffers.len());
+    for (index, &buffer) in plan.buffers.iter().enumerate() {
+        let this = BufferRef { id: id_of(index), buffer };
+        let (space, start) = match buffer.place {
+            Place::Device { offset } => (Space::Arena, offset),
+            Place::Host { offset } => (Space::HostSlab, offset),
+        };
+        if (buffer.kind == BufferKind::HostSlot) != (space == Space::HostSlab) {
+            out.push(PlanViolation::PlaceMismatch { buffer: this });
+        }
+        let Some(bytes) = buffer.bytes() else {
+            out.push(PlanViolation::SizeOverflow { buffer: this });
+            extents.push(None);
+            continue;
+        };
+        let end = u128::from(start) + u128::from(bytes);
+        if bytes > 0 {
+            match space {
+                Space::Arena if end > u128::from(plan.totals.arena_bytes) => {
+                    out.push(PlanViolation::OutsideArena { buffer: this, end, arena_bytes: plan.totals.arena_bytes })
+                }
+                Space::HostSlab if end > u128::from(plan.totals.host_bytes) => {
+                    out.push(PlanViolation::OutsideHostSlab { buffer: this, end, host_bytes: plan.totals.host_bytes })
+                }
+                _ => {}
+            }
+        }
+        extents.push(Some(Extent { space, start, bytes, end }));
+    }
+    extents
+}
+
+/// One access of bytes: who made it, and its tick on its stream.
+#[derive(Clone, Copy, Debug)]
+struct Touch {
+    instruction: usize,
+    buffer: BufferId,
+    stream: Stream,
+    tick: u64,
+}
+
+impl Touch {
+    /// Whether this access happens-before an instruction on `stream` whose clock is `clock`.
+    fn happens_before(&self, stream: Stream, clock: &[u64; 3]) -> bool {
+        self.stream == stream || self.tick <= clock[self.stream.index()]
+    }
+}
+
+/// The state of a run of bytes.
+#[derive(Clone, Copy, Debug, Default)]
+struct Cell {
+    writer: Option<Touch>,
+    readers: [Option<Touch>; 3],
+}
+
+/// One address space: disjoint segments `start -> (end, cell)` covering `[0, u64::MAX)`.
+struct Bytes {
+    segments: BTreeMap<u64, (u64, Cell)>,
+}
+
+impl Bytes {
+    fn new() -> Self {
+        let mut segments = BTreeMap::new();
+        segments.insert(0, (u64::MAX, Cell::default()));
+        Bytes { segments }
+    }
+
+    /// Makes `at` a segment boundary.
+    fn split(&mut self, at: u64) {
+        let Some((&start, &(end, cell))) = self.segments.range(..=at).next_back() else { return };
+        if start < at && at < end {
+            self.segments.insert(start, (at, cell));
+            self.segments.insert(at, (end, cell));
+        }
+    }
+
+    /// The segments of `[start, end)`, split so they lie inside it.
+    fn range_mut(&mut self, start: u64, end: u64) -> impl Iterator<Item = (&u64, &mut (u64, Cell))> {
+        self.split(start);
+        self.split(end);
+        self.segments.range_mut(start..end)
+    }
+}
+
+/// A launch argument or copy side, resolved: the buffer, its space, and the bytes it selects
+/// (`None` when the rows are out of bounds or the bytes leave 64-bit addresses).
+#[derive(Clone, Copy)]
+struct Resolved {
+    buffer: BufferRef,
+    space: Space,
+    bytes: Option<ByteRange>,
+}
+
+/// What went wrong on some bytes of one access, before it becomes a [`PlanViolation`].
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Problem {
+    Unwritten,
+    Clobbered,
+    NotReady,
+    RaceWithRead,
+    RaceWithWrite,
+}
+
+/// The pass over the instructions: rules 1 (instructions), 2, 3, 4 and 5.
+struct Simulation<'p> {
+    plan: &'p Plan,
+    extents: &'p [Option<Extent>],
+    /// Each stream's vector clock.
+    clocks: [[u64; 3]; 3],
+    /// Event -> (the Record, the recording stream's clock). A map, not a vector: `plan.events`
+    /// may be any u32.
+    recorded: BTreeMap<u32, (usize, [u64; 3])>,
+    /// Event -> its first Record in list order.
+    first_record: BTreeMap<u32, usize>,
+    arena: Bytes,
+    host: Bytes,
+}
+
+impl<'p> Simulation<'p> {
+    fn new(plan: &'p Plan, extents: &'p [Option<Extent>]) -> Self {
+        let mut first_record = BTreeMap::new();
+        for (index, instruction) in plan.instructions.iter().enumerate() {
+            if let Action::Record(event) = instruction.action {
+                first_record.entry(event.0).or_insert(index);
+            }
+        }
+        Simulation {
+            plan,
+            extents,
+            clocks: [[0; 3]; 3],
+            recorded: BTreeMap::new(),
+            first_record,
+            arena: Bytes::new(),
+            host: Bytes::new(),
+        }
+    }
+
+    fn run(mut self, out: &mut Vec<PlanViolation>) {
+        let plan = self.plan;
+        for (index, instruction) in plan.instructions.iter().enumerate() {
+            let stream = instruction.stream;
+            let s = stream.index();
+            self.clocks[s][s] = self.clocks[s][s].saturating_add(1);
+            match &instruction.action {
+                Action::Launch(launch) => self.launch(index, stream, launch, out),
+                Action::Copy { src, dst } => {
+                    let src = self.resolve(index, *src, out);
+                    let dst = self.resolve(index, *dst, out);
+                    if let (Some(src), Some(dst)) = (src, dst) {
+                        self.check_copy(index, stream, src, dst, out);
+                    }
+                    if let Some(src) = src {
+                        self.read(index, stream, src, out);
+                    }
+                    if let Some(dst) = dst {
+                        self.write(index, stream, dst, out);
+                    }
+                }
+                Action::Record(event) => {
+                    if self.event_exists(index, *event, out) {
+                        if let Some(&(first, _)) = self.recorded.get(&event.0) {
+                            out.push(PlanViolation::DoubleRecord { instruction: index, event: *event, first });
+                        } else {
+                            self.recorded.insert(event.0, (index, self.clocks[s]));
+                        }
+                    }
+                }
+                Action::Wait(event) => {
+                    if self.event_exists(index, *event, out) {
+                        if let Some(&(_, clock)) = self.recorded.get(&event.0) {
+                            for (mine, theirs) in self.clocks[s].iter_mut().zip(clock) {
+                                *mine = (*mine).max(theirs);
+                            }
+                        } else if let Some(&record) = self.first_record.get(&event.0) {
+                            out.push(PlanViolation::WaitBeforeRecord { instruction: index, event: *event, record });
+                        } else {
+                            out.push(PlanViolation::WaitUnrecorded { instruction: index, event: *event });
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rule 1 for a launch, then its reads and its writes (rules 4 and 5).
+    fn launch(&mut self, index: usize, stream: Stream, launch: &Launch, out: &mut Vec<PlanViolation>) {
+        if stream != Stream::Compute {
+            out.push(PlanViolation::LaunchOffCompute { instruction: index, op: launch.op, stream });
+        }
+        let signature = launch.op.signature();
+        if signature.len() != launch.args.len() {
+            out.push(PlanViolation::WrongArgCount {
+                instruction: index,
+                op: launch.op,
+                expected: signature.len(),
+                found: launch.args.len(),
+            });
+        }
+        let mut accesses = Vec::with_capacity(launch.args.len());
+        for (position, arg) in launch.args.iter().enumerate() {
+            let resolved = self.resolve(index, arg.region, out);
+            // The op's semantics decide what the runtime does; the arg's own mark
+            // only counts past the end of the signature.
+            let access = match signature.get(position) {
+                Some(&(_, expected)) if expected != arg.access => {
+                    out.push(PlanViolation::WrongAccess {
+                        instruction: index,
+                        op: launch.op,
+                        arg: position,
+                        buffer: resolved.map(|r| r.buffer),
+                        expected,
+                        found: arg.access,
+                    });
+                    expected
+                }
+                Some(&(_, expected)) => expected,
+                None => arg.access,
+            };
+            if let Some(resolved) = resolved {
+                if resolved.space == Space::HostSlab {
+                    out.push(PlanViolation::LaunchOnHost {
+                        instruction: index,
+                        op: launch.op,
+                        buffer: resolved.buffer,
+                    });
+                }
+                accesses.push((resolved, access));
+            }
+        }
+        for &(resolved, access) in &accesses {
+            if access.reads() {
+                self.read(index, stream, resolved, out);
+            }
+        }
+        for &(resolved, access) in &accesses {
+            if access.writes() {
+                self.write(index, stream, resolved, out);
+            }
+        }
+    }
+
+    fn event_exists(&self, instruction: usize, event: EventId, out: &mut Vec<PlanViolation>) -> bool {
+        let exists = event.0 < self.plan.events;
+        if !exists {
+            out.push(PlanViolation::NoSuchEvent { instruction, event, events: self.plan.events });
+        }
+        exists
+    }
+
+    /// Checks the region's buffer id and rows; `None` when the buffer does not exist.
+    fn resolve(&self, instruction: usize, region: Region, out: &mut Vec<PlanViolation>) -> Option<Resolved> {
+        let Some(buffer) = buffer_ref(self.plan, region.buffer) else {
+            out.push(PlanViolation::NoSuchBuffer {
+                instruction,
+                buffer: region.buffer,
+                buffers: self.plan.buffers.len(),
+            });
+            return None;
+        };
+        let space = match buffer.buffer.place {
+            Place::Device { .. } => Space::Arena,
+            Place::Host { .. } => Space::HostSlab,
+        };
+        let mut resolved = Resolved { buffer, space, bytes: None };
+        if region.start > region.end || region.end > buffer.buffer.rows {
+            out.push(PlanViolation::RowsOutOfBounds { instruction, buffer, start: region.start, end: region.end });
+            return Some(resolved);
+        }
+        if let Some(Some(extent)) = self.extents.get(region.buffer.index()) {
+            // In bounds and the size fits, so these products fit in u64; the sums may not.
+            let row_bytes = u128::from(buffer.buffer.row_bytes);
+            let start = u128::from(extent.start) + u128::from(region.start) * row_bytes;
+            let end = u128::from(extent.start) + u128::from(region.end) * row_bytes;
+            if let (Ok(start), Ok(end)) = (u64::try_from(start), u64::try_from(end)) {
+                resolved.bytes = Some(ByteRange { space, start, end });
+            }
+        }
+        Some(resolved)
+    }
+
+    /// Rule 1 for copies: host <-> device, on the stream of its direction, equal byte counts.
+    fn check_copy(
+        &self,
+        instruction: usize,
+        stream: Stream,
+        src: Resolved,
+        dst: Resolved,
+        out: &mut Vec<PlanViolation>,
+    ) {
+        match (src.space, dst.space) {
+            (Space::Arena, Space::HostSlab) | (Space::HostSlab, Space::Arena) => {
+                let expected = if src.space == Space::Arena { Stream::DeviceToHost } else { Stream::HostToDevice };
+                if stream != expected {
+                    out.push(PlanViolation::CopyWrongStream { instruction, stream, expected });
+                }
+            }
+            _ => out.push(PlanViolation::CopyNotHostDevice { instruction, src: src.buffer, dst: dst.buffer }),
+        }
+        if let (Some(s), Some(d)) = (src.bytes, dst.bytes) {
+            let (src_bytes, dst_bytes) = (s.end - s.start, d.end - d.start);
+            if src_bytes != dst_bytes {
+                out.push(PlanViolation::CopySizeMismatch {
+                    instruction,
+                    src: src.buffer,
+                    src_bytes,
+                    dst: dst.buffer,
+                    dst_bytes,
+                });
+            }
+        }
+    }
+
+    fn space(&mut self, space: Space) -> &mut Bytes {
+        match space {
+            Space::Arena => &mut self.arena,
+            Space::HostSlab => &mut self.host,
+        }
+    }
+
+    /// Rule 4: the bytes read hold this buffer's data, written before the read.
+    fn read(&mut self, instruction: usize, stream: Stream, target: Resolved, out: &mut Vec<PlanViolation>) {
+        let Some(range) = target.bytes.filter(|r| r.start < r.end) else { return };
+        let clock = self.clocks[stream.index()];
+        let me = Touch { instruction, buffer: target.buffer.id, stream, tick: clock[stream.index()] };
+        let initialised = target.buffer.buffer.kind.initialised_before_step();
+        let mut found = Findings::default();
+        for (&start, (end, cell)) in self.space(range.space).range_mut(range.start, range.end) {
+            match cell.writer {
+                None if !initialised => found.add(Problem::Unwritten, None, start, *end),
+                None => {}
+                Some(writer) if writer.buffer != me.buffer => found.add(Problem::Clobbered, Some(writer), start, *end),
+                Some(writer) if !writer.happens_before(stream, &clock) => {
+                    found.add(Problem::NotReady, Some(writer), start, *end)
+                }
+                Some(_) => {}
+            }
+            cell.readers[stream.index()] = Some(me);
+        }
+        found.report(self.plan, me, target.buffer, range.space, out);
+    }
+
+    /// Rule 5: every earlier access of the bytes on another stream happens-before the write.
+    fn write(&mut self, instruction: usize, stream: Stream, target: Resolved, out: &mut Vec<PlanViolation>) {
+        let Some(range) = target.bytes.filter(|r| r.start < r.end) else { return };
+        let clock = self.clocks[stream.index()];
+        let me = Touch { instruction, buffer: target.buffer.id, stream, tick: clock[stream.index()] };
+        let mut found = Findings::default();
+        for (&start, (end, cell)) in self.space(range.space).range_mut(range.start, range.end) {
+            if let Some(writer) = cell.writer.filter(|w| !w.happens_before(stream, &clock)) {
+                found.add(Problem::RaceWithWrite, Some(writer), start, *end);
+            }
+            for reader in cell.readers.iter().flatten().filter(|r| !r.happens_before(stream, &clock)) {
+                found.add(Problem::RaceWithRead, Some(*reader), start, *end);
+            }
+            *cell = Cell { writer: Some(me), readers: [None; 3] };
+        }
+        found.report(self.plan, me, target.buffer, range.space, out);
+    }
+}
+
+/// The problems of one access, merged per (problem, other instruction) into spanning ranges. A
+/// map, so an access over bytes written by thousands of instructions stays linear-logarithmic.
+#[derive(Default)]
+struct Findings {
+    /// (problem, other instruction) -> (the other access, first byte, end).
+    items: BTreeMap<(Problem, Option<usize>), Finding>,
+}
+
+/// The other access of a finding and the bytes `[start, end)` spanning it.
+type Finding = (Option<Touch>, u64, u64);
+
+impl Findings {
+    fn add(&mut self, problem: Problem, other: Option<Touch>, start: u64, end: u64) {
+        let item = self.items.entry((problem, other.map(|o| o.instruction))).or_insert((other, start, end));
+        item.1 = item.1.min(start);
+        item.2 = item.2.max(end);
+    }
+
+    fn report(self, plan: &Plan, me: Touch, buffer: BufferRef, space: Space, out: &mut Vec<PlanViolation>) {
+        let instruction = me.instruction;
+        for ((problem, _), (other, start, end)) in self.items {
+            let bytes = ByteRange { space, start, end };
+            let other_ref = other.and_then(|o| buffer_ref(plan, o.buffer));
+            out.push(match (problem, other, other_ref) {
+                (Problem::Clobbered, Some(w), Some(writer_buffer)) => {
+                    PlanViolation::ReadClobbered { instruction, buffer, bytes, writer: w.instruction, writer_buffer }
+                }
+                (Problem::NotReady, Some(w), _) => PlanViolation::ReadNotReady {
+                    instruction,
+                    stream: me.stream,
+                    buffer,
+                    bytes,
+                    writer: w.instruction,
+                    writer_stream: w.stream,
+                },
+                (Problem::RaceWithRead | Problem::RaceWithWrite, Some(o), Some(other_buffer)) => PlanViolation::Race {
+                    instruction,
+                    stream: me.stream,
+                    buffer,
+                    bytes,
+                    other: o.instruction,
+                    other_stream: o.stream,
+                    other_buffer,
+                    other_access: if problem == Problem::RaceWithRead { Access::Read } else { Access::Write },
+                },
+                // Unwritten, and (unreachable) findings whose other party is missing.
+                _ => PlanViolation::ReadUnwritten { instruction, buffer, bytes },
+            });
+        }
+    }
+}
+
+/// Each buffer's live range `[first, last]` in instruction indices (rule 6): from its first
+/// touch (0 if it holds data before the step) to its last touch (the last instruction for the
+/// kinds that persist across steps). `None`: never touched and empty before the step, or a plan
+/// without instructions.
+fn live_ranges(plan: &Plan) -> Vec<Option<(usize, usize)>> {
+    let mut touched: Vec<Option<(usize, usize)>> = alloc::vec![None; plan.buffers.len()];
+    let mut touch = |region: &Region, index: usize| {
+        if let Some(slot) = touched.get_mut(region.buffer.index()) {
+            *slot = Some(slot.map_or((index, index), |(first, last)| (first.min(index), last.max(index))));
+        }
+    };
+    for (index, instruction) in plan.instructions.iter().enumerate() {
+        match &instruction.action {
+            Action::Launch(launch) => launch.args.iter().for_each(|arg| touch(&arg.region, index)),
+            Action::Copy { src, dst } => {
+                touch(src, index);
+                touch(dst, index);
+            }
+            Action::Record(_) | Action::Wait(_) => {}
+        }
+    }
+    let Some(last_instruction) = plan.instructions.len().checked_sub(1) else {
+        return alloc::vec![None; plan.buffers.len()];
+    };
+    plan.buffers
+        .iter()
+        .zip(touched)
+        .map(|(buffer, touched)| {
+            let persists =
+                matches!(buffer.kind, BufferKind::Parameter | BufferKind::OptimizerState | BufferKind::Gradient);
+            let (first, last) = match (touched, buffer.kind.initialised_before_step()) {
+                (Some((_, last)), true) => (0, last),
+                (None, true) => (0, 0),
+                (Some(range), false) => range,
+                (None, false) => return None,
+            };
+            Some((first, if persists { last_instruction } else { last }))
+        })
+        .collect()
+}
+
+/// An arena buffer with bytes and a live range `[first, last]`: bytes `[start, end)`.
+#[derive(Clone, Copy)]
+struct LiveDevice {
+    first: usize,
+    last: usize,
+    start: u64,
+    end: u128,
+    index: usize,
+}
+
+fn live_device_buffers(extents: &[Option<Extent>], live: &[Option<(usize, usize)>]) -> Vec<LiveDevice> {
+    extents
+        .iter()
+        .zip(live)
+        .enumerate()
+        .filter_map(|(index, (extent, live))| {
+            let (extent, (first, last)) = ((*extent)?, (*live)?);
+            (extent.space == Space::Arena && extent.bytes > 0).then_some(LiveDevice {
+                first,
+                last,
+                start: extent.start,
+                end: extent.end,
+                index,
+            })
+        })
+        .collect()
+}
+
+/// Rule 6: device buffers live at the same instruction share no arena bytes.
+fn check_overlap(
+    plan: &Plan,
+    extents: &[Option<Extent>],
+    live: &[Option<(usize, usize)>],
+    out: &mut Vec<PlanViolation>,
+) {
+    let mut items = live_device_buffers(extents, live);
+    items.sort_unstable_by_key(|b| (b.first, b.index));
+    for (i, a) in items.iter().enumerate() {
+        for b in items[i + 1..].iter().take_while(|b| b.first <= a.last) {
+            let (start, end) = (a.start.max(b.start), a.end.min(b.end));
+            if u128::from(start) >= end {
+                continue;
+            }
+            let (low, high) = (a.index.min(b.index), a.index.max(b.index));
+            let (Some(first), Some(second)) = (buffer_ref(plan, id_of(low)), buffer_ref(plan, id_of(high))) else {
+                continue;
+            };
+            out.push(PlanViolation::Overlap {
+                instruction: b.first,
+                first,
+                second,
+                bytes: ByteRange { space: Space::Arena, start, end: u64::try_from(end).unwrap_or(u64::MAX) },
+            });
+        }
+    }
+}
+
+/// Rule 7: every total equals what the buffers and instructions give.
+fn check_totals(
+    plan: &Plan,
+    extents: &[Option<Extent>],
+    live: &[Option<(usize, usize)>],
+    out: &mut Vec<PlanViolation>,
+) {
+    let (mut arena, mut host, mut parameters, mut rounding) = (0u128, 0u128, 0u128, 0u128);
+    for (buffer, extent) in plan.buffers.iter().zip(extents) {
+        let Some(extent) = extent else { continue };
+        if extent.bytes > 0 {
+            match extent.space {
+                Space::Arena => arena = arena.max(extent.end),
+                Space::HostSlab => host = host.max(extent.end),
+            }
+        }
+        match buffer.kind {
+            BufferKind::Parameter | BufferKind::Gradient | BufferKind::OptimizerState => {
+                parameters += u128::from(extent.bytes)
+            }
+            BufferKind::RoundingBuffer => rounding += u128::from(extent.bytes),
+            _ => {}
+        }
+    }
+    // Live bytes per instruction by a difference array over the live ranges.
+    // At most 2^32 buffers of under 2^64 bytes each: the sums fit in i128.
+    let mut delta = alloc::vec![0i128; plan.instructions.len() + 1];
+    for b in live_device_buffers(extents, live) {
+        let bytes = (b.end - u128::from(b.start)) as i128;
+        if let Some(d) = delta.get_mut(b.first) {
+            *d += bytes;
+        }
+        if let Some(d) = delta.get_mut(b.last + 1) {
+            *d -= bytes;
+        }
+    }
+    let (mut running, mut lower_bound) = (0i128, 0i128);
+    for d in &delta {
+        running += d;
+        lower_bound = lower_bound.max(running);
+    }
+    let totals = &plan.totals;
+    let pairs = [
+        (Total::ArenaBytes, totals.arena_bytes, arena),
+        (Total::ArenaLowerBoundBytes, totals.arena_lower_bound_bytes, lower_bound as u128),
+        (Total::HostBytes, totals.host_bytes, host),
+        (Total::ParameterBytes, totals.parameter_bytes, parameters),
+        (Total::RoundingBufferBytes, totals.rounding_buffer_bytes, rounding),
+    ];
+    for (total, claimed, actual) in pairs {
+        if u128::from(claimed) != actual {
+            out.push(PlanViolation::TotalMismatch { total, claimed, actual });
+        }
+    }
+    if totals.arena_lower_bound_bytes > totals.arena_bytes {
+        out.push(PlanViolation::LowerBoundAboveArena {
+            lower_bound: totals.arena_lower_bound_bytes,
+            arena_bytes: totals.arena_bytes,
+        });
+    }
+}

@@ -1,0 +1,565 @@
+//! What [`super::check_plan`] reports: [`PlanViolation`], one variant per rule of
+//! `spec/validity.md`, each carrying the ids (instruction, buffer, event, byte range) that find it.
+
+use core::fmt;
+
+use crate::plan::{Access, Buffer, BufferId, EventId, Op, Stream};
+
+/// A buffer named in a report: its id and a copy of its description, so a violation prints the
+/// tensor ("#7 layer 3 fc1_out (transient)") without the plan at hand.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferRef {
+    /// Its index in `Plan::buffers`.
+    pub id: BufferId,
+    /// The buffer as the plan has it.
+    pub buffer: Buffer,
+}
+
+impl fmt::Display for BufferRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{} {}", self.id.0, self.buffer)
+    }
+}
+
+/// One of the two address spaces a plan places buffers in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Space {
+    /// The one device arena.
+    Arena,
+    /// The pinned host slab.
+    HostSlab,
+}
+
+impl Space {
+    /// `arena` or `host slab`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Space::Arena => "arena",
+            Space::HostSlab => "host slab",
+        }
+    }
+}
+
+/// Bytes `[start, end)` of one address space. Where a violation concerns several byte ranges of
+/// one argument, this is the smallest range spanning them all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ByteRange {
+    /// Which space.
+    pub space: Space,
+    /// The first byte.
+    pub start: u64,
+    /// One past the last byte.
+    pub end: u64,
+}
+
+impl fmt::Display for ByteRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} bytes [{}, {})", self.space.name(), self.start, self.end)
+    }
+}
+
+/// One of the totals a plan claims ([`crate::plan::Totals`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Total {
+    /// `arena_bytes`: the highest end of a device buffer.
+    ArenaBytes,
+    /// `arena_lower_bound_bytes`: the most bytes of device buffers live at one instruction.
+    ArenaLowerBoundBytes,
+    /// `host_bytes`: the highest end of a host slot.
+    HostBytes,
+    /// `parameter_bytes`: parameters, gradients and optimizer state.
+    ParameterBytes,
+    /// `rounding_buffer_bytes`: the rounding buffers' tensors.
+    RoundingBufferBytes,
+}
+
+impl Total {
+    /// The field's name in `Totals`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Total::ArenaBytes => "arena_bytes",
+            Total::ArenaLowerBoundBytes => "arena_lower_bound_bytes",
+            Total::HostBytes => "host_bytes",
+            Total::ParameterBytes => "parameter_bytes",
+            Total::RoundingBufferBytes => "rounding_buffer_bytes",
+        }
+    }
+}
+
+/// One way a plan breaks the rules of `spec/validity.md`. `instruction` fields are indices into
+/// `Plan::instructions`; the rule each variant enforces is in that file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlanViolation {
+    /// `rows * row_bytes` of a buffer does not fit in 64 bits.
+    SizeOverflow {
+        /// The buffer.
+        buffer: BufferRef,
+    },
+    /// A host slot placed in the arena, or another kind placed in the host slab.
+    PlaceMismatch {
+        /// The buffer.
+        buffer: BufferRef,
+    },
+    /// A device buffer ends past `totals.arena_bytes`.
+    OutsideArena {
+        /// The buffer.
+        buffer: BufferRef,
+        /// Its end, `offset + bytes` (may exceed 64 bits).
+        end: u128,
+        /// `totals.arena_bytes`.
+        arena_bytes: u64,
+    },
+    /// A host slot ends past `totals.host_bytes`.
+    OutsideHostSlab {
+        /// The buffer.
+        buffer: BufferRef,
+        /// Its end, `offset + bytes` (may exceed 64 bits).
+        end: u128,
+        /// `totals.host_bytes`.
+        host_bytes: u64,
+    },
+    /// Two device buffers live at the same instruction share arena bytes.
+    Overlap {
+        /// The first instruction at which both are live.
+        instruction: usize,
+        /// The lower-numbered buffer.
+        first: BufferRef,
+        /// The other buffer.
+        second: BufferRef,
+        /// The bytes both occupy.
+        bytes: ByteRange,
+    },
+    /// An instruction names a buffer id past the end of `Plan::buffers`.
+    NoSuchBuffer {
+        /// The instruction.
+        instruction: usize,
+        /// The id it names.
+        buffer: BufferId,
+        /// `Plan::buffers.len()`.
+        buffers: usize,
+    },
+    /// A Record or Wait names an event id not below `Plan::events`.
+    NoSuchEvent {
+        /// The instruction.
+        instruction: usize,
+        /// The id it names.
+        event: EventId,
+        /// `Plan::events`.
+        events: u32,
+    },
+    /// A launch has a different number of arguments than its op's signature.
+    WrongArgCount {
+        /// The instruction.
+        instruction: usize,
+        /// The op.
+        op: Op,
+        /// `op.signature().len()`.
+        expected: usize,
+        /// Arguments given.
+        found: usize,
+    },
+    /// A launch argument's access differs from the op's signature at its position.
+    WrongAccess {
+        /// The instruction.
+        instruction: usize,
+        /// The op.
+        op: Op,
+        /// The argument's position.
+        arg: usize,
+        /// The argument's buffer, when the id exists.
+        buffer: Option<BufferRef>,
+        /// What the signature says.
+        expected: Access,
+        /// What the argument says.
+        found: Access,
+    },
+    /// A row range with `start > end` or `end > rows`.
+    RowsOutOfBounds {
+        /// The instruction.
+        instruction: usize,
+        /// The buffer.
+        buffer: BufferRef,
+        /// The range's first row.
+        start: u64,
+        /// The range's end.
+        end: u64,
+    },
+    /// A launch on the d2h or h2d stream.
+    LaunchOffCompute {
+        /// The instruction.
+        instruction: usize,
+        /// The op.
+        op: Op,
+        /// The stream it is on.
+        stream: Stream,
+    },
+    /// A launch argument in the host slab.
+    LaunchOnHost {
+        /// The instruction.
+        instruction: usize,
+        /// The op.
+        op: Op,
+        /// The host buffer.
+        buffer: BufferRef,
+    },
+    /// A copy whose source and destination are both on the device or both on the host.
+    CopyNotHostDevice {
+        /// The instruction.
+        instruction: usize,
+        /// The source.
+        src: BufferRef,
+        /// The destination.
+        dst: BufferRef,
+    },
+    /// A device-to-host copy off the d2h stream, or a host-to-device copy off the h2d stream.
+    CopyWrongStream {
+        /// The instruction.
+        instruction: usize,
+        /// The stream it is on.
+        stream: Stream,
+        /// The stream its direction needs.
+        expected: Stream,
+    },
+    /// A copy whose source and destination ranges hold different byte counts.
+    CopySizeMismatch {
+        /// The instruction.
+        instruction: usize,
+        /// The source.
+        src: BufferRef,
+        /// Bytes of the source range.
+        src_bytes: u64,
+        /// The destination.
+        dst: BufferRef,
+        /// Bytes of the destination range.
+        dst_bytes: u64,
+    },
+    /// An event recorded a second time.
+    DoubleRecord {
+        /// The second (or later) Record.
+        instruction: usize,
+        /// The event.
+        event: EventId,
+        /// The first Record.
+        first: usize,
+    },
+    /// A Wait on an event no instruction records.
+    WaitUnrecorded {
+        /// The Wait.
+        instruction: usize,
+        /// The event.
+        event: EventId,
+    },
+    /// A Wait on an event first recorded later in list order.
+    WaitBeforeRecord {
+        /// The Wait.
+        instruction: usize,
+        /// The event.
+        event: EventId,
+        /// The first Record of it.
+        record: usize,
+    },
+    /// A read of bytes no instruction has written, of a buffer that holds nothing before the step.
+    ReadUnwritten {
+        /// The reading instruction.
+        instruction: usize,
+        /// The buffer read.
+        buffer: BufferRef,
+        /// The unwritten bytes.
+        bytes: ByteRange,
+    },
+    /// A read of bytes whose last write was to another buffer (they alias and the other one
+    /// overwrote this one's data).
+    ReadClobbered {
+        /// The reading instruction.
+        instruction: usize,
+        /// The buffer read.
+        buffer: BufferRef,
+        /// The clobbered bytes.
+        bytes: ByteRange,
+        /// The instruction that last wrote them.
+        writer: usize,
+        /// The buffer it wrote.
+        writer_buffer: BufferRef,
+    },
+    /// A read of bytes whose last write (to the same buffer) does not happen-before the read.
+    ReadNotReady {
+        /// The reading instruction.
+        instruction: usize,
+        /// Its stream.
+        stream: Stream,
+        /// The buffer read.
+        buffer: BufferRef,
+        /// The bytes.
+        bytes: ByteRange,
+        /// The instruction that last wrote them.
+        writer: usize,
+        /// Its stream.
+        writer_stream: Stream,
+    },
+    /// A write to bytes that an earlier access on another stream may still be touching (no
+    /// Record/Wait chain orders it before the write).
+    Race {
+        /// The writing instruction.
+        instruction: usize,
+        /// Its stream.
+        stream: Stream,
+        /// The buffer written.
+        buffer: BufferRef,
+        /// The bytes both touch.
+        bytes: ByteRange,
+        /// The earlier, unordered instruction.
+        other: usize,
+        /// Its stream.
+        other_stream: Stream,
+        /// The buffer it touched.
+        other_buffer: BufferRef,
+        /// Whether it read or wrote them.
+        other_access: Access,
+    },
+    /// A total that differs from what the buffers and instructions give.
+    TotalMismatch {
+        /// Which total.
+        total: Total,
+        /// What the plan claims.
+        claimed: u64,
+        /// What the checker computes.
+        actual: u128,
+    },
+    /// The claimed lower bound is above the claimed arena size.
+    LowerBoundAboveArena {
+        /// `totals.arena_lower_bound_bytes`.
+        lower_bound: u64,
+        /// `totals.arena_bytes`.
+        arena_bytes: u64,
+    },
+}
+
+impl PlanViolation {
+    /// The variant's name in `spec/validity.md` (snake case), for tests, JSON and tables.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::SizeOverflow { .. } => "size_overflow",
+            Self::PlaceMismatch { .. } => "place_mismatch",
+            Self::OutsideArena { .. } => "outside_arena",
+            Self::OutsideHostSlab { .. } => "outside_host_slab",
+            Self::Overlap { .. } => "overlap",
+            Self::NoSuchBuffer { .. } => "no_such_buffer",
+            Self::NoSuchEvent { .. } => "no_such_event",
+            Self::WrongArgCount { .. } => "wrong_arg_count",
+            Self::WrongAccess { .. } => "wrong_access",
+            Self::RowsOutOfBounds { .. } => "rows_out_of_bounds",
+            Self::LaunchOffCompute { .. } => "launch_off_compute",
+            Self::LaunchOnHost { .. } => "launch_on_host",
+            Self::CopyNotHostDevice { .. } => "copy_not_host_device",
+            Self::CopyWrongStream { .. } => "copy_wrong_stream",
+            Self::CopySizeMismatch { .. } => "copy_size_mismatch",
+            Self::DoubleRecord { .. } => "double_record",
+            Self::WaitUnrecorded { .. } => "wait_unrecorded",
+            Self::WaitBeforeRecord { .. } => "wait_before_record",
+            Self::ReadUnwritten { .. } => "read_unwritten",
+            Self::ReadClobbered { .. } => "read_clobbered",
+            Self::ReadNotReady { .. } => "read_not_ready",
+            Self::Race { .. } => "race",
+            Self::TotalMismatch { .. } => "total_mismatch",
+            Self::LowerBoundAboveArena { .. } => "lower_bound_above_arena",
+        }
+    }
+
+    /// The instruction the violation is at, if any (buffer-level and totals violations have none).
+    pub fn instruction(&self) -> Option<usize> {
+        match *self {
+            Self::SizeOverflow { .. }
+            | Self::PlaceMismatch { .. }
+            | Self::OutsideArena { .. }
+            | Self::OutsideHostSlab { .. }
+            | Self::TotalMismatch { .. }
+            | Self::LowerBoundAboveArena { .. } => None,
+            Self::Overlap { instruction, .. }
+            | Self::NoSuchBuffer { instruction, .. }
+            | Self::NoSuchEvent { instruction, .. }
+            | Self::WrongArgCount { instruction, .. }
+            | Self::WrongAccess { instruction, .. }
+            | Self::RowsOutOfBounds { instruction, .. }
+            | Self::LaunchOffCompute { instruction, .. }
+            | Self::LaunchOnHost { instruction, .. }
+            | Self::CopyNotHostDevice { instruction, .. }
+            | Self::CopyWrongStream { instruction, .. }
+            | Self::CopySizeMismatch { instruction, .. }
+            | Self::DoubleRecord { instruction, .. }
+            | Self::WaitUnrecorded { instruction, .. }
+            | Self::WaitBeforeRecord { instruction, .. }
+            | Self::ReadUnwritten { instruction, .. }
+            | Self::ReadClobbered { instruction, .. }
+            | Self::ReadNotReady { instruction, .. }
+            | Self::Race { instruction, .. } => Some(instruction),
+        }
+    }
+
+    /// The (first) buffer the violation names, if any.
+    pub fn buffer(&self) -> Option<BufferId> {
+        match self {
+            Self::SizeOverflow { buffer }
+            | Self::PlaceMismatch { buffer }
+            | Self::OutsideArena { buffer, .. }
+            | Self::OutsideHostSlab { buffer, .. }
+            | Self::RowsOutOfBounds { buffer, .. }
+            | Self::LaunchOnHost { buffer, .. }
+            | Self::ReadUnwritten { buffer, .. }
+            | Self::ReadClobbered { buffer, .. }
+            | Self::ReadNotReady { buffer, .. }
+            | Self::Race { buffer, .. } => Some(buffer.id),
+            Self::Overlap { first, .. } => Some(first.id),
+            Self::CopyNotHostDevice { src, .. } | Self::CopySizeMismatch { src, .. } => Some(src.id),
+            Self::WrongAccess { buffer, .. } => buffer.map(|b| b.id),
+            Self::NoSuchBuffer { buffer, .. } => Some(*buffer),
+            Self::NoSuchEvent { .. }
+            | Self::WrongArgCount { .. }
+            | Self::LaunchOffCompute { .. }
+            | Self::CopyWrongStream { .. }
+            | Self::DoubleRecord { .. }
+            | Self::WaitUnrecorded { .. }
+            | Self::WaitBeforeRecord { .. }
+            | Self::TotalMismatch { .. }
+            | Self::LowerBoundAboveArena { .. } => None,
+        }
+    }
+
+    /// The report order: plan-level and buffer-level violations first, then by instruction, then
+    /// by buffer (`None` before any id). [`super::check_plan`] sorts stably by it.
+    pub fn sort_key(&self) -> (Option<usize>, Option<BufferId>) {
+        (self.instruction(), self.buffer())
+    }
+}
+
+impl fmt::Display for PlanViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::SizeOverflow { buffer } => write!(
+                f,
+                "buffer {buffer}: {} rows of {} bytes overflow 64 bits; the plan is corrupt",
+                buffer.buffer.rows, buffer.buffer.row_bytes
+            ),
+            Self::PlaceMismatch { buffer } => write!(
+                f,
+                "buffer {buffer} is placed in the {}; host slots belong in the host slab and every other kind \
+                 in the arena",
+                if matches!(buffer.buffer.place, crate::plan::Place::Host { .. }) { "host slab" } else { "arena" }
+            ),
+            Self::OutsideArena { buffer, end, arena_bytes } => write!(
+                f,
+                "buffer {buffer} ends at arena byte {end}, past the arena's {arena_bytes} bytes (totals.arena_bytes)"
+            ),
+            Self::OutsideHostSlab { buffer, end, host_bytes } => write!(
+                f,
+                "buffer {buffer} ends at host byte {end}, past the host slab's {host_bytes} bytes (totals.host_bytes)"
+            ),
+            Self::Overlap { instruction, first, second, bytes } => write!(
+                f,
+                "instruction {instruction}: buffers {first} and {second} are both live and share {bytes}; give \
+                 them disjoint offsets or lifetimes"
+            ),
+            Self::NoSuchBuffer { instruction, buffer, buffers } => {
+                write!(f, "instruction {instruction}: buffer #{} does not exist (the plan has {buffers})", buffer.0)
+            }
+            Self::NoSuchEvent { instruction, event, events } => {
+                write!(f, "instruction {instruction}: event {} does not exist (the plan has {events})", event.0)
+            }
+            Self::WrongArgCount { instruction, op, expected, found } => write!(
+                f,
+                "instruction {instruction}: {} takes {expected} arguments, the launch gives {found}",
+                op.name()
+            ),
+            Self::WrongAccess { instruction, op, arg, buffer, expected, found } => {
+                write!(f, "instruction {instruction}: argument {arg} of {} ", op.name())?;
+                if let Some(buffer) = buffer {
+                    write!(f, "({buffer}) ")?;
+                }
+                write!(f, "is marked {}, the op's signature says {}", found.name(), expected.name())
+            }
+            Self::RowsOutOfBounds { instruction, buffer, start, end } => write!(
+                f,
+                "instruction {instruction}: rows [{start}, {end}) of buffer {buffer} are not within its {} rows",
+                buffer.buffer.rows
+            ),
+            Self::LaunchOffCompute { instruction, op, stream } => write!(
+                f,
+                "instruction {instruction}: {} is launched on the {} stream; kernels run on the compute stream",
+                op.name(),
+                stream.name()
+            ),
+            Self::LaunchOnHost { instruction, op, buffer } => write!(
+                f,
+                "instruction {instruction}: {} takes buffer {buffer}, which is in the host slab; kernels read and \
+                 write the arena only",
+                op.name()
+            ),
+            Self::CopyNotHostDevice { instruction, src, dst } => {
+                write!(f, "instruction {instruction}: copy from {src} to {dst} does not go between host and device")
+            }
+            Self::CopyWrongStream { instruction, stream, expected } => write!(
+                f,
+                "instruction {instruction}: copy on the {} stream goes the way of the {} stream",
+                stream.name(),
+                expected.name()
+            ),
+            Self::CopySizeMismatch { instruction, src, src_bytes, dst, dst_bytes } => write!(
+                f,
+                "instruction {instruction}: copy reads {src_bytes} bytes of {src} but writes {dst_bytes} bytes of \
+                 {dst}; the row ranges must hold the same bytes"
+            ),
+            Self::DoubleRecord { instruction, event, first } => write!(
+                f,
+                "instruction {instruction}: event {} is recorded again (first at instruction {first}); record each \
+                 event once",
+                event.0
+            ),
+            Self::WaitUnrecorded { instruction, event } => write!(
+                f,
+                "instruction {instruction}: waits on event {}, which no instruction records (unrecorded event)",
+                event.0
+            ),
+            Self::WaitBeforeRecord { instruction, event, record } => write!(
+                f,
+                "instruction {instruction}: waits on event {} before instruction {record} records it (wait before \
+                 record)",
+                event.0
+            ),
+            Self::ReadUnwritten { instruction, buffer, bytes } => write!(
+                f,
+                "instruction {instruction}: reads {bytes} of buffer {buffer}, which nothing has written (read of \
+                 unwritten data)"
+            ),
+            Self::ReadClobbered { instruction, buffer, bytes, writer, writer_buffer } => write!(
+                f,
+                "instruction {instruction}: reads {bytes} of buffer {buffer}, last written by instruction {writer} \
+                 to another buffer, {writer_buffer} (clobbered)"
+            ),
+            Self::ReadNotReady { instruction, stream, buffer, bytes, writer, writer_stream } => write!(
+                f,
+                "instruction {instruction} ({}): reads {bytes} of buffer {buffer} before instruction {writer} ({}) \
+                 that writes them is known to be done (data not ready); add a Record after the write and a Wait \
+                 before the read",
+                stream.name(),
+                writer_stream.name()
+            ),
+            Self::Race { instruction, stream, buffer, bytes, other, other_stream, other_buffer, other_access } => {
+                write!(
+                    f,
+                    "instruction {instruction} ({}): writes {bytes} of buffer {buffer} while instruction {other} ({}) \
+                     may still {} them as {other_buffer} (race); add a Record after it and a Wait before the write",
+                    stream.name(),
+                    other_stream.name(),
+                    if other_access.writes() { "write" } else { "read" }
+                )
+            }
+            Self::TotalMismatch { total, claimed, actual } => {
+                write!(f, "totals.{} is {claimed} but the plan gives {actual}", total.name())
+            }
+            Self::LowerBoundAboveArena { lower_bound, arena_bytes } => {
+                write!(f, "totals.arena_lower_bound_bytes {lower_bound} is above totals.arena_bytes {arena_bytes}")
+            }
+        }
+    }
+}
+
+impl core::error::Error for PlanViolation {}
