@@ -482,8 +482,8 @@ impl Findings {
 }
 
 /// Each buffer's live range `[first, last]` in instruction indices (rule 6): from its first
-/// touch (0 if it holds data before the step) to its last touch (the last instruction for the
-/// kinds that persist across steps). `None`: never touched and empty before the step, or a plan
+/// touch (0 if it holds data before the step) to its last touch; the kinds that persist across
+/// steps (parameters, gradients, optimizer state, scalars) span the whole step. `None`: never touched and empty before the step, or a plan
 /// without instructions.
 fn live_ranges(plan: &Plan) -> Vec<Option<(usize, usize)>> {
     let mut touched: Vec<Option<(usize, usize)>> = alloc::vec![None; plan.buffers.len()];
@@ -509,15 +509,21 @@ fn live_ranges(plan: &Plan) -> Vec<Option<(usize, usize)>> {
         .iter()
         .zip(touched)
         .map(|(buffer, touched)| {
-            let persists =
-                matches!(buffer.kind, BufferKind::Parameter | BufferKind::OptimizerState | BufferKind::Gradient);
+            // These keep their bytes across steps: the arena holds them over the whole step.
+            let persists = matches!(
+                buffer.kind,
+                BufferKind::Parameter | BufferKind::OptimizerState | BufferKind::Gradient | BufferKind::Scalar
+            );
+            if persists {
+                return Some((0, last_instruction));
+            }
             let (first, last) = match (touched, buffer.kind.initialised_before_step()) {
                 (Some((_, last)), true) => (0, last),
                 (None, true) => (0, 0),
                 (Some(range), false) => range,
                 (None, false) => return None,
             };
-            Some((first, if persists { last_instruction } else { last }))
+            Some((first, last))
         })
         .collect()
 }

@@ -180,7 +180,10 @@ impl Storage {
                 }
             }
             Strategy::FullSwap | Strategy::Memo => {
-                let rounding = [0u8, 1].map(|slot| set(b, [BufferKind::RoundingBuffer; 2], None, slot, None, None));
+                // Two rounding buffers (one when there is one layer).
+                let rounding: Vec<SkeletalSet> = (0..shape.layers.min(2) as u8)
+                    .map(|slot| set(b, [BufferKind::RoundingBuffer; 2], None, slot, None, None))
+                    .collect();
                 for l in 0..shape.layers {
                     forward.push(rounding[l as usize % 2]);
                     backward.push(rounding[l as usize % 2]);

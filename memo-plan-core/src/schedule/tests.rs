@@ -203,3 +203,39 @@ fn a_forced_alpha_needs_the_memo_strategy() {
     r.forced_alpha = Some(0.5);
     assert!(matches!(planner::plan(&r), Err(planner::PlanError::AlphaWithoutMemo { .. })));
 }
+
+/// The independent checker accepts every plan the planner makes: random small models, layouts,
+/// machines, strategies and swap fractions.
+#[test]
+fn the_checker_accepts_every_plan_the_planner_makes() {
+    let mut rng = crate::generate::SplitMix64::new(7);
+    let machines = ["a800x8", "h100x8", "h200x1", "mi300x8"];
+    for case in 0..120 {
+        let tensor = [1u64, 2, 4][rng.below(3) as usize];
+        let heads = tensor * (1 + rng.below(3));
+        let hidden = heads * 8 * (1 + rng.below(3));
+        let seq = tensor * (1 + rng.below(40));
+        let layers = 1 + rng.below(6) as u32;
+        let mut model = ModelConfig::new("random", layers, hidden, heads, seq, 1 + rng.below(2));
+        model.vocab = 1 + rng.below(300);
+        let strategy = Strategy::ALL[case % 4];
+        let mut r = request(model, tensor, machines[rng.below(4) as usize], strategy);
+        if strategy == Strategy::Memo && rng.below(2) == 0 {
+            r.forced_alpha = Some(rng.below(101) as f64 / 100.0);
+        }
+        let report = planner::plan(&r).unwrap_or_else(|e| panic!("case {case} {r:?}: {e}"));
+        if let Err(violations) = crate::check::check_plan(&report.plan) {
+            panic!("case {case} {r:?}: {} violations, first {}", violations.len(), violations[0]);
+        }
+    }
+}
+
+/// The paper's setting passes the checker under every strategy.
+#[test]
+fn the_checker_accepts_the_paper_setting() {
+    for strategy in Strategy::ALL {
+        let model = ModelConfig::preset("7b", 1 << 20, 1).unwrap();
+        let report = planner::plan(&request(model, 8, "a800x8", strategy)).unwrap();
+        assert_eq!(crate::check::check_plan(&report.plan), Ok(()), "{strategy:?}");
+    }
+}
