@@ -205,3 +205,138 @@ pub(crate) fn number(out: &mut String, value: f64) {
         write!(out, "{value:e}")
     };
 }
+
+#[cfg(test)]
+mod tests {
+    use alloc::format;
+    use alloc::string::String;
+
+    use serde_json::Value;
+
+    use super::{number, string};
+    use crate::plan::encode::tests::sample_plan;
+    use crate::plan::{Action, Plan};
+
+    fn parse(text: &str) -> Value {
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    }
+
+    #[test]
+    fn the_view_parses_and_says_what_the_plan_says() {
+        let plan = sample_plan();
+        let text = plan.to_json();
+        let json = parse(&text);
+        assert_eq!(json["format_version"], 1);
+        let p = &json["provenance"];
+        assert_eq!(p["model"]["name"].as_str(), Some(plan.provenance.model.name.as_str()));
+        assert_eq!(p["model"]["layers"], 2);
+        assert_eq!(p["parallel"]["data"], 2);
+        assert_eq!(p["hardware"]["name"], "test-box");
+        assert_eq!(p["hardware"]["measured_layer_forward_s"].as_f64(), Some(0.0123));
+        assert_eq!(p["strategy"], "memo");
+        assert_eq!(p["alpha"].as_f64(), Some(0.47));
+        assert_eq!(p["alpha_bound"], "host_memory");
+        assert_eq!(p["level1_backward"]["optimal"], false);
+        assert_eq!(p["level2"]["peak_bytes"], 6000);
+        assert_eq!(json["totals"]["arena_bytes"], 1604);
+        assert_eq!(json["events"], 2);
+
+        let buffers = json["buffers"].as_array().unwrap();
+        assert_eq!(buffers.len(), plan.buffers.len());
+        for (index, (b, j)) in plan.buffers.iter().zip(buffers).enumerate() {
+            assert_eq!(j["index"], index);
+            assert_eq!(j["name"].as_str(), Some(format!("{b}").as_str()));
+            assert_eq!(j["kind"].as_str(), Some(b.kind.name()));
+            assert_eq!(j["role"].as_str(), Some(b.role.name()));
+            assert_eq!(j["bytes"].as_u64(), b.bytes());
+            assert_eq!(j["rows"].as_u64(), Some(b.rows));
+        }
+        assert_eq!(buffers[6]["name"], "rounding buffer 1 layer_input");
+        assert_eq!(buffers[6]["layer"], Value::Null);
+        assert_eq!(buffers[3]["layer"], 0);
+        assert_eq!(buffers[10]["place"], parse(r#"{"space": "host", "offset": 0}"#));
+        assert_eq!(buffers[2]["place"], parse(r#"{"space": "device", "offset": 64}"#));
+
+        let instructions = json["instructions"].as_array().unwrap();
+        assert_eq!(instructions.len(), plan.instructions.len());
+        let linear = &instructions[1];
+        assert_eq!(linear["stream"], "compute");
+        assert_eq!(linear["launch"]["op"], "linear");
+        assert_eq!(linear["launch"]["layer"], 0);
+        assert_eq!(linear["launch"]["flops"], 2048);
+        let args = linear["launch"]["args"].as_array().unwrap();
+        assert_eq!(args.len(), 4);
+        assert_eq!(args[1], parse(r#"{"param": "weight", "buffer": 3, "start": 0, "end": 8, "access": "read"}"#));
+        assert_eq!(args[3]["access"], "write");
+        assert_eq!(instructions[2], parse(r#"{"index": 2, "stream": "compute", "record": {"event": 0}}"#));
+        assert_eq!(instructions[3]["wait"]["event"], 0);
+        assert_eq!(instructions[3]["stream"], "d2h");
+        let copy = &instructions[7];
+        assert_eq!(copy["stream"], "h2d");
+        assert_eq!(copy["copy"]["src"], parse(r#"{"buffer": 10, "start": 0, "end": 4}"#));
+        assert_eq!(copy["copy"]["dst"]["buffer"], 6);
+        assert_eq!(instructions[9]["launch"]["args"][0]["access"], "read_write");
+
+        // One line per buffer and per instruction, and the same text every time.
+        assert_eq!(text.lines().count(), 10 + plan.buffers.len() + plan.instructions.len());
+        assert_eq!(text, sample_plan().to_json());
+    }
+
+    #[test]
+    fn empty_lists_and_absent_values() {
+        let mut plan = sample_plan();
+        plan.buffers.clear();
+        plan.instructions.clear();
+        plan.provenance.hardware.measured_layer_forward_s = None;
+        let json = parse(&plan.to_json());
+        assert_eq!(json["buffers"], parse("[]"));
+        assert_eq!(json["instructions"], parse("[]"));
+        assert_eq!(json["provenance"]["hardware"]["measured_layer_forward_s"], Value::Null);
+    }
+
+    /// An invalid in-memory plan (a launch with more arguments than its signature) still gives
+    /// valid JSON: the extra argument's `param` is null.
+    #[test]
+    fn extra_arguments_have_no_param_name() {
+        let mut plan = sample_plan();
+        if let Action::Launch(launch) = &mut plan.instructions[8].action {
+            launch.args.push(launch.args[0]);
+        }
+        let json = parse(&plan.to_json());
+        assert_eq!(json["instructions"][8]["launch"]["args"][1]["param"], Value::Null);
+    }
+
+    #[test]
+    fn strings_are_escaped() {
+        let mut text = String::new();
+        for code in (0..0x80u32).chain([0xe9, 0x2028, 0x1f600]) {
+            text.push(char::from_u32(code).unwrap());
+        }
+        let mut out = String::new();
+        string(&mut out, &text);
+        assert_eq!(serde_json::from_str::<String>(&out).unwrap(), text, "{out}");
+        let mut out = String::new();
+        string(&mut out, "a\"b\\c\nd\u{1f}");
+        assert_eq!(out, r#""a\"b\\c\nd\u001f""#);
+    }
+
+    #[test]
+    fn floats_read_back_exactly() {
+        for value in [0.0, -0.0, 0.47, 1.0, 0.1, 1.0 / 3.0, 1e-5, 9.99e-6, 1e16, 1e300, 5e-324, f64::MAX, -2.5e-7] {
+            let mut out = String::new();
+            number(&mut out, value);
+            let back: f64 = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{out}: {e}"));
+            assert_eq!(back.to_bits(), value.to_bits(), "{value:?} printed as {out}");
+            assert!(out.len() <= 24, "{out}");
+        }
+        for value in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let mut out = String::new();
+            number(&mut out, value);
+            assert_eq!(out, "null");
+        }
+        // The decoder rejects a NaN alpha, but an in-memory plan may hold one.
+        let mut plan: Plan = sample_plan();
+        plan.provenance.alpha = f64::NAN;
+        assert_eq!(parse(&plan.to_json())["provenance"]["alpha"], Value::Null);
+    }
+}

@@ -134,7 +134,7 @@ pub(crate) fn sample_plan() -> Plan {
 }
 
 /// A plan with no buffers or instructions and extreme values in every field that has them.
-fn edge_plan() -> Plan {
+pub(crate) fn edge_plan() -> Plan {
     let mut plan = sample_plan();
     plan.provenance = provenance(Strategy::KeepAll, -0.0, None);
     plan.provenance.model.name = String::new();
