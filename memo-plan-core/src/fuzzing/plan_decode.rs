@@ -12,6 +12,7 @@
 //! - a generated valid plan round-trips exactly (`decode(encode(p)) == p`, the same bytes again),
 //!   and its encoding with a few bytes changed (resealed or not) obeys the rules above.
 
+use alloc::boxed::Box;
 use alloc::vec::Vec;
 use core::fmt;
 
@@ -48,7 +49,7 @@ pub enum PlanCase {
     /// Any bytes, decoded as they are and resealed.
     Bytes(Vec<u8>),
     /// A valid plan, and bytes to change in its encoding.
-    Generated(GeneratedPlan),
+    Generated(Box<GeneratedPlan>),
 }
 
 /// A generated valid plan and a mutation of its encoding.

@@ -19,7 +19,7 @@ fn summary(seed: u64) -> PlacementSummary {
         buffers: seed as u32,
         peak_bytes: seed * 1000,
         lower_bound_bytes: seed * 900,
-        optimal: seed % 2 == 0,
+        optimal: seed.is_multiple_of(2),
         nodes: seed * 7,
     }
 }
@@ -397,9 +397,12 @@ fn truncated_sections_name_where() {
     assert!(matches!(decode_err(&bytes), PlanDecodeError::TrailingBytes { offset: o, .. } if o == offset));
 }
 
+/// A field's name, where it is, a value outside its table, and the section the error names.
+type CodeCase = (&'static str, fn(&Layout) -> usize, u8, Section);
+
 #[test]
 fn bad_codes_name_the_field_and_offset() {
-    let cases: [(&str, fn(&Layout) -> usize, u8, Section); 11] = [
+    let cases: [CodeCase; 11] = [
         ("strategy code", |at| at.strategy, 4, Section::Provenance),
         ("alpha bound code", |at| at.alpha_bound, 4, Section::Provenance),
         ("measured layer time tag", |at| at.measured_tag, 2, Section::Provenance),
@@ -579,4 +582,44 @@ fn single_byte_mutations_never_panic() {
     // A changed byte in a checksummed, canonical encoding can still decode (a count, a size), but
     // most hit a code, an id or a range.
     assert!(errors > 1_000, "{errors}");
+}
+
+/// `spec/plan-format.md` lists every role and op with its code, and every op's arguments in
+/// signature order.
+#[test]
+fn the_spec_lists_every_code() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../spec/plan-format.md");
+    let Ok(spec) = std::fs::read_to_string(&path) else {
+        std::println!("SKIP: no spec at {}", path.display());
+        return;
+    };
+    for role in TensorRole::ALL {
+        let row = format!("| {} | `{}` |", role.code(), role.name());
+        assert!(spec.contains(&row), "the spec lacks the role row {row}");
+    }
+    for op in Op::ALL {
+        let args: Vec<String> = op
+            .signature()
+            .iter()
+            .map(|(name, access)| {
+                let access = match access {
+                    Access::Read => "R",
+                    Access::Write => "W",
+                    Access::ReadWrite => "RW",
+                };
+                format!("`{name}` {access}")
+            })
+            .collect();
+        let row = format!("| {} | `{}` | {} |", op.code(), op.name(), args.join(", "));
+        assert!(spec.contains(&row), "the spec lacks the op row {row}");
+    }
+    for kind in BufferKind::ALL {
+        assert!(spec.contains(&format!("`{}` {}", kind.name(), buffer_kind_code(kind))), "{kind:?}");
+    }
+    for strategy in Strategy::ALL {
+        assert!(spec.contains(&format!("`{}` {}", strategy.name(), strategy.code())), "{strategy:?}");
+    }
+    for bound in ALPHA_BOUNDS {
+        assert!(spec.contains(&format!("`{}` {}", alpha_bound_name(bound), alpha_bound_code(bound))), "{bound:?}");
+    }
 }
