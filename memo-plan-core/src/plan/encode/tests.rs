@@ -623,3 +623,14 @@ fn the_spec_lists_every_code() {
         assert!(spec.contains(&format!("`{}` {}", alpha_bound_name(bound), alpha_bound_code(bound))), "{bound:?}");
     }
 }
+
+/// The decoder's memory claim (`spec/plan-format.md`: at most about 11 times the input): what
+/// it allocates per element, against the fewest bytes that element takes encoded.
+#[test]
+fn decoded_elements_are_at_most_11_times_their_encoding() {
+    use core::mem::size_of;
+    assert!(size_of::<Buffer>() <= 11 * BUFFER_MIN_BYTES, "{}", size_of::<Buffer>());
+    assert!(size_of::<Instruction>() <= 11 * INSTRUCTION_MIN_BYTES, "{}", size_of::<Instruction>());
+    // A launch's arguments: one `Arg` per 21 encoded bytes.
+    assert!(size_of::<Arg>() <= 11 * 21, "{}", size_of::<Arg>());
+}
