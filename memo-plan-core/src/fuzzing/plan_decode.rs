@@ -309,7 +309,9 @@ fn sensible_error(e: &PlanDecodeError, len: u64) {
         PlanDecodeError::BadCode { offset, .. }
         | PlanDecodeError::BadUtf8 { offset, .. }
         | PlanDecodeError::BadFloat { offset, .. } => offset < len,
-        PlanDecodeError::TrailingBytes { offset, count } => offset + count <= len && count > 0,
+        PlanDecodeError::TrailingBytes { offset, count } | PlanDecodeError::UnreadBytes { offset, count } => {
+            offset + count <= len && count > 0
+        }
         _ => true,
     };
     assert!(within, "{e:?} in {len} bytes");

@@ -165,6 +165,14 @@ pub enum PlanDecodeError {
         /// How many bytes follow it.
         count: u64,
     },
+    /// Bytes the header's length covers (and the checksum vouches for) after the last
+    /// instruction: the counts and the length disagree.
+    UnreadBytes {
+        /// The first byte after the last instruction.
+        offset: u64,
+        /// How many bytes follow it, up to the declared length.
+        count: u64,
+    },
     /// A buffer whose bytes (`rows * row_bytes`), or whose end (`offset + bytes`), does not fit
     /// in 64 bits.
     BufferTooLarge {
@@ -251,8 +259,8 @@ impl fmt::Display for PlanDecodeError {
             ),
             PlanDecodeError::UnsupportedVersion { found, supported } => write!(
                 f,
-                "this file was written by plan format version {found}; this build reads version \
-                 {supported} only: {RECREATE} of this build (or read it with a build that reads version {found})"
+                "this file was written by plan format version {found}; this build reads version {supported} only: \
+                 re-create the plan with this build's `memo plan`, or read it with a build that reads version {found}"
             ),
             PlanDecodeError::Truncated { section, offset, needed, available } => write!(
                 f,
@@ -266,8 +274,8 @@ impl fmt::Display for PlanDecodeError {
             ),
             PlanDecodeError::BadCode { what, value, offset, at } => write!(
                 f,
-                "{at}, byte {offset}: {value} is not a valid {what} (spec/plan-format.md lists the codes); \
-                 the program that wrote it does not follow the format: {RECREATE}"
+                "{at}, byte {offset}: {value} is not a valid {what} (spec/plan-format.md lists the values); the \
+                 file is damaged or was written by a program that does not follow the format: {RECREATE}"
             ),
             PlanDecodeError::BadUtf8 { what, offset } => write!(
                 f,
@@ -283,6 +291,11 @@ impl fmt::Display for PlanDecodeError {
                 f,
                 "{count} unexpected bytes after the plan, from byte {offset} on (two files joined, or \
                  garbage appended): keep the first {offset} bytes, or {RECREATE}"
+            ),
+            PlanDecodeError::UnreadBytes { offset, count } => write!(
+                f,
+                "the last instruction ends at byte {offset}, but the header's length covers {count} more bytes: \
+                 the program that wrote it does not follow the format: {RECREATE}"
             ),
             PlanDecodeError::BufferTooLarge { buffer, rows, row_bytes, offset } => {
                 match rows.checked_mul(*row_bytes) {
@@ -499,7 +512,7 @@ impl Plan {
         }
 
         if r.left() > 0 {
-            return Err(PlanDecodeError::TrailingBytes { offset: r.offset(), count: r.left() as u64 });
+            return Err(PlanDecodeError::UnreadBytes { offset: r.offset(), count: r.left() as u64 });
         }
         Ok(Plan { provenance, buffers, events, instructions, totals })
     }

@@ -394,7 +394,7 @@ fn truncated_sections_name_where() {
     // One fewer announced than there are: bytes left over inside the checksummed body.
     let bytes = patched(|b, at| put_u32(b, at.events + 4, 9));
     let offset = layout(&plan).instructions[9] as u64;
-    assert!(matches!(decode_err(&bytes), PlanDecodeError::TrailingBytes { offset: o, .. } if o == offset));
+    assert!(matches!(decode_err(&bytes), PlanDecodeError::UnreadBytes { offset: o, .. } if o == offset));
 }
 
 /// A field's name, where it is, a value outside its table, and the section the error names.
@@ -633,4 +633,43 @@ fn decoded_elements_are_at_most_11_times_their_encoding() {
     assert!(size_of::<Instruction>() <= 11 * INSTRUCTION_MIN_BYTES, "{}", size_of::<Instruction>());
     // A launch's arguments: one `Arg` per 21 encoded bytes.
     assert!(size_of::<Arg>() <= 11 * 21, "{}", size_of::<Arg>());
+}
+
+/// Every error says how to fix it (re-create the plan, or which version wrote it).
+#[test]
+fn every_error_says_what_to_do() {
+    let operand = Operand::Arg { index: 2, name: "bias" };
+    let errors = [
+        PlanDecodeError::BadMagic { found: *b"GIF89a\0\0", len: 6 },
+        PlanDecodeError::UnsupportedVersion { found: 2, supported: 1 },
+        PlanDecodeError::Truncated { section: Section::Buffer(3), offset: 200, needed: 8, available: 2 },
+        PlanDecodeError::ChecksumMismatch { stored: 1, computed: 2 },
+        PlanDecodeError::BadCode { what: "op code", value: 99, offset: 300, at: Section::Instruction(4) },
+        PlanDecodeError::BadUtf8 { what: "model name", offset: 24 },
+        PlanDecodeError::BadFloat {
+            what: "alpha",
+            bits: f64::NAN.to_bits(),
+            offset: 90,
+            expected: "a number in [0, 1]",
+        },
+        PlanDecodeError::TrailingBytes { offset: 1000, count: 3 },
+        PlanDecodeError::UnreadBytes { offset: 900, count: 100 },
+        PlanDecodeError::BufferTooLarge { buffer: 5, rows: u64::MAX, row_bytes: 2, offset: 0 },
+        PlanDecodeError::BufferOutOfRange { instruction: 7, operand, buffer: 40, buffers: 12 },
+        PlanDecodeError::BadRowRange { instruction: 7, operand, buffer: 3, start: 0, end: 9, rows: 8 },
+        PlanDecodeError::EventOutOfRange { instruction: 8, action: "wait", event: 5, events: 2 },
+        PlanDecodeError::ArgumentCount { instruction: 9, op: Op::Gelu, found: 3, expected: 2 },
+        PlanDecodeError::ArgumentAccess {
+            instruction: 9,
+            op: Op::Gelu,
+            operand: Operand::Arg { index: 1, name: "y" },
+            found: Access::Read,
+            expected: Access::Write,
+        },
+    ];
+    for error in errors {
+        let message = error.to_string();
+        std::println!("{message}");
+        assert!(message.contains("memo plan"), "{message}");
+    }
 }
