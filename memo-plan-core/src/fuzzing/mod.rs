@@ -5,7 +5,10 @@
 //! - [`trace_parse`]: any bytes into the three trace parsers, and generated valid traces of both
 //!   forms whose lifetimes are known;
 //! - [`place`]: generated instances into [`crate::arena::solve`], every answer checked against
-//!   the independent checker and the [`oracle`]s.
+//!   the independent checker and the [`oracle`]s;
+//! - [`plan_decode`]: any bytes (as they are, and with the header's checksum made to match) into
+//!   [`crate::plan::Plan::decode`], and generated valid plans through encode, decode and the JSON
+//!   view.
 //!
 //! The cargo-fuzz targets in `fuzz/fuzz_targets/` only call these `check` functions; each module
 //! also has a smoke test that runs its `check` for about a second on cases drawn with [`smoke`],
@@ -19,6 +22,7 @@ use crate::generate::SplitMix64;
 
 pub mod oracle;
 pub mod place;
+pub mod plan_decode;
 pub mod trace_parse;
 
 /// Runs `check` on `cases` inputs from a SplitMix64 byte stream seeded with `seed`, each of a

@@ -33,6 +33,12 @@ use core::fmt;
 use crate::model::{Hardware, ModelConfig, Parallelism};
 use crate::swap::AlphaBound;
 
+pub mod decode;
+pub mod encode;
+pub mod json;
+
+pub use decode::PlanDecodeError;
+
 /// The version written into, and required of, encoded plans (`spec/plan-format.md`).
 pub const PLAN_FORMAT_VERSION: u16 = 1;
 
