@@ -35,7 +35,7 @@ enum Command {
     Solve(solve::SolveArgs),
     /// Plan one training step per GPU for each strategy (memo, full-recompute, full-swap, keep-all)
     #[command(long_about = plan::LONG_ABOUT)]
-    Plan(plan::PlanArgs),
+    Plan(Box<plan::PlanArgs>),
     /// Verify a plan file with the independent checker; list every violation
     Check(inspect::CheckArgs),
     /// Summarise a plan file: sizes, buffers by kind, instructions per stream, simulated step

@@ -1,0 +1,139 @@
+//! `memo plan`, `memo check` and `memo show`, run as a user runs them.
+
+mod common;
+
+use common::{assert_fails, code, memo, scratch, stderr};
+
+const PAPER: [&str; 8] = ["--model", "7b", "--seq", "1M", "--machine", "a800x8", "--tp", "8"];
+
+fn plan_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["plan"];
+    args.extend_from_slice(&PAPER);
+    args.extend_from_slice(extra);
+    args
+}
+
+fn json(output: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)))
+}
+
+#[test]
+fn the_paper_setting_fits_with_memo_only_among_the_swapping_strategies() {
+    let output = memo(&plan_args(&["--json"]), None);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let value = json(&output);
+    let strategies = value["strategies"].as_array().unwrap();
+    let by = |name: &str| strategies.iter().find(|s| s["strategy"] == name).unwrap().clone();
+    let memo_plan = by("memo");
+    assert_eq!(memo_plan["fits"], true);
+    assert_eq!(memo_plan["alpha_bound"], "host_memory");
+    let alpha = memo_plan["alpha"].as_f64().unwrap();
+    assert!((0.46..0.48).contains(&alpha), "{alpha}");
+    // 16 bsh bf16 per GPU (16 GiB) plus the log-sum-exp.
+    assert_eq!(memo_plan["skeletal_bytes_per_layer"], (16u64 << 30) + (1 << 20) * 32 / 8 * 4);
+    for field in ["arena_bytes", "parameter_bytes", "rounding_buffer_bytes", "arena_lower_bound_bytes", "host_bytes"] {
+        assert!(memo_plan[field].as_u64().unwrap() > 0, "{field}");
+    }
+    assert_eq!(memo_plan["device_bytes"], memo_plan["arena_bytes"]);
+    assert!(memo_plan["mfu_causal"].as_f64().unwrap() < memo_plan["mfu_full"].as_f64().unwrap());
+    assert_eq!(by("keep-all")["fits"], false);
+    assert_eq!(by("full-swap")["fits"], false);
+    assert!(by("full-swap")["host_excess_bytes"].as_u64().unwrap() > 0);
+    assert!(!by("keep-all")["remedies"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn a_written_plan_checks_and_shows() {
+    let path = scratch("plan-memo.memo", b"");
+    let path = path.to_str().unwrap();
+    let output = memo(&plan_args(&["--strategy", "memo", "-o", path]), None);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let checked = memo(&["check", path], None);
+    assert_eq!(code(&checked), 0, "{}", stderr(&checked));
+    assert!(String::from_utf8_lossy(&checked.stdout).contains("valid (memo plan"));
+    let shown = memo(&["show", path, "--json"], None);
+    assert_eq!(code(&shown), 0, "{}", stderr(&shown));
+    let summary = json(&shown);
+    assert_eq!(summary["strategy"], "memo");
+    assert_eq!(summary["seq_len"], 1 << 20);
+    let dump = memo(&["show", path, "--dump-json"], None);
+    assert_eq!(code(&dump), 0);
+    assert_eq!(json(&dump)["buffers"].as_array().unwrap().len() as u64, summary["buffers"].as_u64().unwrap());
+}
+
+#[test]
+fn a_plan_that_does_not_fit_exits_5_with_the_remedy() {
+    let output = memo(&plan_args(&["--strategy", "keep-all"]), None);
+    assert_eq!(code(&output), 5);
+    let message = stderr(&output);
+    assert!(message.contains("does not fit") && message.contains("--max-seq"), "{message}");
+}
+
+#[test]
+fn a_corrupt_plan_file_is_bad_input_and_a_broken_one_is_invalid() {
+    let path = scratch("plan-corrupt.memo", b"MEMOPLAN but not really");
+    let message = assert_fails(&memo(&["check", path.to_str().unwrap()], None), 2);
+    assert!(message.contains("plan-corrupt.memo"), "{message}");
+
+    // A valid encoding whose plan breaks a rule: shrink the arena and reseal.
+    let good = scratch("plan-good.memo", b"");
+    let output = memo(
+        &[
+            "plan",
+            "--model",
+            "7b",
+            "--seq",
+            "32K",
+            "--machine",
+            "a800x8",
+            "--tp",
+            "8",
+            "--strategy",
+            "memo",
+            "-o",
+            good.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let mut plan = memo_plan_core::plan::Plan::decode(&std::fs::read(&good).unwrap()).unwrap();
+    plan.totals.arena_bytes /= 2;
+    let broken = scratch("plan-broken.memo", &plan.encode());
+    let output = memo(&["check", broken.to_str().unwrap()], None);
+    assert_eq!(code(&output), 6);
+    let listed = String::from_utf8_lossy(&output.stdout);
+    assert!(listed.lines().count() >= 2, "{listed}");
+    assert!(stderr(&output).contains("violation"));
+}
+
+#[test]
+fn max_seq_orders_the_strategies() {
+    let output = memo(&["plan", "--model", "7b", "--machine", "a800x8", "--tp", "8", "--max-seq", "--json"], None);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let value = json(&output);
+    let rows = value["max_seq"].as_array().unwrap();
+    let longest = |name: &str| rows.iter().find(|r| r["strategy"] == name).unwrap()["max_seq_len"].as_u64().unwrap();
+    assert!(longest("memo") > longest("full-recompute"));
+    assert!(longest("full-recompute") > longest("keep-all"));
+    assert!(longest("memo") >= 1 << 20, "memo fits 1M tokens");
+}
+
+#[test]
+fn bad_configuration_is_one_line_naming_the_field() {
+    let message = assert_fails(&memo(&["plan", "--model", "8b", "--seq", "1M", "--machine", "a800x8"], None), 2);
+    assert!(message.contains("8b") && message.contains("7b"), "{message}");
+    let message =
+        assert_fails(&memo(&["plan", "--model", "7b", "--seq", "1M", "--machine", "a800x8", "--tp", "3"], None), 2);
+    assert!(message.contains("heads"), "{message}");
+    let message = assert_fails(&memo(&["plan", "--model", "7b", "--machine", "a800x8"], None), 2);
+    assert!(message.contains("--seq"), "{message}");
+    let message = assert_fails(&memo(&plan_args(&["-o", "x.memo"]), None), 2);
+    assert!(message.contains("--strategy"), "{message}");
+    let toml = scratch("bad.toml", b"[model]\npreset = \"7b\"\nhidden = \"big\"\n");
+    let message = assert_fails(
+        &memo(&["plan", "--config", toml.to_str().unwrap(), "--seq", "1K", "--machine", "a800x8"], None),
+        2,
+    );
+    assert!(message.contains("bad.toml") && message.contains("line"), "{message}");
+}
