@@ -48,7 +48,7 @@ impl MemoStatus {
 
     /// The status with this value, if any.
     pub fn from_i32(value: i32) -> Option<MemoStatus> {
-        MemoStatus::ALL.iter().copied().find(|s| *s as i32 == value)
+        MemoStatus::all().into_iter().find(|s| *s as i32 == value)
     }
 
     fn c_name(self) -> &'static CStr {
@@ -70,21 +70,23 @@ impl MemoStatus {
     }
 
     /// Every status, in numeric order.
-    pub const ALL: [MemoStatus; 13] = [
-        MemoStatus::Ok,
-        MemoStatus::NullPointer,
-        MemoStatus::BadHandle,
-        MemoStatus::InvalidArgument,
-        MemoStatus::InvalidTrace,
-        MemoStatus::Infeasible,
-        MemoStatus::NotFoundWithinBudget,
-        MemoStatus::TooLarge,
-        MemoStatus::BufferTooSmall,
-        MemoStatus::Io,
-        MemoStatus::Device,
-        MemoStatus::InvalidState,
-        MemoStatus::Internal,
-    ];
+    pub fn all() -> [MemoStatus; 13] {
+        [
+            MemoStatus::Ok,
+            MemoStatus::NullPointer,
+            MemoStatus::BadHandle,
+            MemoStatus::InvalidArgument,
+            MemoStatus::InvalidTrace,
+            MemoStatus::Infeasible,
+            MemoStatus::NotFoundWithinBudget,
+            MemoStatus::TooLarge,
+            MemoStatus::BufferTooSmall,
+            MemoStatus::Io,
+            MemoStatus::Device,
+            MemoStatus::InvalidState,
+            MemoStatus::Internal,
+        ]
+    }
 }
 
 /// A failed call: its status and a message that says what was wrong and how to fix it.
@@ -219,7 +221,7 @@ mod tests {
 
     #[test]
     fn status_names_match_the_enum_and_unknown_values_are_named() {
-        for status in MemoStatus::ALL {
+        for status in MemoStatus::all() {
             // Safety: memo_status_name returns a pointer to a static NUL-terminated string.
             let name = unsafe { CStr::from_ptr(memo_status_name(status as i32)) };
             assert_eq!(name.to_str().unwrap(), status.name());
@@ -227,7 +229,7 @@ mod tests {
         // Safety: as above.
         let unknown = unsafe { CStr::from_ptr(memo_status_name(-7)) };
         assert_eq!(unknown.to_str().unwrap(), "MEMO_STATUS_UNKNOWN");
-        let values: Vec<i32> = MemoStatus::ALL.iter().map(|s| *s as i32).collect();
+        let values: Vec<i32> = MemoStatus::all().iter().map(|s| *s as i32).collect();
         assert_eq!(values, (0..13).collect::<Vec<_>>());
     }
 

@@ -11,7 +11,7 @@ use memo_plan_core::SolveOptions;
 
 use super::cuda::CudaAllocator;
 use super::host::HostAllocator;
-use super::plan::{replay_solve_options, DEFAULT_REPLAY_ALIGNMENT};
+use super::plan::{replay_solve_options, MEMO_DEFAULT_REPLAY_ALIGNMENT};
 use super::{DeviceAllocator, Mode, RecordReplayAllocator};
 use crate::ffi_util::{str_arg, write_out};
 use crate::placement::{MemoPlaceOptions, MEMO_NO_CAPACITY};
@@ -23,11 +23,11 @@ pub const MEMO_BACKEND_CUDA: u32 = 0;
 pub const MEMO_BACKEND_HOST: u32 = 1;
 
 /// `MemoAllocatorStats::mode`: requests go to the device allocator, nothing is recorded.
-pub const MEMO_MODE_PASSTHROUGH: u32 = Mode::Passthrough as u32;
+pub const MEMO_MODE_PASSTHROUGH: u32 = 0;
 /// `MemoAllocatorStats::mode`: requests go to the device allocator and are recorded.
-pub const MEMO_MODE_RECORD: u32 = Mode::Record as u32;
+pub const MEMO_MODE_RECORD: u32 = 1;
 /// `MemoAllocatorStats::mode`: requests get planned arena addresses.
-pub const MEMO_MODE_REPLAY: u32 = Mode::Replay as u32;
+pub const MEMO_MODE_REPLAY: u32 = 2;
 
 /// The allocator's state and counters. Counters run since the first use or the last
 /// `memo_allocator_reset_stats`; the rest describes the state now.
@@ -121,7 +121,9 @@ pub extern "C" fn memo_alloc(size: isize, device: c_int, stream: *mut c_void) ->
 /// nothing. A pointer this allocator did not hand out (or freed already) is ignored, counted in
 /// `unknown_frees` and described by the last error on this thread.
 #[no_mangle]
-pub extern "C" fn memo_free(ptr: *mut c_void, size: isize, _device: c_int, stream: *mut c_void) {
+pub extern "C" fn memo_free(ptr: *mut c_void, size: isize, device: c_int, stream: *mut c_void) {
+    // The allocator knows each pointer's device from its allocation.
+    let _ = device;
     guard("memo_free", || with_allocator(|allocator| allocator.free(ptr.addr(), size.max(0) as usize, stream.addr())));
 }
 
@@ -191,7 +193,7 @@ pub unsafe extern "C" fn memo_allocator_record(trace_dir: *const c_char) -> Memo
 /// `options` is NULL or valid for reading one `MemoPlaceOptions`.
 unsafe fn plan_options(options: *const MemoPlaceOptions) -> SolveOptions {
     if options.is_null() {
-        return replay_solve_options(None, DEFAULT_REPLAY_ALIGNMENT, DEFAULT_BUDGET_NODES);
+        return replay_solve_options(None, MEMO_DEFAULT_REPLAY_ALIGNMENT, DEFAULT_BUDGET_NODES);
     }
     // Safety: not NULL, and the caller promises one readable MemoPlaceOptions.
     let options = unsafe { options.read() };
@@ -319,7 +321,11 @@ pub(crate) fn stats_of<D: DeviceAllocator>(allocator: &RecordReplayAllocator<D>)
         device_bytes_peak: c.device_bytes_peak,
         requested_bytes_live: allocator.requested_bytes_live(),
         requested_bytes_peak: c.requested_bytes_peak,
-        mode: allocator.mode() as u32,
+        mode: match allocator.mode() {
+            Mode::Passthrough => MEMO_MODE_PASSTHROUGH,
+            Mode::Record => MEMO_MODE_RECORD,
+            Mode::Replay => MEMO_MODE_REPLAY,
+        },
         arena_device: arena.map_or(-1, |a| a.device),
         plan_ready: u32::from(plan.is_some()),
         plan_optimal: u32::from(plan.is_some_and(|p| p.optimal)),

@@ -11,11 +11,11 @@ use crate::status::{CapiError, MemoStatus};
 
 /// The smallest alignment a plan may use: device pointers must be at least as aligned as
 /// `cudaMalloc`'s (256 bytes), which kernels rely on.
-pub const MIN_DEVICE_ALIGNMENT: u64 = 256;
+pub const MEMO_MIN_DEVICE_ALIGNMENT: u64 = 256;
 
 /// The alignment plans use by default: PyTorch's caching allocator rounds every block to 512
 /// bytes, so a recorded trace placed at 512 is comparable with what it reserves.
-pub const DEFAULT_REPLAY_ALIGNMENT: u64 = 512;
+pub const MEMO_DEFAULT_REPLAY_ALIGNMENT: u64 = 512;
 
 /// What one allocation request of an iteration gets in replay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,11 +78,11 @@ impl ReplayPlan {
             ));
         }
         let alignment = options.alignment;
-        if alignment < MIN_DEVICE_ALIGNMENT || !alignment.is_power_of_two() {
+        if alignment < MEMO_MIN_DEVICE_ALIGNMENT || !alignment.is_power_of_two() {
             return Err(CapiError::new(
                 MemoStatus::InvalidArgument,
                 format!(
-                    "alignment {alignment}: the allocator hands out device pointers, so offsets must be aligned to a power of two of at least {MIN_DEVICE_ALIGNMENT} bytes (default {DEFAULT_REPLAY_ALIGNMENT})"
+                    "alignment {alignment}: the allocator hands out device pointers, so offsets must be aligned to a power of two of at least {MEMO_MIN_DEVICE_ALIGNMENT} bytes (default {MEMO_DEFAULT_REPLAY_ALIGNMENT})"
                 ),
             ));
         }
@@ -132,11 +132,11 @@ impl ReplayPlan {
 }
 
 /// Solver options for a replay plan: `alignment` 0 or 1 ("none", which device pointers cannot
-/// have) means [`DEFAULT_REPLAY_ALIGNMENT`].
+/// have) means [`MEMO_DEFAULT_REPLAY_ALIGNMENT`].
 pub fn replay_solve_options(capacity: Option<u64>, alignment: u64, budget_nodes: u64) -> SolveOptions {
     SolveOptions {
         capacity,
-        alignment: if alignment <= 1 { DEFAULT_REPLAY_ALIGNMENT } else { alignment },
+        alignment: if alignment <= 1 { MEMO_DEFAULT_REPLAY_ALIGNMENT } else { alignment },
         budget_nodes,
     }
 }

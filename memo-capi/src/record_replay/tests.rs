@@ -6,7 +6,7 @@ use memo_plan_core::check::check_placement;
 use memo_plan_core::generate::SplitMix64;
 use memo_plan_core::{parse_trace, BufferLifetime};
 
-use super::plan::{replay_solve_options, DEFAULT_REPLAY_ALIGNMENT};
+use super::plan::{replay_solve_options, MEMO_DEFAULT_REPLAY_ALIGNMENT};
 use super::*;
 
 /// A device that never reuses an address (so a reuse bug cannot hide behind a lucky address),
@@ -77,7 +77,7 @@ fn run(
 }
 
 fn options() -> SolveOptions {
-    replay_solve_options(None, DEFAULT_REPLAY_ALIGNMENT, 100_000)
+    replay_solve_options(None, MEMO_DEFAULT_REPLAY_ALIGNMENT, 100_000)
 }
 
 /// An iteration shaped like a training step: activations made in order and freed in reverse
@@ -304,7 +304,7 @@ fn plans_refuse_small_alignments_and_csv_traces() {
     let text = b"malloc 0 100\nfree 0 100\n";
     let small = replay_solve_options(None, 64, 1000);
     assert_eq!(ReplayPlan::from_text(text, &small).unwrap_err().status, MemoStatus::InvalidArgument);
-    assert_eq!(replay_solve_options(None, 1, 1000).alignment, DEFAULT_REPLAY_ALIGNMENT);
+    assert_eq!(replay_solve_options(None, 1, 1000).alignment, MEMO_DEFAULT_REPLAY_ALIGNMENT);
     let csv = b"id,lower,upper,size\n0,0,1,100\n";
     assert_eq!(ReplayPlan::from_text(csv, &options()).unwrap_err().status, MemoStatus::InvalidTrace);
     let tight = replay_solve_options(Some(256), 512, 1000);
