@@ -3,8 +3,9 @@
 //! panic or a failed load of this library.
 //!
 //! The runtime is looked for under the path in `MEMO_CUDART_PATH` if set, else under the usual
-//! sonames. In a PyTorch process the wheel has already loaded its `libcudart.so.<major>`, and
-//! loading the same soname gives back that copy, so both share one context.
+//! sonames. A copy already loaded into the process is preferred (on Linux, every name is first
+//! tried with `RTLD_NOLOAD`): in a PyTorch process the wheel has already loaded its
+//! `libcudart.so.<major>`, and using that copy avoids a second runtime beside it.
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 
@@ -39,8 +40,12 @@ struct Api {
 }
 
 impl Api {
-    /// Loads the first library of `candidates` that has every entry point.
+    /// Loads the first library of `candidates` that has every entry point, preferring one that
+    /// is loaded already.
     fn load(candidates: &[String]) -> Result<Api, String> {
+        if let Some(api) = candidates.iter().find_map(|name| already_loaded(name).and_then(|l| Api::bind(l).ok())) {
+            return Ok(api);
+        }
         let mut failures = Vec::new();
         for name in candidates {
             // Safety: loading the CUDA runtime runs its initialisers, which have no preconditions
@@ -52,22 +57,7 @@ impl Api {
                     continue;
                 }
             };
-            // Safety: the types are the CUDA runtime API's C signatures (cuda_runtime_api.h); the
-            // pointers are copied out of the symbols and stay valid because the library is moved
-            // into the same struct and unloaded only with it.
-            let api = unsafe {
-                (|| -> Result<Api, libloading::Error> {
-                    Ok(Api {
-                        malloc: *library.get::<CudaMalloc>(b"cudaMalloc\0")?,
-                        free: *library.get::<CudaFree>(b"cudaFree\0")?,
-                        get_device: *library.get::<CudaGetDevice>(b"cudaGetDevice\0")?,
-                        set_device: *library.get::<CudaSetDevice>(b"cudaSetDevice\0")?,
-                        error_string: *library.get::<CudaGetErrorString>(b"cudaGetErrorString\0")?,
-                        _library: library,
-                    })
-                })()
-            };
-            match api {
+            match Api::bind(library) {
                 Ok(api) => return Ok(api),
                 Err(e) => failures.push(format!("{name}: {e}")),
             }
@@ -76,6 +66,23 @@ impl Api {
             "cannot load the CUDA runtime ({}); install CUDA or set {CUDART_PATH_VARIABLE} to the path of libcudart",
             failures.join("; ")
         ))
+    }
+
+    /// The entry points of a loaded CUDA runtime.
+    fn bind(library: Library) -> Result<Api, libloading::Error> {
+        // Safety: the types are the CUDA runtime API's C signatures (cuda_runtime_api.h); the
+        // pointers are copied out of the symbols and stay valid because the library is moved into
+        // the same struct and unloaded only with it.
+        unsafe {
+            Ok(Api {
+                malloc: *library.get::<CudaMalloc>(b"cudaMalloc\0")?,
+                free: *library.get::<CudaFree>(b"cudaFree\0")?,
+                get_device: *library.get::<CudaGetDevice>(b"cudaGetDevice\0")?,
+                set_device: *library.get::<CudaSetDevice>(b"cudaSetDevice\0")?,
+                error_string: *library.get::<CudaGetErrorString>(b"cudaGetErrorString\0")?,
+                _library: library,
+            })
+        }
     }
 
     /// A CUDA error code in words.
@@ -111,6 +118,23 @@ impl Api {
         unsafe { (self.set_device)(current) };
         result
     }
+}
+
+/// `name` if the process has loaded it already (Linux: `dlopen` with `RTLD_NOLOAD`), else None.
+#[cfg(target_os = "linux")]
+fn already_loaded(name: &str) -> Option<Library> {
+    use libloading::os::unix::{Library as UnixLibrary, RTLD_LOCAL, RTLD_NOW};
+    /// glibc's and musl's value of `RTLD_NOLOAD`: only return a handle to a loaded library.
+    const RTLD_NOLOAD: c_int = 4;
+    // Safety: with RTLD_NOLOAD nothing is loaded and no initialiser runs; a hit only adds a
+    // reference to a library that is loaded already.
+    unsafe { UnixLibrary::open(Some(name), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD) }.ok().map(Library::from)
+}
+
+/// Elsewhere, no cheap way to ask: load as usual.
+#[cfg(not(target_os = "linux"))]
+fn already_loaded(_name: &str) -> Option<Library> {
+    None
 }
 
 /// `cudaMalloc`/`cudaFree` of a CUDA runtime loaded on first use.
@@ -190,6 +214,13 @@ mod tests {
         assert!(error.message.contains(CUDART_PATH_VARIABLE), "{}", error.message);
         // Tried once, the same answer every time.
         assert_eq!(cuda.free(0x1000, 1, 0, 0).unwrap_err(), error);
+    }
+
+    #[test]
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn only_loaded_libraries_are_found_without_loading() {
+        assert!(already_loaded("libc.so.6").is_some());
+        assert!(already_loaded("libmemo-never-loaded.so.77").is_none());
     }
 
     #[test]
