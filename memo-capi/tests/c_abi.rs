@@ -253,3 +253,70 @@ fn handles_work_from_many_threads_at_once() {
         thread.join().unwrap();
     }
 }
+
+#[test]
+fn random_calls_with_any_handles_and_values_never_fail_internally() {
+    // A fixed-seed stream of calls mixing live, freed and made-up handles with extreme values:
+    // every answer must be a status other than MEMO_STATUS_INTERNAL (a caught panic).
+    let mut state = 0x5EED_u64;
+    let mut next = move || {
+        // SplitMix64.
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let extreme = [0, 1, 2, 255, 256, 4096, u32::MAX as u64, u64::MAX / 2, u64::MAX - 1, u64::MAX];
+    let mut traces: Vec<*mut MemoTrace> = vec![std::ptr::without_provenance_mut(0x77)];
+    let mut placements: Vec<*mut MemoPlacement> = vec![std::ptr::without_provenance_mut(0x78)];
+    let mut outcomes = [0u32; 13];
+    for _ in 0..3000 {
+        let value = |r: u64| if r % 2 == 0 { extreme[(r / 2 % extreme.len() as u64) as usize] } else { r % 64 };
+        let trace = traces[(next() % traces.len() as u64) as usize];
+        let placement = placements[(next() % placements.len() as u64) as usize];
+        let status = match next() % 9 {
+            0 => {
+                let mut out = null_mut();
+                // Safety: valid out-pointer.
+                let status = unsafe { memo_trace_new(&mut out) };
+                traces.push(out);
+                status
+            }
+            1 | 2 => memo_trace_add_malloc(trace, next() % 8, value(next())),
+            3 => memo_trace_add_free(trace, next() % 8, value(next())),
+            4 => memo_trace_free(trace),
+            5 => {
+                let options =
+                    MemoPlaceOptions { capacity: value(next()), alignment: value(next()), budget_nodes: next() % 1000 };
+                let mut out = null_mut();
+                // Safety: valid options and out-pointer.
+                let status = unsafe { memo_place(trace, &options, &mut out) };
+                if !out.is_null() {
+                    placements.push(out);
+                }
+                outcomes[status as usize] += 1;
+                status
+            }
+            6 => {
+                let mut s = MemoPlacementSummary::default();
+                // Safety: valid out-pointer.
+                unsafe { memo_placement_summary(placement, &mut s) }
+            }
+            7 => {
+                let mut offsets = [0u64; 4];
+                // Safety: room for 4.
+                unsafe { memo_placement_offsets(placement, offsets.as_mut_ptr(), offsets.len()) }
+            }
+            _ => memo_placement_free(placement),
+        };
+        assert_ne!(status, MemoStatus::Internal, "{}", last_error());
+        if status != MemoStatus::Ok {
+            assert!(!last_error().is_empty());
+        }
+    }
+    // The stream reaches placements that succeed and ones that fail for each reason of substance.
+    for status in [MemoStatus::Ok, MemoStatus::BadHandle, MemoStatus::Infeasible, MemoStatus::TooLarge] {
+        assert!(outcomes[status as usize] > 5, "{outcomes:?}");
+    }
+}

@@ -461,3 +461,75 @@ fn random_request_streams_never_get_overlapping_memory() {
         assert_eq!(allocator.requested_bytes_live(), live.values().map(|&s| s as u64).sum::<u64>());
     }
 }
+
+#[test]
+fn random_calls_in_any_mode_never_fail_internally_or_overlap() {
+    // Any order of record, plan, replay, passthrough, release, iteration ends, allocations and
+    // frees: every call answers (an error is fine), no bookkeeping goes wrong (a debug-build
+    // underflow would panic), and live memory never overlaps.
+    let mut rng = SplitMix64::new(0xC0FFEE);
+    let (mut replayed, mut fallbacks) = (0, 0);
+    for case in 0..40 {
+        let mut allocator = RecordReplayAllocator::new(FakeDevice::new());
+        allocator.device.fail_above = if case % 4 == 0 { 30_000 } else { usize::MAX };
+        let mut live: Vec<(usize, usize)> = Vec::new();
+        let mallocs = 1 + rng.below(12) as usize;
+        let pattern = random_ops(&mut rng, mallocs);
+        for _ in 0..400 {
+            match rng.below(20) {
+                0 => allocator.record(None).unwrap(),
+                1 => drop(allocator.plan_recorded(&options())),
+                2 => drop(allocator.replay(rng.below(2) as i32)),
+                3 => allocator.passthrough(),
+                4 => drop(allocator.release_arena()),
+                5 => allocator.end_iteration().unwrap(),
+                6..=9 => {
+                    // One whole iteration of the pattern, its survivors kept.
+                    let mut addresses: Vec<Option<(usize, usize)>> = Vec::new();
+                    for &op in &pattern {
+                        match op {
+                            Op::Malloc(size) => {
+                                let result = allocator.allocate(size, 0, 0).ok().map(|a| (a, size));
+                                if let Some(pair) = result {
+                                    live.push(pair);
+                                    assert_no_overlap(&live);
+                                }
+                                addresses.push(result);
+                            }
+                            Op::Free(index) => {
+                                if let Some((address, size)) = addresses[index].take() {
+                                    allocator.free(address, size, 0).unwrap_or_else(|e| panic!("case {case}: {e}"));
+                                    live.retain(|&(a, _)| a != address);
+                                }
+                            }
+                        }
+                    }
+                    allocator.end_iteration().unwrap();
+                }
+                10..=14 => {
+                    let size = rng.below(40_000) as usize;
+                    if let Ok(address) = allocator.allocate(size, rng.below(3).min(1) as i32, 0) {
+                        live.push((address, size));
+                        assert_no_overlap(&live);
+                    }
+                }
+                _ if !live.is_empty() => {
+                    let (address, size) = live.swap_remove(rng.below(live.len() as u64) as usize);
+                    allocator.free(address, size, 0).unwrap_or_else(|e| panic!("case {case}: {e}"));
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(allocator.counters().unknown_frees, 0);
+        replayed += allocator.counters().replayed;
+        fallbacks += allocator.counters().fallbacks;
+        assert_eq!(allocator.requested_bytes_live(), live.iter().map(|&(_, s)| s as u64).sum::<u64>());
+        for (address, size) in live {
+            allocator.free(address, size, 0).unwrap();
+        }
+        allocator.release_arena().unwrap();
+        assert!(allocator.is_idle() && allocator.device.live.is_empty(), "case {case}");
+    }
+    // The stream reaches replay, and both of its outcomes.
+    assert!(replayed > 100 && fallbacks > 100, "replayed {replayed}, fell back {fallbacks}");
+}
