@@ -272,7 +272,8 @@ fn random_calls_with_any_handles_and_values_never_fail_internally() {
     let mut placements: Vec<*mut MemoPlacement> = vec![std::ptr::without_provenance_mut(0x78)];
     let mut outcomes = [0u32; 13];
     for _ in 0..3000 {
-        let value = |r: u64| if r % 2 == 0 { extreme[(r / 2 % extreme.len() as u64) as usize] } else { r % 64 };
+        let value =
+            |r: u64| if r.is_multiple_of(2) { extreme[(r / 2 % extreme.len() as u64) as usize] } else { r % 64 };
         let trace = traces[(next() % traces.len() as u64) as usize];
         let placement = placements[(next() % placements.len() as u64) as usize];
         let status = match next() % 9 {
