@@ -280,9 +280,10 @@ MemoStatus memo_placement_buffer(const struct MemoPlacement *placement,
 MemoStatus memo_placement_free(struct MemoPlacement *placement);
 
 // Allocates `size` bytes on `device` for `stream`, as PyTorch's `CUDAPluggableAllocator` calls
-// it: from the device allocator, or in replay from the planned place in the arena. Returns NULL
-// on failure (the last error, on this thread, says why): a negative size, no CUDA runtime, the
-// device out of memory. Pointers are aligned to at least 256 bytes.
+// it: from the device allocator, or in replay from the planned place in the arena. Size 0 gets
+// NULL, as from PyTorch's own allocator, and is not a failure. Otherwise NULL means failure (the
+// last error, on this thread, says why): a negative size, no CUDA runtime, the device out of
+// memory. Pointers are aligned to at least 256 bytes.
 void *memo_alloc(ptrdiff_t size, int device, void *stream);
 
 // Frees what `memo_alloc` returned, as PyTorch's `CUDAPluggableAllocator` calls it. NULL does

@@ -104,9 +104,10 @@ fn with_allocator<R>(f: impl FnOnce(&mut Global) -> Result<R, CapiError>) -> Res
 }
 
 /// Allocates `size` bytes on `device` for `stream`, as PyTorch's `CUDAPluggableAllocator` calls
-/// it: from the device allocator, or in replay from the planned place in the arena. Returns NULL
-/// on failure (the last error, on this thread, says why): a negative size, no CUDA runtime, the
-/// device out of memory. Pointers are aligned to at least 256 bytes.
+/// it: from the device allocator, or in replay from the planned place in the arena. Size 0 gets
+/// NULL, as from PyTorch's own allocator, and is not a failure. Otherwise NULL means failure (the
+/// last error, on this thread, says why): a negative size, no CUDA runtime, the device out of
+/// memory. Pointers are aligned to at least 256 bytes.
 #[no_mangle]
 pub extern "C" fn memo_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
     let address = guard_value("memo_alloc", 0, || {

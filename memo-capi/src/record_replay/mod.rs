@@ -175,6 +175,8 @@ pub struct RecordReplayAllocator<D> {
     recorder: Recorder,
     plan: Option<ReplayPlan>,
     arena: Option<Arena>,
+    /// The device replay serves (requests for others fall back without taking a position).
+    replay_device: i32,
     /// The position of the next request of the current iteration, in replay.
     cursor: usize,
     /// Live replayed buffers by start offset; their ranges never overlap.
@@ -195,6 +197,7 @@ impl<D: DeviceAllocator> RecordReplayAllocator<D> {
             recorder: Recorder::default(),
             plan: None,
             arena: None,
+            replay_device: 0,
             cursor: 0,
             replayed_live: BTreeMap::new(),
             device_live: BTreeMap::new(),
@@ -331,6 +334,7 @@ impl<D: DeviceAllocator> RecordReplayAllocator<D> {
                 self.add_device_bytes(needed);
             }
         }
+        self.replay_device = device;
         self.cursor = 0;
         self.mode = Mode::Replay;
         Ok(())
@@ -391,12 +395,13 @@ impl<D: DeviceAllocator> RecordReplayAllocator<D> {
         Ok(address)
     }
 
-    /// Serves an allocation request of `size` bytes on `device` for `stream`.
+    /// Serves an allocation request of `size` bytes on `device` for `stream`; address 0 for size 0.
     pub fn allocate(&mut self, size: usize, device: i32, stream: usize) -> Result<usize, CapiError> {
         self.counters.requests += 1;
-        // Zero-size requests are neither recorded nor planned: they go to the device as they are.
+        // A zero-size request gets NULL (address 0), as from PyTorch's own caching allocator: no
+        // memory, nothing to record or plan, and freeing it does nothing.
         if size == 0 {
-            return self.allocate_from_device(size, device, stream);
+            return Ok(0);
         }
         match self.mode {
             Mode::Passthrough => self.allocate_from_device(size, device, stream),
@@ -430,7 +435,7 @@ impl<D: DeviceAllocator> RecordReplayAllocator<D> {
         };
         let arena = self.arena;
         // Requests of other devices were not recorded: they do not take a position.
-        if arena.is_some_and(|a| a.device != device) {
+        if device != self.replay_device {
             return self.fall_back(Fallback::OtherDevice, size, device, stream);
         }
         let position = self.cursor;

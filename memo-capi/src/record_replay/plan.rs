@@ -69,7 +69,7 @@ impl ReplayPlan {
 
     /// Plans one iteration's trace: buffers it frees go into one arena, placed by the solver
     /// (minimising the peak, or under `options.capacity`); buffers it never frees get device
-    /// slots; zero-size buffers get no slot (replay passes zero-size requests to the device).
+    /// slots; zero-size buffers get no slot (zero-size requests get NULL and take no position).
     pub fn from_trace(trace: &Trace, options: &SolveOptions) -> Result<ReplayPlan, CapiError> {
         if trace.format != TraceFormat::MemoText {
             return Err(CapiError::new(
