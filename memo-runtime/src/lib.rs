@@ -1,6 +1,18 @@
-//! The MEMO runtime: the `Backend` trait, the plan interpreter and the GPT trainer loop.
+//! The MEMO runtime: the [`Backend`] trait every device implements, the plan interpreter
+//! ([`Replay`]) and the GPT trainer loop ([`Trainer`]).
 //!
-//! Not built yet: this crate is a placeholder in the workspace layout of `DESIGN.md` and exports
-//! nothing, so nothing can depend on behaviour it does not have. The issue "The runtime and the
-//! trainer, on the CPU reference backend" fills it.
+//! The runtime decides nothing: a plan from `memo-plan-core` is checked by the independent
+//! checker, its buffers become spans of ONE device arena and one pinned host slab, and its
+//! instructions become backend calls, in order, on three streams.
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub mod backend;
+pub mod checkpoint;
+pub mod data;
+pub mod interpret;
+pub mod trainer;
+
+pub use backend::{AdamW, Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
+pub use interpret::{Replay, RuntimeError};
+pub use trainer::{cpu_hardware, training_model, TrainOptions, Trainer};

@@ -1,0 +1,192 @@
+//! The `Backend` trait: what a device must offer to replay a plan (`DESIGN.md` "Backends").
+//!
+//! A backend owns one device arena and one pinned host slab, runs three streams, and has events.
+//! Calls enqueue work on a stream and return; [`Backend::synchronize`] waits for every stream
+//! and reports the first error any of them hit. The backend decides nothing: the interpreter
+//! hands it byte spans computed from the plan.
+
+use std::fmt;
+
+use memo_plan_core::plan::{Access, EventId, Op, Stream};
+
+/// Which memory a span is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Space {
+    /// The device arena.
+    Device,
+    /// The pinned host slab.
+    Host,
+}
+
+/// Bytes `[offset, offset + len)` of one space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Span {
+    /// Arena or host slab.
+    pub space: Space,
+    /// First byte.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+/// One argument of a launch: its bytes and its shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelArg {
+    /// The bytes of rows `[first_row, first_row + rows)` of the buffer.
+    pub span: Span,
+    /// The buffer's first row in this argument (positions for rotary embeddings).
+    pub first_row: u64,
+    /// Rows in the argument.
+    pub rows: u64,
+    /// Bytes per row.
+    pub row_bytes: u64,
+    /// How the op uses it.
+    pub access: Access,
+}
+
+/// AdamW's hyperparameters and the step number.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamW {
+    /// Learning rate.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Denominator guard.
+    pub eps: f32,
+    /// Decoupled weight decay.
+    pub weight_decay: f32,
+    /// Global gradient-norm clip (0: none).
+    pub max_grad_norm: f32,
+    /// The step being taken, from 1.
+    pub step: u64,
+}
+
+impl Default for AdamW {
+    fn default() -> Self {
+        AdamW { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0, step: 1 }
+    }
+}
+
+/// What every kernel may need beyond its arguments: the model's shape on this GPU and the
+/// optimizer's settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KernelContext {
+    /// Row width of sequence-sharded activations (`h`).
+    pub hidden: u64,
+    /// Attention heads on this GPU.
+    pub heads: u64,
+    /// Tokens per sequence (row `r` is at position `r % seq_len`).
+    pub seq_len: u64,
+    /// Vocabulary.
+    pub vocab: u64,
+    /// Tokens of the whole step: the loss is their mean.
+    pub loss_scale_tokens: u64,
+    /// The optimizer.
+    pub adamw: AdamW,
+}
+
+/// What went wrong in a backend. Every variant says what and how to fix it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendError {
+    /// The device or its library is missing.
+    Unavailable(String),
+    /// Memory could not be allocated.
+    OutOfMemory {
+        /// What was being allocated.
+        what: &'static str,
+        /// Bytes asked for.
+        bytes: u64,
+    },
+    /// A span outside the allocated memory (a plan/backend mismatch).
+    OutOfBounds {
+        /// The span.
+        span: Span,
+        /// The size of its space.
+        size: u64,
+    },
+    /// A kernel failed (bad shapes, an op the backend cannot run).
+    Kernel {
+        /// Which instruction.
+        instruction: usize,
+        /// The kernel's message.
+        message: String,
+    },
+    /// Checked mode caught an access the plan did not order.
+    Unordered(String),
+    /// Anything else.
+    Other(String),
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::Unavailable(what) => write!(f, "backend unavailable: {what}"),
+            BackendError::OutOfMemory { what, bytes } => {
+                write!(f, "cannot allocate {bytes} bytes for the {what}: plan a shorter sequence or a smaller model")
+            }
+            BackendError::OutOfBounds { span, size } => write!(
+                f,
+                "{:?} bytes [{}, {}) lie outside its {size} bytes: the plan does not match the allocated memory",
+                span.space,
+                span.offset,
+                span.offset.saturating_add(span.len)
+            ),
+            BackendError::Kernel { instruction, message } => write!(f, "instruction {instruction}: {message}"),
+            BackendError::Unordered(message) => write!(f, "checked mode: {message}"),
+            BackendError::Other(message) => f.write_str(message),
+        }
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+/// Bytes a backend holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// Device bytes allocated (the arena).
+    pub device_bytes: u64,
+    /// Pinned host bytes allocated (the slab).
+    pub host_bytes: u64,
+}
+
+/// A device that replays plans. Work is enqueued per stream; [`Backend::synchronize`] waits.
+pub trait Backend {
+    /// A name for reports (`cpu`, `cuda:0`, ...).
+    fn name(&self) -> String;
+
+    /// Allocates the arena, the host slab and `events` events (replacing earlier ones).
+    fn allocate(&mut self, arena_bytes: u64, host_bytes: u64, events: u32) -> Result<(), BackendError>;
+
+    /// Copies `bytes` into the span (synchronously, with every stream idle).
+    fn upload(&mut self, span: Span, bytes: &[u8]) -> Result<(), BackendError>;
+
+    /// Reads the span (synchronously, with every stream idle).
+    fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError>;
+
+    /// Enqueues a kernel on `stream`. `instruction` is its index in the plan, for errors.
+    fn launch(
+        &mut self,
+        instruction: usize,
+        stream: Stream,
+        op: Op,
+        args: &[KernelArg],
+        context: &KernelContext,
+    ) -> Result<(), BackendError>;
+
+    /// Enqueues a copy of `src` into `dst` (equal lengths) on `stream`.
+    fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError>;
+
+    /// Enqueues the recording of `event` on `stream`.
+    fn record(&mut self, stream: Stream, event: EventId) -> Result<(), BackendError>;
+
+    /// Makes `stream` wait for `event`.
+    fn wait(&mut self, stream: Stream, event: EventId) -> Result<(), BackendError>;
+
+    /// Waits for every stream; the first error any of them hit.
+    fn synchronize(&mut self) -> Result<(), BackendError>;
+
+    /// What is allocated.
+    fn memory(&self) -> MemoryReport;
+}

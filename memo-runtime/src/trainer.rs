@@ -1,0 +1,285 @@
+//! The GPT trainer: plan once, initialise the parameters and the optimizer state in the arena,
+//! then per step upload the tokens, replay the plan, and read the loss.
+//!
+//! Parameters are initialised from the seed and each parameter's (role, layer) only, never from
+//! its place or its position in the plan, so every strategy starts from the same weights:
+//! weights `N(0, 0.02)` (the residual projections `wo` and `w2` scaled by `1/sqrt(2n)`, as GPT-2
+//! does), biases and norm shifts 0, norm scales 1. AdamW's state starts at master = the bf16
+//! parameter, m = v = 0.
+
+use half::bf16;
+use memo_plan_core::generate::SplitMix64;
+use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
+use memo_plan_core::plan::{Buffer, BufferId, BufferKind, Strategy, TensorRole};
+use memo_plan_core::planner::{self, PlanReport, PlanRequest};
+
+use crate::backend::{AdamW, Backend, KernelContext, MemoryReport};
+use crate::checkpoint::{Checkpoint, SavedTensor, StateKind};
+use crate::interpret::{Replay, RuntimeError};
+
+/// A machine description for planning on the CPU backend: what the host gives one "device".
+/// Copies are modelled at 10 GB/s and kernels at 20 GFLOP/s; only α and the fit depend on them.
+pub fn cpu_hardware(device_memory_bytes: u64) -> Hardware {
+    Hardware {
+        name: "cpu".to_string(),
+        device_memory_bytes,
+        host_memory_per_node_bytes: device_memory_bytes,
+        gpus_per_node: 1,
+        d2h_bytes_per_s: 10_000_000_000,
+        h2d_bytes_per_s: 10_000_000_000,
+        gpus_sharing_uplink: 1,
+        peak_flops: 20_000_000_000,
+        achieved_flops: 20_000_000_000,
+        measured_layer_forward_s: None,
+    }
+}
+
+/// The models `memo train` knows by name (byte-level vocabulary of 256).
+pub fn training_model(name: &str, seq_len: u64) -> Option<ModelConfig> {
+    let (layers, hidden, heads) = match name {
+        "tiny" => (2, 64, 4),
+        "small" => (4, 128, 4),
+        _ => return None,
+    };
+    let mut model = ModelConfig::new(name, layers, hidden, heads, seq_len, 1);
+    model.vocab = 256;
+    Some(model)
+}
+
+/// What to train.
+#[derive(Clone, Debug)]
+pub struct TrainOptions {
+    /// The model and sequence (`micro_batch` sequences per step).
+    pub model: ModelConfig,
+    /// How activations are kept.
+    pub strategy: Strategy,
+    /// For memo: α instead of the LP's.
+    pub forced_alpha: Option<f64>,
+    /// The machine the plan is made for.
+    pub hardware: Hardware,
+    /// Seeds the parameters.
+    pub seed: u64,
+    /// The optimizer (its `step` is set per step).
+    pub adamw: AdamW,
+}
+
+/// A model being trained on a backend.
+pub struct Trainer<B: Backend> {
+    backend: B,
+    replay: Replay,
+    report: PlanReport,
+    context: KernelContext,
+    tokens: BufferId,
+    targets: BufferId,
+    loss: BufferId,
+    step: u64,
+}
+
+fn find(report: &PlanReport, role: TensorRole) -> Result<BufferId, RuntimeError> {
+    report
+        .plan
+        .buffers
+        .iter()
+        .position(|b| b.role == role && b.layer.is_none())
+        .map(|i| BufferId(i as u32))
+        .ok_or_else(|| RuntimeError::Trainer(format!("the plan has no {} buffer", role.name())))
+}
+
+impl<B: Backend> Trainer<B> {
+    /// Plans the step, checks the plan, allocates it on `backend` and initialises the model.
+    pub fn new(mut backend: B, options: &TrainOptions) -> Result<Self, RuntimeError> {
+        let mut request =
+            PlanRequest::new(options.model.clone(), Parallelism::single(), options.hardware.clone(), options.strategy);
+        request.forced_alpha = options.forced_alpha;
+        let report = planner::plan(&request).map_err(|e| RuntimeError::Trainer(format!("planning failed: {e}")))?;
+        let replay = Replay::new(report.plan.clone())?;
+        replay.allocate(&mut backend)?;
+        let model = &options.model;
+        let context = KernelContext {
+            hidden: model.hidden,
+            heads: model.heads,
+            seq_len: model.seq_len,
+            vocab: model.vocab,
+            loss_scale_tokens: model.seq_len * model.micro_batch,
+            adamw: options.adamw,
+        };
+        let tokens = find(&report, TensorRole::Tokens)?;
+        let targets = find(&report, TensorRole::Targets)?;
+        let loss = find(&report, TensorRole::Loss)?;
+        let mut trainer = Trainer { backend, replay, report, context, tokens, targets, loss, step: 0 };
+        trainer.initialise(options.seed)?;
+        Ok(trainer)
+    }
+
+    /// Writes every parameter and its optimizer state.
+    fn initialise(&mut self, seed: u64) -> Result<(), RuntimeError> {
+        let buffers: Vec<Buffer> = self.replay.plan().buffers.clone();
+        let layers = self.report.plan.provenance.model.layers;
+        for (index, buffer) in buffers.iter().enumerate() {
+            if buffer.kind != BufferKind::Parameter {
+                continue;
+            }
+            let elements = buffer.rows * buffer.row_bytes / 2;
+            let values = initial_values(seed, buffer, elements as usize, layers);
+            let bytes: Vec<u8> = values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
+            self.backend.upload(self.replay.span(BufferId(index as u32)), &bytes)?;
+            // Its optimizer state: per row, master weights (the bf16 values widened), m, v.
+            let state = buffers
+                .iter()
+                .position(|b| b.kind == BufferKind::OptimizerState && b.role == buffer.role && b.layer == buffer.layer)
+                .ok_or_else(|| RuntimeError::Trainer(format!("no optimizer state for {buffer}")))?;
+            let per_row = (buffer.row_bytes / 2) as usize;
+            let mut state_bytes = Vec::with_capacity(values.len() * 12);
+            for row in values.chunks(per_row.max(1)) {
+                for v in row {
+                    state_bytes.extend_from_slice(&bf16::from_f32(*v).to_f32().to_le_bytes());
+                }
+                state_bytes.extend(std::iter::repeat_n(0u8, row.len() * 8));
+            }
+            self.backend.upload(self.replay.span(BufferId(state as u32)), &state_bytes)?;
+        }
+        Ok(())
+    }
+
+    /// One training step on `tokens` with next-token `targets` (`micro_batch * seq_len` each);
+    /// returns the mean loss.
+    pub fn step(&mut self, tokens: &[u32], targets: &[u32]) -> Result<f32, RuntimeError> {
+        let expected = (self.context.loss_scale_tokens) as usize;
+        if tokens.len() != expected || targets.len() != expected {
+            return Err(RuntimeError::Trainer(format!(
+                "a step takes {expected} tokens and {expected} targets, got {} and {}",
+                tokens.len(),
+                targets.len()
+            )));
+        }
+        if let Some(bad) = tokens.iter().chain(targets).find(|&&t| u64::from(t) >= self.context.vocab) {
+            return Err(RuntimeError::Trainer(format!(
+                "token {bad} is outside the vocabulary of {}",
+                self.context.vocab
+            )));
+        }
+        let to_bytes = |values: &[u32]| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        self.backend.upload(self.replay.span(self.tokens), &to_bytes(tokens))?;
+        self.backend.upload(self.replay.span(self.targets), &to_bytes(targets))?;
+        self.step += 1;
+        let mut context = self.context;
+        context.adamw.step = self.step;
+        self.replay.run(&mut self.backend, &context)?;
+        let loss = self.backend.download(self.replay.span(self.loss))?;
+        let sum = f32::from_le_bytes([loss[0], loss[1], loss[2], loss[3]]);
+        Ok(sum / expected as f32)
+    }
+
+    /// Every parameter's bytes, keyed by (role, layer) and sorted by it: comparable across
+    /// strategies, whose plans place them differently.
+    pub fn parameters(&mut self) -> Result<Vec<((TensorRole, Option<u32>), Vec<u8>)>, RuntimeError> {
+        let mut out = Vec::new();
+        for (index, buffer) in self.replay.plan().buffers.iter().enumerate() {
+            if buffer.kind == BufferKind::Parameter {
+                let bytes = self.backend.download(self.replay.span(BufferId(index as u32)))?;
+                out.push(((buffer.role, buffer.layer), bytes));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// The model's state (parameters and optimizer state) as a checkpoint.
+    pub fn checkpoint(&mut self, fingerprint: u64, data_position: u64) -> Result<Checkpoint, RuntimeError> {
+        let mut tensors = Vec::new();
+        for (index, buffer) in self.replay.plan().buffers.iter().enumerate() {
+            let kind = match buffer.kind {
+                BufferKind::Parameter => StateKind::Parameter,
+                BufferKind::OptimizerState => StateKind::OptimizerState,
+                _ => continue,
+            };
+            let bytes = self.backend.download(self.replay.span(BufferId(index as u32)))?;
+            tensors.push(SavedTensor { kind, role: buffer.role, layer: buffer.layer, bytes });
+        }
+        tensors.sort_by_key(|t| (t.kind, t.role, t.layer));
+        Ok(Checkpoint { fingerprint, step: self.step, data_position, tensors })
+    }
+
+    /// Restores a checkpoint's state; it must hold exactly this model's tensors.
+    pub fn restore(&mut self, checkpoint: &Checkpoint, fingerprint: u64) -> Result<(), RuntimeError> {
+        if checkpoint.fingerprint != fingerprint {
+            return Err(RuntimeError::Trainer(
+                "the checkpoint belongs to another model, sequence length, micro-batch or seed: \
+                 resume with the same settings, or start a new --checkpoint directory"
+                    .to_string(),
+            ));
+        }
+        let buffers = self.replay.plan().buffers.clone();
+        let mut restored = 0usize;
+        for (index, buffer) in buffers.iter().enumerate() {
+            let kind = match buffer.kind {
+                BufferKind::Parameter => StateKind::Parameter,
+                BufferKind::OptimizerState => StateKind::OptimizerState,
+                _ => continue,
+            };
+            let saved = checkpoint
+                .tensors
+                .iter()
+                .find(|t| t.kind == kind && t.role == buffer.role && t.layer == buffer.layer)
+                .ok_or_else(|| RuntimeError::Trainer(format!("the checkpoint has no {buffer}")))?;
+            let span = self.replay.span(BufferId(index as u32));
+            if saved.bytes.len() as u64 != span.len {
+                return Err(RuntimeError::Trainer(format!(
+                    "the checkpoint's {buffer} has {} bytes, the model needs {}",
+                    saved.bytes.len(),
+                    span.len
+                )));
+            }
+            self.backend.upload(span, &saved.bytes)?;
+            restored += 1;
+        }
+        if restored != checkpoint.tensors.len() {
+            return Err(RuntimeError::Trainer("the checkpoint holds tensors this model does not have".to_string()));
+        }
+        self.step = checkpoint.step;
+        Ok(())
+    }
+
+    /// The plan and its report.
+    pub fn report(&self) -> &PlanReport {
+        &self.report
+    }
+
+    /// What the backend holds.
+    pub fn memory(&self) -> MemoryReport {
+        self.backend.memory()
+    }
+
+    /// Steps taken.
+    pub fn steps_taken(&self) -> u64 {
+        self.step
+    }
+}
+
+/// A parameter's initial values, from the seed and its (role, layer) alone.
+fn initial_values(seed: u64, buffer: &Buffer, elements: usize, layers: u32) -> Vec<f32> {
+    use TensorRole as R;
+    match buffer.role {
+        R::NormScale1 | R::NormScale2 | R::FinalNormScale => return vec![1.0; elements],
+        R::NormShift1 | R::NormShift2 | R::FinalNormShift => return vec![0.0; elements],
+        R::QueryBias | R::KeyBias | R::ValueBias | R::ProjectionBias | R::Fc1Bias | R::Fc2Bias => {
+            return vec![0.0; elements]
+        }
+        _ => {}
+    }
+    let std = match buffer.role {
+        R::ProjectionWeight | R::Fc2Weight => 0.02 / (2.0 * f64::from(layers.max(1))).sqrt(),
+        _ => 0.02,
+    };
+    let layer = buffer.layer.map_or(0xFFFF, u64::from);
+    let mut rng = SplitMix64::new(seed ^ (u64::from(buffer.role.code()) << 32) ^ (layer << 48) ^ 0x9E37_79B9);
+    let mut uniform = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+    (0..elements)
+        .map(|_| {
+            // Box-Muller: one normal from two uniforms in (0, 1].
+            let u1 = 1.0 - uniform();
+            let u2 = uniform();
+            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * std) as f32
+        })
+        .collect()
+}
