@@ -63,6 +63,9 @@ pub struct TrainOptions {
     pub adamw: AdamW,
 }
 
+/// A parameter's (role, layer) and its bytes.
+pub type NamedBytes = ((TensorRole, Option<u32>), Vec<u8>);
+
 /// A model being trained on a backend.
 pub struct Trainer<B: Backend> {
     backend: B,
@@ -172,7 +175,7 @@ impl<B: Backend> Trainer<B> {
 
     /// Every parameter's bytes, keyed by (role, layer) and sorted by it: comparable across
     /// strategies, whose plans place them differently.
-    pub fn parameters(&mut self) -> Result<Vec<((TensorRole, Option<u32>), Vec<u8>)>, RuntimeError> {
+    pub fn parameters(&mut self) -> Result<Vec<NamedBytes>, RuntimeError> {
         let mut out = Vec::new();
         for (index, buffer) in self.replay.plan().buffers.iter().enumerate() {
             if buffer.kind == BufferKind::Parameter {
@@ -180,7 +183,7 @@ impl<B: Backend> Trainer<B> {
                 out.push(((buffer.role, buffer.layer), bytes));
             }
         }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.sort_by_key(|entry: &NamedBytes| entry.0);
         Ok(out)
     }
 
