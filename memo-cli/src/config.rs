@@ -330,6 +330,35 @@ impl ConfigArgs {
     }
 }
 
+/// A model from the `[model]` table of a TOML file (a preset name and/or layers, hidden, heads;
+/// `vocab` defaults to 256 here, the byte-level vocabulary of `memo train`).
+pub fn model_from_file(path: &Path, seq_len: u64, micro_batch: u64) -> Result<ModelConfig, Failure> {
+    let file = read_file(path)?;
+    let m = &file.model;
+    let name = path.display().to_string();
+    let mut model = match &m.preset {
+        Some(preset) => ModelConfig::preset(preset, seq_len, micro_batch)
+            .map_err(|e| Failure::new(exit::BAD_INPUT, format!("{name}: model.preset: {e}")))?,
+        None => match (m.layers, m.hidden, m.heads) {
+            (Some(layers), Some(hidden), Some(heads)) => {
+                let mut model = ModelConfig::new("custom", layers, hidden, heads, seq_len, micro_batch);
+                model.vocab = 256;
+                model
+            }
+            _ => {
+                return Err(Failure::new(
+                    exit::BAD_INPUT,
+                    format!("{name}: the [model] table needs a preset or layers, hidden and heads"),
+                ))
+            }
+        },
+    };
+    apply(&mut model.ffn_hidden, [m.ffn_hidden]);
+    apply(&mut model.vocab, [m.vocab]);
+    model.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("{name}: model: {e}")))?;
+    Ok(model)
+}
+
 /// Overrides `field` with each given value in turn (later ones win).
 fn apply<T: Copy, const N: usize>(field: &mut T, values: [Option<T>; N]) {
     for value in values.into_iter().flatten() {
