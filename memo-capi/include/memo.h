@@ -285,6 +285,10 @@ typedef struct MemoAllocatorStats {
   uint32_t plan_ready;
   // 1 when the plan's peak is proven optimal, else 0.
   uint32_t plan_optimal;
+  // Block instances the plan placed bi-level (0: placed as one instance, no markers).
+  uint64_t plan_block_instances;
+  // Distinct level-1 problems solved for them (blocks with equal requests share one).
+  uint64_t plan_level1_problems;
 } MemoAllocatorStats;
 
 #ifdef __cplusplus
@@ -483,6 +487,20 @@ void memo_free(void *ptr, ptrdiff_t size, int device, void *stream);
 // recording into a directory: `MEMO_STATUS_IO` if that fails; the trace is still kept); in
 // replay mode, the next request is the first of the plan again.
 MemoStatus memo_iteration_end(void);
+
+// Opens an instance of the repeated block `key` (for example key 0 around each layer's forward,
+// key 1 around each layer's backward). While recording, it marks the trace
+// (`# memo-block begin <key>`); the plan then places each distinct block's own buffers (those
+// allocated and freed inside it) once, and the iteration with each block instance as one request
+// of that block's peak (bi-level, `spec/c-api.md`). In other modes it does nothing, so training
+// code may mark blocks in every iteration. `MEMO_STATUS_INVALID_STATE` while recording with a
+// block open: blocks do not nest.
+MemoStatus memo_block_begin(int64_t key);
+
+// Closes the block opened by `memo_block_begin`. `MEMO_STATUS_INVALID_STATE` while recording
+// with no block open; nothing in other modes. A block still open when the iteration ends is
+// closed there.
+MemoStatus memo_block_end(void);
 
 // Chooses the device allocator: `MEMO_BACKEND_CUDA` (the default) or `MEMO_BACKEND_HOST`.
 // Starts a fresh allocator (passthrough, no plan, counters zero); refused with

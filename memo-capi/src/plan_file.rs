@@ -119,9 +119,8 @@ pub(crate) struct LoadedPlan {
 impl LoadedPlan {
     /// The violations, checking the plan on first use.
     fn violations(&self) -> &[String] {
-        self.violations.get_or_init(|| {
-            check_plan(&self.plan).err().unwrap_or_default().iter().map(ToString::to_string).collect()
-        })
+        self.violations
+            .get_or_init(|| check_plan(&self.plan).err().unwrap_or_default().iter().map(ToString::to_string).collect())
     }
 }
 
@@ -139,8 +138,7 @@ fn loaded(plan: *const MemoPlan) -> Result<Arc<LoadedPlan>, CapiError> {
 /// # Safety
 /// `out` is valid for writing one pointer (it was set to NULL already, so it is not NULL).
 unsafe fn register(bytes: &[u8], source: &str, out: *mut *mut MemoPlan) -> Result<(), CapiError> {
-    let plan =
-        Plan::decode(bytes).map_err(|e| CapiError::new(MemoStatus::PlanDecode, format!("{source}: {e}")))?;
+    let plan = Plan::decode(bytes).map_err(|e| CapiError::new(MemoStatus::PlanDecode, format!("{source}: {e}")))?;
     let mut registry = registry();
     let handle = registry.issue();
     registry.plans.insert(handle, Arc::new(LoadedPlan { plan, violations: OnceLock::new() }));

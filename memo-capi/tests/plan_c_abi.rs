@@ -195,10 +195,8 @@ fn a_plan_that_breaks_the_rules_is_plan_invalid_with_each_violation() {
     // Two live device buffers moved onto the same bytes: the checker must say so; the bytes
     // still decode (the decoder checks structure, not safety).
     let mut broken = tiny_plan();
-    let parameters: Vec<usize> = (0..broken.buffers.len())
-        .filter(|&i| broken.buffers[i].kind == BufferKind::Parameter)
-        .take(2)
-        .collect();
+    let parameters: Vec<usize> =
+        (0..broken.buffers.len()).filter(|&i| broken.buffers[i].kind == BufferKind::Parameter).take(2).collect();
     let offset = match broken.buffers[parameters[0]].place {
         Place::Device { offset } => offset,
         Place::Host { .. } => unreachable!("parameters are on the device"),
@@ -210,7 +208,8 @@ fn a_plan_that_breaks_the_rules_is_plan_invalid_with_each_violation() {
     assert_eq!(memo_plan_check(handle), MemoStatus::PlanInvalid);
     let message = last_error();
     assert!(
-        message.starts_with(&format!("memo_plan_check: the plan breaks {} rule(s) of spec/validity.md", expected.len())),
+        message
+            .starts_with(&format!("memo_plan_check: the plan breaks {} rule(s) of spec/validity.md", expected.len())),
         "{message}"
     );
     assert!(message.contains(&expected[0]), "{message}");
@@ -280,4 +279,59 @@ fn plans_are_read_from_many_threads_at_once() {
         thread.join().unwrap();
     }
     assert_eq!(memo_plan_free(std::ptr::without_provenance_mut(handle)), MemoStatus::Ok);
+}
+
+/// Fixes the header's length and checksum after a change to the body, so that mutated bytes
+/// reach the decoder's structure checks instead of stopping at the checksum.
+fn reseal(bytes: &mut [u8]) {
+    use memo_plan_core::plan::encode::{checksum, header, HEADER_BYTES};
+    let length = bytes.len() as u64;
+    bytes[header::LENGTH..header::LENGTH + 8].copy_from_slice(&length.to_le_bytes());
+    let sum = checksum(&bytes[HEADER_BYTES..]);
+    bytes[header::CHECKSUM..header::CHECKSUM + 4].copy_from_slice(&sum.to_le_bytes());
+}
+
+#[test]
+fn mutated_plans_are_refused_or_read_never_internal() {
+    // A fixed-seed stream of byte changes to a real plan: every call answers with a status of
+    // substance (never MEMO_STATUS_INTERNAL, a caught panic), and both outcomes of each step
+    // are reached.
+    let original = tiny_plan().encode();
+    let mut rng = memo_plan_core::generate::SplitMix64::new(0x91A7);
+    let (mut decoded, mut refused, mut invalid) = (0, 0, 0);
+    for _ in 0..300 {
+        let mut bytes = original.clone();
+        for _ in 0..1 + rng.below(3) {
+            let at = memo_plan_core::plan::encode::HEADER_BYTES
+                + rng.below((bytes.len() - memo_plan_core::plan::encode::HEADER_BYTES) as u64) as usize;
+            bytes[at] = rng.next_u64() as u8;
+        }
+        if rng.below(4) == 0 {
+            bytes.truncate(bytes.len() - rng.below(64) as usize);
+        }
+        reseal(&mut bytes);
+        let plan = match load(&bytes) {
+            Ok(plan) => plan,
+            Err(status) => {
+                assert_eq!(status, MemoStatus::PlanDecode, "{}", last_error());
+                refused += 1;
+                continue;
+            }
+        };
+        decoded += 1;
+        let check = memo_plan_check(plan);
+        assert!(matches!(check, MemoStatus::Ok | MemoStatus::PlanInvalid), "{check:?}: {}", last_error());
+        invalid += usize::from(check == MemoStatus::PlanInvalid);
+        for index in 0..count(memo_plan_violation_count, plan) {
+            assert!(violation(plan, index).is_ok_and(|text| !text.is_empty()));
+        }
+        for index in 0..count(memo_plan_buffer_count, plan) {
+            let mut out = std::mem::MaybeUninit::<MemoPlanBuffer>::uninit();
+            // Safety: a valid out-pointer.
+            let status = unsafe { memo_plan_buffer(plan, index, out.as_mut_ptr()) };
+            assert_eq!(status, MemoStatus::Ok, "{}", last_error());
+        }
+        assert_eq!(memo_plan_free(plan), MemoStatus::Ok);
+    }
+    assert!(decoded > 20 && refused > 20 && invalid > 5, "decoded {decoded}, refused {refused}, invalid {invalid}");
 }
