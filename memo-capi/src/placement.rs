@@ -1,4 +1,4 @@
-//! The placement half of the C ABI: traces and placements (their handles: [`crate::handles`]).
+//! The placement half of the C ABI: traces and placements (their handles: `handles.rs`).
 //! Solving copies the trace out first, so a long solve holds no lock.
 
 use memo_plan_core::{parse_trace, solve, BufferLifetime, Solution, SolveError, SolveOptions};
