@@ -1,19 +1,22 @@
 /*
  * Places the MEMO paper's one-layer memory request trace (MEMO.md section 2,
  * examples/traces/memo-layer.trace) through memo's C ABI, then the layer's forward and backward
- * transients on their own, as MEMO's level-1 planning does, and prints the peaks.
+ * transients on their own, as MEMO's level-1 planning does, and prints the peaks. Given a plan
+ * file as well (as `memo plan ... -o plan.memo` writes it), loads it, checks it with the
+ * independent checker and prints its totals and one buffer of each kind.
  *
  * Build and run from the repository root (memo-capi/tests/c_example.rs does the same):
  *   cargo build -p memo-capi
  *   cc -std=c99 -Wall -Wextra -I memo-capi/include examples/c/place_memo_example.c \
  *      -L target/debug -lmemo_capi -Wl,-rpath,target/debug -o place_memo_example
- *   ./place_memo_example examples/traces/memo-layer.trace
+ *   ./place_memo_example examples/traces/memo-layer.trace [plan.memo]
  *
  * Expected: the whole layer 2432 MB, the forward transients 512 MB, the backward transients
  * 1920 MB, each equal to its lower bound (so proven optimal, zero fragmentation).
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "memo.h"
 
@@ -99,6 +102,66 @@ static int place_requests(const struct request *requests, size_t count, const ch
     return failed;
 }
 
+/* Loads the plan file at `path`, checks it, prints its totals and the first buffer of each kind. */
+static int print_plan(const char *path) {
+    MemoPlan *plan = NULL;
+    MemoStatus status = memo_plan_load_file(path, &plan);
+    if (status != MEMO_STATUS_OK) return fail(status, "memo_plan_load_file");
+    status = memo_plan_check(plan);
+    if (status != MEMO_STATUS_OK) {
+        /* Not safe to run: list why, as `memo check` does. */
+        fprintf(stderr, "%s: %s\n", memo_status_name(status), memo_last_error());
+        size_t violations = 0;
+        memo_plan_violation_count(plan, &violations);
+        char text[512];
+        for (size_t i = 0; i < violations && i < 10; i++) {
+            if (memo_plan_violation(plan, i, text, sizeof text, NULL) == MEMO_STATUS_OK)
+                fprintf(stderr, "  %s\n", text);
+        }
+        memo_plan_free(plan);
+        return 1;
+    }
+    MemoPlanTotals totals;
+    MemoPlanProvenance provenance;
+    size_t buffers = 0, instructions = 0;
+    char model[64];
+    if ((status = memo_plan_totals(plan, &totals)) != MEMO_STATUS_OK ||
+        (status = memo_plan_provenance(plan, &provenance)) != MEMO_STATUS_OK ||
+        (status = memo_plan_buffer_count(plan, &buffers)) != MEMO_STATUS_OK ||
+        (status = memo_plan_instruction_count(plan, &instructions)) != MEMO_STATUS_OK ||
+        (status = memo_plan_model_name(plan, model, sizeof model, NULL)) != MEMO_STATUS_OK) {
+        memo_plan_free(plan);
+        return fail(status, path);
+    }
+    printf("plan: valid; model %s, %u layers, %llu tokens, strategy %s, alpha %.3f (bound: %s)\n", model,
+           provenance.layers, (unsigned long long)provenance.seq_len, provenance.strategy, provenance.alpha,
+           provenance.alpha_bound);
+    printf("plan: %zu buffers, %zu instructions\n", buffers, instructions);
+    printf("plan: arena %llu bytes (lower bound %llu), host %llu bytes, parameters %llu bytes, rounding buffers %llu bytes\n",
+           (unsigned long long)totals.arena_bytes, (unsigned long long)totals.arena_lower_bound_bytes,
+           (unsigned long long)totals.host_bytes, (unsigned long long)totals.parameter_bytes,
+           (unsigned long long)totals.rounding_buffer_bytes);
+    /* The first buffer of each kind (kinds are static strings: compare them by content). */
+    const char *seen[16];
+    size_t kinds = 0;
+    for (size_t i = 0; i < buffers; i++) {
+        MemoPlanBuffer buffer;
+        if ((status = memo_plan_buffer(plan, i, &buffer)) != MEMO_STATUS_OK) {
+            memo_plan_free(plan);
+            return fail(status, "memo_plan_buffer");
+        }
+        int known = 0;
+        for (size_t k = 0; k < kinds; k++) known |= strcmp(seen[k], buffer.kind) == 0;
+        if (known || kinds == sizeof seen / sizeof seen[0]) continue;
+        seen[kinds++] = buffer.kind;
+        printf("  buffer %4zu: %-15s %-22s layer %2lld, %6llu rows x %5llu bytes = %8llu bytes, %s offset %llu\n", i,
+               buffer.kind, buffer.role, (long long)buffer.layer, (unsigned long long)buffer.rows,
+               (unsigned long long)buffer.row_bytes, (unsigned long long)buffer.bytes,
+               buffer.place == MEMO_PLACE_DEVICE ? "arena" : "host", (unsigned long long)buffer.offset);
+    }
+    return memo_plan_free(plan) == MEMO_STATUS_OK ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : "examples/traces/memo-layer.trace";
     size_t len = 0;
@@ -134,5 +197,6 @@ int main(int argc, char **argv) {
     };
     failed |= place_requests(forward, sizeof forward / sizeof forward[0], "forward transients");
     failed |= place_requests(backward, sizeof backward / sizeof backward[0], "backward transients");
+    if (argc > 2) failed |= print_plan(argv[2]);
     return failed;
 }

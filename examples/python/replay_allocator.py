@@ -15,6 +15,8 @@ Usage, on a machine with an NVIDIA GPU and PyTorch built with CUDA (from the rep
     model/run options (defaults in brackets): --layers [6] --hidden [768] --heads [12]
     --seq [2048] --batch [8] --vocab [50257] --warmup [2] --record [2] --steps [20]
     --trace-dir DIR (memo mode writes each recorded iteration's trace there) --json FILE
+    --no-blocks (memo mode: plan the iteration flat instead of marking each layer's forward as a
+    block with memo_block_begin/memo_block_end, which makes the plan bi-level)
 
 It prints, per allocator: peak reserved (bytes taken from the device by the allocator), peak
 allocated (bytes of live tensors), their ratio (1.0 = no fragmentation), the device memory the
@@ -87,6 +89,8 @@ class MemoAllocatorStats(ctypes.Structure):
         ("arena_device", ctypes.c_int32),
         ("plan_ready", ctypes.c_uint32),
         ("plan_optimal", ctypes.c_uint32),
+        ("plan_block_instances", ctypes.c_uint64),
+        ("plan_level1_problems", ctypes.c_uint64),
     ]
 
     def as_dict(self):
@@ -109,6 +113,8 @@ class Memo:
         lib.memo_free.argtypes = [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]
         for name, args in {
             "memo_iteration_end": [],
+            "memo_block_begin": [ctypes.c_int64],
+            "memo_block_end": [],
             "memo_allocator_select_backend": [ctypes.c_uint32],
             "memo_allocator_record": [ctypes.c_char_p],
             "memo_allocator_plan": [ctypes.POINTER(MemoPlaceOptions)],
@@ -158,7 +164,9 @@ class Memo:
 # only there)
 
 
-def build_model(torch, args):
+def build_model(torch, args, memo=None):
+    """The GPT. With `memo`, each block's forward is marked as one instance of block 0, so that
+    memo plans the recorded iteration bi-level (each block's own tensors placed once)."""
     nn, F = torch.nn, torch.nn.functional
 
     class Block(nn.Module):
@@ -170,6 +178,15 @@ def build_model(torch, args):
             self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
 
         def forward(self, x):
+            if memo is None:
+                return self.block(x)
+            memo.call("memo_block_begin", 0)
+            try:
+                return self.block(x)
+            finally:
+                memo.call("memo_block_end")
+
+        def block(self, x):
             b, s, h = x.shape
             q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
             q, k, v = (t.view(b, s, args.heads, h // args.heads).transpose(1, 2) for t in (q, k, v))
@@ -213,7 +230,7 @@ def worker(args):
     baseline_used = total - free
 
     torch.manual_seed(0)
-    model = build_model(torch, args).to(device)
+    model = build_model(torch, args, memo if args.blocks else None).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), device=device)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -296,6 +313,8 @@ def forwarded(args):
         value = getattr(args, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
+    if not args.blocks:
+        flags.append("--no-blocks")
     return flags
 
 
@@ -314,7 +333,8 @@ def print_table(results):
             m = r["memo"]
             print(
                 f"\nmemo: arena {gib(m['arena_bytes']).strip()} (lower bound {gib(m['plan_lower_bound']).strip()}, "
-                f"{'proven optimal' if m['plan_optimal'] else 'not proven optimal'}, planned in {r['plan_seconds']:.2f} s); "
+                f"{'proven optimal' if m['plan_optimal'] else 'not proven optimal'}, planned in {r['plan_seconds']:.2f} s, "
+                f"{m['plan_block_instances']} blocks bi-level over {m['plan_level1_problems']} level-1 problems); "
                 f"over {m['iterations']} steps: {m['replayed']} requests replayed, {m['fallbacks']} fell back "
                 f"(size {m['fallback_size_mismatch']}, past the plan {m['fallback_beyond_plan']}, overlap {m['fallback_overlap']}, "
                 f"other device {m['fallback_other_device']}), {m['unplanned']} unplanned, {m['device_errors']} device errors"
@@ -339,7 +359,7 @@ def host_selftest(args):
     for struct in (MemoAllocatorStats, MemoPlacementSummary, MemoPlaceOptions):
         fields = [name for name, _ in struct._fields_]
         assert fields == header_struct_fields(header, struct.__name__), f"{struct.__name__} differs from memo.h"
-    assert ctypes.sizeof(MemoAllocatorStats) == 22 * 8 + 4 * 4
+    assert ctypes.sizeof(MemoAllocatorStats) == 24 * 8 + 4 * 4
 
     layer = open(os.path.join(os.path.dirname(header), "..", "..", "examples", "traces", "memo-layer.trace"), "rb").read()
     summary = memo.place_text(layer)
@@ -357,8 +377,10 @@ def host_selftest(args):
         return pointers
 
     memo.call("memo_allocator_record", None)
-    iteration(sizes)
+    memo.call("memo_block_begin", 3)
+    iteration(sizes)  # ends the iteration, which closes the block
     memo.call("memo_allocator_plan", None)
+    assert (memo.stats()["plan_block_instances"], memo.stats()["plan_level1_problems"]) == (1, 1)
     memo.call("memo_allocator_replay", 0)
     memo.call("memo_allocator_reset_stats")
     first, second = iteration(sizes), iteration(sizes)
@@ -388,6 +410,7 @@ def main():
     parser.add_argument("--record", type=int, default=2, help="memo: iterations recorded; the last is planned")
     parser.add_argument("--steps", type=int, default=20, help="measured steps")
     parser.add_argument("--trace-dir", help="memo: write each recorded iteration's trace here")
+    parser.add_argument("--no-blocks", dest="blocks", action="store_false", help="memo: do not mark each layer's forward as a block (plan the iteration flat)")
     parser.add_argument("--json", help="driver: write all results to this file")
     args = parser.parse_args()
     if args.host_selftest:

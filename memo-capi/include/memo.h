@@ -16,6 +16,12 @@
 // `MemoPlaceOptions::capacity` for "no capacity: only minimise the peak".
 #define MEMO_NO_CAPACITY UINT64_MAX
 
+// `MemoPlanBuffer::place`: the buffer is in the device arena.
+#define MEMO_PLACE_DEVICE 0
+
+// `MemoPlanBuffer::place`: the buffer is in the pinned host slab.
+#define MEMO_PLACE_HOST 1
+
 // `memo_allocator_select_backend`: the CUDA runtime, loaded at run time (the default).
 #define MEMO_BACKEND_CUDA 0
 
@@ -73,6 +79,12 @@ enum MemoStatus
   // A bug in this library: an internal panic was caught at the boundary. Please report it
   // with the message.
   MEMO_STATUS_INTERNAL = 12,
+  // The bytes are not a plan this library can read (`spec/plan-format.md`): the message is the
+  // decoder's, naming the byte offset and the part of the plan.
+  MEMO_STATUS_PLAN_DECODE = 13,
+  // The plan decodes but breaks the validity rules (`spec/validity.md`): running it could
+  // corrupt memory. `memo_plan_violation` gives each violation.
+  MEMO_STATUS_PLAN_INVALID = 14,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -85,6 +97,10 @@ typedef int32_t MemoStatus;
 // A placement of a trace's buffers (opaque; made by `memo_place`, freed by
 // `memo_placement_free`).
 typedef struct MemoPlacement MemoPlacement;
+
+// A plan read from bytes or a file (opaque; made by `memo_plan_load` or `memo_plan_load_file`,
+// freed by `memo_plan_free`).
+typedef struct MemoPlan MemoPlan;
 
 // A memory request trace being built (opaque; made by `memo_trace_new` or `memo_trace_parse`,
 // freed by `memo_trace_free`).
@@ -135,6 +151,83 @@ typedef struct MemoPlacedBuffer {
   // The first step at which it is no longer alive.
   uint32_t upper;
 } MemoPlacedBuffer;
+
+// A plan's sizes, as it states them (`memo_plan_check` verifies them against its buffers).
+typedef struct MemoPlanTotals {
+  // Bytes of the one device arena: the highest end of a device buffer.
+  uint64_t arena_bytes;
+  // The most device-buffer bytes live at once: no placement of these buffers needs less.
+  uint64_t arena_lower_bound_bytes;
+  // Bytes of the pinned host slab (swapped activations).
+  uint64_t host_bytes;
+  // Bytes of parameters, gradients and optimizer state.
+  uint64_t parameter_bytes;
+  // Bytes of the two rounding buffers.
+  uint64_t rounding_buffer_bytes;
+} MemoPlanTotals;
+
+// How a plan was made: the model, the layout, the strategy and its swap fraction, and the
+// placement's levels. The names are static text (never freed, never NULL).
+typedef struct MemoPlanProvenance {
+  // The strategy: `"memo"`, `"full-recompute"`, `"full-swap"` or `"keep-all"`.
+  const char *strategy;
+  // What bound α: `"bandwidth"`, `"host_memory"`, `"none"` or `"forced"`.
+  const char *alpha_bound;
+  // The swap fraction α (MEMO.md section 1): the share of each token-split tensor's rows
+  // copied to the host; the rest are recomputed.
+  double alpha;
+  // Rows of each token-split tensor copied to the host.
+  uint64_t swapped_rows;
+  // Tokens per sequence.
+  uint64_t seq_len;
+  // Sequences per micro-batch.
+  uint64_t micro_batch;
+  // Hidden size.
+  uint64_t hidden;
+  // Attention heads.
+  uint64_t heads;
+  // Vocabulary size.
+  uint64_t vocab;
+  // Tensor (sequence) parallel degree: the plan is one of these GPUs'.
+  uint64_t tensor_parallel;
+  // Data parallel degree.
+  uint64_t data_parallel;
+  // Level 1: the peak of one layer's forward transients, in bytes.
+  uint64_t level1_forward_peak;
+  // Level 1: the peak of one layer's backward transients, in bytes.
+  uint64_t level1_backward_peak;
+  // Level 2: the peak of the whole step with each layer block as one request, in bytes.
+  uint64_t level2_peak;
+  // Transformer layers.
+  uint32_t layers;
+  // 1 when the level-2 placement is proven optimal, else 0.
+  uint32_t level2_optimal;
+} MemoPlanProvenance;
+
+// One buffer of a plan.
+typedef struct MemoPlanBuffer {
+  // What it is for (static text): `"parameter"`, `"gradient"`, `"optimizer_state"`,
+  // `"skeletal"`, `"transient"`, `"rounding_buffer"`, `"cross_layer"`, `"host_slot"`,
+  // `"input"` or `"scalar"`.
+  const char *kind;
+  // The tensor it holds (static text), as `spec/plan-format.md` names it: `"q"`, `"fc1_out"`,
+  // `"embedding"`, ...
+  const char *role;
+  // Rows (tokens for activations, output features for weights, 1 for scalars).
+  uint64_t rows;
+  // Bytes of one row.
+  uint64_t row_bytes;
+  // `rows * row_bytes`.
+  uint64_t bytes;
+  // Its offset in the arena (`MEMO_PLACE_DEVICE`) or the host slab (`MEMO_PLACE_HOST`).
+  uint64_t offset;
+  // The layer it belongs to, or -1 (embedding, classifier, optimizer, rounding buffers).
+  int64_t layer;
+  // `MEMO_PLACE_DEVICE` or `MEMO_PLACE_HOST`.
+  uint32_t place;
+  // For a rounding buffer, which one (0 or 1); else 0.
+  uint32_t slot;
+} MemoPlanBuffer;
 
 // The allocator's state and counters. Counters run since the first use or the last
 // `memo_allocator_reset_stats`; the rest describes the state now.
@@ -192,6 +285,10 @@ typedef struct MemoAllocatorStats {
   uint32_t plan_ready;
   // 1 when the plan's peak is proven optimal, else 0.
   uint32_t plan_optimal;
+  // Block instances the plan placed bi-level (0: placed as one instance, no markers).
+  uint64_t plan_block_instances;
+  // Distinct level-1 problems solved for them (blocks with equal requests share one).
+  uint64_t plan_level1_problems;
 } MemoAllocatorStats;
 
 #ifdef __cplusplus
@@ -279,6 +376,101 @@ MemoStatus memo_placement_buffer(const struct MemoPlacement *placement,
 // `MEMO_STATUS_BAD_HANDLE`.
 MemoStatus memo_placement_free(struct MemoPlacement *placement);
 
+// Decodes the plan in the `len` bytes at `bytes` (`spec/plan-format.md`, as `memo plan -o`
+// writes it) and writes its handle to `*out`. Bytes that are not a plan are refused with
+// `MEMO_STATUS_PLAN_DECODE`; the last error is the decoder's message (where, what, what to do)
+// and `*out` is NULL. Loading does not check the plan: call `memo_plan_check` before trusting it.
+//
+// # Safety
+// `bytes` is valid for reading `len` bytes (or NULL with `len` 0); `out` is NULL (refused) or
+// valid for writing one pointer.
+MemoStatus memo_plan_load(const uint8_t *bytes, size_t len, struct MemoPlan **out);
+
+// Reads and decodes the plan file at `path`, like `memo_plan_load`. A file that cannot be read
+// is `MEMO_STATUS_IO`; one that is not a plan is `MEMO_STATUS_PLAN_DECODE`, the message starting
+// with the path.
+//
+// # Safety
+// `path` is NULL (refused) or a NUL-terminated string; `out` is NULL (refused) or valid for
+// writing one pointer.
+MemoStatus memo_plan_load_file(const char *path, struct MemoPlan **out);
+
+// Frees a plan. NULL is accepted and does nothing; a handle freed already is refused with
+// `MEMO_STATUS_BAD_HANDLE`.
+MemoStatus memo_plan_free(struct MemoPlan *plan);
+
+// Checks the plan against every rule of `spec/validity.md` with the independent checker
+// (overlaps in the arena, data read before it is written, races between streams, events,
+// totals). `MEMO_STATUS_OK` when it is valid; `MEMO_STATUS_PLAN_INVALID` when not, the last
+// error giving the count and the first violation. The verdict is kept with the plan: later
+// calls (and `memo_plan_violation_count`, `memo_plan_violation`) do not check again.
+MemoStatus memo_plan_check(const struct MemoPlan *plan);
+
+// Writes the number of the plan's violations of `spec/validity.md` to `*out` (0: valid),
+// checking the plan first if `memo_plan_check` has not.
+//
+// # Safety
+// `out` is NULL (refused) or valid for writing one `size_t`.
+MemoStatus memo_plan_violation_count(const struct MemoPlan *plan, size_t *out);
+
+// Copies violation number `index` (sorted by instruction, then buffer, as `memo check` lists
+// them) as NUL-terminated text into `buffer[0 .. len)`, and the bytes it takes (NUL included)
+// to `*needed` unless `needed` is NULL. `MEMO_STATUS_BUFFER_TOO_SMALL` when `len` is smaller
+// (nothing written to `buffer`; `*needed` says how much to allocate; `buffer` may be NULL with
+// `len` 0 to ask). `MEMO_STATUS_INVALID_ARGUMENT` when `index` is not below the count.
+//
+// # Safety
+// `buffer` is NULL or valid for writing `len` bytes; `needed` is NULL or valid for writing one
+// `size_t`.
+MemoStatus memo_plan_violation(const struct MemoPlan *plan,
+                               size_t index,
+                               char *buffer,
+                               size_t len,
+                               size_t *needed);
+
+// Writes the plan's sizes to `*out`.
+//
+// # Safety
+// `out` is NULL (refused) or valid for writing one `MemoPlanTotals`.
+MemoStatus memo_plan_totals(const struct MemoPlan *plan, struct MemoPlanTotals *out);
+
+// Writes how the plan was made to `*out`.
+//
+// # Safety
+// `out` is NULL (refused) or valid for writing one `MemoPlanProvenance`.
+MemoStatus memo_plan_provenance(const struct MemoPlan *plan, struct MemoPlanProvenance *out);
+
+// Copies the model's name (`"7B"`, or whatever the plan's maker called it) as NUL-terminated
+// text into `buffer`, as `memo_plan_violation` copies its text.
+//
+// # Safety
+// `buffer` is NULL or valid for writing `len` bytes; `needed` is NULL or valid for writing one
+// `size_t`.
+MemoStatus memo_plan_model_name(const struct MemoPlan *plan,
+                                char *buffer,
+                                size_t len,
+                                size_t *needed);
+
+// Writes the number of the plan's buffers to `*out`.
+//
+// # Safety
+// `out` is NULL (refused) or valid for writing one `size_t`.
+MemoStatus memo_plan_buffer_count(const struct MemoPlan *plan, size_t *out);
+
+// Writes the number of the plan's instructions (launches, copies, event records and waits on
+// the three streams) to `*out`.
+//
+// # Safety
+// `out` is NULL (refused) or valid for writing one `size_t`.
+MemoStatus memo_plan_instruction_count(const struct MemoPlan *plan, size_t *out);
+
+// Writes buffer number `index` (`0 ..` the buffer count; the plan's own numbering, which its
+// instructions use) to `*out`. `MEMO_STATUS_INVALID_ARGUMENT` when `index` is out of range.
+//
+// # Safety
+// `out` is NULL (refused) or valid for writing one `MemoPlanBuffer`.
+MemoStatus memo_plan_buffer(const struct MemoPlan *plan, size_t index, struct MemoPlanBuffer *out);
+
 // Allocates `size` bytes on `device` for `stream`, as PyTorch's `CUDAPluggableAllocator` calls
 // it: from the device allocator, or in replay from the planned place in the arena. Size 0 gets
 // NULL, as from PyTorch's own allocator, and is not a failure. Otherwise NULL means failure (the
@@ -295,6 +487,20 @@ void memo_free(void *ptr, ptrdiff_t size, int device, void *stream);
 // recording into a directory: `MEMO_STATUS_IO` if that fails; the trace is still kept); in
 // replay mode, the next request is the first of the plan again.
 MemoStatus memo_iteration_end(void);
+
+// Opens an instance of the repeated block `key` (for example key 0 around each layer's forward,
+// key 1 around each layer's backward). While recording, it marks the trace
+// (`# memo-block begin <key>`); the plan then places each distinct block's own buffers (those
+// allocated and freed inside it) once, and the iteration with each block instance as one request
+// of that block's peak (bi-level, `spec/c-api.md`). In other modes it does nothing, so training
+// code may mark blocks in every iteration. `MEMO_STATUS_INVALID_STATE` while recording with a
+// block open: blocks do not nest.
+MemoStatus memo_block_begin(int64_t key);
+
+// Closes the block opened by `memo_block_begin`. `MEMO_STATUS_INVALID_STATE` while recording
+// with no block open; nothing in other modes. A block still open when the iteration ends is
+// closed there.
+MemoStatus memo_block_end(void);
 
 // Chooses the device allocator: `MEMO_BACKEND_CUDA` (the default) or `MEMO_BACKEND_HOST`.
 // Starts a fresh allocator (passthrough, no plan, counters zero); refused with

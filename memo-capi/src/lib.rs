@@ -5,6 +5,8 @@
 //!
 //! - [`placement`]: traces (built request by request, or parsed), placements (minimise or fit a
 //!   capacity), their offsets, peak, lower bound and optimality;
+//! - [`plan_file`]: plans (`spec/plan-format.md`) loaded from bytes or files, checked with the
+//!   independent checker, their totals, provenance and buffers read;
 //! - [`record_replay`]: the allocator: record each iteration's requests, plan one, replay the
 //!   planned addresses from one arena, fall back to the device allocator (counted) for anything
 //!   the plan does not cover;
@@ -15,13 +17,13 @@
 //! body runs under `catch_unwind`, as a last resort, since the code is written not to panic.
 //! Handles are validated on every call. The caller owns no memory of this library except through
 //! the explicit `*_free` functions (and device memory through `memo_free`).
-//!
-//! Not here yet: loading and checking a plan file (waits for the plan decoder and checker).
 #![deny(missing_docs)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod ffi_util;
+mod handles;
 pub mod placement;
+pub mod plan_file;
 pub mod record_replay;
 pub mod status;
 mod trace_builder;
@@ -29,6 +31,7 @@ mod trace_builder;
 pub use placement::{
     MemoPlaceOptions, MemoPlacedBuffer, MemoPlacement, MemoPlacementSummary, MemoTrace, MEMO_NO_CAPACITY,
 };
+pub use plan_file::{MemoPlan, MemoPlanBuffer, MemoPlanProvenance, MemoPlanTotals, MEMO_PLACE_DEVICE, MEMO_PLACE_HOST};
 pub use record_replay::ffi::{
     MemoAllocatorStats, MEMO_BACKEND_CUDA, MEMO_BACKEND_HOST, MEMO_MODE_PASSTHROUGH, MEMO_MODE_RECORD, MEMO_MODE_REPLAY,
 };

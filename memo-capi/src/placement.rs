@@ -1,16 +1,10 @@
-//! The placement half of the C ABI: traces, placements and the handles that name them.
-//!
-//! Handles are opaque values, not addresses: each is a number from a counter that never repeats,
-//! looked up in a registry under a lock on every call. So a stale, freed, foreign or mistyped
-//! handle is refused with `MEMO_STATUS_BAD_HANDLE` instead of being dereferenced, and a handle may
-//! be used from any thread. Solving copies the trace out first, so a long solve holds no lock.
-
-use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+//! The placement half of the C ABI: traces and placements (their handles: `handles.rs`).
+//! Solving copies the trace out first, so a long solve holds no lock.
 
 use memo_plan_core::{parse_trace, solve, BufferLifetime, Solution, SolveError, SolveOptions};
 
 use crate::ffi_util::{bytes_arg, write_out};
+use crate::handles::{bad_handle, handle_of, pointer_of, registry};
 use crate::status::{guard, CapiError, MemoStatus};
 use crate::trace_builder::TraceBuilder;
 
@@ -93,51 +87,10 @@ pub struct MemoPlacedBuffer {
 }
 
 /// A placement with the buffers it places.
-struct Placed {
+pub(crate) struct Placed {
     buffers: Vec<BufferLifetime>,
     steps: u32,
     solution: Solution,
-}
-
-/// Every live handle.
-struct Registry {
-    /// The next handle value; shared by both kinds, so no value ever names two things.
-    next: u64,
-    traces: BTreeMap<u64, TraceBuilder>,
-    placements: BTreeMap<u64, Placed>,
-}
-
-static REGISTRY: Mutex<Registry> =
-    Mutex::new(Registry { next: 1, traces: BTreeMap::new(), placements: BTreeMap::new() });
-
-/// The registry. A panic while it was held (a bug, caught at the boundary) leaves maps that are
-/// still consistent (every change is one insert or remove), so poisoning is ignored.
-fn registry() -> MutexGuard<'static, Registry> {
-    REGISTRY.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Registry {
-    fn issue(&mut self) -> u64 {
-        let handle = self.next;
-        self.next += 1;
-        handle
-    }
-}
-
-fn handle_of<T>(pointer: *const T) -> u64 {
-    pointer.addr() as u64
-}
-
-fn pointer_of<T>(handle: u64) -> *mut T {
-    // Never dereferenced: the value is only a key into the registry.
-    std::ptr::without_provenance_mut(handle as usize)
-}
-
-fn bad_handle(kind: &str, name: &str, handle: u64) -> CapiError {
-    CapiError::new(
-        MemoStatus::BadHandle,
-        format!("`{name}` ({handle:#x}) is not a live {kind} handle: it was freed already, or never came from this library, or is another kind of handle"),
-    )
 }
 
 /// Runs `f` on the trace `trace` under the registry lock.

@@ -38,6 +38,12 @@ pub enum MemoStatus {
     /// A bug in this library: an internal panic was caught at the boundary. Please report it
     /// with the message.
     Internal = 12,
+    /// The bytes are not a plan this library can read (`spec/plan-format.md`): the message is the
+    /// decoder's, naming the byte offset and the part of the plan.
+    PlanDecode = 13,
+    /// The plan decodes but breaks the validity rules (`spec/validity.md`): running it could
+    /// corrupt memory. `memo_plan_violation` gives each violation.
+    PlanInvalid = 14,
 }
 
 impl MemoStatus {
@@ -66,11 +72,13 @@ impl MemoStatus {
             MemoStatus::Device => c"MEMO_STATUS_DEVICE",
             MemoStatus::InvalidState => c"MEMO_STATUS_INVALID_STATE",
             MemoStatus::Internal => c"MEMO_STATUS_INTERNAL",
+            MemoStatus::PlanDecode => c"MEMO_STATUS_PLAN_DECODE",
+            MemoStatus::PlanInvalid => c"MEMO_STATUS_PLAN_INVALID",
         }
     }
 
     /// Every status, in numeric order.
-    pub fn all() -> [MemoStatus; 13] {
+    pub fn all() -> [MemoStatus; 15] {
         [
             MemoStatus::Ok,
             MemoStatus::NullPointer,
@@ -85,6 +93,8 @@ impl MemoStatus {
             MemoStatus::Device,
             MemoStatus::InvalidState,
             MemoStatus::Internal,
+            MemoStatus::PlanDecode,
+            MemoStatus::PlanInvalid,
         ]
     }
 }
@@ -230,7 +240,7 @@ mod tests {
         let unknown = unsafe { CStr::from_ptr(memo_status_name(-7)) };
         assert_eq!(unknown.to_str().unwrap(), "MEMO_STATUS_UNKNOWN");
         let values: Vec<i32> = MemoStatus::all().iter().map(|s| *s as i32).collect();
-        assert_eq!(values, (0..13).collect::<Vec<_>>());
+        assert_eq!(values, (0..15).collect::<Vec<_>>());
     }
 
     #[test]

@@ -123,4 +123,53 @@ fn record_plan_replay_through_the_c_abi() {
     assert_eq!((done.device_bytes_live, done.requested_bytes_live, done.unknown_frees), (0, 0, 0));
     assert_eq!(memo_allocator_select_backend(MEMO_BACKEND_HOST), MemoStatus::Ok, "{}", last_error());
     std::fs::remove_dir_all(&dir).unwrap();
+
+    blocks_make_bilevel_plans();
+}
+
+/// One iteration of four identical marked "layers", each allocating and freeing its own
+/// transients around one activation that the next layer frees; returns the pointers.
+fn layered_iteration() -> Vec<*mut c_void> {
+    let mut pointers = Vec::new();
+    let mut activation = memo_alloc(4096, 0, null_mut());
+    pointers.push(activation);
+    for _ in 0..4 {
+        assert_eq!(memo_block_begin(7), MemoStatus::Ok, "{}", last_error());
+        let (a, b) = (memo_alloc(1000, 0, null_mut()), memo_alloc(3000, 0, null_mut()));
+        memo_free(a, 1000, 0, null_mut());
+        memo_free(b, 3000, 0, null_mut());
+        let next = memo_alloc(4096, 0, null_mut());
+        memo_free(activation, 4096, 0, null_mut());
+        activation = next;
+        assert_eq!(memo_block_end(), MemoStatus::Ok, "{}", last_error());
+        pointers.extend([a, b, next]);
+    }
+    memo_free(activation, 4096, 0, null_mut());
+    assert_eq!(memo_iteration_end(), MemoStatus::Ok);
+    pointers
+}
+
+/// Block markers through the C ABI: refused out of order while recording, recorded, planned
+/// bi-level, ignored in replay.
+fn blocks_make_bilevel_plans() {
+    assert_eq!(memo_block_end(), MemoStatus::Ok, "nothing to check outside record mode");
+    // Safety: NULL keeps the trace in memory.
+    assert_eq!(unsafe { memo_allocator_record(null()) }, MemoStatus::Ok);
+    assert_eq!(memo_block_end(), MemoStatus::InvalidState);
+    assert_eq!(last_error(), "memo_block_end: no block is open in this iteration: call memo_block_begin first");
+    layered_iteration();
+    // Safety: NULL options.
+    assert_eq!(unsafe { memo_allocator_plan(null()) }, MemoStatus::Ok, "{}", last_error());
+    let planned = stats();
+    assert_eq!((planned.plan_block_instances, planned.plan_level1_problems), (4, 1));
+    // An activation with both transients (1024 + 3072 at 512 alignment), or two activations: the
+    // bi-level plan reaches the lower bound.
+    assert_eq!((planned.plan_peak, planned.plan_lower_bound, planned.plan_optimal), (8192, 8192, 1));
+    assert_eq!(memo_allocator_replay(0), MemoStatus::Ok, "{}", last_error());
+    assert_eq!(memo_allocator_reset_stats(), MemoStatus::Ok);
+    let (first, second) = (layered_iteration(), layered_iteration());
+    assert_eq!(first, second);
+    let replayed = stats();
+    assert_eq!((replayed.replayed, replayed.fallbacks, replayed.requested_bytes_live), (26, 0, 0));
+    assert_eq!(memo_allocator_release_arena(), MemoStatus::Ok);
 }

@@ -1,11 +1,15 @@
 //! Builds `examples/c/place_memo_example.c` with the system C compiler against this crate's
-//! shared library and checked-in header, runs it on the MEMO paper's layer trace, and checks the
-//! peaks it prints. Prints SKIP and passes when no C compiler is found. (Unix: the link flags are
-//! the Unix ones.)
+//! shared library and checked-in header, runs it on the MEMO paper's layer trace and on a plan
+//! file made here by the planner, and checks what it prints. Prints SKIP and passes when no C
+//! compiler is found. (Unix: the link flags are the Unix ones.)
 #![cfg(unix)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
+use memo_plan_core::plan::{Place, Plan, Strategy};
+use memo_plan_core::planner::{plan, PlanRequest};
 
 /// The C compiler: `$CC`, else the first of cc, gcc, clang that runs.
 fn c_compiler() -> Option<String> {
@@ -47,7 +51,20 @@ fn the_c_example_places_the_memo_layer_trace() {
         .expect("the C compiler runs");
     assert!(build.status.success(), "{compiler} failed:\n{}", String::from_utf8_lossy(&build.stderr));
 
-    let run = Command::new(&program).arg(root.join("examples/traces/memo-layer.trace")).output().unwrap();
+    // A small plan file, as `memo plan -o` writes it: 4 layers, so that two swap and it has host
+    // slots.
+    let request = PlanRequest::new(
+        ModelConfig::new("tiny", 4, 64, 4, 64, 1),
+        Parallelism::single(),
+        Hardware::preset("h200x1").unwrap(),
+        Strategy::Memo,
+    );
+    let tiny = plan(&request).unwrap().plan;
+    let plan_path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("c_example_tiny.memo");
+    std::fs::write(&plan_path, tiny.encode()).unwrap();
+
+    let run =
+        Command::new(&program).arg(root.join("examples/traces/memo-layer.trace")).arg(&plan_path).output().unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
     println!("{stdout}");
     assert!(run.status.success(), "the example failed:\n{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
@@ -60,4 +77,44 @@ fn the_c_example_places_the_memo_layer_trace() {
         assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
     }
     assert_eq!(stdout.lines().filter(|l| l.starts_with("  tensor ")).count(), 12);
+    check_plan_lines(&stdout, &tiny);
+}
+
+/// The plan part of the output: the provenance, totals and first buffer of each kind agree with
+/// the plan the file was written from.
+fn check_plan_lines(stdout: &str, tiny: &Plan) {
+    let t = &tiny.totals;
+    let p = &tiny.provenance;
+    for expected in [
+        format!(
+            "plan: valid; model tiny, 4 layers, 64 tokens, strategy memo, alpha {:.3} (bound: {})",
+            p.alpha,
+            memo_plan_core::plan::encode::alpha_bound_name(p.alpha_bound)
+        ),
+        format!("plan: {} buffers, {} instructions", tiny.buffers.len(), tiny.instructions.len()),
+        format!(
+            "plan: arena {} bytes (lower bound {}), host {} bytes, parameters {} bytes, rounding buffers {} bytes",
+            t.arena_bytes, t.arena_lower_bound_bytes, t.host_bytes, t.parameter_bytes, t.rounding_buffer_bytes
+        ),
+    ] {
+        assert!(stdout.contains(&expected), "missing {expected:?} in:\n{stdout}");
+    }
+    let buffer_lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("  buffer ")).collect();
+    let mut kinds: Vec<_> = tiny.buffers.iter().map(|b| b.kind).collect();
+    kinds.sort();
+    kinds.dedup();
+    assert_eq!(buffer_lines.len(), kinds.len(), "{stdout}");
+    for line in buffer_lines {
+        // "  buffer   12: kind role layer  0, ... arena offset 256"
+        let index: usize = line["  buffer ".len()..].split(':').next().unwrap().trim().parse().unwrap();
+        let b = &tiny.buffers[index];
+        let (space, offset) = match b.place {
+            Place::Device { offset } => ("arena", offset),
+            Place::Host { offset } => ("host", offset),
+        };
+        assert!(line.contains(b.kind.name()) && line.contains(b.role.name()), "{line}");
+        assert!(line.ends_with(&format!("= {:>8} bytes, {space} offset {offset}", b.bytes().unwrap())), "{line}");
+        assert!(line.contains(&format!("layer {:>2}", b.layer.map_or(-1, i64::from))), "{line}");
+    }
+    assert!(stdout.contains(" host_slot ") && stdout.contains(", host offset "), "{stdout}");
 }

@@ -87,6 +87,10 @@ pub struct MemoAllocatorStats {
     pub plan_ready: u32,
     /// 1 when the plan's peak is proven optimal, else 0.
     pub plan_optimal: u32,
+    /// Block instances the plan placed bi-level (0: placed as one instance, no markers).
+    pub plan_block_instances: u64,
+    /// Distinct level-1 problems solved for them (blocks with equal requests share one).
+    pub plan_level1_problems: u64,
 }
 
 /// The process-wide allocator; made on first use with the CUDA backend.
@@ -134,6 +138,26 @@ pub extern "C" fn memo_free(ptr: *mut c_void, size: isize, device: c_int, stream
 #[no_mangle]
 pub extern "C" fn memo_iteration_end() -> MemoStatus {
     guard("memo_iteration_end", || with_allocator(|allocator| allocator.end_iteration()))
+}
+
+/// Opens an instance of the repeated block `key` (for example key 0 around each layer's forward,
+/// key 1 around each layer's backward). While recording, it marks the trace
+/// (`# memo-block begin <key>`); the plan then places each distinct block's own buffers (those
+/// allocated and freed inside it) once, and the iteration with each block instance as one request
+/// of that block's peak (bi-level, `spec/c-api.md`). In other modes it does nothing, so training
+/// code may mark blocks in every iteration. `MEMO_STATUS_INVALID_STATE` while recording with a
+/// block open: blocks do not nest.
+#[no_mangle]
+pub extern "C" fn memo_block_begin(key: i64) -> MemoStatus {
+    guard("memo_block_begin", || with_allocator(|allocator| allocator.block_begin(key)))
+}
+
+/// Closes the block opened by `memo_block_begin`. `MEMO_STATUS_INVALID_STATE` while recording
+/// with no block open; nothing in other modes. A block still open when the iteration ends is
+/// closed there.
+#[no_mangle]
+pub extern "C" fn memo_block_end() -> MemoStatus {
+    guard("memo_block_end", || with_allocator(|allocator| allocator.block_end()))
 }
 
 /// Chooses the device allocator: `MEMO_BACKEND_CUDA` (the default) or `MEMO_BACKEND_HOST`.
@@ -330,5 +354,7 @@ pub(crate) fn stats_of<D: DeviceAllocator>(allocator: &RecordReplayAllocator<D>)
         arena_device: arena.map_or(-1, |a| a.device),
         plan_ready: u32::from(plan.is_some()),
         plan_optimal: u32::from(plan.is_some_and(|p| p.optimal)),
+        plan_block_instances: plan.map_or(0, |p| p.block_instances),
+        plan_level1_problems: plan.map_or(0, |p| p.level1_problems),
     }
 }

@@ -16,9 +16,13 @@
 //! ([`DeviceAllocator`]), so these rules are tested on the host with a fake one; `cuda` loads
 //! the CUDA runtime at run time, `host` uses the process heap.
 //!
-//! Bi-level planning (detecting repeated layer blocks in a long trace) is not done yet: the whole
-//! iteration is placed as one instance, which the solver handles up to a few thousand buffers.
+//! Plans are bi-level when the framework marks repeated blocks (one layer's forward, one layer's
+//! backward) with [`RecordReplayAllocator::block_begin`] / [`RecordReplayAllocator::block_end`]
+//! while recording ([`blocks`]): each distinct block is placed once, and the iteration with each
+//! block instance as one request. Without markers the iteration is placed as one instance, which
+//! the solver handles up to a few thousand buffers. Repeated blocks are not detected unmarked.
 
+pub mod blocks;
 pub mod cuda;
 pub mod ffi;
 pub mod host;
@@ -273,6 +277,27 @@ impl<D: DeviceAllocator> RecordReplayAllocator<D> {
         self.recorder = Recorder::new(trace_dir);
         self.mode = Mode::Record;
         Ok(())
+    }
+
+    /// Opens an instance of the repeated block `key` (one layer's forward, say): in record mode a
+    /// marker in the trace, so the plan places the block's own buffers once per distinct block
+    /// ([`blocks`]). In other modes it does nothing, so training code can mark blocks always.
+    /// Refused (`InvalidState`) while recording with a block open: blocks do not nest.
+    pub fn block_begin(&mut self, key: i64) -> Result<(), CapiError> {
+        if self.mode != Mode::Record {
+            return Ok(());
+        }
+        self.recorder.block_begin(key)
+    }
+
+    /// Closes the block opened by [`block_begin`](Self::block_begin); refused while recording with
+    /// no block open; nothing in other modes. A block still open when the iteration ends is
+    /// closed there.
+    pub fn block_end(&mut self) -> Result<(), CapiError> {
+        if self.mode != Mode::Record {
+            return Ok(());
+        }
+        self.recorder.block_end()
     }
 
     /// Marks the end of an iteration: closes the recorded trace in record mode, restarts the

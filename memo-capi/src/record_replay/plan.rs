@@ -1,11 +1,13 @@
 //! The replay plan: what the k-th allocation request of an iteration gets, made by placing one
-//! recorded iteration's trace.
+//! recorded iteration's trace: bi-level when the trace has block markers ([`super::blocks`]),
+//! else as one instance.
 
 use memo_plan_core::check::check_placement;
 use memo_plan_core::lifetime::footprint;
 use memo_plan_core::trace::{Trace, TraceFormat};
-use memo_plan_core::{parse_trace, solve, BufferLifetime, SolveOptions};
+use memo_plan_core::{lower_bound, parse_trace, solve, BufferLifetime, SolveOptions};
 
+use super::blocks::{block_spans, place_bilevel, BlockSpan};
 use crate::placement::solve_error;
 use crate::status::{CapiError, MemoStatus};
 
@@ -58,19 +60,29 @@ pub struct ReplayPlan {
     pub optimal: bool,
     /// The alignment of every offset.
     pub alignment: u64,
+    /// Block instances placed at level 1 (0: the iteration was placed as one instance).
+    pub block_instances: u64,
+    /// Distinct level-1 problems solved for them (instances with the same key and requests
+    /// share one).
+    pub level1_problems: u64,
 }
 
 impl ReplayPlan {
-    /// Parses MEMO's text form of one iteration's trace and plans it.
+    /// Parses MEMO's text form of one iteration's trace, with its block markers, and plans it.
     pub fn from_text(text: &[u8], options: &SolveOptions) -> Result<ReplayPlan, CapiError> {
         let trace = parse_trace(text).map_err(|e| CapiError::new(MemoStatus::InvalidTrace, e.to_string()))?;
-        ReplayPlan::from_trace(&trace, options)
+        let spans = if trace.format == TraceFormat::MemoText { block_spans(text)? } else { Vec::new() };
+        ReplayPlan::from_trace(&trace, &spans, options)
     }
 
     /// Plans one iteration's trace: buffers it frees go into one arena, placed by the solver
-    /// (minimising the peak, or under `options.capacity`); buffers it never frees get device
-    /// slots; zero-size buffers get no slot (zero-size requests get NULL and take no position).
-    pub fn from_trace(trace: &Trace, options: &SolveOptions) -> Result<ReplayPlan, CapiError> {
+    /// (minimising the peak, or under `options.capacity`): bi-level over the block instances
+    /// `spans` (request spans, disjoint, in order) when there are any, as one instance when not;
+    /// buffers it never frees get device slots; zero-size buffers get no slot (zero-size requests
+    /// get NULL and take no position). A bi-level solve that misses the capacity is retried flat,
+    /// whose failure is the one reported (bi-level placement is a restriction: its failure
+    /// proves nothing).
+    pub fn from_trace(trace: &Trace, spans: &[BlockSpan], options: &SolveOptions) -> Result<ReplayPlan, CapiError> {
         if trace.format != TraceFormat::MemoText {
             return Err(CapiError::new(
                 MemoStatus::InvalidTrace,
@@ -100,27 +112,38 @@ impl ReplayPlan {
                 slots.push(Slot::Arena { size: buffer.size, offset: 0 });
             }
         }
-        let solution = solve(&arena_buffers, options).map_err(|e| solve_error(&e))?;
+        let bilevel = if spans.is_empty() { None } else { place_bilevel(&arena_buffers, spans, options).ok() };
+        let (offsets, peak, optimal, block_instances, level1_problems, lower) = match bilevel {
+            Some(placed) => {
+                let lower = lower_bound(&arena_buffers, alignment);
+                (placed.offsets, placed.peak, placed.peak == lower, placed.instances, placed.level1_problems, lower)
+            }
+            None => {
+                let solution = solve(&arena_buffers, options).map_err(|e| solve_error(&e))?;
+                (solution.offsets, solution.peak, solution.optimal, 0, 0, solution.lower_bound)
+            }
+        };
         // The solver's answer is checked independently before anything is handed out from it.
-        check_placement(&arena_buffers, &solution.offsets, alignment, solution.peak, options.capacity).map_err(
-            |violations| {
-                CapiError::new(
-                    MemoStatus::Internal,
-                    format!("the solver's placement failed the checker (a bug, please report it): {}", violations[0]),
-                )
-            },
-        )?;
-        for (&slot, &offset) in arena_slot.iter().zip(&solution.offsets) {
+        check_placement(&arena_buffers, &offsets, alignment, peak, options.capacity).map_err(|violations| {
+            let first = violations.first().map(ToString::to_string).unwrap_or_default();
+            CapiError::new(
+                MemoStatus::Internal,
+                format!("the planned placement failed the checker (a bug, please report it): {first}"),
+            )
+        })?;
+        for (&slot, &offset) in arena_slot.iter().zip(&offsets) {
             if let Slot::Arena { size, .. } = slots[slot] {
                 slots[slot] = Slot::Arena { size, offset };
             }
         }
         Ok(ReplayPlan {
             slots,
-            arena_bytes: solution.peak,
-            lower_bound: solution.lower_bound,
-            optimal: solution.optimal,
+            arena_bytes: peak,
+            lower_bound: lower,
+            optimal,
             alignment,
+            block_instances,
+            level1_problems,
         })
     }
 

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+use super::blocks::{begin_line, end_line, MARKER};
 use crate::status::{CapiError, MemoStatus};
 
 /// One recorded request.
@@ -22,6 +23,14 @@ enum Request {
     /// `malloc` in this iteration's trace, so it is written as a comment.
     Foreign {
         size: u64,
+    },
+    /// `memo_block_begin(key)`: a marker comment (`super::blocks`).
+    BlockBegin {
+        key: i64,
+    },
+    /// `memo_block_end()` of the block opened with `key`.
+    BlockEnd {
+        key: i64,
     },
 }
 
@@ -43,13 +52,15 @@ pub(crate) struct Recorder {
     trace_dir: Option<PathBuf>,
     /// The number of the current iteration (iterations finished since recording began).
     iteration: u64,
-    /// The current iteration's requests; ids count from 0 in each iteration.
+    /// The current iteration's requests and block markers; ids count from 0 in each iteration.
     requests: Vec<Request>,
     next_id: u64,
     /// Address -> the buffer recorded there, for buffers allocated while recording.
     live: BTreeMap<usize, Recorded>,
     /// The trace of the last finished iteration.
     pub(crate) last_trace: Option<String>,
+    /// The key of the block opened by `block_begin` and not ended yet.
+    open_block: Option<i64>,
 }
 
 impl Recorder {
@@ -89,10 +100,39 @@ impl Recorder {
         }
     }
 
-    /// Ends the current iteration: renders its trace, keeps it as the last one and writes it to
+    /// Opens block `key`: the requests until [`block_end`](Self::block_end) are one instance of
+    /// it. Refused while another block is open (blocks do not nest).
+    pub(crate) fn block_begin(&mut self, key: i64) -> Result<(), CapiError> {
+        if let Some(open) = self.open_block {
+            return Err(CapiError::new(
+                MemoStatus::InvalidState,
+                format!("block {open} is still open: end it before beginning block {key} (blocks do not nest)"),
+            ));
+        }
+        self.open_block = Some(key);
+        self.requests.push(Request::BlockBegin { key });
+        Ok(())
+    }
+
+    /// Closes the open block. Refused when none is open.
+    pub(crate) fn block_end(&mut self) -> Result<(), CapiError> {
+        let Some(key) = self.open_block.take() else {
+            return Err(CapiError::new(
+                MemoStatus::InvalidState,
+                "no block is open in this iteration: call memo_block_begin first",
+            ));
+        };
+        self.requests.push(Request::BlockEnd { key });
+        Ok(())
+    }
+
+    /// Ends the current iteration: closes a block still open (at the iteration's end), renders its trace, keeps it as the last one and writes it to
     /// `<trace_dir>/iteration-NNNN.trace` if a directory was given. The trace is kept even when
     /// writing fails (the error says where).
     pub(crate) fn end_iteration(&mut self) -> Result<(), CapiError> {
+        if self.open_block.is_some() {
+            self.block_end()?;
+        }
         let text = self.render();
         let number = self.iteration;
         self.iteration += 1;
@@ -116,9 +156,11 @@ impl Recorder {
 
     /// The current iteration's requests in MEMO's text form.
     fn render(&self) -> String {
-        let mallocs = self.requests.iter().filter(|r| matches!(r, Request::Malloc { .. })).count();
-        let frees = self.requests.iter().filter(|r| matches!(r, Request::Free { .. })).count();
-        let foreign = self.requests.len() - mallocs - frees;
+        let count = |f: fn(&Request) -> bool| self.requests.iter().filter(|r| f(r)).count();
+        let mallocs = count(|r| matches!(r, Request::Malloc { .. }));
+        let frees = count(|r| matches!(r, Request::Free { .. }));
+        let foreign = count(|r| matches!(r, Request::Foreign { .. }));
+        let blocks = count(|r| matches!(r, Request::BlockBegin { .. }));
         let still_live = self.live.values().filter(|r| r.iteration == self.iteration).count();
         let mut text = String::with_capacity(24 * self.requests.len() + 400);
         let device = self.device.map_or_else(|| "-".to_string(), |d| d.to_string());
@@ -127,7 +169,8 @@ impl Recorder {
             text,
             "# memo-capi record/replay allocator: iteration {} on device {device} (format: spec/trace-format.md)\n\
              # {mallocs} mallocs, {frees} frees; {still_live} buffers never freed in this iteration (they live to its end);\n\
-             # {foreign} frees of buffers from earlier iterations or from before recording, as comments",
+             # {foreign} frees of buffers from earlier iterations or from before recording, as comments;\n\
+             # {blocks} blocks marked (`# {MARKER} begin <key>` ... `# {MARKER} end <key>`: bi-level planning)",
             self.iteration
         );
         for request in &self.requests {
@@ -135,6 +178,8 @@ impl Recorder {
                 Request::Malloc { id, size } => writeln!(text, "malloc {id} {size}"),
                 Request::Free { id, size } => writeln!(text, "free {id} {size}"),
                 Request::Foreign { size } => writeln!(text, "# free of an earlier buffer: {size} bytes"),
+                Request::BlockBegin { key } => writeln!(text, "{}", begin_line(key)),
+                Request::BlockEnd { key } => writeln!(text, "{}", end_line(key)),
             };
         }
         text

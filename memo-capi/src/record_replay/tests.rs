@@ -1,4 +1,7 @@
-//! Host tests of the record/replay rules, over a fake device allocator.
+//! Host tests of the record/replay rules, over a fake device allocator (`blocks`: block markers
+//! and bi-level plans).
+
+mod blocks;
 
 use std::collections::BTreeMap;
 
