@@ -83,7 +83,7 @@ impl Geometry {
     /// Checks a log-sum-exp argument: one f32 per head per row.
     fn check_lse(&self, op: Op, q: &In<'_>, arg: &impl Shape) -> Result<(), OpError> {
         arg.want_rows(op, q.rows, "the rows of `q`")?;
-        arg.want_row_bytes(op, self.heads * WORD, "one f32 per head")
+        arg.want_elems(op, self.heads, WORD, "one f32 per head")
     }
 
     fn scale(&self) -> f32 {
@@ -258,6 +258,9 @@ pub(crate) fn forward_blocked(
     g.check_like_q(op, &q, &v)?;
     g.check_out_like_q(op, &q, &out)?;
     g.check_lse(op, &q, &lse)?;
+    if g.sequences == 0 {
+        return Ok(());
+    }
     let table = rope_table(&g);
     let key_block = key_block.max(1);
     let results = map_tasks(g.sequences * g.heads, threads, |task| {
@@ -362,6 +365,9 @@ pub(crate) fn backward_blocked(
     g.check_lse(op, &q, &lse)?;
     for arg in [&dq, &dk, &dv] {
         g.check_out_like_q(op, &q, arg)?;
+    }
+    if g.sequences == 0 {
+        return Ok(());
     }
     let table = rope_table(&g);
     let key_block = key_block.max(1);

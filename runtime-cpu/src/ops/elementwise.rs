@@ -70,7 +70,7 @@ pub(crate) fn embedding_backward(args: &mut [Arg<'_>], ctx: &OpContext) -> Resul
     dout.want_row_bytes(op, dembedding.row_bytes, "the row width of `dembedding`")?;
     let ids = token_ids(op, &tokens, dembedding.rows)?;
     let width = dembedding.row_bytes;
-    if width == 0 {
+    if width == 0 || ids.is_empty() {
         return Ok(());
     }
     // Rows grouped by token, each group in row order (the sort is stable).

@@ -51,11 +51,11 @@ pub(crate) fn linear(args: &mut [Arg<'_>], threads: usize) -> Result<(), OpError
     let ([x, weight, bias], [y]) = split::<3, 1>(op, args)?;
     let k = x.elems(op, BF16, "bf16")?;
     let n = weight.rows;
-    weight.want_row_bytes(op, k * BF16, "one bf16 weight per input feature: the row width of `x`")?;
+    weight.want_elems(op, k, BF16, "one bf16 weight per input feature: the row width of `x`")?;
     bias.want_rows(op, 1, "a bias is one row")?;
-    bias.want_row_bytes(op, n * BF16, "one bf16 per output feature: the rows of `weight`")?;
+    bias.want_elems(op, n, BF16, "one bf16 per output feature: the rows of `weight`")?;
     y.want_rows(op, x.rows, "one output row per row of `x`")?;
-    y.want_row_bytes(op, n * BF16, "one bf16 per output feature: the rows of `weight`")?;
+    y.want_elems(op, n, BF16, "one bf16 per output feature: the rows of `weight`")?;
     let b = PackedB::from_bf16_transposed(weight.bytes, n, k);
     let bias = bf16_vec(bias.bytes);
     let a = ASource::Rows { bytes: x.bytes, k };
@@ -71,7 +71,7 @@ pub(crate) fn backward_input(args: &mut [Arg<'_>], accumulate: bool, threads: us
     weight.want_rows(op, n, "one weight row per output feature: the row width of `dy`")?;
     let k = weight.elems(op, BF16, "bf16")?;
     dx.want_rows(op, dy.rows, "one row per row of `dy`")?;
-    dx.want_row_bytes(op, k * BF16, "one bf16 per input feature: the row width of `weight`")?;
+    dx.want_elems(op, k, BF16, "one bf16 per input feature: the row width of `weight`")?;
     let b = PackedB::from_bf16(weight.bytes, n, k);
     let how = if accumulate { Store::Accumulate } else { Store::Overwrite };
     let a = ASource::Rows { bytes: dy.bytes, k: n };
@@ -87,9 +87,9 @@ pub(crate) fn backward_weight(args: &mut [Arg<'_>], threads: usize) -> Result<()
     let n = dy.elems(op, BF16, "bf16")?;
     dy.want_rows(op, x.rows, "one gradient row per row of `x`")?;
     dweight.want_rows(op, n, "one row per output feature: the row width of `dy`")?;
-    dweight.want_row_bytes(op, k * BF16, "one bf16 per input feature: the row width of `x`")?;
+    dweight.want_elems(op, k, BF16, "one bf16 per input feature: the row width of `x`")?;
     dbias.want_rows(op, 1, "a bias gradient is one row")?;
-    dbias.want_row_bytes(op, n * BF16, "one bf16 per output feature: the row width of `dy`")?;
+    dbias.want_elems(op, n, BF16, "one bf16 per output feature: the row width of `dy`")?;
     let b = PackedB::from_bf16(x.bytes, x.rows, k);
     let a = ASource::Columns { bytes: dy.bytes, width: n };
     gemm(a, &b, dweight.bytes, dweight.row_bytes, threads, |_, c, n_pad, out| {
@@ -110,7 +110,7 @@ pub(crate) fn backward_weight(args: &mut [Arg<'_>], threads: usize) -> Result<()
 /// Checks the tied embedding against the context: `vocab` rows of `hidden` bf16.
 pub(crate) fn check_embedding(op: Op, embedding: &impl Shape, ctx: &OpContext) -> Result<(), OpError> {
     embedding.want_rows(op, ctx.vocab, "the vocabulary size `vocab` of the context")?;
-    embedding.want_row_bytes(op, ctx.hidden * BF16, "`hidden` bf16 of the context")
+    embedding.want_elems(op, ctx.hidden, BF16, "`hidden` bf16 of the context")
 }
 
 /// `classifier`: `logits = x E^T` over a chunk of rows.
@@ -119,9 +119,9 @@ pub(crate) fn classifier(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) 
     let ([x, embedding], [logits]) = split::<2, 1>(op, args)?;
     check_embedding(op, &embedding, ctx)?;
     let h = ctx.hidden;
-    x.want_row_bytes(op, h * BF16, "`hidden` bf16 of the context")?;
+    x.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
     logits.want_rows(op, x.rows, "one row of logits per row of `x`")?;
-    logits.want_row_bytes(op, ctx.vocab * BF16, "one bf16 per vocabulary entry")?;
+    logits.want_elems(op, ctx.vocab, BF16, "one bf16 per vocabulary entry")?;
     let b = PackedB::from_bf16_transposed(embedding.bytes, ctx.vocab, h);
     let a = ASource::Rows { bytes: x.bytes, k: h };
     let v = ctx.vocab;
@@ -137,9 +137,9 @@ pub(crate) fn classifier_backward_weight(args: &mut [Arg<'_>], ctx: &OpContext, 
     let ([x, dlogits], [dembedding]) = split::<2, 1>(op, args)?;
     check_embedding(op, &dembedding, ctx)?;
     let h = ctx.hidden;
-    x.want_row_bytes(op, h * BF16, "`hidden` bf16 of the context")?;
+    x.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
     dlogits.want_rows(op, x.rows, "one gradient row per row of `x`")?;
-    dlogits.want_row_bytes(op, ctx.vocab * BF16, "one bf16 per vocabulary entry")?;
+    dlogits.want_elems(op, ctx.vocab, BF16, "one bf16 per vocabulary entry")?;
     let b = PackedB::from_bf16(x.bytes, x.rows, h);
     let a = ASource::Columns { bytes: dlogits.bytes, width: ctx.vocab };
     gemm(a, &b, dembedding.bytes, dembedding.row_bytes, threads, |_, c, n_pad, out| {

@@ -15,7 +15,7 @@ pub(crate) fn cross_entropy(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(),
     let op = Op::CrossEntropy;
     let ([targets], [logits, loss]) = split::<1, 2>(op, args)?;
     let v = ctx.vocab;
-    logits.want_row_bytes(op, v * BF16, "one bf16 per vocabulary entry (`vocab` of the context)")?;
+    logits.want_elems(op, v, BF16, "one bf16 per vocabulary entry (`vocab` of the context)")?;
     targets.want_rows(op, logits.rows, "one target per row of `logits`")?;
     targets.want_row_bytes(op, WORD, "one u32 target per row")?;
     loss.want_rows(op, 1, "the loss is one f32")?;
@@ -28,7 +28,7 @@ pub(crate) fn cross_entropy(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(),
         let kind = OpErrorKind::IdOutOfRange { row, id, limit: v };
         return Err(OpError { op, argument: Some(targets.name), kind });
     }
-    if v == 0 {
+    if v == 0 || ids.is_empty() {
         return Ok(());
     }
     let tokens = ctx.loss_scale_tokens as f32;

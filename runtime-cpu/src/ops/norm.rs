@@ -43,7 +43,7 @@ fn statistics(x: &[f32], centred: &mut [f32]) -> (f32, f32) {
 /// Checks a `1 x hidden` parameter (scale, shift or their gradients).
 fn check_vector(op: Op, arg: &impl Shape, hidden: usize) -> Result<(), OpError> {
     arg.want_rows(op, 1, "a norm's scale and shift are one row")?;
-    arg.want_row_bytes(op, hidden * BF16, "`hidden` bf16 of the context")
+    arg.want_elems(op, hidden, BF16, "`hidden` bf16 of the context")
 }
 
 /// `layer_norm`: `y = (x - mean) / sqrt(var + eps) * scale + shift`, per row.
@@ -51,11 +51,11 @@ pub(crate) fn layer_norm(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), Op
     let op = Op::LayerNorm;
     let ([x, scale, shift], [y]) = split::<3, 1>(op, args)?;
     let h = ctx.hidden;
-    x.want_row_bytes(op, h * BF16, "`hidden` bf16 of the context")?;
+    x.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
     check_vector(op, &scale, h)?;
     check_vector(op, &shift, h)?;
     y.want_rows(op, x.rows, "one row per row of `x`")?;
-    y.want_row_bytes(op, h * BF16, "`hidden` bf16 of the context")?;
+    y.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
     if h == 0 {
         return Ok(());
     }
@@ -78,12 +78,12 @@ pub(crate) fn layer_norm_backward(args: &mut [Arg<'_>], ctx: &OpContext) -> Resu
     let op = Op::LayerNormBackward;
     let ([x, scale, dy], [dx, dscale, dshift]) = split::<3, 3>(op, args)?;
     let h = ctx.hidden;
-    x.want_row_bytes(op, h * BF16, "`hidden` bf16 of the context")?;
+    x.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
     check_vector(op, &scale, h)?;
     dy.want_rows(op, x.rows, "one gradient row per row of `x`")?;
-    dy.want_row_bytes(op, h * BF16, "`hidden` bf16 of the context")?;
+    dy.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
     dx.want_rows(op, x.rows, "one row per row of `x`")?;
-    dx.want_row_bytes(op, h * BF16, "`hidden` bf16 of the context")?;
+    dx.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
     check_vector(op, &dscale, h)?;
     check_vector(op, &dshift, h)?;
     if h == 0 {

@@ -56,7 +56,7 @@ pub(crate) fn adamw(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError
     grad.want_rows(op, parameter.rows, "the rows of `parameter`")?;
     grad.want_row_bytes(op, parameter.row_bytes, "the row width of `parameter`")?;
     state.want_rows(op, parameter.rows, "one state row per row of `parameter`")?;
-    state.want_row_bytes(op, 3 * WORD * e, "f32 master weight, m and v per element of a `parameter` row")?;
+    state.want_elems(op, e, 3 * WORD, "f32 master weight, m and v per element of a `parameter` row")?;
     check_scalar(op, &norm)?;
     let hp = ctx.adamw;
     if hp.step == 0 {

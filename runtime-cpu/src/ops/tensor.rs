@@ -103,6 +103,19 @@ pub(crate) trait Shape {
         Err(self.shape_error(op, expected, format!("{} bytes per row", self.row_bytes())))
     }
 
+    /// Checks bytes per row: `count` elements of `elem_bytes` (`count` may come from another
+    /// argument's rows or the context, so the product is checked).
+    fn want_elems(&self, op: Op, count: usize, elem_bytes: usize, why: &str) -> Result<(), OpError> {
+        match count.checked_mul(elem_bytes) {
+            Some(bytes) => self.want_row_bytes(op, bytes, why),
+            None => {
+                let expected =
+                    format!("{count} elements of {elem_bytes} bytes per row ({why}), more than memory holds");
+                Err(self.shape_error(op, expected, format!("{} bytes per row", self.row_bytes())))
+            }
+        }
+    }
+
     /// Checks the row count.
     fn want_rows(&self, op: Op, expected: usize, why: &str) -> Result<(), OpError> {
         if self.rows() == expected {

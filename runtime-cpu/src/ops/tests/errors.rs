@@ -198,3 +198,28 @@ fn random_launches_never_panic() {
     }
     assert!(valid_ok > 1000, "only {valid_ok} valid launches ran");
 }
+
+#[test]
+fn empty_arguments_with_huge_widths_or_contexts_never_panic() {
+    // Zero rows make any width consistent with zero bytes, so nothing may be sized from a width
+    // or a context field alone. Widths are drawn to match a huge context often.
+    let n = 1usize << 40;
+    let widths = [2 * n, 4 * n, 12 * n, 2 * (n / 8), usize::MAX, 2, 4, 8];
+    let mut rng = Rng::new(42);
+    for op in Op::ALL.iter().copied() {
+        for _ in 0..200 {
+            let mut pick = |small: usize| if rng.below(2) == 0 { n } else { small };
+            let (hidden, vocab, seq_len, heads) = (pick(4), pick(5), pick(3), pick(2));
+            let ctx = OpContext { hidden, vocab, seq_len, heads, ..context(4, 2, 3, 5) };
+            let mut tensors: Vec<T> = op
+                .signature()
+                .iter()
+                .map(|_| match rng.below(4) {
+                    0 => T::zeros(1, 4),
+                    _ => T { data: Vec::new(), rows: 0, row_bytes: widths[rng.below(widths.len())], first_row: 0 },
+                })
+                .collect();
+            let _ = run_threads(op, &ctx, &mut tensors, 2);
+        }
+    }
+}

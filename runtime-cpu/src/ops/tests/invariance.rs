@@ -9,6 +9,20 @@ use super::{context, run, run_threads, OpContext, Rng, T};
 /// Rows of the invariance cases: more than two GEMM chunks (64 rows), not a multiple of a tile.
 const M: usize = 150;
 
+/// Fails with the first differing byte when two runs' tensors differ.
+fn same(got: &[T], want: &[T], what: &str) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(
+            (g.rows, g.row_bytes, g.data.len()),
+            (w.rows, w.row_bytes, w.data.len()),
+            "{what}: tensor {i} shape"
+        );
+        if let Some(at) = g.data.iter().zip(&w.data).position(|(a, b)| a != b) {
+            panic!("{what}: tensor {i} differs first at byte {at} (row {})", at / g.row_bytes.max(1));
+        }
+    }
+}
+
 /// Runs `op` over all `M` rows, then over pieces of the rows (slicing the arguments listed in
 /// `row_args`, passing the others whole), and checks that each piece's rows are byte-identical
 /// to the same rows of the full run; also with 2 and 3 threads.
@@ -18,7 +32,7 @@ fn check_row_ranges(op: Op, ctx: &OpContext, tensors: &[T], row_args: &[usize]) 
     for threads in [2, 3] {
         let mut again = tensors.to_vec();
         run_threads(op, ctx, &mut again, threads).unwrap();
-        assert_eq!(again, full, "{}: {threads} threads", op.name());
+        same(&again, &full, &format!("{}: {threads} threads", op.name()));
     }
     let splits: [&[usize]; 9] = [
         &[0, 1, M],
@@ -48,7 +62,8 @@ fn check_row_ranges(op: Op, ctx: &OpContext, tensors: &[T], row_args: &[usize]) 
                 .collect();
             run(op, ctx, &mut part);
             for &i in row_args {
-                assert_eq!(part[i].data, full[i].slice(a, b).data, "{}: argument {i}, rows {a}..{b}", op.name());
+                let what = format!("{}: argument {i}, rows {a}..{b}", op.name());
+                same(std::slice::from_ref(&part[i]), &[full[i].slice(a, b)], &what);
             }
         }
     }
@@ -88,10 +103,10 @@ fn check_deterministic(op: Op, ctx: &OpContext, tensors: &[T]) {
     run(op, ctx, &mut first);
     let mut second = tensors.to_vec();
     run(op, ctx, &mut second);
-    assert_eq!(first, second, "{}: two runs", op.name());
+    same(&first, &second, &format!("{}: two runs", op.name()));
     let mut threaded = tensors.to_vec();
     run_threads(op, ctx, &mut threaded, 4).unwrap();
-    assert_eq!(first, threaded, "{}: 4 threads", op.name());
+    same(&first, &threaded, &format!("{}: 4 threads", op.name()));
 }
 
 #[test]
