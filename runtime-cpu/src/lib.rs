@@ -1,5 +1,8 @@
 //! The CPU backend for the MEMO runtime.
 //!
-//! Not built yet: a placeholder in the workspace layout of `DESIGN.md` that exports nothing.
-//! Nothing depends on it yet.
+//! [`ops`] holds the CPU reference kernels: every op a plan launches (`spec/plan-format.md`, the
+//! op table), bf16 storage with fp32 accumulation. The backend itself (streams on threads,
+//! events, the arena) is being built.
 #![forbid(unsafe_code)]
+
+pub mod ops;

@@ -1,0 +1,399 @@
+//! Causal attention with rotary positions: the forward (online softmax over blocks of keys,
+//! FlashAttention's recurrence) and its backward (FlashAttention-2's, from the saved output and
+//! log-sum-exp). Nothing of size `s x s` is ever in memory: a query row meets one block of
+//! [`KEY_BLOCK`] keys at a time.
+//!
+//! Layout: `q`, `k`, `v`, `out` and their gradients are `b*s` rows of `heads * head_dim` bf16
+//! (head `h` in elements `[h*head_dim, (h+1)*head_dim)`); `lse` is `b*s` rows of `heads` f32.
+//! Row `r` is position `r % s` of sequence `r / s`; a launch covers whole sequences.
+//!
+//! Rotary positions (RoPE, base 10000) rotate each pair `(2i, 2i+1)` of a head of `q` and `k`
+//! by the angle `pos * 10000^(-2i/head_dim)` inside the op: the stored `q` and `k` are the
+//! projections' outputs, and the backward returns gradients with respect to them.
+//!
+//! Each (sequence, head) is one task on one thread; every sum runs in a fixed order (scores
+//! sequentially over the head dimension, keys in increasing order), so the result does not
+//! depend on the thread count.
+
+use memo_plan_core::plan::Op;
+
+use super::parallel::map_tasks;
+use super::tensor::{bf16_bits_to_f32, context_error, f32_to_bf16_bytes, f32_vec, split, In, Out, Shape, BF16, WORD};
+use super::{Arg, OpContext, OpError};
+
+/// Keys per block of the online softmax (the score tile of one query row).
+pub(crate) const KEY_BLOCK: usize = 64;
+/// RoPE's base.
+const ROPE_BASE: f64 = 10_000.0;
+
+/// Shapes of one launch.
+#[derive(Clone, Copy)]
+struct Geometry {
+    heads: usize,
+    head_dim: usize,
+    seq_len: usize,
+    sequences: usize,
+    row_bytes: usize,
+}
+
+impl Geometry {
+    /// The shapes implied by `q` and the context; checks that they work.
+    fn new(op: Op, q: &In<'_>, ctx: &OpContext) -> Result<Self, OpError> {
+        if ctx.heads == 0 {
+            return Err(context_error(op, "heads", "is 0; attention needs at least one head".into()));
+        }
+        if ctx.seq_len == 0 {
+            return Err(context_error(op, "seq_len", "is 0; it must be the rows of one sequence".into()));
+        }
+        let elems = q.elems(op, BF16, "bf16")?;
+        let head_dim = elems / ctx.heads;
+        if !elems.is_multiple_of(ctx.heads) || head_dim == 0 || !head_dim.is_multiple_of(2) {
+            let expected = format!(
+                "a row of `heads` ({}) heads of an even, positive head dimension (rotary positions rotate pairs)",
+                ctx.heads
+            );
+            return Err(q.shape_error(op, expected, format!("{elems} bf16 per row")));
+        }
+        let s = ctx.seq_len;
+        if !q.first_row.is_multiple_of(s) || !q.rows.is_multiple_of(s) {
+            let expected = format!("whole sequences of `seq_len` = {s} rows (positions are row % seq_len)");
+            let found = format!("rows {}..{}", q.first_row, q.first_row + q.rows);
+            return Err(q.shape_error(op, expected, found));
+        }
+        Ok(Geometry { heads: ctx.heads, head_dim, seq_len: s, sequences: q.rows / s, row_bytes: q.row_bytes })
+    }
+
+    /// Checks an input shaped like `q` (same rows, width, and whole sequences).
+    fn check_like_q(&self, op: Op, q: &In<'_>, arg: &In<'_>) -> Result<(), OpError> {
+        arg.want_rows(op, q.rows, "the rows of `q`")?;
+        arg.want_row_bytes(op, self.row_bytes, "the row width of `q`")?;
+        if !arg.first_row.is_multiple_of(self.seq_len) {
+            let expected = format!("whole sequences of `seq_len` = {} rows", self.seq_len);
+            return Err(arg.shape_error(op, expected, format!("first row {}", arg.first_row)));
+        }
+        Ok(())
+    }
+
+    /// Checks an output shaped like `q`.
+    fn check_out_like_q(&self, op: Op, q: &In<'_>, arg: &Out<'_>) -> Result<(), OpError> {
+        arg.want_rows(op, q.rows, "the rows of `q`")?;
+        arg.want_row_bytes(op, self.row_bytes, "the row width of `q`")
+    }
+
+    /// Checks a log-sum-exp argument: one f32 per head per row.
+    fn check_lse(&self, op: Op, q: &In<'_>, arg: &impl Shape) -> Result<(), OpError> {
+        arg.want_rows(op, q.rows, "the rows of `q`")?;
+        arg.want_elems(op, self.heads, WORD, "one f32 per head")
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+}
+
+/// `(cos, sin)` of the rotary angle for each position `< s` and pair `< head_dim / 2`.
+fn rope_table(g: &Geometry) -> Vec<(f32, f32)> {
+    let pairs = g.head_dim / 2;
+    let mut table = Vec::with_capacity(g.seq_len * pairs);
+    for pos in 0..g.seq_len {
+        for i in 0..pairs {
+            let inv_freq = ROPE_BASE.powf(-2.0 * i as f64 / g.head_dim as f64);
+            let (sin, cos) = (pos as f64 * inv_freq).sin_cos();
+            table.push((cos as f32, sin as f32));
+        }
+    }
+    table
+}
+
+/// Rotates each row (`head_dim` wide) of `x` by its position's angles; `inverse` rotates back
+/// (the transpose, for gradients).
+fn rotate(x: &mut [f32], table: &[(f32, f32)], head_dim: usize, inverse: bool) {
+    let pairs = head_dim / 2;
+    for (row, angles) in x.chunks_exact_mut(head_dim).zip(table.chunks_exact(pairs)) {
+        for (pair, &(cos, sin)) in row.chunks_exact_mut(2).zip(angles) {
+            let (a, b) = (pair[0], pair[1]);
+            if inverse {
+                pair[0] = a * cos + b * sin;
+                pair[1] = b * cos - a * sin;
+            } else {
+                pair[0] = a * cos - b * sin;
+                pair[1] = a * sin + b * cos;
+            }
+        }
+    }
+}
+
+/// Head `head` of sequence `seq` of `x`, as `s x head_dim` f32.
+fn gather(x: &[u8], g: &Geometry, seq: usize, head: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; g.seq_len * g.head_dim];
+    let start = seq * g.seq_len * g.row_bytes;
+    let rows = x.get(start..start + g.seq_len * g.row_bytes).unwrap_or(&[]);
+    let offset = head * g.head_dim * BF16;
+    for (dst, row) in out.chunks_exact_mut(g.head_dim).zip(rows.chunks_exact(g.row_bytes)) {
+        let Some(src) = row.get(offset..offset + g.head_dim * BF16) else { continue };
+        for (value, pair) in dst.iter_mut().zip(src.chunks_exact(BF16)) {
+            *value = bf16_bits_to_f32(pair[0], pair[1]);
+        }
+    }
+    out
+}
+
+/// Writes `values` (`s x head_dim`) as head `head` of sequence `seq` of `x` (bf16).
+fn scatter(x: &mut [u8], g: &Geometry, seq: usize, head: usize, values: &[f32]) {
+    let start = seq * g.seq_len * g.row_bytes;
+    let Some(rows) = x.get_mut(start..start + g.seq_len * g.row_bytes) else { return };
+    let offset = head * g.head_dim * BF16;
+    for (src, row) in values.chunks_exact(g.head_dim).zip(rows.chunks_exact_mut(g.row_bytes)) {
+        let Some(dst) = row.get_mut(offset..offset + g.head_dim * BF16) else { continue };
+        for (pair, &value) in dst.chunks_exact_mut(BF16).zip(src) {
+            pair.copy_from_slice(&f32_to_bf16_bytes(value));
+        }
+    }
+}
+
+/// `s x d` row-major into `d x s`.
+fn transpose(x: &[f32], s: usize, d: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; s * d];
+    for (j, row) in x.chunks_exact(d).enumerate() {
+        for (c, &value) in row.iter().enumerate() {
+            if let Some(slot) = out.get_mut(c * s + j) {
+                *slot = value;
+            }
+        }
+    }
+    out
+}
+
+/// `out[j - j0] = sum_c row[c] * cols[c][j]` for keys `j` in `[j0, j1)`, `cols` being
+/// `row.len() x s` (a transposed key or value head). Each sum runs over `c` in order from 0.0:
+/// forward and backward compute bit-identical scores.
+fn dots(row: &[f32], cols: &[f32], s: usize, j0: usize, j1: usize, out: &mut [f32]) {
+    let out = &mut out[..j1 - j0];
+    out.fill(0.0);
+    for (c, &a) in row.iter().enumerate() {
+        let Some(col) = cols.get(c * s + j0..c * s + j1) else { return };
+        for (o, &b) in out.iter_mut().zip(col) {
+            *o += a * b;
+        }
+    }
+}
+
+/// `acc += p * x` elementwise.
+#[inline]
+fn axpy(acc: &mut [f32], p: f32, x: &[f32]) {
+    for (a, &b) in acc.iter_mut().zip(x) {
+        *a += p * b;
+    }
+}
+
+/// Rows `j` of an `s x d` matrix.
+#[inline]
+fn row(x: &[f32], d: usize, j: usize) -> &[f32] {
+    x.get(j * d..(j + 1) * d).unwrap_or(&[])
+}
+
+/// One (sequence, head): the output (`s x head_dim`) and log-sum-exp (`s`), keys in blocks of
+/// `key_block`.
+fn forward_head(q: &[f32], k: &[f32], v: &[f32], g: &Geometry, key_block: usize) -> (Vec<f32>, Vec<f32>) {
+    let (s, d, scale) = (g.seq_len, g.head_dim, g.scale());
+    let kt = transpose(k, s, d);
+    let mut out = vec![0.0f32; s * d];
+    let mut lse = vec![0.0f32; s];
+    let mut scores = vec![0.0f32; key_block];
+    for (i, lse_i) in lse.iter_mut().enumerate() {
+        let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+        let Some(acc) = out.get_mut(i * d..(i + 1) * d) else { break };
+        let qi = row(q, d, i);
+        let mut j0 = 0;
+        while j0 <= i {
+            let j1 = (j0 + key_block).min(i + 1);
+            let block = &mut scores[..j1 - j0];
+            dots(qi, &kt, s, j0, j1, block);
+            let mut block_max = f32::NEG_INFINITY;
+            for score in block.iter_mut() {
+                *score *= scale;
+                block_max = block_max.max(*score);
+            }
+            let new_max = max.max(block_max);
+            let correction = (max - new_max).exp();
+            let mut block_sum = 0.0f32;
+            for score in block.iter_mut() {
+                *score = (*score - new_max).exp();
+                block_sum += *score;
+            }
+            sum = sum * correction + block_sum;
+            for a in acc.iter_mut() {
+                *a *= correction;
+            }
+            for (j, &p) in (j0..j1).zip(block.iter()) {
+                axpy(acc, p, row(v, d, j));
+            }
+            max = new_max;
+            j0 = j1;
+        }
+        for a in acc.iter_mut() {
+            *a /= sum;
+        }
+        *lse_i = max + sum.ln();
+    }
+    (out, lse)
+}
+
+/// `attention`: `out, lse = attention(rope(q), rope(k), v)`, causal within each sequence.
+pub(crate) fn forward(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
+    forward_blocked(args, ctx, threads, KEY_BLOCK)
+}
+
+/// [`forward`] with another key block (tests cover several blocks with short sequences).
+pub(crate) fn forward_blocked(
+    args: &mut [Arg<'_>],
+    ctx: &OpContext,
+    threads: usize,
+    key_block: usize,
+) -> Result<(), OpError> {
+    let op = Op::Attention;
+    let ([q, k, v], [out, lse]) = split::<3, 2>(op, args)?;
+    let g = Geometry::new(op, &q, ctx)?;
+    g.check_like_q(op, &q, &k)?;
+    g.check_like_q(op, &q, &v)?;
+    g.check_out_like_q(op, &q, &out)?;
+    g.check_lse(op, &q, &lse)?;
+    if g.sequences == 0 {
+        return Ok(());
+    }
+    let table = rope_table(&g);
+    let key_block = key_block.max(1);
+    let results = map_tasks(g.sequences * g.heads, threads, |task| {
+        let (seq, head) = (task / g.heads, task % g.heads);
+        let mut qh = gather(q.bytes, &g, seq, head);
+        let mut kh = gather(k.bytes, &g, seq, head);
+        rotate(&mut qh, &table, g.head_dim, false);
+        rotate(&mut kh, &table, g.head_dim, false);
+        forward_head(&qh, &kh, &gather(v.bytes, &g, seq, head), &g, key_block)
+    });
+    for (task, (values, sums)) in results.iter().enumerate() {
+        let (seq, head) = (task / g.heads, task % g.heads);
+        scatter(out.bytes, &g, seq, head, values);
+        for (i, &value) in sums.iter().enumerate() {
+            let at = ((seq * g.seq_len + i) * g.heads + head) * WORD;
+            if let Some(word) = lse.bytes.get_mut(at..at + WORD) {
+                word.copy_from_slice(&value.to_le_bytes());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gradients of one (sequence, head) with respect to the rotated `q`, `k` and to `v`.
+struct HeadGradients {
+    dq: Vec<f32>,
+    dk: Vec<f32>,
+    dv: Vec<f32>,
+}
+
+/// Inputs of one (sequence, head) of the backward (`q`, `k` rotated).
+struct HeadInputs<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
+    out: &'a [f32],
+    dout: &'a [f32],
+    lse: &'a [f32],
+}
+
+/// FlashAttention-2's backward for one (sequence, head): with `D_i = dout_i . out_i` and
+/// `p_ij = exp(s_ij - lse_i)` (the forward's scores, bit for bit): `dv_j += p_ij dout_i`,
+/// `ds_ij = p_ij (dout_i . v_j - D_i)`, `dq_i += ds_ij k_j`, `dk_j += ds_ij q_i`, then `dq` and
+/// `dk` times the scale. Query rows in order, keys in order within each.
+fn backward_head(x: &HeadInputs<'_>, g: &Geometry, key_block: usize) -> HeadGradients {
+    let (s, d, scale) = (g.seq_len, g.head_dim, g.scale());
+    let kt = transpose(x.k, s, d);
+    let vt = transpose(x.v, s, d);
+    let mut grads = HeadGradients { dq: vec![0.0; s * d], dk: vec![0.0; s * d], dv: vec![0.0; s * d] };
+    let (mut p, mut dp) = (vec![0.0f32; key_block], vec![0.0f32; key_block]);
+    for i in 0..s {
+        let (qi, douti) = (row(x.q, d, i), row(x.dout, d, i));
+        let delta = douti.iter().zip(row(x.out, d, i)).fold(0.0f32, |acc, (&a, &b)| acc + a * b);
+        let lse = x.lse.get(i).copied().unwrap_or(0.0);
+        let mut j0 = 0;
+        while j0 <= i {
+            let j1 = (j0 + key_block).min(i + 1);
+            let (pb, dpb) = (&mut p[..j1 - j0], &mut dp[..j1 - j0]);
+            dots(qi, &kt, s, j0, j1, pb);
+            dots(douti, &vt, s, j0, j1, dpb);
+            for (j, (&score, &dpj)) in (j0..j1).zip(pb.iter().zip(dpb.iter())) {
+                let pj = (score * scale - lse).exp();
+                let ds = pj * (dpj - delta);
+                if let Some(dv) = grads.dv.get_mut(j * d..(j + 1) * d) {
+                    axpy(dv, pj, douti);
+                }
+                if let Some(dk) = grads.dk.get_mut(j * d..(j + 1) * d) {
+                    axpy(dk, ds, qi);
+                }
+                if let Some(dq) = grads.dq.get_mut(i * d..(i + 1) * d) {
+                    axpy(dq, ds, row(x.k, d, j));
+                }
+            }
+            j0 = j1;
+        }
+    }
+    for value in grads.dq.iter_mut().chain(grads.dk.iter_mut()) {
+        *value *= scale;
+    }
+    grads
+}
+
+/// `attention_backward`: `dq, dk, dv` (overwritten) from `q, k, v, out, lse, dout`, through the
+/// rotary rotation (gradients are with respect to the unrotated `q` and `k`).
+pub(crate) fn backward(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
+    backward_blocked(args, ctx, threads, KEY_BLOCK)
+}
+
+/// [`backward`] with another key block.
+pub(crate) fn backward_blocked(
+    args: &mut [Arg<'_>],
+    ctx: &OpContext,
+    threads: usize,
+    key_block: usize,
+) -> Result<(), OpError> {
+    let op = Op::AttentionBackward;
+    let ([q, k, v, out, lse, dout], [dq, dk, dv]) = split::<6, 3>(op, args)?;
+    let g = Geometry::new(op, &q, ctx)?;
+    for arg in [&k, &v, &out, &dout] {
+        g.check_like_q(op, &q, arg)?;
+    }
+    g.check_lse(op, &q, &lse)?;
+    for arg in [&dq, &dk, &dv] {
+        g.check_out_like_q(op, &q, arg)?;
+    }
+    if g.sequences == 0 {
+        return Ok(());
+    }
+    let table = rope_table(&g);
+    let key_block = key_block.max(1);
+    let all_lse = f32_vec(lse.bytes);
+    let results = map_tasks(g.sequences * g.heads, threads, |task| {
+        let (seq, head) = (task / g.heads, task % g.heads);
+        let mut qh = gather(q.bytes, &g, seq, head);
+        let mut kh = gather(k.bytes, &g, seq, head);
+        rotate(&mut qh, &table, g.head_dim, false);
+        rotate(&mut kh, &table, g.head_dim, false);
+        let lse_head: Vec<f32> = (0..g.seq_len)
+            .map(|i| all_lse.get((seq * g.seq_len + i) * g.heads + head).copied().unwrap_or(0.0))
+            .collect();
+        let (vh, outh, douth) =
+            (gather(v.bytes, &g, seq, head), gather(out.bytes, &g, seq, head), gather(dout.bytes, &g, seq, head));
+        let inputs = HeadInputs { q: &qh, k: &kh, v: &vh, out: &outh, dout: &douth, lse: &lse_head };
+        let mut grads = backward_head(&inputs, &g, key_block);
+        rotate(&mut grads.dq, &table, g.head_dim, true);
+        rotate(&mut grads.dk, &table, g.head_dim, true);
+        grads
+    });
+    for (task, grads) in results.iter().enumerate() {
+        let (seq, head) = (task / g.heads, task % g.heads);
+        scatter(dq.bytes, &g, seq, head, &grads.dq);
+        scatter(dk.bytes, &g, seq, head, &grads.dk);
+        scatter(dv.bytes, &g, seq, head, &grads.dv);
+    }
+    Ok(())
+}

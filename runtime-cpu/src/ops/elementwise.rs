@@ -1,0 +1,157 @@
+//! Per-element and per-row ops: the embedding lookup and its scatter-add, GeLU, the residual
+//! add, zero. Each output element depends on its own inputs only, so row ranges and threads
+//! cannot change it.
+
+use memo_plan_core::plan::Op;
+
+use super::linear::check_embedding;
+use super::tensor::{bf16_bits_to_f32, f32_to_bf16_bytes, split, u32_vec, Shape, BF16, WORD};
+use super::{Arg, OpContext, OpError, OpErrorKind};
+
+/// `sqrt(2 / pi)`, of GeLU's tanh approximation.
+const GELU_C: f32 = 0.797_884_6;
+/// The cubic coefficient of GeLU's tanh approximation.
+const GELU_A: f32 = 0.044_715;
+
+/// GeLU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+#[inline]
+pub(crate) fn gelu_value(x: f32) -> f32 {
+    let u = GELU_C * (x + GELU_A * x * x * x);
+    0.5 * x * (1.0 + u.tanh())
+}
+
+/// The derivative of [`gelu_value`].
+#[inline]
+pub(crate) fn gelu_derivative(x: f32) -> f32 {
+    let u = GELU_C * (x + GELU_A * x * x * x);
+    let t = u.tanh();
+    0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
+}
+
+/// Token ids of a `tokens` argument, each checked to be below `limit`.
+fn token_ids(op: Op, tokens: &super::tensor::In<'_>, limit: usize) -> Result<Vec<u32>, OpError> {
+    tokens.want_row_bytes(op, WORD, "one u32 token id per row")?;
+    let ids = u32_vec(tokens.bytes);
+    if let Some((row, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= limit) {
+        let kind = OpErrorKind::IdOutOfRange { row, id, limit };
+        return Err(OpError { op, argument: Some(tokens.name), kind });
+    }
+    Ok(ids)
+}
+
+/// `embedding`: `out[r] = embedding[tokens[r]]`.
+pub(crate) fn embedding(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+    let op = Op::Embedding;
+    let ([tokens, embedding], [out]) = split::<2, 1>(op, args)?;
+    check_embedding(op, &embedding, ctx)?;
+    out.want_rows(op, tokens.rows, "one row per token")?;
+    out.want_row_bytes(op, embedding.row_bytes, "the row width of `embedding`")?;
+    let ids = token_ids(op, &tokens, embedding.rows)?;
+    let width = embedding.row_bytes;
+    if width == 0 {
+        return Ok(());
+    }
+    for (&id, dst) in ids.iter().zip(out.bytes.chunks_exact_mut(width)) {
+        let start = id as usize * width;
+        if let Some(src) = embedding.bytes.get(start..start + width) {
+            dst.copy_from_slice(src);
+        }
+    }
+    Ok(())
+}
+
+/// `embedding_backward`: `dembedding[tokens[r]] += dout[r]`. The rows of one token are summed in
+/// f32 in row order onto the stored bf16 value, which is rounded once.
+pub(crate) fn embedding_backward(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+    let op = Op::EmbeddingBackward;
+    let ([tokens, dout], [dembedding]) = split::<2, 1>(op, args)?;
+    check_embedding(op, &dembedding, ctx)?;
+    dout.want_rows(op, tokens.rows, "one gradient row per token")?;
+    dout.want_row_bytes(op, dembedding.row_bytes, "the row width of `dembedding`")?;
+    let ids = token_ids(op, &tokens, dembedding.rows)?;
+    let width = dembedding.row_bytes;
+    if width == 0 || ids.is_empty() {
+        return Ok(());
+    }
+    // Rows grouped by token, each group in row order (the sort is stable).
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    order.sort_by_key(|&row| ids[row]);
+    let mut sum = vec![0.0f32; width / BF16];
+    let mut group_start = 0;
+    while group_start < order.len() {
+        let id = ids[order[group_start]];
+        let group_end =
+            order[group_start..].iter().position(|&row| ids[row] != id).map_or(order.len(), |n| group_start + n);
+        let start = id as usize * width;
+        let Some(dst) = dembedding.bytes.get_mut(start..start + width) else { break };
+        for (s, pair) in sum.iter_mut().zip(dst.chunks_exact(BF16)) {
+            *s = bf16_bits_to_f32(pair[0], pair[1]);
+        }
+        for &row in &order[group_start..group_end] {
+            let Some(src) = dout.bytes.get(row * width..(row + 1) * width) else { continue };
+            for (s, pair) in sum.iter_mut().zip(src.chunks_exact(BF16)) {
+                *s += bf16_bits_to_f32(pair[0], pair[1]);
+            }
+        }
+        for (pair, &s) in dst.chunks_exact_mut(BF16).zip(&sum) {
+            pair.copy_from_slice(&f32_to_bf16_bytes(s));
+        }
+        group_start = group_end;
+    }
+    Ok(())
+}
+
+/// Checks that `y` has `x`'s shape (bf16 rows).
+fn same_shape(op: Op, x: &impl Shape, y: &impl Shape) -> Result<(), OpError> {
+    x.elems(op, BF16, "bf16")?;
+    y.want_rows(op, x.rows(), &format!("the rows of `{}`", x.name()))?;
+    y.want_row_bytes(op, x.row_bytes(), &format!("the row width of `{}`", x.name()))
+}
+
+/// `gelu`: `y = gelu(x)`.
+pub(crate) fn gelu(args: &mut [Arg<'_>]) -> Result<(), OpError> {
+    let op = Op::Gelu;
+    let ([x], [y]) = split::<1, 1>(op, args)?;
+    same_shape(op, &x, &y)?;
+    for (dst, src) in y.bytes.chunks_exact_mut(BF16).zip(x.bytes.chunks_exact(BF16)) {
+        dst.copy_from_slice(&f32_to_bf16_bytes(gelu_value(bf16_bits_to_f32(src[0], src[1]))));
+    }
+    Ok(())
+}
+
+/// `gelu_backward`: `dx = dy * gelu'(x)`.
+pub(crate) fn gelu_backward(args: &mut [Arg<'_>]) -> Result<(), OpError> {
+    let op = Op::GeluBackward;
+    let ([x, dy], [dx]) = split::<2, 1>(op, args)?;
+    same_shape(op, &x, &dy)?;
+    same_shape(op, &x, &dx)?;
+    for ((dst, xs), dys) in
+        dx.bytes.chunks_exact_mut(BF16).zip(x.bytes.chunks_exact(BF16)).zip(dy.bytes.chunks_exact(BF16))
+    {
+        let (xv, dyv) = (bf16_bits_to_f32(xs[0], xs[1]), bf16_bits_to_f32(dys[0], dys[1]));
+        dst.copy_from_slice(&f32_to_bf16_bytes(dyv * gelu_derivative(xv)));
+    }
+    Ok(())
+}
+
+/// `add`: `y = a + b`.
+pub(crate) fn add(args: &mut [Arg<'_>]) -> Result<(), OpError> {
+    let op = Op::Add;
+    let ([a, b], [y]) = split::<2, 1>(op, args)?;
+    same_shape(op, &a, &b)?;
+    same_shape(op, &a, &y)?;
+    for ((dst, av), bv) in
+        y.bytes.chunks_exact_mut(BF16).zip(a.bytes.chunks_exact(BF16)).zip(b.bytes.chunks_exact(BF16))
+    {
+        let sum = bf16_bits_to_f32(av[0], av[1]) + bf16_bits_to_f32(bv[0], bv[1]);
+        dst.copy_from_slice(&f32_to_bf16_bytes(sum));
+    }
+    Ok(())
+}
+
+/// `zero`: every byte of the rows to 0 (0.0 in bf16 and f32 alike).
+pub(crate) fn zero(args: &mut [Arg<'_>]) -> Result<(), OpError> {
+    let ([], [buffer]) = split::<0, 1>(Op::Zero, args)?;
+    buffer.bytes.fill(0);
+    Ok(())
+}
