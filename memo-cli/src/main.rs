@@ -10,6 +10,7 @@ mod human;
 mod inspect;
 mod plan;
 mod solve;
+mod train;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -40,6 +41,9 @@ enum Command {
     Check(inspect::CheckArgs),
     /// Summarise a plan file: sizes, buffers by kind, instructions per stream, simulated step
     Show(inspect::ShowArgs),
+    /// Train a GPT through a verified plan on a backend (cpu)
+    #[command(long_about = train::LONG_ABOUT)]
+    Train(Box<train::TrainArgs>),
 }
 
 fn main() -> ExitCode {
@@ -53,6 +57,7 @@ fn main() -> ExitCode {
         Command::Plan(plan_args) => plan::run(plan_args),
         Command::Check(check_args) => inspect::run_check(check_args),
         Command::Show(show_args) => inspect::run_show(show_args),
+        Command::Train(train_args) => train::run(train_args),
     };
     match result {
         Ok(()) => ExitCode::from(exit::SUCCESS),

@@ -1,8 +1,11 @@
-//! The CPU backend for the MEMO runtime.
-//!
-//! [`ops`] holds the CPU reference kernels: every op a plan launches (`spec/plan-format.md`, the
-//! op table), bf16 storage with fp32 accumulation. The backend itself (streams on threads,
-//! events, the arena) is being built.
-#![forbid(unsafe_code)]
+//! The CPU reference backend of the MEMO runtime: the device arena and the pinned host slab are
+//! host memory, each of the three streams is a thread, events are real, and the kernels
+//! ([`ops`]) store bf16 and accumulate in f32 as GPUs do. Unsafe code is confined to `memory`
+//! (raw shared access to the arena), each block with its safety argument.
+#![deny(missing_docs)]
 
+mod backend;
+mod memory;
 pub mod ops;
+
+pub use backend::CpuBackend;

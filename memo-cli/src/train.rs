@@ -1,0 +1,221 @@
+//! `memo train`: train a GPT through a verified plan on a backend (today: the CPU reference).
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use memo_plan_core::plan::Strategy;
+use memo_runtime::checkpoint::{fingerprint, Checkpoint};
+use memo_runtime::data::TextData;
+use memo_runtime::{cpu_hardware, training_model, AdamW, TrainOptions, Trainer};
+use runtime_cpu::CpuBackend;
+use serde_json::json;
+
+use crate::config::{model_from_file, parse_rate, parse_tokens};
+use crate::exit::{self, Failure};
+use crate::human;
+
+/// What `memo train --help` says it does.
+pub const LONG_ABOUT: &str = "\
+Train a GPT through a verified plan: the same instruction stream (launches, copies, events on
+three streams) that a GPU would run, here on the CPU reference backend with real bf16 arithmetic.
+The data is a byte-level tokenisation of --data (default: a public-domain text shipped with memo).
+Every strategy trains the same model bit for bit; only memory use and time differ.";
+
+const EXAMPLES: &str = "\
+Examples:
+  memo train --device cpu --model tiny --seq 256 --steps 200
+  memo train --device cpu --model small --seq 512 --steps 50 --strategy memo --alpha 0.3 --json
+  memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1
+  memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1 --resume";
+
+/// The arguments of `memo train`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = format!("{EXAMPLES}\n\n{}", exit::HELP))]
+pub struct TrainArgs {
+    /// The backend: cpu
+    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
+    device: String,
+
+    /// tiny (2 layers, h 64), small (4 layers, h 128), or a TOML file with a [model] table
+    #[arg(long, default_value = "tiny", value_name = "MODEL")]
+    model: String,
+
+    /// Tokens per sequence (K = 1024)
+    #[arg(long, default_value = "256", value_name = "TOKENS", value_parser = parse_tokens)]
+    seq: u64,
+
+    /// Sequences per step
+    #[arg(long, default_value_t = 1, value_name = "B")]
+    micro_batch: u64,
+
+    /// Steps to train (in total, counting those a resumed checkpoint already took)
+    #[arg(long, default_value_t = 100, value_name = "N")]
+    steps: u64,
+
+    /// memo, full-recompute, full-swap or keep-all
+    #[arg(long, default_value = "memo", value_name = "NAME", value_parser = parse_strategy)]
+    strategy: Strategy,
+
+    /// Force memo's swap fraction (0..1)
+    #[arg(long, value_name = "ALPHA")]
+    alpha: Option<f64>,
+
+    /// A text file to train on (bytes are tokens)
+    #[arg(long, value_name = "FILE")]
+    data: Option<PathBuf>,
+
+    /// Save a checkpoint in this directory (every --checkpoint-every steps and at the end)
+    #[arg(long, value_name = "DIR")]
+    checkpoint: Option<PathBuf>,
+
+    /// Steps between checkpoints
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    checkpoint_every: u64,
+
+    /// Continue from the checkpoint in --checkpoint
+    #[arg(long, requires = "checkpoint")]
+    resume: bool,
+
+    /// Seeds the parameters
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+
+    /// AdamW learning rate
+    #[arg(long, default_value_t = 3e-3)]
+    lr: f32,
+
+    /// Throttle host<->device copies to this rate (e.g. 1GB/s) to exercise swap overlap
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    copy_bandwidth: Option<u64>,
+
+    /// Print one JSON line per step and a final summary instead of the progress line
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_strategy(text: &str) -> Result<Strategy, String> {
+    Strategy::from_name(text.trim()).ok_or_else(|| "expected memo, full-recompute, full-swap or keep-all".to_string())
+}
+
+/// Runs `memo train`.
+pub fn run(args: &TrainArgs) -> Result<(), Failure> {
+    if args.device != "cpu" {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!("--device {}: only the cpu backend exists so far (CUDA and HIP are being built)", args.device),
+        ));
+    }
+    let model = match training_model(&args.model, args.seq) {
+        Some(mut model) => {
+            model.micro_batch = args.micro_batch;
+            model
+        }
+        None if args.model.ends_with(".toml") => model_from_file(args.model.as_ref(), args.seq, args.micro_batch)?,
+        None => {
+            return Err(Failure::new(
+                exit::BAD_INPUT,
+                format!("--model {}: use tiny, small or a TOML file", args.model),
+            ));
+        }
+    };
+    if args.alpha.is_some() && args.strategy != Strategy::Memo {
+        return Err(Failure::new(exit::BAD_INPUT, "--alpha applies to --strategy memo only"));
+    }
+    let text = match &args.data {
+        Some(path) => std::fs::read(path).map_err(|e| {
+            Failure::new(exit::IO_ERROR, format!("cannot read {}: {e}; check the path", path.display()))
+        })?,
+        None => memo_runtime::data::DEFAULT_TEXT.as_bytes().to_vec(),
+    };
+    let mut data = TextData::from_bytes(&text).map_err(|e| Failure::new(exit::BAD_INPUT, e))?;
+    let options = TrainOptions {
+        model: model.clone(),
+        strategy: args.strategy,
+        forced_alpha: args.alpha,
+        hardware: cpu_hardware(64 << 30),
+        seed: args.seed,
+        adamw: AdamW { lr: args.lr, ..AdamW::default() },
+    };
+    let failure = |e: memo_runtime::RuntimeError| Failure::new(exit::BAD_INPUT, e.to_string());
+    let mut trainer = Trainer::new(CpuBackend::with_copy_bandwidth(args.copy_bandwidth), &options).map_err(failure)?;
+    let print = fingerprint(&model, args.seed);
+    if args.resume {
+        let dir = args.checkpoint.as_deref().unwrap_or(std::path::Path::new("."));
+        let checkpoint = Checkpoint::load(dir).map_err(|e| Failure::new(exit::BAD_INPUT, e))?;
+        trainer.restore(&checkpoint, print).map_err(failure)?;
+        data.seek(checkpoint.data_position);
+    }
+    let totals = trainer.report().plan.totals;
+    let alpha = trainer.report().plan.provenance.alpha;
+    let (device_bytes, host_bytes) = (totals.arena_bytes, totals.host_bytes);
+    let memory = trainer.memory();
+    let tokens_per_step = (model.seq_len * model.micro_batch) as f64;
+    let unigram = data.unigram_entropy();
+    let interactive = std::io::stderr().is_terminal() && !args.json;
+    if !args.json {
+        eprintln!(
+            "memo train: {} ({} layers, h {}), {} tokens x {}, {} plan (alpha {:.3}), arena {}, host slab {}; \
+             unigram entropy of the data {:.3} nats",
+            model.name,
+            model.layers,
+            model.hidden,
+            model.seq_len,
+            model.micro_batch,
+            args.strategy.name(),
+            alpha,
+            human::binary_units(memory.device_bytes),
+            human::binary_units(memory.host_bytes),
+            unigram
+        );
+    }
+    let started = Instant::now();
+    let first = trainer.steps_taken();
+    let mut last_loss = f32::NAN;
+    let mut out = std::io::stdout().lock();
+    while trainer.steps_taken() < args.steps {
+        let step_started = Instant::now();
+        let (tokens, targets) = data.next_batch(model.micro_batch as usize, model.seq_len as usize);
+        last_loss = trainer.step(&tokens, &targets).map_err(failure)?;
+        let tokens_per_s = tokens_per_step / step_started.elapsed().as_secs_f64().max(1e-9);
+        let step = trainer.steps_taken();
+        if args.json {
+            let line = json!({"step": step, "loss": last_loss, "tokens_per_s": tokens_per_s,
+                              "device_bytes": memory.device_bytes, "host_bytes": memory.host_bytes});
+            writeln!(out, "{line}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;
+        } else if interactive {
+            eprint!("\rstep {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s   ", args.steps);
+        } else if step % 10 == 0 || step == args.steps {
+            eprintln!("step {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s", args.steps);
+        }
+        if let Some(dir) = &args.checkpoint {
+            if step % args.checkpoint_every.max(1) == 0 || step == args.steps {
+                let checkpoint = trainer.checkpoint(print, data.position()).map_err(failure)?;
+                checkpoint.save(dir).map_err(|e| {
+                    Failure::new(exit::IO_ERROR, format!("cannot save the checkpoint in {}: {e}", dir.display()))
+                })?;
+            }
+        }
+    }
+    let taken = trainer.steps_taken() - first;
+    let elapsed = started.elapsed().as_secs_f64();
+    let summary = json!({
+        "summary": true, "steps": trainer.steps_taken(), "final_loss": last_loss, "unigram_entropy": unigram,
+        "tokens_per_s": taken as f64 * tokens_per_step / elapsed.max(1e-9), "strategy": args.strategy.name(),
+        "alpha": alpha, "device_bytes": device_bytes, "host_bytes": host_bytes,
+        "allocated_device_bytes": memory.device_bytes, "allocated_host_bytes": memory.host_bytes,
+    });
+    if args.json {
+        writeln!(out, "{summary}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;
+    } else {
+        if interactive {
+            eprintln!();
+        }
+        eprintln!(
+            "done: {} steps, final loss {last_loss:.4} (unigram entropy {unigram:.4}), {:.0} tokens/s",
+            trainer.steps_taken(),
+            summary["tokens_per_s"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,303 @@
+//! The CPU backend: the device arena and the pinned host slab are host allocations, each stream is
+//! a thread executing its commands in order, events are real (a flag and a condition variable).
+//! Copies can be throttled to a bandwidth so that swap overlap is exercised for real.
+//!
+//! Memory is shared by the three stream threads through raw pointers. What makes that sound is the
+//! plan: [`memo_runtime::Replay`] runs the independent checker first, which proves that any two
+//! accesses to overlapping bytes, one of them a write, are ordered by stream order and events,
+//! and this backend honours stream order and events. Inside one launch or copy, arguments that
+//! overlap with a write are refused before any slice is made.
+
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use memo_plan_core::plan::{Access, EventId, Op, Stream};
+use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
+
+use crate::memory::Memory;
+use crate::ops;
+
+/// A command for one stream's thread.
+enum Command {
+    Launch {
+        instruction: usize,
+        op: Op,
+        args: Vec<KernelArg>,
+        context: KernelContext,
+    },
+    Copy {
+        instruction: usize,
+        src: Span,
+        dst: Span,
+    },
+    Record(EventId),
+    Wait(EventId),
+    /// Answer on the channel once every earlier command is done.
+    Flush(Sender<()>),
+}
+
+/// The events of one step, and the first error of any stream.
+struct Shared {
+    state: Mutex<SharedState>,
+    changed: Condvar,
+}
+
+struct SharedState {
+    recorded: Vec<bool>,
+    error: Option<BackendError>,
+}
+
+impl Shared {
+    fn fail(&self, error: BackendError) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.error.get_or_insert(error);
+        self.changed.notify_all();
+    }
+
+    fn failed(&self) -> bool {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).error.is_some()
+    }
+}
+
+struct Worker {
+    sender: Sender<Command>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// The CPU backend.
+pub struct CpuBackend {
+    memory: Option<Arc<Memory>>,
+    shared: Arc<Shared>,
+    workers: Vec<Worker>,
+    copy_bytes_per_s: Option<u64>,
+}
+
+impl CpuBackend {
+    /// A backend whose copies run at full speed.
+    pub fn new() -> Self {
+        Self::with_copy_bandwidth(None)
+    }
+
+    /// A backend whose copies take `bytes / rate` seconds at least, like a host link.
+    pub fn with_copy_bandwidth(copy_bytes_per_s: Option<u64>) -> Self {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(SharedState { recorded: Vec::new(), error: None }),
+            changed: Condvar::new(),
+        });
+        CpuBackend { memory: None, shared, workers: Vec::new(), copy_bytes_per_s }
+    }
+
+    fn memory(&self) -> Result<&Arc<Memory>, BackendError> {
+        self.memory
+            .as_ref()
+            .ok_or_else(|| BackendError::Other("the CPU backend has no memory yet: call allocate".into()))
+    }
+
+    fn send(&self, stream: Stream, command: Command) -> Result<(), BackendError> {
+        let worker = self
+            .workers
+            .get(stream.index())
+            .ok_or_else(|| BackendError::Other("the CPU backend has no streams yet: call allocate".into()))?;
+        worker
+            .sender
+            .send(command)
+            .map_err(|_| BackendError::Other(format!("the {} stream's thread has stopped", stream.name())))
+    }
+
+    fn stop_workers(&mut self) {
+        for worker in self.workers.drain(..) {
+            drop(worker.sender);
+            if let Some(thread) = worker.thread {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+impl Default for CpuBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for CpuBackend {
+    fn drop(&mut self) {
+        self.stop_workers();
+    }
+}
+
+fn run_worker(receiver: Receiver<Command>, memory: Arc<Memory>, shared: Arc<Shared>, copy_bytes_per_s: Option<u64>) {
+    for command in receiver {
+        match command {
+            Command::Flush(done) => {
+                let _ = done.send(());
+            }
+            // After an error, nothing more runs; waits fall through so no thread blocks forever.
+            _ if shared.failed() => {}
+            Command::Launch { instruction, op, args, context } => {
+                if let Err(message) = launch(&memory, op, &args, &context) {
+                    shared.fail(BackendError::Kernel { instruction, message });
+                }
+            }
+            Command::Copy { instruction, src, dst } => {
+                let started = std::time::Instant::now();
+                if let Err(message) = memory.copy(src, dst) {
+                    shared.fail(BackendError::Kernel { instruction, message });
+                } else if let Some(rate) = copy_bytes_per_s.filter(|&r| r > 0) {
+                    let wanted = Duration::from_secs_f64(src.len as f64 / rate as f64);
+                    if let Some(rest) = wanted.checked_sub(started.elapsed()) {
+                        std::thread::sleep(rest);
+                    }
+                }
+            }
+            Command::Record(event) => {
+                let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(flag) = state.recorded.get_mut(event.0 as usize) {
+                    *flag = true;
+                }
+                shared.changed.notify_all();
+            }
+            Command::Wait(event) => {
+                let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
+                while state.error.is_none() && !state.recorded.get(event.0 as usize).copied().unwrap_or(true) {
+                    state = shared.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+                }
+            }
+        }
+    }
+}
+
+/// Runs one kernel on the arena: checks the arguments, makes the slices, calls the op.
+fn launch(memory: &Memory, op: Op, args: &[KernelArg], context: &KernelContext) -> Result<(), String> {
+    for (i, a) in args.iter().enumerate() {
+        if a.span.space != Space::Device {
+            return Err(format!("{}: argument {i} is not in the device arena", op.name()));
+        }
+        for b in &args[i + 1..] {
+            let overlap = a.span.offset < b.span.offset + b.span.len && b.span.offset < a.span.offset + a.span.len;
+            let writes = a.access != Access::Read || b.access != Access::Read;
+            if overlap && writes && a.span.len > 0 && b.span.len > 0 {
+                return Err(format!("{}: arguments overlap and one is written", op.name()));
+            }
+        }
+    }
+    let mut views = memory.views(args)?;
+    let mut kernel_args: Vec<ops::Arg<'_>> = views
+        .iter_mut()
+        .zip(args)
+        .map(|(data, a)| ops::Arg {
+            data: data.take(),
+            first_row: a.first_row as usize,
+            rows: a.rows as usize,
+            row_bytes: a.row_bytes as usize,
+        })
+        .collect();
+    let ctx = ops::OpContext {
+        hidden: context.hidden as usize,
+        heads: context.heads as usize,
+        seq_len: context.seq_len as usize,
+        vocab: context.vocab as usize,
+        loss_scale_tokens: context.loss_scale_tokens as usize,
+        adamw: ops::AdamW {
+            lr: context.adamw.lr,
+            beta1: context.adamw.beta1,
+            beta2: context.adamw.beta2,
+            eps: context.adamw.eps,
+            weight_decay: context.adamw.weight_decay,
+            max_grad_norm: context.adamw.max_grad_norm,
+            step: context.adamw.step,
+        },
+    };
+    ops::execute(op, &mut kernel_args, &ctx).map_err(|e| e.to_string())
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> String {
+        "cpu".to_string()
+    }
+
+    fn allocate(&mut self, arena_bytes: u64, host_bytes: u64, events: u32) -> Result<(), BackendError> {
+        self.stop_workers();
+        let memory = Arc::new(Memory::new(arena_bytes, host_bytes)?);
+        {
+            let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.recorded = vec![false; events as usize];
+            state.error = None;
+        }
+        for stream in Stream::ALL {
+            let (sender, receiver) = channel();
+            let (memory, shared, rate) = (Arc::clone(&memory), Arc::clone(&self.shared), self.copy_bytes_per_s);
+            let thread = std::thread::Builder::new()
+                .name(format!("memo-{}", stream.name()))
+                .spawn(move || run_worker(receiver, memory, shared, rate))
+                .map_err(|e| BackendError::Other(format!("cannot start the {} stream's thread: {e}", stream.name())))?;
+            self.workers.push(Worker { sender, thread: Some(thread) });
+        }
+        self.memory = Some(memory);
+        Ok(())
+    }
+
+    fn upload(&mut self, span: Span, bytes: &[u8]) -> Result<(), BackendError> {
+        self.synchronize()?;
+        self.memory()?.write(span, bytes)
+    }
+
+    fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError> {
+        self.synchronize()?;
+        self.memory()?.read(span)
+    }
+
+    fn launch(
+        &mut self,
+        instruction: usize,
+        stream: Stream,
+        op: Op,
+        args: &[KernelArg],
+        context: &KernelContext,
+    ) -> Result<(), BackendError> {
+        self.send(stream, Command::Launch { instruction, op, args: args.to_vec(), context: *context })
+    }
+
+    fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
+        self.send(stream, Command::Copy { instruction, src, dst })
+    }
+
+    fn record(&mut self, stream: Stream, event: EventId) -> Result<(), BackendError> {
+        self.send(stream, Command::Record(event))
+    }
+
+    fn wait(&mut self, stream: Stream, event: EventId) -> Result<(), BackendError> {
+        self.send(stream, Command::Wait(event))
+    }
+
+    /// Waits for every stream, then resets the events for the next step.
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        let mut pending = Vec::new();
+        for stream in Stream::ALL {
+            if self.workers.len() == Stream::ALL.len() {
+                let (done, wait) = channel();
+                self.send(stream, Command::Flush(done))?;
+                pending.push((stream, wait));
+            }
+        }
+        for (stream, wait) in pending {
+            wait.recv()
+                .map_err(|_| BackendError::Other(format!("the {} stream's thread has stopped", stream.name())))?;
+        }
+        let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.recorded.iter_mut().for_each(|r| *r = false);
+        match state.error.take() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    fn memory(&self) -> MemoryReport {
+        self.memory.as_ref().map_or(MemoryReport::default(), |m| MemoryReport {
+            device_bytes: m.arena_bytes(),
+            host_bytes: m.host_bytes(),
+        })
+    }
+}
