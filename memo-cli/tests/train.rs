@@ -1,0 +1,129 @@
+//! `memo train --device cpu`, run as a user runs it: JSON lines, checkpoints, resume after a
+//! clean stop and after `kill -9`, and the errors of a bad checkpoint.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{assert_fails, code, memo, stderr};
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("memo-train-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn train(extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["train", "--device", "cpu", "--model", "tiny", "--seq", "32"];
+    args.extend_from_slice(extra);
+    memo(&args, None)
+}
+
+fn checkpoint_bytes(dir: &Path) -> Vec<u8> {
+    std::fs::read(dir.join("checkpoint.memo")).unwrap()
+}
+
+#[test]
+fn json_lines_per_step_and_a_summary() {
+    let output = train(&["--steps", "4", "--json"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&output.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 5);
+    for (i, line) in lines[..4].iter().enumerate() {
+        assert_eq!(line["step"], i as u64 + 1);
+        assert!(line["loss"].as_f64().unwrap().is_finite());
+        assert!(line["device_bytes"].as_u64().unwrap() > 0);
+        assert!(line["tokens_per_s"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(lines[4]["summary"], true);
+    assert_eq!(lines[4]["device_bytes"], lines[4]["allocated_device_bytes"]);
+}
+
+#[test]
+fn resuming_continues_bit_identically() {
+    let straight = fresh_dir("straight");
+    let output = train(&["--steps", "12", "--checkpoint", straight.to_str().unwrap(), "--checkpoint-every", "4"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let split = fresh_dir("split");
+    let dir = split.to_str().unwrap();
+    assert_eq!(code(&train(&["--steps", "8", "--checkpoint", dir, "--checkpoint-every", "4"])), 0);
+    let output = train(&["--steps", "12", "--checkpoint", dir, "--resume"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert!(checkpoint_bytes(&straight) == checkpoint_bytes(&split), "resumed run differs");
+}
+
+/// `kill -9` in the middle of training, then `--resume`: the same parameters, optimizer state and
+/// data position as a run that was never interrupted.
+#[test]
+fn kill_dash_nine_then_resume_reaches_the_same_state() {
+    let steps = "40";
+    let straight = fresh_dir("kill-straight");
+    let output = train(&["--steps", steps, "--checkpoint", straight.to_str().unwrap(), "--checkpoint-every", "3"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+
+    let killed = fresh_dir("killed");
+    let dir = killed.to_str().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memo"))
+        .args(["train", "--device", "cpu", "--model", "tiny", "--seq", "32", "--steps", steps])
+        .args(["--checkpoint", dir, "--checkpoint-every", "3", "--json"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for a checkpoint past the first, then SIGKILL (Child::kill on Unix).
+    let started = Instant::now();
+    loop {
+        let path = killed.join("checkpoint.memo");
+        if let Ok(bytes) = std::fs::read(&path) {
+            if memo_runtime::checkpoint::Checkpoint::decode(&bytes).map(|c| c.step >= 6).unwrap_or(false) {
+                break;
+            }
+        }
+        if started.elapsed() > Duration::from_secs(120) || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let saved = memo_runtime::checkpoint::Checkpoint::load(&killed).expect("a whole checkpoint survives the kill");
+    assert!(saved.step >= 3);
+    let output = train(&["--steps", steps, "--checkpoint", dir, "--resume"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert!(checkpoint_bytes(&straight) == checkpoint_bytes(&killed), "the resumed run differs");
+}
+
+#[test]
+fn a_corrupt_or_foreign_checkpoint_is_refused() {
+    let dir = fresh_dir("corrupt");
+    let path = dir.to_str().unwrap();
+    assert_eq!(code(&train(&["--steps", "2", "--checkpoint", path])), 0);
+    let file = dir.join("checkpoint.memo");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&file, &bytes).unwrap();
+    let message = assert_fails(&train(&["--steps", "3", "--checkpoint", path, "--resume"]), 2);
+    assert!(message.contains("corrupt"), "{message}");
+
+    let other = fresh_dir("foreign");
+    let path = other.to_str().unwrap();
+    assert_eq!(code(&train(&["--steps", "2", "--checkpoint", path])), 0);
+    let mut args = vec!["train", "--device", "cpu", "--model", "tiny", "--seq", "64"];
+    args.extend_from_slice(&["--steps", "3", "--checkpoint", path, "--resume"]);
+    let message = assert_fails(&memo(&args, None), 2);
+    assert!(message.contains("another model"), "{message}");
+}
+
+#[test]
+fn bad_train_options_are_one_line() {
+    let message = assert_fails(&memo(&["train", "--device", "cuda"], None), 2);
+    assert!(message.contains("cpu"), "{message}");
+    let message = assert_fails(&train(&["--strategy", "keep-all", "--alpha", "0.5"]), 2);
+    assert!(message.contains("memo"), "{message}");
+    let message = assert_fails(&train(&["--data", "/nonexistent/file.txt"]), 1);
+    assert!(message.contains("/nonexistent/file.txt"), "{message}");
+}
