@@ -151,12 +151,18 @@ fn scatter(x: &mut [u8], g: &Geometry, seq: usize, head: usize, values: &[f32]) 
     }
 }
 
-/// `s x d` row-major into `d x s`.
-fn transpose(x: &[f32], s: usize, d: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; s * d];
-    for (j, row) in x.chunks_exact(d).enumerate() {
+/// Lanes of the register tiles below (two 4-lane vectors on baseline x86-64).
+const LANES: usize = 8;
+
+/// An `s x d` matrix (keys or values of one head) as tiles of `LANES` rows: tile `t` holds
+/// `[c][lane]` = row `t * LANES + lane`, element `c` (zero past `s`), so the dot products of one
+/// query with `LANES` consecutive keys read one contiguous `d x LANES` block.
+fn pack_lanes(x: &[f32], s: usize, d: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; s.div_ceil(LANES) * LANES * d];
+    for (j, row) in x.chunks_exact(d).take(s).enumerate() {
+        let base = (j / LANES) * LANES * d + j % LANES;
         for (c, &value) in row.iter().enumerate() {
-            if let Some(slot) = out.get_mut(c * s + j) {
+            if let Some(slot) = out.get_mut(base + c * LANES) {
                 *slot = value;
             }
         }
@@ -164,17 +170,57 @@ fn transpose(x: &[f32], s: usize, d: usize) -> Vec<f32> {
     out
 }
 
-/// `out[j - j0] = sum_c row[c] * cols[c][j]` for keys `j` in `[j0, j1)`, `cols` being
-/// `row.len() x s` (a transposed key or value head). Each sum runs over `c` in order from 0.0:
-/// forward and backward compute bit-identical scores.
-fn dots(row: &[f32], cols: &[f32], s: usize, j0: usize, j1: usize, out: &mut [f32]) {
-    let out = &mut out[..j1 - j0];
-    out.fill(0.0);
-    for (c, &a) in row.iter().enumerate() {
-        let Some(col) = cols.get(c * s + j0..c * s + j1) else { return };
-        for (o, &b) in out.iter_mut().zip(col) {
-            *o += a * b;
+/// `out[j - j0] = sum_c row[c] * x[j][c]` for keys `j` in `[j0, j1)`, `tiles` being `x` packed
+/// by [`pack_lanes`]. Each sum runs over `c` in order from 0.0, whatever the block bounds (a
+/// tile's lanes outside `[j0, j1)` are computed and dropped), so forward and backward compute
+/// bit-identical scores.
+fn dots(row: &[f32], tiles: &[f32], j0: usize, j1: usize, out: &mut [f32]) {
+    let d = row.len();
+    if j1 <= j0 {
+        return;
+    }
+    for tile in j0 / LANES..=(j1 - 1) / LANES {
+        let Some(block) = tiles.get(tile * LANES * d..(tile + 1) * LANES * d) else { return };
+        let (block, _) = block.as_chunks::<LANES>();
+        let mut acc = [0.0f32; LANES];
+        for (&a, lanes) in row.iter().zip(block) {
+            for (t, &b) in acc.iter_mut().zip(lanes) {
+                *t += a * b;
+            }
         }
+        for (lane, &value) in acc.iter().enumerate() {
+            let j = tile * LANES + lane;
+            if (j0..j1).contains(&j) {
+                if let Some(slot) = out.get_mut(j - j0) {
+                    *slot = value;
+                }
+            }
+        }
+    }
+}
+
+/// `acc += sum_j weights[j] * x[j0 + j]` over rows of `x` (`s x acc.len()`), each element
+/// adding its terms in increasing `j`; `LANES` elements of `acc` stay in registers.
+fn accumulate_rows(acc: &mut [f32], weights: &[f32], x: &[f32], j0: usize) {
+    let d = acc.len();
+    for (tile, chunk) in acc.chunks_mut(LANES).enumerate() {
+        let c0 = tile * LANES;
+        let mut t = [0.0f32; LANES];
+        t[..chunk.len()].copy_from_slice(chunk);
+        for (j, &w) in weights.iter().enumerate() {
+            let at = (j0 + j) * d + c0;
+            let Some(src) = x.get(at..at + chunk.len()) else { return };
+            if let Ok(src) = <&[f32; LANES]>::try_from(src) {
+                for (a, &b) in t.iter_mut().zip(src) {
+                    *a += w * b;
+                }
+            } else {
+                for (a, &b) in t.iter_mut().zip(src) {
+                    *a += w * b;
+                }
+            }
+        }
+        chunk.copy_from_slice(&t[..chunk.len()]);
     }
 }
 
@@ -196,7 +242,7 @@ fn row(x: &[f32], d: usize, j: usize) -> &[f32] {
 /// `key_block`.
 fn forward_head(q: &[f32], k: &[f32], v: &[f32], g: &Geometry, key_block: usize) -> (Vec<f32>, Vec<f32>) {
     let (s, d, scale) = (g.seq_len, g.head_dim, g.scale());
-    let kt = transpose(k, s, d);
+    let kt = pack_lanes(k, s, d);
     let mut out = vec![0.0f32; s * d];
     let mut lse = vec![0.0f32; s];
     let mut scores = vec![0.0f32; key_block];
@@ -208,7 +254,7 @@ fn forward_head(q: &[f32], k: &[f32], v: &[f32], g: &Geometry, key_block: usize)
         while j0 <= i {
             let j1 = (j0 + key_block).min(i + 1);
             let block = &mut scores[..j1 - j0];
-            dots(qi, &kt, s, j0, j1, block);
+            dots(qi, &kt, j0, j1, block);
             let mut block_max = f32::NEG_INFINITY;
             for score in block.iter_mut() {
                 *score *= scale;
@@ -225,9 +271,7 @@ fn forward_head(q: &[f32], k: &[f32], v: &[f32], g: &Geometry, key_block: usize)
             for a in acc.iter_mut() {
                 *a *= correction;
             }
-            for (j, &p) in (j0..j1).zip(block.iter()) {
-                axpy(acc, p, row(v, d, j));
-            }
+            accumulate_rows(acc, block, v, j0);
             max = new_max;
             j0 = j1;
         }
@@ -307,8 +351,8 @@ struct HeadInputs<'a> {
 /// `dk` times the scale. Query rows in order, keys in order within each.
 fn backward_head(x: &HeadInputs<'_>, g: &Geometry, key_block: usize) -> HeadGradients {
     let (s, d, scale) = (g.seq_len, g.head_dim, g.scale());
-    let kt = transpose(x.k, s, d);
-    let vt = transpose(x.v, s, d);
+    let kt = pack_lanes(x.k, s, d);
+    let vt = pack_lanes(x.v, s, d);
     let mut grads = HeadGradients { dq: vec![0.0; s * d], dk: vec![0.0; s * d], dv: vec![0.0; s * d] };
     let (mut p, mut dp) = (vec![0.0f32; key_block], vec![0.0f32; key_block]);
     for i in 0..s {
@@ -319,20 +363,21 @@ fn backward_head(x: &HeadInputs<'_>, g: &Geometry, key_block: usize) -> HeadGrad
         while j0 <= i {
             let j1 = (j0 + key_block).min(i + 1);
             let (pb, dpb) = (&mut p[..j1 - j0], &mut dp[..j1 - j0]);
-            dots(qi, &kt, s, j0, j1, pb);
-            dots(douti, &vt, s, j0, j1, dpb);
-            for (j, (&score, &dpj)) in (j0..j1).zip(pb.iter().zip(dpb.iter())) {
-                let pj = (score * scale - lse).exp();
-                let ds = pj * (dpj - delta);
+            dots(qi, &kt, j0, j1, pb);
+            dots(douti, &vt, j0, j1, dpb);
+            for (j, (score, dpj)) in (j0..j1).zip(pb.iter_mut().zip(dpb.iter_mut())) {
+                let pj = (*score * scale - lse).exp();
+                let ds = pj * (*dpj - delta);
                 if let Some(dv) = grads.dv.get_mut(j * d..(j + 1) * d) {
                     axpy(dv, pj, douti);
                 }
                 if let Some(dk) = grads.dk.get_mut(j * d..(j + 1) * d) {
                     axpy(dk, ds, qi);
                 }
-                if let Some(dq) = grads.dq.get_mut(i * d..(i + 1) * d) {
-                    axpy(dq, ds, row(x.k, d, j));
-                }
+                *dpj = ds;
+            }
+            if let Some(dq) = grads.dq.get_mut(i * d..(i + 1) * d) {
+                accumulate_rows(dq, dpb, x.k, j0);
             }
             j0 = j1;
         }

@@ -15,7 +15,7 @@
 //!   other per-row ops) computes each output row from that input row alone, with a summation
 //!   order that depends on nothing else: not on how many rows the launch has, where they start,
 //!   or how the rows are split across threads. So MEMO's recompute of tokens `[a, s)` gives the
-//!   same bits as the forward over all tokens. The GEMM ([`gemm`]) sums each output element over
+//!   same bits as the forward over all tokens. The GEMM (`gemm.rs`) sums each output element over
 //!   the contraction index in one fixed sequential order; blocking only pauses that sum.
 //! - **Determinism.** Every op gives the same bits for the same inputs, whatever the thread
 //!   count: threads split the output into fixed chunks and never share a sum.
