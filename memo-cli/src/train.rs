@@ -89,6 +89,10 @@ pub struct TrainArgs {
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     copy_bandwidth: Option<u64>,
 
+    /// Checked mode: trap any access the executed events do not order (slower; for debugging)
+    #[arg(long, conflicts_with = "copy_bandwidth")]
+    checked: bool,
+
     /// Print one JSON line per step and a final summary instead of the progress line
     #[arg(long)]
     json: bool,
@@ -138,7 +142,9 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         adamw: AdamW { lr: args.lr, ..AdamW::default() },
     };
     let failure = |e: memo_runtime::RuntimeError| Failure::new(exit::BAD_INPUT, e.to_string());
-    let mut trainer = Trainer::new(CpuBackend::with_copy_bandwidth(args.copy_bandwidth), &options).map_err(failure)?;
+    let backend =
+        if args.checked { CpuBackend::checked() } else { CpuBackend::with_copy_bandwidth(args.copy_bandwidth) };
+    let mut trainer = Trainer::new(backend, &options).map_err(failure)?;
     let print = fingerprint(&model, args.seed);
     if args.resume {
         let dir = args.checkpoint.as_deref().unwrap_or(std::path::Path::new("."));

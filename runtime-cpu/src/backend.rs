@@ -16,6 +16,7 @@ use std::time::Duration;
 use memo_plan_core::plan::{Access, EventId, Op, Stream};
 use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
 
+use crate::checked::Shadow;
 use crate::memory::Memory;
 use crate::ops;
 
@@ -72,6 +73,8 @@ pub struct CpuBackend {
     shared: Arc<Shared>,
     workers: Vec<Worker>,
     copy_bytes_per_s: Option<u64>,
+    /// Checked mode's shadow state, when on.
+    shadow: Option<Arc<Shadow>>,
 }
 
 impl CpuBackend {
@@ -86,7 +89,15 @@ impl CpuBackend {
             state: Mutex::new(SharedState { recorded: Vec::new(), error: None }),
             changed: Condvar::new(),
         });
-        CpuBackend { memory: None, shared, workers: Vec::new(), copy_bytes_per_s }
+        CpuBackend { memory: None, shared, workers: Vec::new(), copy_bytes_per_s, shadow: None }
+    }
+
+    /// A backend in checked mode (`checked.rs`): every access the executed events do not order
+    /// after a conflicting one fails the step with [`BackendError::Unordered`].
+    pub fn checked() -> Self {
+        let mut backend = Self::new();
+        backend.shadow = Some(Arc::new(Shadow::default()));
+        backend
     }
 
     fn memory(&self) -> Result<&Arc<Memory>, BackendError> {
@@ -128,7 +139,32 @@ impl Drop for CpuBackend {
     }
 }
 
-fn run_worker(receiver: Receiver<Command>, memory: Arc<Memory>, shared: Arc<Shared>, copy_bytes_per_s: Option<u64>) {
+/// What a stream thread needs.
+struct WorkerContext {
+    stream: Stream,
+    memory: Arc<Memory>,
+    shared: Arc<Shared>,
+    copy_bytes_per_s: Option<u64>,
+    shadow: Option<Arc<Shadow>>,
+}
+
+/// Checked mode: records the access, or fails the step if it is unordered.
+fn check_access(context: &WorkerContext, instruction: usize, reads: &[Span], writes: &[Span]) -> bool {
+    match &context.shadow {
+        Some(shadow) => match shadow.access(context.stream, instruction, reads, writes) {
+            Ok(()) => true,
+            Err(message) => {
+                context.shared.fail(BackendError::Unordered(message));
+                false
+            }
+        },
+        None => true,
+    }
+}
+
+fn run_worker(receiver: Receiver<Command>, context: WorkerContext) {
+    let WorkerContext { memory, shared, copy_bytes_per_s, .. } = &context;
+    let copy_bytes_per_s = *copy_bytes_per_s;
     for command in receiver {
         match command {
             Command::Flush(done) => {
@@ -136,12 +172,20 @@ fn run_worker(receiver: Receiver<Command>, memory: Arc<Memory>, shared: Arc<Shar
             }
             // After an error, nothing more runs; waits fall through so no thread blocks forever.
             _ if shared.failed() => {}
-            Command::Launch { instruction, op, args, context } => {
-                if let Err(message) = launch(&memory, op, &args, &context) {
+            Command::Launch { instruction, op, args, context: kernel } => {
+                let reads: Vec<Span> = args.iter().filter(|a| a.access.reads()).map(|a| a.span).collect();
+                let writes: Vec<Span> = args.iter().filter(|a| a.access.writes()).map(|a| a.span).collect();
+                if !check_access(&context, instruction, &reads, &writes) {
+                    continue;
+                }
+                if let Err(message) = launch(memory, op, &args, &kernel) {
                     shared.fail(BackendError::Kernel { instruction, message });
                 }
             }
             Command::Copy { instruction, src, dst } => {
+                if !check_access(&context, instruction, &[src], &[dst]) {
+                    continue;
+                }
                 let started = std::time::Instant::now();
                 if let Err(message) = memory.copy(src, dst) {
                     shared.fail(BackendError::Kernel { instruction, message });
@@ -153,6 +197,9 @@ fn run_worker(receiver: Receiver<Command>, memory: Arc<Memory>, shared: Arc<Shar
                 }
             }
             Command::Record(event) => {
+                if let Some(shadow) = &context.shadow {
+                    shadow.record(context.stream, event);
+                }
                 let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
                 if let Some(flag) = state.recorded.get_mut(event.0 as usize) {
                     *flag = true;
@@ -163,6 +210,12 @@ fn run_worker(receiver: Receiver<Command>, memory: Arc<Memory>, shared: Arc<Shar
                 let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
                 while state.error.is_none() && !state.recorded.get(event.0 as usize).copied().unwrap_or(true) {
                     state = shared.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+                }
+                drop(state);
+                if let Some(shadow) = &context.shadow {
+                    if let Err(message) = shadow.waited(context.stream, event) {
+                        shared.fail(BackendError::Unordered(message));
+                    }
                 }
             }
         }
@@ -226,12 +279,21 @@ impl Backend for CpuBackend {
             state.recorded = vec![false; events as usize];
             state.error = None;
         }
+        if let Some(shadow) = &self.shadow {
+            shadow.reset(events);
+        }
         for stream in Stream::ALL {
             let (sender, receiver) = channel();
-            let (memory, shared, rate) = (Arc::clone(&memory), Arc::clone(&self.shared), self.copy_bytes_per_s);
+            let context = WorkerContext {
+                stream,
+                memory: Arc::clone(&memory),
+                shared: Arc::clone(&self.shared),
+                copy_bytes_per_s: self.copy_bytes_per_s,
+                shadow: self.shadow.clone(),
+            };
             let thread = std::thread::Builder::new()
                 .name(format!("memo-{}", stream.name()))
-                .spawn(move || run_worker(receiver, memory, shared, rate))
+                .spawn(move || run_worker(receiver, context))
                 .map_err(|e| BackendError::Other(format!("cannot start the {} stream's thread: {e}", stream.name())))?;
             self.workers.push(Worker { sender, thread: Some(thread) });
         }
@@ -287,6 +349,9 @@ impl Backend for CpuBackend {
                 .map_err(|_| BackendError::Other(format!("the {} stream's thread has stopped", stream.name())))?;
         }
         let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(shadow) = &self.shadow {
+            shadow.reset(state.recorded.len() as u32);
+        }
         state.recorded.iter_mut().for_each(|r| *r = false);
         match state.error.take() {
             Some(error) => Err(error),

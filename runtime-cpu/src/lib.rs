@@ -5,6 +5,7 @@
 #![deny(missing_docs)]
 
 mod backend;
+mod checked;
 mod memory;
 pub mod ops;
 

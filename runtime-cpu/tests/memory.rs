@@ -24,7 +24,13 @@ fn memo_saves_what_the_planner_predicts() {
             adamw: AdamW::default(),
         };
         let trainer = Trainer::new(CpuBackend::new(), &options).unwrap();
-        let predicted = plan(&PlanRequest::new(model.clone(), memo_plan_core::model::Parallelism::single(), hardware.clone(), strategy)).unwrap();
+        let predicted = plan(&PlanRequest::new(
+            model.clone(),
+            memo_plan_core::model::Parallelism::single(),
+            hardware.clone(),
+            strategy,
+        ))
+        .unwrap();
         let memory = trainer.memory();
         assert_eq!(memory.device_bytes, predicted.plan.totals.arena_bytes, "{strategy:?}");
         assert_eq!(memory.host_bytes, predicted.plan.totals.host_bytes, "{strategy:?}");

@@ -1,0 +1,87 @@
+//! Checked mode (the runtime twin of the plan checker): no violation on any plan the planner
+//! makes, and a deliberately broken plan is caught while it runs.
+
+use memo_plan_core::generate::SplitMix64;
+use memo_plan_core::model::{ModelConfig, Parallelism};
+use memo_plan_core::plan::{Action, Plan, Strategy, Stream};
+use memo_plan_core::planner::{plan, PlanRequest};
+use memo_runtime::data::{TextData, DEFAULT_TEXT};
+use memo_runtime::{cpu_hardware, AdamW, BackendError, KernelContext, Replay, RuntimeError, TrainOptions, Trainer};
+use runtime_cpu::CpuBackend;
+
+fn model(layers: u32, hidden: u64, heads: u64, seq: u64, micro_batch: u64) -> ModelConfig {
+    let mut model = ModelConfig::new("test", layers, hidden, heads, seq, micro_batch);
+    model.vocab = 256;
+    model
+}
+
+#[test]
+fn checked_mode_accepts_every_plan_the_planner_makes() {
+    let mut rng = SplitMix64::new(5);
+    for case in 0..12 {
+        let heads = 1 + rng.below(3);
+        let m = model(1 + rng.below(5) as u32, heads * 8, heads, 8 * (1 + rng.below(6)), 1 + rng.below(2));
+        let strategy = Strategy::ALL[case % 4];
+        let alpha = (strategy == Strategy::Memo).then(|| rng.below(11) as f64 / 10.0);
+        let options = TrainOptions {
+            model: m.clone(),
+            strategy,
+            forced_alpha: alpha,
+            hardware: cpu_hardware(1 << 30),
+            seed: case as u64,
+            adamw: AdamW::default(),
+        };
+        let backend = CpuBackend::checked();
+        let mut trainer = Trainer::new(backend, &options).unwrap();
+        let mut data = TextData::from_bytes(DEFAULT_TEXT.as_bytes()).unwrap();
+        for _ in 0..2 {
+            let (tokens, targets) = data.next_batch(m.micro_batch as usize, m.seq_len as usize);
+            if let Err(e) = trainer.step(&tokens, &targets) {
+                panic!("case {case} {strategy:?} {m:?}: {e}");
+            }
+        }
+    }
+}
+
+/// The memo plan of a 4-layer model without the compute stream's wait for layer 0's swap-out:
+/// layer 2's input is written into rounding buffer 0 while the device-to-host stream may still
+/// be copying layer 0's data out of it.
+fn plan_without_the_first_swap_out_wait() -> Plan {
+    let request =
+        PlanRequest::new(model(4, 32, 2, 32, 1), Parallelism::single(), cpu_hardware(1 << 30), Strategy::Memo);
+    let mut plan = plan(&request).unwrap().plan;
+    let swap_out = plan
+        .instructions
+        .iter()
+        .find_map(|i| match i.action {
+            Action::Record(e) if i.stream == Stream::DeviceToHost => Some(e),
+            _ => None,
+        })
+        .unwrap();
+    let wait = plan
+        .instructions
+        .iter()
+        .position(|i| i.stream == Stream::Compute && i.action == Action::Wait(swap_out))
+        .unwrap();
+    plan.instructions.remove(wait);
+    plan
+}
+
+#[test]
+fn checked_mode_catches_a_missing_wait_at_run_time() {
+    let plan = plan_without_the_first_swap_out_wait();
+    // The static checker refuses it...
+    assert!(matches!(Replay::new(plan.clone()), Err(RuntimeError::Invalid(_))));
+    // ...and checked mode catches it while running, whatever the timing.
+    let replay = Replay::new_unchecked(plan).unwrap();
+    let mut backend = CpuBackend::checked();
+    replay.allocate(&mut backend).unwrap();
+    let context =
+        KernelContext { hidden: 32, heads: 2, seq_len: 32, vocab: 256, loss_scale_tokens: 32, adamw: AdamW::default() };
+    match replay.run(&mut backend, &context) {
+        Err(RuntimeError::Backend(BackendError::Unordered(message))) => {
+            assert!(message.contains("no event"), "{message}");
+        }
+        other => panic!("expected an unordered access, got {other:?}"),
+    }
+}
