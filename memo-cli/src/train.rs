@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use memo_plan_core::plan::Strategy;
 use memo_runtime::checkpoint::{fingerprint, Checkpoint};
-use memo_runtime::data::TextData;
+use memo_runtime::data::{RecallTask, TextData};
 use memo_runtime::{cpu_hardware, training_model, AdamW, TrainOptions, Trainer};
 use runtime_cpu::CpuBackend;
 use serde_json::json;
@@ -62,8 +62,13 @@ pub struct TrainArgs {
     alpha: Option<f64>,
 
     /// A text file to train on (bytes are tokens)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "task")]
     data: Option<PathBuf>,
+
+    /// Train on a synthetic task instead of text: `recall` (remember a key from the start of the
+    /// sequence at its end; reports the answer's loss)
+    #[arg(long, value_name = "TASK", value_parser = ["recall"])]
+    task: Option<String>,
 
     /// Save a checkpoint in this directory (every --checkpoint-every steps and at the end)
     #[arg(long, value_name = "DIR")]
@@ -132,7 +137,10 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         })?,
         None => memo_runtime::data::DEFAULT_TEXT.as_bytes().to_vec(),
     };
-    let mut data = TextData::from_bytes(&text).map_err(|e| Failure::new(exit::BAD_INPUT, e))?;
+    let mut data = match args.task.as_deref() {
+        Some(_) => Source::Recall(RecallTask::new(args.seed)),
+        None => Source::Text(TextData::from_bytes(&text).map_err(|e| Failure::new(exit::BAD_INPUT, e))?),
+    };
     let options = TrainOptions {
         model: model.clone(),
         strategy: args.strategy,
@@ -157,7 +165,10 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
     let (device_bytes, host_bytes) = (totals.arena_bytes, totals.host_bytes);
     let memory = trainer.memory();
     let tokens_per_step = (model.seq_len * model.micro_batch) as f64;
-    let unigram = data.unigram_entropy();
+    let unigram = match &data {
+        Source::Text(text) => text.unigram_entropy(),
+        Source::Recall(_) => f64::NAN,
+    };
     let interactive = std::io::stderr().is_terminal() && !args.json;
     if !args.json {
         eprintln!(
@@ -186,8 +197,11 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         let tokens_per_s = tokens_per_step / step_started.elapsed().as_secs_f64().max(1e-9);
         let step = trainer.steps_taken();
         if args.json {
-            let line = json!({"step": step, "loss": last_loss, "tokens_per_s": tokens_per_s,
+            let mut line = json!({"step": step, "loss": last_loss, "tokens_per_s": tokens_per_s,
                               "device_bytes": memory.device_bytes, "host_bytes": memory.host_bytes});
+            if let Source::Recall(_) = data {
+                line["answer_loss"] = json!(RecallTask::answer_loss(last_loss, model.seq_len as usize));
+            }
             writeln!(out, "{line}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;
         } else if interactive {
             eprint!("\rstep {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s   ", args.steps);
@@ -208,6 +222,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
     let summary = json!({
         "summary": true, "steps": trainer.steps_taken(), "final_loss": last_loss, "unigram_entropy": unigram,
         "tokens_per_s": taken as f64 * tokens_per_step / elapsed.max(1e-9), "strategy": args.strategy.name(),
+        "task": args.task.as_deref().unwrap_or("text"),
         "alpha": alpha, "device_bytes": device_bytes, "host_bytes": host_bytes,
         "allocated_device_bytes": memory.device_bytes, "allocated_host_bytes": memory.host_bytes,
     });
@@ -224,4 +239,33 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// Where the tokens come from.
+enum Source {
+    Text(TextData),
+    Recall(RecallTask),
+}
+
+impl Source {
+    fn next_batch(&mut self, sequences: usize, seq_len: usize) -> (Vec<u32>, Vec<u32>) {
+        match self {
+            Source::Text(text) => text.next_batch(sequences, seq_len),
+            Source::Recall(task) => task.next_batch(sequences, seq_len),
+        }
+    }
+
+    fn position(&self) -> u64 {
+        match self {
+            Source::Text(text) => text.position(),
+            Source::Recall(task) => task.position(),
+        }
+    }
+
+    fn seek(&mut self, position: u64) {
+        match self {
+            Source::Text(text) => text.seek(position),
+            Source::Recall(task) => task.seek(position),
+        }
+    }
 }
