@@ -6,6 +6,8 @@
 
 mod backend;
 mod checked;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod memory;
 pub mod ops;
 
