@@ -253,15 +253,7 @@ fn launch(memory: &Memory, op: Op, args: &[KernelArg], context: &KernelContext) 
         seq_len: context.seq_len as usize,
         vocab: context.vocab as usize,
         loss_scale_tokens: context.loss_scale_tokens as usize,
-        adamw: ops::AdamW {
-            lr: context.adamw.lr,
-            beta1: context.adamw.beta1,
-            beta2: context.adamw.beta2,
-            eps: context.adamw.eps,
-            weight_decay: context.adamw.weight_decay,
-            max_grad_norm: context.adamw.max_grad_norm,
-            step: context.adamw.step,
-        },
+        adamw: context.adamw,
     };
     ops::execute(op, &mut kernel_args, &ctx).map_err(|e| e.to_string())
 }

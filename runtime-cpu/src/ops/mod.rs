@@ -44,26 +44,10 @@ mod tests;
 
 pub use parallel::{set_threads, threads};
 
-/// AdamW's hyperparameters for one step (PyTorch's `AdamW` semantics: decoupled weight decay,
-/// bias-corrected moments), and the global-norm gradient clip.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamW {
-    /// Learning rate.
-    pub lr: f32,
-    /// Decay of the first moment (m).
-    pub beta1: f32,
-    /// Decay of the second moment (v).
-    pub beta2: f32,
-    /// Added to `sqrt(v_hat)` in the denominator.
-    pub eps: f32,
-    /// Decoupled weight decay: the master weight shrinks by `lr * weight_decay` of itself. The
-    /// interpreter passes 0 for parameters that should not decay (norms, biases) if it wants that.
-    pub weight_decay: f32,
-    /// Global-norm clip: gradients are scaled by `min(1, max_grad_norm / norm)`; 0 turns it off.
-    pub max_grad_norm: f32,
-    /// The step number, 1-based (bias correction divides by `1 - beta^step`).
-    pub step: u64,
-}
+/// AdamW's hyperparameters for one step (PyTorch's `AdamW` semantics: decoupled weight decay on
+/// every parameter it is given, bias-corrected moments, the global-norm clip; `step` is 1-based):
+/// the runtime's own type, so the interpreter passes it through unchanged.
+pub use memo_runtime::AdamW;
 
 /// What a launch's arguments cannot say about the model (`t = 1`).
 #[derive(Clone, Copy, Debug, PartialEq)]
