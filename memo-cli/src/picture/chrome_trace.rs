@@ -1,0 +1,190 @@
+//! The cost model's simulated timeline of a plan as a Chrome trace-event file
+//! (`memo show --chrome-trace`), which Perfetto (ui.perfetto.dev) and chrome://tracing open.
+//!
+//! The JSON object form: `{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}`,
+//! one event per line. Process 0 is the GPU; threads 0, 1, 2 are the compute, device-to-host and
+//! host-to-device streams (`thread_name` metadata). Each launch, copy and wait is a complete
+//! (`"X"`) event with `ts` and `dur` in microseconds (whole nanoseconds), each record an instant
+//! (`"i"`) event; a counter (`"C"`) track gives the device buffers' live bytes by kind over time.
+//! Events are sorted by `ts` (stably, so each stream keeps its issue order). Names say what ran:
+//! `layer 3 linear`, `recompute layer 3 layer_norm`, `copy layer 5 q (d2h)`, `wait e12`; `args`
+//! carry the instruction index, bytes and FLOPs.
+
+use memo_plan_core::plan::{Action, BufferKind, Op, Place, Plan, Stream};
+use memo_plan_core::simulate::{self, Timeline};
+use serde_json::{json, Value};
+
+use crate::picture::plan::{class_of, live_over_time, live_ranges, time_intervals, KINDS};
+
+/// Microseconds with whole nanoseconds, so rounding never reorders events of one stream.
+fn micros(seconds: f64) -> f64 {
+    let nanos = (seconds * 1e9).round().max(0.0);
+    nanos / 1000.0
+}
+
+fn is_backward(op: Op) -> bool {
+    matches!(
+        op,
+        Op::LinearBackwardInput
+            | Op::LinearBackwardInputAccumulate
+            | Op::LinearBackwardWeight
+            | Op::GeluBackward
+            | Op::LayerNormBackward
+            | Op::AttentionBackward
+    )
+}
+
+/// The trace file's text for `plan` (named `name` in the process title).
+pub fn chrome_trace(plan: &Plan, name: &str) -> Result<String, String> {
+    let timeline = simulate::simulate(plan).map_err(|e| format!("the cost model cannot time {name}: {e}"))?;
+    let p = &plan.provenance;
+    let mut metadata = vec![json!({"name": "process_name", "ph": "M", "pid": 0, "tid": 0,
+        "args": {"name": format!("{} plan ({name}): {} {} tokens, t = {}, on {}", p.strategy.name(), p.model.name,
+                                   p.model.seq_len, p.parallel.tensor, p.hardware.name)}})];
+    for stream in Stream::ALL {
+        let label = match stream {
+            Stream::Compute => "compute",
+            Stream::DeviceToHost => "d2h (device to host)",
+            Stream::HostToDevice => "h2d (host to device)",
+        };
+        let tid = stream.index();
+        metadata.push(json!({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": label}}));
+        metadata
+            .push(json!({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": tid, "args": {"sort_index": tid}}));
+    }
+    let mut events = instruction_events(plan, &timeline);
+    events.extend(memory_counter(plan, &timeline));
+    // Stable: equal times keep issue order.
+    events.sort_by(|a, b| a.0.total_cmp(&b.0));
+
+    let other = json!({
+        "generator": "memo show --chrome-trace",
+        "plan": name,
+        "strategy": p.strategy.name(),
+        "model": p.model.name,
+        "seq_len": p.model.seq_len,
+        "machine": p.hardware.name,
+        "step_time_s": timeline.step_time_s,
+        "flops_per_s": timeline.flops_per_s,
+        "time_model": "spec/cost-model.md section 7: launches take FLOPs / rate (memory-bound ones 0), copies bytes / bandwidth",
+    });
+    let mut text = String::from("{\"traceEvents\":[\n");
+    let lines: Vec<String> = metadata.iter().chain(events.iter().map(|(_, e)| e)).map(Value::to_string).collect();
+    text.push_str(&lines.join(",\n"));
+    text.push_str(&format!("\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{other}\n}}\n"));
+    Ok(text)
+}
+
+/// One event per instruction: launches, copies and waits as complete events, records as instants.
+fn instruction_events(plan: &Plan, timeline: &Timeline) -> Vec<(f64, Value)> {
+    let buffer_name =
+        |id: memo_plan_core::plan::BufferId| plan.buffer(id).map_or_else(|| format!("#{}", id.0), |b| b.to_string());
+    let mut backward_started = false;
+    let mut recorded_on = vec![None; plan.events as usize];
+    for instruction in &plan.instructions {
+        if let Action::Record(event) = instruction.action {
+            if let Some(slot) = recorded_on.get_mut(event.0 as usize) {
+                *slot = Some(instruction.stream.name());
+            }
+        }
+    }
+    let mut events = Vec::with_capacity(plan.instructions.len());
+    for (index, (instruction, span)) in plan.instructions.iter().zip(&timeline.spans).enumerate() {
+        let tid = instruction.stream.index();
+        let ts = micros(span.start_s);
+        let dur = (micros(span.end_s) - ts).max(0.0);
+        let event = match &instruction.action {
+            Action::Launch(launch) => {
+                let op = launch.op.name();
+                backward_started |= launch.layer.is_some() && is_backward(launch.op);
+                let recompute = backward_started && launch.layer.is_some() && !is_backward(launch.op);
+                let (name, category) = match (launch.layer, recompute) {
+                    (Some(layer), true) => (format!("recompute layer {layer} {op}"), "recompute"),
+                    (Some(layer), false) => {
+                        (format!("layer {layer} {op}"), if is_backward(launch.op) { "backward" } else { "forward" })
+                    }
+                    (None, _) => (op.to_string(), "step"),
+                };
+                let mut bytes = 0u64;
+                let mut writes = Vec::new();
+                for arg in &launch.args {
+                    let row_bytes = plan.buffer(arg.region.buffer).map_or(0, |b| b.row_bytes);
+                    bytes =
+                        bytes.saturating_add(arg.region.end.saturating_sub(arg.region.start).saturating_mul(row_bytes));
+                    if arg.access.writes() {
+                        writes.push(buffer_name(arg.region.buffer));
+                    }
+                }
+                json!({"name": name, "cat": category, "ph": "X", "ts": ts, "dur": dur, "pid": 0, "tid": tid,
+                       "args": {"instruction": index, "op": op, "flops": launch.flops, "bytes": bytes, "writes": writes}})
+            }
+            Action::Copy { src, dst } => {
+                let row_bytes = plan.buffer(src.buffer).map_or(0, |b| b.row_bytes);
+                let bytes = src.end.saturating_sub(src.start).saturating_mul(row_bytes);
+                // Name the tensor by its host slot, which knows its layer (a rounding buffer does not).
+                let host_side = [src.buffer, dst.buffer]
+                    .into_iter()
+                    .find(|&id| plan.buffer(id).is_some_and(|b| b.kind == BufferKind::HostSlot))
+                    .and_then(|id| plan.buffer(id));
+                let tensor = match host_side {
+                    Some(slot) => match slot.layer {
+                        Some(layer) => format!("layer {layer} {}", slot.role.name()),
+                        None => slot.role.name().to_string(),
+                    },
+                    None => buffer_name(src.buffer),
+                };
+                json!({"name": format!("copy {tensor} ({})", instruction.stream.name()), "cat": "copy", "ph": "X",
+                       "ts": ts, "dur": dur, "pid": 0, "tid": tid,
+                       "args": {"instruction": index, "bytes": bytes, "from": buffer_name(src.buffer),
+                                "to": buffer_name(dst.buffer), "rows": [src.start, src.end]}})
+            }
+            Action::Record(event) => {
+                json!({"name": format!("record e{}", event.0), "cat": "event", "ph": "i", "s": "t",
+                   "ts": ts, "pid": 0, "tid": tid, "args": {"instruction": index, "event": event.0}})
+            }
+            Action::Wait(event) => {
+                let on = recorded_on.get(event.0 as usize).copied().flatten().unwrap_or("nowhere");
+                json!({"name": format!("wait e{}", event.0), "cat": "wait", "ph": "X", "ts": ts, "dur": dur, "pid": 0,
+                       "tid": tid, "args": {"instruction": index, "event": event.0, "recorded_on": on, "stall_us": dur}})
+            }
+        };
+        events.push((ts, event));
+    }
+    events
+}
+
+/// The live bytes of the device buffers by kind, as a counter track: one event per change. An
+/// instant (buffers used only by launches that take no time) is followed 1 ns later by the level
+/// after it, so spikes stay visible.
+fn memory_counter(plan: &Plan, timeline: &Timeline) -> Vec<(f64, Value)> {
+    let ranges = live_ranges(plan);
+    let intervals = time_intervals(plan, &ranges, timeline);
+    let classes: Vec<Option<usize>> = plan
+        .buffers
+        .iter()
+        .map(|b| if matches!(b.place, Place::Device { .. }) { class_of(b.kind) } else { None })
+        .collect();
+    let present: Vec<usize> = (0..KINDS.len()).filter(|&k| classes.contains(&Some(k))).collect();
+    let mut events: Vec<(f64, Value)> = Vec::new();
+    let mut previous: Option<Vec<u64>> = None;
+    for step in live_over_time(plan, &intervals, &classes) {
+        let values: Vec<u64> = present.iter().map(|&k| step.by_class[k]).collect();
+        if previous.as_ref() == Some(&values) {
+            continue;
+        }
+        let mut ts = micros(step.x0);
+        if let Some(&(last, _)) = events.last() {
+            if ts <= last {
+                ts = last + 0.001;
+            }
+        }
+        let args: serde_json::Map<String, Value> =
+            present.iter().zip(&values).map(|(&k, bytes)| (KINDS[k].0.name().to_string(), json!(bytes))).collect();
+        events.push((
+            ts,
+            json!({"name": "device memory (live bytes)", "ph": "C", "ts": ts, "pid": 0, "tid": 0, "args": args}),
+        ));
+        previous = Some(values);
+    }
+    events
+}
