@@ -94,7 +94,14 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
         crate::picture::write_file(path, &rendered.svg, "SVG")?;
     }
 
-    let solved = Solved { name: &name, trace: &trace, options: &options, solution: &solution, elapsed };
+    let solved = Solved {
+        name: &name,
+        trace: &trace,
+        options: &options,
+        solution: &solution,
+        elapsed,
+        svg: args.svg.as_deref(),
+    };
     let written = if args.json { write_json(&solved) } else { write_csv(&solved) };
     written.map_err(|e| {
         let advice = if e.kind() == io::ErrorKind::BrokenPipe {
@@ -202,6 +209,8 @@ struct Solved<'a> {
     options: &'a SolveOptions,
     solution: &'a Solution,
     elapsed: Duration,
+    /// Where `--svg` drew the placement.
+    svg: Option<&'a Path>,
 }
 
 fn write_csv(solved: &Solved) -> io::Result<()> {
@@ -221,7 +230,7 @@ fn write_json(solved: &Solved) -> io::Result<()> {
         .zip(&solution.offsets)
         .map(|(b, &offset)| serde_json::json!({ "id": b.id, "offset": offset }))
         .collect();
-    let object = serde_json::json!({
+    let mut object = serde_json::json!({
         "format": format_name(trace.format),
         "buffers": trace.buffers.len(),
         "steps": trace.steps,
@@ -239,6 +248,9 @@ fn write_json(solved: &Solved) -> io::Result<()> {
         "elapsed_ms": human::millis(solved.elapsed),
         "offsets": offsets,
     });
+    if let Some(svg) = solved.svg {
+        object["svg"] = serde_json::json!(svg.display().to_string());
+    }
     let mut out = BufWriter::new(io::stdout().lock());
     serde_json::to_writer(&mut out, &object)?;
     writeln!(out)?;
@@ -284,6 +296,9 @@ impl Solved<'_> {
         let exhausted = if stats.budget_exhausted { " (budget exhausted)" } else { "" };
         row("search nodes", format!("{} of {}{exhausted}", stats.nodes, self.options.budget_nodes));
         row("elapsed", human::duration(self.elapsed));
+        if let Some(svg) = self.svg {
+            row("picture", svg.display().to_string());
+        }
         lines.push(String::new());
         lines.join("\n")
     }

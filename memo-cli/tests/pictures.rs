@@ -297,6 +297,7 @@ fn a_placement_picture_has_one_rectangle_per_buffer_and_its_lines() {
     let path = path.to_str().unwrap();
     let output = memo(&["solve", trace, "--svg", path, "--json"], None);
     let solved = json(&output);
+    assert_eq!(solved["svg"], path);
     let svg = std::fs::read_to_string(path).unwrap();
     assert_eq!(count(&svg, "class=\"buffer\""), solved["buffers"].as_u64().unwrap() as usize);
     assert!(svg.contains(">peak 2.26 GiB</text>") && svg.contains(">lower bound 2.26 GiB</text>"), "2432 MB");

@@ -41,7 +41,8 @@ pub fn linear_ticks(max: f64, target: usize) -> Vec<(f64, String)> {
         if value > max * (1.0 + 1e-9) || ticks.len() > 50 {
             break;
         }
-        ticks.push((value, format!("{value:.places$}")));
+        let label = if k == 0 { "0".to_string() } else { format!("{value:.places$}") };
+        ticks.push((value, label));
         k += 1;
     }
     ticks
@@ -94,6 +95,7 @@ mod tests {
         let ticks = byte_ticks(84 << 30, 5);
         let labels: Vec<&str> = ticks.iter().map(|t| t.1.as_str()).collect();
         assert_eq!(labels, ["0 GiB", "20 GiB", "40 GiB", "60 GiB", "80 GiB"]);
+        assert_eq!(byte_ticks(3 << 29, 3)[0].1, "0 GiB", "not 0.0 GiB");
         assert_eq!(ticks[1].0, (20u64 << 30) as f64);
         assert_eq!(byte_ticks(3000, 8)[1].1, "0.5 KiB");
         assert_eq!(bytes_label(512), "512 B");

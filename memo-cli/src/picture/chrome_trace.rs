@@ -16,10 +16,15 @@ use serde_json::{json, Value};
 
 use crate::picture::plan::{class_of, live_over_time, live_ranges, time_intervals, KINDS};
 
-/// Microseconds with whole nanoseconds, so rounding never reorders events of one stream.
-fn micros(seconds: f64) -> f64 {
-    let nanos = (seconds * 1e9).round().max(0.0);
-    nanos / 1000.0
+/// Whole nanoseconds (times and durations are differences of these, so rounding never reorders
+/// the events of one stream nor makes a duration negative).
+fn nanos(seconds: f64) -> u64 {
+    (seconds * 1e9).round().max(0.0) as u64
+}
+
+/// Nanoseconds as the format's microseconds.
+fn micros(nanos: u64) -> f64 {
+    nanos as f64 / 1000.0
 }
 
 fn is_backward(op: Op) -> bool {
@@ -55,7 +60,7 @@ pub fn chrome_trace(plan: &Plan, name: &str) -> Result<String, String> {
     let mut events = instruction_events(plan, &timeline);
     events.extend(memory_counter(plan, &timeline));
     // Stable: equal times keep issue order.
-    events.sort_by(|a, b| a.0.total_cmp(&b.0));
+    events.sort_by_key(|e| e.0);
 
     let other = json!({
         "generator": "memo show --chrome-trace",
@@ -76,7 +81,7 @@ pub fn chrome_trace(plan: &Plan, name: &str) -> Result<String, String> {
 }
 
 /// One event per instruction: launches, copies and waits as complete events, records as instants.
-fn instruction_events(plan: &Plan, timeline: &Timeline) -> Vec<(f64, Value)> {
+fn instruction_events(plan: &Plan, timeline: &Timeline) -> Vec<(u64, Value)> {
     let buffer_name =
         |id: memo_plan_core::plan::BufferId| plan.buffer(id).map_or_else(|| format!("#{}", id.0), |b| b.to_string());
     let mut backward_started = false;
@@ -91,8 +96,9 @@ fn instruction_events(plan: &Plan, timeline: &Timeline) -> Vec<(f64, Value)> {
     let mut events = Vec::with_capacity(plan.instructions.len());
     for (index, (instruction, span)) in plan.instructions.iter().zip(&timeline.spans).enumerate() {
         let tid = instruction.stream.index();
-        let ts = micros(span.start_s);
-        let dur = (micros(span.end_s) - ts).max(0.0);
+        let start = nanos(span.start_s);
+        let ts = micros(start);
+        let dur = micros(nanos(span.end_s).saturating_sub(start));
         let event = match &instruction.action {
             Action::Launch(launch) => {
                 let op = launch.op.name();
@@ -148,7 +154,7 @@ fn instruction_events(plan: &Plan, timeline: &Timeline) -> Vec<(f64, Value)> {
                        "tid": tid, "args": {"instruction": index, "event": event.0, "recorded_on": on, "stall_us": dur}})
             }
         };
-        events.push((ts, event));
+        events.push((start, event));
     }
     events
 }
@@ -156,7 +162,7 @@ fn instruction_events(plan: &Plan, timeline: &Timeline) -> Vec<(f64, Value)> {
 /// The live bytes of the device buffers by kind, as a counter track: one event per change. An
 /// instant (buffers used only by launches that take no time) is followed 1 ns later by the level
 /// after it, so spikes stay visible.
-fn memory_counter(plan: &Plan, timeline: &Timeline) -> Vec<(f64, Value)> {
+fn memory_counter(plan: &Plan, timeline: &Timeline) -> Vec<(u64, Value)> {
     let ranges = live_ranges(plan);
     let intervals = time_intervals(plan, &ranges, timeline);
     let classes: Vec<Option<usize>> = plan
@@ -165,23 +171,22 @@ fn memory_counter(plan: &Plan, timeline: &Timeline) -> Vec<(f64, Value)> {
         .map(|b| if matches!(b.place, Place::Device { .. }) { class_of(b.kind) } else { None })
         .collect();
     let present: Vec<usize> = (0..KINDS.len()).filter(|&k| classes.contains(&Some(k))).collect();
-    let mut events: Vec<(f64, Value)> = Vec::new();
+    let mut events: Vec<(u64, Value)> = Vec::new();
     let mut previous: Option<Vec<u64>> = None;
     for step in live_over_time(plan, &intervals, &classes) {
         let values: Vec<u64> = present.iter().map(|&k| step.by_class[k]).collect();
         if previous.as_ref() == Some(&values) {
             continue;
         }
-        let mut ts = micros(step.x0);
+        let mut at = nanos(step.x0);
         if let Some(&(last, _)) = events.last() {
-            if ts <= last {
-                ts = last + 0.001;
-            }
+            at = at.max(last + 1);
         }
+        let ts = micros(at);
         let args: serde_json::Map<String, Value> =
             present.iter().zip(&values).map(|(&k, bytes)| (KINDS[k].0.name().to_string(), json!(bytes))).collect();
         events.push((
-            ts,
+            at,
             json!({"name": "device memory (live bytes)", "ph": "C", "ts": ts, "pid": 0, "tid": 0, "args": args}),
         ));
         previous = Some(values);

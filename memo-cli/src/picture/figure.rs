@@ -53,6 +53,8 @@ pub struct Block {
     pub class: usize,
     /// The tooltip: what the buffer is, its size, place and live range.
     pub title: String,
+    /// A short name written inside the rectangle when it is large enough (empty: none).
+    pub label: String,
 }
 
 /// How a horizontal line is drawn and where its label goes.
@@ -217,8 +219,11 @@ pub fn render(figure: &Figure) -> Rendered {
         let clip = format!("arena{index}");
         svg.clip_rect(&clip, left, ARENA_TOP, column_width, ARENA_HEIGHT);
         svg.open_group(Some("buffers"), Some(&clip), true);
-        draw_blocks(&mut svg, &frame, arena_bottom, figure, column, &mut rendered);
+        let labels = draw_blocks(&mut svg, &frame, arena_bottom, figure, column, &mut rendered);
         svg.close_group();
+        for (x, y, label) in labels {
+            svg.text(x, y, &label, Anchor::Middle, 11.0, false, true);
+        }
         levels(&mut svg, &frame, arena_bottom, frame.y_scale_arena, &column.levels);
 
         let live_bottom = live_top + LIVE_HEIGHT;
@@ -328,7 +333,17 @@ struct PixelRect {
     end: usize,
 }
 
-fn draw_blocks(svg: &mut Svg, frame: &Frame, bottom: f64, figure: &Figure, column: &Column, out: &mut Rendered) {
+/// Draws the column's rectangles; returns the labels that fit inside them (drawn after, outside
+/// the crisp-edged group, so the text stays smooth).
+fn draw_blocks(
+    svg: &mut Svg,
+    frame: &Frame,
+    bottom: f64,
+    figure: &Figure,
+    column: &Column,
+    out: &mut Rendered,
+) -> Vec<(f64, f64, String)> {
+    let mut labels = Vec::new();
     let mut order: Vec<usize> = (0..column.blocks.len()).collect();
     let blocks = &column.blocks;
     order.sort_by(|&a, &b| {
@@ -382,6 +397,11 @@ fn draw_blocks(svg: &mut Svg, frame: &Frame, bottom: f64, figure: &Figure, colum
             let h = first.bytes as f64 * frame.y_scale_arena;
             let colour = figure.classes.get(first.class).map_or("#999999", |c| c.colour);
             svg.rect(run.x, y, run.width, h, colour, Some("buffer"), Some(&first.title));
+            // About 7 px per character at 11 px.
+            let fits = run.width >= 7.0 * first.label.chars().count() as f64 + 8.0 && h >= 15.0;
+            if !first.label.is_empty() && fits {
+                labels.push((run.x + run.width / 2.0, y + h / 2.0 + 4.0, first.label.clone()));
+            }
             out.rectangles += 1;
             continue;
         }
@@ -431,6 +451,7 @@ fn draw_blocks(svg: &mut Svg, frame: &Frame, bottom: f64, figure: &Figure, colum
         }
         out.merged_buffers += members.len();
     }
+    labels
 }
 
 /// The live-bytes panel: per pixel column, the step with the highest total, stacked by class.
@@ -530,7 +551,7 @@ mod tests {
     use super::*;
 
     fn block(x0: f64, x1: f64, offset: u64, bytes: u64, class: usize) -> Block {
-        Block { x0, x1, offset, bytes, class, title: format!("{offset}") }
+        Block { x0, x1, offset, bytes, class, title: format!("{offset}"), label: String::new() }
     }
 
     fn figure(blocks: Vec<Block>) -> Figure {

@@ -60,6 +60,7 @@ pub fn figure(name: &str, trace: &Trace, solution: &Solution, alignment: u64, ca
                 buffer.lower,
                 buffer.upper
             ),
+            label: format!("id {}", buffer.id),
         })
         .collect();
     let live: Vec<LiveStep> = live_bytes_by_step(trace, alignment)

@@ -129,7 +129,15 @@ fn column(plan: &Plan, name: &str, x: XAxis, capacity_line: bool) -> Result<Colu
                     axis::bytes_label(bytes),
                     axis::bytes_label(offset)
                 );
-                blocks.push(Block { x0: first as f64, x1: (last + 1) as f64, offset, bytes, class, title });
+                blocks.push(Block {
+                    x0: first as f64,
+                    x1: (last + 1) as f64,
+                    offset,
+                    bytes,
+                    class,
+                    title,
+                    label: String::new(),
+                });
             }
             let live = live_bytes_by_instruction(plan)
                 .into_iter()
@@ -141,7 +149,7 @@ fn column(plan: &Plan, name: &str, x: XAxis, capacity_line: bool) -> Result<Colu
         XAxis::Time => {
             let timeline =
                 simulate::simulate(plan).map_err(|e| format!("the cost model cannot time this plan: {e}"))?;
-            if !(timeline.step_time_s > 0.0) {
+            if timeline.step_time_s.is_nan() || timeline.step_time_s <= 0.0 {
                 return Err(format!(
                     "{name}: the simulated step takes no time (no launch has FLOPs), so a time axis is empty; \
                      use --x index"
@@ -160,7 +168,7 @@ fn column(plan: &Plan, name: &str, x: XAxis, capacity_line: bool) -> Result<Colu
                     axis::bytes_label(bytes),
                     axis::bytes_label(offset)
                 );
-                blocks.push(Block { x0: start, x1: end, offset, bytes, class, title });
+                blocks.push(Block { x0: start, x1: end, offset, bytes, class, title, label: String::new() });
             }
             let classes_of: Vec<Option<usize>> = plan
                 .buffers
