@@ -10,7 +10,7 @@
 //! `layer 3 linear`, `recompute layer 3 layer_norm`, `copy layer 5 q (d2h)`, `wait e12`; `args`
 //! carry the instruction index, bytes and FLOPs.
 
-use memo_plan_core::plan::{Action, BufferKind, Op, Place, Plan, Stream};
+use memo_plan_core::plan::{Action, Buffer, BufferKind, Op, Place, Plan, Stream, TensorRole};
 use memo_plan_core::simulate::{self, Timeline};
 use serde_json::{json, Value};
 
@@ -25,6 +25,62 @@ fn nanos(seconds: f64) -> u64 {
 /// Nanoseconds as the format's microseconds.
 fn micros(nanos: u64) -> f64 {
     nanos as f64 / 1000.0
+}
+
+/// Whether a tensor is a gradient (of an activation or a parameter).
+fn is_gradient(buffer: &Buffer) -> bool {
+    use TensorRole as R;
+    buffer.kind == BufferKind::Gradient
+        || matches!(
+            buffer.role,
+            R::OutputGradient
+                | R::InputNormOutputGradient
+                | R::QueryGradient
+                | R::KeyGradient
+                | R::ValueGradient
+                | R::AttentionOutputGradient
+                | R::AttentionResidualGradient
+                | R::PostAttentionNormOutputGradient
+                | R::Fc1OutputGradient
+                | R::GeluOutputGradient
+                | R::NormInputGradient
+                | R::FinalNormOutputGradient
+                | R::EmbeddingOutputGradient
+        )
+}
+
+/// The phase of each launch of a layer: backward when it is a backward op or touches a gradient,
+/// or comes after its layer's backward began (the re-gathers of `t > 1`); recompute when it comes
+/// after some layer's backward began but before its own; forward otherwise.
+fn phases(plan: &Plan) -> Vec<&'static str> {
+    // A set, not a vector indexed by layer: a plan file's layer numbers are not trusted sizes.
+    let mut began = std::collections::BTreeSet::new();
+    let mut any_began = false;
+    let mut out = Vec::with_capacity(plan.instructions.len());
+    for instruction in &plan.instructions {
+        let Action::Launch(launch) = &instruction.action else {
+            out.push("");
+            continue;
+        };
+        let Some(layer) = launch.layer else {
+            out.push("step");
+            continue;
+        };
+        let touches_gradient = launch.args.iter().any(|arg| plan.buffer(arg.region.buffer).is_some_and(is_gradient));
+        let phase = if is_backward(launch.op) || touches_gradient {
+            began.insert(layer);
+            any_began = true;
+            "backward"
+        } else if began.contains(&layer) {
+            "backward"
+        } else if any_began {
+            "recompute"
+        } else {
+            "forward"
+        };
+        out.push(phase);
+    }
+    out
 }
 
 fn is_backward(op: Op) -> bool {
@@ -84,7 +140,7 @@ pub fn chrome_trace(plan: &Plan, name: &str) -> Result<String, String> {
 fn instruction_events(plan: &Plan, timeline: &Timeline) -> Vec<(u64, Value)> {
     let buffer_name =
         |id: memo_plan_core::plan::BufferId| plan.buffer(id).map_or_else(|| format!("#{}", id.0), |b| b.to_string());
-    let mut backward_started = false;
+    let phase = phases(plan);
     let mut recorded_on = vec![None; plan.events as usize];
     for instruction in &plan.instructions {
         if let Action::Record(event) = instruction.action {
@@ -102,14 +158,11 @@ fn instruction_events(plan: &Plan, timeline: &Timeline) -> Vec<(u64, Value)> {
         let event = match &instruction.action {
             Action::Launch(launch) => {
                 let op = launch.op.name();
-                backward_started |= launch.layer.is_some() && is_backward(launch.op);
-                let recompute = backward_started && launch.layer.is_some() && !is_backward(launch.op);
-                let (name, category) = match (launch.layer, recompute) {
-                    (Some(layer), true) => (format!("recompute layer {layer} {op}"), "recompute"),
-                    (Some(layer), false) => {
-                        (format!("layer {layer} {op}"), if is_backward(launch.op) { "backward" } else { "forward" })
-                    }
-                    (None, _) => (op.to_string(), "step"),
+                let category = phase[index];
+                let name = match (launch.layer, category) {
+                    (Some(layer), "recompute") => format!("recompute layer {layer} {op}"),
+                    (Some(layer), _) => format!("layer {layer} {op}"),
+                    (None, _) => op.to_string(),
                 };
                 let mut bytes = 0u64;
                 let mut writes = Vec::new();

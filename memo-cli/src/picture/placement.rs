@@ -17,26 +17,32 @@ fn footprint(size: u64, alignment: u64) -> u64 {
     size.div_ceil(a).saturating_mul(a)
 }
 
-/// The live footprint bytes at each step: its maximum is the solver's lower bound.
-pub fn live_bytes_by_step(trace: &Trace, alignment: u64) -> Vec<u64> {
-    let steps = trace.buffers.iter().map(|b| b.upper).max().unwrap_or(0).max(trace.steps) as usize;
-    let mut delta = vec![0i128; steps + 1];
-    for buffer in &trace.buffers {
-        let (lower, upper) = (buffer.lower as usize, (buffer.upper as usize).min(steps));
-        if lower < upper {
-            delta[lower] += i128::from(footprint(buffer.size, alignment));
-            delta[upper] -= i128::from(footprint(buffer.size, alignment));
+/// The live footprint bytes as steps of constant value, from a sweep over the lifetimes' ends
+/// (never a vector indexed by step: a CSV trace may name steps up to 2^32 - 1). Its maximum is
+/// the solver's lower bound.
+pub fn live_steps(trace: &Trace, alignment: u64) -> Vec<LiveStep> {
+    let mut changes: Vec<(u32, i128)> = Vec::with_capacity(2 * trace.buffers.len());
+    for buffer in trace.buffers.iter().filter(|b| b.lower < b.upper) {
+        let bytes = i128::from(footprint(buffer.size, alignment));
+        changes.push((buffer.lower, bytes));
+        changes.push((buffer.upper, -bytes));
+    }
+    changes.sort_unstable();
+    let mut steps = Vec::new();
+    let mut live = 0i128;
+    let mut i = 0;
+    while i < changes.len() {
+        let at = changes[i].0;
+        while i < changes.len() && changes[i].0 == at {
+            live += changes[i].1;
+            i += 1;
+        }
+        if let Some(&(next, _)) = changes.get(i) {
+            let bytes = u64::try_from(live.max(0)).unwrap_or(u64::MAX);
+            steps.push(LiveStep { x0: f64::from(at), x1: f64::from(next), by_class: vec![bytes] });
         }
     }
-    let mut running = 0i128;
-    delta
-        .iter()
-        .take(steps)
-        .map(|d| {
-            running += d;
-            u64::try_from(running.max(0)).unwrap_or(u64::MAX)
-        })
-        .collect()
+    steps
 }
 
 /// The figure of `solution` for `trace` (named `name`), with `capacity` drawn when given.
@@ -63,12 +69,8 @@ pub fn figure(name: &str, trace: &Trace, solution: &Solution, alignment: u64, ca
             label: format!("id {}", buffer.id),
         })
         .collect();
-    let live: Vec<LiveStep> = live_bytes_by_step(trace, alignment)
-        .into_iter()
-        .enumerate()
-        .map(|(step, bytes)| LiveStep { x0: step as f64, x1: (step + 1) as f64, by_class: vec![bytes] })
-        .collect();
-    let x_max = live.len() as f64;
+    let live = live_steps(trace, alignment);
+    let x_max = f64::from(trace.buffers.iter().map(|b| b.upper).max().unwrap_or(0).max(trace.steps));
     let mut levels = vec![
         Level { bytes: solution.peak, label: "peak".into(), style: LevelStyle::Peak },
         Level { bytes: solution.lower_bound, label: "lower bound".into(), style: LevelStyle::LowerBound },
@@ -119,5 +121,29 @@ pub fn figure(name: &str, trace: &Trace, solution: &Solution, alignment: u64, ca
         ],
         columns: vec![column],
         notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memo_plan_core::trace::parse_trace;
+
+    /// The sweep's peak is the lower bound the solver reports, and a lifetime ending at step
+    /// 4,000,000,000 costs a few steps, not a vector of 4 billion.
+    #[test]
+    fn live_steps_peak_at_the_lower_bound_without_a_vector_per_step() {
+        let trace = parse_trace(b"id,lower,upper,size\n1,0,3,100\n2,2,4000000000,50\n3,3,5,30\n").unwrap();
+        let steps = live_steps(&trace, 64);
+        let values: Vec<(f64, f64, u64)> = steps.iter().map(|s| (s.x0, s.x1, s.by_class[0])).collect();
+        assert_eq!(values, [(0.0, 2.0, 128), (2.0, 3.0, 192), (3.0, 5.0, 128), (5.0, 4e9, 64)]);
+        let solution = memo_plan_core::arena::solve(
+            &trace.buffers,
+            &memo_plan_core::arena::SolveOptions { alignment: 64, ..Default::default() },
+        )
+        .unwrap();
+        assert_eq!(solution.lower_bound, 192);
+        let figure = figure("t", &trace, &solution, 64, None);
+        assert_eq!(figure.columns[0].x_max, 4e9);
     }
 }
