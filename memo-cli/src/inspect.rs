@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use crate::checked;
 use crate::exit::{self, Failure};
 use crate::human;
+use crate::picture::{self, XAxis};
 
 const CHECK_EXAMPLES: &str = "\
 Examples:
@@ -36,7 +37,15 @@ const SHOW_EXAMPLES: &str = "\
 Examples:
   memo show plan.memo
   memo show plan.memo --json
-  memo show plan.memo --dump-json > plan.json";
+  memo show plan.memo --dump-json > plan.json
+  memo show plan.memo --svg memory.svg                       # the arena over the step
+  memo show plan.memo --svg memory.svg --x time              # ... over simulated time
+  memo show keep-all.memo --svg compare.svg --compare memo.memo
+  memo show plan.memo --chrome-trace trace.json              # open in ui.perfetto.dev
+
+The SVG shows the device arena (x: instruction or simulated time, y: address; one rectangle per
+buffer over its live range, coloured by kind; the arena size and the lower bound as lines) above
+the live bytes. The Chrome trace is the cost model's timeline of the three streams.";
 
 /// The arguments of `memo show`.
 #[derive(Debug, clap::Args)]
@@ -53,6 +62,22 @@ pub struct ShowArgs {
     /// Print the whole plan (buffers, instructions) as JSON
     #[arg(long)]
     dump_json: bool,
+
+    /// Write the memory timeline of the device arena as SVG to this file
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+
+    /// The SVG's x axis: instruction index (default) or simulated time
+    #[arg(long = "x", value_name = "AXIS", value_enum, requires = "svg")]
+    x_axis: Option<XAxis>,
+
+    /// Draw this second plan beside the first in the SVG, on the same byte scale
+    #[arg(long, value_name = "OTHER_PLAN", requires = "svg")]
+    compare: Option<PathBuf>,
+
+    /// Write the simulated timeline of the three streams as Chrome trace-event JSON to this file
+    #[arg(long, value_name = "FILE")]
+    chrome_trace: Option<PathBuf>,
 }
 
 fn write_stdout(text: &str) -> Result<(), Failure> {
@@ -112,12 +137,75 @@ pub fn run_show(args: &ShowArgs) -> Result<(), Failure> {
             format!("{name}: the plan violates {} rule(s); `memo check {name}` lists them", violations.len()),
         ));
     }
+    let written = write_pictures(args, &plan, &name)?;
     if args.dump_json {
         return write_stdout(&format!("{}\n", plan.to_json()));
     }
-    let summary = summarise(&plan)?;
+    let mut summary = summarise(&plan)?;
+    for (key, line, value) in written {
+        summary.text.push_str(&line);
+        summary.json[key] = value;
+    }
     let text = if args.json { format!("{}\n", summary.json) } else { summary.text };
     write_stdout(&text)
+}
+
+/// Writes the files `--svg` and `--chrome-trace` ask for; returns, for each, its JSON key, a line
+/// for the text summary and a JSON value.
+fn write_pictures(args: &ShowArgs, plan: &Plan, name: &str) -> Result<Vec<(&'static str, String, Value)>, Failure> {
+    let mut written = Vec::new();
+    if let Some(path) = &args.svg {
+        let other = match &args.compare {
+            Some(other_path) => {
+                let other = checked::read_plan(other_path)?;
+                let other_name = other_path.display().to_string();
+                if let Err(violations) = check_plan(&other) {
+                    return Err(Failure::new(
+                        exit::PLAN_INVALID,
+                        format!(
+                            "{other_name} (--compare): the plan violates {} rule(s); `memo check {other_name}` lists them",
+                            violations.len()
+                        ),
+                    ));
+                }
+                Some((other_name, other))
+            }
+            None => None,
+        };
+        let mut plans = vec![(name, plan)];
+        if let Some((other_name, other)) = &other {
+            plans.push((other_name.as_str(), other));
+        }
+        let rendered = picture::plan_svg(&plans, args.x_axis.unwrap_or(XAxis::Index))?;
+        picture::write_file(path, &rendered.svg, "SVG")?;
+        let shown = path.display().to_string();
+        written.push((
+            "svg",
+            format!(
+                "wrote {shown}: {} rectangles ({} buffers merged into strips, {} too small to draw), {}\n",
+                rendered.rectangles,
+                rendered.merged_buffers,
+                rendered.skipped_buffers,
+                human::binary_units(rendered.svg.len() as u64)
+            ),
+            json!({"path": shown, "bytes": rendered.svg.len(), "rectangles": rendered.rectangles,
+                   "merged_buffers": rendered.merged_buffers, "skipped_buffers": rendered.skipped_buffers}),
+        ));
+    }
+    if let Some(path) = &args.chrome_trace {
+        let text = picture::chrome_trace::chrome_trace(plan, name).map_err(|e| Failure::new(exit::BAD_INPUT, e))?;
+        picture::write_file(path, &text, "Chrome trace")?;
+        let shown = path.display().to_string();
+        written.push((
+            "chrome_trace",
+            format!(
+                "wrote {shown}: the simulated timeline as Chrome trace events, {} (open it in ui.perfetto.dev or chrome://tracing)\n",
+                human::binary_units(text.len() as u64)
+            ),
+            json!({"path": shown, "bytes": text.len()}),
+        ));
+    }
+    Ok(written)
 }
 
 struct Summary {

@@ -8,6 +8,7 @@ mod config;
 pub mod exit;
 mod human;
 mod inspect;
+mod picture;
 mod plan;
 mod solve;
 mod train;

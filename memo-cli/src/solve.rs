@@ -23,13 +23,16 @@ bytes, optionally with a unit: K, M, G, T, KB, MB, GB, TB (powers of 1000) or Ki
 
 The placement is checked by an independent checker before it is printed: as CSV
 `id,lower,upper,size,offset` on standard output (one row per buffer, in trace order), with a
-summary on standard error; or, with --json, as one JSON object and no summary.";
+summary on standard error; or, with --json, as one JSON object and no summary. With --svg, the
+placement is also drawn: x = step, y = offset, one rectangle per buffer over its lifetime, the
+lower bound and the peak as lines, and the live bytes below.";
 
 const EXAMPLES: &str = "\
 Examples:
   memo solve examples/traces/memo-layer.trace
   memo solve --capacity 2GiB --alignment 512 trace.txt > placement.csv
-  cat trace.csv | memo solve --json -";
+  cat trace.csv | memo solve --json -
+  memo solve examples/traces/memo-layer.trace --svg placement.svg > placement.csv";
 
 /// The arguments of `memo solve`.
 #[derive(Debug, clap::Args)]
@@ -54,6 +57,10 @@ pub struct SolveArgs {
     /// Print one JSON object on standard output instead of the CSV, and no summary
     #[arg(long)]
     json: bool,
+
+    /// Also draw the placement as SVG into this file (x = step, y = offset)
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
 }
 
 fn parse_bytes(text: &str) -> Result<u64, String> {
@@ -82,8 +89,19 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
     let elapsed = started.elapsed();
 
     check(&name, &trace, &options, &solution)?;
+    if let Some(path) = &args.svg {
+        let rendered = crate::picture::placement_svg(&name, &trace, &solution, options.alignment, options.capacity);
+        crate::picture::write_file(path, &rendered.svg, "SVG")?;
+    }
 
-    let solved = Solved { name: &name, trace: &trace, options: &options, solution: &solution, elapsed };
+    let solved = Solved {
+        name: &name,
+        trace: &trace,
+        options: &options,
+        solution: &solution,
+        elapsed,
+        svg: args.svg.as_deref(),
+    };
     let written = if args.json { write_json(&solved) } else { write_csv(&solved) };
     written.map_err(|e| {
         let advice = if e.kind() == io::ErrorKind::BrokenPipe {
@@ -191,6 +209,8 @@ struct Solved<'a> {
     options: &'a SolveOptions,
     solution: &'a Solution,
     elapsed: Duration,
+    /// Where `--svg` drew the placement.
+    svg: Option<&'a Path>,
 }
 
 fn write_csv(solved: &Solved) -> io::Result<()> {
@@ -210,7 +230,7 @@ fn write_json(solved: &Solved) -> io::Result<()> {
         .zip(&solution.offsets)
         .map(|(b, &offset)| serde_json::json!({ "id": b.id, "offset": offset }))
         .collect();
-    let object = serde_json::json!({
+    let mut object = serde_json::json!({
         "format": format_name(trace.format),
         "buffers": trace.buffers.len(),
         "steps": trace.steps,
@@ -228,6 +248,9 @@ fn write_json(solved: &Solved) -> io::Result<()> {
         "elapsed_ms": human::millis(solved.elapsed),
         "offsets": offsets,
     });
+    if let Some(svg) = solved.svg {
+        object["svg"] = serde_json::json!(svg.display().to_string());
+    }
     let mut out = BufWriter::new(io::stdout().lock());
     serde_json::to_writer(&mut out, &object)?;
     writeln!(out)?;
@@ -273,6 +296,9 @@ impl Solved<'_> {
         let exhausted = if stats.budget_exhausted { " (budget exhausted)" } else { "" };
         row("search nodes", format!("{} of {}{exhausted}", stats.nodes, self.options.budget_nodes));
         row("elapsed", human::duration(self.elapsed));
+        if let Some(svg) = self.svg {
+            row("picture", svg.display().to_string());
+        }
         lines.push(String::new());
         lines.join("\n")
     }
