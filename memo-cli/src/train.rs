@@ -94,6 +94,10 @@ pub struct TrainArgs {
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     copy_bandwidth: Option<u64>,
 
+    /// Write the measured timeline of the last step (three streams) as a Chrome trace-event file
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+
     /// Checked mode: trap any access the executed events do not order (slower; for debugging)
     #[arg(long, conflicts_with = "copy_bandwidth")]
     checked: bool,
@@ -152,6 +156,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
     let failure = |e: memo_runtime::RuntimeError| Failure::new(exit::BAD_INPUT, e.to_string());
     let backend =
         if args.checked { CpuBackend::checked() } else { CpuBackend::with_copy_bandwidth(args.copy_bandwidth) };
+    let backend = if args.trace.is_some() { backend.measure() } else { backend };
     let mut trainer = Trainer::new(backend, &options).map_err(failure)?;
     let print = fingerprint(&model, args.seed);
     if args.resume {
@@ -216,6 +221,25 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
                 })?;
             }
         }
+    }
+    if let Some(path) = &args.trace {
+        let timeline = trainer.last_step_timeline().ok_or_else(|| {
+            Failure::new(
+                exit::BAD_INPUT,
+                "--trace: no step ran (the checkpoint already holds --steps steps); raise --steps",
+            )
+        })?;
+        let name = format!("step {}", trainer.steps_taken());
+        let text = crate::picture::chrome_trace::trace_of(
+            &trainer.report().plan,
+            &name,
+            &timeline,
+            "memo train --trace",
+            "measured on the CPU backend: each instruction from when its stream thread took it to when it finished",
+        );
+        crate::checked::write_atomically(path, text.as_bytes()).map_err(|e| {
+            Failure::new(exit::IO_ERROR, format!("cannot write {}: {e}; check the directory", path.display()))
+        })?;
     }
     let taken = trainer.steps_taken() - first;
     let elapsed = started.elapsed().as_secs_f64();

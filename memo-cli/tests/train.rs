@@ -127,3 +127,25 @@ fn bad_train_options_are_one_line() {
     let message = assert_fails(&train(&["--data", "/nonexistent/file.txt"]), 1);
     assert!(message.contains("/nonexistent/file.txt"), "{message}");
 }
+
+/// `--trace` writes the measured timeline of the last step as Chrome trace events: one complete
+/// event per launch, copy and wait, on the stream's thread, with non-negative durations.
+#[test]
+fn trace_writes_the_measured_timeline() {
+    let dir = fresh_dir("trace");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("trace.json");
+    let mut args = vec!["train", "--device", "cpu", "--model", "small", "--seq", "32", "--steps", "2"];
+    args.extend_from_slice(&["--trace", path.to_str().unwrap()]);
+    let output = memo(&args, None);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let trace: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(trace["otherData"]["generator"], "memo train --trace");
+    let events = trace["traceEvents"].as_array().unwrap();
+    let complete: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
+    assert!(complete.iter().any(|e| e["tid"] == 1 && e["cat"] == "copy"), "a swap-out copy on the d2h thread");
+    assert!(complete.iter().any(|e| e["tid"] == 0 && e["name"].as_str().unwrap().contains("linear")));
+    for e in &complete {
+        assert!(e["ts"].as_f64().unwrap() >= 0.0 && e["dur"].as_f64().unwrap() >= 0.0, "{e}");
+    }
+}

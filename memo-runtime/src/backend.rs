@@ -178,15 +178,22 @@ pub trait Backend {
     /// Enqueues a copy of `src` into `dst` (equal lengths) on `stream`.
     fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError>;
 
-    /// Enqueues the recording of `event` on `stream`.
-    fn record(&mut self, stream: Stream, event: EventId) -> Result<(), BackendError>;
+    /// Enqueues the recording of `event` on `stream` (plan instruction `instruction`).
+    fn record(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError>;
 
-    /// Makes `stream` wait for `event`.
-    fn wait(&mut self, stream: Stream, event: EventId) -> Result<(), BackendError>;
+    /// Makes `stream` wait for `event` (plan instruction `instruction`).
+    fn wait(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError>;
 
     /// Waits for every stream; the first error any of them hit.
     fn synchronize(&mut self) -> Result<(), BackendError>;
 
     /// What is allocated.
     fn memory(&self) -> MemoryReport;
+
+    /// When the backend measures: each instruction of the last synchronised step with its start
+    /// and end in seconds from the step's start, `(instruction, start, end)`. `None` when it does
+    /// not measure.
+    fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
+        None
+    }
 }

@@ -124,8 +124,8 @@ impl Replay {
                 Action::Copy { src, dst } => {
                     backend.copy(index, stream, self.region_span(src), self.region_span(dst))?;
                 }
-                Action::Record(event) => backend.record(stream, *event)?,
-                Action::Wait(event) => backend.wait(stream, *event)?,
+                Action::Record(event) => backend.record(index, stream, *event)?,
+                Action::Wait(event) => backend.wait(index, stream, *event)?,
             }
         }
         backend.synchronize()?;

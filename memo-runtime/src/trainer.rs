@@ -243,6 +243,38 @@ impl<B: Backend> Trainer<B> {
         Ok(())
     }
 
+    /// The measured timeline of the last step, when the backend measures
+    /// ([`Backend::timings`]): per plan instruction, its start and end in seconds (instructions
+    /// the backend did not time get a zero-length span at 0).
+    pub fn last_step_timeline(&mut self) -> Option<memo_plan_core::simulate::Timeline> {
+        let spans = self.backend.timings()?;
+        let plan = self.replay.plan();
+        let mut timeline = memo_plan_core::simulate::Timeline {
+            spans: vec![memo_plan_core::simulate::Span { start_s: 0.0, end_s: 0.0 }; plan.instructions.len()],
+            step_time_s: 0.0,
+            busy_s: [0.0; 3],
+            stall_s: [0.0; 3],
+            flops_per_s: 0.0,
+        };
+        let mut flops = 0u64;
+        for (instruction, start_s, end_s) in spans {
+            let Some(i) = plan.instructions.get(instruction) else { continue };
+            timeline.spans[instruction] = memo_plan_core::simulate::Span { start_s, end_s };
+            timeline.step_time_s = timeline.step_time_s.max(end_s);
+            let s = i.stream.index();
+            match &i.action {
+                memo_plan_core::plan::Action::Wait(_) => timeline.stall_s[s] += end_s - start_s,
+                memo_plan_core::plan::Action::Launch(launch) => {
+                    flops = flops.saturating_add(launch.flops);
+                    timeline.busy_s[s] += end_s - start_s;
+                }
+                _ => timeline.busy_s[s] += end_s - start_s,
+            }
+        }
+        timeline.flops_per_s = flops as f64 / timeline.busy_s[0].max(f64::MIN_POSITIVE);
+        Some(timeline)
+    }
+
     /// The plan and its report.
     pub fn report(&self) -> &PlanReport {
         &self.report

@@ -33,8 +33,14 @@ enum Command {
         src: Span,
         dst: Span,
     },
-    Record(EventId),
-    Wait(EventId),
+    Record {
+        instruction: usize,
+        event: EventId,
+    },
+    Wait {
+        instruction: usize,
+        event: EventId,
+    },
     /// Answer on the channel once every earlier command is done.
     Flush(Sender<()>),
 }
@@ -48,7 +54,14 @@ struct Shared {
 struct SharedState {
     recorded: Vec<bool>,
     error: Option<BackendError>,
+    /// When timing: the step's start and each instruction's (index, start, end) in seconds.
+    timing: Option<(std::time::Instant, Vec<Timing>)>,
+    /// The spans of the last synchronised step that ran instructions.
+    last_timing: Vec<Timing>,
 }
+
+/// One measured instruction: (plan index, start, end) in seconds from the step's start.
+type Timing = (usize, f64, f64);
 
 impl Shared {
     fn fail(&self, error: BackendError) {
@@ -86,10 +99,18 @@ impl CpuBackend {
     /// A backend whose copies take `bytes / rate` seconds at least, like a host link.
     pub fn with_copy_bandwidth(copy_bytes_per_s: Option<u64>) -> Self {
         let shared = Arc::new(Shared {
-            state: Mutex::new(SharedState { recorded: Vec::new(), error: None }),
+            state: Mutex::new(SharedState { recorded: Vec::new(), error: None, timing: None, last_timing: Vec::new() }),
             changed: Condvar::new(),
         });
         CpuBackend { memory: None, shared, workers: Vec::new(), copy_bytes_per_s, shadow: None }
+    }
+
+    /// Measure every instruction's start and end ([`Backend::timings`]).
+    pub fn measure(self) -> Self {
+        let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.timing = Some((std::time::Instant::now(), Vec::new()));
+        drop(state);
+        self
     }
 
     /// A backend in checked mode (`checked.rs`): every access the executed events do not order
@@ -162,10 +183,38 @@ fn check_access(context: &WorkerContext, instruction: usize, reads: &[Span], wri
     }
 }
 
+/// The instruction a command runs, if it is one of the plan's.
+fn instruction_of(command: &Command) -> Option<usize> {
+    match command {
+        Command::Launch { instruction, .. }
+        | Command::Copy { instruction, .. }
+        | Command::Record { instruction, .. }
+        | Command::Wait { instruction, .. } => Some(*instruction),
+        Command::Flush(_) => None,
+    }
+}
+
 fn run_worker(receiver: Receiver<Command>, context: WorkerContext) {
-    let WorkerContext { memory, shared, copy_bytes_per_s, .. } = &context;
-    let copy_bytes_per_s = *copy_bytes_per_s;
     for command in receiver {
+        let measured = instruction_of(&command).and_then(|instruction| {
+            let state = context.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            state.timing.as_ref().map(|(epoch, _)| (instruction, epoch.elapsed().as_secs_f64()))
+        });
+        run_command(command, &context);
+        if let Some((instruction, start)) = measured {
+            let mut state = context.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((epoch, spans)) = state.timing.as_mut() {
+                let end = epoch.elapsed().as_secs_f64();
+                spans.push((instruction, start, end));
+            }
+        }
+    }
+}
+
+fn run_command(command: Command, context: &WorkerContext) {
+    let WorkerContext { memory, shared, copy_bytes_per_s, .. } = context;
+    let copy_bytes_per_s = *copy_bytes_per_s;
+    {
         match command {
             Command::Flush(done) => {
                 let _ = done.send(());
@@ -175,16 +224,16 @@ fn run_worker(receiver: Receiver<Command>, context: WorkerContext) {
             Command::Launch { instruction, op, args, context: kernel } => {
                 let reads: Vec<Span> = args.iter().filter(|a| a.access.reads()).map(|a| a.span).collect();
                 let writes: Vec<Span> = args.iter().filter(|a| a.access.writes()).map(|a| a.span).collect();
-                if !check_access(&context, instruction, &reads, &writes) {
-                    continue;
+                if !check_access(context, instruction, &reads, &writes) {
+                    return;
                 }
                 if let Err(message) = launch(memory, op, &args, &kernel) {
                     shared.fail(BackendError::Kernel { instruction, message });
                 }
             }
             Command::Copy { instruction, src, dst } => {
-                if !check_access(&context, instruction, &[src], &[dst]) {
-                    continue;
+                if !check_access(context, instruction, &[src], &[dst]) {
+                    return;
                 }
                 let started = std::time::Instant::now();
                 if let Err(message) = memory.copy(src, dst) {
@@ -196,7 +245,7 @@ fn run_worker(receiver: Receiver<Command>, context: WorkerContext) {
                     }
                 }
             }
-            Command::Record(event) => {
+            Command::Record { event, .. } => {
                 if let Some(shadow) = &context.shadow {
                     shadow.record(context.stream, event);
                 }
@@ -206,7 +255,7 @@ fn run_worker(receiver: Receiver<Command>, context: WorkerContext) {
                 }
                 shared.changed.notify_all();
             }
-            Command::Wait(event) => {
+            Command::Wait { event, .. } => {
                 let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
                 while state.error.is_none() && !state.recorded.get(event.0 as usize).copied().unwrap_or(true) {
                     state = shared.changed.wait(state).unwrap_or_else(|p| p.into_inner());
@@ -318,12 +367,17 @@ impl Backend for CpuBackend {
         self.send(stream, Command::Copy { instruction, src, dst })
     }
 
-    fn record(&mut self, stream: Stream, event: EventId) -> Result<(), BackendError> {
-        self.send(stream, Command::Record(event))
+    fn record(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
+        self.send(stream, Command::Record { instruction, event })
     }
 
-    fn wait(&mut self, stream: Stream, event: EventId) -> Result<(), BackendError> {
-        self.send(stream, Command::Wait(event))
+    fn wait(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
+        self.send(stream, Command::Wait { instruction, event })
+    }
+
+    fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
+        let state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.timing.as_ref().map(|_| state.last_timing.clone())
     }
 
     /// Waits for every stream, then resets the events for the next step.
@@ -345,6 +399,13 @@ impl Backend for CpuBackend {
             shadow.reset(state.recorded.len() as u32);
         }
         state.recorded.iter_mut().for_each(|r| *r = false);
+        let state = &mut *state;
+        if let Some((epoch, spans)) = state.timing.as_mut() {
+            if !spans.is_empty() {
+                state.last_timing = std::mem::take(spans);
+            }
+            *epoch = std::time::Instant::now();
+        }
         match state.error.take() {
             Some(error) => Err(error),
             None => Ok(()),

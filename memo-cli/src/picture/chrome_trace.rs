@@ -98,6 +98,14 @@ fn is_backward(op: Op) -> bool {
 /// The trace file's text for `plan` (named `name` in the process title).
 pub fn chrome_trace(plan: &Plan, name: &str) -> Result<String, String> {
     let timeline = simulate::simulate(plan).map_err(|e| format!("the cost model cannot time {name}: {e}"))?;
+    let time_model =
+        "spec/cost-model.md section 7: launches take FLOPs / rate (memory-bound ones 0), copies bytes / bandwidth";
+    Ok(trace_of(plan, name, &timeline, "memo show --chrome-trace", time_model))
+}
+
+/// The trace file's text for `plan` with the instruction times of `timeline` (simulated, or
+/// measured by a backend), labelled with the command that made it and where the times come from.
+pub fn trace_of(plan: &Plan, name: &str, timeline: &Timeline, generator: &str, time_model: &str) -> String {
     let p = &plan.provenance;
     let mut metadata = vec![json!({"name": "process_name", "ph": "M", "pid": 0, "tid": 0,
         "args": {"name": format!("{} plan ({name}): {} {} tokens, t = {}, on {}", p.strategy.name(), p.model.name,
@@ -113,13 +121,13 @@ pub fn chrome_trace(plan: &Plan, name: &str) -> Result<String, String> {
         metadata
             .push(json!({"name": "thread_sort_index", "ph": "M", "pid": 0, "tid": tid, "args": {"sort_index": tid}}));
     }
-    let mut events = instruction_events(plan, &timeline);
-    events.extend(memory_counter(plan, &timeline));
+    let mut events = instruction_events(plan, timeline);
+    events.extend(memory_counter(plan, timeline));
     // Stable: equal times keep issue order.
     events.sort_by_key(|e| e.0);
 
     let other = json!({
-        "generator": "memo show --chrome-trace",
+        "generator": generator,
         "plan": name,
         "strategy": p.strategy.name(),
         "model": p.model.name,
@@ -127,13 +135,13 @@ pub fn chrome_trace(plan: &Plan, name: &str) -> Result<String, String> {
         "machine": p.hardware.name,
         "step_time_s": timeline.step_time_s,
         "flops_per_s": timeline.flops_per_s,
-        "time_model": "spec/cost-model.md section 7: launches take FLOPs / rate (memory-bound ones 0), copies bytes / bandwidth",
+        "time_model": time_model,
     });
     let mut text = String::from("{\"traceEvents\":[\n");
     let lines: Vec<String> = metadata.iter().chain(events.iter().map(|(_, e)| e)).map(Value::to_string).collect();
     text.push_str(&lines.join(",\n"));
     text.push_str(&format!("\n],\n\"displayTimeUnit\":\"ms\",\n\"otherData\":{other}\n}}\n"));
-    Ok(text)
+    text
 }
 
 /// One event per instruction: launches, copies and waits as complete events, records as instants.
