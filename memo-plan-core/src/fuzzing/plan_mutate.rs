@@ -37,12 +37,12 @@
 //!
 //! The caveat: the checker cannot see a dropped swap-in. A rounding buffer is one set of buffer
 //! ids shared by alternating layers, so the bytes a swap-in would restore still hold layer
-//! `l + 2`'s data, written by the *same* buffer ids on the compute stream and ordered before
-//! layer `l`'s backward: by the semantics the checker enforces the read is ready. The plan computes
-//! wrong gradients, which only a run against keep-all shows (`spec/validity.md`, "What the checker
-//! does not decide"). So [`check`] applies a dropped swap-in, asserts it changes which launch's data a
-//! backward read sees ([`stale_read_without`]), and records whether the checker rejects it rather than
-//! asserting it: [`check_counted`] returns that, and `fuzz/README.md` reports it.
+//! `l + 2`'s data, written by the *same* buffer ids on the compute stream and ordered before layer
+//! `l`'s backward: by the rules the checker enforces, the read is ready. The plan computes wrong
+//! gradients, which only a run against keep-all shows (`spec/validity.md`, "What the checker does
+//! not decide"). So [`mutate`] drops a swap-in only where that changes which launch's data a later
+//! read sees (the corruption is real), and [`check`] records whether the checker rejects it
+//! instead of asserting it: [`check_counted`] returns that, and `fuzz/README.md` reports it.
 
 use alloc::format;
 use alloc::string::String;
@@ -165,10 +165,10 @@ pub enum Expected {
     RowsOutOfBounds(usize),
     /// A `TotalMismatch` of this total.
     TotalMismatch(Total),
-    /// A read of bytes last written by another write than in the valid plan: instruction `.0`
-    /// of the mutated plan reads what instruction `.1` wrote (its index in the mutated plan).
-    /// The checker is not required to see it (module docs).
-    StaleRead(usize, usize),
+    /// A read that sees other data than in the valid plan: instruction `.0` of the mutated plan
+    /// reads what launch `.1` computed (`None`: bytes no instruction wrote). The checker is not
+    /// required to see it (module docs).
+    StaleRead(usize, Option<usize>),
     /// A violation of this name ([`PlanViolation::name`]) at this instruction (`None`: one
     /// without an instruction).
     Variant(&'static str, Option<usize>),
@@ -372,7 +372,7 @@ fn drop_swap_in(plan: &mut Plan, target: u32) -> Option<(String, Expected)> {
         let at = copies[(target as usize + step) % copies.len()];
         let Some((reader, writer)) = stale_read_without(plan, at) else { continue };
         plan.instructions.remove(at);
-        let what = format!("dropped the swap-in at {at}; instruction {reader} now reads what {writer} wrote");
+        let what = format!("dropped the swap-in at {at}; instruction {reader} now reads data from {writer:?}");
         return Some((what, Expected::StaleRead(reader, writer)));
     }
     None
@@ -685,10 +685,10 @@ fn origin(all: &[Access], plan: &Plan, space: u8, byte: u128, before: usize) -> 
 
 /// For the copy at instruction `copy`: a later read of bytes it writes, before any other write of
 /// them, whose data would come from another launch without the copy, as `(reader, writer)`: the
-/// reader's index and the launch it would read instead, both as indices of the plan *without*
-/// the copy. `None` when every read of the copy's bytes would see the same data without it (the
+/// reader's index and the launch it would read instead (`None`: no instruction wrote those bytes
+/// before the copy), both as indices of the plan *without* the copy. `None` when every read of the copy's bytes would see the same data without it (the
 /// copy restores what is still there) or nothing reads them.
-pub fn stale_read_without(plan: &Plan, copy: usize) -> Option<(usize, usize)> {
+pub fn stale_read_without(plan: &Plan, copy: usize) -> Option<(usize, Option<usize>)> {
     let (all, _) = accesses(plan);
     let dst = *all.iter().find(|a| a.instruction == copy && a.writes)?;
     // The bytes still holding the copy's data; later writes cut them.
@@ -712,8 +712,7 @@ pub fn stale_read_without(plan: &Plan, copy: usize) -> Option<(usize, usize)> {
         let with = origin(&all, plan, dst.space, byte, a.instruction);
         let without = origin(&all, plan, dst.space, byte, copy);
         if with != without {
-            // Without a write before the copy the read is of unwritten bytes; report the copy.
-            return Some((a.instruction - 1, without.unwrap_or(copy)));
+            return Some((a.instruction - 1, without));
         }
     }
     None
@@ -796,6 +795,30 @@ mod tests {
     #[test]
     fn the_committed_corpus_passes() {
         run_corpus("plan_mutate", check);
+    }
+
+    /// Prints, per kind, how many inputs of a corpus folder (`PLAN_MUTATE_CORPUS`, by default
+    /// the committed seeds) chose it, applied it and had it rejected: how a fuzzing run spread
+    /// its corpus over the kinds (`fuzz/README.md`).
+    #[test]
+    #[ignore = "reads a corpus folder; run by hand after a fuzzing run"]
+    fn kinds_in_a_corpus() {
+        let default = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/plan_mutate");
+        let folder = std::env::var_os("PLAN_MUTATE_CORPUS").map_or(default, std::path::PathBuf::from);
+        let mut counts = BTreeMap::<Mutation, (u32, u32, u32)>::new();
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+            let Ok(case) = MutateCase::arbitrary_take_rest(Unstructured::new(&bytes)) else { continue };
+            let (cases, applied, rejected) = counts.entry(case.mutation).or_default();
+            *cases += 1;
+            if let Some((_, was_rejected)) = check_counted(case) {
+                *applied += 1;
+                *rejected += u32::from(was_rejected);
+            }
+        }
+        for (kind, (cases, applied, rejected)) in counts {
+            std::println!("{}: {cases} inputs, {applied} applied, {rejected} rejected", kind.name());
+        }
     }
 
     /// Writes the seed corpus: for each kind, the first SplitMix64 byte string (seed 1, 2, ...;

@@ -321,6 +321,7 @@ fn the_checker_misses_a_dropped_swap_in_known_gap() {
                 Action::Launch(launch) => launch.layer,
                 other => panic!("{name}: instruction {index} is {other:?}"),
             };
+            let writer = writer.expect("layer l + 2's data is there");
             assert_ne!(layer(reader), layer(writer), "{name}: {}", applied.what);
             assert_eq!(check_plan(&mutated), Ok(()), "{name}: the checker now sees {}: close the gap", applied.what);
         }
