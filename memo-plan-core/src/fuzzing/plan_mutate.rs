@@ -307,7 +307,7 @@ fn shift_offset(plan: &mut Plan, target: u32, detail: u64) -> Option<(String, Ex
         let (partner, start, partner_bytes, ..) = partners[(detail % partners.len() as u64) as usize];
         // Same first byte; on the partner's last byte; ending on the partner's first byte.
         let offset = match (detail >> 32) % 3 {
-            1 => start + partner_bytes - 1,
+            1 => start.saturating_add(partner_bytes - 1),
             2 if start + 1 >= bytes => start + 1 - bytes,
             _ => start,
         };
