@@ -23,6 +23,8 @@
 
 mod violation;
 
+#[cfg(all(test, feature = "fuzzing"))]
+mod mutations;
 #[cfg(test)]
 mod tests;
 

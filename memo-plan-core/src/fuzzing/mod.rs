@@ -8,7 +8,10 @@
 //!   the independent checker and the [`oracle`]s;
 //! - [`plan_decode`]: any bytes (as they are, and with the header's checksum made to match) into
 //!   [`crate::plan::Plan::decode`], and generated valid plans through encode, decode and the JSON
-//!   view.
+//!   view;
+//! - [`plan`]: generated small models, layouts, machines and strategies into the planner; the
+//!   plan through the checker, the byte format and a second planning (determinism);
+//! - [`plan_mutate`]: those plans with one corruption each, which the checker must reject.
 //!
 //! The cargo-fuzz targets in `fuzz/fuzz_targets/` only call these `check` functions; each module
 //! also has a smoke test that runs its `check` for about a second on cases drawn with [`smoke`],
@@ -22,7 +25,9 @@ use crate::generate::SplitMix64;
 
 pub mod oracle;
 pub mod place;
+pub mod plan;
 pub mod plan_decode;
+pub mod plan_mutate;
 pub mod trace_parse;
 
 /// Runs `check` on `cases` inputs from a SplitMix64 byte stream seeded with `seed`, each of a

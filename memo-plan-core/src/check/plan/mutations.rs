@@ -1,0 +1,329 @@
+//! The checker against corrupted planner plans: each corruption of [`crate::fuzzing::plan_mutate`]
+//! applied deterministically to real plans (a tiny 4-layer memo plan at t = 1, and the 7B memo
+//! plan at 32K tokens on a800x8 with t = 8), each asserting the violation variant it must cause.
+//! The fuzz target `plan_mutate` does the same with random plans and targets.
+
+use std::sync::OnceLock;
+use std::vec::Vec;
+
+use super::*;
+use crate::fuzzing::plan_mutate::{mutate, unordered_conflict, Applied, Expected, Mutation};
+use crate::model::{Hardware, ModelConfig, Parallelism};
+use crate::plan::Strategy;
+use crate::planner::{self, PlanRequest};
+
+use Stream::{Compute as C, DeviceToHost as D, HostToDevice as H};
+
+fn planned(request: PlanRequest) -> Plan {
+    let plan = planner::plan(&request).expect("the request plans").plan;
+    assert_eq!(check_plan(&plan), Ok(()), "the valid plan passes");
+    plan
+}
+
+/// Four layers of h = 64 with 4 heads, 64 tokens, t = 1, memo with α forced to 0.5: layers 0
+/// and 1 swap half their token-split rows and recompute the rest.
+fn tiny_memo() -> &'static Plan {
+    static PLAN: OnceLock<Plan> = OnceLock::new();
+    PLAN.get_or_init(|| {
+        let model = ModelConfig::new("tiny", 4, 64, 4, 64, 1);
+        let hardware = Hardware::preset("a800x8").unwrap();
+        let mut request = PlanRequest::new(model, Parallelism::single(), hardware, Strategy::Memo);
+        request.forced_alpha = Some(0.5);
+        planned(request)
+    })
+}
+
+/// The 7B model at 32K tokens on 8 A800 with t = 8, memo with α from the LP.
+fn seven_b_32k() -> &'static Plan {
+    static PLAN: OnceLock<Plan> = OnceLock::new();
+    PLAN.get_or_init(|| {
+        let model = ModelConfig::preset("7b", 32 * 1024, 1).unwrap();
+        let hardware = Hardware::preset("a800x8").unwrap();
+        planned(PlanRequest::new(model, Parallelism::new(8, 1), hardware, Strategy::Memo))
+    })
+}
+
+fn plans() -> [(&'static str, &'static Plan); 2] {
+    [("tiny memo", tiny_memo()), ("7b 32k memo", seven_b_32k())]
+}
+
+/// Applies the corruption and asserts the checker rejects it with what [`Applied::expected`]
+/// names; the mutated plan, what was done and the violations.
+fn rejected(
+    name: &str,
+    plan: &Plan,
+    mutation: Mutation,
+    target: u32,
+    detail: u64,
+) -> (Plan, Applied, Vec<PlanViolation>) {
+    let (mutated, applied) =
+        mutate(plan, mutation, target, detail).unwrap_or_else(|| panic!("{name}: no target for {mutation:?}"));
+    let violations = check_plan(&mutated).err().unwrap_or_else(|| panic!("{name}: {} passes", applied.what));
+    assert!(
+        applied.expected.found_in(&violations),
+        "{name}: {}: {:?} not in {violations:?}",
+        applied.what,
+        applied.expected
+    );
+    (mutated, applied, violations)
+}
+
+#[test]
+fn the_plans_swap_and_recompute() {
+    for (name, plan) in plans() {
+        let rows = plan.provenance.swapped_rows;
+        let local_rows = plan.provenance.model.seq_len / plan.provenance.parallel.tensor;
+        assert!(0 < rows && rows < local_rows, "{name}: {rows} of {local_rows} rows swapped");
+        let swap_ins = plan.instructions.iter().filter(|i| i.stream == H && matches!(i.action, Action::Copy { .. }));
+        assert!(swap_ins.count() > 0, "{name}");
+    }
+}
+
+/// A buffer moved onto another live at the same time: an `Overlap` naming the two, whichever of
+/// the three placements (same first byte, on the other's last byte, ending on its first byte).
+#[test]
+fn an_offset_shifted_onto_a_live_neighbour_overlaps() {
+    for (name, plan) in plans() {
+        for (target, detail) in [(0, 0), (5, 1 << 32 | 3), (17, 2 << 32 | 9), (400, 1 << 32), (1001, 2 << 32)] {
+            let (_, applied, violations) = rejected(name, plan, Mutation::ShiftOffset, target, detail);
+            let Expected::Overlap(a, b) = applied.expected else { panic!("{applied:?}") };
+            assert!(
+                violations.iter().any(|v| matches!(v, PlanViolation::Overlap { first, second, .. }
+                    if (first.id, second.id) == (a.min(b), a.max(b)))),
+                "{name}: {}",
+                applied.what
+            );
+        }
+    }
+}
+
+/// The index, among the plan's Waits, of the first Wait on `stream` whose event is recorded on
+/// `recorded_on`, and its instruction index.
+fn first_wait(plan: &Plan, stream: Stream, recorded_on: Stream) -> (u32, usize) {
+    let waits = (0..plan.instructions.len()).filter(|&i| matches!(plan.instructions[i].action, Action::Wait(_)));
+    for (position, index) in waits.enumerate() {
+        let Action::Wait(event) = plan.instructions[index].action else { unreachable!() };
+        let record = plan.instructions.iter().find(|i| i.action == Action::Record(event)).expect("a record");
+        if plan.instructions[index].stream == stream && record.stream == recorded_on {
+            return (position as u32, index);
+        }
+    }
+    panic!("no wait on {} for {}", stream.name(), recorded_on.name());
+}
+
+/// Drops the Wait and returns the violations; asserts the mutation dropped exactly that Wait.
+fn without_wait(name: &str, plan: &Plan, stream: Stream, recorded_on: Stream) -> (usize, Vec<PlanViolation>) {
+    let (target, index) = first_wait(plan, stream, recorded_on);
+    let (mutated, _, violations) = rejected(name, plan, Mutation::DropWait, target, 0);
+    let mut expected = plan.clone();
+    expected.instructions.remove(index);
+    assert!(mutated == expected, "{name}: dropped another wait than {index}");
+    (index, violations)
+}
+
+/// Without the d2h stream's Wait for the forward, the swap-out copies the rounding buffer before
+/// the compute stream is known to have written it.
+#[test]
+fn a_swap_out_without_its_wait_reads_before_ready() {
+    for (name, plan) in plans() {
+        let (at, violations) = without_wait(name, plan, D, C);
+        assert!(
+            violations
+                .iter()
+                .any(|v| matches!(v, PlanViolation::ReadNotReady { instruction, stream: D, writer_stream: C, .. }
+                if *instruction == at)),
+            "{name}: {violations:?}"
+        );
+    }
+}
+
+/// Without the compute stream's Wait for "swapped out", layer l + 1 overwrites rounding buffer
+/// l % 2 while the swap-out may still read it.
+#[test]
+fn reusing_a_rounding_buffer_without_its_wait_races_with_the_swap_out() {
+    for (name, plan) in plans() {
+        let (_, violations) = without_wait(name, plan, C, D);
+        assert!(
+            violations.iter().any(|v| matches!(
+                v,
+                PlanViolation::Race { stream: C, other_stream: D, other_access: Access::Read, .. }
+            )),
+            "{name}: {violations:?}"
+        );
+    }
+}
+
+/// Without the h2d stream's Wait for the backward, the swap-in refills the rounding buffer while
+/// layer l + 2's backward may still read it.
+#[test]
+fn a_swap_in_without_its_wait_races_with_the_backward() {
+    for (name, plan) in plans() {
+        let (_, violations) = without_wait(name, plan, H, C);
+        assert!(
+            violations.iter().any(|v| matches!(v, PlanViolation::Race { stream: H, other_stream: C, .. })),
+            "{name}: {violations:?}"
+        );
+    }
+}
+
+/// Without the compute stream's Wait for "swapped in", the recompute reads swapped rows the copy
+/// may not have brought back yet.
+#[test]
+fn a_recompute_without_its_wait_reads_before_ready() {
+    for (name, plan) in plans() {
+        let (_, violations) = without_wait(name, plan, C, H);
+        assert!(
+            violations.iter().any(|v| matches!(v, PlanViolation::ReadNotReady { stream: C, writer_stream: H, .. })),
+            "{name}: {violations:?}"
+        );
+    }
+}
+
+/// Every Wait of the tiny plan orders something: without any one of them, the independent
+/// pairwise search finds an unordered conflict, and the checker rejects the plan.
+#[test]
+fn every_wait_of_the_tiny_plan_is_needed() {
+    let plan = tiny_memo();
+    let waits: Vec<usize> =
+        (0..plan.instructions.len()).filter(|&i| matches!(plan.instructions[i].action, Action::Wait(_))).collect();
+    assert_eq!(waits.len(), 8, "two swapped layers, four waits each");
+    for index in waits {
+        let mut mutated = plan.clone();
+        mutated.instructions.remove(index);
+        assert!(unordered_conflict(&mutated, index).is_some(), "wait {index}");
+        let violations = check_plan(&mutated).expect_err("rejected");
+        assert!(Expected::Unordered(0, 0).found_in(&violations), "wait {index}: {violations:?}");
+    }
+}
+
+#[test]
+fn a_record_moved_after_its_wait() {
+    for (name, plan) in plans() {
+        for (target, detail) in [(0, 0), (3, 1), (7, 1_000), (30, u64::MAX)] {
+            let (mutated, applied, _) = rejected(name, plan, Mutation::MoveRecordAfterWait, target, detail);
+            let Expected::WaitBeforeRecord(wait) = applied.expected else { panic!("{applied:?}") };
+            assert!(matches!(mutated.instructions[wait].action, Action::Wait(_)), "{name}: {}", applied.what);
+        }
+    }
+}
+
+#[test]
+fn a_shrunk_arena_leaves_a_buffer_outside() {
+    for (name, plan) in plans() {
+        let arena = plan.totals.arena_bytes;
+        for (detail, claimed) in [(0, arena - 1), (255, arena - 256), (arena - 1, 0)] {
+            let (_, _, violations) = rejected(name, plan, Mutation::ShrinkArena, 0, detail);
+            assert!(
+                violations.contains(&PlanViolation::TotalMismatch {
+                    total: Total::ArenaBytes,
+                    claimed,
+                    actual: u128::from(arena)
+                }),
+                "{name}"
+            );
+            assert!(violations.iter().any(|v| matches!(v, PlanViolation::OutsideArena { end, arena_bytes, .. }
+                if *arena_bytes == claimed && *end == u128::from(arena))));
+        }
+    }
+}
+
+#[test]
+fn rows_past_the_end_of_a_buffer() {
+    for (name, plan) in plans() {
+        for (target, detail) in [(0, 0), (11, 63), (250, 1 << 32), (4_000, 5)] {
+            let (mutated, applied, violations) = rejected(name, plan, Mutation::RowsPastEnd, target, detail);
+            let Expected::RowsOutOfBounds(at) = applied.expected else { panic!("{applied:?}") };
+            let found = violations.iter().find_map(|v| match v {
+                PlanViolation::RowsOutOfBounds { instruction, buffer, start, end } if *instruction == at => {
+                    Some((buffer.buffer.rows, *start, *end))
+                }
+                _ => None,
+            });
+            let (rows, start, end) = found.unwrap_or_else(|| panic!("{name}: {}", applied.what));
+            assert_eq!(end, rows + 1 + detail % 64, "{name}: {}", applied.what);
+            assert_eq!(start == end, detail & (1 << 32) != 0);
+            assert!(matches!(mutated.instructions[at].action, Action::Launch(_)));
+        }
+    }
+}
+
+#[test]
+fn each_changed_total_mismatches() {
+    let totals = [
+        Total::ArenaBytes,
+        Total::ArenaLowerBoundBytes,
+        Total::HostBytes,
+        Total::ParameterBytes,
+        Total::RoundingBufferBytes,
+    ];
+    for (name, plan) in plans() {
+        for (target, total) in totals.into_iter().enumerate() {
+            for detail in [0, 1, 2, 3 << 2 | 3, u64::MAX] {
+                let (_, applied, _) = rejected(name, plan, Mutation::ChangeTotal, target as u32, detail);
+                assert_eq!(applied.expected, Expected::TotalMismatch(total), "{name}: {}", applied.what);
+            }
+        }
+    }
+}
+
+/// Each structural corruption, with the variant it must cause at the instruction it names.
+#[test]
+fn each_structural_corruption_has_its_variant() {
+    let names = [
+        "size_overflow",
+        "place_mismatch",
+        "no_such_buffer",
+        "no_such_event",
+        "wrong_arg_count",
+        "wrong_access",
+        "launch_off_compute",
+        "launch_on_host",
+        "copy_not_host_device",
+        "copy_wrong_stream",
+        "copy_size_mismatch",
+        "double_record",
+        "wait_unrecorded",
+    ];
+    for (name, plan) in plans() {
+        for (which, variant) in names.into_iter().enumerate() {
+            for (target, high) in [(0, 0), (9, 1), (123, 2)] {
+                // `detail % 13` picks the corruption; `detail >> 8` its variation.
+                let detail = which as u64 + 13 * (high << 8);
+                let (_, applied, _) = rejected(name, plan, Mutation::Malform, target, detail);
+                assert!(
+                    matches!(applied.expected, Expected::Variant(v, _) if v == variant),
+                    "{name}: {}: {:?}",
+                    applied.what,
+                    applied.expected
+                );
+            }
+        }
+    }
+}
+
+/// Pins a known gap, not a wish. Dropping a swap-in makes layer `l`'s backward read layer
+/// `l + 2`'s data (the independent data-flow search finds the stale read), yet the checker
+/// accepts the plan: both layers' skeletal tensors are the same rounding-buffer ids, so the
+/// stale bytes were written by "the same buffer" and are ready by every rule of
+/// `spec/validity.md`. When the checker learns whose data a rounding buffer holds, this test
+/// fails: make [`Mutation::checker_must_reject`] true for `DropSwapIn` and assert rejection here.
+#[test]
+fn the_checker_misses_a_dropped_swap_in_known_gap() {
+    for (name, plan) in plans() {
+        let copies = plan.instructions.iter().filter(|i| i.stream == H && matches!(i.action, Action::Copy { .. }));
+        let copies = copies.count() as u32;
+        // Every swap-in of the tiny plan; the first, a middle and the last of the 7B plan's.
+        let targets: Vec<u32> = if copies < 40 { (0..copies).collect() } else { std::vec![0, copies / 2, copies - 1] };
+        for target in targets {
+            let (mutated, applied) = mutate(plan, Mutation::DropSwapIn, target, 0).expect("a swap-in to drop");
+            let Expected::StaleRead(reader, writer) = applied.expected else { panic!("{applied:?}") };
+            let layer = |index: usize| match &mutated.instructions[index].action {
+                Action::Launch(launch) => launch.layer,
+                other => panic!("{name}: instruction {index} is {other:?}"),
+            };
+            let writer = writer.expect("layer l + 2's data is there");
+            assert_ne!(layer(reader), layer(writer), "{name}: {}", applied.what);
+            assert_eq!(check_plan(&mutated), Ok(()), "{name}: the checker now sees {}: close the gap", applied.what);
+        }
+    }
+}

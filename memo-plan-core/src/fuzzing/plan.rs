@@ -1,0 +1,264 @@
+//! Harness for the planner end to end: a random small model, layout, machine and strategy,
+//! valid by construction, into [`planner::plan`], and the plan through the independent checker
+//! and the byte format.
+//!
+//! What [`check`] asserts, for every request:
+//! - the planner makes a plan (a valid request never gets an error);
+//! - [`check_plan`] accepts it, and its totals agree with its report (`device_bytes` is the
+//!   arena, the lower bound is at most the arena);
+//! - `encode` then `decode` gives an equal plan, which re-encodes to the same bytes; the JSON view
+//!   is written;
+//! - determinism: planning the same request again gives the same report and the same bytes.
+//!
+//! The generator ([`request`]) is shared with [`super::plan_mutate`], which corrupts these plans.
+//! Beyond the model shapes, it varies what decides α: a forced α for `memo`, a node's host memory
+//! cut to a few bytes or KiB (α bound by host capacity, or below 0), a measured layer time (α
+//! bound by the copy bandwidth), and the placement's node budget (a small one leaves the greedy
+//! placement standing), so every path from α to placement reaches the checker.
+
+use alloc::format;
+use alloc::string::String;
+
+use arbitrary::{Arbitrary, Result, Unstructured};
+
+use crate::check::check_plan;
+use crate::model::{ModelConfig, Parallelism, HARDWARE_PRESETS};
+use crate::plan::{Plan, Strategy};
+use crate::planner::{self, PlanReport, PlanRequest, PLAN_BUDGET_NODES};
+
+/// The shape of generated requests. One constant, so a reader sees every limit in one place.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Layers, `1..=max_layers`.
+    pub max_layers: u32,
+    /// The tensor-parallel degrees `t` a request may use.
+    pub tensor_degrees: [u64; 3],
+    /// Heads are `t * k` for `k` in `1..=max_heads_per_tensor`.
+    pub max_heads_per_tensor: u64,
+    /// Hidden is `heads * d` for a head size `d` in `1..=max_head_size`.
+    pub max_head_size: u64,
+    /// The sequence is a multiple of `t` of at most this many tokens.
+    pub max_seq_len: u64,
+    /// Sequences per micro-batch, `1..=max_micro_batch`.
+    pub max_micro_batch: u64,
+    /// Vocabulary, `1..=max_vocab`.
+    pub max_vocab: u64,
+    /// Data-parallel degree, `1..=max_data`.
+    pub max_data: u64,
+    /// A quarter of the requests get a node budget from `0..=small_budget_max`; the others
+    /// [`PLAN_BUDGET_NODES`], the planner's default.
+    pub small_budget_max: u64,
+}
+
+/// The limits of the plan and plan_mutate harnesses: models of at most a few hundred buffers and
+/// instructions, planned in about a millisecond in a release build.
+pub const OPTIONS: Options = Options {
+    max_layers: 6,
+    tensor_degrees: [1, 2, 4],
+    max_heads_per_tensor: 4,
+    max_head_size: 8,
+    max_seq_len: 64,
+    max_micro_batch: 2,
+    max_vocab: 300,
+    max_data: 4,
+    small_budget_max: 2_000,
+};
+
+/// One fuzz case: a valid planning request.
+#[derive(Clone, Debug)]
+pub struct PlanCase {
+    /// What to plan.
+    pub request: PlanRequest,
+}
+
+impl<'a> Arbitrary<'a> for PlanCase {
+    fn arbitrary(u: &mut Unstructured<'a>) -> Result<Self> {
+        Ok(PlanCase { request: request(u)? })
+    }
+}
+
+/// A valid request within [`OPTIONS`]: every field the model, layout and machine validate is in
+/// range, `t` divides the heads, the FFN width and the sequence, and the hidden size is a
+/// multiple of the heads.
+pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
+    let tensor = *u.choose(&OPTIONS.tensor_degrees)?;
+    let heads = tensor * u.int_in_range(1..=OPTIONS.max_heads_per_tensor)?;
+    let hidden = heads * u.int_in_range(1..=OPTIONS.max_head_size)?;
+    let seq_len = tensor * u.int_in_range(1..=OPTIONS.max_seq_len / tensor)?;
+    let layers = u.int_in_range(1..=OPTIONS.max_layers)?;
+    let micro_batch = u.int_in_range(1..=OPTIONS.max_micro_batch)?;
+    let mut model = ModelConfig::new("fuzz", layers, hidden, heads, seq_len, micro_batch);
+    model.vocab = u.int_in_range(1..=OPTIONS.max_vocab)?;
+    if u.ratio(1, 4)? {
+        // Any FFN width `t` divides, not only 4h.
+        model.ffn_hidden = tensor * u.int_in_range(1..=32)?;
+    }
+    let parallel = Parallelism::new(tensor, u.int_in_range(1..=OPTIONS.max_data)?);
+    let mut hardware = u.choose(HARDWARE_PRESETS)?.hardware();
+    if u.ratio(1, 4)? {
+        // Little or no host memory: α bound by host capacity, or below 0 (input and attention
+        // output are swapped all the same), and plans that miss the host.
+        hardware.host_memory_per_node_bytes = u.int_in_range(0..=1u64 << 20)?;
+    }
+    if u.ratio(1, 8)? {
+        // A measured layer time from a nanosecond to a second: α bound by the copy bandwidth.
+        hardware.measured_layer_forward_s = Some(f64::from(u.int_in_range(1..=1_000_000_000u32)?) * 1e-9);
+    }
+    let strategy = *u.choose(&Strategy::ALL)?;
+    let forced_alpha = if strategy == Strategy::Memo && u.arbitrary()? {
+        Some(match u.int_in_range(0..=3u8)? {
+            0 => 0.0,
+            1 => 1.0,
+            _ => f64::from(u.int_in_range(0..=1_000_000u32)?) / 1e6,
+        })
+    } else {
+        None
+    };
+    let budget_nodes = if u.ratio(1, 4)? { u.int_in_range(0..=OPTIONS.small_budget_max)? } else { PLAN_BUDGET_NODES };
+    Ok(PlanRequest { model, parallel, hardware, strategy, forced_alpha, budget_nodes })
+}
+
+/// A short description of a request for panic messages (the `Debug` form is long).
+pub fn describe(request: &PlanRequest) -> String {
+    let m = &request.model;
+    format!(
+        "{} layers, h {}, heads {}, ffn {}, vocab {}, s {}, b {}, t {}, d {}, {} (host {} B{}), {}{}, budget {}",
+        m.layers,
+        m.hidden,
+        m.heads,
+        m.ffn_hidden,
+        m.vocab,
+        m.seq_len,
+        m.micro_batch,
+        request.parallel.tensor,
+        request.parallel.data,
+        request.hardware.name,
+        request.hardware.host_memory_per_node_bytes,
+        request.hardware.measured_layer_forward_s.map(|s| format!(", layer {s} s")).unwrap_or_default(),
+        request.strategy.name(),
+        request.forced_alpha.map(|a| format!(" alpha {a}")).unwrap_or_default(),
+        request.budget_nodes,
+    )
+}
+
+/// Plans `request` and asserts that the checker accepts the plan; the plan and its report.
+pub fn checked_plan(request: &PlanRequest) -> PlanReport {
+    let report = planner::plan(request).unwrap_or_else(|e| panic!("a valid request fails: {e}\n{}", describe(request)));
+    if let Err(violations) = check_plan(&report.plan) {
+        let first: String = violations.iter().take(5).map(|v| format!("\n  {v}")).collect();
+        panic!("the checker rejects a planner plan ({} violations):{first}\n{}", violations.len(), describe(request));
+    }
+    report
+}
+
+/// Checks one case (see the module docs); panics on the first violated invariant.
+pub fn check(case: PlanCase) {
+    let request = &case.request;
+    let report = checked_plan(request);
+    let plan = &report.plan;
+    assert_eq!(report.device_bytes(), plan.totals.arena_bytes);
+    assert!(plan.totals.arena_lower_bound_bytes <= plan.totals.arena_bytes, "{}", describe(request));
+    assert_eq!(plan.provenance.strategy, request.strategy);
+
+    let bytes = plan.encode();
+    let decoded =
+        Plan::decode(&bytes).unwrap_or_else(|e| panic!("a planner plan does not decode: {e}\n{}", describe(request)));
+    assert!(decoded == *plan, "decode(encode(plan)) differs from the plan\n{}", describe(request));
+    assert!(decoded.encode() == bytes, "the decoded plan re-encodes to other bytes\n{}", describe(request));
+    assert!(plan.to_json().starts_with('{'));
+
+    let again = planner::plan(request).unwrap_or_else(|e| panic!("planning again fails: {e}\n{}", describe(request)));
+    assert!(again == report, "planning twice gives different reports\n{}", describe(request));
+    assert!(again.plan.encode() == bytes, "planning twice gives different bytes\n{}", describe(request));
+}
+
+/// `len` bytes of a SplitMix64 stream seeded with `seed`: the seed corpora's inputs.
+#[cfg(test)]
+pub(crate) fn seed_bytes(seed: u64, len: usize) -> alloc::vec::Vec<u8> {
+    let mut rng = crate::generate::SplitMix64::new(seed);
+    (0..len).map(|_| rng.next_u64() as u8).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fuzzing::{run_corpus, smoke};
+    use crate::model::Hardware;
+
+    /// About a second of generated requests in a debug build.
+    #[test]
+    fn smoke_test() {
+        smoke(0x706c_616e, 120, 64, check);
+    }
+
+    #[test]
+    fn the_committed_corpus_passes() {
+        run_corpus("plan", check);
+    }
+
+    /// Writes the seed corpus: for each strategy, the first SplitMix64 byte string (seed 1, 2,
+    /// ...; 48 bytes) whose request uses it and has at least three layers, named after it.
+    #[test]
+    #[ignore = "writes fuzz/corpus/plan/; run by hand after a change to the generator"]
+    fn write_seed_corpus() {
+        let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/plan");
+        std::fs::create_dir_all(&folder).unwrap();
+        for strategy in Strategy::ALL {
+            let bytes = (1..)
+                .map(|seed| seed_bytes(seed, 48))
+                .find(|bytes| {
+                    let r = PlanCase::arbitrary_take_rest(Unstructured::new(bytes)).unwrap().request;
+                    r.strategy == strategy && r.model.layers >= 3
+                })
+                .unwrap();
+            std::fs::write(folder.join(strategy.name()), bytes).unwrap();
+        }
+    }
+
+    /// The generator reaches every strategy and tensor-parallel degree, forced and solved α, and
+    /// both kinds of node budget, within the smoke test's inputs.
+    #[test]
+    fn the_generator_covers_its_ranges() {
+        let seen = core::cell::RefCell::new(std::collections::BTreeSet::new());
+        smoke(0x706c_616e, 120, 64, |case: PlanCase| {
+            let r = &case.request;
+            let mut seen = seen.borrow_mut();
+            seen.insert(format!("strategy {}", r.strategy.name()));
+            seen.insert(format!("t {}", r.parallel.tensor));
+            seen.insert(format!("forced {}", r.forced_alpha.is_some()));
+            seen.insert(format!("default budget {}", r.budget_nodes == PLAN_BUDGET_NODES));
+            seen.insert(format!("layers {}", r.model.layers.min(3)));
+        });
+        for want in [
+            "strategy memo",
+            "strategy keep-all",
+            "strategy full-swap",
+            "strategy full-recompute",
+            "t 1",
+            "t 2",
+            "t 4",
+            "forced true",
+            "forced false",
+            "default budget true",
+            "default budget false",
+            "layers 1",
+            "layers 2",
+            "layers 3",
+        ] {
+            let seen = seen.borrow();
+            assert!(seen.contains(want), "the smoke inputs never give {want}: {seen:?}");
+        }
+    }
+
+    /// The smallest model the generator can make (one layer, one head of size 1, one token, a
+    /// vocabulary of one) plans and passes under every strategy.
+    #[test]
+    fn the_smallest_request_plans() {
+        for strategy in Strategy::ALL {
+            let mut model = ModelConfig::new("fuzz", 1, 1, 1, 1, 1);
+            model.vocab = 1;
+            let hardware = Hardware::preset("a800x8").unwrap();
+            check(PlanCase { request: PlanRequest::new(model, Parallelism::single(), hardware, strategy) });
+        }
+    }
+}

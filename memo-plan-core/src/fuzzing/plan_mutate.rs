@@ -1,0 +1,842 @@
+//! Harness for the checker's power: a valid planner plan with ONE corruption must be rejected.
+//!
+//! A case is a request from [`super::plan::request`] (planned, and checked valid first), a
+//! [`Mutation`] kind and two numbers that pick its target. [`mutate`] applies the corruption only
+//! where the plan's semantics (`plan/mod.rs`, `spec/validity.md`) forbid the result, and returns
+//! `None` when the plan has no such target (a plan without swaps has no swap-in to drop):
+//! - [`Mutation::ShiftOffset`]: a device buffer moves onto bytes of another device buffer whose
+//!   live range meets its own (same first byte, or one byte shared at either end). Live ranges
+//!   are taken as first touch to last touch, which the spec's live range contains, so the two
+//!   are live together: an `Overlap` naming both;
+//! - [`Mutation::DropWait`]: a Wait is removed, where that leaves two accesses of the same bytes
+//!   on different streams, at least one a write, unordered by happens-before. The pair is found
+//!   by [`unordered_conflict`], a pairwise search that shares nothing with the checker's
+//!   byte-segment simulation; Waits whose removal leaves every conflict ordered (through other
+//!   events) are not corruptions and are skipped. The checker must report a `Race`, a
+//!   `ReadNotReady` or a `ReadClobbered` (by transitivity, some access on the path between the
+//!   pair is then unordered);
+//! - [`Mutation::MoveRecordAfterWait`]: an event's Record moves to just after one of its Waits,
+//!   or later: `WaitBeforeRecord` at that Wait;
+//! - [`Mutation::ShrinkArena`]: `totals.arena_bytes` drops by 1 to all of it: the highest device
+//!   buffer leaves the arena (`OutsideArena`);
+//! - [`Mutation::DropSwapIn`]: a host-to-device copy is removed, where an access reads bytes it
+//!   wrote before anything else writes them, and would read another launch's data without it
+//!   ([`stale_read_without`]); see the caveat below;
+//! - [`Mutation::RowsPastEnd`]: one launch argument's row range ends 1 to 64 rows past its
+//!   buffer: `RowsOutOfBounds` at that launch;
+//! - [`Mutation::ChangeTotal`]: one of the five totals changes by a non-zero amount:
+//!   `TotalMismatch` of that total;
+//! - [`Mutation::Malform`]: one of the structural rules broken, each with its own variant: a
+//!   buffer's size overflows, a buffer in the wrong space, an argument naming no buffer, an event
+//!   out of range, a launch with an argument too many or too few, a wrong access mark, a launch
+//!   off the compute stream or on a host slot, a copy between two device buffers, on the wrong
+//!   stream or of unequal sizes, an event recorded twice, a Wait whose Record is gone.
+//!
+//! What [`check`] asserts: the request plans and the plan passes the checker; the mutated plan
+//! does not, and its violations include the [`Expected`] one.
+//!
+//! The caveat: the checker cannot see a dropped swap-in. A rounding buffer is one set of buffer
+//! ids shared by alternating layers, so the bytes a swap-in would restore still hold layer
+//! `l + 2`'s data, written by the *same* buffer ids on the compute stream and ordered before layer
+//! `l`'s backward: by the rules the checker enforces, the read is ready. The plan computes wrong
+//! gradients, which only a run against keep-all shows (`spec/validity.md`, "What the checker does
+//! not decide"). So [`mutate`] drops a swap-in only where that changes which launch's data a later
+//! read sees (the corruption is real), and [`check`] records whether the checker rejects it
+//! instead of asserting it: [`check_counted`] returns that, and `fuzz/README.md` reports it.
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use arbitrary::{Arbitrary, Result, Unstructured};
+
+use super::plan::{checked_plan, describe, request};
+use crate::check::plan::Total;
+use crate::check::{check_plan, PlanViolation};
+use crate::plan::{Action, BufferId, Place, Plan, Region, Strategy, Stream};
+use crate::planner::PlanRequest;
+
+/// One kind of corruption (the module docs say what each does and why it is one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mutation {
+    /// Move a device buffer onto a buffer live at the same time.
+    ShiftOffset,
+    /// Remove a Wait that orders two conflicting accesses.
+    DropWait,
+    /// Move an event's Record after one of its Waits.
+    MoveRecordAfterWait,
+    /// Make `totals.arena_bytes` smaller.
+    ShrinkArena,
+    /// Remove a host-to-device copy whose bytes are read.
+    DropSwapIn,
+    /// Make a launch argument's rows end past its buffer.
+    RowsPastEnd,
+    /// Change one total.
+    ChangeTotal,
+    /// Break one structural rule (rules 1 and 2 of `spec/validity.md`); `detail` picks which.
+    Malform,
+}
+
+impl Mutation {
+    /// Every kind.
+    pub const ALL: [Mutation; 8] = [
+        Mutation::ShiftOffset,
+        Mutation::DropWait,
+        Mutation::MoveRecordAfterWait,
+        Mutation::ShrinkArena,
+        Mutation::DropSwapIn,
+        Mutation::RowsPastEnd,
+        Mutation::ChangeTotal,
+        Mutation::Malform,
+    ];
+
+    /// A short name for reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutation::ShiftOffset => "shift_offset",
+            Mutation::DropWait => "drop_wait",
+            Mutation::MoveRecordAfterWait => "move_record_after_wait",
+            Mutation::ShrinkArena => "shrink_arena",
+            Mutation::DropSwapIn => "drop_swap_in",
+            Mutation::RowsPastEnd => "rows_past_end",
+            Mutation::ChangeTotal => "change_total",
+            Mutation::Malform => "malform",
+        }
+    }
+
+    /// Whether the checker is specified to reject every such corruption (all but
+    /// [`Mutation::DropSwapIn`]; see the module docs).
+    pub fn checker_must_reject(self) -> bool {
+        self != Mutation::DropSwapIn
+    }
+}
+
+/// One fuzz case.
+#[derive(Clone, Debug)]
+pub struct MutateCase {
+    /// What to plan.
+    pub request: PlanRequest,
+    /// The corruption.
+    pub mutation: Mutation,
+    /// Picks the target: an index into the kind's candidates, modulo their number.
+    pub target: u32,
+    /// Picks how: a shift, a row count, an amount; each kind reduces it to its own range.
+    pub detail: u64,
+}
+
+impl<'a> Arbitrary<'a> for MutateCase {
+    fn arbitrary(u: &mut Unstructured<'a>) -> Result<Self> {
+        let mutation = *u.choose(&Mutation::ALL)?;
+        let target = u.arbitrary()?;
+        let detail: u64 = u.arbitrary()?;
+        let mut request = request(u)?;
+        let needs_events = match mutation {
+            Mutation::DropWait | Mutation::MoveRecordAfterWait | Mutation::DropSwapIn => true,
+            // The structural corruptions of events and copies.
+            Mutation::Malform => matches!(detail % 13, 3 | 8..=12),
+            _ => false,
+        };
+        if needs_events {
+            // Events and swap-ins come with swapping: layers 0 .. n-3 of memo and full-swap plans.
+            request.model.layers = request.model.layers.max(3);
+            request.strategy = match request.strategy {
+                Strategy::KeepAll => Strategy::Memo,
+                Strategy::FullRecompute => Strategy::FullSwap,
+                other => other,
+            };
+        }
+        Ok(MutateCase { request, mutation, target, detail })
+    }
+}
+
+/// What the checker must report about a mutated plan: one of these violations at least.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Expected {
+    /// An `Overlap` naming these two buffers (in either order).
+    Overlap(BufferId, BufferId),
+    /// A `Race`, `ReadNotReady` or `ReadClobbered` (the conflict [`unordered_conflict`] found is
+    /// between instructions `.0` and `.1` of the mutated plan).
+    Unordered(usize, usize),
+    /// A `WaitBeforeRecord` at this Wait.
+    WaitBeforeRecord(usize),
+    /// An `OutsideArena` (and a `TotalMismatch` of `arena_bytes`).
+    OutsideArena,
+    /// A `RowsOutOfBounds` at this instruction.
+    RowsOutOfBounds(usize),
+    /// A `TotalMismatch` of this total.
+    TotalMismatch(Total),
+    /// A read that sees other data than in the valid plan: instruction `.0` of the mutated plan
+    /// reads what launch `.1` computed (`None`: bytes no instruction wrote). The checker is not
+    /// required to see it (module docs).
+    StaleRead(usize, Option<usize>),
+    /// A violation of this name ([`PlanViolation::name`]) at this instruction (`None`: one
+    /// without an instruction).
+    Variant(&'static str, Option<usize>),
+}
+
+impl Expected {
+    /// Whether `violations` contain what this expects.
+    pub fn found_in(&self, violations: &[PlanViolation]) -> bool {
+        violations.iter().any(|v| match (self, v) {
+            (Expected::Overlap(a, b), PlanViolation::Overlap { first, second, .. }) => {
+                (first.id, second.id) == (*a, *b) || (first.id, second.id) == (*b, *a)
+            }
+            (
+                Expected::Unordered(..),
+                PlanViolation::Race { .. } | PlanViolation::ReadNotReady { .. } | PlanViolation::ReadClobbered { .. },
+            ) => true,
+            (Expected::WaitBeforeRecord(at), PlanViolation::WaitBeforeRecord { instruction, .. }) => instruction == at,
+            (Expected::OutsideArena, PlanViolation::OutsideArena { .. }) => {
+                violations.iter().any(|v| matches!(v, PlanViolation::TotalMismatch { total: Total::ArenaBytes, .. }))
+            }
+            (Expected::RowsOutOfBounds(at), PlanViolation::RowsOutOfBounds { instruction, .. }) => instruction == at,
+            (Expected::TotalMismatch(want), PlanViolation::TotalMismatch { total, .. }) => total == want,
+            (Expected::Variant(name, at), v) => v.name() == *name && v.instruction() == *at,
+            (
+                Expected::StaleRead(..),
+                PlanViolation::Race { .. } | PlanViolation::ReadNotReady { .. } | PlanViolation::ReadClobbered { .. },
+            ) => true,
+            _ => false,
+        })
+    }
+}
+
+/// A corruption as applied.
+#[derive(Clone, Debug)]
+pub struct Applied {
+    /// The kind.
+    pub mutation: Mutation,
+    /// What was changed, in words, for messages.
+    pub what: String,
+    /// What the checker must report.
+    pub expected: Expected,
+}
+
+/// Applies `mutation` to a copy of the valid `plan`, its target chosen by `target` and `detail`
+/// among those where the result is forbidden; `None` when the plan has no such target.
+pub fn mutate(plan: &Plan, mutation: Mutation, target: u32, detail: u64) -> Option<(Plan, Applied)> {
+    let mut out = plan.clone();
+    let (what, expected) = match mutation {
+        Mutation::ShiftOffset => shift_offset(&mut out, target, detail)?,
+        Mutation::DropWait => drop_wait(&mut out, target)?,
+        Mutation::MoveRecordAfterWait => move_record_after_wait(&mut out, target, detail)?,
+        Mutation::ShrinkArena => {
+            let arena = out.totals.arena_bytes;
+            if arena == 0 {
+                return None;
+            }
+            out.totals.arena_bytes = arena - (1 + detail % arena);
+            (format!("arena_bytes {arena} -> {}", out.totals.arena_bytes), Expected::OutsideArena)
+        }
+        Mutation::DropSwapIn => drop_swap_in(&mut out, target)?,
+        Mutation::RowsPastEnd => rows_past_end(&mut out, target, detail)?,
+        Mutation::Malform => malform(&mut out, target as usize, detail)?,
+        Mutation::ChangeTotal => {
+            let totals = &mut out.totals;
+            let (total, field) = match target % 5 {
+                0 => (Total::ArenaBytes, &mut totals.arena_bytes),
+                1 => (Total::ArenaLowerBoundBytes, &mut totals.arena_lower_bound_bytes),
+                2 => (Total::HostBytes, &mut totals.host_bytes),
+                3 => (Total::ParameterBytes, &mut totals.parameter_bytes),
+                _ => (Total::RoundingBufferBytes, &mut totals.rounding_buffer_bytes),
+            };
+            // Any non-zero change: a small step either way, or any other value.
+            let old = *field;
+            *field = match detail % 4 {
+                0 => old.wrapping_add(1 + (detail >> 2) % 4096),
+                1 => old.wrapping_sub(1 + (detail >> 2) % 4096),
+                _ => old ^ (detail >> 2).max(1),
+            };
+            (format!("{} {old} -> {}", total.name(), *field), Expected::TotalMismatch(total))
+        }
+    };
+    Some((out, Applied { mutation, what, expected }))
+}
+
+/// Each buffer's first and last touching instruction, or `None` if no instruction touches it.
+fn touch_ranges(plan: &Plan) -> Vec<Option<(usize, usize)>> {
+    let mut ranges: Vec<Option<(usize, usize)>> = alloc::vec![None; plan.buffers.len()];
+    for (index, instruction) in plan.instructions.iter().enumerate() {
+        for region in regions(&instruction.action) {
+            if let Some(range) = ranges.get_mut(region.buffer.index()) {
+                *range = Some(range.map_or((index, index), |(first, _)| (first, index)));
+            }
+        }
+    }
+    ranges
+}
+
+/// The regions an action touches: a launch's arguments, a copy's source then destination.
+fn regions(action: &Action) -> Vec<Region> {
+    match action {
+        Action::Launch(launch) => launch.args.iter().map(|arg| arg.region).collect(),
+        Action::Copy { src, dst } => alloc::vec![*src, *dst],
+        Action::Record(_) | Action::Wait(_) => Vec::new(),
+    }
+}
+
+/// Device buffers that occupy bytes and are touched: (id, offset, bytes, first, last).
+fn touched_device_buffers(plan: &Plan) -> Vec<(BufferId, u64, u64, usize, usize)> {
+    let ranges = touch_ranges(plan);
+    plan.buffers
+        .iter()
+        .zip(ranges)
+        .enumerate()
+        .filter_map(|(index, (buffer, range))| {
+            let Place::Device { offset } = buffer.place else { return None };
+            let bytes = buffer.bytes().filter(|&b| b > 0)?;
+            let (first, last) = range?;
+            Some((BufferId(index as u32), offset, bytes, first, last))
+        })
+        .collect()
+}
+
+fn shift_offset(plan: &mut Plan, target: u32, detail: u64) -> Option<(String, Expected)> {
+    let buffers = touched_device_buffers(plan);
+    if buffers.is_empty() {
+        return None;
+    }
+    // The first buffer from the target on (cyclically) that has a partner live with it.
+    for step in 0..buffers.len() {
+        let (moved, _, bytes, first, last) = buffers[(target as usize + step) % buffers.len()];
+        let partners: Vec<_> =
+            buffers.iter().filter(|b| b.0 != moved && b.3 <= last && first <= b.4).copied().collect();
+        if partners.is_empty() {
+            continue;
+        }
+        let (partner, start, partner_bytes, ..) = partners[(detail % partners.len() as u64) as usize];
+        // Same first byte; on the partner's last byte; ending on the partner's first byte.
+        let offset = match (detail >> 32) % 3 {
+            1 => start.saturating_add(partner_bytes - 1),
+            2 if start + 1 >= bytes => start + 1 - bytes,
+            _ => start,
+        };
+        let buffer = &mut plan.buffers[moved.index()];
+        let old = buffer.place;
+        buffer.place = Place::Device { offset };
+        let what = format!("buffer #{} {old:?} -> offset {offset}, onto #{}", moved.0, partner.0);
+        return Some((what, Expected::Overlap(moved, partner)));
+    }
+    None
+}
+
+fn drop_wait(plan: &mut Plan, target: u32) -> Option<(String, Expected)> {
+    let waits: Vec<usize> =
+        (0..plan.instructions.len()).filter(|&i| matches!(plan.instructions[i].action, Action::Wait(_))).collect();
+    for step in 0..waits.len() {
+        let at = waits[(target as usize + step) % waits.len()];
+        let mut candidate = plan.clone();
+        let removed = candidate.instructions.remove(at);
+        if let Some((a, b)) = unordered_conflict(&candidate, at) {
+            *plan = candidate;
+            let what = format!("dropped instruction {at} ({:?} on {})", removed.action, removed.stream.name());
+            return Some((what, Expected::Unordered(a, b)));
+        }
+    }
+    None
+}
+
+fn move_record_after_wait(plan: &mut Plan, target: u32, detail: u64) -> Option<(String, Expected)> {
+    // (record, wait) pairs: every Wait whose event's Record comes before it.
+    let mut pairs = Vec::new();
+    for (wait, instruction) in plan.instructions.iter().enumerate() {
+        let Action::Wait(event) = instruction.action else { continue };
+        let record = plan.instructions[..wait].iter().position(|i| i.action == Action::Record(event));
+        if let Some(record) = record {
+            pairs.push((record, wait));
+        }
+    }
+    if pairs.is_empty() {
+        return None;
+    }
+    let (record, wait) = pairs[target as usize % pairs.len()];
+    let moved = plan.instructions.remove(record);
+    // The Wait is now at `wait - 1`; the Record goes anywhere after it.
+    let after = wait - 1;
+    let to = after + 1 + (detail % (plan.instructions.len() - after) as u64) as usize;
+    plan.instructions.insert(to, moved);
+    Some((
+        format!("moved the Record at {record} to {to}, after its Wait (now at {after})"),
+        Expected::WaitBeforeRecord(after),
+    ))
+}
+
+fn drop_swap_in(plan: &mut Plan, target: u32) -> Option<(String, Expected)> {
+    let copies: Vec<usize> = (0..plan.instructions.len())
+        .filter(|&i| {
+            let instruction = &plan.instructions[i];
+            instruction.stream == Stream::HostToDevice && matches!(instruction.action, Action::Copy { .. })
+        })
+        .collect();
+    for step in 0..copies.len() {
+        let at = copies[(target as usize + step) % copies.len()];
+        let Some((reader, writer)) = stale_read_without(plan, at) else { continue };
+        plan.instructions.remove(at);
+        let what = format!("dropped the swap-in at {at}; instruction {reader} now reads data from {writer:?}");
+        return Some((what, Expected::StaleRead(reader, writer)));
+    }
+    None
+}
+
+fn rows_past_end(plan: &mut Plan, target: u32, detail: u64) -> Option<(String, Expected)> {
+    let args: Vec<(usize, usize)> = plan
+        .instructions
+        .iter()
+        .enumerate()
+        .filter_map(|(i, instruction)| match &instruction.action {
+            Action::Launch(launch) => Some((0..launch.args.len()).map(move |a| (i, a))),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    if args.is_empty() {
+        return None;
+    }
+    let (at, arg) = args[target as usize % args.len()];
+    let Action::Launch(launch) = &mut plan.instructions[at].action else { return None };
+    let region = &mut launch.args[arg].region;
+    let rows = plan.buffers.get(region.buffer.index())?.rows;
+    let old = *region;
+    region.end = rows.checked_add(1 + detail % 64)?;
+    if detail & (1 << 32) != 0 {
+        // Move the start past the end of the buffer as well.
+        region.start = region.end;
+    }
+    Some((
+        format!(
+            "instruction {at} argument {arg}: rows {}..{} -> {}..{} of {rows}",
+            old.start, old.end, region.start, region.end
+        ),
+        Expected::RowsOutOfBounds(at),
+    ))
+}
+
+/// Instruction indices where `keep` holds.
+fn indices(plan: &Plan, keep: impl Fn(&Action) -> bool) -> Vec<usize> {
+    (0..plan.instructions.len()).filter(|&i| keep(&plan.instructions[i].action)).collect()
+}
+
+/// One structural corruption, chosen by `detail % 13`, its target by `target`.
+fn malform(plan: &mut Plan, target: usize, detail: u64) -> Option<(String, Expected)> {
+    let small = (detail >> 8) % 1000;
+    let one_of = |items: &[usize]| (!items.is_empty()).then(|| items[target % items.len()]);
+    let is_launch = |a: &Action| matches!(a, Action::Launch(_));
+    let is_copy = |a: &Action| matches!(a, Action::Copy { .. });
+    let (what, name, at) = match detail % 13 {
+        0 => {
+            let big: Vec<usize> = (0..plan.buffers.len()).filter(|&b| plan.buffers[b].rows >= 2).collect();
+            let b = one_of(&big)?;
+            plan.buffers[b].row_bytes = u64::MAX;
+            (format!("buffer #{b} row_bytes -> u64::MAX"), "size_overflow", None)
+        }
+        1 => {
+            let b = one_of(&(0..plan.buffers.len()).collect::<Vec<_>>())?;
+            let place = &mut plan.buffers[b].place;
+            *place = match *place {
+                Place::Device { offset } => Place::Host { offset },
+                Place::Host { offset } => Place::Device { offset },
+            };
+            (format!("buffer #{b} moved to the other space"), "place_mismatch", None)
+        }
+        2 => {
+            let at = one_of(&indices(plan, |a| is_launch(a) || is_copy(a)))?;
+            let id = BufferId(u32::try_from(plan.buffers.len() as u64 + small).ok()?);
+            match &mut plan.instructions[at].action {
+                Action::Launch(launch) => launch.args.first_mut()?.region.buffer = id,
+                Action::Copy { src, .. } => src.buffer = id,
+                _ => return None,
+            }
+            (format!("instruction {at} names buffer #{}", id.0), "no_such_buffer", Some(at))
+        }
+        3 => {
+            let at = one_of(&indices(plan, |a| matches!(a, Action::Record(_) | Action::Wait(_))))?;
+            let event = crate::plan::EventId(plan.events.checked_add(small as u32)?);
+            match &mut plan.instructions[at].action {
+                Action::Record(e) | Action::Wait(e) => *e = event,
+                _ => return None,
+            }
+            (format!("instruction {at} names event {}", event.0), "no_such_event", Some(at))
+        }
+        4..=7 => {
+            let at = one_of(&indices(plan, is_launch))?;
+            let has_host = plan.buffers.iter().position(|b| matches!(b.place, Place::Host { .. }));
+            let instruction = &mut plan.instructions[at];
+            let Action::Launch(launch) = &mut instruction.action else { return None };
+            let arg = target / 7 % launch.args.len().max(1);
+            match detail % 13 {
+                4 if small.is_multiple_of(2) && !launch.args.is_empty() => {
+                    launch.args.pop();
+                    (format!("instruction {at} lost its last argument"), "wrong_arg_count", Some(at))
+                }
+                4 => {
+                    let extra = *launch.args.first()?;
+                    launch.args.push(extra);
+                    (format!("instruction {at} got an argument more"), "wrong_arg_count", Some(at))
+                }
+                5 => {
+                    use crate::plan::Access;
+                    let access = &mut launch.args.get_mut(arg)?.access;
+                    let all = [Access::Read, Access::Write, Access::ReadWrite];
+                    let now = all.iter().position(|a| a == access)?;
+                    *access = all[(now + 1 + small as usize % 2) % 3];
+                    (format!("instruction {at} argument {arg} marked {}", access.name()), "wrong_access", Some(at))
+                }
+                6 => {
+                    instruction.stream =
+                        if small.is_multiple_of(2) { Stream::DeviceToHost } else { Stream::HostToDevice };
+                    (format!("instruction {at} moved to {}", instruction.stream.name()), "launch_off_compute", Some(at))
+                }
+                _ => {
+                    let host = has_host?;
+                    let region = &mut launch.args.get_mut(arg)?.region;
+                    *region = Region::rows(BufferId(host as u32), 0, 0);
+                    (format!("instruction {at} argument {arg} -> host slot #{host}"), "launch_on_host", Some(at))
+                }
+            }
+        }
+        8..=10 => {
+            let at = one_of(&indices(plan, is_copy))?;
+            let instruction = &mut plan.instructions[at];
+            let Action::Copy { src, dst } = &mut instruction.action else { return None };
+            let to_host = instruction.stream == Stream::DeviceToHost;
+            match detail % 13 {
+                8 => {
+                    // The host side becomes the device side: a device-to-device copy.
+                    if to_host {
+                        *dst = *src;
+                    } else {
+                        *src = *dst;
+                    }
+                    (format!("copy {at} between two device regions"), "copy_not_host_device", Some(at))
+                }
+                9 => {
+                    let others = if to_host {
+                        [Stream::Compute, Stream::HostToDevice]
+                    } else {
+                        [Stream::Compute, Stream::DeviceToHost]
+                    };
+                    instruction.stream = others[small as usize % 2];
+                    (format!("copy {at} moved to {}", instruction.stream.name()), "copy_wrong_stream", Some(at))
+                }
+                _ => {
+                    let row_bytes = plan.buffers.get(dst.buffer.index())?.row_bytes;
+                    if dst.end == dst.start || row_bytes == 0 {
+                        return None;
+                    }
+                    dst.end -= 1;
+                    (format!("copy {at} writes one row less"), "copy_size_mismatch", Some(at))
+                }
+            }
+        }
+        11 => {
+            let at = one_of(&indices(plan, |a| matches!(a, Action::Record(_))))?;
+            let again = plan.instructions[at].clone();
+            let to = at + 1 + (small as usize % (plan.instructions.len() - at));
+            plan.instructions.insert(to, again);
+            (format!("the Record at {at} again at {to}"), "double_record", Some(to))
+        }
+        _ => {
+            // A Record some Wait follows; without it, that Wait waits for nothing.
+            let records = indices(plan, |a| matches!(a, Action::Record(_)));
+            let waited: Vec<(usize, usize)> = records
+                .into_iter()
+                .filter_map(|r| {
+                    let event = plan.instructions[r].action.clone();
+                    let Action::Record(e) = event else { return None };
+                    let wait = plan.instructions.iter().position(|i| i.action == Action::Wait(e))?;
+                    Some((r, wait))
+                })
+                .collect();
+            let (record, wait) = *waited.get(target % waited.len().max(1))?;
+            plan.instructions.remove(record);
+            let at = if wait > record { wait - 1 } else { wait };
+            (format!("removed the Record at {record}"), "wait_unrecorded", Some(at))
+        }
+    };
+    Some((what, Expected::Variant(name, at)))
+}
+
+/// One access of a byte range: instruction, stream, space (0 arena, 1 host slab), bytes, whether
+/// it writes, and its tick on its stream.
+#[derive(Clone, Copy, Debug)]
+struct Access {
+    instruction: usize,
+    stream: usize,
+    space: u8,
+    start: u128,
+    end: u128,
+    writes: bool,
+    tick: u64,
+}
+
+/// Every non-empty access of `plan` in list order (reads of an instruction before its writes),
+/// and each instruction's knowledge of the three streams (vector clock after its own tick).
+///
+/// Written from the semantics in `plan/mod.rs` alone: every instruction ticks its stream; a
+/// Record stores its stream's clock in the event (first Record only); a Wait joins the event's
+/// clock into its stream's if the event was recorded earlier in list order.
+fn accesses(plan: &Plan) -> (Vec<Access>, Vec<[u64; 3]>) {
+    let mut clocks = [[0u64; 3]; 3];
+    let mut events: Vec<Option<[u64; 3]>> = alloc::vec![None; plan.events as usize];
+    let mut out = Vec::new();
+    let mut knowledge = Vec::with_capacity(plan.instructions.len());
+    for (index, instruction) in plan.instructions.iter().enumerate() {
+        let s = instruction.stream.index();
+        clocks[s][s] += 1;
+        let tick = clocks[s][s];
+        let mut push = |region: &Region, writes: bool| {
+            let Some(buffer) = plan.buffers.get(region.buffer.index()) else { return };
+            let (space, offset) = match buffer.place {
+                Place::Device { offset } => (0, offset),
+                Place::Host { offset } => (1, offset),
+            };
+            let row = u128::from(buffer.row_bytes);
+            let start = u128::from(offset) + u128::from(region.start) * row;
+            let end = u128::from(offset) + u128::from(region.end) * row;
+            if start < end {
+                out.push(Access { instruction: index, stream: s, space, start, end, writes, tick });
+            }
+        };
+        match &instruction.action {
+            Action::Launch(launch) => {
+                let signature = launch.op.signature();
+                for (position, arg) in launch.args.iter().enumerate() {
+                    let access = signature.get(position).map_or(arg.access, |&(_, access)| access);
+                    if access.reads() {
+                        push(&arg.region, false);
+                    }
+                }
+                for (position, arg) in launch.args.iter().enumerate() {
+                    let access = signature.get(position).map_or(arg.access, |&(_, access)| access);
+                    if access.writes() {
+                        push(&arg.region, true);
+                    }
+                }
+            }
+            Action::Copy { src, dst } => {
+                push(src, false);
+                push(dst, true);
+            }
+            Action::Record(event) => {
+                if let Some(slot @ None) = events.get_mut(event.0 as usize) {
+                    *slot = Some(clocks[s]);
+                }
+            }
+            Action::Wait(event) => {
+                if let Some(Some(recorded)) = events.get(event.0 as usize) {
+                    for (mine, theirs) in clocks[s].iter_mut().zip(recorded) {
+                        *mine = (*mine).max(*theirs);
+                    }
+                }
+            }
+        }
+        knowledge.push(clocks[s]);
+    }
+    (out, knowledge)
+}
+
+/// Whether access `a` happens-before instruction `b` (on its stream, with its knowledge).
+fn happens_before(a: &Access, b_stream: usize, b_knowledge: &[u64; 3]) -> bool {
+    a.stream == b_stream || a.tick <= b_knowledge[a.stream]
+}
+
+/// A pair of instructions `(a, b)`, `a < split <= b`, on different streams, that access common
+/// bytes, at least one writing, with `a` not happening-before `b`: a data race or a read of
+/// data not known to be ready, which the semantics forbid. The naive pairwise search over every
+/// access; `None` if there is no such pair.
+pub fn unordered_conflict(plan: &Plan, split: usize) -> Option<(usize, usize)> {
+    let (all, knowledge) = accesses(plan);
+    let boundary = all.partition_point(|a| a.instruction < split);
+    let (before, after) = all.split_at(boundary);
+    for b in after {
+        let known = &knowledge[b.instruction];
+        let conflict = before.iter().find(|a| {
+            a.stream != b.stream
+                && a.space == b.space
+                && a.start < b.end
+                && b.start < a.end
+                && (a.writes || b.writes)
+                && !happens_before(a, b.stream, known)
+        });
+        if let Some(a) = conflict {
+            return Some((a.instruction, b.instruction));
+        }
+    }
+    None
+}
+
+/// Where the data in byte `byte` of `space` came from just before instruction `before`: the
+/// launch that computed it (following copies back to their source), or `None` when no
+/// instruction wrote it (data from before the step, or nothing).
+fn origin(all: &[Access], plan: &Plan, space: u8, byte: u128, before: usize) -> Option<usize> {
+    let (mut space, mut byte, mut before) = (space, byte, before);
+    loop {
+        let w = all
+            .iter()
+            .rev()
+            .find(|w| w.instruction < before && w.writes && w.space == space && w.start <= byte && byte < w.end)?;
+        if !matches!(plan.instructions[w.instruction].action, Action::Copy { .. }) {
+            return Some(w.instruction);
+        }
+        let source = all.iter().find(|a| a.instruction == w.instruction && !a.writes)?;
+        (space, byte, before) = (source.space, source.start + (byte - w.start), w.instruction);
+    }
+}
+
+/// For the copy at instruction `copy`: a later read of bytes it writes, before any other write of
+/// them, whose data would come from another launch without the copy, as `(reader, writer)`: the
+/// reader's index and the launch it would read instead (`None`: no instruction wrote those bytes
+/// before the copy), both as indices of the plan *without* the copy. `None` when every read of the copy's bytes would see the same data without it (the
+/// copy restores what is still there) or nothing reads them.
+pub fn stale_read_without(plan: &Plan, copy: usize) -> Option<(usize, Option<usize>)> {
+    let (all, _) = accesses(plan);
+    let dst = *all.iter().find(|a| a.instruction == copy && a.writes)?;
+    // The bytes still holding the copy's data; later writes cut them.
+    let mut holding: Vec<(u128, u128)> = alloc::vec![(dst.start, dst.end)];
+    for a in all.iter().filter(|a| a.instruction > copy && a.space == dst.space) {
+        if a.writes {
+            holding = holding
+                .into_iter()
+                .flat_map(|(s, e)| [(s, e.min(a.start)), (s.max(a.end), e)])
+                .filter(|(s, e)| s < e)
+                .collect();
+            if holding.is_empty() {
+                return None;
+            }
+            continue;
+        }
+        let Some(byte) = holding.iter().find(|(s, e)| *s < a.end && a.start < *e).map(|(s, _)| (*s).max(a.start))
+        else {
+            continue;
+        };
+        let with = origin(&all, plan, dst.space, byte, a.instruction);
+        let without = origin(&all, plan, dst.space, byte, copy);
+        if with != without {
+            return Some((a.instruction - 1, without));
+        }
+    }
+    None
+}
+
+/// Checks one case; the kind of corruption applied and whether the checker rejected it, or `None`
+/// when the plan had no target for it. Panics when the checker accepts a corruption it must
+/// reject (every kind but [`Mutation::DropSwapIn`]) or misses the expected violation.
+pub fn check_counted(case: MutateCase) -> Option<(Mutation, bool)> {
+    let report = checked_plan(&case.request);
+    let (mutated, applied) = mutate(&report.plan, case.mutation, case.target, case.detail)?;
+    let rejected = match check_plan(&mutated) {
+        Ok(()) => {
+            assert!(
+                !applied.mutation.checker_must_reject(),
+                "the checker accepts a corrupted plan: {} ({})\n{}",
+                applied.mutation.name(),
+                applied.what,
+                describe(&case.request)
+            );
+            false
+        }
+        Err(violations) => {
+            assert!(
+                !applied.mutation.checker_must_reject() || applied.expected.found_in(&violations),
+                "the checker rejects {} ({}) but without {:?}: {}\n{}",
+                applied.mutation.name(),
+                applied.what,
+                applied.expected,
+                violations.iter().take(5).map(|v| format!("\n  {v}")).collect::<String>(),
+                describe(&case.request)
+            );
+            true
+        }
+    };
+    Some((applied.mutation, rejected))
+}
+
+/// Checks one case (see [`check_counted`]).
+pub fn check(case: MutateCase) {
+    check_counted(case);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::fuzzing::{run_corpus, smoke};
+
+    /// About a second of cases in a debug build. Every kind must be applied a few times (the
+    /// generator reaches plans with targets for each), and every kind but a dropped swap-in must
+    /// be rejected each time (`check_counted` asserts that); the counts are printed.
+    #[test]
+    fn smoke_test() {
+        let counts = core::cell::RefCell::new(BTreeMap::<Mutation, (u32, u32, u32)>::new());
+        smoke(0x6d75_7461, 150, 64, |case: MutateCase| {
+            let kind = case.mutation;
+            let result = check_counted(case);
+            let mut counts = counts.borrow_mut();
+            let (cases, applied, rejected) = counts.entry(kind).or_default();
+            *cases += 1;
+            if let Some((done, was_rejected)) = result {
+                assert_eq!(done, kind);
+                *applied += 1;
+                *rejected += u32::from(was_rejected);
+            }
+        });
+        let counts = counts.into_inner();
+        for kind in Mutation::ALL {
+            let (cases, applied, rejected) = counts.get(&kind).copied().unwrap_or_default();
+            std::println!("{}: {cases} cases, {applied} applied, {rejected} rejected", kind.name());
+            assert!(applied >= 5, "{} applied only {applied} times in {cases} cases", kind.name());
+            if kind.checker_must_reject() {
+                assert_eq!(rejected, applied, "{}", kind.name());
+            }
+        }
+    }
+
+    #[test]
+    fn the_committed_corpus_passes() {
+        run_corpus("plan_mutate", check);
+    }
+
+    /// Prints, per kind, how many inputs of a corpus folder (`PLAN_MUTATE_CORPUS`, by default
+    /// the committed seeds) chose it, applied it and had it rejected: how a fuzzing run spread
+    /// its corpus over the kinds (`fuzz/README.md`).
+    #[test]
+    #[ignore = "reads a corpus folder; run by hand after a fuzzing run"]
+    fn kinds_in_a_corpus() {
+        let default = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/plan_mutate");
+        let folder = std::env::var_os("PLAN_MUTATE_CORPUS").map_or(default, std::path::PathBuf::from);
+        let mut counts = BTreeMap::<Mutation, (u32, u32, u32)>::new();
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+            let Ok(case) = MutateCase::arbitrary_take_rest(Unstructured::new(&bytes)) else { continue };
+            let (cases, applied, rejected) = counts.entry(case.mutation).or_default();
+            *cases += 1;
+            if let Some((_, was_rejected)) = check_counted(case) {
+                *applied += 1;
+                *rejected += u32::from(was_rejected);
+            }
+        }
+        for (kind, (cases, applied, rejected)) in counts {
+            std::println!("{}: {cases} inputs, {applied} applied, {rejected} rejected", kind.name());
+        }
+    }
+
+    /// Writes the seed corpus: for each kind, the first SplitMix64 byte string (seed 1, 2, ...;
+    /// 64 bytes) whose case applies it, named after it.
+    #[test]
+    #[ignore = "writes fuzz/corpus/plan_mutate/; run by hand after a change to the generator"]
+    fn write_seed_corpus() {
+        let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/plan_mutate");
+        std::fs::create_dir_all(&folder).unwrap();
+        for kind in Mutation::ALL {
+            let bytes = (1..)
+                .map(|seed| super::super::plan::seed_bytes(seed, 64))
+                .find(|bytes| {
+                    let case = MutateCase::arbitrary_take_rest(Unstructured::new(bytes)).unwrap();
+                    case.mutation == kind && check_counted(case).is_some()
+                })
+                .unwrap();
+            std::fs::write(folder.join(kind.name()), bytes).unwrap();
+        }
+    }
+}
