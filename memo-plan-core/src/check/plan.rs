@@ -253,6 +253,26 @@ impl<'p> Simulation<'p> {
                 }
             }
         }
+        self.dead_host_writes(out);
+    }
+
+    /// Rule 4b: host-slab bytes whose last write nothing reads afterwards. Swapped-out data exists
+    /// only to come back; one violation per (writer, host slot), over the bytes never read.
+    fn dead_host_writes(&self, out: &mut Vec<PlanViolation>) {
+        let mut dead: BTreeMap<(usize, BufferId), (u64, u64)> = BTreeMap::new();
+        for (&start, &(end, cell)) in &self.host.segments {
+            let Some(writer) = cell.writer else { continue };
+            if cell.readers.iter().all(Option::is_none) {
+                let range = dead.entry((writer.instruction, writer.buffer)).or_insert((start, end));
+                *range = (range.0.min(start), range.1.max(end));
+            }
+        }
+        for ((instruction, id), (start, end)) in dead {
+            if let Some(buffer) = buffer_ref(self.plan, id) {
+                let bytes = ByteRange { space: Space::HostSlab, start, end };
+                out.push(PlanViolation::HostWriteNeverRead { instruction, buffer, bytes });
+            }
+        }
     }
 
     /// Rule 1 for a launch, then its reads and its writes (rules 4 and 5).

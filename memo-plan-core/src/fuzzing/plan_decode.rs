@@ -297,6 +297,11 @@ fn check_decode(bytes: &[u8]) {
             assert!(again == bytes, "decoded, but re-encodes to other bytes:\n{plan:?}");
             assert_eq!(Plan::decode(&again).as_ref(), Ok(&plan), "decode(encode(decode(bytes)))");
             assert!(plan.to_json().starts_with('{'));
+            // What a decoded plan of arbitrary bytes promises: the checker judges it without
+            // panicking (every violation printable).
+            if let Err(violations) = crate::check::check_plan(&plan) {
+                assert!(violations.iter().all(|v| !alloc::format!("{v}").is_empty()));
+            }
         }
         Err(e) => sensible_error(&e, bytes.len() as u64),
     }

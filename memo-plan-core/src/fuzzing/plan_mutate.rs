@@ -35,14 +35,13 @@
 //! What [`check`] asserts: the request plans and the plan passes the checker; the mutated plan
 //! does not, and its violations include the [`Expected`] one.
 //!
-//! The caveat: the checker cannot see a dropped swap-in. A rounding buffer is one set of buffer
-//! ids shared by alternating layers, so the bytes a swap-in would restore still hold layer
-//! `l + 2`'s data, written by the *same* buffer ids on the compute stream and ordered before layer
-//! `l`'s backward: by the rules the checker enforces, the read is ready. The plan computes wrong
-//! gradients, which only a run against keep-all shows (`spec/validity.md`, "What the checker does
-//! not decide"). So [`mutate`] drops a swap-in only where that changes which launch's data a later
-//! read sees (the corruption is real), and [`check`] records whether the checker rejects it
-//! instead of asserting it: [`check_counted`] returns that, and `fuzz/README.md` reports it.
+//! A dropped swap-in: a rounding buffer is one set of buffer ids shared by alternating layers, so
+//! the bytes a swap-in would restore still hold layer `l + 2`'s data, written by the same buffer
+//! ids and ordered before layer `l`'s backward; the stale read itself looks ready. The checker
+//! rejects it through its other symptom: the host slot swapped out and never read back
+//! (`HostWriteNeverRead`, rule 4b of `spec/validity.md`). [`mutate`] drops a swap-in only where
+//! that changes which launch's data a later read sees (the corruption is real).
+//!
 
 use alloc::format;
 use alloc::string::String;
@@ -104,11 +103,6 @@ impl Mutation {
         }
     }
 
-    /// Whether the checker is specified to reject every such corruption (all but
-    /// [`Mutation::DropSwapIn`]; see the module docs).
-    pub fn checker_must_reject(self) -> bool {
-        self != Mutation::DropSwapIn
-    }
 }
 
 /// One fuzz case.
@@ -194,7 +188,10 @@ impl Expected {
             (Expected::Variant(name, at), v) => v.name() == *name && v.instruction() == *at,
             (
                 Expected::StaleRead(..),
-                PlanViolation::Race { .. } | PlanViolation::ReadNotReady { .. } | PlanViolation::ReadClobbered { .. },
+                PlanViolation::HostWriteNeverRead { .. }
+                | PlanViolation::Race { .. }
+                | PlanViolation::ReadNotReady { .. }
+                | PlanViolation::ReadClobbered { .. },
             ) => true,
             _ => false,
         })
@@ -720,24 +717,20 @@ pub fn stale_read_without(plan: &Plan, copy: usize) -> Option<(usize, Option<usi
 
 /// Checks one case; the kind of corruption applied and whether the checker rejected it, or `None`
 /// when the plan had no target for it. Panics when the checker accepts a corruption it must
-/// reject (every kind but [`Mutation::DropSwapIn`]) or misses the expected violation.
+/// reject (every kind) or misses the expected violation.
 pub fn check_counted(case: MutateCase) -> Option<(Mutation, bool)> {
     let report = checked_plan(&case.request);
     let (mutated, applied) = mutate(&report.plan, case.mutation, case.target, case.detail)?;
     let rejected = match check_plan(&mutated) {
-        Ok(()) => {
-            assert!(
-                !applied.mutation.checker_must_reject(),
-                "the checker accepts a corrupted plan: {} ({})\n{}",
-                applied.mutation.name(),
-                applied.what,
-                describe(&case.request)
-            );
-            false
-        }
+        Ok(()) => panic!(
+            "the checker accepts a corrupted plan: {} ({})\n{}",
+            applied.mutation.name(),
+            applied.what,
+            describe(&case.request)
+        ),
         Err(violations) => {
             assert!(
-                !applied.mutation.checker_must_reject() || applied.expected.found_in(&violations),
+                applied.expected.found_in(&violations),
                 "the checker rejects {} ({}) but without {:?}: {}\n{}",
                 applied.mutation.name(),
                 applied.what,
@@ -786,9 +779,7 @@ mod tests {
             let (cases, applied, rejected) = counts.get(&kind).copied().unwrap_or_default();
             std::println!("{}: {cases} cases, {applied} applied, {rejected} rejected", kind.name());
             assert!(applied >= 5, "{} applied only {applied} times in {cases} cases", kind.name());
-            if kind.checker_must_reject() {
-                assert_eq!(rejected, applied, "{}", kind.name());
-            }
+            assert_eq!(rejected, applied, "{}", kind.name());
         }
     }
 

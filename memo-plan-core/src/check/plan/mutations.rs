@@ -301,14 +301,13 @@ fn each_structural_corruption_has_its_variant() {
     }
 }
 
-/// Pins a known gap, not a wish. Dropping a swap-in makes layer `l`'s backward read layer
-/// `l + 2`'s data (the independent data-flow search finds the stale read), yet the checker
-/// accepts the plan: both layers' skeletal tensors are the same rounding-buffer ids, so the
-/// stale bytes were written by "the same buffer" and are ready by every rule of
-/// `spec/validity.md`. When the checker learns whose data a rounding buffer holds, this test
-/// fails: make [`Mutation::checker_must_reject`] true for `DropSwapIn` and assert rejection here.
+/// Dropping a swap-in makes layer `l`'s backward read layer `l + 2`'s data (the independent
+/// data-flow search finds the stale read). Both layers' skeletal tensors are the same
+/// rounding-buffer ids, so the stale read itself looks ready; what gives it away is the host slot
+/// that was swapped out and never read back (`HostWriteNeverRead`, rule 4b of
+/// `spec/validity.md`). Found by the `plan_mutate` fuzz target, which the checker used to pass.
 #[test]
-fn the_checker_misses_a_dropped_swap_in_known_gap() {
+fn a_dropped_swap_in_leaves_a_host_write_never_read() {
     for (name, plan) in plans() {
         let copies = plan.instructions.iter().filter(|i| i.stream == H && matches!(i.action, Action::Copy { .. }));
         let copies = copies.count() as u32;
@@ -323,7 +322,13 @@ fn the_checker_misses_a_dropped_swap_in_known_gap() {
             };
             let writer = writer.expect("layer l + 2's data is there");
             assert_ne!(layer(reader), layer(writer), "{name}: {}", applied.what);
-            assert_eq!(check_plan(&mutated), Ok(()), "{name}: the checker now sees {}: close the gap", applied.what);
+            let violations = check_plan(&mutated).expect_err("the checker rejects a dropped swap-in");
+            assert!(
+                violations.iter().any(|v| v.name() == "host_write_never_read"),
+                "{name}: {}: {}",
+                applied.what,
+                violations[0]
+            );
         }
     }
 }

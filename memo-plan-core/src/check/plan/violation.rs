@@ -267,6 +267,16 @@ pub enum PlanViolation {
         /// The unwritten bytes.
         bytes: ByteRange,
     },
+    /// Bytes of the host slab written and never read afterwards: data swapped out that never
+    /// comes back (a swap-in is missing, so the backward reads whatever its rounding buffer holds).
+    HostWriteNeverRead {
+        /// The instruction that wrote them last.
+        instruction: usize,
+        /// The host slot written.
+        buffer: BufferRef,
+        /// The bytes never read.
+        bytes: ByteRange,
+    },
     /// A read of bytes whose last write was to another buffer (they alias and the other one
     /// overwrote this one's data).
     ReadClobbered {
@@ -357,6 +367,7 @@ impl PlanViolation {
             Self::WaitUnrecorded { .. } => "wait_unrecorded",
             Self::WaitBeforeRecord { .. } => "wait_before_record",
             Self::ReadUnwritten { .. } => "read_unwritten",
+            Self::HostWriteNeverRead { .. } => "host_write_never_read",
             Self::ReadClobbered { .. } => "read_clobbered",
             Self::ReadNotReady { .. } => "read_not_ready",
             Self::Race { .. } => "race",
@@ -389,6 +400,7 @@ impl PlanViolation {
             | Self::WaitUnrecorded { instruction, .. }
             | Self::WaitBeforeRecord { instruction, .. }
             | Self::ReadUnwritten { instruction, .. }
+            | Self::HostWriteNeverRead { instruction, .. }
             | Self::ReadClobbered { instruction, .. }
             | Self::ReadNotReady { instruction, .. }
             | Self::Race { instruction, .. } => Some(instruction),
@@ -405,6 +417,7 @@ impl PlanViolation {
             | Self::RowsOutOfBounds { buffer, .. }
             | Self::LaunchOnHost { buffer, .. }
             | Self::ReadUnwritten { buffer, .. }
+            | Self::HostWriteNeverRead { buffer, .. }
             | Self::ReadClobbered { buffer, .. }
             | Self::ReadNotReady { buffer, .. }
             | Self::Race { buffer, .. } => Some(buffer.id),
@@ -528,6 +541,11 @@ impl fmt::Display for PlanViolation {
                 f,
                 "instruction {instruction}: reads {bytes} of buffer {buffer}, which nothing has written (read of \
                  unwritten data)"
+            ),
+            Self::HostWriteNeverRead { instruction, buffer, bytes } => write!(
+                f,
+                "instruction {instruction}: writes {bytes} of host slot {buffer}, which nothing reads afterwards \
+                 (swapped out, never swapped back: a swap-in is missing)"
             ),
             Self::ReadClobbered { instruction, buffer, bytes, writer, writer_buffer } => write!(
                 f,
