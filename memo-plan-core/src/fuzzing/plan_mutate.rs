@@ -102,7 +102,6 @@ impl Mutation {
             Mutation::Malform => "malform",
         }
     }
-
 }
 
 /// One fuzz case.
