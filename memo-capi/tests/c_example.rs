@@ -17,10 +17,17 @@ fn c_compiler() -> Option<String> {
     candidates.into_iter().find(|name| Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success()))
 }
 
-/// The directory cargo put this crate's libraries in: the test binary is in `<dir>/deps/`.
-fn library_dir() -> PathBuf {
+/// The directory holding this crate's shared library: `cargo test` leaves it next to the test
+/// binary in `<target>/<profile>/deps/`; `cargo build` also copies it up to `<target>/<profile>/`.
+fn library_dir(shared: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test binary has a path");
-    exe.parent().and_then(Path::parent).expect("the test binary is in <target>/<profile>/deps").to_path_buf()
+    let deps = exe.parent().expect("the test binary is in <target>/<profile>/deps").to_path_buf();
+    let profile = deps.parent().map(Path::to_path_buf).unwrap_or_else(|| deps.clone());
+    if deps.join(shared).is_file() {
+        deps
+    } else {
+        profile
+    }
 }
 
 #[test]
@@ -32,8 +39,8 @@ fn the_c_example_places_the_memo_layer_trace() {
         return;
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let libs = library_dir();
     let shared = if cfg!(target_os = "macos") { "libmemo_capi.dylib" } else { "libmemo_capi.so" };
+    let libs = library_dir(shared);
     assert!(libs.join(shared).is_file(), "{} is missing: cargo builds it with the tests", libs.join(shared).display());
     let program = Path::new(env!("CARGO_TARGET_TMPDIR")).join("place_memo_example");
     let build = Command::new(&compiler)

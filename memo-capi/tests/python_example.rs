@@ -26,7 +26,14 @@ fn the_python_script_compiles_and_its_host_selftest_passes() {
     assert!(compile.status.success(), "{}", String::from_utf8_lossy(&compile.stderr));
 
     let exe = std::env::current_exe().unwrap();
-    let library = exe.parent().and_then(Path::parent).unwrap().join("libmemo_capi.so");
+    // `cargo test` leaves the shared library next to the test binary (deps/); `cargo build`
+    // also copies it one level up.
+    let deps = exe.parent().unwrap();
+    let library = [deps, deps.parent().unwrap()]
+        .map(|dir| dir.join("libmemo_capi.so"))
+        .into_iter()
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| deps.join("libmemo_capi.so"));
     let run = Command::new(python).arg(&script).arg("--host-selftest").arg("--lib").arg(&library).output().unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
     println!("{stdout}");
