@@ -18,6 +18,7 @@ mod greedy;
 pub mod mip;
 mod search;
 mod sections;
+mod split;
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -327,6 +328,14 @@ impl LeafState {
         nodes_left: &mut u64,
         nodes: &mut u64,
     ) -> SearchOutcome {
+        if self.sections.totals.iter().all(|&t| t == capacity) {
+            // Zero slack: try flat splits first (they settle perfect packings part by part).
+            let (placement, used) = split::place(items, members, capacity, nodes_left);
+            *nodes += used;
+            if let Some(placement) = placement {
+                return SearchOutcome::Found(placement);
+            }
+        }
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
         loop {
             for rank in ranks {
@@ -389,7 +398,7 @@ impl LeafState {
 /// The tie-break orders the restarts cycle through: buffers in the most contended sections
 /// first, then longer, then larger (MiniMalloc's best-performing preorder); largest first; longest
 /// first; then fixed-seed shuffles. Each is a rank per buffer (lower rank tried first).
-fn search_ranks(items: &[Item], members: &[u32], sections: &Sections) -> Vec<Vec<u32>> {
+pub(crate) fn search_ranks(items: &[Item], members: &[u32], sections: &Sections) -> Vec<Vec<u32>> {
     let n = members.len();
     let item = |l: u32| &items[members[l as usize] as usize];
     let by_key = |key: &dyn Fn(u32) -> (u64, u64, u64)| {
