@@ -24,6 +24,7 @@
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
 
+use super::balance::Network;
 use super::decompose::{peelable, split_components};
 use super::greedy::{ComponentPlacement, Overlaps};
 use super::search::{search, SearchOutcome};
@@ -45,6 +46,8 @@ const HEIGHTS_LIMIT: usize = 1 << 16;
 const FIND_FIRST_LIMIT: u64 = 256;
 /// Nodes the search for one component's flat subsets may take.
 const FIND_WORK: u64 = 200_000;
+/// Nodes the balanced-flow search for one component's flat subsets may take.
+const FLOW_WORK: u64 = 100_000;
 /// Nodes the exact search may take on a part that does not split.
 const PART_SEARCH_WORK: u64 = 50_000;
 /// The most distinct subset sums kept per group.
@@ -92,14 +95,14 @@ struct Splitter {
 }
 
 /// The smallest distinct subset sums of a multiset (0 included), sorted.
-struct SubsetSums {
+pub(crate) struct SubsetSums {
     sums: Vec<u64>,
     /// Whether `sums` holds every subset sum (else only the smallest ones).
     complete: bool,
 }
 
 impl SubsetSums {
-    fn new(sizes: impl Iterator<Item = u64>) -> SubsetSums {
+    pub(crate) fn new(sizes: impl Iterator<Item = u64>) -> SubsetSums {
         Self::with_limit(sizes, SUBSET_SUMS_LIMIT)
     }
 
@@ -144,12 +147,18 @@ impl SubsetSums {
     }
 
     /// Whether `value` may be a subset sum: `false` only when it is proven not to be.
-    fn may_contain(&self, value: u64) -> bool {
+    pub(crate) fn may_contain(&self, value: u64) -> bool {
         self.sums.binary_search(&value).is_ok() || (!self.complete && value > self.sums.last().copied().unwrap_or(0))
     }
 
     /// The known subset sums in `1..=most`, largest first, and `most` itself when it may be one
     /// beyond them.
+    /// The known nonzero subset sums below `below`, largest first.
+    pub(crate) fn candidates_below(&self, below: u64) -> impl Iterator<Item = u64> + '_ {
+        let known = self.sums.partition_point(|&s| s < below);
+        self.sums[..known].iter().rev().copied().filter(|&s| s > 0)
+    }
+
     /// The amounts of a group of `total` bytes worth trying when at most `most` may join: the
     /// whole group, none (if `zero`), exactly `most`, then the other subset sums, largest first.
     /// Whole groups first: buffers with the same lifetime mostly lie on the same side of a split.
@@ -312,7 +321,10 @@ impl Splitter {
         }
         if self.depth < DEPTH_LIMIT {
             self.depth += 1;
-            let splits = self.flat_subsets(&component, height);
+            let mut splits = self.flat_subsets(&component, height);
+            if splits.is_empty() {
+                splits = self.flow_subsets(&component, height);
+            }
             for (lower, lower_height) in splits {
                 let upper: Vec<u32> = component.iter().copied().filter(|l| !lower.contains(l)).collect();
                 if self.solve_part(lower, lower_height, base)
@@ -482,6 +494,27 @@ impl Splitter {
             limit = limit.saturating_mul(2);
         }
         splits.sort_unstable_by_key(|(_, h)| *h);
+        splits
+    }
+
+    /// Flat subsets found as balanced flows (`balance`), for components whose sections all hold
+    /// many buffers.
+    fn flow_subsets(&mut self, component: &[u32], height: u64) -> Vec<(Vec<u32>, u64)> {
+        let network = Network::new(&self.items, component);
+        let (flows, spent) = network.flat_subsets(height, SPLIT_TRIES, FLOW_WORK, &mut self.nodes_left);
+        self.nodes += spent;
+        let mut splits = Vec::new();
+        for (flow, lower_height) in flows {
+            let mut lower = Vec::new();
+            let mut ok = true;
+            for (e, amount) in flow {
+                ok &= self.pick_into(network.members(e), amount, &mut lower);
+            }
+            if ok {
+                lower.sort_unstable();
+                splits.push((lower, lower_height));
+            }
+        }
         splits
     }
 
