@@ -80,7 +80,8 @@ impl Network {
             }
         }
         let sparsest = (0..last).min_by_key(|&s| (crossing[s], s)).unwrap_or(0);
-        let mut seeds: Vec<usize> = (0..edges.len()).filter(|&e| edges[e].start <= sparsest && sparsest < edges[e].end).collect();
+        let mut seeds: Vec<usize> =
+            (0..edges.len()).filter(|&e| edges[e].start <= sparsest && sparsest < edges[e].end).collect();
         seeds.sort_unstable_by_key(|&e| (edges[e].total, e));
         Network { edges, at, last, seeds }
     }
@@ -265,24 +266,30 @@ impl Propagation<'_> {
         let edge = &self.network.edges[e];
         // The amount that would settle the boundary by itself; the last edge must take it.
         let exact = if starts { need } else { -need };
-        let mut candidates: Vec<u64> = Vec::new();
+        // First the forced or natural amounts (the exact one, none, all), then the other sums.
+        let mut first: Vec<u64> = Vec::new();
+        let in_range = (0..=i128::from(edge.total)).contains(&exact);
         if i + 1 == open.len() {
-            if (0..=i128::from(edge.total)).contains(&exact) {
-                candidates.push(exact as u64);
+            if in_range {
+                first.push(exact as u64);
             }
         } else {
-            candidates.extend([0, edge.total]);
-            if exact > 0 && exact < i128::from(edge.total) {
-                candidates.push(exact as u64);
+            if in_range {
+                first.push(exact as u64);
             }
-            candidates.extend(edge.sums.candidates_below(edge.total));
+            for amount in [0, edge.total] {
+                if !first.contains(&amount) {
+                    first.push(amount);
+                }
+            }
         }
-        let mut tried: Vec<u64> = Vec::new();
+        let others = if i + 1 == open.len() { 0 } else { usize::MAX };
+        let rest_sums = edge.sums.candidates_below(edge.total).filter(|s| !first.contains(s)).take(others);
+        let candidates: Vec<u64> = first.iter().copied().chain(rest_sums).collect();
         for amount in candidates {
-            if tried.contains(&amount) || (amount > 0 && amount < edge.total && !edge.sums.may_contain(amount)) {
+            if amount > 0 && amount < edge.total && !edge.sums.may_contain(amount) {
                 continue;
             }
-            tried.push(amount);
             let signed = if starts { i128::from(amount) } else { -i128::from(amount) };
             let rest = need - signed;
             if rest > most_out || -rest > most_in {

@@ -321,12 +321,16 @@ impl Splitter {
         }
         if self.depth < DEPTH_LIMIT {
             self.depth += 1;
-            let mut splits = self.flat_subsets(&component, height);
-            if splits.is_empty() {
-                splits = self.flow_subsets(&component, height);
-            }
-            for (lower, lower_height) in splits {
-                let upper: Vec<u32> = component.iter().copied().filter(|l| !lower.contains(l)).collect();
+            // One split at a time: most components take the first one found.
+            let mut tried: Vec<(Vec<u32>, u64)> = Vec::new();
+            while tried.len() < SPLIT_TRIES {
+                let next = match self.flat_subset(&component, height, &tried) {
+                    Some(split) => Some(split),
+                    None => self.flow_subset(&component, height, &tried),
+                };
+                let Some((lower, lower_height)) = next else { break };
+                let upper: Vec<u32> = component.iter().copied().filter(|l| lower.binary_search(l).is_err()).collect();
+                tried.push((lower.clone(), lower_height));
                 if self.solve_part(lower, lower_height, base)
                     && self.solve_part(upper, height - lower_height, base + lower_height)
                 {
@@ -375,14 +379,14 @@ impl Splitter {
         false
     }
 
-    /// Up to `SPLIT_TRIES` flat subsets of `component` (full height `height`), as (buffers,
-    /// height), lowest height first.
+    /// A flat subset of `component` (full height `height`), as (buffers, sorted, and height),
+    /// of a height not in `tried`.
     ///
     /// The search starts from the section with the fewest buffers: a flat subset of height `a`
     /// holds buffers of exactly `a` bytes there, and given which, the rest of the subset is found
     /// by sweeping right from that section (the subset's buffers that end free bytes that starting
     /// ones must make up) and, independently, left (the same with time reversed).
-    fn flat_subsets(&mut self, component: &[u32], height: u64) -> Vec<(Vec<u32>, u64)> {
+    fn flat_subset(&mut self, component: &[u32], height: u64, tried: &[(Vec<u32>, u64)]) -> Option<(Vec<u32>, u64)> {
         let mut points: Vec<u32> =
             component.iter().flat_map(|&l| [self.items[l as usize].lower, self.items[l as usize].upper]).collect();
         points.sort_unstable();
@@ -401,14 +405,19 @@ impl Splitter {
         }
         let mut sparse: Vec<usize> = (0..sections).collect();
         sparse.sort_unstable_by_key(|&section| (alive[section].len(), section));
-        let Some(&chosen_section) = sparse.first() else { return Vec::new() };
+        let &chosen_section = sparse.first()?;
         let items = self.items.clone();
         let sizes = |members: &[u32]| members.iter().map(|&l| items[l as usize].size).collect::<Vec<u64>>();
         // Heights to try: a flat subset's height is a subset sum of the buffers alive in every
         // section; those of the chosen section (all known when few), filtered by the next
         // sparsest sections. A flat subset's complement is flat, so heights up to half suffice.
         let base = SubsetSums::with_limit(sizes(&alive[chosen_section]).into_iter(), HEIGHTS_LIMIT);
-        let mut heights: Vec<u64> = base.sums.iter().copied().filter(|&a| a > 0 && a <= height / 2).collect();
+        let mut heights: Vec<u64> = base
+            .sums
+            .iter()
+            .copied()
+            .filter(|&a| a > 0 && a <= height / 2 && tried.iter().all(|&(_, h)| h != a))
+            .collect();
         for &section in sparse.iter().skip(1).take(FILTER_SECTIONS) {
             if heights.len() <= FILTERED_ENOUGH {
                 break;
@@ -416,7 +425,7 @@ impl Splitter {
             let section_sizes = sizes(&alive[section]);
             let filter = SubsetSums::with_limit(section_sizes.into_iter(), FILTER_SUMS_LIMIT);
             if !self.spend_many(filter.sums.len() as u64 / 64) {
-                return Vec::new();
+                return None;
             }
             if filter.complete {
                 heights.retain(|a| filter.sums.binary_search(a).is_ok());
@@ -454,11 +463,10 @@ impl Splitter {
         let mut total_work = FIND_WORK;
         let mut limit = FIND_FIRST_LIMIT;
         let mut pending = heights;
-        let mut splits: Vec<(Vec<u32>, u64)> = Vec::new();
-        while !pending.is_empty() && total_work > 0 && splits.len() < SPLIT_TRIES {
+        while !pending.is_empty() && total_work > 0 {
             let mut unsettled = Vec::new();
             for &lower_height in &pending {
-                if total_work == 0 || splits.len() >= SPLIT_TRIES {
+                if total_work == 0 {
                     break;
                 }
                 let mut work = limit.min(total_work);
@@ -483,7 +491,7 @@ impl Splitter {
                         }
                         if ok {
                             lower.sort_unstable();
-                            splits.push((lower, lower_height));
+                            return Some((lower, lower_height));
                         }
                     }
                     Ok(None) => {}
@@ -493,29 +501,28 @@ impl Splitter {
             pending = unsettled;
             limit = limit.saturating_mul(2);
         }
-        splits.sort_unstable_by_key(|(_, h)| *h);
-        splits
+        None
     }
 
-    /// Flat subsets found as balanced flows (`balance`), for components whose sections all hold
+    /// A flat subset found as a balanced flow (`balance`), for components whose sections all hold
     /// many buffers.
-    fn flow_subsets(&mut self, component: &[u32], height: u64) -> Vec<(Vec<u32>, u64)> {
+    /// (The first one not in `tried`.)
+    fn flow_subset(&mut self, component: &[u32], height: u64, tried: &[(Vec<u32>, u64)]) -> Option<(Vec<u32>, u64)> {
         let network = Network::new(&self.items, component);
-        let (flows, spent) = network.flat_subsets(height, SPLIT_TRIES, FLOW_WORK, &mut self.nodes_left);
+        let (flows, spent) = network.flat_subsets(height, tried.len() + 1, FLOW_WORK, &mut self.nodes_left);
         self.nodes += spent;
-        let mut splits = Vec::new();
         for (flow, lower_height) in flows {
             let mut lower = Vec::new();
             let mut ok = true;
             for (e, amount) in flow {
                 ok &= self.pick_into(network.members(e), amount, &mut lower);
             }
-            if ok {
-                lower.sort_unstable();
-                splits.push((lower, lower_height));
+            lower.sort_unstable();
+            if ok && !tried.iter().any(|(other, h)| *h == lower_height && *other == lower) {
+                return Some((lower, lower_height));
             }
         }
-        splits
+        None
     }
 
     /// A group of buffers ending (in its sweep) at step `end`.
@@ -752,7 +759,7 @@ mod tests {
             nodes: 0,
             depth: 0,
         };
-        assert_eq!(splitter.flat_subsets(&[0, 1, 2, 3], 8), [(alloc::vec![0, 1], 3)]);
+        assert_eq!(splitter.flat_subset(&[0, 1, 2, 3], 8, &[]), Some((alloc::vec![0, 1], 3)));
         let mut budget = 1000;
         let (placement, _) = place(&items, &[0, 1, 2, 3], 8, &mut budget);
         let placement = placement.expect("two slabs stack");
