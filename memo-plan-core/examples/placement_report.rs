@@ -3,8 +3,9 @@
 //! portfolio and of the full solve, and the time per instance.
 //!
 //! `cargo run --release -p memo-plan-core --example placement_report` prints the table;
-//! `... --example placement_report -- seeds 300` prints one line per known-optimum seed 0-9 of
-//! 300 buffers (peak / optimum, nodes, milliseconds).
+//! `... --example placement_report -- seeds 300 [FIRST] [COUNT]` prints one line per
+//! known-optimum seed (FIRST.. FIRST+COUNT, default 0-9) of 300 buffers: peak / optimum, nodes,
+//! milliseconds.
 
 use memo_plan_core::check::check_placement;
 use memo_plan_core::generate::{known_optimum, training_step, StepShape};
@@ -15,7 +16,9 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("seeds") {
         let count: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(300);
-        for seed in 0..10 {
+        let first: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(0);
+        let seeds: u64 = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(10);
+        for seed in first..first + seeds {
             per_seed(seed, count);
         }
         return;

@@ -86,15 +86,16 @@ impl Network {
         Network { edges, at, last, seeds }
     }
 
-    /// Flat subsets (members, height) with height below `height`, up to `most` of them, within
-    /// `work` nodes (also taken from `nodes_left`).
+    /// Flat subsets (flow per edge, height) with height below `height`, up to `most` of them,
+    /// within `work` nodes (also taken from `nodes_left`); and whether the search was complete
+    /// (did not run out of work).
     pub(crate) fn flat_subsets(
         &self,
         height: u64,
         most: usize,
         work: u64,
         nodes_left: &mut u64,
-    ) -> (Vec<(Vec<(usize, u64)>, u64)>, u64) {
+    ) -> (Vec<(Vec<(usize, u64)>, u64)>, u64, bool) {
         let mut state = Propagation {
             network: self,
             amount: alloc::vec![None; self.edges.len()],
@@ -105,20 +106,28 @@ impl Network {
             spent: 0,
         };
         let mut found: Vec<(Vec<(usize, u64)>, u64)> = Vec::new();
+        let mut complete = true;
         'seeds: for &seed in &self.seeds {
             let edge = &self.edges[seed];
             let mut candidates: Vec<u64> = alloc::vec![edge.total];
             candidates.extend(edge.sums.candidates_below(edge.total));
             let mut exhaustive = true;
             for amount in candidates {
-                if found.len() >= most || state.work == 0 {
+                if found.len() >= most {
+                    break 'seeds;
+                }
+                if state.work == 0 {
+                    complete = false;
                     break 'seeds;
                 }
                 let mark = state.touched.len();
                 state.set(seed, amount);
                 match state.propagate(height, &mut found) {
                     Balance::Found | Balance::Impossible => {}
-                    Balance::OutOfWork => exhaustive = false,
+                    Balance::OutOfWork => {
+                        exhaustive = false;
+                        complete = false;
+                    }
                 }
                 state.unset(seed, mark);
             }
@@ -128,7 +137,7 @@ impl Network {
             }
         }
         *nodes_left = state.nodes_left;
-        (found, state.spent)
+        (found, state.spent, complete)
     }
 
     /// The buffers of edge `e` given a flow (for realising a found subset).
@@ -264,37 +273,40 @@ impl Propagation<'_> {
             }
         }
         let edge = &self.network.edges[e];
-        // The amount that would settle the boundary by itself; the last edge must take it.
+        // The amounts that leave the rest settleable by the later edges: `need - signed` within
+        // [-most_in, most_out].
+        let (low, high) = if starts { (need - most_out, need + most_in) } else { (-need - most_in, most_out - need) };
+        let low = low.max(0);
+        let high = high.min(i128::from(edge.total));
+        if low > high {
+            return Balance::Impossible;
+        }
+        let (low, high) = (low as u64, high as u64);
+        // First the amount that would settle the boundary alone, none, all; then the other sums
+        // in range, largest first (the last edge can only take the settling one).
         let exact = if starts { need } else { -need };
-        // First the forced or natural amounts (the exact one, none, all), then the other sums.
         let mut first: Vec<u64> = Vec::new();
-        let in_range = (0..=i128::from(edge.total)).contains(&exact);
-        if i + 1 == open.len() {
-            if in_range {
-                first.push(exact as u64);
-            }
-        } else {
-            if in_range {
-                first.push(exact as u64);
-            }
+        if (i128::from(low)..=i128::from(high)).contains(&exact) {
+            first.push(exact as u64);
+        }
+        if i + 1 < open.len() {
             for amount in [0, edge.total] {
-                if !first.contains(&amount) {
+                if (low..=high).contains(&amount) && !first.contains(&amount) {
                     first.push(amount);
                 }
             }
         }
-        let others = if i + 1 == open.len() { 0 } else { usize::MAX };
-        let rest_sums = edge.sums.candidates_below(edge.total).filter(|s| !first.contains(s)).take(others);
-        let candidates: Vec<u64> = first.iter().copied().chain(rest_sums).collect();
+        let in_range = if i + 1 < open.len() { edge.sums.between(low, high) } else { &[] };
+        let candidates = first.clone().into_iter().chain(in_range.iter().rev().copied().filter(|s| !first.contains(s)));
         for amount in candidates {
             if amount > 0 && amount < edge.total && !edge.sums.may_contain(amount) {
                 continue;
             }
+            if !self.spend() {
+                return Balance::OutOfWork;
+            }
             let signed = if starts { i128::from(amount) } else { -i128::from(amount) };
             let rest = need - signed;
-            if rest > most_out || -rest > most_in {
-                continue; // the later edges cannot settle it
-            }
             let mark = self.touched.len();
             self.set(e, amount);
             let outcome = self.assign(height, open, i + 1, rest, found);
@@ -322,7 +334,7 @@ mod tests {
         ];
         let network = Network::new(&items, &[0, 1, 2, 3]);
         let mut nodes = 1000;
-        let (found, _) = network.flat_subsets(8, 4, 1000, &mut nodes);
+        let (found, _, _) = network.flat_subsets(8, 4, 1000, &mut nodes);
         assert_eq!(found.len(), 2, "{:?}", found);
     }
 }

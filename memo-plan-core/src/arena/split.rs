@@ -38,16 +38,19 @@ const SPLIT_TRIES: usize = 4;
 const FILTER_SECTIONS: usize = 8;
 /// See `FILTER_SECTIONS`.
 const FILTER_SUMS_LIMIT: usize = 1 << 16;
+/// The sparse-section search tries at most this many heights (the lowest); the flow search
+/// (`balance`) covers components where that is not enough.
+const HEIGHTS_TRIED_LIMIT: usize = 4096;
 /// Filtering stops when this few heights are left.
 const FILTERED_ENOUGH: usize = 16;
 /// The most heights (smallest subset sums of the chosen section) considered.
 const HEIGHTS_LIMIT: usize = 1 << 16;
 /// The work limit of the first round of heights (it doubles every round).
 const FIND_FIRST_LIMIT: u64 = 256;
-/// Nodes the search for one component's flat subsets may take.
-const FIND_WORK: u64 = 200_000;
-/// Nodes the balanced-flow search for one component's flat subsets may take.
-const FLOW_WORK: u64 = 100_000;
+/// The work limit of the first round of both flat-subset searches; it grows fourfold a round.
+const FIND_FIRST_WORK: u64 = 4096;
+/// The most work one round of a flat-subset search may take.
+const FIND_WORK: u64 = 500_000;
 /// Nodes the exact search may take on a part that does not split.
 const PART_SEARCH_WORK: u64 = 50_000;
 /// The most distinct subset sums kept per group.
@@ -153,6 +156,13 @@ impl SubsetSums {
 
     /// The known subset sums in `1..=most`, largest first, and `most` itself when it may be one
     /// beyond them.
+    /// The known subset sums in `low..=high`, ascending.
+    pub(crate) fn between(&self, low: u64, high: u64) -> &[u64] {
+        let start = self.sums.partition_point(|&s| s < low);
+        let end = self.sums.partition_point(|&s| s <= high);
+        &self.sums[start..end.max(start)]
+    }
+
     /// The known nonzero subset sums below `below`, largest first.
     pub(crate) fn candidates_below(&self, below: u64) -> impl Iterator<Item = u64> + '_ {
         let known = self.sums.partition_point(|&s| s < below);
@@ -205,6 +215,14 @@ struct ClassSearch<'c> {
     /// `reach[c]`: the subset sums of all buffers of classes `c..`.
     reach: &'c [SubsetSums],
     chosen_section: usize,
+}
+
+/// How one search for a flat subset ended.
+enum Search {
+    Found((Vec<u32>, u64)),
+    /// Every candidate was refuted: more work would not help.
+    None,
+    OutOfWork,
 }
 
 /// What the two sweeps of a flat-subset search chose: (step, group, amount) each.
@@ -324,11 +342,7 @@ impl Splitter {
             // One split at a time: most components take the first one found.
             let mut tried: Vec<(Vec<u32>, u64)> = Vec::new();
             while tried.len() < SPLIT_TRIES {
-                let next = match self.flat_subset(&component, height, &tried) {
-                    Some(split) => Some(split),
-                    None => self.flow_subset(&component, height, &tried),
-                };
-                let Some((lower, lower_height)) = next else { break };
+                let Some((lower, lower_height)) = self.next_split(&component, height, &tried) else { break };
                 let upper: Vec<u32> = component.iter().copied().filter(|l| lower.binary_search(l).is_err()).collect();
                 tried.push((lower.clone(), lower_height));
                 if self.solve_part(lower, lower_height, base)
@@ -379,14 +393,42 @@ impl Splitter {
         false
     }
 
+    /// A flat subset of `component` not in `tried`, by the two searches in turn, each with a work
+    /// limit that grows: either may be the quick one.
+    fn next_split(&mut self, component: &[u32], height: u64, tried: &[(Vec<u32>, u64)]) -> Option<(Vec<u32>, u64)> {
+        let mut work = FIND_FIRST_WORK;
+        let (mut sparse_open, mut flow_open) = (true, true);
+        while sparse_open || flow_open {
+            if sparse_open {
+                match self.flat_subset(component, height, tried, work) {
+                    Search::Found(split) => return Some(split),
+                    Search::None => sparse_open = false,
+                    Search::OutOfWork => {}
+                }
+            }
+            if flow_open {
+                match self.flow_subset(component, height, tried, work) {
+                    Search::Found(split) => return Some(split),
+                    Search::None => flow_open = false,
+                    Search::OutOfWork => {}
+                }
+            }
+            if work >= FIND_WORK || self.nodes_left == 0 {
+                break;
+            }
+            work = work.saturating_mul(4).min(FIND_WORK);
+        }
+        None
+    }
+
     /// A flat subset of `component` (full height `height`), as (buffers, sorted, and height),
-    /// of a height not in `tried`.
+    /// of a height not in `tried`, within `work` nodes.
     ///
     /// The search starts from the section with the fewest buffers: a flat subset of height `a`
     /// holds buffers of exactly `a` bytes there, and given which, the rest of the subset is found
     /// by sweeping right from that section (the subset's buffers that end free bytes that starting
     /// ones must make up) and, independently, left (the same with time reversed).
-    fn flat_subset(&mut self, component: &[u32], height: u64, tried: &[(Vec<u32>, u64)]) -> Option<(Vec<u32>, u64)> {
+    fn flat_subset(&mut self, component: &[u32], height: u64, tried: &[(Vec<u32>, u64)], work: u64) -> Search {
         let mut points: Vec<u32> =
             component.iter().flat_map(|&l| [self.items[l as usize].lower, self.items[l as usize].upper]).collect();
         points.sort_unstable();
@@ -405,7 +447,7 @@ impl Splitter {
         }
         let mut sparse: Vec<usize> = (0..sections).collect();
         sparse.sort_unstable_by_key(|&section| (alive[section].len(), section));
-        let &chosen_section = sparse.first()?;
+        let Some(&chosen_section) = sparse.first() else { return Search::None };
         let items = self.items.clone();
         let sizes = |members: &[u32]| members.iter().map(|&l| items[l as usize].size).collect::<Vec<u64>>();
         // Heights to try: a flat subset's height is a subset sum of the buffers alive in every
@@ -425,12 +467,15 @@ impl Splitter {
             let section_sizes = sizes(&alive[section]);
             let filter = SubsetSums::with_limit(section_sizes.into_iter(), FILTER_SUMS_LIMIT);
             if !self.spend_many(filter.sums.len() as u64 / 64) {
-                return None;
+                return Search::OutOfWork;
             }
             if filter.complete {
                 heights.retain(|a| filter.sums.binary_search(a).is_ok());
             }
         }
+        // Sections this full allow nearly every height: only the lowest are tried (thin slabs are
+        // the usual first cut), and the flow search does the rest.
+        heights.truncate(HEIGHTS_TRIED_LIMIT);
         // The chosen section's buffers, in classes of equal (start, end).
         let mut classes: BTreeMap<(usize, usize), Vec<u32>> = BTreeMap::new();
         for &(start, end, l) in &span {
@@ -460,9 +505,10 @@ impl Splitter {
 
         // Heights are tried in rounds, each with a work limit that doubles: refuting a wrong
         // height can take long, and the right one is usually quick.
-        let mut total_work = FIND_WORK;
+        let mut total_work = work;
         let mut limit = FIND_FIRST_LIMIT;
         let mut pending = heights;
+        let mut amounts: Vec<u64> = alloc::vec![0; classes.len()];
         while !pending.is_empty() && total_work > 0 {
             let mut unsettled = Vec::new();
             for &lower_height in &pending {
@@ -471,7 +517,12 @@ impl Splitter {
                 }
                 let mut work = limit.min(total_work);
                 let before = work;
-                let mut amounts: Vec<u64> = alloc::vec![0; classes.len()];
+                // Each height costs a node at least, however soon it is refuted.
+                if !self.spend() {
+                    return Search::OutOfWork;
+                }
+                work -= 1;
+                amounts.fill(0);
                 let search = ClassSearch { classes: &classes, reach: &class_reach, chosen_section };
                 let outcome =
                     self.class_amounts(&search, 0, lower_height, &mut amounts, &mut right, &mut left, &mut work);
@@ -491,7 +542,7 @@ impl Splitter {
                         }
                         if ok {
                             lower.sort_unstable();
-                            return Some((lower, lower_height));
+                            return Search::Found((lower, lower_height));
                         }
                     }
                     Ok(None) => {}
@@ -501,15 +552,19 @@ impl Splitter {
             pending = unsettled;
             limit = limit.saturating_mul(2);
         }
-        None
+        if pending.is_empty() {
+            Search::None
+        } else {
+            Search::OutOfWork
+        }
     }
 
     /// A flat subset found as a balanced flow (`balance`), for components whose sections all hold
     /// many buffers.
     /// (The first one not in `tried`.)
-    fn flow_subset(&mut self, component: &[u32], height: u64, tried: &[(Vec<u32>, u64)]) -> Option<(Vec<u32>, u64)> {
+    fn flow_subset(&mut self, component: &[u32], height: u64, tried: &[(Vec<u32>, u64)], work: u64) -> Search {
         let network = Network::new(&self.items, component);
-        let (flows, spent) = network.flat_subsets(height, tried.len() + 1, FLOW_WORK, &mut self.nodes_left);
+        let (flows, spent, complete) = network.flat_subsets(height, tried.len() + 1, work, &mut self.nodes_left);
         self.nodes += spent;
         for (flow, lower_height) in flows {
             let mut lower = Vec::new();
@@ -519,10 +574,14 @@ impl Splitter {
             }
             lower.sort_unstable();
             if ok && !tried.iter().any(|(other, h)| *h == lower_height && *other == lower) {
-                return Some((lower, lower_height));
+                return Search::Found((lower, lower_height));
             }
         }
-        None
+        if complete {
+            Search::None
+        } else {
+            Search::OutOfWork
+        }
     }
 
     /// A group of buffers ending (in its sweep) at step `end`.
@@ -608,6 +667,10 @@ impl Splitter {
             if amount > needed || !search.reach[c + 1].may_contain(needed - amount) {
                 continue;
             }
+            if *work == 0 || !self.spend() {
+                return Err(OutOfWork);
+            }
+            *work -= 1;
             amounts[c] = amount;
             if let Some(found) = self.class_amounts(search, c + 1, needed - amount, amounts, right, left, work)? {
                 return Ok(Some(found));
@@ -653,6 +716,10 @@ impl Splitter {
             if !direction.reach[i][g + 1].may_contain(needed - amount) {
                 continue; // the later groups cannot make up the rest
             }
+            if *work == 0 || !self.spend() {
+                return Found::OutOfWork;
+            }
+            *work -= 1;
             let mut next = live.clone();
             if amount > 0 {
                 *next.entry(end).or_default() += amount;
@@ -759,7 +826,7 @@ mod tests {
             nodes: 0,
             depth: 0,
         };
-        assert_eq!(splitter.flat_subset(&[0, 1, 2, 3], 8, &[]), Some((alloc::vec![0, 1], 3)));
+        assert_eq!(splitter.next_split(&[0, 1, 2, 3], 8, &[]), Some((alloc::vec![0, 1], 3)));
         let mut budget = 1000;
         let (placement, _) = place(&items, &[0, 1, 2, 3], 8, &mut budget);
         let placement = placement.expect("two slabs stack");
