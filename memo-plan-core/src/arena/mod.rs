@@ -12,7 +12,6 @@
 //! at once), or when the search proved every lower capacity infeasible for the component that
 //! sets it.
 
-mod balance;
 mod decompose;
 mod greedy;
 #[cfg(feature = "mip")]

@@ -13,8 +13,14 @@
 
 use alloc::vec::Vec;
 
-use super::split::SubsetSums;
-use super::Item;
+use super::{pick, Budget, Rounds, Step, SubsetSums};
+use crate::arena::Item;
+
+/// The attempts (a seed edge with one flow) tried in the first round, and the work limit of each;
+/// both double every round.
+const FIRST_WINDOW: usize = 16;
+/// See `FIRST_WINDOW`.
+const FIRST_LIMIT_PER_ATTEMPT: u64 = 512;
 
 /// One edge: the buffers with the same (start, end) boundaries.
 struct Edge {
@@ -27,7 +33,7 @@ struct Edge {
 }
 
 /// A component as a flow network.
-pub(crate) struct Network {
+struct Network {
     edges: Vec<Edge>,
     /// The edges at each boundary: (edge, whether it starts there).
     at: Vec<Vec<(usize, bool)>>,
@@ -46,7 +52,7 @@ enum Balance {
 
 impl Network {
     /// The network of `component` (local indices into `items`).
-    pub(crate) fn new(items: &[Item], component: &[u32]) -> Network {
+    fn new(items: &[Item], component: &[u32]) -> Network {
         let mut points: Vec<u32> =
             component.iter().flat_map(|&l| [items[l as usize].lower, items[l as usize].upper]).collect();
         points.sort_unstable();
@@ -85,88 +91,122 @@ impl Network {
         seeds.sort_unstable_by_key(|&e| (edges[e].total, e));
         Network { edges, at, last, seeds }
     }
+}
 
-    /// Flat subsets (flow per edge, height) with height below `height`, up to `most` of them,
-    /// within `work` nodes (also taken from `nodes_left`); and whether the search was complete
-    /// (did not run out of work).
-    pub(crate) fn flat_subsets(
-        &self,
-        height: u64,
-        most: usize,
-        work: u64,
-        nodes_left: &mut u64,
-    ) -> (Vec<(Vec<(usize, u64)>, u64)>, u64, bool) {
-        let mut state = Propagation {
-            network: self,
-            amount: alloc::vec![None; self.edges.len()],
-            touched: Vec::new(),
-            is_touched: alloc::vec![false; self.at.len()],
-            work,
-            nodes_left: *nodes_left,
-            spent: 0,
-        };
-        let mut found: Vec<(Vec<(usize, u64)>, u64)> = Vec::new();
-        let mut complete = true;
-        'seeds: for &seed in &self.seeds {
-            let edge = &self.edges[seed];
-            let mut candidates: Vec<u64> = alloc::vec![edge.total];
-            candidates.extend(edge.sums.candidates_below(edge.total));
-            let mut exhaustive = true;
-            for amount in candidates {
-                if found.len() >= most {
-                    break 'seeds;
-                }
-                if state.work == 0 {
-                    complete = false;
-                    break 'seeds;
-                }
-                let mark = state.touched.len();
-                state.set(seed, amount);
-                match state.propagate(height, &mut found) {
-                    Balance::Found | Balance::Impossible => {}
-                    Balance::OutOfWork => {
-                        exhaustive = false;
-                        complete = false;
-                    }
-                }
-                state.unset(seed, mark);
-            }
-            if exhaustive {
-                // No flat subset of the wanted kind uses this edge: later seeds leave it out.
-                state.amount[seed] = Some(0);
+/// The search of one component, resumable: attempts (a seed edge and its flow) are tried in rounds
+/// with a work limit that doubles.
+pub(super) struct Search {
+    network: Network,
+    height: u64,
+    /// Attempts (seed edge, flow) not settled yet: every seed with its whole group first, then
+    /// with its other subset sums.
+    attempts: Rounds<(usize, u64)>,
+    /// Per edge: attempts of it not refuted yet (while it is a seed), and whether it is known to
+    /// be in no flat subset (every attempt refuted), so later attempts leave it out.
+    open_attempts: Vec<usize>,
+    excluded: Vec<bool>,
+    /// The flows and touched marks every attempt starts from (restored by each attempt's undo):
+    /// excluded edges carry none, the others are undecided.
+    amount: Vec<Option<u64>>,
+    is_touched: Vec<bool>,
+}
+
+impl Search {
+    /// The search of `component` (full height `height`).
+    pub(super) fn new(items: &[Item], component: &[u32], height: u64) -> Search {
+        let network = Network::new(items, component);
+        let mut pending: Vec<(usize, u64)> = network.seeds.iter().map(|&e| (e, network.edges[e].total)).collect();
+        let mut open_attempts = alloc::vec![0usize; network.edges.len()];
+        for &e in &network.seeds {
+            let edge = &network.edges[e];
+            open_attempts[e] += 1;
+            for &amount in edge.sums.between(1, edge.total.saturating_sub(1)).iter().rev() {
+                pending.push((e, amount));
+                open_attempts[e] += 1;
             }
         }
-        *nodes_left = state.nodes_left;
-        (found, state.spent, complete)
+        let excluded = alloc::vec![false; network.edges.len()];
+        let amount = alloc::vec![None; network.edges.len()];
+        let is_touched = alloc::vec![false; network.at.len()];
+        let attempts = Rounds::new(pending, FIRST_WINDOW, FIRST_LIMIT_PER_ATTEMPT);
+        Search { network, height, attempts, open_attempts, excluded, amount, is_touched }
     }
 
-    /// The buffers of edge `e` given a flow (for realising a found subset).
-    pub(crate) fn members(&self, e: usize) -> &[u32] {
-        &self.edges[e].members
+    /// Goes on with the pending attempts for at most `work` nodes.
+    pub(super) fn run(&mut self, items: &[Item], budget: &mut Budget, work: u64) -> Step {
+        let mut total = work;
+        loop {
+            if total == 0 {
+                return Step::OutOfWork;
+            }
+            let Some(((seed, amount), limit)) = self.attempts.next() else { return Step::Done };
+            if self.excluded[seed] {
+                continue;
+            }
+            // Every attempt costs a node, however soon it is refuted.
+            if !budget.charge(&mut total) {
+                self.attempts.unsettled((seed, amount));
+                return Step::OutOfWork;
+            }
+            let mut attempt_work = limit.min(total);
+            let before = attempt_work;
+            let mut state = Propagation {
+                network: &self.network,
+                amount: core::mem::take(&mut self.amount),
+                touched: Vec::new(),
+                is_touched: core::mem::take(&mut self.is_touched),
+                budget: &mut *budget,
+                work: &mut attempt_work,
+                found: None,
+            };
+            state.set(seed, amount);
+            let outcome = state.propagate(self.height);
+            state.unset(seed, 0);
+            let found = state.found.take();
+            self.amount = core::mem::take(&mut state.amount);
+            self.is_touched = core::mem::take(&mut state.is_touched);
+            total -= before - attempt_work;
+            match (outcome, found) {
+                (Balance::Found, Some((flows, value))) => {
+                    let mut lower = Vec::new();
+                    let realised =
+                        flows.iter().all(|&(e, a)| pick(items, &self.network.edges[e].members, a, &mut lower, budget));
+                    if realised {
+                        lower.sort_unstable();
+                        return Step::Found((lower, value));
+                    }
+                }
+                (Balance::Found, None) => {}
+                (Balance::Impossible, _) => {
+                    self.open_attempts[seed] -= 1;
+                    if self.open_attempts[seed] == 0 {
+                        // No flat subset uses this edge: later attempts leave it out.
+                        self.excluded[seed] = true;
+                        self.amount[seed] = Some(0);
+                    }
+                }
+                (Balance::OutOfWork, _) => self.attempts.unsettled((seed, amount)),
+            }
+        }
     }
 }
 
-struct Propagation<'n> {
-    network: &'n Network,
+/// One attempt: flows decided so far, the boundaries they touch, and the first complete flow.
+struct Propagation<'a> {
+    network: &'a Network,
     amount: Vec<Option<u64>>,
     /// Boundaries touched by a decided nonzero flow, in order (undone by truncation).
     touched: Vec<usize>,
     is_touched: Vec<bool>,
-    work: u64,
-    nodes_left: u64,
-    spent: u64,
+    budget: &'a mut Budget,
+    work: &'a mut u64,
+    /// The first complete proper flow: (edge, flow) for every edge with flow, and its value.
+    found: Option<(Vec<(usize, u64)>, u64)>,
 }
 
 impl Propagation<'_> {
     fn spend(&mut self) -> bool {
-        if self.work == 0 || self.nodes_left == 0 {
-            self.work = 0;
-            return false;
-        }
-        self.work -= 1;
-        self.nodes_left -= 1;
-        self.spent += 1;
-        true
+        self.budget.charge(self.work)
     }
 
     fn touch(&mut self, node: usize) {
@@ -195,7 +235,7 @@ impl Propagation<'_> {
     }
 
     /// Balances the touched boundaries; records the first complete proper flow in `found`.
-    fn propagate(&mut self, height: u64, found: &mut Vec<(Vec<(usize, u64)>, u64)>) -> Balance {
+    fn propagate(&mut self, height: u64) -> Balance {
         // The touched inner boundary with the fewest undecided edges; an unbalanced complete one
         // fails the branch.
         let mut chosen: Option<(usize, usize)> = None;
@@ -221,7 +261,7 @@ impl Propagation<'_> {
             }
             let flows: Vec<(usize, u64)> =
                 (0..self.amount.len()).filter_map(|e| self.amount[e].filter(|&a| a > 0).map(|a| (e, a))).collect();
-            found.push((flows, value));
+            self.found = Some((flows, value));
             return Balance::Found;
         };
         if !self.spend() {
@@ -231,7 +271,7 @@ impl Propagation<'_> {
             self.network.at[node].iter().copied().filter(|&(e, _)| self.amount[e].is_none()).collect();
         // The open starting edges must carry what the decided ending ones bring in excess.
         let need = self.imbalance(node);
-        self.assign(height, &open, 0, need, found)
+        self.assign(height, &open, 0, need)
     }
 
     /// Bytes ending at `node` minus bytes starting there, over decided edges.
@@ -251,16 +291,9 @@ impl Propagation<'_> {
 
     /// Chooses flows for `open[i..]` (edges at one boundary) so that starting ones carry `need`
     /// more than ending ones, then propagates.
-    fn assign(
-        &mut self,
-        height: u64,
-        open: &[(usize, bool)],
-        i: usize,
-        need: i128,
-        found: &mut Vec<(Vec<(usize, u64)>, u64)>,
-    ) -> Balance {
+    fn assign(&mut self, height: u64, open: &[(usize, bool)], i: usize, need: i128) -> Balance {
         let Some(&(e, starts)) = open.get(i) else {
-            return if need == 0 { self.propagate(height, found) } else { Balance::Impossible };
+            return if need == 0 { self.propagate(height) } else { Balance::Impossible };
         };
         // What the later edges can still contribute.
         let (mut most_out, mut most_in) = (0i128, 0i128);
@@ -309,7 +342,7 @@ impl Propagation<'_> {
             let rest = need - signed;
             let mark = self.touched.len();
             self.set(e, amount);
-            let outcome = self.assign(height, open, i + 1, rest, found);
+            let outcome = self.assign(height, open, i + 1, rest);
             self.unset(e, mark);
             match outcome {
                 Balance::Impossible => {}
@@ -317,24 +350,5 @@ impl Propagation<'_> {
             }
         }
         Balance::Impossible
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn two_slabs_balance() {
-        let items = [
-            Item { lower: 0, upper: 2, size: 3 },
-            Item { lower: 2, upper: 4, size: 3 },
-            Item { lower: 0, upper: 3, size: 5 },
-            Item { lower: 3, upper: 4, size: 5 },
-        ];
-        let network = Network::new(&items, &[0, 1, 2, 3]);
-        let mut nodes = 1000;
-        let (found, _, _) = network.flat_subsets(8, 4, 1000, &mut nodes);
-        assert_eq!(found.len(), 2, "{:?}", found);
     }
 }
