@@ -13,7 +13,7 @@
 
 use alloc::vec::Vec;
 
-use super::{pick, Budget, Rounds, Step, SubsetSums};
+use super::{pick, Budget, Rounds, Step, SubsetSums, SUMS_PER_NODE};
 use crate::arena::Item;
 
 /// The attempts (a seed edge with one flow) tried in the first round, and the work limit of each;
@@ -113,8 +113,9 @@ pub(super) struct Search {
 
 impl Search {
     /// The search of `component` (full height `height`).
-    pub(super) fn new(items: &[Item], component: &[u32], height: u64) -> Search {
+    pub(super) fn new(items: &[Item], component: &[u32], height: u64, budget: &mut Budget) -> Search {
         let network = Network::new(items, component);
+        budget.spend_many(network.edges.iter().map(|edge| edge.sums.cost).sum::<u64>() / SUMS_PER_NODE);
         let mut pending: Vec<(usize, u64)> = network.seeds.iter().map(|&e| (e, network.edges[e].total)).collect();
         let mut open_attempts = alloc::vec![0usize; network.edges.len()];
         for &e in &network.seeds {

@@ -45,6 +45,8 @@ const PART_SEARCH_WORK: u64 = 50_000;
 const SUBSET_SUMS_LIMIT: usize = 1 << 12;
 /// Splits nested deeper than this go to the exact search (bounds the recursion).
 const DEPTH_LIMIT: u32 = 64;
+/// Subset-sum entries merged per node charged.
+const SUMS_PER_NODE: u64 = 64;
 /// Nodes one subset-sum witness (`pick`) may take.
 const PICK_WORK: u64 = 10_000;
 
@@ -163,10 +165,14 @@ impl<T: Copy> Rounds<T> {
 }
 
 /// The smallest distinct subset sums of a multiset (0 included), sorted.
+#[derive(Clone)]
 struct SubsetSums {
     sums: Vec<u64>,
     /// Whether `sums` holds every subset sum (else only the smallest ones).
     complete: bool,
+    /// Entries merged to compute them: the work, to charge to a budget (in nodes, by
+    /// `SUMS_PER_NODE`).
+    cost: u64,
 }
 
 impl SubsetSums {
@@ -176,9 +182,15 @@ impl SubsetSums {
 
     /// The smallest `limit` distinct subset sums at most.
     fn with_limit(sizes: impl Iterator<Item = u64>, limit: usize) -> SubsetSums {
-        let mut sums: Vec<u64> = alloc::vec![0];
+        let mut sums = SubsetSums { sums: alloc::vec![0], complete: true, cost: 0 };
+        sums.add(sizes, limit);
+        sums
+    }
+
+    /// These sums with more sizes added, keeping at most `limit`.
+    fn add(&mut self, sizes: impl Iterator<Item = u64>, limit: usize) {
+        let sums = &mut self.sums;
         let mut next: Vec<u64> = Vec::new();
-        let mut complete = true;
         for s in sizes {
             // Merge `sums` and `sums + s` (both sorted), without repeats, keeping the smallest
             // `limit`: the smallest sums of the whole set are among those of every prefix.
@@ -207,11 +219,11 @@ impl SubsetSums {
                 }
             }
             if i < sums.len() || (j < sums.len() && sums[j].checked_add(s).is_some()) {
-                complete = false;
+                self.complete = false;
             }
-            core::mem::swap(&mut sums, &mut next);
+            self.cost += (i + j) as u64;
+            core::mem::swap(sums, &mut next);
         }
-        SubsetSums { sums, complete }
     }
 
     /// Whether `value` may be a subset sum: `false` only when it is proven not to be.
@@ -229,6 +241,7 @@ impl SubsetSums {
 
 /// Buffers that join a sweep at the same step and leave it at the same step (`end`), with what
 /// their subsets can add up to.
+#[derive(Clone)]
 struct Group {
     end: u32,
     total: u64,
@@ -447,7 +460,7 @@ impl Finder {
     fn new(items: &[Item], component: &[u32], height: u64, budget: &mut Budget) -> Finder {
         Finder {
             sparse: sparse::Search::new(items, component, height, budget),
-            flow: Some(flow::Search::new(items, component, height)),
+            flow: Some(flow::Search::new(items, component, height, budget)),
             work: FIND_FIRST_WORK,
             returned: Vec::new(),
         }
@@ -512,7 +525,7 @@ mod tests {
         let mut budget = Budget { left: 1000, spent: 0 };
         let mut sparse = sparse::Search::new(&items, &[0, 1, 2, 3], 8, &mut budget).expect("candidate heights");
         assert!(matches!(sparse.run(&items, &mut budget, 1000), Step::Found((lower, 3)) if lower == [0, 1]));
-        let mut flow = flow::Search::new(&items, &[0, 1, 2, 3], 8);
+        let mut flow = flow::Search::new(&items, &[0, 1, 2, 3], 8, &mut budget);
         let mut found = Vec::new();
         while let Step::Found(split) = flow.run(&items, &mut budget, 1000) {
             found.push(split);

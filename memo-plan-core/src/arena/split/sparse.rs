@@ -18,7 +18,7 @@
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
 
-use super::{hash, pick, Budget, Group, Rounds, Step, SubsetSums};
+use super::{hash, pick, Budget, Group, Rounds, Step, SubsetSums, SUBSET_SUMS_LIMIT, SUMS_PER_NODE};
 use crate::arena::Item;
 
 /// Sections (the sparsest after the chosen one) whose subset sums filter the heights, when all of
@@ -26,6 +26,8 @@ use crate::arena::Item;
 const FILTER_SECTIONS: usize = 8;
 /// See `FILTER_SECTIONS`.
 const FILTER_SUMS_LIMIT: usize = 1 << 16;
+/// Sections with more buffers than this filter nothing (their sums are too many to be known).
+const FILTER_MOST_BUFFERS: usize = 16;
 /// Filtering stops when this few heights are left.
 const FILTERED_ENOUGH: usize = 16;
 /// The most subset sums of the chosen section computed (the smallest).
@@ -62,18 +64,7 @@ impl Direction {
             .into_iter()
             .map(|ends| ends.into_iter().map(|(leaves, members)| Group::new(items, leaves as u32, members)).collect())
             .collect();
-        let reach = groups
-            .iter()
-            .map(|groups: &Vec<Group>| {
-                (0..=groups.len())
-                    .map(|g| {
-                        SubsetSums::new(
-                            groups[g..].iter().flat_map(|x| x.members.iter().map(|&l| items[l as usize].size)),
-                        )
-                    })
-                    .collect()
-            })
-            .collect();
+        let reach = groups.iter().map(|groups: &Vec<Group>| suffix_sums(items, groups)).collect();
         Direction { groups, reach, failed: BTreeSet::new() }
     }
 
@@ -160,6 +151,18 @@ impl Direction {
     }
 }
 
+/// `sums[g]`: the subset sums of the buffers of `groups[g..]` (built from the back).
+fn suffix_sums(items: &[Item], groups: &[Group]) -> Vec<SubsetSums> {
+    let mut sums: Vec<SubsetSums> = alloc::vec![SubsetSums::new(core::iter::empty())];
+    for group in groups.iter().rev() {
+        let mut next = sums[sums.len() - 1].clone();
+        next.add(group.members.iter().map(|&l| items[l as usize].size), SUBSET_SUMS_LIMIT);
+        sums.push(next);
+    }
+    sums.reverse();
+    sums
+}
+
 /// How a sweep (or the whole search for one height) ended.
 enum Sweep {
     Found,
@@ -206,14 +209,13 @@ impl Search {
         // A flat subset's complement is flat too, so heights up to half suffice.
         let base = SubsetSums::with_limit(alive[chosen_section].iter().copied(), HEIGHTS_LIMIT);
         let mut heights: Vec<u64> = base.sums.iter().copied().filter(|&a| a > 0 && a <= height / 2).collect();
+        let mut cost = base.cost;
         for &section in by_crowding.iter().skip(1).take(FILTER_SECTIONS) {
-            if heights.len() <= FILTERED_ENOUGH {
-                break;
+            if heights.len() <= FILTERED_ENOUGH || alive[section].len() > FILTER_MOST_BUFFERS {
+                break; // enough, or the sections left are too crowded to have few sums
             }
             let filter = SubsetSums::with_limit(alive[section].iter().copied(), FILTER_SUMS_LIMIT);
-            if !budget.spend_many(filter.sums.len() as u64 / 64) {
-                return None;
-            }
+            cost += filter.cost;
             if filter.complete {
                 heights.retain(|a| filter.sums.binary_search(a).is_ok());
             }
@@ -230,13 +232,8 @@ impl Search {
         }
         let classes: Vec<((usize, usize), Group)> =
             classes.into_iter().map(|(key, members)| (key, Group::new(items, key.1 as u32, members))).collect();
-        let class_reach: Vec<SubsetSums> = (0..=classes.len())
-            .map(|c| {
-                SubsetSums::new(
-                    classes[c..].iter().flat_map(|(_, g)| g.members.iter().map(|&l| items[l as usize].size)),
-                )
-            })
-            .collect();
+        let class_groups: Vec<Group> = classes.iter().map(|(_, g)| g.clone()).collect();
+        let class_reach = suffix_sums(items, &class_groups);
         // Right of the chosen section: step i is boundary chosen + 1 + i; buffers join at their
         // start and leave at their end. Left of it: step i is boundary chosen - i; time reversed.
         let right_entries: Vec<(usize, usize, u32)> = span
@@ -249,9 +246,19 @@ impl Search {
             .filter(|&&(_, end, _)| end <= chosen_section)
             .map(|&(start, end, l)| (chosen_section - end, chosen_section - start, l))
             .collect();
+        let right = Direction::new(items, &right_entries, sections - chosen_section);
+        let left = Direction::new(items, &left_entries, chosen_section + 1);
+        for direction in [&right, &left] {
+            cost += direction.reach.iter().flatten().map(|sums| sums.cost).sum::<u64>();
+            cost += direction.groups.iter().flatten().map(|group| group.sums.cost).sum::<u64>();
+        }
+        cost += class_reach.iter().map(|sums| sums.cost).sum::<u64>();
+        if !budget.spend_many(cost / SUMS_PER_NODE) {
+            return None;
+        }
         Some(Search {
-            right: Direction::new(items, &right_entries, sections - chosen_section),
-            left: Direction::new(items, &left_entries, chosen_section + 1),
+            right,
+            left,
             classes,
             class_reach,
             chosen_section,
