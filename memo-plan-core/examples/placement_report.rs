@@ -5,7 +5,7 @@
 //! `cargo run --release -p memo-plan-core --example placement_report` prints the table;
 //! `... --example placement_report -- seeds 300 [FIRST] [COUNT]` prints one line per
 //! known-optimum seed (FIRST.. FIRST+COUNT, default 0-9) of 300 buffers: peak / optimum, nodes,
-//! milliseconds.
+//! milliseconds; `... -- training` prints only the training-step rows of the table.
 
 use memo_plan_core::check::check_placement;
 use memo_plan_core::generate::{known_optimum, training_step, StepShape};
@@ -23,9 +23,10 @@ fn main() {
         }
         return;
     }
+    let training_only = args.first().map(String::as_str) == Some("training");
     println!("| set | buffers | instances | at lower bound | proven optimal | worst peak/lb (greedy) | worst peak/lb (solve) | median ms | max ms |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for count in [100usize, 200, 300, 400, 500] {
+    for count in [100usize, 200, 300, 400, 500].into_iter().filter(|_| !training_only) {
         let instances: Vec<Vec<BufferLifetime>> =
             (0..10).map(|seed| known_optimum(seed, count, 4 * count as u32, 1 << 20)).collect();
         report(&format!("known optimum {count}"), &instances);

@@ -6,7 +6,9 @@
 //! 2. reductions that keep optimality ([`decompose`]): temporal components and peeling;
 //! 3. per component, the greedy portfolio ([`greedy`]) gives an incumbent;
 //! 4. components above the lower bound go to the exact search ([`search`]), which proves a capacity
-//!    infeasible or finds a placement under it, within a deterministic node budget.
+//!    infeasible or finds a placement under it, within a deterministic node budget; at a capacity
+//!    where every time section is exactly full (zero slack), flat splits ([`split`]) are tried
+//!    first: they cut the component into independent horizontal slabs and place it part by part.
 //!
 //! The reported peak is proven optimal when it equals the lower bound (the most bytes ever alive
 //! at once), or when the search proved every lower capacity infeasible for the component that
@@ -329,7 +331,8 @@ impl LeafState {
         nodes: &mut u64,
     ) -> SearchOutcome {
         if self.sections.totals.iter().all(|&t| t == capacity) {
-            // Zero slack: try flat splits first (they settle perfect packings part by part).
+            // Zero slack: try flat splits first (they settle perfect packings part by part). They
+            // only ever find placements; without one the restarts below go on, unchanged.
             let (placement, used) = split::place(items, members, capacity, nodes_left);
             *nodes += used;
             if let Some(placement) = placement {

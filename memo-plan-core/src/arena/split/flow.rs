@@ -10,6 +10,10 @@
 //! chooses flows for them that balance it, until every touched boundary is balanced. The flow's
 //! value (what leaves the first boundary) is the height. Edges are tried with their whole group or
 //! none first: buffers with one lifetime mostly lie on one side of a cut.
+//!
+//! An attempt is a seed edge with one flow; attempts go in [`Rounds`]. A seed whose every attempt
+//! was refuted (as far as the known subset sums go) is left out of later attempts. Nothing here
+//! is a proof: the search only ever hands on subsets it found, which `split` then uses.
 
 use alloc::vec::Vec;
 
@@ -101,8 +105,8 @@ pub(super) struct Search {
     /// Attempts (seed edge, flow) not settled yet: every seed with its whole group first, then
     /// with its other subset sums.
     attempts: Rounds<(usize, u64)>,
-    /// Per edge: attempts of it not refuted yet (while it is a seed), and whether it is known to
-    /// be in no flat subset (every attempt refuted), so later attempts leave it out.
+    /// Per edge: attempts of it not refuted yet (while it is a seed), and whether every attempt of
+    /// it was refuted, so later attempts leave it out.
     open_attempts: Vec<usize>,
     excluded: Vec<bool>,
     /// The flows and touched marks every attempt starts from (restored by each attempt's undo):

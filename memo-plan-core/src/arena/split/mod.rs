@@ -544,6 +544,27 @@ mod tests {
         assert_eq!(placement.offsets, [0, 0, 3, 3]);
     }
 
+    /// The pinwheel: five pieces tiling a 3 x 3 square with no cut through it, so no flat subset
+    /// exists; the split search must report none and leave the component to the exact search,
+    /// which places it at height 3.
+    #[test]
+    fn a_pinwheel_has_no_flat_subset_and_is_still_placed() {
+        let items = [
+            Item { lower: 0, upper: 2, size: 1 }, // bottom left, tall in time
+            Item { lower: 2, upper: 3, size: 2 }, // bottom right
+            Item { lower: 1, upper: 3, size: 1 }, // top right
+            Item { lower: 0, upper: 1, size: 2 }, // top left
+            Item { lower: 1, upper: 2, size: 1 }, // the centre
+        ];
+        let members = [0, 1, 2, 3, 4];
+        let mut budget = Budget { left: 100_000, spent: 0 };
+        let mut finder = Finder::new(&items, &members, 3, &mut budget);
+        assert_eq!(finder.next(&items, &mut budget), None);
+        let mut nodes = 100_000;
+        let (placement, _) = place(&items, &members, 3, &mut nodes);
+        assert_eq!(placement.map(|p| p.peak), Some(3));
+    }
+
     #[test]
     fn subset_sums_keep_the_smallest() {
         let all = SubsetSums::new([5u64, 1, 3].into_iter());
