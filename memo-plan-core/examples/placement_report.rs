@@ -2,7 +2,10 @@
 //! the solver reaches the known optimum or the lower bound, peak / lower bound of the greedy
 //! portfolio and of the full solve, and the time per instance.
 //!
-//! `cargo run --release -p memo-plan-core --example placement_report`
+//! `cargo run --release -p memo-plan-core --example placement_report` prints the table;
+//! `... --example placement_report -- seeds 300 [FIRST] [COUNT]` prints one line per
+//! known-optimum seed (FIRST.. FIRST+COUNT, default 0-9) of 300 buffers: peak / optimum, nodes,
+//! milliseconds; `... -- training` prints only the training-step rows of the table.
 
 use memo_plan_core::check::check_placement;
 use memo_plan_core::generate::{known_optimum, training_step, StepShape};
@@ -10,9 +13,20 @@ use memo_plan_core::{solve, BufferLifetime, SolveOptions};
 use std::time::Instant;
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("seeds") {
+        let count: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(300);
+        let first: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(0);
+        let seeds: u64 = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(10);
+        for seed in first..first + seeds {
+            per_seed(seed, count);
+        }
+        return;
+    }
+    let training_only = args.first().map(String::as_str) == Some("training");
     println!("| set | buffers | instances | at lower bound | proven optimal | worst peak/lb (greedy) | worst peak/lb (solve) | median ms | max ms |");
     println!("|---|---|---|---|---|---|---|---|---|");
-    for count in [100usize, 200, 300, 400, 500] {
+    for count in [100usize, 200, 300, 400, 500].into_iter().filter(|_| !training_only) {
         let instances: Vec<Vec<BufferLifetime>> =
             (0..10).map(|seed| known_optimum(seed, count, 4 * count as u32, 1 << 20)).collect();
         report(&format!("known optimum {count}"), &instances);
@@ -23,6 +37,24 @@ fn main() {
         let instances: Vec<Vec<BufferLifetime>> = (0..3).map(|seed| training_step(seed, shape)).collect();
         report(&format!("training step, {layers} layers"), &instances);
     }
+}
+
+/// One known-optimum instance: peak / optimum, whether proven, nodes and time.
+fn per_seed(seed: u64, count: usize) {
+    let buffers = known_optimum(seed, count, 4 * count as u32, 1 << 20);
+    let start = Instant::now();
+    let s = solve(&buffers, &SolveOptions::default()).expect("generated instances are valid");
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    check_placement(&buffers, &s.offsets, 1, s.peak, None).expect("the checker accepts every solution");
+    println!(
+        "known optimum {count} seed {seed}: peak/optimum {:.5} optimal {} nodes {} components {} largest {} {:.1} ms",
+        s.peak as f64 / s.lower_bound as f64,
+        s.optimal,
+        s.stats.nodes,
+        s.stats.components,
+        s.stats.largest_component,
+        ms
+    );
 }
 
 fn report(name: &str, instances: &[Vec<BufferLifetime>]) {

@@ -73,7 +73,7 @@ pub(crate) fn decompose(items: &[Item]) -> Decomposition {
 }
 
 /// Ranges of `sorted` (sorted by lower) forming temporal components.
-fn split_components(items: &[Item], sorted: &[u32]) -> Vec<core::ops::Range<usize>> {
+pub(crate) fn split_components(items: &[Item], sorted: &[u32]) -> Vec<core::ops::Range<usize>> {
     let mut components = Vec::new();
     let mut start = 0;
     let mut reach = 0u32;
@@ -94,7 +94,7 @@ fn split_components(items: &[Item], sorted: &[u32]) -> Vec<core::ops::Range<usiz
 
 /// The members (in the order given) that overlap in time every other member.
 /// `i` overlaps every `j != i` iff `lower_i < min upper_j` and `max lower_j < upper_i`.
-fn peelable(items: &[Item], members: &[u32]) -> Vec<u32> {
+pub(crate) fn peelable(items: &[Item], members: &[u32]) -> Vec<u32> {
     // The smallest and second-smallest upper (and the owner of the smallest), likewise for the
     // largest lowers, give every member's "others" values in one pass.
     let mut min_upper: Option<(u32, u32)> = None;

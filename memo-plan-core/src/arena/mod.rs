@@ -6,7 +6,9 @@
 //! 2. reductions that keep optimality ([`decompose`]): temporal components and peeling;
 //! 3. per component, the greedy portfolio ([`greedy`]) gives an incumbent;
 //! 4. components above the lower bound go to the exact search ([`search`]), which proves a capacity
-//!    infeasible or finds a placement under it, within a deterministic node budget.
+//!    infeasible or finds a placement under it, within a deterministic node budget; at a capacity
+//!    where every time section is exactly full (zero slack), flat splits ([`split`]) are tried
+//!    first: they cut the component into independent horizontal slabs and place it part by part.
 //!
 //! The reported peak is proven optimal when it equals the lower bound (the most bytes ever alive
 //! at once), or when the search proved every lower capacity infeasible for the component that
@@ -18,6 +20,7 @@ mod greedy;
 pub mod mip;
 mod search;
 mod sections;
+mod split;
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -327,6 +330,15 @@ impl LeafState {
         nodes_left: &mut u64,
         nodes: &mut u64,
     ) -> SearchOutcome {
+        if self.sections.totals.iter().all(|&t| t == capacity) {
+            // Zero slack: try flat splits first (they settle perfect packings part by part). They
+            // only ever find placements; without one the restarts below go on, unchanged.
+            let (placement, used) = split::place(items, members, capacity, nodes_left);
+            *nodes += used;
+            if let Some(placement) = placement {
+                return SearchOutcome::Found(placement);
+            }
+        }
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
         loop {
             for rank in ranks {
@@ -389,7 +401,7 @@ impl LeafState {
 /// The tie-break orders the restarts cycle through: buffers in the most contended sections
 /// first, then longer, then larger (MiniMalloc's best-performing preorder); largest first; longest
 /// first; then fixed-seed shuffles. Each is a rank per buffer (lower rank tried first).
-fn search_ranks(items: &[Item], members: &[u32], sections: &Sections) -> Vec<Vec<u32>> {
+pub(crate) fn search_ranks(items: &[Item], members: &[u32], sections: &Sections) -> Vec<Vec<u32>> {
     let n = members.len();
     let item = |l: u32| &items[members[l as usize] as usize];
     let by_key = |key: &dyn Fn(u32) -> (u64, u64, u64)| {

@@ -118,15 +118,22 @@ fn matches_brute_force_on_small_random_instances() {
     }
 }
 
-/// Regression guard for the exact search on known-optimum instances: these (seed, buffers) pairs
-/// are solved to their optimum within the default budget today (measured in BENCHMARKS.md, which
-/// also lists the instances that are not: the search has a heavy tail).
+/// The known-optimum instances of BENCHMARKS.md (`known_optimum(seed, N, 4N steps, 2^20)`) are
+/// solved to their optimum within the default budget: every seed 0-9 at 100-300 buffers, seeds
+/// 0-3 at 400 and 500 (the others settle too, except 500 buffers seed 9, which BENCHMARKS.md
+/// lists; they are left out here to keep the debug run to a few seconds).
 #[test]
 fn reaches_the_known_optimum_of_generated_instances() {
-    for (seed, count) in [(1, 100), (2, 100), (3, 100), (1, 200), (2, 200), (5, 200), (2, 300), (3, 300), (8, 300)] {
+    let cases = [100, 200, 300]
+        .into_iter()
+        .flat_map(|count| (0..10).map(move |seed| (seed, count)))
+        .chain([400, 500].into_iter().flat_map(|count| (0..4).map(move |seed| (seed, count))));
+    for (seed, count) in cases {
         let height = 1 << 20;
         let buffers = known_optimum(seed, count, 4 * count as u32, height);
-        let solution = solve_checked(&buffers, &SolveOptions::default()).unwrap();
+        // Solved once (determinism is tested on the other instances), through the checker.
+        let solution = solve(&buffers, &SolveOptions::default()).unwrap();
+        check_placement(&buffers, &solution.offsets, 1, solution.peak, None).unwrap();
         assert_eq!(solution.lower_bound, height);
         assert_eq!(solution.peak, height, "seed {seed}, {count} buffers: stats {:?}", solution.stats);
         assert!(solution.optimal);

@@ -1,0 +1,578 @@
+//! Flat splits: a way to place a component at a capacity where every one of its time sections is
+//! exactly full (zero slack), as at the lower bound of a perfectly packable instance.
+//!
+//! A subset of the buffers whose live total is the same in every section (a *flat* subset, of
+//! height `a`) can be placed in `[0, a)` on its own and the rest in `[a, capacity)`: neither part
+//! ever needs the other's addresses. Each part is again zero slack, so it splits again: first in
+//! time (temporal components), then by peeling (a buffer alive throughout is a flat subset of one),
+//! then by another flat subset, until the parts are single buffers or admit no flat subset; those
+//! go to the exact search (`search`). Instances cut from a rectangle by guillotine cuts come apart
+//! entirely this way, each part small; so do other perfect packings made of independent slabs.
+//!
+//! Two searches find flat subsets, taking turns with a work allowance that grows each round (on
+//! some components one is quick, on others the other), and each resumes where it stopped:
+//! - [`sparse`]: from the section with the fewest buffers, whose subset sums give the candidate
+//!   heights, sweeping right and left from it;
+//! - [`flow`]: as a balanced flow over the section boundaries, propagated from one edge; it needs
+//!   no candidate heights, so it serves components whose every section is crowded.
+//!
+//! This is not complete: a component can be packable although none of its splits is (a split fixes
+//! that its parts never share addresses). So `place` only ever reports a placement it found; when
+//! it finds none, the caller's exact search goes on as before and nothing is concluded.
+
+mod flow;
+mod sparse;
+
+use alloc::collections::BTreeSet;
+use alloc::vec::Vec;
+
+use super::decompose::{peelable, split_components};
+use super::greedy::{ComponentPlacement, Overlaps};
+use super::search::{search, SearchOutcome};
+use super::sections::Sections;
+use super::{search_ranks, Item, OVERLAP_PAIR_LIMIT};
+
+/// Flat subsets tried per component before it goes to the exact search whole.
+const SPLIT_TRIES: usize = 4;
+/// The work allowance of each search in the first round of a component; it grows fourfold a
+/// round, up to `FIND_WORK`.
+const FIND_FIRST_WORK: u64 = 2048;
+/// The largest work allowance of one round.
+const FIND_WORK: u64 = 262_144;
+/// Nodes the exact search may take on a part that does not split.
+const PART_SEARCH_WORK: u64 = 50_000;
+/// The most distinct subset sums kept per group of buffers.
+const SUBSET_SUMS_LIMIT: usize = 1 << 12;
+/// Splits nested deeper than this go to the exact search (bounds the recursion).
+const DEPTH_LIMIT: u32 = 64;
+/// Subset-sum entries merged per node charged.
+const SUMS_PER_NODE: u64 = 64;
+/// Nodes one subset-sum witness (`pick`) may take.
+const PICK_WORK: u64 = 10_000;
+
+/// Places `members` (indices into `items`) under `capacity`, where every section is exactly full,
+/// by flat splits, spending at most `*nodes_left` nodes. Returns the placement (offsets by
+/// position in `members`) if one was found, and the nodes spent.
+pub(crate) fn place(
+    items: &[Item],
+    members: &[u32],
+    capacity: u64,
+    nodes_left: &mut u64,
+) -> (Option<ComponentPlacement>, u64) {
+    let local: Vec<Item> = members.iter().map(|&m| items[m as usize]).collect();
+    let n = local.len();
+    let mut splitter = Splitter {
+        items: local,
+        offset: alloc::vec![0; n],
+        failed: BTreeSet::new(),
+        budget: Budget { left: *nodes_left, spent: 0 },
+        depth: 0,
+    };
+    let all: Vec<u32> = (0..n as u32).collect();
+    let placed = splitter.solve_part(all, capacity, 0);
+    *nodes_left = splitter.budget.left;
+    let placement = placed.then(|| {
+        let peak = (0..n).map(|l| splitter.offset[l] + splitter.items[l].size).max().unwrap_or(0);
+        ComponentPlacement { offsets: splitter.offset, peak }
+    });
+    (placement, splitter.budget.spent)
+}
+
+/// The nodes a split search may still spend, and has spent.
+struct Budget {
+    left: u64,
+    spent: u64,
+}
+
+impl Budget {
+    fn spend(&mut self) -> bool {
+        self.spend_many(1)
+    }
+
+    /// Spends `count` nodes at once (work that is not one search node, counted by its size).
+    fn spend_many(&mut self, count: u64) -> bool {
+        if self.left < count {
+            self.spent += self.left;
+            self.left = 0;
+            return false;
+        }
+        self.left -= count;
+        self.spent += count;
+        true
+    }
+
+    /// Spends a node from both the budget and a search's own allowance `work`.
+    fn charge(&mut self, work: &mut u64) -> bool {
+        if *work == 0 || !self.spend() {
+            return false;
+        }
+        *work -= 1;
+        true
+    }
+}
+
+/// How a resumable flat-subset search ended a call.
+enum Step {
+    /// A flat subset: its buffers (sorted) and height.
+    Found((Vec<u32>, u64)),
+    /// Nothing left to try.
+    Done,
+    /// The allowance ran out; a later call goes on.
+    OutOfWork,
+}
+
+/// Attempts tried in rounds: a round tries the first `window` pending attempts, each with a work
+/// limit; those that run out of work stay pending, refuted and found ones leave. After a round the
+/// limit and the window double, so both the promising and the later attempts get their turn.
+/// Resumable between calls.
+struct Rounds<T> {
+    pending: Vec<T>,
+    window: usize,
+    limit: u64,
+    /// Position in the current round.
+    cursor: usize,
+    /// Attempts of the current round that ran out of work.
+    unsettled: Vec<T>,
+}
+
+impl<T: Copy> Rounds<T> {
+    fn new(pending: Vec<T>, window: usize, limit: u64) -> Rounds<T> {
+        Rounds { pending, window, limit, cursor: 0, unsettled: Vec::new() }
+    }
+
+    /// The next attempt and its work limit, or `None` when none is left.
+    fn next(&mut self) -> Option<(T, u64)> {
+        if self.cursor >= self.window.min(self.pending.len()) {
+            // The round is over: the unsettled ones first, then those beyond the window.
+            let beyond = self.pending.split_off(self.window.min(self.pending.len()));
+            self.pending = core::mem::take(&mut self.unsettled);
+            self.pending.extend(beyond);
+            self.cursor = 0;
+            self.limit = self.limit.saturating_mul(2);
+            self.window = self.window.saturating_mul(2);
+            if self.pending.is_empty() {
+                return None;
+            }
+        }
+        self.cursor += 1;
+        Some((self.pending[self.cursor - 1], self.limit))
+    }
+
+    /// The attempt last returned ran out of work: it stays for the next round.
+    fn unsettled(&mut self, attempt: T) {
+        self.unsettled.push(attempt);
+    }
+}
+
+/// The smallest distinct subset sums of a multiset (0 included), sorted.
+#[derive(Clone)]
+struct SubsetSums {
+    sums: Vec<u64>,
+    /// Whether `sums` holds every subset sum (else only the smallest ones).
+    complete: bool,
+    /// Entries merged to compute them: the work, to charge to a budget (in nodes, by
+    /// `SUMS_PER_NODE`).
+    cost: u64,
+}
+
+impl SubsetSums {
+    fn new(sizes: impl Iterator<Item = u64>) -> SubsetSums {
+        Self::with_limit(sizes, SUBSET_SUMS_LIMIT)
+    }
+
+    /// The smallest `limit` distinct subset sums at most.
+    fn with_limit(sizes: impl Iterator<Item = u64>, limit: usize) -> SubsetSums {
+        let mut sums = SubsetSums { sums: alloc::vec![0], complete: true, cost: 0 };
+        sums.add(sizes, limit);
+        sums
+    }
+
+    /// These sums with more sizes added, keeping at most `limit`.
+    fn add(&mut self, sizes: impl Iterator<Item = u64>, limit: usize) {
+        let sums = &mut self.sums;
+        let mut next: Vec<u64> = Vec::new();
+        for s in sizes {
+            // Merge `sums` and `sums + s` (both sorted), without repeats, keeping the smallest
+            // `limit`: the smallest sums of the whole set are among those of every prefix.
+            next.clear();
+            let (mut i, mut j) = (0, 0);
+            while next.len() < limit && (i < sums.len() || j < sums.len()) {
+                let shifted = sums.get(j).and_then(|&x| x.checked_add(s));
+                let value = match (sums.get(i), shifted) {
+                    (Some(&a), Some(b)) if a <= b => {
+                        i += 1;
+                        a
+                    }
+                    (_, Some(b)) => {
+                        j += 1;
+                        b
+                    }
+                    (Some(&a), None) => {
+                        i += 1;
+                        j = sums.len(); // the shifted ones overflow from here on
+                        a
+                    }
+                    (None, None) => break,
+                };
+                if next.last() != Some(&value) {
+                    next.push(value);
+                }
+            }
+            if i < sums.len() || (j < sums.len() && sums[j].checked_add(s).is_some()) {
+                self.complete = false;
+            }
+            self.cost += (i + j) as u64;
+            core::mem::swap(sums, &mut next);
+        }
+    }
+
+    /// Whether `value` may be a subset sum: `false` only when it is proven not to be.
+    fn may_contain(&self, value: u64) -> bool {
+        self.sums.binary_search(&value).is_ok() || (!self.complete && value > self.sums.last().copied().unwrap_or(0))
+    }
+
+    /// The known subset sums in `low..=high`, ascending.
+    fn between(&self, low: u64, high: u64) -> &[u64] {
+        let start = self.sums.partition_point(|&s| s < low);
+        let end = self.sums.partition_point(|&s| s <= high);
+        &self.sums[start..end.max(start)]
+    }
+}
+
+/// Buffers that join a sweep at the same step and leave it at the same step (`end`), with what
+/// their subsets can add up to.
+#[derive(Clone)]
+struct Group {
+    end: u32,
+    total: u64,
+    /// Local buffers, largest first.
+    members: Vec<u32>,
+    sums: SubsetSums,
+}
+
+impl Group {
+    fn new(items: &[Item], end: u32, mut members: Vec<u32>) -> Group {
+        members.sort_unstable_by_key(|&l| (core::cmp::Reverse(items[l as usize].size), l));
+        let sums = SubsetSums::new(members.iter().map(|&l| items[l as usize].size));
+        let total = members.iter().map(|&l| items[l as usize].size).sum();
+        Group { end, total, members, sums }
+    }
+
+    /// The amounts worth trying when at most `most` may join: the whole group, none (if `zero`),
+    /// exactly `most`, then the other subset sums, largest first. Whole groups first: buffers
+    /// with one lifetime mostly lie on the same side of a split.
+    fn candidates(&self, most: u64, zero: bool) -> Vec<u64> {
+        let mut out: Vec<u64> = Vec::new();
+        if self.total <= most {
+            out.push(self.total);
+        }
+        if zero {
+            out.push(0);
+        }
+        if most < self.total && self.sums.may_contain(most) {
+            out.push(most);
+        }
+        out.extend(self.sums.between(1, most).iter().rev().copied().filter(|&s| s != self.total && s != most));
+        out
+    }
+}
+
+/// Adds members of `members` (largest first) adding up to `amount` to `out`; `false` if none was
+/// found (within `PICK_WORK` nodes).
+fn pick(items: &[Item], members: &[u32], amount: u64, out: &mut Vec<u32>, budget: &mut Budget) -> bool {
+    let mut picked = Vec::new();
+    let mut work = PICK_WORK;
+    let ok = pick_from(items, members, 0, amount, &mut picked, budget, &mut work);
+    out.extend(picked);
+    ok
+}
+
+fn pick_from(
+    items: &[Item],
+    members: &[u32],
+    from: usize,
+    amount: u64,
+    picked: &mut Vec<u32>,
+    budget: &mut Budget,
+    work: &mut u64,
+) -> bool {
+    if amount == 0 {
+        return true;
+    }
+    if !budget.charge(work) {
+        return false;
+    }
+    let mut previous: Option<u64> = None;
+    for i in from..members.len() {
+        let size = items[members[i] as usize].size;
+        if size > amount || previous == Some(size) {
+            continue; // too large, or an equal size was tried at this position
+        }
+        previous = Some(size);
+        picked.push(members[i]);
+        if pick_from(items, members, i + 1, amount - size, picked, budget, work) {
+            return true;
+        }
+        picked.pop();
+    }
+    false
+}
+
+/// Mixes one 64-bit value (SplitMix64's finaliser).
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A 128-bit hash of a sequence of values.
+fn hash(values: impl Iterator<Item = u64>) -> u128 {
+    let mut a = 0x666C_6174_0000_0001u64;
+    let mut b = 0x9E37_79B9_7F4A_7C15u64;
+    for v in values {
+        a = mix(a.rotate_left(23) ^ v);
+        b = mix(b.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ v.wrapping_add(0x5851_F42D_4C95_7F2D));
+    }
+    (u128::from(a) << 64) | u128::from(b)
+}
+
+struct Splitter {
+    items: Vec<Item>,
+    offset: Vec<u64>,
+    /// Components (hashed members and height) that could not be placed.
+    failed: BTreeSet<u128>,
+    budget: Budget,
+    depth: u32,
+}
+
+impl Splitter {
+    /// Places `part` in `[base, base + height)`, where every section of it is exactly full.
+    fn solve_part(&mut self, mut part: Vec<u32>, height: u64, base: u64) -> bool {
+        let items = &self.items;
+        part.sort_unstable_by_key(|&l| (items[l as usize].lower, items[l as usize].upper, l));
+        for range in split_components(&self.items, &part) {
+            if !self.solve_component(part[range].to_vec(), height, base) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Places one temporal component: peel, split, or search. Components that failed once (the
+    /// same buffers at the same height, as alternative splits often meet) fail at once.
+    fn solve_component(&mut self, component: Vec<u32>, height: u64, base: u64) -> bool {
+        if !self.budget.spend() {
+            return false;
+        }
+        let key = hash(core::iter::once(height).chain(component.iter().map(|&m| u64::from(m))));
+        if self.failed.contains(&key) {
+            return false;
+        }
+        let placed = self.solve_component_uncached(component, height, base);
+        if !placed {
+            self.failed.insert(key);
+        }
+        placed
+    }
+
+    fn solve_component_uncached(&mut self, component: Vec<u32>, height: u64, base: u64) -> bool {
+        if let [only] = component[..] {
+            self.offset[only as usize] = base;
+            return self.items[only as usize].size == height;
+        }
+        let peeled = peelable(&self.items, &component);
+        if !peeled.is_empty() {
+            let mut top = base;
+            for &l in &peeled {
+                self.offset[l as usize] = top;
+                top += self.items[l as usize].size;
+            }
+            let rest: Vec<u32> = component.iter().copied().filter(|l| !peeled.contains(l)).collect();
+            let Some(left) = height.checked_sub(top - base) else { return false };
+            return rest.is_empty() || self.solve_part(rest, left, top);
+        }
+        if self.depth < DEPTH_LIMIT {
+            self.depth += 1;
+            // One split at a time: most components take the first one found.
+            let mut finder = Finder::new(&self.items, &component, height, &mut self.budget);
+            for _ in 0..SPLIT_TRIES {
+                let Some((lower, lower_height)) = finder.next(&self.items, &mut self.budget) else { break };
+                let upper: Vec<u32> = component.iter().copied().filter(|l| lower.binary_search(l).is_err()).collect();
+                if self.solve_part(lower, lower_height, base)
+                    && self.solve_part(upper, height - lower_height, base + lower_height)
+                {
+                    self.depth -= 1;
+                    return true;
+                }
+            }
+            self.depth -= 1;
+        }
+        self.search_component(&component, height, base)
+    }
+
+    /// The exact search on a component that does not split (within `PART_SEARCH_WORK` nodes).
+    fn search_component(&mut self, component: &[u32], height: u64, base: u64) -> bool {
+        let sections = Sections::new(&self.items, component);
+        if sections.totals.iter().any(|&t| t != height) {
+            return false; // not zero slack after all
+        }
+        let Some(overlaps) = Overlaps::build(&self.items, component, OVERLAP_PAIR_LIMIT) else { return false };
+        let ranks = search_ranks(&self.items, component, &sections);
+        let mut work = PART_SEARCH_WORK.min(self.budget.left);
+        let mut limit = 4 * component.len() as u64;
+        while work > 0 {
+            for rank in &ranks {
+                if work == 0 {
+                    break;
+                }
+                let mut run = limit.min(work);
+                let (outcome, used) = search(&self.items, component, &overlaps, &sections, rank, height, &mut run);
+                work -= used;
+                self.budget.spend_many(used);
+                match outcome {
+                    SearchOutcome::Found(placement) => {
+                        for (position, &l) in component.iter().enumerate() {
+                            self.offset[l as usize] = base + placement.offsets[position];
+                        }
+                        return true;
+                    }
+                    SearchOutcome::Infeasible => return false,
+                    SearchOutcome::BudgetExhausted => {}
+                }
+            }
+            limit = limit.saturating_mul(2);
+        }
+        false
+    }
+}
+
+/// Both flat-subset searches of one component, taking turns; each call goes on where the last
+/// stopped, so a split that fails further down is followed by a different one.
+struct Finder {
+    sparse: Option<sparse::Search>,
+    flow: Option<flow::Search>,
+    work: u64,
+    /// Subsets returned already (the two searches may find the same one).
+    returned: Vec<Vec<u32>>,
+}
+
+impl Finder {
+    fn new(items: &[Item], component: &[u32], height: u64, budget: &mut Budget) -> Finder {
+        Finder {
+            sparse: sparse::Search::new(items, component, height, budget),
+            flow: Some(flow::Search::new(items, component, height, budget)),
+            work: FIND_FIRST_WORK,
+            returned: Vec::new(),
+        }
+    }
+
+    /// The next flat subset (buffers sorted, height), if one is found within the rounds left.
+    fn next(&mut self, items: &[Item], budget: &mut Budget) -> Option<(Vec<u32>, u64)> {
+        loop {
+            for sparse_turn in [true, false] {
+                loop {
+                    let step = if sparse_turn {
+                        self.sparse.as_mut().map(|s| s.run(items, budget, self.work))
+                    } else {
+                        self.flow.as_mut().map(|s| s.run(items, budget, self.work))
+                    };
+                    match step {
+                        Some(Step::Found((lower, height))) => {
+                            if !self.returned.contains(&lower) {
+                                self.returned.push(lower.clone());
+                                return Some((lower, height));
+                            }
+                            // Found by the other search already: go on with this one.
+                        }
+                        Some(Step::Done) => {
+                            if sparse_turn {
+                                self.sparse = None;
+                            } else {
+                                self.flow = None;
+                            }
+                            break;
+                        }
+                        Some(Step::OutOfWork) | None => break,
+                    }
+                }
+            }
+            if (self.sparse.is_none() && self.flow.is_none()) || budget.left == 0 || self.work >= FIND_WORK {
+                return None;
+            }
+            self.work = (self.work * 4).min(FIND_WORK);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn two_slabs() -> [Item; 4] {
+        // Two slabs, 3 and 5 high, each cut in time at a different step: the component is one
+        // (the cuts overlap) and its only flat subsets are the slabs.
+        [
+            Item { lower: 0, upper: 2, size: 3 },
+            Item { lower: 2, upper: 4, size: 3 },
+            Item { lower: 0, upper: 3, size: 5 },
+            Item { lower: 3, upper: 4, size: 5 },
+        ]
+    }
+
+    #[test]
+    fn finds_the_flat_subsets_of_two_slabs() {
+        let items = two_slabs();
+        let mut budget = Budget { left: 1000, spent: 0 };
+        let mut sparse = sparse::Search::new(&items, &[0, 1, 2, 3], 8, &mut budget).expect("candidate heights");
+        assert!(matches!(sparse.run(&items, &mut budget, 1000), Step::Found((lower, 3)) if lower == [0, 1]));
+        let mut flow = flow::Search::new(&items, &[0, 1, 2, 3], 8, &mut budget);
+        let mut found = Vec::new();
+        while let Step::Found(split) = flow.run(&items, &mut budget, 1000) {
+            found.push(split);
+        }
+        found.sort_unstable();
+        assert_eq!(found, [(alloc::vec![0, 1], 3), (alloc::vec![2, 3], 5)]);
+    }
+
+    #[test]
+    fn places_two_slabs() {
+        let items = two_slabs();
+        let mut budget = 1000;
+        let (placement, _) = place(&items, &[0, 1, 2, 3], 8, &mut budget);
+        let placement = placement.expect("two slabs stack");
+        assert_eq!(placement.peak, 8);
+        assert_eq!(placement.offsets, [0, 0, 3, 3]);
+    }
+
+    /// The pinwheel: five pieces tiling a 3 x 3 square with no cut through it, so no flat subset
+    /// exists; the split search must report none and leave the component to the exact search,
+    /// which places it at height 3.
+    #[test]
+    fn a_pinwheel_has_no_flat_subset_and_is_still_placed() {
+        let items = [
+            Item { lower: 0, upper: 2, size: 1 }, // bottom left, tall in time
+            Item { lower: 2, upper: 3, size: 2 }, // bottom right
+            Item { lower: 1, upper: 3, size: 1 }, // top right
+            Item { lower: 0, upper: 1, size: 2 }, // top left
+            Item { lower: 1, upper: 2, size: 1 }, // the centre
+        ];
+        let members = [0, 1, 2, 3, 4];
+        let mut budget = Budget { left: 100_000, spent: 0 };
+        let mut finder = Finder::new(&items, &members, 3, &mut budget);
+        assert_eq!(finder.next(&items, &mut budget), None);
+        let mut nodes = 100_000;
+        let (placement, _) = place(&items, &members, 3, &mut nodes);
+        assert_eq!(placement.map(|p| p.peak), Some(3));
+    }
+
+    #[test]
+    fn subset_sums_keep_the_smallest() {
+        let all = SubsetSums::new([5u64, 1, 3].into_iter());
+        assert!(all.complete);
+        assert_eq!(all.sums, [0, 1, 3, 4, 5, 6, 8, 9]);
+        let some = SubsetSums::with_limit([5u64, 1, 3].into_iter(), 4);
+        assert!(!some.complete);
+        assert_eq!(some.sums, [0, 1, 3, 4]);
+        assert!(some.may_contain(7) && !some.may_contain(2));
+    }
+}
