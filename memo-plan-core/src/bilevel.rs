@@ -86,8 +86,8 @@ pub fn persists_across_steps(kind: BufferKind) -> bool {
     matches!(kind, BufferKind::Parameter | BufferKind::Gradient | BufferKind::OptimizerState | BufferKind::Scalar)
 }
 
-/// `[first, last + 1)` instruction range of each buffer, `None` for untouched ones; persistent
-/// buffers span the whole step, inputs start at 0.
+/// `[first, last + 1)` instruction range of each buffer (`spec/validity.md`'s live-range rule),
+/// `None` for untouched ones; persistent buffers span the whole step, inputs start at 0.
 pub fn live_ranges(
     buffers: &[Buffer],
     instructions: &[Instruction],
@@ -120,7 +120,8 @@ pub fn live_ranges(
         if persists_across_steps(buffer.kind) {
             *range = Some((0, steps.max(1)));
         } else if buffer.kind == BufferKind::Input {
-            *range = range.map(|(_, end)| (0, end));
+            // Inputs hold data from the start; an untouched one is live at instruction 0 only.
+            *range = Some(range.map_or((0, 1), |(_, end)| (0, end)));
         }
     }
     Ok(ranges)
@@ -166,20 +167,8 @@ pub fn place(schedule: &Schedule, budget_nodes: u64) -> Result<Placement, Placem
             })
             .collect::<Result<_, PlacementError>>()?;
         if !solved.contains_key(&signature) {
-            let lifetimes: Vec<BufferLifetime> = signature
-                .iter()
-                .enumerate()
-                .map(|(i, &(lower, upper, size))| BufferLifetime { id: i as u64, lower, upper, size })
-                .collect();
-            let solution = arena::solve(&lifetimes, &options)?;
-            let summary = PlacementSummary {
-                buffers: lifetimes.len() as u32,
-                peak_bytes: solution.peak,
-                lower_bound_bytes: solution.lower_bound,
-                optimal: solution.optimal,
-                nodes: solution.stats.nodes,
-            };
-            solved.insert(signature.clone(), (solution.offsets, summary));
+            let solved_block = solve_requests(signature.iter().copied(), &options)?;
+            solved.insert(signature.clone(), solved_block);
         }
         let (offsets, summary) = &solved[&signature];
         let slot = &mut level1[usize::from(block.phase == Phase::Backward)];
@@ -221,22 +210,11 @@ pub fn place(schedule: &Schedule, budget_nodes: u64) -> Result<Placement, Placem
         }
         requests.push((span.0, span.1, size, Request::Group(group)));
     }
-    let lifetimes: Vec<BufferLifetime> = requests
-        .iter()
-        .enumerate()
-        .map(|(i, &(lower, upper, size, _))| BufferLifetime { id: i as u64, lower, upper, size })
-        .collect();
-    let solution = arena::solve(&lifetimes, &options)?;
-    let level2 = PlacementSummary {
-        buffers: lifetimes.len() as u32,
-        peak_bytes: solution.peak,
-        lower_bound_bytes: solution.lower_bound,
-        optimal: solution.optimal,
-        nodes: solution.stats.nodes,
-    };
+    let (offsets, level2) =
+        solve_requests(requests.iter().map(|&(lower, upper, size, _)| (lower, upper, size)), &options)?;
 
     let mut placed = buffers.clone();
-    for ((_, _, _, request), &base) in requests.iter().zip(&solution.offsets) {
+    for ((_, _, _, request), &base) in requests.iter().zip(&offsets) {
         match request {
             Request::Group(members) => {
                 let mut offset = base;
@@ -267,6 +245,27 @@ pub fn place(schedule: &Schedule, budget_nodes: u64) -> Result<Placement, Placem
         level2,
         level1_problems: solved.len() as u32,
     })
+}
+
+/// Places `(lower, upper, bytes)` requests with the arena solver: their offsets and the summary a
+/// plan reports.
+fn solve_requests(
+    requests: impl Iterator<Item = (u32, u32, u64)>,
+    options: &SolveOptions,
+) -> Result<(Vec<u64>, PlacementSummary), PlacementError> {
+    let lifetimes: Vec<BufferLifetime> = requests
+        .enumerate()
+        .map(|(i, (lower, upper, size))| BufferLifetime { id: i as u64, lower, upper, size })
+        .collect();
+    let solution = arena::solve(&lifetimes, options)?;
+    let summary = PlacementSummary {
+        buffers: lifetimes.len() as u32,
+        peak_bytes: solution.peak,
+        lower_bound_bytes: solution.lower_bound,
+        optimal: solution.optimal,
+        nodes: solution.stats.nodes,
+    };
+    Ok((solution.offsets, summary))
 }
 
 /// The plan's totals from placed buffers and their live ranges.

@@ -88,6 +88,8 @@ pub struct CpuBackend {
     copy_bytes_per_s: Option<u64>,
     /// Checked mode's shadow state, when on.
     shadow: Option<Arc<Shadow>>,
+    /// Whether the stream threads time each instruction ([`CpuBackend::measure`]).
+    measuring: bool,
 }
 
 impl CpuBackend {
@@ -102,14 +104,16 @@ impl CpuBackend {
             state: Mutex::new(SharedState { recorded: Vec::new(), error: None, timing: None, last_timing: Vec::new() }),
             changed: Condvar::new(),
         });
-        CpuBackend { memory: None, shared, workers: Vec::new(), copy_bytes_per_s, shadow: None }
+        CpuBackend { memory: None, shared, workers: Vec::new(), copy_bytes_per_s, shadow: None, measuring: false }
     }
 
-    /// Measure every instruction's start and end ([`Backend::timings`]).
-    pub fn measure(self) -> Self {
+    /// Measure every instruction's start and end ([`Backend::timings`]). Takes effect from the
+    /// next [`Backend::allocate`], which starts the stream threads.
+    pub fn measure(mut self) -> Self {
         let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
         state.timing = Some((std::time::Instant::now(), Vec::new()));
         drop(state);
+        self.measuring = true;
         self
     }
 
@@ -167,6 +171,8 @@ struct WorkerContext {
     shared: Arc<Shared>,
     copy_bytes_per_s: Option<u64>,
     shadow: Option<Arc<Shadow>>,
+    /// Time each instruction (only then does a command touch the shared timing state).
+    measuring: bool,
 }
 
 /// Checked mode: records the access, or fails the step if it is unordered.
@@ -196,7 +202,7 @@ fn instruction_of(command: &Command) -> Option<usize> {
 
 fn run_worker(receiver: Receiver<Command>, context: WorkerContext) {
     for command in receiver {
-        let measured = instruction_of(&command).and_then(|instruction| {
+        let measured = instruction_of(&command).filter(|_| context.measuring).and_then(|instruction| {
             let state = context.shared.state.lock().unwrap_or_else(|p| p.into_inner());
             state.timing.as_ref().map(|(epoch, _)| (instruction, epoch.elapsed().as_secs_f64()))
         });
@@ -331,6 +337,7 @@ impl Backend for CpuBackend {
                 shared: Arc::clone(&self.shared),
                 copy_bytes_per_s: self.copy_bytes_per_s,
                 shadow: self.shadow.clone(),
+                measuring: self.measuring,
             };
             let thread = std::thread::Builder::new()
                 .name(format!("memo-{}", stream.name()))

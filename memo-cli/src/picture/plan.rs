@@ -8,6 +8,7 @@
 //! not drawn. The maximum of the live bytes is then the plan's `arena_lower_bound_bytes` (a test
 //! holds the two to each other).
 
+use memo_plan_core::bilevel::persists_across_steps;
 use memo_plan_core::plan::{Action, BufferKind, Place, Plan};
 use memo_plan_core::simulate;
 
@@ -45,43 +46,20 @@ fn classes() -> Vec<Class> {
     KINDS.iter().map(|(_, name, colour)| Class { name: (*name).to_string(), colour }).collect()
 }
 
-/// Whether a buffer of this kind is live over the whole step (`spec/validity.md`).
-fn whole_step(kind: BufferKind) -> bool {
-    matches!(kind, BufferKind::Parameter | BufferKind::Gradient | BufferKind::OptimizerState | BufferKind::Scalar)
-}
-
 /// Each buffer's live range `[first, last]` in instruction indices (both included), by the rule of
 /// `spec/validity.md`; `None` for unused buffers and for every buffer of a plan without
 /// instructions.
 pub fn live_ranges(plan: &Plan) -> Vec<Option<(usize, usize)>> {
-    let steps = plan.instructions.len();
-    let mut ranges: Vec<Option<(usize, usize)>> = vec![None; plan.buffers.len()];
-    if steps == 0 {
-        return ranges;
+    let none = || vec![None; plan.buffers.len()];
+    if plan.instructions.is_empty() {
+        return none();
     }
-    let mut touch = |buffer: usize, step: usize| {
-        if let Some(range) = ranges.get_mut(buffer) {
-            *range = Some(range.map_or((step, step), |(first, _)| (first, step)));
-        }
-    };
-    for (step, instruction) in plan.instructions.iter().enumerate() {
-        match &instruction.action {
-            Action::Launch(launch) => launch.args.iter().for_each(|arg| touch(arg.region.buffer.index(), step)),
-            Action::Copy { src, dst } => {
-                touch(src.buffer.index(), step);
-                touch(dst.buffer.index(), step);
-            }
-            Action::Record(_) | Action::Wait(_) => {}
-        }
+    // The planner's own computation of the same rule; its ranges are half-open.
+    match memo_plan_core::bilevel::live_ranges(&plan.buffers, &plan.instructions) {
+        Ok(ranges) => ranges.into_iter().map(|r| r.map(|(first, end)| (first as usize, end as usize - 1))).collect(),
+        // More than 2^32 - 1 instructions: no plan file can hold that many (u32 counts).
+        Err(_) => none(),
     }
-    for (range, buffer) in ranges.iter_mut().zip(&plan.buffers) {
-        if whole_step(buffer.kind) {
-            *range = Some((0, steps - 1));
-        } else if buffer.kind == BufferKind::Input {
-            *range = Some(range.map_or((0, 0), |(_, last)| (0, last)));
-        }
-    }
-    ranges
 }
 
 /// The device buffers' live bytes at each instruction, per class of [`KINDS`].
@@ -227,7 +205,7 @@ pub fn time_intervals(
     for ((interval, buffer), range) in intervals.iter_mut().zip(&plan.buffers).zip(ranges) {
         if range.is_none() {
             *interval = None;
-        } else if whole_step(buffer.kind) {
+        } else if persists_across_steps(buffer.kind) {
             *interval = Some((0.0, timeline.step_time_s));
         } else if buffer.kind == BufferKind::Input {
             *interval = Some((0.0, interval.map_or(0.0, |(_, end)| end)));
@@ -404,7 +382,8 @@ mod tests {
         let column = column(&plan, "p", XAxis::Time, false).unwrap();
         assert!(column.x_max > 0.0);
         assert!(column.live.windows(2).all(|w| w[0].x1 <= w[1].x0 + 1e-12 && w[0].x0 <= w[0].x1));
-        let whole: u64 = plan.buffers.iter().filter(|b| whole_step(b.kind)).map(|b| b.bytes().unwrap()).sum();
+        let whole: u64 =
+            plan.buffers.iter().filter(|b| persists_across_steps(b.kind)).map(|b| b.bytes().unwrap()).sum();
         assert!(column.live.iter().all(|s| s.by_class.iter().sum::<u64>() >= whole));
     }
 
