@@ -1,0 +1,185 @@
+//! The GPU kernels shared by `runtime-cuda` (NVRTC) and `runtime-hip` (hiprtc), and the
+//! backend-neutral recipe that turns one plan launch into kernel launches and GEMMs.
+//!
+//! A GPU backend does three things with this crate and nothing else op-specific:
+//! 1. compiles every [`Source`] of [`SOURCES`] once (with [`HEADER`] available as `memo_gpu.h`
+//!    and the options of [`compile_options`]);
+//! 2. for each plan launch, calls [`launch_steps`] with the arguments' shapes and the
+//!    [`KernelContext`];
+//! 3. executes the returned [`Step`]s in order on the launch's stream: a [`Step::Kernel`] by name
+//!    with its grid, block, dynamic shared memory and parameters, a [`Step::Gemm`] with cuBLAS
+//!    `cublasGemmEx` / hipBLAS `hipblasGemmEx` (column-major, bf16 in and out, fp32 compute),
+//!    a [`Step::Zero`] with an async memset.
+//!
+//! Device addresses: [`Param::Ptr`] and [`Operand`] name an argument by its index in
+//! [`memo_plan_core::plan::Op::signature`] order plus a byte offset; the backend adds the
+//! argument's span offset to the arena's base address.
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+use memo_plan_core::plan::Op;
+use memo_runtime::KernelContext;
+
+/// The portability header (`memo_gpu.h`): bf16 type and conversions, warp size, shuffles,
+/// launch bounds, for CUDA and HIP.
+pub const HEADER: &str = include_str!("../memo_gpu.h");
+
+/// One kernel source file.
+#[derive(Clone, Copy, Debug)]
+pub struct Source {
+    /// File name in `kernels/` (e.g. `elementwise.cu`), for compiler logs.
+    pub name: &'static str,
+    /// The source text.
+    pub text: &'static str,
+    /// The `extern "C"` kernels it defines.
+    pub kernels: &'static [&'static str],
+}
+
+/// Every kernel source (filled by the CUDA issue's work).
+pub const SOURCES: &[Source] = &[];
+
+/// The compiler a source is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// NVRTC for an NVIDIA compute capability (`80` for sm_80, `90` for sm_90).
+    Cuda {
+        /// Compute capability, major * 10 + minor.
+        sm: u32,
+    },
+    /// hiprtc for an AMD architecture (`gfx90a`).
+    Hip {
+        /// The `--offload-arch` name.
+        gfx: &'static str,
+    },
+}
+
+/// The compiler options for `target` (the include of `memo_gpu.h` is the backend's job: it
+/// passes [`HEADER`] as a named header or writes it next to the sources).
+pub fn compile_options(target: Target) -> Vec<String> {
+    match target {
+        Target::Cuda { sm } => vec![format!("--gpu-architecture=sm_{sm}"), "-std=c++17".into(), "-DMEMO_CUDA=1".into()],
+        Target::Hip { gfx } => vec![format!("--offload-arch={gfx}"), "-std=c++17".into(), "-DMEMO_HIP=1".into()],
+    }
+}
+
+/// A kernel parameter.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Param {
+    /// A device pointer: argument `arg`'s first byte plus `byte_offset`.
+    Ptr {
+        /// Index in the op's signature.
+        arg: usize,
+        /// Bytes past the argument's first byte.
+        byte_offset: u64,
+    },
+    /// A 32-bit unsigned integer.
+    U32(u32),
+    /// A 64-bit unsigned integer.
+    U64(u64),
+    /// A 32-bit float.
+    F32(f32),
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelLaunch {
+    /// The `extern "C"` name.
+    pub kernel: &'static str,
+    /// Blocks in x, y, z.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub block: [u32; 3],
+    /// Dynamic shared memory in bytes.
+    pub shared_bytes: u32,
+    /// Parameters in the kernel's order.
+    pub params: Vec<Param>,
+}
+
+/// A matrix operand of a GEMM: argument `arg` from `byte_offset` on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Operand {
+    /// Index in the op's signature.
+    pub arg: usize,
+    /// Bytes past the argument's first byte.
+    pub byte_offset: u64,
+}
+
+/// `C = alpha * op(A) op(B) + beta * C`, column-major as BLAS defines it; A, B and C bf16,
+/// computed in fp32.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gemm {
+    /// `op(A) = A^T`.
+    pub transpose_a: bool,
+    /// `op(B) = B^T`.
+    pub transpose_b: bool,
+    /// Rows of `op(A)` and of C.
+    pub m: u32,
+    /// Columns of `op(B)` and of C.
+    pub n: u32,
+    /// Columns of `op(A)`, rows of `op(B)`.
+    pub k: u32,
+    /// A.
+    pub a: Operand,
+    /// A's leading dimension.
+    pub lda: u32,
+    /// B.
+    pub b: Operand,
+    /// B's leading dimension.
+    pub ldb: u32,
+    /// C.
+    pub c: Operand,
+    /// C's leading dimension.
+    pub ldc: u32,
+    /// alpha.
+    pub alpha: f32,
+    /// beta (1.0 accumulates into C).
+    pub beta: f32,
+}
+
+/// One thing a backend does for a launch, in order, on the launch's stream.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// A kernel from [`SOURCES`].
+    Kernel(KernelLaunch),
+    /// A GEMM.
+    Gemm(Gemm),
+    /// Set every byte of argument `arg` to zero.
+    Zero {
+        /// Index in the op's signature.
+        arg: usize,
+    },
+}
+
+/// The shape of one launch argument (what the backend knows from the plan).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArgShape {
+    /// The argument's first row in its buffer.
+    pub first_row: u64,
+    /// Rows in the argument.
+    pub rows: u64,
+    /// Bytes per row.
+    pub row_bytes: u64,
+}
+
+/// Why a launch has no recipe: the op, the argument and what is wrong, and how to fix it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecipeError {
+    /// The op.
+    pub op: Op,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl std::fmt::Display for RecipeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "op `{}`: {}", self.op.name(), self.message)
+    }
+}
+
+impl std::error::Error for RecipeError {}
+
+/// The steps that run `op` on arguments of these shapes (in signature order).
+pub fn launch_steps(op: Op, args: &[ArgShape], context: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    let _ = (args, context);
+    Err(RecipeError { op, message: "no GPU recipe yet (the CUDA issue's work is in progress)".into() })
+}
