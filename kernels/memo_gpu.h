@@ -1,3 +1,62 @@
-// memo_gpu.h: portability header for kernels compiled by NVRTC (MEMO_CUDA) and hiprtc (MEMO_HIP).
-// Filled by the CUDA issue's work.
+// memo_gpu.h: the portability header every kernel in kernels/ includes first.
+//
+// One kernel source compiles with NVRTC (the options define MEMO_CUDA) and with hiprtc (MEMO_HIP);
+// see memo_kernels::compile_options. What differs between the two lives here and nowhere else:
+//   memo_bf16                bf16 storage type (2 bytes, the bits of the top half of an f32)
+//   memo_bf16_to_f32(x)      widen
+//   memo_f32_to_bf16(x)      round to nearest even (NaN stays NaN), as the CPU reference does
+//   MEMO_WARP_SIZE           32 on NVIDIA, 64 on AMD (CDNA)
+//   memo_shfl_xor(v, mask)   butterfly shuffle of a float across the whole warp
+//   MEMO_LAUNCH_BOUNDS(n)    __launch_bounds__(n)
+//   memo_u32 / memo_u64      fixed-width integers (hiprtc and NVRTC have no <stdint.h> by default)
+// bf16 is handled as raw 16-bit patterns with our own conversions, so results do not depend on
+// either vendor's bf16 header (and hiprtc of ROCm 5.x has none that works under hiprtc).
 #pragma once
+
+#if !defined(MEMO_CUDA) && !defined(MEMO_HIP)
+#error "compile with -DMEMO_CUDA=1 (NVRTC) or -DMEMO_HIP=1 (hiprtc): see memo_kernels::compile_options"
+#endif
+
+typedef unsigned int memo_u32;
+typedef unsigned long long memo_u64;
+typedef unsigned short memo_bf16;
+
+#if defined(MEMO_HIP)
+#include <hip/hip_runtime.h>
+#define MEMO_WARP_SIZE 64
+#define memo_shfl_xor(v, mask) __shfl_xor((v), (mask), MEMO_WARP_SIZE)
+#else
+#define MEMO_WARP_SIZE 32
+#define memo_shfl_xor(v, mask) __shfl_xor_sync(0xffffffffu, (v), (mask), MEMO_WARP_SIZE)
+#endif
+
+#define MEMO_LAUNCH_BOUNDS(n) __launch_bounds__(n)
+
+__device__ __forceinline__ float memo_bf16_to_f32(memo_bf16 x) {
+    return __uint_as_float(((memo_u32)x) << 16);
+}
+
+__device__ __forceinline__ memo_bf16 memo_f32_to_bf16(float f) {
+    memo_u32 bits = __float_as_uint(f);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) {
+        return (memo_bf16)((bits >> 16) | 0x0040u);  // quiet NaN
+    }
+    bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+    return (memo_bf16)(bits >> 16);
+}
+
+// Sum of `v` over the warp (every lane gets the total).
+__device__ __forceinline__ float memo_warp_sum(float v) {
+    for (int mask = MEMO_WARP_SIZE / 2; mask > 0; mask >>= 1) {
+        v += memo_shfl_xor(v, mask);
+    }
+    return v;
+}
+
+// Maximum of `v` over the warp (every lane gets it).
+__device__ __forceinline__ float memo_warp_max(float v) {
+    for (int mask = MEMO_WARP_SIZE / 2; mask > 0; mask >>= 1) {
+        v = fmaxf(v, memo_shfl_xor(v, mask));
+    }
+    return v;
+}
