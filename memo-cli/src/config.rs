@@ -54,6 +54,10 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "NAME")]
     pub machine: Option<String>,
 
+    /// A TOML file with a [machine] table (what `memo profile` writes); replaces --config's
+    #[arg(long, value_name = "FILE")]
+    pub machine_file: Option<PathBuf>,
+
     /// Tensor/sequence-parallel degree t (default 1)
     #[arg(long, value_name = "T")]
     pub tp: Option<u64>,
@@ -283,44 +287,26 @@ impl ConfigArgs {
             self.dp.or(file.parallel.data).unwrap_or(1),
         );
 
-        let machine_name = self.machine.clone().or(file.machine.preset.clone()).ok_or_else(|| {
-            Failure::new(
-                exit::BAD_INPUT,
-                format!("no machine: give --machine with one of {}", preset_names(HARDWARE_PRESETS, |p| p.name)),
-            )
-        })?;
-        let mut hardware = Hardware::preset(&machine_name).map_err(|_| {
-            Failure::new(
-                exit::BAD_INPUT,
-                format!(
-                    "unknown machine preset {machine_name:?}: use one of {}",
-                    preset_names(HARDWARE_PRESETS, |p| p.name)
-                ),
-            )
-        })?;
-        let f = &file.machine;
-        let q = |value: &Option<Quantity>, parse, key| -> Result<Option<u64>, Failure> {
-            value.as_ref().map(|v| quantity(v, parse, file_name, key)).transpose()
+        // A machine file (what `memo profile` writes) replaces --config's [machine] table.
+        let (machine_table, machine_file_name) = match &self.machine_file {
+            Some(path) => (read_file(path)?.machine, path.display().to_string()),
+            None => (file.machine, file_name.to_string()),
         };
-        apply(
-            &mut hardware.device_memory_bytes,
-            [q(&f.device_memory, parse_bytes, "machine.device_memory")?, self.device_memory],
-        );
-        apply(
-            &mut hardware.host_memory_per_node_bytes,
-            [q(&f.host_memory_per_node, parse_bytes, "machine.host_memory_per_node")?, self.host_memory],
-        );
-        apply(&mut hardware.gpus_per_node, [f.gpus_per_node, self.gpus_per_node]);
-        apply(&mut hardware.d2h_bytes_per_s, [q(&f.d2h, parse_rate, "machine.d2h")?, self.d2h]);
-        apply(&mut hardware.h2d_bytes_per_s, [q(&f.h2d, parse_rate, "machine.h2d")?, self.h2d]);
-        apply(&mut hardware.gpus_sharing_uplink, [f.gpus_sharing_uplink, self.gpus_sharing_uplink]);
-        let peak = [q(&f.peak_flops, parse_rate, "machine.peak_flops")?, self.peak_flops];
-        apply(&mut hardware.peak_flops, peak);
-        apply(
-            &mut hardware.achieved_flops,
-            [q(&f.achieved_flops, parse_rate, "machine.achieved_flops")?, self.achieved_flops],
-        );
-        if let Some(seconds) = self.layer_time.or(f.layer_forward_s) {
+        let mut hardware = machine_of_table(&machine_table, self.machine.as_deref(), &machine_file_name)?;
+        let flags = [
+            (&mut hardware.device_memory_bytes, self.device_memory),
+            (&mut hardware.host_memory_per_node_bytes, self.host_memory),
+            (&mut hardware.gpus_per_node, self.gpus_per_node),
+            (&mut hardware.d2h_bytes_per_s, self.d2h),
+            (&mut hardware.h2d_bytes_per_s, self.h2d),
+            (&mut hardware.gpus_sharing_uplink, self.gpus_sharing_uplink),
+            (&mut hardware.peak_flops, self.peak_flops),
+            (&mut hardware.achieved_flops, self.achieved_flops),
+        ];
+        for (field, value) in flags {
+            apply(field, [value]);
+        }
+        if let Some(seconds) = self.layer_time {
             hardware.measured_layer_forward_s = Some(seconds);
         }
         model.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("model: {e}")))?;
@@ -328,6 +314,92 @@ impl ConfigArgs {
         hardware.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("machine: {e}")))?;
         Ok(Config { model, parallel, hardware })
     }
+}
+
+/// The machine of a `[machine]` table: its `preset` (or `preset_override`, e.g. `--machine`) with
+/// the table's fields on top. With no preset, the table must give every field that has no default
+/// (`device_memory`, `host_memory_per_node`, `d2h`, `h2d`, `peak_flops`): `gpus_per_node` and
+/// `gpus_sharing_uplink` default to 1, `achieved_flops` to 60% of `peak_flops`.
+fn machine_of_table(table: &MachineTable, preset_override: Option<&str>, file: &str) -> Result<Hardware, Failure> {
+    let f = table;
+    let q = |value: &Option<Quantity>, parse, key| -> Result<Option<u64>, Failure> {
+        value.as_ref().map(|v| quantity(v, parse, file, key)).transpose()
+    };
+    let device_memory = q(&f.device_memory, parse_bytes, "machine.device_memory")?;
+    let host_memory = q(&f.host_memory_per_node, parse_bytes, "machine.host_memory_per_node")?;
+    let d2h = q(&f.d2h, parse_rate, "machine.d2h")?;
+    let h2d = q(&f.h2d, parse_rate, "machine.h2d")?;
+    let peak = q(&f.peak_flops, parse_rate, "machine.peak_flops")?;
+    let achieved = q(&f.achieved_flops, parse_rate, "machine.achieved_flops")?;
+    let mut hardware = match preset_override.map(str::to_string).or(f.preset.clone()) {
+        Some(name) => Hardware::preset(&name).map_err(|_| {
+            Failure::new(
+                exit::BAD_INPUT,
+                format!("unknown machine preset {name:?}: use one of {}", preset_names(HARDWARE_PRESETS, |p| p.name)),
+            )
+        })?,
+        None => match (device_memory, host_memory, d2h, h2d, peak) {
+            (Some(device), Some(host), Some(d2h), Some(h2d), Some(peak)) => Hardware {
+                name: Path::new(file).file_stem().map_or("custom".into(), |s| s.to_string_lossy().into_owned()),
+                device_memory_bytes: device,
+                host_memory_per_node_bytes: host,
+                gpus_per_node: 1,
+                d2h_bytes_per_s: d2h,
+                h2d_bytes_per_s: h2d,
+                gpus_sharing_uplink: 1,
+                peak_flops: peak,
+                achieved_flops: peak / 100 * memo_plan_core::model::ACHIEVED_PERCENT_OF_PEAK,
+                measured_layer_forward_s: None,
+            },
+            _ if file.is_empty() || [device_memory, host_memory, d2h, h2d, peak].iter().all(Option::is_none) => {
+                return Err(Failure::new(
+                    exit::BAD_INPUT,
+                    format!(
+                        "no machine: give --machine with one of {} (or --machine-file)",
+                        preset_names(HARDWARE_PRESETS, |p| p.name)
+                    ),
+                ))
+            }
+            _ => {
+                return Err(Failure::new(
+                    exit::BAD_INPUT,
+                    format!(
+                        "{file}: the [machine] table needs a preset ({}) or all of device_memory, \
+                         host_memory_per_node, d2h, h2d and peak_flops",
+                        preset_names(HARDWARE_PRESETS, |p| p.name)
+                    ),
+                ))
+            }
+        },
+    };
+    apply(&mut hardware.device_memory_bytes, [device_memory]);
+    apply(&mut hardware.host_memory_per_node_bytes, [host_memory]);
+    apply(&mut hardware.gpus_per_node, [f.gpus_per_node]);
+    apply(&mut hardware.d2h_bytes_per_s, [d2h]);
+    apply(&mut hardware.h2d_bytes_per_s, [h2d]);
+    apply(&mut hardware.gpus_sharing_uplink, [f.gpus_sharing_uplink]);
+    apply(&mut hardware.peak_flops, [peak]);
+    apply(&mut hardware.achieved_flops, [achieved]);
+    if let Some(seconds) = f.layer_forward_s {
+        hardware.measured_layer_forward_s = Some(seconds);
+    }
+    Ok(hardware)
+}
+
+/// The machine a `memo train` or `memo profile` runs for: `--machine-file FILE` (its `[machine]`
+/// table), else the preset `name`. The result is validated.
+pub fn machine(preset: &str, machine_file: Option<&Path>) -> Result<Hardware, Failure> {
+    let hardware = match machine_file {
+        Some(path) => {
+            let name = path.display().to_string();
+            let file = read_file(path)?;
+            let hardware = machine_of_table(&file.machine, None, &name)?;
+            hardware.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("{name}: machine: {e}")))?;
+            hardware
+        }
+        None => machine_of_table(&MachineTable::default(), Some(preset), "")?,
+    };
+    Ok(hardware)
 }
 
 /// A model from the `[model]` table of a TOML file (a preset name and/or layers, hidden, heads;

@@ -9,6 +9,7 @@
 //! | 4    | not found: no placement under `--capacity` was found within `--budget-nodes` |
 //! | 5    | does not fit: the plan of the chosen `--strategy` needs more device or host memory than the machine has |
 //! | 6    | invalid plan: a plan file violates the plan rules (`memo check` lists them) |
+//! | 7    | device unavailable: the `--device` backend cannot be opened (no driver, no device, or not built); the backend's message says which |
 //! | 70   | internal error: a result failed its independent check (a bug: please report it) |
 //!
 //! Every failure prints exactly one line on standard error, starting with `memo:`, that says what
@@ -31,6 +32,8 @@ pub const NOT_FOUND: u8 = 4;
 pub const DOES_NOT_FIT: u8 = 5;
 /// A plan file violates the plan rules.
 pub const PLAN_INVALID: u8 = 6;
+/// The `--device` backend cannot be opened.
+pub const DEVICE_UNAVAILABLE: u8 = 7;
 /// A result failed its independent check: a bug in `memo` (`EX_SOFTWARE` of `sysexits.h`).
 pub const INTERNAL_ERROR: u8 = 70;
 
@@ -44,6 +47,7 @@ Exit codes:
   4   no placement under --capacity found within --budget-nodes (raise either)
   5   the chosen strategy's plan does not fit the machine (the message says by how much, and what would fit)
   6   the plan file violates the plan rules (`memo check` lists every violation)
+  7   the --device backend cannot be opened (no driver, no device, or not built: the message says which)
   70  internal error: the result failed its independent check (please report it)";
 
 /// Why a command failed: an exit code and a one-line message (without the `memo: ` prefix).

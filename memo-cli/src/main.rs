@@ -5,6 +5,7 @@
 
 mod checked;
 mod config;
+mod device;
 pub mod exit;
 mod human;
 mod inspect;
@@ -42,7 +43,7 @@ enum Command {
     Check(inspect::CheckArgs),
     /// Summarise a plan file: sizes, buffers by kind, instructions per stream, simulated step
     Show(inspect::ShowArgs),
-    /// Train a GPT through a verified plan on a backend (cpu)
+    /// Train a GPT through a verified plan on a backend (cpu, cuda, hip)
     #[command(long_about = train::LONG_ABOUT)]
     Train(Box<train::TrainArgs>),
 }

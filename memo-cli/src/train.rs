@@ -1,4 +1,5 @@
-//! `memo train`: train a GPT through a verified plan on a backend (today: the CPU reference).
+//! `memo train`: train a GPT through a verified plan on a backend (the CPU reference, CUDA or HIP;
+//! opening one by name is `device.rs`).
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -7,35 +8,49 @@ use std::time::Instant;
 use memo_plan_core::plan::Strategy;
 use memo_runtime::checkpoint::{fingerprint, Checkpoint};
 use memo_runtime::data::{RecallTask, TextData};
-use memo_runtime::{cpu_hardware, training_model, AdamW, TrainOptions, Trainer};
+use memo_runtime::{training_model, AdamW, TrainOptions, Trainer};
 use runtime_cpu::CpuBackend;
 use serde_json::json;
 
 use crate::config::{model_from_file, parse_rate, parse_tokens};
+use crate::device::{parse_device, Device, Kind, StepFlops};
 use crate::exit::{self, Failure};
 use crate::human;
 
 /// What `memo train --help` says it does.
 pub const LONG_ABOUT: &str = "\
 Train a GPT through a verified plan: the same instruction stream (launches, copies, events on
-three streams) that a GPU would run, here on the CPU reference backend with real bf16 arithmetic.
+three streams) that a GPU runs, on the CPU reference backend (real bf16 arithmetic) or on a GPU.
 The data is a byte-level tokenisation of --data (default: a public-domain text shipped with memo).
-Every strategy trains the same model bit for bit; only memory use and time differ.";
+Every strategy trains the same model bit for bit; only memory use and time differ.
+On a GPU the plan is made for --machine-file (what `memo profile` writes), else --machine, else
+the default machine (cuda: h200x1, hip: mi300x8); --json adds each step's time and MFU.";
 
 const EXAMPLES: &str = "\
 Examples:
   memo train --device cpu --model tiny --seq 256 --steps 200
   memo train --device cpu --model small --seq 512 --steps 50 --strategy memo --alpha 0.3 --json
   memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1
-  memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1 --resume";
+  memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1 --resume
+  memo train --device cuda --model examples/models/gpt-1b.toml --seq 16K --steps 5 --json
+  memo train --device cuda:1 --machine-file h200.toml --model small --seq 4K";
 
 /// The arguments of `memo train`.
 #[derive(Debug, clap::Args)]
 #[command(after_help = format!("{EXAMPLES}\n\n{}", exit::HELP))]
 pub struct TrainArgs {
-    /// The backend: cpu
-    #[arg(long, default_value = "cpu", value_name = "DEVICE")]
-    device: String,
+    /// The backend: cpu, cuda, cuda:N, hip or hip:N (N: the device's ordinal, default 0)
+    #[arg(long, default_value = "cpu", value_name = "DEVICE", value_parser = parse_device)]
+    device: Device,
+
+    /// The machine the plan is made for (a preset: a800x8, h100x8, h200x1, mi300x8). Default:
+    /// h200x1 for cuda, mi300x8 for hip; for cpu a 64 GiB host (10 GB/s copies, 20 GFLOP/s)
+    #[arg(long, value_name = "NAME", conflicts_with = "machine_file")]
+    machine: Option<String>,
+
+    /// A TOML file with a [machine] table (what `memo profile` writes) to plan for
+    #[arg(long, value_name = "FILE")]
+    machine_file: Option<PathBuf>,
 
     /// tiny (2 layers, h 64), small (4 layers, h 128), or a TOML file with a [model] table
     #[arg(long, default_value = "tiny", value_name = "MODEL")]
@@ -102,6 +117,11 @@ pub struct TrainArgs {
     #[arg(long, conflicts_with = "copy_bandwidth")]
     checked: bool,
 
+    /// Measure every instruction and add the compute stream's busy and waiting seconds to each
+    /// --json line (the CPU backend always can; a GPU backend when it times its streams)
+    #[arg(long)]
+    timings: bool,
+
     /// Print one JSON line per step and a final summary instead of the progress line
     #[arg(long)]
     json: bool,
@@ -113,12 +133,10 @@ fn parse_strategy(text: &str) -> Result<Strategy, String> {
 
 /// Runs `memo train`.
 pub fn run(args: &TrainArgs) -> Result<(), Failure> {
-    if args.device != "cpu" {
-        return Err(Failure::new(
-            exit::BAD_INPUT,
-            format!("--device {}: only the cpu backend exists so far (CUDA and HIP are being built)", args.device),
-        ));
-    }
+    crate::device::refuse_cpu_only_options(
+        &args.device,
+        &[("--checked", args.checked), ("--copy-bandwidth", args.copy_bandwidth.is_some())],
+    )?;
     let model = match training_model(&args.model, args.seq) {
         Some(mut model) => {
             model.micro_batch = args.micro_batch;
@@ -149,14 +167,20 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         model: model.clone(),
         strategy: args.strategy,
         forced_alpha: args.alpha,
-        hardware: cpu_hardware(64 << 30),
+        hardware: args.device.machine(args.machine.as_deref(), args.machine_file.as_deref())?,
         seed: args.seed,
         adamw: AdamW { lr: args.lr, ..AdamW::default() },
     };
-    let failure = |e: memo_runtime::RuntimeError| Failure::new(exit::BAD_INPUT, e.to_string());
-    let backend =
-        if args.checked { CpuBackend::checked() } else { CpuBackend::with_copy_bandwidth(args.copy_bandwidth) };
-    let backend = if args.trace.is_some() { backend.measure() } else { backend };
+    let failure = crate::device::runtime_failure;
+    if args.device.kind != Kind::Cpu {
+        crate::device::check_fits(&options)?;
+    }
+    let backend = args.device.open(|| {
+        let backend =
+            if args.checked { CpuBackend::checked() } else { CpuBackend::with_copy_bandwidth(args.copy_bandwidth) };
+        if args.trace.is_some() || args.timings { backend.measure() } else { backend }
+    })?;
+    let step_flops = StepFlops::of(&model, &options.hardware)?;
     let mut trainer = Trainer::new(backend, &options).map_err(failure)?;
     let print = fingerprint(&model, args.seed);
     if args.resume {
@@ -199,11 +223,19 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         let step_started = Instant::now();
         let (tokens, targets) = data.next_batch(model.micro_batch as usize, model.seq_len as usize);
         last_loss = trainer.step(&tokens, &targets).map_err(failure)?;
-        let tokens_per_s = tokens_per_step / step_started.elapsed().as_secs_f64().max(1e-9);
+        let step_time_s = step_started.elapsed().as_secs_f64().max(1e-9);
+        let tokens_per_s = tokens_per_step / step_time_s;
         let step = trainer.steps_taken();
         if args.json {
             let mut line = json!({"step": step, "loss": last_loss, "tokens_per_s": tokens_per_s,
                               "device_bytes": memory.device_bytes, "host_bytes": memory.host_bytes});
+            let (mfu_6n, mfu_attention) = step_flops.mfu(step_time_s);
+            line["step_time_s"] = json!(step_time_s);
+            line["mfu_6n"] = json!(mfu_6n);
+            line["mfu_attention"] = json!(mfu_attention);
+            if args.timings {
+                crate::device::add_timings(&mut line, trainer.last_step_timeline().as_ref());
+            }
             if let Source::Recall(_) = data {
                 line["answer_loss"] = json!(RecallTask::answer_loss(last_loss, model.seq_len as usize));
             }
@@ -226,7 +258,11 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         let timeline = trainer.last_step_timeline().ok_or_else(|| {
             Failure::new(
                 exit::BAD_INPUT,
-                "--trace: no step ran (the checkpoint already holds --steps steps); raise --steps",
+                format!(
+                    "--trace: no step ran (the checkpoint already holds --steps steps: raise --steps), or the {} \
+                     backend does not time its instructions",
+                    args.device.label()
+                ),
             )
         })?;
         let name = format!("step {}", trainer.steps_taken());
@@ -235,7 +271,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
             &name,
             &timeline,
             "memo train --trace",
-            "measured on the CPU backend: each instruction from when its stream thread took it to when it finished",
+            &crate::device::trace_note(&args.device),
         );
         crate::checked::write_atomically(path, text.as_bytes()).map_err(|e| {
             Failure::new(exit::IO_ERROR, format!("cannot write {}: {e}; check the directory", path.display()))
@@ -248,6 +284,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         "tokens_per_s": taken as f64 * tokens_per_step / elapsed.max(1e-9), "strategy": args.strategy.name(),
         "task": args.task.as_deref().unwrap_or("text"),
         "alpha": alpha, "device_bytes": device_bytes, "host_bytes": host_bytes,
+        "device": args.device.label(), "machine": options.hardware.name, "peak_flops": step_flops.peak_flops,
         "allocated_device_bytes": memory.device_bytes, "allocated_host_bytes": memory.host_bytes,
     });
     if args.json {

@@ -120,8 +120,13 @@ fn a_corrupt_or_foreign_checkpoint_is_refused() {
 
 #[test]
 fn bad_train_options_are_one_line() {
-    let message = assert_fails(&memo(&["train", "--device", "cuda"], None), 2);
-    assert!(message.contains("cpu"), "{message}");
+    // No GPU backend opens on a build machine: one line with the backend's reason, exit 7.
+    let message = assert_fails(&memo(&["train", "--device", "cuda", "--model", "tiny", "--seq", "32"], None), 7);
+    assert!(message.contains("--device cuda:0"), "{message}");
+    let message = assert_fails(&memo(&["train", "--device", "tpu"], None), 2);
+    assert!(message.contains("cuda:N"), "{message}");
+    let message = assert_fails(&memo(&["train", "--device", "hip", "--checked"], None), 2);
+    assert!(message.contains("cpu backend only"), "{message}");
     let message = assert_fails(&train(&["--strategy", "keep-all", "--alpha", "0.5"]), 2);
     assert!(message.contains("memo"), "{message}");
     let message = assert_fails(&train(&["--data", "/nonexistent/file.txt"]), 1);

@@ -1,0 +1,295 @@
+//! `--device cpu|cuda[:N]|hip[:N]`: opening a backend by name, the machine a GPU plan is made
+//! for, and the step's measured throughput (step time, MFU).
+
+use std::path::Path;
+
+use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
+use memo_plan_core::plan::{EventId, Op, Stream};
+use memo_plan_core::planner::{self, PlanRequest};
+use memo_plan_core::simulate::Timeline;
+use memo_runtime::{
+    cpu_hardware, Backend, BackendError, KernelArg, KernelContext, MemoryReport, RuntimeError, Span, TrainOptions,
+};
+use runtime_cpu::CpuBackend;
+
+use crate::exit::{self, Failure};
+
+/// Which kind of backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The CPU reference backend.
+    Cpu,
+    /// NVIDIA, through `runtime-cuda`.
+    Cuda,
+    /// AMD, through `runtime-hip`.
+    Hip,
+}
+
+/// A parsed `--device`: the backend and the device's ordinal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Device {
+    /// The backend.
+    pub kind: Kind,
+    /// The device's ordinal (0 for the CPU).
+    pub ordinal: usize,
+}
+
+/// What `--help` says about `--device` and the machine of a GPU plan.
+pub const DEVICE_HELP: &str = "cpu, cuda, cuda:N, hip or hip:N (N: the device's ordinal, default 0)";
+
+/// Parses `cpu`, `cuda`, `cuda:N`, `hip`, `hip:N`.
+pub fn parse_device(text: &str) -> Result<Device, String> {
+    let text = text.trim();
+    let (name, ordinal) = match text.split_once(':') {
+        Some((name, number)) => {
+            let ordinal = number.trim().parse::<usize>().map_err(|_| format!("{number:?} is not a device ordinal"))?;
+            (name.trim(), Some(ordinal))
+        }
+        None => (text, None),
+    };
+    let kind = match name.to_ascii_lowercase().as_str() {
+        "cpu" => Kind::Cpu,
+        "cuda" => Kind::Cuda,
+        "hip" => Kind::Hip,
+        _ => return Err(format!("expected {DEVICE_HELP}")),
+    };
+    if kind == Kind::Cpu && ordinal.is_some_and(|n| n != 0) {
+        return Err("the cpu backend has one device: use --device cpu".to_string());
+    }
+    Ok(Device { kind, ordinal: ordinal.unwrap_or(0) })
+}
+
+impl Device {
+    /// `cpu`, `cuda:0`, ...
+    pub fn label(&self) -> String {
+        match self.kind {
+            Kind::Cpu => "cpu".to_string(),
+            Kind::Cuda => format!("cuda:{}", self.ordinal),
+            Kind::Hip => format!("hip:{}", self.ordinal),
+        }
+    }
+
+    /// The machine a plan for this device is made for: `--machine-file`, else `--machine`, else
+    /// the default of [`DEFAULT_MACHINES`].
+    pub fn machine(&self, preset: Option<&str>, machine_file: Option<&Path>) -> Result<Hardware, Failure> {
+        if machine_file.is_some() || preset.is_some() {
+            return crate::config::machine(preset.unwrap_or(""), machine_file);
+        }
+        match self.kind {
+            Kind::Cpu => Ok(cpu_hardware(64 << 30)),
+            Kind::Cuda => crate::config::machine("h200x1", None),
+            Kind::Hip => crate::config::machine("mi300x8", None),
+        }
+    }
+
+    /// Opens the backend. `cpu` configures the CPU backend (copy throttle, checked mode,
+    /// measuring); GPU backends take no such options (the caller refuses them first).
+    pub fn open(&self, cpu: impl FnOnce() -> CpuBackend) -> Result<AnyBackend, Failure> {
+        let opened: Result<Box<dyn Backend>, BackendError> = match self.kind {
+            Kind::Cpu => Ok(Box::new(cpu())),
+            Kind::Cuda => runtime_cuda::CudaBackend::new(self.ordinal).map(|b| Box::new(b) as Box<dyn Backend>),
+            Kind::Hip => runtime_hip::HipBackend::new(self.ordinal).map(|b| Box::new(b) as Box<dyn Backend>),
+        };
+        opened.map(AnyBackend).map_err(|e| unavailable(self, &e))
+    }
+}
+
+/// The one line of a backend that cannot be opened (exit [`exit::DEVICE_UNAVAILABLE`]).
+pub fn unavailable(device: &Device, error: &BackendError) -> Failure {
+    Failure::new(exit::DEVICE_UNAVAILABLE, format!("--device {}: {error}", device.label()))
+}
+
+/// Any backend, behind one type, so that `Trainer<AnyBackend>` serves every `--device`.
+pub struct AnyBackend(Box<dyn Backend>);
+
+impl Backend for AnyBackend {
+    fn name(&self) -> String {
+        self.0.name()
+    }
+    fn allocate(&mut self, arena_bytes: u64, host_bytes: u64, events: u32) -> Result<(), BackendError> {
+        self.0.allocate(arena_bytes, host_bytes, events)
+    }
+    fn upload(&mut self, span: Span, bytes: &[u8]) -> Result<(), BackendError> {
+        self.0.upload(span, bytes)
+    }
+    fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError> {
+        self.0.download(span)
+    }
+    fn launch(
+        &mut self,
+        instruction: usize,
+        stream: Stream,
+        op: Op,
+        args: &[KernelArg],
+        context: &KernelContext,
+    ) -> Result<(), BackendError> {
+        self.0.launch(instruction, stream, op, args, context)
+    }
+    fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
+        self.0.copy(instruction, stream, src, dst)
+    }
+    fn record(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
+        self.0.record(instruction, stream, event)
+    }
+    fn wait(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
+        self.0.wait(instruction, stream, event)
+    }
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.0.synchronize()
+    }
+    fn memory(&self) -> MemoryReport {
+        self.0.memory()
+    }
+    fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
+        self.0.timings()
+    }
+}
+
+/// Refuses options only the CPU backend has (`(flag, given)` pairs) on a GPU.
+pub fn refuse_cpu_only_options(device: &Device, options: &[(&str, bool)]) -> Result<(), Failure> {
+    match options.iter().find(|(_, given)| *given) {
+        Some((flag, _)) if device.kind != Kind::Cpu => Err(Failure::new(
+            exit::BAD_INPUT,
+            format!("{flag} is an option of the cpu backend only; drop it for --device {}", device.label()),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A runtime error as a failure: a backend out of memory does not fit (exit 5), a backend that
+/// fails at run time is reported as unavailable (exit 7), the rest is bad input (exit 2).
+pub fn runtime_failure(error: RuntimeError) -> Failure {
+    let code = match &error {
+        RuntimeError::Backend(BackendError::OutOfMemory { .. }) => exit::DOES_NOT_FIT,
+        RuntimeError::Backend(BackendError::Unavailable(_)) => exit::DEVICE_UNAVAILABLE,
+        _ => exit::BAD_INPUT,
+    };
+    Failure::new(code, error.to_string())
+}
+
+/// Refuses, before anything is allocated, a plan that does not fit the machine (exit 5): a GPU
+/// would fail to allocate the arena, and a host slab larger than the host would be worse.
+pub fn check_fits(options: &TrainOptions) -> Result<(), Failure> {
+    let mut request =
+        PlanRequest::new(options.model.clone(), Parallelism::single(), options.hardware.clone(), options.strategy);
+    request.forced_alpha = options.forced_alpha;
+    let report = planner::plan(&request).map_err(|e| Failure::new(exit::BAD_INPUT, format!("planning failed: {e}")))?;
+    match &report.misfit {
+        None => Ok(()),
+        Some(misfit) => Err(Failure::new(
+            exit::DOES_NOT_FIT,
+            format!(
+                "the {} plan of {} tokens does not fit {}: {} device bytes and {} host bytes over; {}",
+                options.strategy.name(),
+                options.model.seq_len,
+                options.hardware.name,
+                misfit.device_excess_bytes,
+                misfit.host_excess_bytes,
+                planner::remedies(&report).join("; ")
+            ),
+        )),
+    }
+}
+
+/// Adds the compute stream's measured busy and waiting seconds of the last step to a `--json`
+/// line (`null` when the backend did not time it).
+pub fn add_timings(line: &mut serde_json::Value, timeline: Option<&Timeline>) {
+    let (busy, wait) = match timeline {
+        Some(t) => (serde_json::json!(t.busy_s[0]), serde_json::json!(t.stall_s[0])),
+        None => (serde_json::Value::Null, serde_json::Value::Null),
+    };
+    line["compute_busy_s"] = busy;
+    line["compute_wait_s"] = wait;
+}
+
+/// What a `--trace` file says its times are.
+pub fn trace_note(device: &Device) -> String {
+    match device.kind {
+        Kind::Cpu => {
+            "measured on the CPU backend: each instruction from when its stream thread took it to when it finished"
+                .to_string()
+        }
+        _ => format!("measured on {}: each instruction as the backend timed it on its stream", device.label()),
+    }
+}
+
+/// The FLOPs one step's MFU counts (`spec/cost-model.md` "Measured step time and MFU").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepFlops {
+    /// `6 * N * tokens`: N the whole model's parameters (the classifier is tied to the word
+    /// embedding, so its matrix product is counted through N); no attention FLOPs.
+    pub six_n: f64,
+    /// The planner's model FLOPs with attention halved for the causal mask (Megatron-LM's formula
+    /// with its causal factor): `3 * (n * layer forward + classifier forward)`.
+    pub with_attention: f64,
+    /// The machine's dense bf16 peak, FLOP/s: the denominator.
+    pub peak_flops: f64,
+}
+
+impl StepFlops {
+    /// The counts of one step of `model` (one GPU, no tensor parallelism) on `hardware`.
+    pub fn of(model: &ModelConfig, hardware: &Hardware) -> Result<Self, Failure> {
+        let bad = |e: String| Failure::new(exit::BAD_INPUT, format!("cannot count the model's FLOPs: {e}"));
+        let parameters = model.parameter_count().map_err(|e| bad(e.to_string()))?;
+        let tokens = model.seq_len.saturating_mul(model.micro_batch);
+        let flops = memo_plan_core::cost::step_flops(
+            model,
+            &Parallelism::single(),
+            memo_plan_core::cost::AttentionFlops::CausalHalved,
+            1.0,
+        )
+        .map_err(|e| bad(e.to_string()))?;
+        Ok(StepFlops {
+            six_n: 6.0 * parameters as f64 * tokens as f64,
+            with_attention: flops.model_flops as f64,
+            peak_flops: hardware.peak_flops as f64,
+        })
+    }
+
+    /// `(mfu_6n, mfu_attention)` of a step that took `step_time_s`.
+    pub fn mfu(&self, step_time_s: f64) -> (f64, f64) {
+        let capacity = step_time_s.max(f64::MIN_POSITIVE) * self.peak_flops;
+        (self.six_n / capacity, self.with_attention / capacity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_parse() {
+        assert_eq!(parse_device("cpu"), Ok(Device { kind: Kind::Cpu, ordinal: 0 }));
+        assert_eq!(parse_device("cuda"), Ok(Device { kind: Kind::Cuda, ordinal: 0 }));
+        assert_eq!(parse_device("cuda:3"), Ok(Device { kind: Kind::Cuda, ordinal: 3 }));
+        assert_eq!(parse_device("HIP:1"), Ok(Device { kind: Kind::Hip, ordinal: 1 }));
+        assert!(parse_device("tpu").unwrap_err().contains("cuda:N"));
+        assert!(parse_device("cuda:x").is_err());
+        assert!(parse_device("cpu:1").is_err());
+    }
+
+    #[test]
+    fn unavailable_gpus_are_one_line_with_their_own_exit_code() {
+        for name in ["cuda", "hip:1"] {
+            let device = parse_device(name).unwrap();
+            let Err(failure) = device.open(CpuBackend::new) else { panic!("{name} opened: no GPU here") };
+            assert_eq!(failure.code(), exit::DEVICE_UNAVAILABLE);
+            assert!(failure.message().starts_with(&format!("--device {}", device.label())), "{}", failure.message());
+        }
+    }
+
+    /// 6N and the attention count agree up to the biases, norms and attention terms: on the tiny
+    /// model at 64 tokens attention is small, so the two MFUs are within 10%.
+    #[test]
+    fn the_two_mfus_differ_by_attention() {
+        let model = memo_runtime::training_model("tiny", 64).unwrap();
+        let flops = StepFlops::of(&model, &cpu_hardware(1 << 30)).unwrap();
+        let (six_n, attention) = flops.mfu(1.0);
+        assert!(attention > 0.0 && six_n > 0.0);
+        assert!((attention / six_n - 1.0).abs() < 0.1, "{six_n} vs {attention}");
+        // At a long sequence, attention dominates.
+        let long = memo_runtime::training_model("tiny", 1 << 16).unwrap();
+        let flops = StepFlops::of(&long, &cpu_hardware(1 << 30)).unwrap();
+        assert!(flops.with_attention > 2.0 * flops.six_n);
+    }
+}
