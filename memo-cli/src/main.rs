@@ -11,6 +11,7 @@ mod human;
 mod inspect;
 mod picture;
 mod plan;
+mod profile;
 mod solve;
 mod train;
 
@@ -46,6 +47,9 @@ enum Command {
     /// Train a GPT through a verified plan on a backend (cpu, cuda, hip)
     #[command(long_about = train::LONG_ABOUT)]
     Train(Box<train::TrainArgs>),
+    /// Measure a device (copy bandwidth, one layer's forward time) and write a [machine] TOML
+    #[command(long_about = profile::LONG_ABOUT)]
+    Profile(Box<profile::ProfileArgs>),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +64,7 @@ fn main() -> ExitCode {
         Command::Check(check_args) => inspect::run_check(check_args),
         Command::Show(show_args) => inspect::run_show(show_args),
         Command::Train(train_args) => train::run(train_args),
+        Command::Profile(profile_args) => profile::run(profile_args),
     };
     match result {
         Ok(()) => ExitCode::from(exit::SUCCESS),

@@ -178,7 +178,11 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
     let backend = args.device.open(|| {
         let backend =
             if args.checked { CpuBackend::checked() } else { CpuBackend::with_copy_bandwidth(args.copy_bandwidth) };
-        if args.trace.is_some() || args.timings { backend.measure() } else { backend }
+        if args.trace.is_some() || args.timings {
+            backend.measure()
+        } else {
+            backend
+        }
     })?;
     let step_flops = StepFlops::of(&model, &options.hardware)?;
     let mut trainer = Trainer::new(backend, &options).map_err(failure)?;

@@ -1,0 +1,348 @@
+//! `memo profile`: measure a device through the `Backend` trait (copy bandwidth each way, one
+//! layer's forward time) and write a `[machine]` TOML that `--machine-file` reads.
+//!
+//! The layer time is measured by difference: the keep-all plan of the model cut to `2` and to `4`
+//! layers trains steps on the device, and `(median step(4) - median step(2)) / 2 / 3` is one
+//! layer's forward. Why this way: it runs through the `Backend` trait alone, so it works on every
+//! backend whether or not it times single instructions ([`memo_runtime::Backend::timings`] is
+//! optional); the difference cancels what does not grow with layers (the embedding, the
+//! classifier and loss, the token upload, the step's synchronisation); and the division by 3 is
+//! the cost model's own assumption that a layer's backward costs twice its forward
+//! (`spec/cost-model.md` §5). What it measures is therefore a third of one layer's forward,
+//! backward and AdamW update at this sequence length (AdamW's share is small at long sequences).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use memo_plan_core::cost::{layer_forward_flops, AttentionFlops};
+use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
+use memo_plan_core::plan::{EventId, Strategy, Stream};
+use memo_runtime::data::TextData;
+use memo_runtime::{training_model, AdamW, Backend, Space, Span, TrainOptions, Trainer};
+use runtime_cpu::CpuBackend;
+use serde_json::json;
+
+use crate::config::{model_from_file, parse_bytes, parse_tokens};
+use crate::device::{parse_device, runtime_failure, AnyBackend, Device, Kind};
+use crate::exit::{self, Failure};
+use crate::human;
+
+/// What `memo profile --help` says it does.
+pub const LONG_ABOUT: &str = "\
+Measure a device through the same Backend interface a plan runs on, and write the [machine] TOML
+that `memo plan --machine-file` and `memo train --machine-file` read:
+  d2h, h2d         the median of --repeats copies of --copy-size bytes between the device arena
+                   and the pinned host slab, on the plan's copy streams;
+  layer_forward_s  one layer's forward at --seq tokens: the keep-all plan of the model cut to 2
+                   and to 4 layers trains steps on the device; a third of the per-layer
+                   difference of their median step times (a layer's backward costs twice its
+                   forward, as the cost model assumes);
+  achieved_flops   that layer's forward FLOPs (attention halved for the causal mask) over it.
+The other fields (device and host memory, peak FLOP/s) come from --machine (default: h200x1 for
+cuda, mi300x8 for hip, a 64 GiB host for cpu). layer_forward_s replaces the FLOP estimate of every
+plan made with the file: profile at the model and sequence you plan.";
+
+const EXAMPLES: &str = "\
+Examples:
+  memo profile --device cuda --model examples/models/gpt-1b.toml --seq 16K --out h200.toml
+  memo profile --device cpu --model tiny --seq 256 --out cpu.toml
+  memo plan --model 7b --seq 128K --machine-file h200.toml";
+
+/// The arguments of `memo profile`.
+#[derive(Debug, clap::Args)]
+#[command(after_help = format!("{EXAMPLES}\n\n{}", exit::HELP))]
+pub struct ProfileArgs {
+    /// The backend: cpu, cuda, cuda:N, hip or hip:N (N: the device's ordinal, default 0)
+    #[arg(long, value_name = "DEVICE", value_parser = parse_device)]
+    device: Device,
+
+    /// tiny, small, or a TOML file with a [model] table (its layer shape is what is timed)
+    #[arg(long, default_value = "tiny", value_name = "MODEL")]
+    model: String,
+
+    /// Tokens per sequence of the timed steps (K = 1024)
+    #[arg(long, default_value = "256", value_name = "TOKENS", value_parser = parse_tokens)]
+    seq: u64,
+
+    /// The machine preset whose other fields the file keeps (a800x8, h100x8, h200x1, mi300x8)
+    #[arg(long, value_name = "NAME")]
+    machine: Option<String>,
+
+    /// Bytes of each bandwidth copy (default: 512MiB on a GPU, 64MiB on the CPU)
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    copy_size: Option<u64>,
+
+    /// Timed copies and timed steps of each kind (after one warm-up each); the median is kept
+    #[arg(long, default_value_t = 5, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    repeats: u32,
+
+    /// Write the [machine] TOML here (atomically); without it, print it on standard output
+    #[arg(long, short = 'o', value_name = "FILE")]
+    out: Option<PathBuf>,
+
+    /// Print the measurements as one JSON object on standard output (with --out)
+    #[arg(long, requires = "out")]
+    json: bool,
+}
+
+/// What was measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Profile {
+    /// Device-to-host bytes per second (median).
+    pub d2h_bytes_per_s: f64,
+    /// Host-to-device bytes per second (median).
+    pub h2d_bytes_per_s: f64,
+    /// One layer's forward, seconds.
+    pub layer_forward_s: f64,
+    /// Median step times of the 2- and 4-layer models, seconds.
+    pub step_s: [f64; 2],
+}
+
+/// The layer counts whose step times are differenced.
+const LAYERS: [u32; 2] = [2, 4];
+
+/// Runs `memo profile`.
+pub fn run(args: &ProfileArgs) -> Result<(), Failure> {
+    let model = match training_model(&args.model, args.seq) {
+        Some(model) => model,
+        None if args.model.ends_with(".toml") => model_from_file(args.model.as_ref(), args.seq, 1)?,
+        None => {
+            return Err(Failure::new(
+                exit::BAD_INPUT,
+                format!("--model {}: use tiny, small or a TOML file", args.model),
+            ))
+        }
+    };
+    let base = args.device.machine(args.machine.as_deref(), None)?;
+    let copy_bytes = args.copy_size.unwrap_or(if args.device.kind == Kind::Cpu { 64 << 20 } else { 512 << 20 });
+    if copy_bytes == 0 {
+        return Err(Failure::new(exit::BAD_INPUT, "--copy-size must be at least 1 byte"));
+    }
+    let repeats = args.repeats as usize;
+    // Open the device first: one that cannot be opened is one line, before anything else is said.
+    let backend = args.device.open(CpuBackend::new)?;
+    eprintln!(
+        "memo profile: {} copies of {} each way on {}, then steps of {} at {} tokens with {} and {} layers",
+        repeats,
+        human::binary_units(copy_bytes),
+        args.device.label(),
+        model.name,
+        model.seq_len,
+        LAYERS[0],
+        LAYERS[1]
+    );
+    let (d2h, h2d) = bandwidth(backend, &args.device, copy_bytes, repeats)?;
+    let mut step_s = [0.0; 2];
+    for (slot, layers) in step_s.iter_mut().zip(LAYERS) {
+        *slot = median_step_s(&args.device, &model, layers, &base, repeats)?;
+    }
+    let per_layer = (step_s[1] - step_s[0]) / f64::from(LAYERS[1] - LAYERS[0]);
+    if !(per_layer.is_finite() && per_layer > 0.0) {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!(
+                "the {}-layer step ({:.6} s) was not slower than the {}-layer step ({:.6} s): the layer is too \
+                 small to time; profile at a longer --seq or with more --repeats",
+                LAYERS[1], step_s[1], LAYERS[0], step_s[0]
+            ),
+        ));
+    }
+    let profile = Profile { d2h_bytes_per_s: d2h, h2d_bytes_per_s: h2d, layer_forward_s: per_layer / 3.0, step_s };
+    let text = machine_toml(&args.device, &args.model, &model, &base, &profile, copy_bytes, repeats)?;
+    let mut out = std::io::stdout().lock();
+    let write_failed = |e: std::io::Error| Failure::new(exit::IO_ERROR, format!("cannot write: {e}"));
+    match &args.out {
+        Some(path) => {
+            crate::checked::write_atomically(path, text.as_bytes()).map_err(|e| {
+                Failure::new(exit::IO_ERROR, format!("cannot write {}: {e}; check the directory", path.display()))
+            })?;
+            if args.json {
+                let line = json!({"device": args.device.label(), "model": model.name, "seq_len": model.seq_len,
+                    "d2h_bytes_per_s": d2h, "h2d_bytes_per_s": h2d, "layer_forward_s": profile.layer_forward_s,
+                    "step_s_2_layers": step_s[0], "step_s_4_layers": step_s[1], "copy_bytes": copy_bytes,
+                    "repeats": repeats, "out": path.display().to_string()});
+                writeln!(out, "{line}").map_err(write_failed)?;
+            } else {
+                eprintln!(
+                    "d2h {:.2} GB/s, h2d {:.2} GB/s, layer forward {:.6} s; wrote {}",
+                    d2h / 1e9,
+                    h2d / 1e9,
+                    profile.layer_forward_s,
+                    path.display()
+                );
+            }
+        }
+        None => out.write_all(text.as_bytes()).map_err(write_failed)?,
+    }
+    Ok(())
+}
+
+/// Median device-to-host and host-to-device bytes per second of `repeats` copies of `bytes`,
+/// each enqueued on its copy stream with an event recorded after it, then synchronised. The
+/// copied bytes are checked once each way (a fast copy that copies nothing is no measurement).
+fn bandwidth(mut backend: AnyBackend, device: &Device, bytes: u64, repeats: usize) -> Result<(f64, f64), Failure> {
+    let failed = |e: memo_runtime::BackendError| runtime_failure(e.into());
+    backend.allocate(bytes, bytes, 2).map_err(failed)?;
+    let len = usize::try_from(bytes)
+        .map_err(|_| Failure::new(exit::BAD_INPUT, "--copy-size is larger than this machine's address space"))?;
+    let pattern: Vec<u8> = (0..len).map(|i| (i.wrapping_mul(31) >> 3) as u8).collect();
+    let arena = Span { space: Space::Device, offset: 0, len: bytes };
+    let slab = Span { space: Space::Host, offset: 0, len: bytes };
+    backend.upload(arena, &pattern).map_err(failed)?;
+    backend.upload(slab, &vec![0u8; len]).map_err(failed)?;
+    let mut rates = [Vec::new(), Vec::new()];
+    let directions = [(Stream::DeviceToHost, arena, slab), (Stream::HostToDevice, slab, arena)];
+    for (index, (stream, src, dst)) in directions.into_iter().enumerate() {
+        for repeat in 0..=repeats {
+            let started = Instant::now();
+            backend.copy(0, stream, src, dst).map_err(failed)?;
+            backend.record(1, stream, EventId(index as u32)).map_err(failed)?;
+            backend.synchronize().map_err(failed)?;
+            let seconds = started.elapsed().as_secs_f64();
+            if repeat > 0 {
+                rates[index].push(bytes as f64 / seconds.max(1e-9));
+            }
+        }
+        let copied = backend.download(dst).map_err(failed)?;
+        if copied != pattern {
+            return Err(Failure::new(
+                exit::INTERNAL_ERROR,
+                format!(
+                    "the {} backend's {} copy did not copy the bytes (a backend bug)",
+                    device.label(),
+                    stream.name()
+                ),
+            ));
+        }
+    }
+    Ok((median(&mut rates[0]), median(&mut rates[1])))
+}
+
+/// The median step time of `model` cut to `layers` layers, keep-all, on a fresh backend.
+fn median_step_s(
+    device: &Device,
+    model: &ModelConfig,
+    layers: u32,
+    machine: &Hardware,
+    repeats: usize,
+) -> Result<f64, Failure> {
+    let mut model = model.clone();
+    model.layers = layers;
+    let options = TrainOptions {
+        model: model.clone(),
+        strategy: Strategy::KeepAll,
+        forced_alpha: None,
+        hardware: machine.clone(),
+        seed: 0,
+        adamw: AdamW::default(),
+    };
+    if device.kind != Kind::Cpu {
+        // A misfit says how much is over: profile at a shorter --seq.
+        crate::device::check_fits(&options)?;
+    }
+    let backend = device.open(CpuBackend::new)?;
+    let mut trainer = Trainer::new(backend, &options).map_err(runtime_failure)?;
+    let mut data = TextData::from_bytes(memo_runtime::data::DEFAULT_TEXT.as_bytes())
+        .map_err(|e| Failure::new(exit::INTERNAL_ERROR, format!("the shipped text: {e}")))?;
+    let mut times = Vec::with_capacity(repeats);
+    for repeat in 0..=repeats {
+        let (tokens, targets) = data.next_batch(model.micro_batch as usize, model.seq_len as usize);
+        let started = Instant::now();
+        let loss = trainer.step(&tokens, &targets).map_err(runtime_failure)?;
+        let seconds = started.elapsed().as_secs_f64();
+        if !loss.is_finite() {
+            return Err(Failure::new(
+                exit::INTERNAL_ERROR,
+                format!("the {layers}-layer step's loss is {loss} on {}: the backend computes wrong", device.label()),
+            ));
+        }
+        if repeat > 0 {
+            times.push(seconds);
+        }
+    }
+    Ok(median(&mut times))
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+/// The `[machine]` TOML: the base machine with the measured fields, every field written out.
+fn machine_toml(
+    device: &Device,
+    model_arg: &str,
+    model: &ModelConfig,
+    base: &Hardware,
+    profile: &Profile,
+    copy_bytes: u64,
+    repeats: usize,
+) -> Result<String, Failure> {
+    let layer_flops = layer_forward_flops(model, &Parallelism::single(), AttentionFlops::CausalHalved)
+        .map_err(|e| Failure::new(exit::BAD_INPUT, format!("cannot count the layer's FLOPs: {e}")))?
+        .total();
+    let achieved = (layer_flops as f64 / profile.layer_forward_s).round().max(1.0) as u64;
+    // A device faster than its description's peak (the CPU's nominal figure) raises the peak:
+    // the planner refuses achieved above peak.
+    let peak = base.peak_flops.max(achieved);
+    let rate = |r: f64| (r.round().max(1.0)) as u64;
+    let preset = if memo_plan_core::model::HARDWARE_PRESETS.iter().any(|p| p.name == base.name) {
+        format!("preset = {:?}\n", base.name)
+    } else {
+        String::new()
+    };
+    let text = format!(
+        "# Written by `memo profile --device {device} --model {model_name} --seq {seq}`.\n\
+         # d2h, h2d: the median of {repeats} copies of {copy_bytes} bytes each way between the arena and the\n\
+         # pinned host slab, through the Backend trait. layer_forward_s: a third of the per-layer\n\
+         # difference of the median step times of the keep-all plan at {l0} and {l1} layers\n\
+         # ({s0:.6} s and {s1:.6} s). It holds for this layer shape at {seq} tokens x {b} only and\n\
+         # replaces the FLOP estimate of every plan made with this file: delete that line to plan\n\
+         # other sequences from achieved_flops. Memory and peak_flops are from {base_name}{raised}.\n\
+         [machine]\n\
+         {preset}\
+         device_memory = {device_memory}\n\
+         host_memory_per_node = {host}\n\
+         gpus_per_node = {gpus}\n\
+         d2h = {d2h}\n\
+         h2d = {h2d}\n\
+         gpus_sharing_uplink = {sharing}\n\
+         peak_flops = {peak}\n\
+         achieved_flops = {achieved}\n\
+         layer_forward_s = {layer:e}\n",
+        device = device.label(),
+        model_name = model_arg,
+        seq = model.seq_len,
+        b = model.micro_batch,
+        l0 = LAYERS[0],
+        l1 = LAYERS[1],
+        s0 = profile.step_s[0],
+        s1 = profile.step_s[1],
+        base_name = base.name,
+        raised = if peak > base.peak_flops { " (peak raised to the measured rate)" } else { "" },
+        device_memory = base.device_memory_bytes,
+        host = base.host_memory_per_node_bytes,
+        gpus = base.gpus_per_node,
+        d2h = rate(profile.d2h_bytes_per_s),
+        h2d = rate(profile.h2d_bytes_per_s),
+        sharing = base.gpus_sharing_uplink,
+        layer = profile.layer_forward_s,
+    );
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(median(&mut [3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+}
