@@ -187,6 +187,21 @@ impl<B: Backend> Trainer<B> {
         Ok(out)
     }
 
+    /// Every buffer of `kind` (e.g. the gradients of the last step), keyed by (role, layer) and
+    /// sorted by it, like [`Trainer::parameters`]. Only persistent kinds (parameters, gradients,
+    /// optimizer state) hold meaningful bytes between steps.
+    pub fn buffers_of_kind(&mut self, kind: BufferKind) -> Result<Vec<NamedBytes>, RuntimeError> {
+        let mut out = Vec::new();
+        for (index, buffer) in self.replay.plan().buffers.iter().enumerate() {
+            if buffer.kind == kind {
+                let bytes = self.backend.download(self.replay.span(BufferId(index as u32)))?;
+                out.push(((buffer.role, buffer.layer), bytes));
+            }
+        }
+        out.sort_by_key(|entry: &NamedBytes| entry.0);
+        Ok(out)
+    }
+
     /// The model's state (parameters and optimizer state) as a checkpoint.
     pub fn checkpoint(&mut self, fingerprint: u64, data_position: u64) -> Result<Checkpoint, RuntimeError> {
         let mut tensors = Vec::new();
