@@ -336,7 +336,9 @@ fn the_tolerance_check_catches_a_difference() {
 #[test]
 fn one_plan_file_is_accepted_by_every_backend_unchanged() {
     let bytes = memo_plan().encode();
-    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("memo-tests-one-plan.memo");
+    // The system's temporary directory, not CARGO_TARGET_TMPDIR: the bundled executable runs on
+    // another machine (`scripts/gpu-check.sh`), where the build's paths do not exist.
+    let path = std::env::temp_dir().join(format!("memo-tests-one-plan-{}.memo", std::process::id()));
     std::fs::write(&path, &bytes).unwrap();
     let model = small_model();
     let context = KernelContext {
@@ -367,6 +369,7 @@ fn one_plan_file_is_accepted_by_every_backend_unchanged() {
         ran.push(case.name);
     }
     assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    let _ = std::fs::remove_file(&path);
     assert_eq!(ran[0], "cpu");
     println!("the plan ran unchanged on: {}", ran.join(", "));
 }
