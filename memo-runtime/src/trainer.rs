@@ -118,28 +118,35 @@ impl<B: Backend> Trainer<B> {
     fn initialise(&mut self, seed: u64) -> Result<(), RuntimeError> {
         let buffers: Vec<Buffer> = self.replay.plan().buffers.clone();
         let layers = self.report.plan.provenance.model.layers;
-        for (index, buffer) in buffers.iter().enumerate() {
-            if buffer.kind != BufferKind::Parameter {
-                continue;
+        let parameters: Vec<usize> = (0..buffers.len()).filter(|&i| buffers[i].kind == BufferKind::Parameter).collect();
+        // A parameter's values depend on (seed, role, layer) alone, so they are drawn on several
+        // threads at once (a 1B-parameter model draws 10^9 normals: tens of seconds on one core)
+        // and uploaded in plan order; the bytes are the same as drawing them one by one.
+        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        for chunk in parameters.chunks(threads) {
+            let drawn: Vec<Option<(Vec<u8>, Vec<u8>)>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = chunk
+                    .iter()
+                    .map(|&index| {
+                        let buffer = &buffers[index];
+                        scope.spawn(move || parameter_and_state_bytes(seed, buffer, layers))
+                    })
+                    .collect();
+                handles.into_iter().map(|handle| handle.join().ok()).collect()
+            });
+            for (&index, drawn) in chunk.iter().zip(drawn) {
+                let buffer = &buffers[index];
+                let (bytes, state_bytes) = drawn
+                    .ok_or_else(|| RuntimeError::Trainer(format!("drawing the initial values of {buffer} failed")))?;
+                self.backend.upload(self.replay.span(BufferId(index as u32)), &bytes)?;
+                let state = buffers
+                    .iter()
+                    .position(|b| {
+                        b.kind == BufferKind::OptimizerState && b.role == buffer.role && b.layer == buffer.layer
+                    })
+                    .ok_or_else(|| RuntimeError::Trainer(format!("no optimizer state for {buffer}")))?;
+                self.backend.upload(self.replay.span(BufferId(state as u32)), &state_bytes)?;
             }
-            let elements = buffer.rows * buffer.row_bytes / 2;
-            let values = initial_values(seed, buffer, elements as usize, layers);
-            let bytes: Vec<u8> = values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
-            self.backend.upload(self.replay.span(BufferId(index as u32)), &bytes)?;
-            // Its optimizer state: per row, master weights (the bf16 values widened), m, v.
-            let state = buffers
-                .iter()
-                .position(|b| b.kind == BufferKind::OptimizerState && b.role == buffer.role && b.layer == buffer.layer)
-                .ok_or_else(|| RuntimeError::Trainer(format!("no optimizer state for {buffer}")))?;
-            let per_row = (buffer.row_bytes / 2) as usize;
-            let mut state_bytes = Vec::with_capacity(values.len() * 12);
-            for row in values.chunks(per_row.max(1)) {
-                for v in row {
-                    state_bytes.extend_from_slice(&bf16::from_f32(*v).to_f32().to_le_bytes());
-                }
-                state_bytes.extend(std::iter::repeat_n(0u8, row.len() * 8));
-            }
-            self.backend.upload(self.replay.span(BufferId(state as u32)), &state_bytes)?;
         }
         Ok(())
     }
@@ -304,6 +311,23 @@ impl<B: Backend> Trainer<B> {
     pub fn steps_taken(&self) -> u64 {
         self.step
     }
+}
+
+/// A parameter's initial bf16 bytes and its optimizer state's: per row, master weights (the bf16
+/// values widened to f32), then m and v (zeros).
+fn parameter_and_state_bytes(seed: u64, buffer: &Buffer, layers: u32) -> (Vec<u8>, Vec<u8>) {
+    let elements = buffer.rows * buffer.row_bytes / 2;
+    let values = initial_values(seed, buffer, elements as usize, layers);
+    let bytes: Vec<u8> = values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
+    let per_row = (buffer.row_bytes / 2) as usize;
+    let mut state_bytes = Vec::with_capacity(values.len() * 12);
+    for row in values.chunks(per_row.max(1)) {
+        for v in row {
+            state_bytes.extend_from_slice(&bf16::from_f32(*v).to_f32().to_le_bytes());
+        }
+        state_bytes.extend(std::iter::repeat_n(0u8, row.len() * 8));
+    }
+    (bytes, state_bytes)
 }
 
 /// A parameter's initial values, from the seed and its (role, layer) alone.
