@@ -1,0 +1,218 @@
+#!/usr/bin/env bash
+# The one prepared GPU check (scripts/README.md). Runs on the GPU machine from gpu-bundle/ (built
+# here by scripts/gpu-bundle.sh; no cargo there, no network needed), under 6 minutes:
+#   0  nvidia-smi summary; memo profile --device cuda (copy bandwidth, one layer's forward)
+#   1  correctness: every bundled test executable (the backend suite with MEMO_REQUIRE_GPU=cuda,
+#      runtime-cuda's GPU-vs-CPU tests): pass/fail and their counts
+#   2  measurements: memo train --device cuda --json --timings on the ~1B GPT
+#      (examples/models/gpt-1b.toml) at each of $SEQS for keep-all, full-recompute and memo
+#   3  the longest sequence each strategy trains: doubling from $MAXSEQ_START, then one bisection
+#      step, each try one step bounded by $TRY_TIMEOUT seconds; the planner's --max-seq beside it
+#   4  the PyTorch peer (scripts/torch_peer.py): store, checkpoint, checkpoint + save_on_cpu
+#   5  one table on stdout; the raw numbers as JSON lines in $OUT/gpu-check.jsonl
+# Each phase has a hard deadline and each command its own `timeout`; a phase that fails is
+# recorded and the next one runs. Everything is written under ${OUT:-./gpu-check-out}.
+#
+#   scripts/gpu-check.sh             on the GPU machine
+#   scripts/gpu-check.sh --dry-run   here: the same phases on the CPU backend, a tiny model, tiny
+#                                    lengths (exercises the control flow, the parsing, the table)
+# Environment overrides: OUT, BUNDLE, MODEL, SEQS, STEPS, MAXSEQ_START, MAXSEQ_LIMIT, TRY_TIMEOUT,
+# RUN_TIMEOUT, PEER_SEQ, PHASE{0..4}_S (each phase's deadline in seconds).
+set -u
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root" || exit 1
+dry=0
+[[ "${1:-}" == "--dry-run" ]] && dry=1
+started=$(date +%s)
+
+OUT="${OUT:-./gpu-check-out}"
+BUNDLE="${BUNDLE:-gpu-bundle}"
+if ((dry)); then
+    DEVICE=cpu
+    MODEL="${MODEL:-$OUT/raw/dry-model.toml}" # 4 layers, h 128 (written below): memo swaps two
+    SEQS="${SEQS:-32 64}"
+    STEPS="${STEPS:-3}"
+    MAXSEQ_START="${MAXSEQ_START:-64}"
+    MAXSEQ_LIMIT="${MAXSEQ_LIMIT:-256}"
+    GRANULE=16
+    TRY_TIMEOUT="${TRY_TIMEOUT:-60}"
+    RUN_TIMEOUT="${RUN_TIMEOUT:-60}"
+    PEER_SEQ="${PEER_SEQ:-64}"
+    PEER_MODEL=(--layers 4 --hidden 128 --heads 4 --vocab 256)
+    TRAIN_MACHINE=()                    # memo train's CPU description
+    PLAN_MACHINE=(--machine-file "$OUT/raw/cpu-machine.toml") # the same numbers, for memo plan
+    PROFILE_ARGS=(--model "$MODEL" --seq 256 --repeats 3 --copy-size 4MiB)
+    export -n MEMO_REQUIRE_GPU 2>/dev/null
+else
+    DEVICE=cuda
+    MODEL="${MODEL:-examples/models/gpt-1b.toml}"
+    SEQS="${SEQS:-8192 32768}"
+    STEPS="${STEPS:-3}"                 # the first is the warm-up: its time is not used
+    MAXSEQ_START="${MAXSEQ_START:-65536}"
+    MAXSEQ_LIMIT="${MAXSEQ_LIMIT:-4194304}"
+    GRANULE=1024
+    TRY_TIMEOUT="${TRY_TIMEOUT:-22}"
+    RUN_TIMEOUT="${RUN_TIMEOUT:-40}"
+    PEER_SEQ="${PEER_SEQ:-32768}"
+    PEER_MODEL=(--model "$MODEL")
+    # h200x1 with this machine's memory (written below): the preset's 256 GiB of host memory is
+    # more than the lent machine has, and a pinned slab past it must not be tried.
+    TRAIN_MACHINE=(--machine-file "$OUT/raw/h200-here.toml")
+    PLAN_MACHINE=("${TRAIN_MACHINE[@]}")
+    PROFILE_ARGS=(--model "$MODEL" --seq 8192 --repeats 3)
+    export MEMO_REQUIRE_GPU=cuda        # a backend suite that cannot open the GPU fails
+fi
+PHASE0_S="${PHASE0_S:-30}"
+PHASE1_S="${PHASE1_S:-70}"
+PHASE2_S="${PHASE2_S:-110}"
+PHASE3_S="${PHASE3_S:-80}"
+PHASE4_S="${PHASE4_S:-60}"
+MEMO="$BUNDLE/memo"
+raw="$OUT/raw"
+rm -rf "$raw"
+mkdir -p "$raw" || { echo "gpu-check: cannot create $raw" >&2; exit 1; }
+if ((dry)) && [[ "$MODEL" == "$raw/dry-model.toml" ]]; then
+    printf '[model]\nlayers = 4\nhidden = 128\nheads = 4\nvocab = 256\n' >"$MODEL"
+fi
+if ((!dry)); then
+    # Host: three quarters of MemTotal. Device: memory.total less 3 GiB (context, library
+    # workspaces); the preset's 140 GiB if nvidia-smi does not answer.
+    host_kib=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo 2>/dev/null)
+    device_mib=$(timeout 10 nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -dc 0-9)
+    {
+        printf '# h200x1 with the memory of %s (scripts/gpu-check.sh)\n[machine]\npreset = "h200x1"\n' "$(hostname)"
+        [[ -n "$host_kib" ]] && printf 'host_memory_per_node = %d\n' $((host_kib * 1024 / 4 * 3))
+        [[ -n "$device_mib" ]] && printf 'device_memory = %d\n' $(((device_mib - 3072) * 1048576))
+    } >"$raw/h200-here.toml"
+fi
+if ((dry)); then # memo_runtime::cpu_hardware(64 GiB), as a machine file
+    printf '[machine]\ndevice_memory = "64GiB"\nhost_memory_per_node = "64GiB"\nd2h = "10GB/s"\nh2d = "10GB/s"\npeak_flops = "20G"\nachieved_flops = "20G"\n' \
+        >"$raw/cpu-machine.toml"
+fi
+{
+    echo "dry_run=$dry"; echo "device=$DEVICE"; echo "model=$MODEL"; echo "seqs=$SEQS"; echo "steps=$STEPS"
+    echo "maxseq_start=$MAXSEQ_START"; echo "maxseq_limit=$MAXSEQ_LIMIT"; echo "try_timeout=$TRY_TIMEOUT"
+    echo "peer_seq=$PEER_SEQ"; echo "started=$started"; echo "host=$(hostname)"
+    echo "bundle_commit=$(sed -n 's/^# commit //p' "$BUNDLE/MANIFEST" 2>/dev/null)"
+} >"$raw/settings.txt"
+
+say() { printf '[gpu-check %4ds] %s\n' "$(($(date +%s) - started))" "$*" >&2; }
+phase_deadline=0
+begin_phase() { # number, seconds
+    phase_deadline=$(($(date +%s) + $2))
+    say "phase $1 (at most $2 s)"
+    echo "started $(date +%s)" >"$raw/phase-$1.status"
+}
+end_phase() { echo "ended $(date +%s) $2" >>"$raw/phase-$1.status"; }
+# run NAME SECONDS COMMAND...: stdout to $raw/NAME.out, stderr to .err, exit code and seconds to
+# .rc, bounded by SECONDS and by the phase's deadline (exit 124 when cut).
+run() {
+    local name="$1" limit="$2"
+    shift 2
+    local left=$((phase_deadline - $(date +%s)))
+    ((left < limit)) && limit=$left
+    if ((limit < 1)); then
+        echo "124 0 phase-deadline" >"$raw/$name.rc"
+        return 124
+    fi
+    local t0 t1 rc
+    t0=$(date +%s.%N)
+    timeout -k 5 "$limit" "$@" >"$raw/$name.out" 2>"$raw/$name.err"
+    rc=$?
+    t1=$(date +%s.%N)
+    echo "$rc $(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }') $limit" >"$raw/$name.rc"
+    return $rc
+}
+
+if [[ ! -x "$MEMO" ]]; then
+    say "no $MEMO: build the bundle first (scripts/gpu-bundle.sh) and carry gpu-bundle/"
+    echo "127 0 no-bundle" >"$raw/memo-missing.rc"
+fi
+
+# Phase 0: the machine.
+begin_phase 0 "$PHASE0_S"
+if ((dry)); then
+    run nvidia-smi 10 echo "dry run: no nvidia-smi (CPU backend)"
+else
+    run nvidia-smi 15 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.max.sm,power.limit \
+        --format=csv
+    run nvidia-smi-full 10 nvidia-smi
+fi
+run profile 28 "$MEMO" profile --device "$DEVICE" "${PROFILE_ARGS[@]}" --out "$raw/machine.toml" --json
+end_phase 0 done
+
+# Phase 1: correctness.
+begin_phase 1 "$PHASE1_S"
+tests=0
+for exe in "$BUNDLE"/test-*; do
+    [[ -x "$exe" ]] || continue
+    tests=$((tests + 1))
+    name="$(basename "$exe")"
+    run "$name" 60 "$exe" --test-threads=2
+    say "$name: exit $(cut -d' ' -f1 "$raw/$name.rc")"
+done
+((tests == 0)) && say "no test executables in $BUNDLE"
+end_phase 1 "executables=$tests"
+
+# Phase 2: measurements.
+begin_phase 2 "$PHASE2_S"
+for seq in $SEQS; do
+    for strategy in keep-all full-recompute memo; do
+        name="measure-$strategy-$seq"
+        run "$name" "$RUN_TIMEOUT" "$MEMO" train --device "$DEVICE" "${TRAIN_MACHINE[@]}" --model "$MODEL" \
+            --seq "$seq" --strategy "$strategy" --steps "$STEPS" --json --timings
+        say "$name: exit $(cut -d' ' -f1 "$raw/$name.rc")"
+    done
+done
+end_phase 2 done
+
+# Phase 3: the longest sequence each strategy trains (and what the planner says fits).
+begin_phase 3 "$PHASE3_S"
+run maxseq-plan 20 "$MEMO" plan --config "$MODEL" "${PLAN_MACHINE[@]}" --max-seq --json
+try() { # strategy seq -> exit code
+    local name="maxseq-$1-$2"
+    run "$name" "$TRY_TIMEOUT" "$MEMO" train --device "$DEVICE" "${TRAIN_MACHINE[@]}" --model "$MODEL" --seq "$2" \
+        --strategy "$1" --steps 1 --json
+    local rc=$?
+    say "$name: exit $rc"
+    return $rc
+}
+# memo first: it is the point, and the phase's deadline may cut the last strategy short.
+for strategy in memo full-recompute keep-all; do
+    seq=$MAXSEQ_START ok=0 failed=0
+    while ((seq <= MAXSEQ_LIMIT)) && (($(date +%s) < phase_deadline)); do
+        if try "$strategy" "$seq"; then ok=$seq; seq=$((seq * 2)); else failed=$seq; break; fi
+    done
+    if ((ok > 0 && failed > 0)); then
+        middle=$(((ok + failed) / 2 / GRANULE * GRANULE))
+        ((middle > ok && middle < failed)) && try "$strategy" "$middle"
+    elif ((ok == 0 && failed > 0)); then
+        middle=$((failed / 2 / GRANULE * GRANULE))
+        ((middle > 0)) && try "$strategy" "$middle"
+    fi
+done
+end_phase 3 done
+
+# Phase 4: the PyTorch peer.
+begin_phase 4 "$PHASE4_S"
+run torch-peer "$PHASE4_S" python3 scripts/torch_peer.py --device "$DEVICE" "${PEER_MODEL[@]}" --seq "$PEER_SEQ" \
+    --warmup 1 --steps 3 --budget-s 12
+say "torch peer: exit $(cut -d' ' -f1 "$raw/torch-peer.rc")"
+# Ours at the same length, if phase 2 did not measure it.
+case " $SEQS " in
+    *" $PEER_SEQ "*) ;;
+    *)
+        for strategy in keep-all full-recompute memo; do
+            run "measure-$strategy-$PEER_SEQ" "$RUN_TIMEOUT" "$MEMO" train --device "$DEVICE" "${TRAIN_MACHINE[@]}" \
+                --model "$MODEL" --seq "$PEER_SEQ" --strategy "$strategy" --steps "$STEPS" --json --timings
+        done
+        ;;
+esac
+end_phase 4 done
+
+# Phase 5: the table and the JSON lines.
+python3 scripts/gpu_check_report.py "$OUT"
+status=$?
+say "done in $(($(date +%s) - started)) s; raw outputs in $raw, JSON lines in $OUT/gpu-check.jsonl"
+exit $status

@@ -1,0 +1,282 @@
+#!/usr/bin/env python3
+"""Phase 5 of scripts/gpu-check.sh: read the raw outputs under OUT/raw, write OUT/gpu-check.jsonl
+(one JSON object per measurement, each with a "kind") and print one table.
+
+Definitions (spec/cost-model.md sections 9 and 10, scripts/README.md):
+  step_time_s   the median of `memo train --json`'s step_time_s over the steps after the first
+                (the first is the warm-up: kernel compilation, first touches)
+  stall_s       the swap stall: the compute stream's measured waiting time in a step
+                (compute_wait_s, from the backend's per-instruction timings, median over the timed
+                steps): time the kernels sat idle waiting for a copy's event. null when the
+                backend does not time its instructions
+  vs_keep_all_s step time minus keep-all's at the same length: everything memo or
+                full-recompute pays for its memory (recompute and any unhidden swap), measured
+                without timings
+
+Exit status: 0 when every correctness executable passed and at least one measurement ran;
+1 otherwise (the table is printed either way).
+"""
+
+import glob
+import json
+import os
+import re
+import sys
+
+STRATEGIES = ("keep-all", "full-recompute", "memo")
+GIB = float(1 << 30)
+
+
+def read(path, default=""):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return default
+
+
+def json_lines(text):
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def rc_of(raw, name):
+    """(exit code, seconds, limit) of a run, or (None, None, None) when it never ran."""
+    fields = read(os.path.join(raw, name + ".rc")).split()
+    if not fields:
+        return None, None, None
+    try:
+        return int(fields[0]), float(fields[1]), fields[2] if len(fields) > 2 else None
+    except ValueError:
+        return None, None, None
+
+
+def status_of(code):
+    return {None: "not run", 0: "ok", 2: "bad input", 5: "does not fit", 7: "device unavailable",
+            124: "timeout", 137: "killed (timeout)", 127: "missing"}.get(code, f"failed (exit {code})")
+
+
+def last_error(raw, name):
+    lines = [l for l in read(os.path.join(raw, name + ".err")).splitlines() if l.strip()]
+    return lines[-1][:240] if lines else None
+
+
+def median(values):
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def settings(raw):
+    out = {}
+    for line in read(os.path.join(raw, "settings.txt")).splitlines():
+        if "=" in line:
+            key, value = line.split("=", 1)
+            out[key] = value
+    return out
+
+
+def tests(raw):
+    records = []
+    for path in sorted(glob.glob(os.path.join(raw, "test-*.rc"))):
+        name = os.path.basename(path)[:-3]
+        code, seconds, _ = rc_of(raw, name)
+        text = read(os.path.join(raw, name + ".out")) + read(os.path.join(raw, name + ".err"))
+        passed = sum(int(n) for n in re.findall(r"test result: \w+\. (\d+) passed", text))
+        failed = sum(int(n) for n in re.findall(r"(\d+) failed", " ".join(re.findall(r"test result:.*", text))))
+        skipped = len(re.findall(r"^SKIP:", text, re.M))
+        failures = re.findall(r"^    (\S+)$", text.split("failures:")[-1], re.M) if failed else []
+        records.append({"kind": "test", "name": name, "exit": code, "seconds": seconds, "status": status_of(code),
+                        "passed": passed, "failed": failed, "skipped": skipped, "failures": failures[:20]})
+    return records
+
+
+def measurement(raw, name, strategy, seq):
+    code, seconds, _ = rc_of(raw, name)
+    lines = json_lines(read(os.path.join(raw, name + ".out")))
+    steps = [l for l in lines if "step" in l and not l.get("summary")]
+    summary = next((l for l in lines if l.get("summary")), {})
+    timed = steps[1:] if len(steps) > 1 else steps
+
+    def med(key):
+        return median([s.get(key) for s in timed])
+
+    record = {"kind": "measure", "strategy": strategy, "seq_len": seq, "exit": code, "status": status_of(code),
+              "seconds": seconds, "steps": len(steps), "timed_steps": len(timed),
+              "step_time_s": med("step_time_s"), "tokens_per_s": med("tokens_per_s"), "mfu_6n": med("mfu_6n"),
+              "mfu_attention": med("mfu_attention"), "compute_busy_s": med("compute_busy_s"),
+              "stall_s": med("compute_wait_s"),
+              "device_bytes": (steps[0].get("device_bytes") if steps else summary.get("device_bytes")),
+              "host_bytes": (steps[0].get("host_bytes") if steps else summary.get("host_bytes")),
+              "alpha": summary.get("alpha"), "machine": summary.get("machine"),
+              "peak_flops": summary.get("peak_flops"),
+              "loss_first": steps[0].get("loss") if steps else None,
+              "loss_last": steps[-1].get("loss") if steps else None}
+    if code != 0:
+        record["error"] = last_error(raw, name)
+    return record
+
+
+def measurements(raw):
+    records = []
+    for path in sorted(glob.glob(os.path.join(raw, "measure-*.rc"))):
+        name = os.path.basename(path)[:-3]
+        match = re.match(r"measure-(.+)-(\d+)$", name)
+        if match:
+            records.append(measurement(raw, name, match.group(1), int(match.group(2))))
+    records.sort(key=lambda r: (r["seq_len"], STRATEGIES.index(r["strategy"]) if r["strategy"] in STRATEGIES else 9))
+    keep_all = {r["seq_len"]: r["step_time_s"] for r in records if r["strategy"] == "keep-all"}
+    for record in records:
+        base = keep_all.get(record["seq_len"])
+        mine = record["step_time_s"]
+        record["vs_keep_all_s"] = mine - base if (base is not None and mine is not None) else None
+    return records
+
+
+def max_sequences(raw):
+    planned = {}
+    for line in json_lines(read(os.path.join(raw, "maxseq-plan.out"))):
+        for entry in line.get("max_seq", []):
+            planned[entry.get("strategy")] = entry.get("max_seq_len")
+    records = []
+    for strategy in STRATEGIES:
+        tries = []
+        for path in glob.glob(os.path.join(raw, f"maxseq-{strategy}-*.rc")):
+            name = os.path.basename(path)[:-3]
+            seq = int(name.rsplit("-", 1)[1])
+            code, seconds, limit = rc_of(raw, name)
+            tries.append({"seq_len": seq, "exit": code, "status": status_of(code), "seconds": seconds,
+                          "error": None if code == 0 else last_error(raw, name)})
+        tries.sort(key=lambda t: t["seq_len"])
+        trained = max((t["seq_len"] for t in tries if t["exit"] == 0), default=None)
+        failures = [t for t in tries if t["exit"] != 0 and (trained is None or t["seq_len"] > trained)]
+        records.append({"kind": "max_seq", "strategy": strategy, "planner_max_seq": planned.get(strategy),
+                        "trained_max_seq": trained, "first_failure": failures[0] if failures else None,
+                        "tries": tries})
+    return records
+
+
+def peers(raw):
+    code, seconds, _ = rc_of(raw, "torch-peer")
+    records = []
+    for line in json_lines(read(os.path.join(raw, "torch-peer.out"))):
+        line["kind"] = "peer"
+        records.append(line)
+    if not records:
+        records.append({"kind": "peer", "status": status_of(code), "exit": code,
+                        "error": last_error(raw, "torch-peer")})
+    return records
+
+
+def phases(raw):
+    out = []
+    for path in sorted(glob.glob(os.path.join(raw, "phase-*.status"))):
+        lines = read(path).split("\n")
+        start = next((int(l.split()[1]) for l in lines if l.startswith("started")), None)
+        end_line = next((l for l in lines if l.startswith("ended")), None)
+        end = int(end_line.split()[1]) if end_line else None
+        out.append({"kind": "phase", "phase": int(re.findall(r"\d+", os.path.basename(path))[0]),
+                    "seconds": end - start if (start is not None and end is not None) else None,
+                    "finished": end_line is not None})
+    return out
+
+
+def fmt(value, spec, scale=1.0, none="-"):
+    if value is None:
+        return none
+    value = value / scale
+    return format(int(round(value)) if spec.endswith("d") else value, spec)
+
+
+def main(out_dir):
+    raw = os.path.join(out_dir, "raw")
+    config = settings(raw)
+    smi = read(os.path.join(raw, "nvidia-smi.out")).strip()
+    profile = (json_lines(read(os.path.join(raw, "profile.out"))) or [{}])[0]
+    profile_code = rc_of(raw, "profile")[0]
+    test_records = tests(raw)
+    measured = measurements(raw)
+    longest = max_sequences(raw)
+    peer = peers(raw)
+    phase_records = phases(raw)
+
+    records = [{"kind": "settings", **config, "nvidia_smi": smi},
+               {"kind": "profile", "exit": profile_code, "status": status_of(profile_code),
+                "error": None if profile_code == 0 else last_error(raw, "profile"), **profile}]
+    records += test_records + measured + longest + peer + phase_records
+    with open(os.path.join(out_dir, "gpu-check.jsonl"), "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, sort_keys=True) + "\n")
+
+    p = print
+    p(f"== GPU check: device {config.get('device', '?')}, model {config.get('model', '?')}, "
+      f"bundle {config.get('bundle_commit') or '?'}{' (DRY RUN on the CPU backend)' if config.get('dry_run') == '1' else ''}")
+    if smi:
+        p("   " + smi.replace("\n", "\n   "))
+    else:
+        p(f"   nvidia-smi: {status_of(rc_of(raw, 'nvidia-smi')[0])}")
+    if profile_code == 0 and profile:
+        p(f"profile: d2h {fmt(profile.get('d2h_bytes_per_s'), '.2f', 1e9)} GB/s, "
+          f"h2d {fmt(profile.get('h2d_bytes_per_s'), '.2f', 1e9)} GB/s, one layer's forward "
+          f"{fmt(profile.get('layer_forward_s'), '.3f', 1e-3)} ms at {profile.get('seq_len')} tokens")
+    else:
+        p(f"profile: {status_of(profile_code)} {last_error(raw, 'profile') or ''}")
+    p("\ncorrectness (bundled test executables):")
+    for t in test_records:
+        p(f"  {t['name']:<44} {t['status']:<18} {t['passed']} passed, {t['failed']} failed, {t['skipped']} SKIP"
+          + (f"  failing: {', '.join(t['failures'])}" if t["failures"] else ""))
+    if not test_records:
+        p("  none ran")
+
+    p("\nmeasurements (memo train --json; step = median after the warm-up step; stall = compute-stream waits):")
+    header = (f"  {'strategy':<15}{'seq':>9}{'step s':>10}{'tok/s':>11}{'MFU-6N':>8}{'MFU-att':>8}"
+              f"{'dev GiB':>9}{'host GiB':>9}{'stall s':>9}{'vs keep-all':>12}  status")
+    p(header)
+    for r in measured:
+        p(f"  {r['strategy']:<15}{r['seq_len']:>9}{fmt(r['step_time_s'], '.3f'):>10}{fmt(r['tokens_per_s'], '.0f'):>11}"
+          f"{fmt(r['mfu_6n'], '.1%'):>8}{fmt(r['mfu_attention'], '.1%'):>8}{fmt(r['device_bytes'], '.2f', GIB):>9}"
+          f"{fmt(r['host_bytes'], '.2f', GIB):>9}{fmt(r['stall_s'], '.3f'):>9}{fmt(r['vs_keep_all_s'], '+.3f'):>12}"
+          f"  {r['status']}" + (f": {r['error']}" if r.get("error") else ""))
+
+    limit = config.get("try_timeout", "?")
+    p(f"\nlongest sequence trained (one step, each try at most {limit} s; doubling, then one bisection):")
+    p(f"  {'strategy':<15}{'planner max':>12}{'trained':>10}  first failure above it")
+    for r in longest:
+        failure = r["first_failure"]
+        why = f"{failure['seq_len']}: {failure['status']}" if failure else "-"
+        p(f"  {r['strategy']:<15}{fmt(r['planner_max_seq'], 'd'):>12}{fmt(r['trained_max_seq'], 'd'):>10}  {why}")
+
+    peer_seq = int(config.get("peer_seq", "0") or 0)
+    p(f"\npeer at {peer_seq} tokens (tokens/s, peak device memory):")
+    for r in peer:
+        if r.get("mode"):
+            p(f"  torch {r['mode']:<14}{fmt(r.get('tokens_per_s'), '.0f'):>11} tok/s"
+              f"{fmt(r.get('peak_bytes'), '.2f', GIB):>9} GiB  {r.get('status')}"
+              + (f": {r['error']}" if r.get("error") else ""))
+        else:
+            p(f"  torch: {r.get('status')}" + (f": {r['error']}" if r.get("error") else ""))
+    for r in measured:
+        if r["seq_len"] == peer_seq:
+            p(f"  memo  {r['strategy']:<14}{fmt(r['tokens_per_s'], '.0f'):>11} tok/s"
+              f"{fmt(r['device_bytes'], '.2f', GIB):>9} GiB  {r['status']}")
+
+    p("\nphases: " + ", ".join(f"{r['phase']}: {fmt(r['seconds'], 'd')} s{'' if r['finished'] else ' (unfinished)'}"
+                             for r in phase_records))
+    ok = bool(test_records) and all(t["exit"] == 0 for t in test_records) and any(r["exit"] == 0 for r in measured)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: gpu_check_report.py OUT_DIR", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(main(sys.argv[1]))
