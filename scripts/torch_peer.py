@@ -11,8 +11,9 @@ weights and AdamW state (16 bytes per parameter in all, like memo's 2 + 2 + 12).
 Modes (one process runs them in turn, printing one JSON line per mode as soon as it is done):
   store        every activation kept for the backward
   checkpoint   torch.utils.checkpoint (non-reentrant) around every block: only block inputs kept
-  offload      checkpoint + torch.autograd.graph.save_on_cpu(pin_memory=True): those block
-               inputs go to pinned host memory and come back for the backward
+  offload      checkpoint (reentrant, so that the block inputs are saved tensors) inside
+               torch.autograd.graph.save_on_cpu(pin_memory=True): the block inputs (and the few
+               other saved tensors) go to pinned host memory and come back for the backward
 
 Each mode: `--warmup` steps, then up to `--steps` timed steps (fewer if `--budget-s` runs out,
 at least one); tokens/s over the timed steps; peak memory is torch.cuda.max_memory_allocated over
@@ -131,14 +132,17 @@ def build(torch, args, device):
                     std = 0.02 / math.sqrt(2 * args.layers) if ("proj" in name or "fc2" in name) else 0.02
                     nn.init.normal_(parameter, std=std)
 
-        def forward(self, tokens, targets, checkpointed):
+        def forward(self, tokens, targets, mode):
             cos, sin = rotary(tokens.shape[1])
             x = self.embedding(tokens)
             for block in self.blocks:
-                if checkpointed:
-                    x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, use_reentrant=False)
-                else:
+                if mode == "store":
                     x = block(x, cos, sin)
+                else:
+                    # offload: the reentrant form keeps each block's input through
+                    # save_for_backward, which save_on_cpu's hooks move to the host; the
+                    # non-reentrant form would hold it on the device in its recompute closure.
+                    x = torch.utils.checkpoint.checkpoint(block, x, cos, sin, use_reentrant=mode == "offload")
             logits = self.norm(x) @ self.embedding.weight.t()
             return functional.cross_entropy(logits.float().reshape(-1, args.vocab), targets.reshape(-1))
 
@@ -163,9 +167,9 @@ def run_mode(torch, args, device, mode):
             with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
                 if mode == "offload":
                     with torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda"):
-                        loss = model(inputs, targets, checkpointed=True)
+                        loss = model(inputs, targets, mode)
                 else:
-                    loss = model(inputs, targets, checkpointed=mode == "checkpoint")
+                    loss = model(inputs, targets, mode)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
