@@ -246,6 +246,11 @@ fn values(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
 }
 
+/// `error <= bound`; a NaN error (a GPU that produced NaN) is never within.
+fn within(error: f64, bound: f64) -> bool {
+    error <= bound
+}
+
 /// Four bf16 ulps, relative.
 const TOLERANCE: f64 = 1.0 / 64.0;
 
@@ -284,7 +289,7 @@ fn differences(candidate: &Run, reference: &Run) -> String {
     let mut report = String::new();
     for (step, (c, r)) in candidate.0.iter().zip(&reference.0).enumerate() {
         let error = (f64::from(*c) - f64::from(*r)).abs() / f64::from(*r).abs().max(1e-6);
-        if !(error <= TOLERANCE) {
+        if !within(error, TOLERANCE) {
             let _ = writeln!(report, "step {}: loss {c} vs {r} on the CPU (relative error {error:.2e})", step + 1);
         }
     }
@@ -297,7 +302,7 @@ fn differences(candidate: &Run, reference: &Run) -> String {
             assert_eq!(key, reference_key);
             let (c, r) = (values(c), values(r));
             let error = relative_l2(&c, &r);
-            if !(error <= TOLERANCE) {
+            if !within(error, TOLERANCE) {
                 let _ = writeln!(report, "{what} {key:?}: relative L2 error {error:.2e}");
             }
             if what == "parameter" {
@@ -306,7 +311,7 @@ fn differences(candidate: &Run, reference: &Run) -> String {
                     .iter()
                     .zip(&r)
                     .enumerate()
-                    .find(|(_, (x, y))| !((f64::from(**x) - f64::from(**y)).abs() <= bound(**y)))
+                    .find(|(_, (x, y))| !within((f64::from(**x) - f64::from(**y)).abs(), bound(**y)))
                 {
                     let _ = writeln!(report, "parameter {key:?}[{i}]: {x} vs {y} on the CPU");
                 }
