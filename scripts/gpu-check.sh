@@ -17,7 +17,7 @@
 #   scripts/gpu-check.sh --dry-run   here: the same phases on the CPU backend, a tiny model, tiny
 #                                    lengths (exercises the control flow, the parsing, the table)
 # Environment overrides: OUT, BUNDLE, MODEL, SEQS, STEPS, MAXSEQ_START, MAXSEQ_LIMIT, TRY_TIMEOUT,
-# RUN_TIMEOUT, PEER_SEQ, PHASE{0..4}_S (each phase's deadline in seconds).
+# RUN_TIMEOUT, PEER_SEQ, PROFILE_SEQ, PROFILE_REPEATS, PHASE{0..4}_S (each phase's deadline in seconds).
 set -u
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,7 +42,7 @@ if ((dry)); then
     PEER_MODEL=(--layers 4 --hidden 128 --heads 4 --vocab 256)
     TRAIN_MACHINE=()                    # memo train's CPU description
     PLAN_MACHINE=(--machine-file "$OUT/raw/cpu-machine.toml") # the same numbers, for memo plan
-    PROFILE_ARGS=(--model "$MODEL" --seq 256 --repeats 3 --copy-size 4MiB)
+    PROFILE_ARGS=(--model "$MODEL" --seq "${PROFILE_SEQ:-256}" --repeats "${PROFILE_REPEATS:-3}" --copy-size 4MiB)
     export -n MEMO_REQUIRE_GPU 2>/dev/null
 else
     DEVICE=cuda
@@ -60,7 +60,7 @@ else
     # more than the lent machine has, and a pinned slab past it must not be tried.
     TRAIN_MACHINE=(--machine-file "$OUT/raw/h200-here.toml")
     PLAN_MACHINE=("${TRAIN_MACHINE[@]}")
-    PROFILE_ARGS=(--model "$MODEL" --seq 8192 --repeats 3)
+    PROFILE_ARGS=(--model "$MODEL" --seq "${PROFILE_SEQ:-8192}" --repeats "${PROFILE_REPEATS:-3}")
     export MEMO_REQUIRE_GPU=cuda        # a backend suite that cannot open the GPU fails
 fi
 PHASE0_S="${PHASE0_S:-30}"
