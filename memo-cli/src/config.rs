@@ -30,6 +30,11 @@
 //! achieved_flops = "187T"
 //! layer_forward_s = 1.25   # a measured forward time of one layer, replacing the FLOP estimate
 //! ```
+//!
+//! `--machine-file FILE` reads only a file's `[machine]` table (what `memo profile` writes) and
+//! replaces `--config`'s. A `[machine]` table without `preset` must give `device_memory`,
+//! `host_memory_per_node`, `d2h`, `h2d` and `peak_flops`; the machine is then named after the
+//! file (`spec/cost-model.md` §10).
 
 use std::path::{Path, PathBuf};
 
@@ -54,7 +59,7 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "NAME")]
     pub machine: Option<String>,
 
-    /// A TOML file with a [machine] table (what `memo profile` writes); replaces --config's
+    /// A TOML file with a [machine] table (what `memo profile` writes); replaces --config's table
     #[arg(long, value_name = "FILE")]
     pub machine_file: Option<PathBuf>,
 
