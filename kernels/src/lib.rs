@@ -35,8 +35,38 @@ pub struct Source {
     pub kernels: &'static [&'static str],
 }
 
-/// Every kernel source (filled by the CUDA issue's work).
-pub const SOURCES: &[Source] = &[];
+impl Source {
+    /// The source with `#include "memo_gpu.h"` replaced by [`HEADER`]'s text: what a backend
+    /// hands its compiler, so that no include path or named header is needed.
+    pub fn standalone_text(&self) -> String {
+        self.text.replacen("#include \"memo_gpu.h\"", HEADER, 1)
+    }
+}
+
+/// Every kernel source but attention's.
+pub const SOURCES: &[Source] = &[
+    Source {
+        name: "elementwise.cu",
+        text: include_str!("../elementwise.cu"),
+        kernels: &[
+            "memo_embedding_forward",
+            "memo_embedding_backward",
+            "memo_gelu_forward",
+            "memo_gelu_backward",
+            "memo_add",
+            "memo_broadcast_row",
+            "memo_column_sum_partial",
+            "memo_column_sum_finish",
+        ],
+    },
+    Source {
+        name: "norm.cu",
+        text: include_str!("../norm.cu"),
+        kernels: &["memo_layer_norm_forward", "memo_layer_norm_backward_rows", "memo_layer_norm_backward_params"],
+    },
+    Source { name: "loss.cu", text: include_str!("../loss.cu"), kernels: &["memo_cross_entropy", "memo_sum_into_scalar"] },
+    Source { name: "optim.cu", text: include_str!("../optim.cu"), kernels: &["memo_sum_squares_partial", "memo_adamw"] },
+];
 
 /// The compiler a source is built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
