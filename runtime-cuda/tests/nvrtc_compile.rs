@@ -27,7 +27,11 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
             match nvrtc.compile(source.name, &source.standalone_text(), &options) {
                 Ok(compiled) => {
                     println!("sm_{sm} {}: {} cubin bytes", source.name, compiled.cubin_bytes);
-                    for line in compiled.log.lines().filter(|l| l.contains("entry function") || l.contains("registers") || l.contains("spill")) {
+                    for line in compiled
+                        .log
+                        .lines()
+                        .filter(|l| l.contains("entry function") || l.contains("registers") || l.contains("spill"))
+                    {
                         println!("    {}", line.trim());
                     }
                     for kernel in source.kernels {
