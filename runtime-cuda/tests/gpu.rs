@@ -1,6 +1,6 @@
 //! The CUDA backend against the CPU reference. Without a driver or a device every test here
 //! prints `SKIP: <why>` and passes; on a GPU machine:
-//! - every op with a GPU recipe runs on the same random inputs on `runtime_cpu` (its `ops`) and
+//! - every op (attention included) runs on the same random inputs on `runtime_cpu` (its `ops`) and
 //!   on `CudaBackend`, and the outputs agree within the bounds of [`close`];
 //! - bad input (a token outside the vocabulary, a NaN gradient norm) fails at synchronize with
 //!   the instruction, and AdamW leaves the parameter untouched;
@@ -12,7 +12,9 @@
 //! reductions) and by `tanhf`/`expf` ulps before the one bf16 rounding, so one bf16 ulp (2^-8
 //! relative) is expected and 2e-2 relative plus 1e-3 of the tensor's largest magnitude is
 //! allowed (the absolute part covers values near zero after cancellation). f32 scalars (loss,
-//! sum of squares) and the f32 optimizer state: 1e-4 relative plus 1e-6.
+//! sum of squares) and the f32 optimizer state: 1e-4 relative plus 1e-6. Attention's lse:
+//! 1e-3 relative; its backward's gradients: 5e-2 relative plus 5e-3 of the largest (its
+//! tensor-core path rounds probabilities to bf16 before the products).
 
 use memo_plan_core::plan::{Access, EventId, Op, Strategy};
 use memo_runtime::data::{TextData, DEFAULT_TEXT};
@@ -29,6 +31,13 @@ const BF16_RELATIVE: f32 = 2e-2;
 const BF16_OF_MAX: f32 = 1e-3;
 /// Relative bound on f32 values.
 const F32_RELATIVE: f32 = 1e-4;
+/// Attention's log-sum-exp (f32 from bf16 tensor-core scores), relative.
+const LSE_RELATIVE: f32 = 1e-3;
+/// Attention backward's bf16 gradients, relative and of the largest magnitude: its kernels
+/// round the probabilities and their gradients to bf16 for the tensor cores.
+const ATTENTION_BACKWARD_RELATIVE: f32 = 5e-2;
+/// See [`ATTENTION_BACKWARD_RELATIVE`].
+const ATTENTION_BACKWARD_OF_MAX: f32 = 5e-3;
 /// Loss after three training steps, relative.
 const TRAIN_LOSS_RELATIVE: f32 = 2e-2;
 /// Parameters after three steps: AdamW moves each element by about lr per step whatever the
@@ -69,6 +78,8 @@ enum Fill {
     Ids(u32),
     /// One f32.
     Scalar(f32),
+    /// f32 values (written by the op: only compared).
+    F32,
     /// AdamW state rows of this many elements: master in [-0.1, 0.1), m small, v positive.
     State(usize),
 }
@@ -100,6 +111,11 @@ fn fill(rows: u64, row_bytes: u64, how: Fill, rng: &mut Rng) -> Vec<u8> {
             }
         }
         Fill::Scalar(value) => out.extend_from_slice(&value.to_le_bytes()),
+        Fill::F32 => {
+            for _ in 0..bytes / 4 {
+                out.extend_from_slice(&rng.next().to_le_bytes());
+            }
+        }
         Fill::State(e) => {
             for _ in 0..rows {
                 let parts = [(0.2, -0.1), (0.02, -0.01), (1e-4, 0.0)];
@@ -113,6 +129,9 @@ fn fill(rows: u64, row_bytes: u64, how: Fill, rng: &mut Rng) -> Vec<u8> {
     }
     out
 }
+
+/// An op and its arguments' (rows, bytes per row, contents).
+type Case = (Op, Vec<(u64, u64, Fill)>);
 
 const H: u64 = 96;
 const VOCAB: u64 = 300;
@@ -130,8 +149,36 @@ fn context() -> KernelContext {
     }
 }
 
-/// Every op with a GPU recipe: (op, [(rows, row_bytes, fill)]).
-fn cases() -> Vec<(Op, Vec<(u64, u64, Fill)>)> {
+/// Attention's context: two sequences of 65 rows (a partial last tile of 64), 2 heads of 64.
+fn attention_context() -> KernelContext {
+    KernelContext { hidden: 128, heads: 2, seq_len: 65, ..context() }
+}
+
+/// The attention ops on [`attention_context`].
+fn attention_cases() -> Vec<Case> {
+    let (r, w, lse) = (130, 256, 8);
+    let b = Fill::Bf16(1.0);
+    vec![
+        (Op::Attention, vec![(r, w, b), (r, w, b), (r, w, b), (r, w, b), (r, lse, Fill::F32)]),
+        (
+            Op::AttentionBackward,
+            vec![
+                (r, w, b),
+                (r, w, b),
+                (r, w, b),
+                (r, w, b),
+                (r, lse, Fill::F32),
+                (r, w, b),
+                (r, w, b),
+                (r, w, b),
+                (r, w, b),
+            ],
+        ),
+    ]
+}
+
+/// Every other op with a GPU recipe: (op, [(rows, row_bytes, fill)]).
+fn cases() -> Vec<Case> {
     let (h, v, r, f) = (H * 2, VOCAB * 2, ROWS, FF * 2);
     let b = Fill::Bf16(1.0);
     let ids = Fill::Ids(VOCAB as u32);
@@ -228,7 +275,9 @@ fn close(gpu: &[f32], cpu: &[f32], relative: f32, of_max: f32) -> Result<(), Str
     let max = cpu.iter().fold(0f32, |m, x| m.max(x.abs()));
     for (index, (g, c)) in gpu.iter().zip(cpu).enumerate() {
         let bound = relative * c.abs() + of_max * max + 1e-6;
-        if !((g - c).abs() <= bound) {
+        // NaN on either side fails too.
+        let within = (g - c).abs() <= bound;
+        if !within {
             return Err(format!("element {index}: gpu {g} vs cpu {c} (bound {bound}, largest {max})"));
         }
     }
@@ -239,11 +288,28 @@ fn close(gpu: &[f32], cpu: &[f32], relative: f32, of_max: f32) -> Result<(), Str
 fn every_op_matches_the_cpu_reference() {
     let Some(mut gpu) = device() else { return };
     println!("device: {} (sm_{})", gpu.name(), gpu.compute_capability());
-    let ctx = context();
     let mut failures = Vec::new();
-    for (case, (op, shapes)) in cases().into_iter().enumerate() {
+    let all = cases()
+        .into_iter()
+        .map(|c| (c, context()))
+        .chain(attention_cases().into_iter().map(|c| (c, attention_context())));
+    for (case, ((op, shapes), ctx)) in all.enumerate() {
         let mut rng = Rng(0x5eed_0000 + case as u64 * 7919);
-        let inputs: Vec<Vec<u8>> = shapes.iter().map(|&(rows, rb, how)| fill(rows, rb, how, &mut rng)).collect();
+        let mut inputs: Vec<Vec<u8>> = shapes.iter().map(|&(rows, rb, how)| fill(rows, rb, how, &mut rng)).collect();
+        if op == Op::AttentionBackward {
+            // The backward reads the forward's out and lse: make them consistent with q, k, v.
+            let forward_shapes = &shapes[..5];
+            let mut forward: Vec<Vec<u8>> = inputs[..5].to_vec();
+            run_cpu(Op::Attention, forward_shapes, &mut forward, &ctx).expect("the CPU attention forward");
+            inputs[3] = forward[3].clone();
+            inputs[4] = forward[4].clone();
+        }
+        let (relative, of_max) = if op == Op::AttentionBackward {
+            // Tensor-core attention rounds P and dS to bf16 before its products.
+            (ATTENTION_BACKWARD_RELATIVE, ATTENTION_BACKWARD_OF_MAX)
+        } else {
+            (BF16_RELATIVE, BF16_OF_MAX)
+        };
         let mut cpu = inputs.clone();
         if let Err(error) = run_cpu(op, &shapes, &mut cpu, &ctx) {
             panic!("{}: the CPU reference failed: {error}", op.name());
@@ -258,8 +324,9 @@ fn every_op_matches_the_cpu_reference() {
         for (index, ((&(_, _, how), g), c)) in shapes.iter().zip(&gpu_out).zip(&cpu).enumerate() {
             let name = op.signature()[index].0;
             let verdict = match how {
-                Fill::Bf16(_) => close(&bf16s(g), &bf16s(c), BF16_RELATIVE, BF16_OF_MAX),
+                Fill::Bf16(_) => close(&bf16s(g), &bf16s(c), relative, of_max),
                 Fill::Scalar(_) | Fill::State(_) => close(&f32s(g), &f32s(c), F32_RELATIVE, 0.0),
+                Fill::F32 => close(&f32s(g), &f32s(c), LSE_RELATIVE, 0.0),
                 Fill::Ids(_) => (g == c).then_some(()).ok_or_else(|| "ids changed".to_string()),
             };
             match verdict {
@@ -355,10 +422,6 @@ fn a_tiny_model_trains_like_on_the_cpu() {
         let gpu = CudaBackend::new(0).expect("the device opened above");
         let (gpu_losses, gpu_parameters) = match train(gpu, strategy, alpha) {
             Ok(result) => result,
-            Err(error) if error.contains("attention kernel is not in this build") => {
-                println!("SKIP: training needs the GPU attention kernel: {error}");
-                return;
-            }
             Err(error) => panic!("{strategy:?}: the GPU failed: {error}"),
         };
         println!("{strategy:?}: cpu losses {cpu_losses:?}, gpu losses {gpu_losses:?}");
