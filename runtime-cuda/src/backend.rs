@@ -7,14 +7,12 @@ use std::sync::Arc;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
-use memo_kernels::{
-    compile_options, launch_steps, scratch_bytes, status_error, ArgShape, Target, SOURCES, STATUS_WORDS,
-};
+use memo_kernels::{launch_steps, scratch_bytes, status_error, ArgShape, STATUS_WORDS};
 use memo_plan_core::plan::{EventId, Op, Stream};
 use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
 
 use crate::exec::{self, Resolved};
-use crate::probe;
+use crate::{compile, probe};
 
 /// The arena and the host slab.
 struct Memory {
@@ -23,8 +21,9 @@ struct Memory {
     /// Bytes the plan asked for.
     arena_bytes: u64,
     /// The pinned host slab, page-locked and NOT write-combined (the CPU reads swapped-out
-    /// activations back from it).
-    host: PinnedHostSlice<u8>,
+    /// activations back from it). Only owned here (dropping it frees the slab); it is used
+    /// through `host_address`.
+    _host: PinnedHostSlice<u8>,
     /// Its first byte, taken once at allocation (an address: the slab is written by copies the
     /// GPU runs, so no Rust reference to it is ever held).
     host_address: usize,
@@ -42,6 +41,8 @@ struct Memory {
 pub struct CudaBackend {
     ordinal: usize,
     device_name: String,
+    /// The NVRTC that compiled the kernels, for [`CudaBackend::describe`].
+    nvrtc: String,
     /// Compute capability, major * 10 + minor.
     sm: u32,
     ctx: Arc<CudaContext>,
@@ -98,12 +99,14 @@ impl CudaBackend {
             );
             streams.push(created);
         }
-        let functions = compile(&ctx, sm)?;
+        let functions = compile::kernels(&ctx, sm)?;
+        let nvrtc = compile::nvrtc_version().map_or("NVRTC".to_string(), |(a, b)| format!("NVRTC {a}.{b}"));
         let status = streams[0].alloc_zeros::<u32>(STATUS_WORDS).map_err(driver_error("status words"))?;
         ctx.synchronize().map_err(driver_error("initialisation"))?;
         Ok(CudaBackend {
             ordinal,
             device_name,
+            nvrtc,
             sm,
             ctx,
             streams,
@@ -114,6 +117,11 @@ impl CudaBackend {
             events: Vec::new(),
             memory: None,
         })
+    }
+
+    /// The device, its compute capability and the compiler of the kernels, for logs.
+    pub fn describe(&self) -> String {
+        format!("{} (sm_{}), kernels compiled by {}", self.name(), self.sm, self.nvrtc)
     }
 
     /// The device's compute capability as `major * 10 + minor` (90 for an H100 or H200).
@@ -177,36 +185,6 @@ impl CudaBackend {
     }
 }
 
-/// Compiles every source for `sm` and loads its kernels.
-fn compile(ctx: &Arc<CudaContext>, sm: u32) -> Result<HashMap<&'static str, CudaFunction>, BackendError> {
-    let mut functions = HashMap::new();
-    let options = compile_options(Target::Cuda { sm });
-    for source in SOURCES {
-        let compile_options = cudarc::nvrtc::CompileOptions {
-            options: options.clone(),
-            name: Some(source.name.to_string()),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source.standalone_text(), compile_options).map_err(|error| {
-            let detail = match &error {
-                cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-                other => format!("{other:?}"),
-            };
-            BackendError::Other(format!("NVRTC cannot compile kernels/{} with {options:?}:\n{detail}", source.name))
-        })?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| BackendError::Other(format!("loading kernels/{} (sm_{sm}): {e}", source.name)))?;
-        for &kernel in source.kernels {
-            let function = module
-                .load_function(kernel)
-                .map_err(|e| BackendError::Other(format!("kernels/{}: no kernel `{kernel}`: {e}", source.name)))?;
-            functions.insert(kernel, function);
-        }
-    }
-    Ok(functions)
-}
-
 impl Backend for CudaBackend {
     fn name(&self) -> String {
         format!("cuda:{} ({})", self.ordinal, self.device_name)
@@ -244,7 +222,7 @@ impl Backend for CudaBackend {
             self.events.push(event);
         }
         self.ctx.synchronize().map_err(driver_error("allocation"))?;
-        self.memory = Some(Memory { arena, arena_bytes, host, host_address, host_bytes });
+        self.memory = Some(Memory { arena, arena_bytes, _host: host, host_address, host_bytes });
         Ok(())
     }
 
@@ -407,8 +385,5 @@ impl Drop for CudaBackend {
         // Enqueued work may still use the arena, the slab or the scratch: wait before they are
         // freed. An error here has nowhere to go (the next context reports it).
         let _ = self.ctx.synchronize();
-        if let Some(memory) = self.memory.take() {
-            let _ = memory.host.len();
-        }
     }
 }
