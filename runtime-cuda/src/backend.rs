@@ -129,6 +129,12 @@ impl CudaBackend {
         self.sm
     }
 
+    /// Makes the context current on the calling thread: the backend is `Send`, and the raw
+    /// driver calls (copies, memsets) use the thread's current context.
+    fn bind(&self) -> Result<(), BackendError> {
+        self.ctx.bind_to_thread().map_err(driver_error("making the context current"))
+    }
+
     fn memory(&self) -> Result<&Memory, BackendError> {
         self.memory
             .as_ref()
@@ -191,6 +197,7 @@ impl Backend for CudaBackend {
     }
 
     fn allocate(&mut self, arena_bytes: u64, host_bytes: u64, events: u32) -> Result<(), BackendError> {
+        self.bind()?;
         self.ctx.synchronize().map_err(driver_error("waiting before allocation"))?;
         self.memory = None;
         self.events.clear();
@@ -227,6 +234,7 @@ impl Backend for CudaBackend {
     }
 
     fn upload(&mut self, span: Span, bytes: &[u8]) -> Result<(), BackendError> {
+        self.bind()?;
         if bytes.len() as u64 != span.len {
             return Err(BackendError::Other(format!("upload of {} bytes into a span of {}", bytes.len(), span.len)));
         }
@@ -245,6 +253,7 @@ impl Backend for CudaBackend {
     }
 
     fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError> {
+        self.bind()?;
         let address = self.address(span)?;
         let len =
             usize::try_from(span.len).map_err(|_| BackendError::OutOfMemory { what: "download", bytes: span.len })?;
@@ -268,6 +277,7 @@ impl Backend for CudaBackend {
         args: &[KernelArg],
         context: &KernelContext,
     ) -> Result<(), BackendError> {
+        self.bind()?;
         let kernel_error = |message: String| BackendError::Kernel { instruction, message };
         let mut spans = Vec::with_capacity(args.len());
         for (index, arg) in args.iter().enumerate() {
@@ -298,6 +308,7 @@ impl Backend for CudaBackend {
     }
 
     fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
+        self.bind()?;
         if src.len != dst.len {
             return Err(BackendError::Kernel {
                 instruction,
@@ -352,6 +363,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.bind()?;
         for (stream, cuda_stream) in Stream::ALL.iter().zip(&self.streams) {
             cuda_stream.synchronize().map_err(|e| {
                 BackendError::Other(format!("{}: the {} stream failed: {e}", self.name(), stream.name()))
