@@ -244,7 +244,10 @@ impl Backend for CudaBackend {
             // Safety: `address` starts `span.len` bytes inside the arena (checked), and every
             // stream is idle.
             Space::Device => {
-                unsafe { cudarc::driver::result::memcpy_htod_sync(address, bytes) }.map_err(driver_error("upload"))?
+                unsafe { cudarc::driver::result::memcpy_htod_sync(address, bytes) }.map_err(driver_error("upload"))?;
+                // From pageable memory the call may return before the DMA lands, and the streams
+                // are non-blocking (they do not wait for it): wait here.
+                self.ctx.synchronize().map_err(driver_error("upload"))?;
             }
             // Safety: as above, inside the slab; no GPU work is pending.
             Space::Host => unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), address as *mut u8, bytes.len()) },
@@ -379,6 +382,9 @@ impl Backend for CudaBackend {
             // Safety: as above; cleared so the next step starts clean.
             unsafe { cudarc::driver::result::memset_d8_sync(status, 0, STATUS_WORDS * 4) }
                 .map_err(driver_error("status words"))?;
+            // A "synchronous" memset of device memory may return early, and the streams are
+            // non-blocking (unordered with it): wait before any kernel can report again.
+            self.ctx.synchronize().map_err(driver_error("status words"))?;
             return Err(BackendError::Kernel { instruction, message });
         }
         Ok(())
