@@ -12,6 +12,7 @@ use memo_plan_core::plan::{EventId, Op, Stream};
 use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
 
 use crate::exec::{self, Resolved};
+use crate::timing::Timing;
 use crate::{compile, probe};
 
 /// The arena and the host slab.
@@ -57,6 +58,8 @@ pub struct CudaBackend {
     scratch: Vec<Option<CudaSlice<u8>>>,
     events: Vec<CudaEvent>,
     memory: Option<Memory>,
+    /// Per-instruction timing, when [`CudaBackend::measure`] turned it on.
+    timing: Option<Timing>,
 }
 
 fn driver_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> BackendError + '_ {
@@ -116,7 +119,30 @@ impl CudaBackend {
             scratch: vec![None, None, None],
             events: Vec::new(),
             memory: None,
+            timing: None,
         })
+    }
+
+    /// Measure every launch and copy with CUDA events ([`Backend::timings`]): two timing events
+    /// per instruction, read at synchronize. Off by default (events cost a little).
+    pub fn measure(mut self) -> Self {
+        self.timing = Some(Timing::default());
+        self
+    }
+
+    /// Records a timing event on `stream` when measuring.
+    fn mark(&mut self, stream: Stream) -> Result<Option<usize>, BackendError> {
+        match self.timing.as_mut() {
+            Some(timing) => timing.mark(&self.ctx, &self.streams[stream.index()]).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Notes an instruction's start and end marks.
+    fn note(&mut self, instruction: usize, start: Option<usize>, end: Option<usize>) {
+        if let (Some(timing), Some(start), Some(end)) = (self.timing.as_mut(), start, end) {
+            timing.span(instruction, start, end);
+        }
     }
 
     /// The device, its compute capability and the compiler of the kernels, for logs.
@@ -299,14 +325,17 @@ impl Backend for CudaBackend {
         let steps = launch_steps(op, &shapes, context).map_err(|e| kernel_error(e.to_string()))?;
         let needed = scratch_bytes(&steps);
         let scratch = if needed > 0 { Some((self.ensure_scratch(stream, needed)?, needed)) } else { None };
-        let (status, _sync) = self.status.device_ptr(&self.streams[0]);
+        let status = self.status.device_ptr(&self.streams[0]).0;
         let resolved =
             Resolved { args: &spans, scratch, status, instruction: u32::try_from(instruction).unwrap_or(u32::MAX) };
         let cuda_stream = self.streams[stream.index()].clone();
+        let start = self.mark(stream)?;
         for step in &steps {
             exec::run_step(step, &resolved, &self.functions, &cuda_stream, &self.blas[stream.index()])
                 .map_err(|message| kernel_error(format!("op `{}`: {message}", op.name())))?;
         }
+        let end = self.mark(stream)?;
+        self.note(instruction, start, end);
         Ok(())
     }
 
@@ -323,6 +352,7 @@ impl Backend for CudaBackend {
         if len == 0 {
             return Ok(());
         }
+        let start = self.mark(stream)?;
         let cu_stream = self.stream(stream).cu_stream();
         let failed = |e| BackendError::Kernel { instruction, message: format!("copy: {e}") };
         // Safety (all arms): both ranges lie inside their allocations (checked by `address`);
@@ -348,6 +378,8 @@ impl Backend for CudaBackend {
                 })
             }
         }
+        let end = self.mark(stream)?;
+        self.note(instruction, start, end);
         Ok(())
     }
 
@@ -373,6 +405,9 @@ impl Backend for CudaBackend {
             })?;
         }
         self.ctx.check_err().map_err(driver_error("an earlier asynchronous call"))?;
+        if let Some(timing) = self.timing.as_mut() {
+            timing.finish_step()?;
+        }
         let mut words = [0u32; STATUS_WORDS];
         let (status, _sync) = self.status.device_ptr(&self.streams[0]);
         // Safety: `status` holds STATUS_WORDS u32 and every stream is idle.
@@ -388,6 +423,10 @@ impl Backend for CudaBackend {
             return Err(BackendError::Kernel { instruction, message });
         }
         Ok(())
+    }
+
+    fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
+        self.timing.as_ref().map(Timing::last)
     }
 
     fn memory(&self) -> MemoryReport {

@@ -19,6 +19,9 @@
 //!   non-finite gradient norm in AdamW) write status words; [`memo_runtime::Backend::synchronize`]
 //!   reads them and returns [`memo_runtime::BackendError::Kernel`] with the instruction.
 //!
+//! - **Timing** (optional, [`CudaBackend::measure`]): CUDA events around every launch and copy,
+//!   read at synchronize into [`memo_runtime::Backend::timings`].
+//!
 //! [`nvrtc_check`] compiles the kernels with an NVRTC library at an explicit path, for CI
 //! machines without a GPU.
 #![deny(missing_docs)]
@@ -28,5 +31,6 @@ mod compile;
 mod exec;
 pub mod nvrtc_check;
 mod probe;
+mod timing;
 
 pub use backend::CudaBackend;

@@ -447,3 +447,32 @@ fn a_tiny_model_trains_like_on_the_cpu() {
         assert!(beyond * 20 <= elements, "{strategy:?}: {beyond} of {elements} parameters differ by more than 1e-3");
     }
 }
+
+#[test]
+fn a_measured_step_has_a_timeline() {
+    let Some(gpu) = device() else { return };
+    let mut model = memo_plan_core::model::ModelConfig::new("test", 2, 64, 4, 32, 1);
+    model.vocab = 256;
+    let options = TrainOptions {
+        model,
+        strategy: Strategy::Memo,
+        forced_alpha: Some(0.5),
+        hardware: cpu_hardware(1 << 30),
+        seed: 5,
+        adamw: AdamW::default(),
+    };
+    let mut trainer = Trainer::new(gpu.measure(), &options).expect("a trainer on the GPU");
+    let mut data = TextData::from_bytes(DEFAULT_TEXT.as_bytes()).expect("text");
+    let (tokens, targets) = data.next_batch(1, 32);
+    trainer.step(&tokens, &targets).expect("a step");
+    let timeline = trainer.last_step_timeline().expect("measured");
+    assert!(timeline.step_time_s > 0.0 && timeline.busy_s[0] > 0.0, "{:?}", (timeline.step_time_s, timeline.busy_s));
+    assert!(timeline.spans.iter().all(|s| s.start_s >= 0.0 && s.end_s >= s.start_s));
+    println!(
+        "measured step: {:.3} ms; busy compute {:.3} ms, d2h {:.3} ms, h2d {:.3} ms",
+        timeline.step_time_s * 1e3,
+        timeline.busy_s[0] * 1e3,
+        timeline.busy_s[1] * 1e3,
+        timeline.busy_s[2] * 1e3
+    );
+}
