@@ -134,7 +134,10 @@ impl Geometry {
         if arg.rows != self.rows {
             return Err(RecipeError {
                 op,
-                message: format!("argument `{name}`: expected the rows of `q` ({}), found {} rows", self.rows, arg.rows),
+                message: format!(
+                    "argument `{name}`: expected the rows of `q` ({}), found {} rows",
+                    self.rows, arg.rows
+                ),
             });
         }
         if arg.row_bytes != self.row_bytes {
@@ -253,6 +256,10 @@ pub(crate) fn backward_steps(args: &[ArgShape], context: &KernelContext) -> Resu
         g.launch(kernel(op, "backward_dq", g.head_dim)?, 0..9),
     ])
 }
+
+#[cfg(test)]
+#[path = "attention_emulation.rs"]
+mod emulation;
 
 #[cfg(test)]
 #[path = "attention_tests.rs"]
