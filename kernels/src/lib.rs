@@ -48,8 +48,9 @@ pub struct Source {
 impl Source {
     /// The source with `#include "memo_gpu.h"` replaced by [`HEADER`]'s text: what a backend
     /// hands its compiler, so that no include path or named header is needed.
+    /// (The header's `#pragma once` is dropped: in a main file clang warns about it.)
     pub fn standalone_text(&self) -> String {
-        self.text.replacen("#include \"memo_gpu.h\"", HEADER, 1)
+        self.text.replacen("#include \"memo_gpu.h\"", &HEADER.replacen("#pragma once\n", "", 1), 1)
     }
 }
 
