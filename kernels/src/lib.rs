@@ -26,6 +26,8 @@ use memo_plan_core::plan::Op;
 use memo_runtime::KernelContext;
 
 mod attention;
+#[cfg(test)]
+mod emulation;
 mod recipes;
 #[cfg(test)]
 mod tests;
