@@ -28,6 +28,8 @@ use memo_runtime::KernelContext;
 mod attention;
 #[cfg(test)]
 mod emulation;
+#[cfg(test)]
+mod emulation_backend;
 mod recipes;
 #[cfg(test)]
 mod tests;
