@@ -441,6 +441,13 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         // Enqueued work may still use the arena, the slab or the scratch: wait before they are
         // freed. An error here has nowhere to go (the next context reports it).
-        let _ = self.ctx.synchronize();
+        if self.ctx.synchronize().is_err() {
+            // After a device fault the context is broken and cuBLAS's handle destruction fails,
+            // which cudarc's `Drop for CudaBlas` unwraps (a panic, an abort while unwinding):
+            // leak the handles instead; the process's context goes with them.
+            for blas in self.blas.drain(..) {
+                std::mem::forget(blas);
+            }
+        }
     }
 }
