@@ -1,54 +1,36 @@
-//! The MEMO backend for NVIDIA GPUs (cudarc).
+//! The MEMO backend for NVIDIA GPUs, on cudarc with dynamic loading: it builds everywhere and,
+//! where no CUDA driver or device is present, [`CudaBackend::new`] returns
+//! [`memo_runtime::BackendError::Unavailable`] naming what is missing (never a panic: each
+//! library is probed before cudarc touches it).
 //!
-//! Not built yet: [`CudaBackend::new`] returns an error saying so, and the type cannot be
-//! constructed (it holds an uninhabited field), so no method can run.
-#![forbid(unsafe_code)]
+//! What it does with a plan (`spec/backends.md`, "CUDA"):
+//! - **Memory**: one device arena (`cuMemAlloc`) addressed as base + planned offset, one pinned
+//!   host slab (`cuMemHostAlloc` with flags 0: not write-combined, because the host reads
+//!   swapped-out bytes back), both zeroed at allocation; every span is bounds-checked
+//!   ([`memo_runtime::BackendError::OutOfBounds`]).
+//! - **Streams and events**: three CUDA streams for compute, device-to-host and host-to-device;
+//!   the plan's events are CUDA events, the only synchronisation (cudarc's per-allocation event
+//!   tracking is turned off: with one arena it would serialise the streams).
+//! - **Kernels**: every source of [`memo_kernels::SOURCES`] compiled by NVRTC at construction,
+//!   straight to a CUBIN for the device's compute capability (one thread per source); each launch runs the steps of
+//!   [`memo_kernels::launch_steps`]: kernels by name, GEMMs through cuBLAS `cublasGemmEx` (bf16
+//!   in and out, `CUBLAS_COMPUTE_32F`) on that stream's own cuBLAS handle, memsets.
+//! - **Errors from kernels**: kernels that find bad input (a token id outside the vocabulary, a
+//!   non-finite gradient norm in AdamW) write status words; [`memo_runtime::Backend::synchronize`]
+//!   reads them and returns [`memo_runtime::BackendError::Kernel`] with the instruction.
+//!
+//! - **Timing** (optional, [`CudaBackend::measure`]): CUDA events around every launch and copy,
+//!   read at synchronize into [`memo_runtime::Backend::timings`].
+//!
+//! [`nvrtc_check`] compiles the kernels with an NVRTC library at an explicit path, for CI
+//! machines without a GPU.
 #![deny(missing_docs)]
 
-use memo_plan_core::plan::{EventId, Op, Stream};
-use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Span};
+mod backend;
+mod compile;
+mod exec;
+pub mod nvrtc_check;
+mod probe;
+mod timing;
 
-/// The cuda backend (not built yet).
-pub struct CudaBackend {
-    never: std::convert::Infallible,
-}
-
-impl CudaBackend {
-    /// Opens device `ordinal`. Not built yet: always an error.
-    pub fn new(ordinal: usize) -> Result<Self, BackendError> {
-        Err(BackendError::Unavailable(format!("device {ordinal}: the cuda backend (runtime-cuda) is not built yet")))
-    }
-}
-
-impl Backend for CudaBackend {
-    fn name(&self) -> String {
-        match self.never {}
-    }
-    fn allocate(&mut self, _: u64, _: u64, _: u32) -> Result<(), BackendError> {
-        match self.never {}
-    }
-    fn upload(&mut self, _: Span, _: &[u8]) -> Result<(), BackendError> {
-        match self.never {}
-    }
-    fn download(&mut self, _: Span) -> Result<Vec<u8>, BackendError> {
-        match self.never {}
-    }
-    fn launch(&mut self, _: usize, _: Stream, _: Op, _: &[KernelArg], _: &KernelContext) -> Result<(), BackendError> {
-        match self.never {}
-    }
-    fn copy(&mut self, _: usize, _: Stream, _: Span, _: Span) -> Result<(), BackendError> {
-        match self.never {}
-    }
-    fn record(&mut self, _: usize, _: Stream, _: EventId) -> Result<(), BackendError> {
-        match self.never {}
-    }
-    fn wait(&mut self, _: usize, _: Stream, _: EventId) -> Result<(), BackendError> {
-        match self.never {}
-    }
-    fn synchronize(&mut self) -> Result<(), BackendError> {
-        match self.never {}
-    }
-    fn memory(&self) -> MemoryReport {
-        match self.never {}
-    }
-}
+pub use backend::CudaBackend;
