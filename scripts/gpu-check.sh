@@ -85,6 +85,32 @@ if ((!dry)); then
         [[ -n "$host_kib" ]] && printf 'host_memory_per_node = %d\n' $((host_kib * 1024 / 4 * 3))
         [[ -n "$device_mib" ]] && printf 'device_memory = %d\n' $(((device_mib - 3072) * 1048576))
     } >"$raw/h200-here.toml"
+    # The CUDA libraries: cudarc (built for CUDA 12.8) opens `libnvrtc.so`, `libcublas.so` or
+    # their `.so.12` names from the loader's path. The machine's toolkit may be CUDA 13 (`.so.13`
+    # only), or the libraries may sit in PyTorch's site-packages, off the path. For each library
+    # the loader cannot find by those names, link the newest copy found as the unversioned name
+    # in $raw/cuda-libs, and put that folder and the copy's own folder (NVRTC opens its
+    # builtins library from there) on LD_LIBRARY_PATH. The choices land in cuda-libs.txt.
+    libs="$raw/cuda-libs"
+    mkdir -p "$libs"
+    site=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
+    for name in nvrtc cublas cublasLt; do
+        if ldconfig -p 2>/dev/null | grep -Eq "lib$name\.so(\.12)? "; then
+            echo "lib$name: found by the loader" >>"$raw/cuda-libs.txt"
+            continue
+        fi
+        found=$(ls -1 /usr/local/cuda*/lib64/lib"$name".so.* /usr/local/cuda*/targets/*/lib/lib"$name".so.* \
+            $(for s in $site; do echo "$s"/nvidia/*/lib/lib"$name".so.*; done) 2>/dev/null |
+            grep -E "lib$name\.so\.[0-9]+$" | sort -V | tail -1)
+        if [[ -n "$found" ]]; then
+            ln -sf "$found" "$libs/lib$name.so"
+            LD_LIBRARY_PATH="$(dirname "$found"):${LD_LIBRARY_PATH:-}"
+            echo "lib$name: linked $found" >>"$raw/cuda-libs.txt"
+        else
+            echo "lib$name: not found (the backend will say so)" >>"$raw/cuda-libs.txt"
+        fi
+    done
+    export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
 fi
 if ((dry)); then # memo_runtime::cpu_hardware(64 GiB), as a machine file
     printf '[machine]\ndevice_memory = "64GiB"\nhost_memory_per_node = "64GiB"\nd2h = "10GB/s"\nh2d = "10GB/s"\npeak_flops = "20G"\nachieved_flops = "20G"\n' \
