@@ -1,0 +1,541 @@
+//! [`HipBackend`]: `memo_runtime::Backend` on an AMD GPU.
+//!
+//! One device arena (`hipMalloc`), one pinned host slab (`hipHostMalloc`, not write-combined),
+//! three non-blocking streams in `Stream::ALL` order, the plan's events (no timing). Launches go
+//! through `memo_kernels::launch_steps`; GEMMs through hipBLAS on the launch's stream. The plan's
+//! events are the only synchronisation between streams; nothing is tracked per allocation.
+//!
+//! Construction requires hipBLAS: every training plan has GEMMs, so a backend without it could
+//! not run a single step; [`HipBackend::new`] says so instead of failing at the first GEMM.
+
+use memo_kernels::{ArgShape, Gemm, KernelLaunch, Param, Step};
+use memo_plan_core::plan::{EventId, Op, Stream as PlanStream};
+use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
+
+use crate::error::HipError;
+use crate::result::hipblas::GemmCall;
+use crate::safe::blas::BlasHandle;
+use crate::safe::memory::{is_out_of_memory, DeviceBuffer, PinnedHostBuffer};
+use crate::safe::module::{compile_source, device_options, Module};
+use crate::safe::stream::{Event, Stream};
+use crate::safe::Device;
+use crate::sys::hip::{MEMCPY_DEVICE_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, MEMCPY_HOST_TO_HOST};
+use crate::sys::hipblas::{HipblasLib, OP_N, OP_T};
+use crate::sys::hiprtc::HiprtcLib;
+use crate::sys::LibrarySearch;
+use crate::{result, HipError as Error};
+
+/// The environment variable that names the `--offload-arch` to compile for (e.g. `gfx942`);
+/// unset, hiprtc compiles for the current device.
+pub const ARCH_VARIABLE: &str = "MEMO_HIP_ARCH";
+
+/// The HIP backend. Fields drop in declaration order: the handle and the events before the
+/// streams, the memory before the modules.
+pub struct HipBackend {
+    blas: BlasHandle,
+    /// The stream index the BLAS handle is bound to.
+    blas_stream: usize,
+    events: Vec<Event>,
+    /// Whether each event was recorded in this step (a Wait on one not yet recorded is refused:
+    /// HIP would wait on an older recording, or on nothing).
+    recorded: Vec<bool>,
+    arena: Option<DeviceBuffer>,
+    host: Option<PinnedHostBuffer>,
+    streams: Vec<Stream>,
+    modules: Vec<Module>,
+    device: Device,
+}
+
+fn kernel_error(instruction: usize, op: Op, message: impl std::fmt::Display) -> BackendError {
+    BackendError::Kernel { instruction, message: format!("{}: {message}", op.name()) }
+}
+
+impl HipBackend {
+    /// Opens GPU `ordinal` with the libraries found by [`LibrarySearch::from_env`].
+    pub fn new(ordinal: usize) -> Result<HipBackend, BackendError> {
+        Self::with_library_search(ordinal, &LibrarySearch::from_env())
+    }
+
+    /// Opens GPU `ordinal` with the libraries found by `search`.
+    pub fn with_library_search(ordinal: usize, search: &LibrarySearch) -> Result<HipBackend, BackendError> {
+        Self::open(ordinal, search).map_err(BackendError::from)
+    }
+
+    /// As [`HipBackend::with_library_search`], with the typed error. In order: the HIP runtime
+    /// ([`HipError::LibraryNotFound`]), a device ([`HipError::NoDevice`],
+    /// [`HipError::InvalidOrdinal`]), the wavefront size, hiprtc, hipBLAS, the streams, every
+    /// kernel source compiled and loaded, and the hipBLAS `GemmEx` convention probed.
+    pub fn open(ordinal: usize, search: &LibrarySearch) -> Result<HipBackend, HipError> {
+        let (device, hip) = Device::open(search, ordinal)?;
+        match device.warp_size() {
+            64 => {}
+            32 => {
+                return Err(Error::Unsupported(format!(
+                    "{} has 32-wide wavefronts (RDNA): the kernels are written for 64 (memo_gpu.h MEMO_WARP_SIZE); \
+                     use a CDNA GPU (MI200, MI300)",
+                    device.name()
+                )))
+            }
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "{} reports a wavefront size of {other} for hipDeviceAttributeWarpSize (87): this HIP runtime's \
+                     attribute numbering differs from ROCm 5-7's; the backend does not guess",
+                    device.name()
+                )))
+            }
+        }
+        let rtc = HiprtcLib::load(search, &hip)?;
+        let blas_lib = HipblasLib::load(search)?;
+        let streams = PlanStream::ALL.iter().map(|_| Stream::new(&device)).collect::<Result<Vec<_>, _>>()?;
+        let arch = std::env::var(ARCH_VARIABLE).ok().filter(|a| !a.is_empty());
+        let options = device_options(arch.as_deref());
+        let mut modules = Vec::with_capacity(memo_kernels::SOURCES.len());
+        for source in memo_kernels::SOURCES {
+            let code = compile_source(&rtc.fns, source, &options)?;
+            modules.push(Module::load(&device, &code, source.name, source.kernels)?);
+        }
+        let blas = BlasHandle::new(&device, &blas_lib, &streams[PlanStream::Compute.index()])?;
+        Ok(HipBackend {
+            blas,
+            blas_stream: PlanStream::Compute.index(),
+            events: Vec::new(),
+            recorded: Vec::new(),
+            arena: None,
+            host: None,
+            streams,
+            modules,
+            device,
+        })
+    }
+
+    /// The hipBLAS `GemmEx` convention found.
+    pub fn gemm_convention(&self) -> crate::safe::blas::GemmConvention {
+        self.blas.convention()
+    }
+
+    fn bind(&self) -> Result<(), BackendError> {
+        self.device.bind().map_err(BackendError::from)
+    }
+
+    fn size_of(&self, space: Space) -> u64 {
+        match space {
+            Space::Device => self.arena.as_ref().map_or(0, DeviceBuffer::bytes),
+            Space::Host => self.host.as_ref().map_or(0, PinnedHostBuffer::bytes),
+        }
+    }
+
+    /// The address of `span`'s first byte, after checking it lies inside its space.
+    fn address(&self, span: Span) -> Result<u64, BackendError> {
+        let size = self.size_of(span.space);
+        match span.offset.checked_add(span.len) {
+            Some(end) if end <= size => {}
+            _ => return Err(BackendError::OutOfBounds { span, size }),
+        }
+        let base = match span.space {
+            Space::Device => self.arena.as_ref().map_or(0, DeviceBuffer::base),
+            Space::Host => self.host.as_ref().map_or(0, PinnedHostBuffer::base),
+        };
+        Ok(base + span.offset)
+    }
+
+    fn stream(&self, stream: PlanStream) -> Result<&Stream, BackendError> {
+        self.streams
+            .get(stream.index())
+            .ok_or_else(|| BackendError::Other(format!("the hip backend has no {} stream", stream.name())))
+    }
+
+    fn event_index(&self, instruction: usize, event: EventId) -> Result<usize, BackendError> {
+        let index = event.0 as usize;
+        if index >= self.events.len() {
+            return Err(BackendError::Kernel {
+                instruction,
+                message: format!("event {} does not exist: {} allocated", event.0, self.events.len()),
+            });
+        }
+        Ok(index)
+    }
+
+    fn run_step(
+        &mut self,
+        instruction: usize,
+        op: Op,
+        args: &[KernelArg],
+        stream: usize,
+        step: &Step,
+    ) -> Result<(), BackendError> {
+        match step {
+            Step::Kernel(launch) => self.run_kernel(instruction, op, args, stream, launch),
+            Step::Gemm(gemm) => self.run_gemm(instruction, op, args, stream, gemm),
+            Step::Zero { arg } => {
+                let span = args
+                    .get(*arg)
+                    .ok_or_else(|| {
+                        kernel_error(instruction, op, format!("zero of argument {arg}, which does not exist"))
+                    })?
+                    .span;
+                let address = self.address(span)?;
+                if span.len > 0 {
+                    // Safety: the span lies in the arena (checked by `address`), which outlives
+                    // the stream's work (the backend synchronises before freeing it).
+                    unsafe {
+                        result::memory::set_async(
+                            self.device.hip(),
+                            address as *mut _,
+                            0,
+                            span.len as usize,
+                            self.streams[stream].raw(),
+                        )
+                    }
+                    .map_err(|e| kernel_error(instruction, op, e))?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The device address of argument `arg` plus `byte_offset`, with `need` bytes from there
+    /// inside the argument.
+    fn operand(
+        &self,
+        instruction: usize,
+        op: Op,
+        args: &[KernelArg],
+        arg: usize,
+        byte_offset: u64,
+        need: u64,
+    ) -> Result<u64, BackendError> {
+        let span =
+            args.get(arg).ok_or_else(|| kernel_error(instruction, op, format!("argument {arg} does not exist")))?.span;
+        match byte_offset.checked_add(need) {
+            Some(end) if end <= span.len => {}
+            _ => {
+                return Err(kernel_error(
+                    instruction,
+                    op,
+                    format!("bytes [{byte_offset}, +{need}) of argument {arg} lie outside its {} bytes", span.len),
+                ))
+            }
+        }
+        Ok(self.address(span)? + byte_offset)
+    }
+
+    fn run_kernel(
+        &mut self,
+        instruction: usize,
+        op: Op,
+        args: &[KernelArg],
+        stream: usize,
+        launch: &KernelLaunch,
+    ) -> Result<(), BackendError> {
+        let (module, function) =
+            self.modules.iter().find_map(|m| m.function(launch.kernel).map(|f| (m, f))).ok_or_else(|| {
+                kernel_error(instruction, op, format!("kernel `{}` is in no compiled source", launch.kernel))
+            })?;
+        // Each parameter in an 8-byte slot; the kernel reads its own width from the slot start.
+        let mut slots = vec![[0u8; 8]; launch.params.len()];
+        for (slot, param) in slots.iter_mut().zip(&launch.params) {
+            match *param {
+                Param::Ptr { arg, byte_offset } => {
+                    *slot = self.operand(instruction, op, args, arg, byte_offset, 0)?.to_ne_bytes();
+                }
+                Param::U32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
+                Param::U64(v) => *slot = v.to_ne_bytes(),
+                Param::F32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
+            }
+        }
+        let mut pointers: Vec<*mut std::ffi::c_void> = slots.iter_mut().map(|s| s.as_mut_ptr().cast()).collect();
+        // Safety: the function belongs to `module`; each pointer points at a slot holding a value
+        // of the recipe's parameter type (the recipe and the kernel come from the same crate);
+        // device addresses lie inside the arguments (checked by `operand`).
+        unsafe {
+            module.launch(
+                function,
+                launch.grid,
+                launch.block,
+                launch.shared_bytes,
+                self.streams[stream].raw(),
+                &mut pointers,
+            )
+        }
+        .map_err(|e| kernel_error(instruction, op, format!("kernel `{}`: {e}", launch.kernel)))
+    }
+
+    fn run_gemm(
+        &mut self,
+        instruction: usize,
+        op: Op,
+        args: &[KernelArg],
+        stream: usize,
+        gemm: &Gemm,
+    ) -> Result<(), BackendError> {
+        // Stored extents (rows, columns) of A and B, column-major.
+        let (a_rows, a_cols) = if gemm.transpose_a { (gemm.k, gemm.m) } else { (gemm.m, gemm.k) };
+        let (b_rows, b_cols) = if gemm.transpose_b { (gemm.n, gemm.k) } else { (gemm.k, gemm.n) };
+        let extent = |rows: u32, cols: u32, ld: u32, name: &str| -> Result<u64, BackendError> {
+            if ld < rows.max(1) {
+                return Err(kernel_error(
+                    instruction,
+                    op,
+                    format!("GEMM {name}: leading dimension {ld} < {rows} rows"),
+                ));
+            }
+            Ok(if rows == 0 || cols == 0 { 0 } else { ((u64::from(cols) - 1) * u64::from(ld) + u64::from(rows)) * 2 })
+        };
+        let a = self.operand(
+            instruction,
+            op,
+            args,
+            gemm.a.arg,
+            gemm.a.byte_offset,
+            extent(a_rows, a_cols, gemm.lda, "A")?,
+        )?;
+        let b = self.operand(
+            instruction,
+            op,
+            args,
+            gemm.b.arg,
+            gemm.b.byte_offset,
+            extent(b_rows, b_cols, gemm.ldb, "B")?,
+        )?;
+        let c = self.operand(
+            instruction,
+            op,
+            args,
+            gemm.c.arg,
+            gemm.c.byte_offset,
+            extent(gemm.m, gemm.n, gemm.ldc, "C")?,
+        )?;
+        let int = |v: u32, name: &str| {
+            i32::try_from(v)
+                .map_err(|_| kernel_error(instruction, op, format!("GEMM {name} = {v} exceeds hipBLAS's int")))
+        };
+        let call = GemmCall {
+            op_a: if gemm.transpose_a { OP_T } else { OP_N },
+            op_b: if gemm.transpose_b { OP_T } else { OP_N },
+            m: int(gemm.m, "m")?,
+            n: int(gemm.n, "n")?,
+            k: int(gemm.k, "k")?,
+            a: a as *const _,
+            lda: int(gemm.lda, "lda")?,
+            b: b as *const _,
+            ldb: int(gemm.ldb, "ldb")?,
+            c: c as *mut _,
+            ldc: int(gemm.ldc, "ldc")?,
+            alpha: gemm.alpha,
+            beta: gemm.beta,
+        };
+        if self.blas_stream != stream {
+            self.blas.set_stream(&self.streams[stream]).map_err(|e| kernel_error(instruction, op, e))?;
+            self.blas_stream = stream;
+        }
+        // Safety: A, B and C lie inside their arguments for the extents the shape implies
+        // (checked above); the arena outlives the stream's work.
+        unsafe { self.blas.gemm(&call) }.map_err(|e| kernel_error(instruction, op, e))
+    }
+
+    /// Waits for every stream; the first error.
+    fn wait_streams(&self) -> Result<(), HipError> {
+        let mut first = Ok(());
+        for stream in &self.streams {
+            if let Err(e) = stream.synchronize() {
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    }
+}
+
+impl Drop for HipBackend {
+    fn drop(&mut self) {
+        // Work still queued may touch the arena: let it finish before anything is freed.
+        // Errors cannot be returned from here and the device is going away with the backend.
+        let _ = self.device.bind();
+        let _ = self.wait_streams();
+    }
+}
+
+impl Backend for HipBackend {
+    fn name(&self) -> String {
+        format!("hip:{} ({})", self.device.ordinal(), self.device.name())
+    }
+
+    fn allocate(&mut self, arena_bytes: u64, host_bytes: u64, events: u32) -> Result<(), BackendError> {
+        self.bind()?;
+        self.wait_streams().map_err(BackendError::from)?;
+        self.events.clear();
+        self.arena = None;
+        self.host = None;
+        self.arena = Some(DeviceBuffer::new(&self.device, arena_bytes).map_err(|e| {
+            if is_out_of_memory(&e) {
+                BackendError::OutOfMemory { what: "device arena", bytes: arena_bytes }
+            } else {
+                BackendError::from(e)
+            }
+        })?);
+        self.host = Some(PinnedHostBuffer::new(&self.device, host_bytes).map_err(|e| {
+            if is_out_of_memory(&e) {
+                BackendError::OutOfMemory { what: "pinned host slab", bytes: host_bytes }
+            } else {
+                BackendError::from(e)
+            }
+        })?);
+        self.events = (0..events).map(|_| Event::new(&self.device)).collect::<Result<Vec<_>, _>>()?;
+        self.recorded = vec![false; events as usize];
+        Ok(())
+    }
+
+    fn upload(&mut self, span: Span, bytes: &[u8]) -> Result<(), BackendError> {
+        self.synchronize()?;
+        if bytes.len() as u64 != span.len {
+            return Err(BackendError::Other(format!("upload of {} bytes into a span of {}", bytes.len(), span.len)));
+        }
+        let address = self.address(span)?;
+        match span.space {
+            Space::Device if span.len > 0 => {
+                // Safety: the span lies in the arena (checked); the copy is synchronous.
+                unsafe {
+                    result::memory::copy(
+                        self.device.hip(),
+                        address as *mut _,
+                        bytes.as_ptr().cast(),
+                        bytes.len(),
+                        MEMCPY_HOST_TO_DEVICE,
+                    )
+                }
+                .map_err(BackendError::from)
+            }
+            Space::Device => Ok(()),
+            Space::Host => {
+                let host = self.host.as_mut().ok_or(BackendError::OutOfBounds { span, size: 0 })?;
+                // Safety: every stream is idle (synchronized above).
+                unsafe { host.write(span.offset, bytes) }.ok_or(BackendError::OutOfBounds { span, size: host.bytes() })
+            }
+        }
+    }
+
+    fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError> {
+        self.synchronize()?;
+        let address = self.address(span)?;
+        match span.space {
+            Space::Device => {
+                let mut out = vec![0u8; span.len as usize];
+                if span.len > 0 {
+                    // Safety: the span lies in the arena (checked); the copy is synchronous.
+                    unsafe {
+                        result::memory::copy(
+                            self.device.hip(),
+                            out.as_mut_ptr().cast(),
+                            address as *const _,
+                            out.len(),
+                            MEMCPY_DEVICE_TO_HOST,
+                        )
+                    }
+                    .map_err(BackendError::from)?;
+                }
+                Ok(out)
+            }
+            Space::Host => {
+                let host = self.host.as_ref().ok_or(BackendError::OutOfBounds { span, size: 0 })?;
+                // Safety: every stream is idle (synchronized above).
+                unsafe { host.read(span.offset, span.len) }
+                    .ok_or(BackendError::OutOfBounds { span, size: host.bytes() })
+            }
+        }
+    }
+
+    fn launch(
+        &mut self,
+        instruction: usize,
+        stream: PlanStream,
+        op: Op,
+        args: &[KernelArg],
+        context: &KernelContext,
+    ) -> Result<(), BackendError> {
+        self.bind()?;
+        self.stream(stream)?;
+        let mut shapes = Vec::with_capacity(args.len());
+        for (index, arg) in args.iter().enumerate() {
+            if arg.span.space != Space::Device {
+                return Err(kernel_error(instruction, op, format!("argument {index} is not in the device arena")));
+            }
+            self.address(arg.span)?;
+            shapes.push(ArgShape { first_row: arg.first_row, rows: arg.rows, row_bytes: arg.row_bytes });
+        }
+        let steps = memo_kernels::launch_steps(op, &shapes, context)
+            .map_err(|e| BackendError::Kernel { instruction, message: e.to_string() })?;
+        for step in &steps {
+            self.run_step(instruction, op, args, stream.index(), step)?;
+        }
+        Ok(())
+    }
+
+    fn copy(&mut self, instruction: usize, stream: PlanStream, src: Span, dst: Span) -> Result<(), BackendError> {
+        self.bind()?;
+        if src.len != dst.len {
+            return Err(BackendError::Kernel {
+                instruction,
+                message: format!("copy of {} bytes into a span of {}", src.len, dst.len),
+            });
+        }
+        let from = self.address(src)?;
+        let to = self.address(dst)?;
+        if src.len == 0 {
+            return Ok(());
+        }
+        let kind = match (src.space, dst.space) {
+            (Space::Device, Space::Device) => MEMCPY_DEVICE_TO_DEVICE,
+            (Space::Device, Space::Host) => MEMCPY_DEVICE_TO_HOST,
+            (Space::Host, Space::Device) => MEMCPY_HOST_TO_DEVICE,
+            (Space::Host, Space::Host) => MEMCPY_HOST_TO_HOST,
+        };
+        let raw = self.stream(stream)?.raw();
+        // Safety: both spans lie in memory this backend owns (checked by `address`), which
+        // outlives the stream's work.
+        unsafe {
+            result::memory::copy_async(self.device.hip(), to as *mut _, from as *const _, src.len as usize, kind, raw)
+        }
+        .map_err(|e| BackendError::Kernel { instruction, message: format!("copy: {e}") })
+    }
+
+    fn record(&mut self, instruction: usize, stream: PlanStream, event: EventId) -> Result<(), BackendError> {
+        self.bind()?;
+        let index = self.event_index(instruction, event)?;
+        self.stream(stream)?
+            .record(&self.events[index])
+            .map_err(|e| BackendError::Kernel { instruction, message: format!("record of event {}: {e}", event.0) })?;
+        self.recorded[index] = true;
+        Ok(())
+    }
+
+    fn wait(&mut self, instruction: usize, stream: PlanStream, event: EventId) -> Result<(), BackendError> {
+        self.bind()?;
+        let index = self.event_index(instruction, event)?;
+        if !self.recorded[index] {
+            return Err(BackendError::Kernel {
+                instruction,
+                message: format!(
+                    "wait on event {} before it is recorded in this step: a HIP stream would not wait for it (the \
+                     checker's rule WaitBeforeRecord; replay only checked plans)",
+                    event.0
+                ),
+            });
+        }
+        self.stream(stream)?
+            .wait(&self.events[index])
+            .map_err(|e| BackendError::Kernel { instruction, message: format!("wait on event {}: {e}", event.0) })
+    }
+
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.bind()?;
+        let waited = self.wait_streams();
+        self.recorded.iter_mut().for_each(|r| *r = false);
+        waited.map_err(|e| BackendError::Other(format!("hip: a stream failed: {e}")))?;
+        self.device.take_deferred().map_err(BackendError::from)
+    }
+
+    fn memory(&self) -> MemoryReport {
+        MemoryReport { device_bytes: self.size_of(Space::Device), host_bytes: self.size_of(Space::Host) }
+    }
+}
