@@ -22,7 +22,11 @@ typedef unsigned long long memo_u64;
 typedef unsigned short memo_bf16;
 
 #if defined(MEMO_HIP)
+// hiprtc defines __HIPCC_RTC__ and provides the device API itself; it can include only the
+// headers handed to hiprtcCreateProgram (ROCm 5.x fails on this include), so only hipcc needs it.
+#if !defined(__HIPCC_RTC__)
 #include <hip/hip_runtime.h>
+#endif
 #define MEMO_WARP_SIZE 64
 #define memo_shfl_xor(v, mask) __shfl_xor((v), (mask), MEMO_WARP_SIZE)
 #else
