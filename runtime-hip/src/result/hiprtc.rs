@@ -59,6 +59,11 @@ impl Program<'_> {
     }
 }
 
+/// Serialises every compilation in the process: hiprtc of ROCm 5.2 crashes (SIGSEGV inside
+/// `hiprtcCompileProgram`) when two threads compile at once, as this crate's tests running in
+/// parallel showed. Kernels compile once per backend, so nothing is lost.
+static COMPILE_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Compiles `source` (named `name` in logs) with the named `headers` (name, text) available to
 /// `#include`, and returns the code object. A compile failure is [`HipError::Compile`] with
 /// hiprtc's log.
@@ -69,6 +74,7 @@ pub fn compile(
     headers: &[(&str, &str)],
     options: &[String],
 ) -> Result<Vec<u8>, HipError> {
+    let _serialised = COMPILE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
     let source_c = c_string("source", source)?;
     let name_c = c_string("source name", name)?;
     let header_texts = headers.iter().map(|(_, text)| c_string("header", text)).collect::<Result<Vec<_>, _>>()?;
