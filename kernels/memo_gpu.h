@@ -64,3 +64,59 @@ __device__ __forceinline__ float memo_warp_max(float v) {
     }
     return v;
 }
+
+// Sum of `v` over the block, returned to every thread. The block must be whole warps (the
+// recipes use 256 or 1024 threads), `shared` must hold 32 floats (1024 / 32 warps at most).
+// Deterministic: each warp's butterfly, then every thread adds the warp totals in warp order.
+__device__ __forceinline__ float memo_block_sum(float v, float* shared) {
+    v = memo_warp_sum(v);
+    const unsigned lane = threadIdx.x % MEMO_WARP_SIZE;
+    const unsigned warp = threadIdx.x / MEMO_WARP_SIZE;
+    const unsigned warps = blockDim.x / MEMO_WARP_SIZE;
+    __syncthreads();  // an earlier call's readers are done with `shared`
+    if (lane == 0) {
+        shared[warp] = v;
+    }
+    __syncthreads();
+    float total = 0.0f;
+    for (unsigned w = 0; w < warps; ++w) {
+        total += shared[w];
+    }
+    return total;
+}
+
+// Maximum of `v` over the block, returned to every thread (same rules as memo_block_sum).
+__device__ __forceinline__ float memo_block_max(float v, float* shared) {
+    v = memo_warp_max(v);
+    const unsigned lane = threadIdx.x % MEMO_WARP_SIZE;
+    const unsigned warp = threadIdx.x / MEMO_WARP_SIZE;
+    const unsigned warps = blockDim.x / MEMO_WARP_SIZE;
+    __syncthreads();
+    if (lane == 0) {
+        shared[warp] = v;
+    }
+    __syncthreads();
+    float total = shared[0];
+    for (unsigned w = 1; w < warps; ++w) {
+        total = fmaxf(total, shared[w]);
+    }
+    return total;
+}
+
+// Status words a kernel writes when its input is bad (the backend zeroes them at allocation,
+// reads them at synchronize, and memo_kernels::status_error turns them into an error):
+//   [0] code (MEMO_STATUS_*), [1] the plan instruction, [2] and [3] what the code says.
+// The first failure wins (compare-and-swap on the code); later ones are dropped.
+#define MEMO_STATUS_TOKEN_OUT_OF_RANGE 1u   // [2] row in the argument, [3] the id
+#define MEMO_STATUS_TARGET_OUT_OF_RANGE 2u  // [2] row in the argument, [3] the id
+#define MEMO_STATUS_NOT_FINITE 3u           // [2] the bits of the f32 value, [3] unused
+
+__device__ __forceinline__ void memo_report(memo_u32* status, memo_u32 code, memo_u32 instruction, memo_u32 a,
+                                            memo_u32 b) {
+    if (atomicCAS(status, 0u, code) == 0u) {
+        status[1] = instruction;
+        status[2] = a;
+        status[3] = b;
+        __threadfence();
+    }
+}

@@ -20,6 +20,10 @@
 use memo_plan_core::plan::Op;
 use memo_runtime::KernelContext;
 
+mod recipes;
+#[cfg(test)]
+mod tests;
+
 /// The portability header (`memo_gpu.h`): bf16 type and conversions, warp size, shuffles,
 /// launch bounds, for CUDA and HIP.
 pub const HEADER: &str = include_str!("../memo_gpu.h");
@@ -35,8 +39,46 @@ pub struct Source {
     pub kernels: &'static [&'static str],
 }
 
-/// Every kernel source (filled by the CUDA issue's work).
-pub const SOURCES: &[Source] = &[];
+impl Source {
+    /// The source with `#include "memo_gpu.h"` replaced by [`HEADER`]'s text: what a backend
+    /// hands its compiler, so that no include path or named header is needed.
+    pub fn standalone_text(&self) -> String {
+        self.text.replacen("#include \"memo_gpu.h\"", HEADER, 1)
+    }
+}
+
+/// Every kernel source but attention's.
+pub const SOURCES: &[Source] = &[
+    Source {
+        name: "elementwise.cu",
+        text: include_str!("../elementwise.cu"),
+        kernels: &[
+            "memo_embedding_forward",
+            "memo_embedding_backward",
+            "memo_gelu_forward",
+            "memo_gelu_backward",
+            "memo_add",
+            "memo_broadcast_row",
+            "memo_column_sum_partial",
+            "memo_column_sum_finish",
+        ],
+    },
+    Source {
+        name: "norm.cu",
+        text: include_str!("../norm.cu"),
+        kernels: &["memo_layer_norm_forward", "memo_layer_norm_backward_rows", "memo_layer_norm_backward_params"],
+    },
+    Source {
+        name: "loss.cu",
+        text: include_str!("../loss.cu"),
+        kernels: &["memo_cross_entropy", "memo_sum_into_scalar"],
+    },
+    Source {
+        name: "optim.cu",
+        text: include_str!("../optim.cu"),
+        kernels: &["memo_sum_squares_partial", "memo_adamw"],
+    },
+];
 
 /// The compiler a source is built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +107,20 @@ pub fn compile_options(target: Target) -> Vec<String> {
 /// A kernel parameter.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Param {
+    /// A device pointer into the backend's scratch memory of the launch's stream, `byte_offset`
+    /// bytes from its start (256-byte aligned). A launch's steps use at most
+    /// [`KernelLaunch::scratch_bytes`] bytes of it; what one step writes there, a later step of
+    /// the same launch reads (stream order). Nothing survives the launch.
+    Scratch {
+        /// Bytes from the scratch memory's start.
+        byte_offset: u64,
+    },
+    /// A device pointer to the backend's [`STATUS_WORDS`] status words (`u32`), where a kernel
+    /// reports bad input (`memo_report` in `memo_gpu.h`); the backend zeroes them when it
+    /// allocates and after reading them, and reads them at synchronize ([`status_error`]).
+    Status,
+    /// The plan instruction's index as a `u32` (saturated), for the status words.
+    Instruction,
     /// A device pointer: argument `arg`'s first byte plus `byte_offset`.
     Ptr {
         /// Index in the op's signature.
@@ -93,6 +149,49 @@ pub struct KernelLaunch {
     pub shared_bytes: u32,
     /// Parameters in the kernel's order.
     pub params: Vec<Param>,
+    /// Bytes of the stream's scratch memory the launch's steps use (from offset 0; 0 when none).
+    /// The same value on every step of a launch: a backend sizes its scratch with
+    /// [`scratch_bytes`].
+    pub scratch_bytes: u64,
+}
+
+/// The scratch memory `steps` need: the largest [`KernelLaunch::scratch_bytes`].
+pub fn scratch_bytes(steps: &[Step]) -> u64 {
+    steps
+        .iter()
+        .map(|step| match step {
+            Step::Kernel(launch) => launch.scratch_bytes,
+            Step::Gemm(_) | Step::Zero { .. } => 0,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Status words a backend keeps for [`Param::Status`].
+pub const STATUS_WORDS: usize = 4;
+
+/// What non-zero status words say: the plan instruction and the message, for
+/// `BackendError::Kernel` (`None` when the words are all zero: no kernel reported anything).
+pub fn status_error(words: [u32; STATUS_WORDS]) -> Option<(usize, String)> {
+    let [code, instruction, a, b] = words;
+    let message = match code {
+        0 => return None,
+        1 => format!(
+            "a kernel found token id {b} in row {a} of `tokens`, not below the vocabulary size; the input data is \
+             corrupt"
+        ),
+        2 => format!(
+            "a kernel found target {b} in row {a} of `targets`, not below the vocabulary size; the input data is \
+             corrupt"
+        ),
+        3 => format!(
+            "op `adamw`, argument `grad_norm_squared`: the value is {}: the gradients overflowed or hold NaN; lower \
+             the learning rate or check the data (no parameter was updated by this launch)",
+            f32::from_bits(a)
+        ),
+        other => format!("a kernel reported status code {other} ({a}, {b}), which this version does not know"),
+    };
+    Some((instruction as usize, message))
 }
 
 /// A matrix operand of a GEMM: argument `arg` from `byte_offset` on.
@@ -178,8 +277,9 @@ impl std::fmt::Display for RecipeError {
 
 impl std::error::Error for RecipeError {}
 
-/// The steps that run `op` on arguments of these shapes (in signature order).
+/// The steps that run `op` on arguments of these shapes (in signature order). Shapes are
+/// checked as the CPU reference checks them; an op with no GPU kernel (the collectives, which
+/// need several GPUs) is an error.
 pub fn launch_steps(op: Op, args: &[ArgShape], context: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    let _ = (args, context);
-    Err(RecipeError { op, message: "no GPU recipe yet (the CUDA issue's work is in progress)".into() })
+    recipes::steps(op, args, context)
 }

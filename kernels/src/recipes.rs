@@ -1,0 +1,726 @@
+//! One recipe per op: shape checks (the CPU reference's, `runtime-cpu/src/ops`), then the
+//! kernels and GEMMs that compute it.
+//!
+//! GEMM layout. Every matrix in the arena is row-major bf16. BLAS is column-major, and a
+//! row-major `r x c` matrix is the column-major `c x r` matrix (its transpose) with leading
+//! dimension `c`. So `Y = X W^T` (row-major) is computed as `Y^T = W X^T` (column-major):
+//! `m` = columns of Y, `n` = rows of Y, `op(A)` = W (stored as `W^T`, so transposed), `op(B)` =
+//! `X^T` (as stored). Each GEMM below states its product both ways.
+//!
+//! Rounding. A GEMM computes in f32 and rounds C once; an accumulating op (`beta = 1`) adds the
+//! stored bf16 value in f32 before that rounding, and `linear` writes its bias into `y` first and
+//! uses `beta = 1`, so `y = round(x W^T + bias)`, one rounding as on the CPU. Only the order of
+//! the f32 sums differs from the CPU (cuBLAS picks it), which the GPU tests' tolerance covers.
+
+use memo_plan_core::plan::Op;
+use memo_runtime::KernelContext;
+
+use crate::{ArgShape, Gemm, KernelLaunch, Operand, Param, RecipeError, Step};
+
+/// bf16 bytes.
+const BF16: u64 = 2;
+/// f32 and u32 bytes.
+const WORD: u64 = 4;
+/// Threads of the row and element kernels (whole warps on NVIDIA and AMD).
+const BLOCK: u32 = 256;
+/// Most blocks a grid-stride launch uses along x (the kernels loop over the rest).
+const MAX_BLOCKS: u64 = 1 << 16;
+/// Row chunks of a column sum: enough blocks to fill a GPU, partials that stay small.
+const COLUMN_CHUNKS: u64 = 64;
+/// Blocks of the gradient norm's first stage (fixed by the size alone: a fixed summation order).
+const NORM_BLOCKS: u64 = 1024;
+/// Columns one block of `memo_embedding_backward` owns (`MEMO_EMB_TILE * MEMO_EMB_COLS`).
+const EMBEDDING_BACKWARD_COLUMNS: u64 = 256 * 8;
+/// Scratch offsets are rounded up to this (any vector load is aligned).
+const SCRATCH_ALIGN: u64 = 256;
+
+/// The launch's arguments, checked against the op's signature.
+struct Args<'a> {
+    op: Op,
+    args: &'a [ArgShape],
+}
+
+impl<'a> Args<'a> {
+    fn new(op: Op, args: &'a [ArgShape]) -> Result<Self, RecipeError> {
+        let signature = op.signature();
+        if args.len() != signature.len() {
+            let names: Vec<&str> = signature.iter().map(|(name, _)| *name).collect();
+            return Err(RecipeError {
+                op,
+                message: format!(
+                    "{} arguments, but the op takes {} ({}); the plan or the interpreter is wrong",
+                    args.len(),
+                    signature.len(),
+                    names.join(", ")
+                ),
+            });
+        }
+        Ok(Args { op, args })
+    }
+
+    fn name(&self, index: usize) -> &'static str {
+        self.op.signature().get(index).map_or("?", |(name, _)| *name)
+    }
+
+    fn rows(&self, index: usize) -> u64 {
+        self.args[index].rows
+    }
+
+    fn row_bytes(&self, index: usize) -> u64 {
+        self.args[index].row_bytes
+    }
+
+    fn error(&self, index: usize, expected: String, found: String) -> RecipeError {
+        RecipeError {
+            op: self.op,
+            message: format!("argument `{}`: expected {expected}, found {found}", self.name(index)),
+        }
+    }
+
+    /// Elements per row, for elements of `elem` bytes.
+    fn elems(&self, index: usize, elem: u64, what: &str) -> Result<u64, RecipeError> {
+        let row_bytes = self.row_bytes(index);
+        if row_bytes % elem != 0 {
+            let expected = format!("a row of whole {what} elements (a multiple of {elem} bytes)");
+            return Err(self.error(index, expected, format!("{row_bytes} bytes per row")));
+        }
+        Ok(row_bytes / elem)
+    }
+
+    fn want_rows(&self, index: usize, expected: u64, why: &str) -> Result<(), RecipeError> {
+        if self.rows(index) == expected {
+            return Ok(());
+        }
+        Err(self.error(index, format!("{expected} rows ({why})"), format!("{} rows", self.rows(index))))
+    }
+
+    fn want_row_bytes(&self, index: usize, expected: u64, why: &str) -> Result<(), RecipeError> {
+        if self.row_bytes(index) == expected {
+            return Ok(());
+        }
+        let found = format!("{} bytes per row", self.row_bytes(index));
+        Err(self.error(index, format!("{expected} bytes per row ({why})"), found))
+    }
+
+    /// `count` elements of `elem` bytes per row (the product is checked).
+    fn want_elems(&self, index: usize, count: u64, elem: u64, why: &str) -> Result<(), RecipeError> {
+        match count.checked_mul(elem) {
+            Some(bytes) => self.want_row_bytes(index, bytes, why),
+            None => Err(self.error(
+                index,
+                format!("{count} elements of {elem} bytes per row ({why}), more than memory holds"),
+                format!("{} bytes per row", self.row_bytes(index)),
+            )),
+        }
+    }
+
+    /// Elements in the whole argument.
+    fn total_elems(&self, index: usize, elem: u64) -> Result<u64, RecipeError> {
+        let per_row = self.elems(index, elem, "bf16")?;
+        self.rows(index).checked_mul(per_row).ok_or_else(|| {
+            self.error(index, "fewer than 2^64 elements".into(), format!("{} rows of {per_row}", self.rows(index)))
+        })
+    }
+
+    /// A count that a kernel takes as `u32` (row widths, the vocabulary).
+    fn small(&self, index: usize, value: u64, what: &str) -> Result<u32, RecipeError> {
+        u32::try_from(value).map_err(|_| {
+            self.error(index, format!("{what} below 2^32 (the kernels index rows with 32 bits)"), value.to_string())
+        })
+    }
+
+    /// A GEMM dimension or leading dimension (BLAS takes `int`).
+    fn dim(&self, index: usize, value: u64, what: &str) -> Result<u32, RecipeError> {
+        match u32::try_from(value) {
+            Ok(v) if v <= i32::MAX as u32 => Ok(v),
+            _ => Err(self.error(
+                index,
+                format!("{what} below 2^31 (BLAS dimensions are 32-bit signed); plan smaller chunks"),
+                value.to_string(),
+            )),
+        }
+    }
+}
+
+fn context_error(op: Op, field: &str, problem: &str) -> RecipeError {
+    RecipeError { op, message: format!("context field `{field}`: {problem}") }
+}
+
+fn ptr(arg: usize) -> Param {
+    Param::Ptr { arg, byte_offset: 0 }
+}
+
+fn operand(arg: usize) -> Operand {
+    Operand { arg, byte_offset: 0 }
+}
+
+/// Blocks for a grid-stride loop over `units` units of `per_block` each.
+fn blocks(units: u64, per_block: u64) -> u32 {
+    units.div_ceil(per_block.max(1)).clamp(1, MAX_BLOCKS) as u32
+}
+
+fn align(bytes: u64) -> u64 {
+    bytes.div_ceil(SCRATCH_ALIGN) * SCRATCH_ALIGN
+}
+
+/// A kernel launch with a 1-D block.
+fn kernel(name: &'static str, grid: [u32; 3], block: u32, params: Vec<Param>, scratch_bytes: u64) -> Step {
+    Step::Kernel(KernelLaunch { kernel: name, grid, block: [block, 1, 1], shared_bytes: 0, params, scratch_bytes })
+}
+
+/// Row chunking of a column sum over `rows` rows: (rows per chunk, chunks).
+fn column_chunks(rows: u64) -> (u64, u64) {
+    let per_chunk = rows.div_ceil(COLUMN_CHUNKS).max(1);
+    (per_chunk, rows.div_ceil(per_chunk))
+}
+
+/// The recipe of one launch.
+pub(crate) fn steps(op: Op, shapes: &[ArgShape], ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    let a = Args::new(op, shapes)?;
+    match op {
+        Op::Embedding => embedding(&a, ctx),
+        Op::LayerNorm => layer_norm(&a, ctx),
+        Op::Linear => linear(&a),
+        Op::Gelu => elementwise(&a, "memo_gelu_forward", &[0], 1),
+        Op::GeluBackward => elementwise(&a, "memo_gelu_backward", &[0, 1], 2),
+        Op::Add => elementwise(&a, "memo_add", &[0, 1], 2),
+        Op::LinearBackwardInput => linear_backward_input(&a, false),
+        Op::LinearBackwardInputAccumulate => linear_backward_input(&a, true),
+        Op::LinearBackwardWeight => linear_backward_weight(&a),
+        Op::LayerNormBackward => layer_norm_backward(&a, ctx),
+        Op::Classifier => classifier(&a, ctx),
+        Op::CrossEntropy => cross_entropy(&a, ctx),
+        Op::ClassifierBackwardWeight => classifier_backward_weight(&a, ctx),
+        Op::EmbeddingBackward => embedding_backward(&a, ctx),
+        Op::Zero => Ok(vec![Step::Zero { arg: 0 }]),
+        Op::GradNormSquared => grad_norm_squared(&a),
+        Op::AdamW => adamw(&a, ctx),
+        Op::Attention | Op::AttentionBackward => Err(RecipeError {
+            op,
+            message: "the GPU attention kernel is not in this build (kernels/attention.cu is being written on \
+                      branch `attn`); run attention plans on the CPU backend for now"
+                .into(),
+        }),
+        Op::AllGather | Op::ReduceScatter => Err(RecipeError {
+            op,
+            message: "needs a multi-GPU backend (t > 1); this backend runs plans made with tensor parallelism t = 1"
+                .into(),
+        }),
+    }
+}
+
+/// Checks the tied embedding (argument `index`) against the context: `vocab` rows of `hidden`
+/// bf16.
+fn check_embedding(a: &Args<'_>, index: usize, ctx: &KernelContext) -> Result<(), RecipeError> {
+    a.want_rows(index, ctx.vocab, "the vocabulary size `vocab` of the context")?;
+    a.want_elems(index, ctx.hidden, BF16, "`hidden` bf16 of the context")
+}
+
+/// `embedding` [tokens, embedding, out].
+fn embedding(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    check_embedding(a, 1, ctx)?;
+    a.want_rows(2, a.rows(0), "one row per token")?;
+    a.want_row_bytes(2, a.row_bytes(1), "the row width of `embedding`")?;
+    a.want_row_bytes(0, WORD, "one u32 token id per row")?;
+    let rows = a.rows(0);
+    let width = a.small(1, a.row_bytes(1) / BF16, "a row width")?;
+    let vocab = a.small(1, a.rows(1), "a vocabulary")?;
+    if rows == 0 {
+        return Ok(Vec::new());
+    }
+    let params = vec![
+        ptr(0),
+        ptr(1),
+        ptr(2),
+        Param::U64(rows),
+        Param::U32(width),
+        Param::U32(vocab),
+        Param::Status,
+        Param::Instruction,
+    ];
+    Ok(vec![kernel("memo_embedding_forward", [blocks(rows, 1), 1, 1], BLOCK, params, 0)])
+}
+
+/// `embedding_backward` [tokens, dout, dembedding (read-write)].
+fn embedding_backward(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    check_embedding(a, 2, ctx)?;
+    a.want_rows(1, a.rows(0), "one gradient row per token")?;
+    a.want_row_bytes(1, a.row_bytes(2), "the row width of `dembedding`")?;
+    a.want_row_bytes(0, WORD, "one u32 token id per row")?;
+    let rows = a.rows(0);
+    let width = a.small(2, a.row_bytes(2) / BF16, "a row width")?;
+    let vocab = a.small(2, a.rows(2), "a vocabulary")?;
+    if rows == 0 {
+        return Ok(Vec::new());
+    }
+    if vocab == 0 {
+        return Err(context_error(a.op, "vocab", "is 0, so every token id is out of range"));
+    }
+    let column_tiles = u64::from(width).div_ceil(EMBEDDING_BACKWARD_COLUMNS).max(1);
+    let column_tiles = u32::try_from(column_tiles).ok().filter(|&t| t <= 65_535).ok_or_else(|| {
+        a.error(2, "rows of at most 65535 * 2048 elements".into(), format!("{width} elements per row"))
+    })?;
+    let params = vec![
+        ptr(0),
+        ptr(1),
+        ptr(2),
+        Param::U64(rows),
+        Param::U32(width),
+        Param::U32(vocab),
+        Param::Status,
+        Param::Instruction,
+    ];
+    Ok(vec![kernel("memo_embedding_backward", [blocks(u64::from(vocab), 1), column_tiles, 1], BLOCK, params, 0)])
+}
+
+/// An element-wise op: `inputs` have the output's (argument `output`) shape, bf16.
+fn elementwise(a: &Args<'_>, name: &'static str, inputs: &[usize], output: usize) -> Result<Vec<Step>, RecipeError> {
+    let first = inputs[0];
+    a.elems(first, BF16, "bf16")?;
+    for &index in inputs[1..].iter().chain([&output]) {
+        let why = format!("the rows of `{}`", a.name(first));
+        a.want_rows(index, a.rows(first), &why)?;
+        let why = format!("the row width of `{}`", a.name(first));
+        a.want_row_bytes(index, a.row_bytes(first), &why)?;
+    }
+    let n = a.total_elems(first, BF16)?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut params: Vec<Param> = inputs.iter().map(|&i| ptr(i)).collect();
+    params.push(ptr(output));
+    params.push(Param::U64(n));
+    Ok(vec![kernel(name, [blocks(n, u64::from(BLOCK)), 1, 1], BLOCK, params, 0)])
+}
+
+/// Checks a `1 x hidden` bf16 vector (a norm's scale, shift or their gradients).
+fn check_vector(a: &Args<'_>, index: usize, hidden: u64) -> Result<(), RecipeError> {
+    a.want_rows(index, 1, "a norm's scale and shift are one row")?;
+    a.want_elems(index, hidden, BF16, "`hidden` bf16 of the context")
+}
+
+/// `layer_norm` [x, scale, shift, y].
+fn layer_norm(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    let h = ctx.hidden;
+    a.want_elems(0, h, BF16, "`hidden` bf16 of the context")?;
+    check_vector(a, 1, h)?;
+    check_vector(a, 2, h)?;
+    a.want_rows(3, a.rows(0), "one row per row of `x`")?;
+    a.want_elems(3, h, BF16, "`hidden` bf16 of the context")?;
+    let rows = a.rows(0);
+    let width = a.small(0, h, "`hidden`")?;
+    if rows == 0 || width == 0 {
+        return Ok(Vec::new());
+    }
+    let params = vec![ptr(0), ptr(1), ptr(2), ptr(3), Param::U64(rows), Param::U32(width)];
+    Ok(vec![kernel("memo_layer_norm_forward", [blocks(rows, 1), 1, 1], BLOCK, params, 0)])
+}
+
+/// `layer_norm_backward` [x, scale, dy, dx, dscale, dshift].
+///
+/// Scratch: each row's (mean, rstd) at 0, then the row-chunk partial sums of dscale and dshift.
+fn layer_norm_backward(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    let h = ctx.hidden;
+    a.want_elems(0, h, BF16, "`hidden` bf16 of the context")?;
+    check_vector(a, 1, h)?;
+    a.want_rows(2, a.rows(0), "one gradient row per row of `x`")?;
+    a.want_elems(2, h, BF16, "`hidden` bf16 of the context")?;
+    a.want_rows(3, a.rows(0), "one row per row of `x`")?;
+    a.want_elems(3, h, BF16, "`hidden` bf16 of the context")?;
+    check_vector(a, 4, h)?;
+    check_vector(a, 5, h)?;
+    let rows = a.rows(0);
+    let width = a.small(0, h, "`hidden`")?;
+    if width == 0 {
+        return Ok(Vec::new());
+    }
+    if rows == 0 {
+        return Ok(vec![Step::Zero { arg: 4 }, Step::Zero { arg: 5 }]);
+    }
+    let (per_chunk, chunks) = column_chunks(rows);
+    let stats_bytes = rows.checked_mul(2 * WORD).ok_or_else(|| a.error(0, "fewer rows".into(), rows.to_string()))?;
+    let partial = align(stats_bytes);
+    let partial_bytes = 2 * chunks * h * WORD;
+    let scratch = partial + partial_bytes;
+    let column_blocks = blocks(h, u64::from(BLOCK));
+    let chunks32 = chunks as u32; // at most COLUMN_CHUNKS
+    Ok(vec![
+        kernel(
+            "memo_layer_norm_backward_rows",
+            [blocks(rows, 1), 1, 1],
+            BLOCK,
+            vec![
+                ptr(0),
+                ptr(1),
+                ptr(2),
+                ptr(3),
+                Param::Scratch { byte_offset: 0 },
+                Param::U64(rows),
+                Param::U32(width),
+            ],
+            scratch,
+        ),
+        kernel(
+            "memo_layer_norm_backward_params",
+            [column_blocks, chunks32, 1],
+            BLOCK,
+            vec![
+                ptr(0),
+                ptr(2),
+                Param::Scratch { byte_offset: 0 },
+                Param::Scratch { byte_offset: partial },
+                Param::U64(rows),
+                Param::U32(width),
+                Param::U64(per_chunk),
+            ],
+            scratch,
+        ),
+        kernel(
+            "memo_column_sum_finish",
+            [column_blocks, 1, 1],
+            BLOCK,
+            vec![Param::Scratch { byte_offset: partial }, ptr(4), Param::U32(chunks32), Param::U32(width)],
+            scratch,
+        ),
+        kernel(
+            "memo_column_sum_finish",
+            [column_blocks, 1, 1],
+            BLOCK,
+            vec![
+                Param::Scratch { byte_offset: partial + chunks * h * WORD },
+                ptr(5),
+                Param::U32(chunks32),
+                Param::U32(width),
+            ],
+            scratch,
+        ),
+    ])
+}
+
+/// A GEMM, or what an empty contraction means: `C = 0` (beta 0) or nothing (beta 1).
+fn gemm_or_empty(gemm: Gemm) -> Vec<Step> {
+    if gemm.m == 0 || gemm.n == 0 {
+        Vec::new()
+    } else if gemm.k == 0 {
+        if gemm.beta == 0.0 {
+            vec![Step::Zero { arg: gemm.c.arg }]
+        } else {
+            Vec::new()
+        }
+    } else {
+        vec![Step::Gemm(gemm)]
+    }
+}
+
+/// `linear` [x, weight, bias, y]: `y = x W^T + bias`.
+fn linear(a: &Args<'_>) -> Result<Vec<Step>, RecipeError> {
+    let k = a.elems(0, BF16, "bf16")?;
+    let n = a.rows(1);
+    a.want_elems(1, k, BF16, "one bf16 weight per input feature: the row width of `x`")?;
+    a.want_rows(2, 1, "a bias is one row")?;
+    a.want_elems(2, n, BF16, "one bf16 per output feature: the rows of `weight`")?;
+    a.want_rows(3, a.rows(0), "one output row per row of `x`")?;
+    a.want_elems(3, n, BF16, "one bf16 per output feature: the rows of `weight`")?;
+    let rows = a.rows(0);
+    if rows == 0 || n == 0 {
+        return Ok(Vec::new());
+    }
+    let width = a.small(1, n, "output features")?;
+    let total = rows.saturating_mul(n);
+    let mut steps = vec![kernel(
+        "memo_broadcast_row",
+        [blocks(total, u64::from(BLOCK)), 1, 1],
+        BLOCK,
+        vec![ptr(2), ptr(3), Param::U64(rows), Param::U32(width)],
+        0,
+    )];
+    // Y^T (n x rows) = W (n x k) X^T (k x rows): A = the weight buffer (k x n column-major,
+    // transposed), B = x (k x rows column-major), C = y (n x rows column-major), beta 1 over
+    // the bias.
+    steps.extend(gemm_or_empty(Gemm {
+        transpose_a: true,
+        transpose_b: false,
+        m: a.dim(1, n, "output features")?,
+        n: a.dim(0, rows, "rows")?,
+        k: a.dim(0, k, "input features")?,
+        a: operand(1),
+        lda: a.dim(0, k.max(1), "input features")?,
+        b: operand(0),
+        ldb: a.dim(0, k.max(1), "input features")?,
+        c: operand(3),
+        ldc: a.dim(1, n, "output features")?,
+        alpha: 1.0,
+        beta: 1.0,
+    }));
+    Ok(steps)
+}
+
+/// `linear_backward_input(_accumulate)` [dy, weight, dx]: `dx (+)= dy W`.
+fn linear_backward_input(a: &Args<'_>, accumulate: bool) -> Result<Vec<Step>, RecipeError> {
+    let n = a.elems(0, BF16, "bf16")?;
+    a.want_rows(1, n, "one weight row per output feature: the row width of `dy`")?;
+    let k = a.elems(1, BF16, "bf16")?;
+    a.want_rows(2, a.rows(0), "one row per row of `dy`")?;
+    a.want_elems(2, k, BF16, "one bf16 per input feature: the row width of `weight`")?;
+    let rows = a.rows(0);
+    // dX^T (k x rows) = W^T (k x n) dY^T (n x rows): A = the weight buffer (k x n column-major,
+    // as stored), B = dy (n x rows column-major), C = dx (k x rows column-major).
+    Ok(gemm_or_empty(Gemm {
+        transpose_a: false,
+        transpose_b: false,
+        m: a.dim(1, k, "input features")?,
+        n: a.dim(0, rows, "rows")?,
+        k: a.dim(0, n, "output features")?,
+        a: operand(1),
+        lda: a.dim(1, k.max(1), "input features")?,
+        b: operand(0),
+        ldb: a.dim(0, n.max(1), "output features")?,
+        c: operand(2),
+        ldc: a.dim(1, k.max(1), "input features")?,
+        alpha: 1.0,
+        beta: if accumulate { 1.0 } else { 0.0 },
+    }))
+}
+
+/// Column sums of bf16 argument `src` (`rows x width`) into the bf16 row `dst` (scratch: the
+/// row-chunk partials).
+fn column_sum(src: usize, dst: usize, rows: u64, width: u32) -> Vec<Step> {
+    let (per_chunk, chunks) = column_chunks(rows);
+    let scratch = chunks * u64::from(width) * WORD;
+    let column_blocks = blocks(u64::from(width), u64::from(BLOCK));
+    let chunks32 = chunks as u32; // at most COLUMN_CHUNKS
+    vec![
+        kernel(
+            "memo_column_sum_partial",
+            [column_blocks, chunks32, 1],
+            BLOCK,
+            vec![
+                ptr(src),
+                Param::Scratch { byte_offset: 0 },
+                Param::U64(rows),
+                Param::U32(width),
+                Param::U64(per_chunk),
+            ],
+            scratch,
+        ),
+        kernel(
+            "memo_column_sum_finish",
+            [column_blocks, 1, 1],
+            BLOCK,
+            vec![Param::Scratch { byte_offset: 0 }, ptr(dst), Param::U32(chunks32), Param::U32(width)],
+            scratch,
+        ),
+    ]
+}
+
+/// `linear_backward_weight` [x, dy, dweight, dbias]: `dW = dy^T x`, `dbias = column sums of dy`.
+fn linear_backward_weight(a: &Args<'_>) -> Result<Vec<Step>, RecipeError> {
+    let k = a.elems(0, BF16, "bf16")?;
+    let n = a.elems(1, BF16, "bf16")?;
+    a.want_rows(1, a.rows(0), "one gradient row per row of `x`")?;
+    a.want_rows(2, n, "one row per output feature: the row width of `dy`")?;
+    a.want_elems(2, k, BF16, "one bf16 per input feature: the row width of `x`")?;
+    a.want_rows(3, 1, "a bias gradient is one row")?;
+    a.want_elems(3, n, BF16, "one bf16 per output feature: the row width of `dy`")?;
+    let rows = a.rows(0);
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if rows == 0 {
+        return Ok(vec![Step::Zero { arg: 2 }, Step::Zero { arg: 3 }]);
+    }
+    // dW^T (k x n) = X^T (k x rows) dY (rows x n): A = x (k x rows column-major, as stored),
+    // B = dy (n x rows column-major, transposed), C = dweight (k x n column-major).
+    let mut steps = gemm_or_empty(Gemm {
+        transpose_a: false,
+        transpose_b: true,
+        m: a.dim(0, k, "input features")?,
+        n: a.dim(1, n, "output features")?,
+        k: a.dim(0, rows, "rows")?,
+        a: operand(0),
+        lda: a.dim(0, k.max(1), "input features")?,
+        b: operand(1),
+        ldb: a.dim(1, n, "output features")?,
+        c: operand(2),
+        ldc: a.dim(0, k.max(1), "input features")?,
+        alpha: 1.0,
+        beta: 0.0,
+    });
+    steps.extend(column_sum(1, 3, rows, a.small(1, n, "output features")?));
+    Ok(steps)
+}
+
+/// `classifier` [x, embedding, logits]: `logits = x E^T`.
+fn classifier(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    check_embedding(a, 1, ctx)?;
+    let h = ctx.hidden;
+    a.want_elems(0, h, BF16, "`hidden` bf16 of the context")?;
+    a.want_rows(2, a.rows(0), "one row of logits per row of `x`")?;
+    a.want_elems(2, ctx.vocab, BF16, "one bf16 per vocabulary entry")?;
+    // Logits^T (vocab x rows) = E (vocab x h) X^T (h x rows), as in `linear`.
+    Ok(gemm_or_empty(Gemm {
+        transpose_a: true,
+        transpose_b: false,
+        m: a.dim(1, ctx.vocab, "the vocabulary")?,
+        n: a.dim(0, a.rows(0), "rows")?,
+        k: a.dim(0, h, "`hidden`")?,
+        a: operand(1),
+        lda: a.dim(0, h.max(1), "`hidden`")?,
+        b: operand(0),
+        ldb: a.dim(0, h.max(1), "`hidden`")?,
+        c: operand(2),
+        ldc: a.dim(1, ctx.vocab.max(1), "the vocabulary")?,
+        alpha: 1.0,
+        beta: 0.0,
+    }))
+}
+
+/// `classifier_backward_weight` [x, dlogits, dembedding (read-write)]: `dE += dlogits^T x`.
+fn classifier_backward_weight(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    check_embedding(a, 2, ctx)?;
+    let h = ctx.hidden;
+    a.want_elems(0, h, BF16, "`hidden` bf16 of the context")?;
+    a.want_rows(1, a.rows(0), "one gradient row per row of `x`")?;
+    a.want_elems(1, ctx.vocab, BF16, "one bf16 per vocabulary entry")?;
+    // dE^T (h x vocab) += X^T (h x rows) dLogits (rows x vocab), as in linear_backward_weight.
+    Ok(gemm_or_empty(Gemm {
+        transpose_a: false,
+        transpose_b: true,
+        m: a.dim(0, h, "`hidden`")?,
+        n: a.dim(1, ctx.vocab, "the vocabulary")?,
+        k: a.dim(0, a.rows(0), "rows")?,
+        a: operand(0),
+        lda: a.dim(0, h.max(1), "`hidden`")?,
+        b: operand(1),
+        ldb: a.dim(1, ctx.vocab.max(1), "the vocabulary")?,
+        c: operand(2),
+        ldc: a.dim(0, h.max(1), "`hidden`")?,
+        alpha: 1.0,
+        beta: 1.0,
+    }))
+}
+
+/// `cross_entropy` [logits (read-write), targets, loss (read-write)]. Scratch: one f32 loss per
+/// row, summed into `loss` in a fixed order by `memo_sum_into_scalar`.
+fn cross_entropy(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    a.want_elems(0, ctx.vocab, BF16, "one bf16 per vocabulary entry (`vocab` of the context)")?;
+    a.want_rows(1, a.rows(0), "one target per row of `logits`")?;
+    a.want_row_bytes(1, WORD, "one u32 target per row")?;
+    a.want_rows(2, 1, "the loss is one f32")?;
+    a.want_row_bytes(2, WORD, "the loss is one f32")?;
+    if ctx.loss_scale_tokens == 0 {
+        return Err(context_error(a.op, "loss_scale_tokens", "is 0; it must be the step's token count b*s"));
+    }
+    let rows = a.rows(0);
+    let vocab = a.small(0, ctx.vocab, "a vocabulary")?;
+    if rows == 0 {
+        return Ok(Vec::new());
+    }
+    let scratch = rows.checked_mul(WORD).ok_or_else(|| a.error(0, "fewer rows".into(), rows.to_string()))?;
+    Ok(vec![
+        kernel(
+            "memo_cross_entropy",
+            [blocks(rows, 1), 1, 1],
+            BLOCK,
+            vec![
+                ptr(0),
+                ptr(1),
+                Param::Scratch { byte_offset: 0 },
+                Param::U64(rows),
+                Param::U32(vocab),
+                Param::F32(ctx.loss_scale_tokens as f32),
+                Param::Status,
+                Param::Instruction,
+            ],
+            scratch,
+        ),
+        kernel(
+            "memo_sum_into_scalar",
+            [1, 1, 1],
+            1024,
+            vec![Param::Scratch { byte_offset: 0 }, Param::U64(rows), ptr(2)],
+            scratch,
+        ),
+    ])
+}
+
+/// `grad_norm_squared` [grad, sum_squares (read-write)]. Scratch: one f32 per first-stage block.
+fn grad_norm_squared(a: &Args<'_>) -> Result<Vec<Step>, RecipeError> {
+    let n = a.total_elems(0, BF16)?;
+    a.want_rows(1, 1, "a scalar is one row")?;
+    a.want_row_bytes(1, WORD, "a scalar is one f32")?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let partials = n.div_ceil(u64::from(BLOCK)).clamp(1, NORM_BLOCKS);
+    let scratch = partials * WORD;
+    Ok(vec![
+        kernel(
+            "memo_sum_squares_partial",
+            [partials as u32, 1, 1],
+            BLOCK,
+            vec![ptr(0), Param::U64(n), Param::Scratch { byte_offset: 0 }],
+            scratch,
+        ),
+        kernel(
+            "memo_sum_into_scalar",
+            [1, 1, 1],
+            1024,
+            vec![Param::Scratch { byte_offset: 0 }, Param::U64(partials), ptr(1)],
+            scratch,
+        ),
+    ])
+}
+
+/// `adamw` [parameter (read-write), grad, optimizer_state (read-write), grad_norm_squared].
+/// The host-side constants are computed exactly as the CPU reference computes them.
+fn adamw(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    let e = a.elems(0, BF16, "bf16")?;
+    a.want_rows(1, a.rows(0), "the rows of `parameter`")?;
+    a.want_row_bytes(1, a.row_bytes(0), "the row width of `parameter`")?;
+    a.want_rows(2, a.rows(0), "one state row per row of `parameter`")?;
+    a.want_elems(2, e, 3 * WORD, "f32 master weight, m and v per element of a `parameter` row")?;
+    a.want_rows(3, 1, "a scalar is one row")?;
+    a.want_row_bytes(3, WORD, "a scalar is one f32")?;
+    let hp = ctx.adamw;
+    if hp.step == 0 {
+        return Err(context_error(
+            a.op,
+            "adamw.step",
+            "is 0; steps count from 1 (bias correction divides by 1 - beta^step)",
+        ));
+    }
+    let rows = a.rows(0);
+    let width = a.small(0, e, "a row width")?;
+    let n = a.total_elems(0, BF16)?;
+    let step = hp.step as f64;
+    let correction1 = (1.0 - f64::from(hp.beta1).powf(step)) as f32;
+    let correction2_sqrt = (1.0 - f64::from(hp.beta2).powf(step)).sqrt() as f32;
+    let step_size = hp.lr / correction1;
+    let decay = 1.0 - hp.lr * hp.weight_decay;
+    // Launched even when empty: the kernel still checks the norm (the CPU errors on a
+    // non-finite norm whatever the parameter's size).
+    Ok(vec![kernel(
+        "memo_adamw",
+        [blocks(n, u64::from(BLOCK)), 1, 1],
+        BLOCK,
+        vec![
+            ptr(0),
+            ptr(1),
+            ptr(2),
+            ptr(3),
+            Param::U64(rows),
+            Param::U32(width),
+            Param::F32(hp.beta1),
+            Param::F32(hp.beta2),
+            Param::F32(hp.eps),
+            Param::F32(hp.max_grad_norm),
+            Param::F32(step_size),
+            Param::F32(decay),
+            Param::F32(correction2_sqrt),
+            Param::Status,
+            Param::Instruction,
+        ],
+        0,
+    )])
+}

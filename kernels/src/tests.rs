@@ -1,0 +1,325 @@
+//! Recipe tests on the CPU: every kernel step's parameters against the kernel's C declaration,
+//! the GEMM steps executed by a column-major reference GEMM and compared with the CPU backend's
+//! ops, and the errors.
+
+use memo_plan_core::plan::{Access, Op};
+use memo_runtime::{AdamW, KernelContext};
+use runtime_cpu::ops::{self, Arg, ArgData, OpContext};
+
+use crate::{launch_steps, scratch_bytes, status_error, ArgShape, Param, Step, SOURCES};
+
+const H: u64 = 16;
+const VOCAB: u64 = 40;
+const ROWS: u64 = 12;
+
+fn context() -> KernelContext {
+    KernelContext {
+        hidden: H,
+        heads: 2,
+        seq_len: ROWS,
+        vocab: VOCAB,
+        loss_scale_tokens: ROWS,
+        adamw: AdamW { step: 3, ..AdamW::default() },
+    }
+}
+
+fn shape(rows: u64, row_bytes: u64) -> ArgShape {
+    ArgShape { first_row: 0, rows, row_bytes }
+}
+
+/// Shapes of a valid launch of every op this crate has a recipe for.
+fn valid_launches() -> Vec<(Op, Vec<ArgShape>)> {
+    let (h, v, r) = (H * 2, VOCAB * 2, ROWS);
+    vec![
+        (Op::Embedding, vec![shape(r, 4), shape(VOCAB, h), shape(r, h)]),
+        (Op::LayerNorm, vec![shape(r, h), shape(1, h), shape(1, h), shape(r, h)]),
+        (Op::Linear, vec![shape(r, h), shape(24, h), shape(1, 48), shape(r, 48)]),
+        (Op::Gelu, vec![shape(r, h), shape(r, h)]),
+        (Op::Add, vec![shape(r, h), shape(r, h), shape(r, h)]),
+        (Op::LinearBackwardInput, vec![shape(r, 48), shape(24, h), shape(r, h)]),
+        (Op::LinearBackwardInputAccumulate, vec![shape(r, 48), shape(24, h), shape(r, h)]),
+        (Op::LinearBackwardWeight, vec![shape(r, h), shape(r, 48), shape(24, h), shape(1, 48)]),
+        (Op::GeluBackward, vec![shape(r, h), shape(r, h), shape(r, h)]),
+        (Op::LayerNormBackward, vec![shape(r, h), shape(1, h), shape(r, h), shape(r, h), shape(1, h), shape(1, h)]),
+        (Op::Classifier, vec![shape(r, h), shape(VOCAB, h), shape(r, v)]),
+        (Op::CrossEntropy, vec![shape(r, v), shape(r, 4), shape(1, 4)]),
+        (Op::ClassifierBackwardWeight, vec![shape(r, h), shape(r, v), shape(VOCAB, h)]),
+        (Op::EmbeddingBackward, vec![shape(r, 4), shape(r, h), shape(VOCAB, h)]),
+        (Op::Zero, vec![shape(r, h)]),
+        (Op::GradNormSquared, vec![shape(24, h), shape(1, 4)]),
+        (Op::AdamW, vec![shape(24, h), shape(24, h), shape(24, H * 12), shape(1, 4)]),
+    ]
+}
+
+/// The C parameter kinds of kernel `name`: 'p' pointer, 'q' u64, 'u' u32, 'f' float.
+fn declaration(name: &str) -> Vec<char> {
+    let source = SOURCES.iter().find(|s| s.kernels.contains(&name)).unwrap_or_else(|| panic!("{name} in no source"));
+    let start = source.text.find(&format!("{name}(")).unwrap_or_else(|| panic!("{name} not defined")) + name.len() + 1;
+    let end = start + source.text[start..].find(')').expect("closing parenthesis");
+    source.text[start..end]
+        .split(',')
+        .map(|p| {
+            let p = p.trim();
+            if p.contains('*') {
+                'p'
+            } else if p.starts_with("memo_u64") {
+                'q'
+            } else if p.starts_with("memo_u32") {
+                'u'
+            } else if p.starts_with("float") {
+                'f'
+            } else {
+                panic!("{name}: parameter `{p}` of an unknown type")
+            }
+        })
+        .collect()
+}
+
+fn kind(param: &Param) -> char {
+    match param {
+        Param::Ptr { .. } | Param::Scratch { .. } | Param::Status => 'p',
+        Param::U64(_) => 'q',
+        Param::U32(_) | Param::Instruction => 'u',
+        Param::F32(_) => 'f',
+    }
+}
+
+#[test]
+fn every_kernel_step_matches_its_declaration_and_limits() {
+    for (op, shapes) in valid_launches() {
+        let steps = launch_steps(op, &shapes, &context()).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!steps.is_empty(), "{}: no steps", op.name());
+        let scratch = scratch_bytes(&steps);
+        for step in &steps {
+            match step {
+                Step::Kernel(launch) => {
+                    let found: Vec<char> = launch.params.iter().map(kind).collect();
+                    assert_eq!(found, declaration(launch.kernel), "{}: {}", op.name(), launch.kernel);
+                    assert!(launch.grid.iter().all(|&g| g >= 1) && launch.grid[1] <= 65_535, "{:?}", launch.grid);
+                    let threads: u32 = launch.block.iter().product();
+                    assert!(threads % 64 == 0 && threads <= 1024, "{}: {threads} threads", launch.kernel);
+                    for param in &launch.params {
+                        match *param {
+                            Param::Ptr { arg, .. } => assert!(arg < shapes.len()),
+                            Param::Scratch { byte_offset } => {
+                                assert!(byte_offset < scratch && byte_offset % 256 == 0, "{}", launch.kernel)
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                Step::Gemm(g) => {
+                    for operand in [g.a, g.b, g.c] {
+                        assert!(operand.arg < shapes.len());
+                    }
+                    let written = op.signature()[g.c.arg].1;
+                    assert!(written.writes(), "{}: the GEMM writes a read-only argument", op.name());
+                }
+                Step::Zero { arg } => assert!(op.signature()[*arg].1.writes()),
+            }
+        }
+    }
+}
+
+#[test]
+fn every_listed_kernel_is_defined_once() {
+    for source in SOURCES {
+        assert!(source.text.contains("#include \"memo_gpu.h\""), "{}", source.name);
+        assert!(!source.standalone_text().contains("#include \"memo_gpu.h\""));
+        for kernel in source.kernels {
+            let defined = source.text.matches(&format!(" {kernel}(")).count()
+                + source.text.matches(&format!("\n{kernel}(")).count();
+            assert_eq!(defined, 1, "{}: {kernel}", source.name);
+        }
+    }
+}
+
+/// Deterministic pseudo-random bf16 bytes.
+fn bf16_bytes(count: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(count * 2);
+    for _ in 0..count {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let x = ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+        out.extend_from_slice(&half::bf16::from_f32(x).to_bits().to_le_bytes());
+    }
+    out
+}
+
+fn to_f32(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(2).map(|p| half::bf16::from_bits(u16::from_le_bytes([p[0], p[1]])).to_f32()).collect()
+}
+
+/// Runs the steps on host copies of the arguments: GEMMs by a column-major reference, Zero, and
+/// the two kernels the GEMM ops use (bias broadcast, column sums).
+fn run_steps(steps: &[Step], args: &mut [Vec<u8>]) {
+    let mut scratch = vec![0f32; (scratch_bytes(steps) / 4) as usize];
+    for step in steps {
+        match step {
+            Step::Zero { arg } => args[*arg].fill(0),
+            Step::Gemm(g) => {
+                let a = to_f32(&args[g.a.arg]);
+                let b = to_f32(&args[g.b.arg]);
+                let mut c = to_f32(&args[g.c.arg]);
+                let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
+                for j in 0..n {
+                    for i in 0..m {
+                        let mut sum = 0f32;
+                        for p in 0..k {
+                            let av = if g.transpose_a { a[p + i * g.lda as usize] } else { a[i + p * g.lda as usize] };
+                            let bv = if g.transpose_b { b[j + p * g.ldb as usize] } else { b[p + j * g.ldb as usize] };
+                            sum += av * bv;
+                        }
+                        let at = i + j * g.ldc as usize;
+                        c[at] = g.alpha * sum + g.beta * c[at];
+                    }
+                }
+                let out: Vec<u8> = c.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect();
+                args[g.c.arg] = out;
+            }
+            Step::Kernel(launch) => {
+                let p = &launch.params;
+                let arg = |i: usize| match p[i] {
+                    Param::Ptr { arg, byte_offset: 0 } => arg,
+                    ref other => panic!("{}: parameter {i} is {other:?}", launch.kernel),
+                };
+                let u = |i: usize| match p[i] {
+                    Param::U32(v) => v as usize,
+                    Param::U64(v) => v as usize,
+                    ref other => panic!("{other:?}"),
+                };
+                match launch.kernel {
+                    "memo_broadcast_row" => {
+                        let row = args[arg(0)].clone();
+                        let (rows, width) = (u(2), u(3));
+                        args[arg(1)] = row[..width * 2].repeat(rows);
+                    }
+                    "memo_column_sum_partial" => {
+                        let src = to_f32(&args[arg(0)]);
+                        let (rows, width, per_chunk) = (u(2), u(3), u(4));
+                        for (chunk, first) in (0..rows).step_by(per_chunk).enumerate() {
+                            for j in 0..width {
+                                let end = (first + per_chunk).min(rows);
+                                scratch[chunk * width + j] = (first..end).map(|r| src[r * width + j]).sum();
+                            }
+                        }
+                    }
+                    "memo_column_sum_finish" => {
+                        let (chunks, width) = (u(2), u(3));
+                        let sums: Vec<f32> =
+                            (0..width).map(|j| (0..chunks).map(|c| scratch[c * width + j]).sum()).collect();
+                        let dst = arg(1);
+                        args[dst] =
+                            sums.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect();
+                    }
+                    other => panic!("kernel {other} is not emulated here"),
+                }
+            }
+        }
+    }
+}
+
+/// The CPU reference on the same arguments.
+fn run_cpu(op: Op, shapes: &[ArgShape], args: &mut [Vec<u8>]) {
+    let ctx = context();
+    let op_ctx = OpContext {
+        hidden: ctx.hidden as usize,
+        heads: ctx.heads as usize,
+        seq_len: ctx.seq_len as usize,
+        vocab: ctx.vocab as usize,
+        loss_scale_tokens: ctx.loss_scale_tokens as usize,
+        adamw: ctx.adamw,
+    };
+    let mut cpu_args: Vec<Arg<'_>> = args
+        .iter_mut()
+        .zip(shapes)
+        .zip(op.signature())
+        .map(|((bytes, s), &(_, access))| Arg {
+            data: if access == Access::Read { ArgData::Read(bytes) } else { ArgData::Write(bytes) },
+            first_row: s.first_row as usize,
+            rows: s.rows as usize,
+            row_bytes: s.row_bytes as usize,
+        })
+        .collect();
+    ops::execute_with_threads(op, &mut cpu_args, &op_ctx, 1).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn gemm_recipes_compute_what_the_cpu_ops_compute() {
+    let gemm_ops = [
+        Op::Linear,
+        Op::LinearBackwardInput,
+        Op::LinearBackwardInputAccumulate,
+        Op::LinearBackwardWeight,
+        Op::Classifier,
+        Op::ClassifierBackwardWeight,
+    ];
+    for (op, shapes) in valid_launches().into_iter().filter(|(op, _)| gemm_ops.contains(op)) {
+        let inputs: Vec<Vec<u8>> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| bf16_bytes((s.rows * s.row_bytes / 2) as usize, 7 + i as u64))
+            .collect();
+        let steps = launch_steps(op, &shapes, &context()).unwrap_or_else(|e| panic!("{e}"));
+        let mut gpu = inputs.clone();
+        run_steps(&steps, &mut gpu);
+        let mut cpu = inputs.clone();
+        run_cpu(op, &shapes, &mut cpu);
+        for (index, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
+            let (g, c) = (to_f32(g), to_f32(c));
+            for (e, (x, y)) in g.iter().zip(&c).enumerate() {
+                // Same products, same f32 order here: only a bias or accumulation rounding apart.
+                assert!((x - y).abs() <= 1e-2 * (1.0 + y.abs()), "{} arg {index} elem {e}: {x} vs {y}", op.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_launches_are_errors_that_say_why() {
+    let ctx = context();
+    let message = |op, shapes: &[ArgShape]| launch_steps(op, shapes, &ctx).expect_err("an error").to_string();
+    let m = message(Op::Gelu, &[shape(2, 32)]);
+    assert!(m.contains("1 arguments, but the op takes 2"), "{m}");
+    let m = message(Op::Linear, &[shape(4, 32), shape(8, 30), shape(1, 16), shape(4, 16)]);
+    assert!(m.contains("argument `weight`") && m.contains("32 bytes per row"), "{m}");
+    let m = message(Op::Embedding, &[shape(4, 4), shape(VOCAB + 1, 32), shape(4, 32)]);
+    assert!(m.contains("vocabulary size"), "{m}");
+    let m = message(Op::Attention, &[shape(1, 2); 5]);
+    assert!(m.contains("attention kernel is not in this build"), "{m}");
+    let m = message(Op::AllGather, &[shape(1, 2); 2]);
+    assert!(m.contains("multi-GPU"), "{m}");
+    let mut zero_step = ctx;
+    zero_step.adamw.step = 0;
+    let adamw = &valid_launches()[16].1;
+    let e = launch_steps(Op::AdamW, adamw, &zero_step).expect_err("step 0");
+    assert!(e.to_string().contains("adamw.step"), "{e}");
+    let mut no_tokens = ctx;
+    no_tokens.loss_scale_tokens = 0;
+    let ce = &valid_launches()[11].1;
+    let e = launch_steps(Op::CrossEntropy, ce, &no_tokens).expect_err("no tokens");
+    assert!(e.to_string().contains("loss_scale_tokens"), "{e}");
+}
+
+#[test]
+fn empty_launches_need_no_kernels_and_empty_sums_are_zero() {
+    let ctx = context();
+    let steps = launch_steps(Op::Gelu, &[shape(0, 32), shape(0, 32)], &ctx).expect("empty gelu");
+    assert!(steps.is_empty());
+    let steps =
+        launch_steps(Op::LinearBackwardWeight, &[shape(0, 32), shape(0, 48), shape(24, 32), shape(1, 48)], &ctx)
+            .expect("empty backward weight");
+    assert_eq!(steps, vec![Step::Zero { arg: 2 }, Step::Zero { arg: 3 }]);
+}
+
+#[test]
+fn status_words_become_messages() {
+    assert_eq!(status_error([0, 0, 0, 0]), None);
+    let (instruction, message) = status_error([1, 17, 3, 999]).expect("an error");
+    assert_eq!(instruction, 17);
+    assert!(message.contains("token id 999 in row 3"), "{message}");
+    let (_, message) = status_error([3, 5, f32::NAN.to_bits(), 0]).expect("an error");
+    assert!(message.contains("NaN") && message.contains("adamw"), "{message}");
+}

@@ -1,0 +1,45 @@
+//! Compiles every kernel source of `memo_kernels::SOURCES` with NVRTC for sm_80 and sm_90, on
+//! any machine: NVRTC comes from `.cache/nvrtc/` (`scripts/fetch-nvrtc.sh`, run by `.ci/run`).
+//! Without that folder the test prints SKIP with the reason and passes.
+
+use memo_kernels::{compile_options, Target, SOURCES};
+use runtime_cuda::nvrtc_check::Nvrtc;
+
+#[test]
+fn every_kernel_compiles_for_sm80_and_sm90() {
+    let Some(folder) = Nvrtc::cache_folder() else {
+        println!("SKIP: run scripts/fetch-nvrtc.sh (no .cache/nvrtc/READY: NVRTC was not fetched from PyPI)");
+        return;
+    };
+    let library = folder.join("lib").join("libnvrtc.so");
+    let nvrtc = match Nvrtc::load(&library) {
+        Ok(nvrtc) => nvrtc,
+        Err(error) => panic!("{error}; delete .cache/nvrtc and rerun scripts/fetch-nvrtc.sh"),
+    };
+    let version = nvrtc.version().unwrap_or((0, 0));
+    println!("NVRTC {}.{} from {}", version.0, version.1, library.display());
+    assert!(!SOURCES.is_empty(), "memo_kernels::SOURCES is empty");
+    let mut failures = Vec::new();
+    for sm in [80, 90] {
+        let mut options = compile_options(Target::Cuda { sm });
+        options.push("--ptxas-options=-v".into());
+        for source in SOURCES {
+            match nvrtc.compile(source.name, &source.standalone_text(), &options) {
+                Ok(compiled) => {
+                    println!("sm_{sm} {}: {} cubin bytes", source.name, compiled.cubin_bytes);
+                    for line in compiled.log.lines().filter(|l| l.contains("entry function") || l.contains("registers") || l.contains("spill")) {
+                        println!("    {}", line.trim());
+                    }
+                    for kernel in source.kernels {
+                        if !source.text.contains(&format!("{kernel}(")) {
+                            failures.push(format!("{}: lists kernel {kernel} that it does not define", source.name));
+                        }
+                    }
+                    assert!(compiled.cubin_bytes > 0, "sm_{sm} {}: empty cubin", source.name);
+                }
+                Err(error) => failures.push(format!("sm_{sm}: {error}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
