@@ -41,6 +41,11 @@ pub struct HipBackend {
     recorded: Vec<bool>,
     arena: Option<DeviceBuffer>,
     host: Option<PinnedHostBuffer>,
+    /// Each stream's kernel scratch memory (`Param::Scratch`), grown on demand.
+    scratch: Vec<Option<DeviceBuffer>>,
+    /// The `memo_kernels::STATUS_WORDS` status words kernels report bad input in
+    /// (`Param::Status`), zeroed at allocation and after each read at synchronize.
+    status: Option<DeviceBuffer>,
     streams: Vec<Stream>,
     modules: Vec<Module>,
     device: Device,
@@ -102,6 +107,8 @@ impl HipBackend {
             recorded: Vec::new(),
             arena: None,
             host: None,
+            scratch: PlanStream::ALL.iter().map(|_| None).collect(),
+            status: None,
             streams,
             modules,
             device,
@@ -238,6 +245,30 @@ impl HipBackend {
                 Param::Ptr { arg, byte_offset } => {
                     *slot = self.operand(instruction, op, args, arg, byte_offset, 0)?.to_ne_bytes();
                 }
+                Param::Scratch { byte_offset } => {
+                    let scratch = self.scratch[stream].as_ref().map_or((0, 0), |b| (b.base(), b.bytes()));
+                    if scratch.0 == 0 || byte_offset >= scratch.1 {
+                        return Err(kernel_error(
+                            instruction,
+                            op,
+                            format!(
+                                "scratch byte {byte_offset} lies outside the stream's {} bytes of scratch",
+                                scratch.1
+                            ),
+                        ));
+                    }
+                    *slot = (scratch.0 + byte_offset).to_ne_bytes();
+                }
+                Param::Status => {
+                    let status = self.status.as_ref().map(DeviceBuffer::base).ok_or_else(|| {
+                        kernel_error(instruction, op, "no status words: call allocate before launching")
+                    })?;
+                    *slot = status.to_ne_bytes();
+                }
+                Param::Instruction => {
+                    let index = u32::try_from(instruction).unwrap_or(u32::MAX);
+                    slot[..4].copy_from_slice(&index.to_ne_bytes());
+                }
                 Param::U32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
                 Param::U64(v) => *slot = v.to_ne_bytes(),
                 Param::F32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
@@ -333,6 +364,68 @@ impl HipBackend {
         unsafe { self.blas.gemm(&call) }.map_err(|e| kernel_error(instruction, op, e))
     }
 
+    /// Makes stream `stream`'s scratch hold at least `bytes`. Growing waits for the stream first:
+    /// work already queued on it may still use the old scratch.
+    fn ensure_scratch(&mut self, instruction: usize, stream: usize, bytes: u64) -> Result<(), BackendError> {
+        let have = self.scratch[stream].as_ref().map_or(0, DeviceBuffer::bytes);
+        if bytes <= have {
+            return Ok(());
+        }
+        self.streams[stream]
+            .synchronize()
+            .map_err(|e| BackendError::Kernel { instruction, message: format!("before growing the scratch: {e}") })?;
+        self.scratch[stream] = None;
+        let buffer = DeviceBuffer::new(&self.device, bytes).map_err(|e| {
+            if is_out_of_memory(&e) {
+                BackendError::OutOfMemory { what: "kernel scratch", bytes }
+            } else {
+                BackendError::from(e)
+            }
+        })?;
+        self.scratch[stream] = Some(buffer);
+        Ok(())
+    }
+
+    /// Writes zeros over the status words.
+    fn clear_status(&self) -> Result<(), HipError> {
+        if let Some(status) = &self.status {
+            let zeros = [0u32; memo_kernels::STATUS_WORDS];
+            // Safety: the status buffer holds exactly these words; the copy is synchronous.
+            unsafe {
+                result::memory::copy(
+                    self.device.hip(),
+                    status.base() as *mut _,
+                    zeros.as_ptr().cast(),
+                    std::mem::size_of_val(&zeros),
+                    MEMCPY_HOST_TO_DEVICE,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the kernels reported since the last read (`None`: nothing), and clears it. Call with
+    /// every stream idle.
+    fn take_status(&self) -> Result<Option<(usize, String)>, HipError> {
+        let Some(status) = &self.status else { return Ok(None) };
+        let mut words = [0u32; memo_kernels::STATUS_WORDS];
+        // Safety: the status buffer holds exactly these words; the copy is synchronous.
+        unsafe {
+            result::memory::copy(
+                self.device.hip(),
+                words.as_mut_ptr().cast(),
+                status.base() as *const _,
+                std::mem::size_of_val(&words),
+                MEMCPY_DEVICE_TO_HOST,
+            )?;
+        }
+        let reported = memo_kernels::status_error(words);
+        if reported.is_some() {
+            self.clear_status()?;
+        }
+        Ok(reported)
+    }
+
     /// Waits for every stream; the first error.
     fn wait_streams(&self) -> Result<(), HipError> {
         let mut first = Ok(());
@@ -367,6 +460,8 @@ impl Backend for HipBackend {
         self.events.clear();
         self.arena = None;
         self.host = None;
+        self.status = None;
+        self.scratch.iter_mut().for_each(|s| *s = None);
         self.arena = Some(DeviceBuffer::new(&self.device, arena_bytes).map_err(|e| {
             if is_out_of_memory(&e) {
                 BackendError::OutOfMemory { what: "device arena", bytes: arena_bytes }
@@ -383,6 +478,9 @@ impl Backend for HipBackend {
         })?);
         self.events = (0..events).map(|_| Event::new(&self.device)).collect::<Result<Vec<_>, _>>()?;
         self.recorded = vec![false; events as usize];
+        let status_bytes = (memo_kernels::STATUS_WORDS * std::mem::size_of::<u32>()) as u64;
+        self.status = Some(DeviceBuffer::new(&self.device, status_bytes)?);
+        self.clear_status()?;
         Ok(())
     }
 
@@ -465,6 +563,7 @@ impl Backend for HipBackend {
         }
         let steps = memo_kernels::launch_steps(op, &shapes, context)
             .map_err(|e| BackendError::Kernel { instruction, message: e.to_string() })?;
+        self.ensure_scratch(instruction, stream.index(), memo_kernels::scratch_bytes(&steps))?;
         for step in &steps {
             self.run_step(instruction, op, args, stream.index(), step)?;
         }
@@ -532,6 +631,9 @@ impl Backend for HipBackend {
         let waited = self.wait_streams();
         self.recorded.iter_mut().for_each(|r| *r = false);
         waited.map_err(|e| BackendError::Other(format!("hip: a stream failed: {e}")))?;
+        if let Some((instruction, message)) = self.take_status()? {
+            return Err(BackendError::Kernel { instruction, message });
+        }
         self.device.take_deferred().map_err(BackendError::from)
     }
 

@@ -70,8 +70,34 @@ pub fn compile_check(search: &LibrarySearch, gfx: &'static str) -> Result<Compil
         .iter()
         .map(|source| SourceCompile {
             source: source.name,
-            result: safe::module::compile_source(&rtc.fns, source, &options).map(|code| code.len()),
+            result: safe::module::compile_source(&rtc.fns, source, &options)
+                .and_then(|code| kernels_present(source, &code).map(|()| code.len())),
         })
         .collect();
     Ok(CompileCheck { hiprtc: rtc.origin, options, sources })
+}
+
+/// Checks that every kernel `source` declares is defined in its code object: an AMDGPU code
+/// object is an ELF file whose symbol table names each kernel and its descriptor `<name>.kd`.
+/// (A kernel missing its `extern "C"`, or misspelt in `SOURCES`, compiles but cannot be loaded.)
+pub fn kernels_present(source: &memo_kernels::Source, code: &[u8]) -> Result<(), HipError> {
+    let missing: Vec<&str> = source
+        .kernels
+        .iter()
+        .copied()
+        .filter(|kernel| {
+            let descriptor = format!("{kernel}.kd\0");
+            !code.windows(descriptor.len()).any(|w| w == descriptor.as_bytes())
+        })
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(HipError::Unsupported(format!(
+            "kernels/{}: compiled, but its code object defines no kernel named {} (declared in \
+             memo_kernels::SOURCES): check the `extern \"C\"` and the spelling",
+            source.name,
+            missing.join(", ")
+        )))
+    }
 }

@@ -106,6 +106,10 @@ fn the_portability_header_compiles_with_hiprtc_for_gfx90a() {
     let code = compile_source(&rtc.fns, &source, &options).unwrap_or_else(|e| panic!("{e}"));
     // An AMDGPU code object is an ELF file.
     assert_eq!(&code[..4], b"\x7fELF", "hiprtc returned {} bytes that are not an ELF code object", code.len());
+    runtime_hip::kernels_present(&source, &code).expect("the probe kernel is in its code object");
+    let misspelt = Source { kernels: &["memo_header_probe", "memo_header_prob"], ..source };
+    let error = runtime_hip::kernels_present(&misspelt, &code).expect_err("a kernel that is not there");
+    assert!(error.to_string().contains("no kernel named memo_header_prob "), "{error}");
 }
 
 #[test]
