@@ -20,6 +20,7 @@
 use memo_plan_core::plan::Op;
 use memo_runtime::KernelContext;
 
+mod attention;
 mod recipes;
 #[cfg(test)]
 mod tests;
@@ -47,7 +48,7 @@ impl Source {
     }
 }
 
-/// Every kernel source but attention's.
+/// Every kernel source.
 pub const SOURCES: &[Source] = &[
     Source {
         name: "elementwise.cu",
@@ -78,6 +79,7 @@ pub const SOURCES: &[Source] = &[
         text: include_str!("../optim.cu"),
         kernels: &["memo_sum_squares_partial", "memo_adamw"],
     },
+    attention::SOURCE,
 ];
 
 /// The compiler a source is built for.

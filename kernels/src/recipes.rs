@@ -80,7 +80,7 @@ impl<'a> Args<'a> {
     /// Elements per row, for elements of `elem` bytes.
     fn elems(&self, index: usize, elem: u64, what: &str) -> Result<u64, RecipeError> {
         let row_bytes = self.row_bytes(index);
-        if row_bytes % elem != 0 {
+        if !row_bytes.is_multiple_of(elem) {
             let expected = format!("a row of whole {what} elements (a multiple of {elem} bytes)");
             return Err(self.error(index, expected, format!("{row_bytes} bytes per row")));
         }
@@ -195,12 +195,8 @@ pub(crate) fn steps(op: Op, shapes: &[ArgShape], ctx: &KernelContext) -> Result<
         Op::Zero => Ok(vec![Step::Zero { arg: 0 }]),
         Op::GradNormSquared => grad_norm_squared(&a),
         Op::AdamW => adamw(&a, ctx),
-        Op::Attention | Op::AttentionBackward => Err(RecipeError {
-            op,
-            message: "the GPU attention kernel is not in this build (kernels/attention.cu is being written on \
-                      branch `attn`); run attention plans on the CPU backend for now"
-                .into(),
-        }),
+        Op::Attention => crate::attention::forward_steps(shapes, ctx),
+        Op::AttentionBackward => crate::attention::backward_steps(shapes, ctx),
         Op::AllGather | Op::ReduceScatter => Err(RecipeError {
             op,
             message: "needs a multi-GPU backend (t > 1); this backend runs plans made with tensor parallelism t = 1"

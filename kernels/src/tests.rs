@@ -97,12 +97,12 @@ fn every_kernel_step_matches_its_declaration_and_limits() {
                     assert_eq!(found, declaration(launch.kernel), "{}: {}", op.name(), launch.kernel);
                     assert!(launch.grid.iter().all(|&g| g >= 1) && launch.grid[1] <= 65_535, "{:?}", launch.grid);
                     let threads: u32 = launch.block.iter().product();
-                    assert!(threads % 64 == 0 && threads <= 1024, "{}: {threads} threads", launch.kernel);
+                    assert!(threads.is_multiple_of(64) && threads <= 1024, "{}: {threads} threads", launch.kernel);
                     for param in &launch.params {
                         match *param {
                             Param::Ptr { arg, .. } => assert!(arg < shapes.len()),
                             Param::Scratch { byte_offset } => {
-                                assert!(byte_offset < scratch && byte_offset % 256 == 0, "{}", launch.kernel)
+                                assert!(byte_offset < scratch && byte_offset.is_multiple_of(256), "{}", launch.kernel)
                             }
                             _ => {}
                         }
@@ -126,6 +126,11 @@ fn every_listed_kernel_is_defined_once() {
     for source in SOURCES {
         assert!(source.text.contains("#include \"memo_gpu.h\""), "{}", source.name);
         assert!(!source.standalone_text().contains("#include \"memo_gpu.h\""));
+        if source.text.contains("##") {
+            // Kernels stamped out by a macro (attention.cu): the NVRTC compile test checks that
+            // each listed name is compiled.
+            continue;
+        }
         for kernel in source.kernels {
             let defined = source.text.matches(&format!(" {kernel}(")).count()
                 + source.text.matches(&format!("\n{kernel}(")).count();
@@ -287,8 +292,8 @@ fn bad_launches_are_errors_that_say_why() {
     assert!(m.contains("argument `weight`") && m.contains("32 bytes per row"), "{m}");
     let m = message(Op::Embedding, &[shape(4, 4), shape(VOCAB + 1, 32), shape(4, 32)]);
     assert!(m.contains("vocabulary size"), "{m}");
-    let m = message(Op::Attention, &[shape(1, 2); 5]);
-    assert!(m.contains("attention kernel is not in this build"), "{m}");
+    let m = message(Op::Attention, &[shape(1, 2); 4]);
+    assert!(m.contains("attention") && m.contains("the op takes 5"), "{m}");
     let m = message(Op::AllGather, &[shape(1, 2); 2]);
     assert!(m.contains("multi-GPU"), "{m}");
     let mut zero_step = ctx;

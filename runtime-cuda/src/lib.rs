@@ -1,4 +1,31 @@
-//! The MEMO backend for NVIDIA GPUs (cudarc).
+//! The MEMO backend for NVIDIA GPUs, on cudarc with dynamic loading: it builds everywhere and,
+//! where no CUDA driver or device is present, [`CudaBackend::new`] returns
+//! [`memo_runtime::BackendError::Unavailable`] naming what is missing (never a panic: each
+//! library is probed before cudarc touches it).
+//!
+//! What it does with a plan (`spec/backends.md`, "CUDA"):
+//! - **Memory**: one device arena (`cuMemAlloc`) addressed as base + planned offset, one pinned
+//!   host slab (`cuMemHostAlloc` with flags 0: not write-combined, because the host reads
+//!   swapped-out bytes back), both zeroed at allocation; every span is bounds-checked
+//!   ([`memo_runtime::BackendError::OutOfBounds`]).
+//! - **Streams and events**: three CUDA streams for compute, device-to-host and host-to-device;
+//!   the plan's events are CUDA events, the only synchronisation (cudarc's per-allocation event
+//!   tracking is turned off: with one arena it would serialise the streams).
+//! - **Kernels**: every source of [`memo_kernels::SOURCES`] compiled by NVRTC at construction for
+//!   the device's compute capability; each launch runs the steps of
+//!   [`memo_kernels::launch_steps`]: kernels by name, GEMMs through cuBLAS `cublasGemmEx` (bf16
+//!   in and out, `CUBLAS_COMPUTE_32F`) on that stream's own cuBLAS handle, memsets.
+//! - **Errors from kernels**: kernels that find bad input (a token id outside the vocabulary, a
+//!   non-finite gradient norm in AdamW) write status words; [`memo_runtime::Backend::synchronize`]
+//!   reads them and returns [`memo_runtime::BackendError::Kernel`] with the instruction.
+//!
+//! [`nvrtc_check`] compiles the kernels with an NVRTC library at an explicit path, for CI
+//! machines without a GPU.
 #![deny(missing_docs)]
 
+mod backend;
+mod exec;
 pub mod nvrtc_check;
+mod probe;
+
+pub use backend::CudaBackend;

@@ -102,9 +102,8 @@ impl Nvrtc {
         let mut program: Program = std::ptr::null_mut();
         // Safety: the strings are NUL-terminated and outlive the call; no headers are passed
         // (count 0, null arrays), which nvrtcCreateProgram allows.
-        let status = unsafe {
-            create(&mut program, c_source.as_ptr(), c_name.as_ptr(), 0, std::ptr::null(), std::ptr::null())
-        };
+        let status =
+            unsafe { create(&mut program, c_source.as_ptr(), c_name.as_ptr(), 0, std::ptr::null(), std::ptr::null()) };
         if status != 0 {
             return Err(format!("{name}: nvrtcCreateProgram failed with status {status}"));
         }

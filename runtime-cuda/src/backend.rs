@@ -1,0 +1,414 @@
+//! [`CudaBackend`]: one device arena, one pinned host slab, three streams, the plan's events,
+//! and the kernels of `memo-kernels` compiled by NVRTC at construction.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
+use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
+use memo_kernels::{
+    compile_options, launch_steps, scratch_bytes, status_error, ArgShape, Target, SOURCES, STATUS_WORDS,
+};
+use memo_plan_core::plan::{EventId, Op, Stream};
+use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
+
+use crate::exec::{self, Resolved};
+use crate::probe;
+
+/// The arena and the host slab.
+struct Memory {
+    /// The device arena (its allocation holds at least one byte).
+    arena: CudaSlice<u8>,
+    /// Bytes the plan asked for.
+    arena_bytes: u64,
+    /// The pinned host slab, page-locked and NOT write-combined (the CPU reads swapped-out
+    /// activations back from it).
+    host: PinnedHostSlice<u8>,
+    /// Its first byte, taken once at allocation (an address: the slab is written by copies the
+    /// GPU runs, so no Rust reference to it is ever held).
+    host_address: usize,
+    /// Bytes the plan asked for.
+    host_bytes: u64,
+}
+
+/// The MEMO backend on one NVIDIA GPU.
+///
+/// Streams: [`Stream::Compute`], [`Stream::DeviceToHost`] and [`Stream::HostToDevice`] are three
+/// non-blocking CUDA streams; the plan's events are CUDA events and are the only synchronisation
+/// between them (cudarc's per-allocation event tracking is off). Kernel launches and copies are
+/// enqueued and return; [`Backend::synchronize`] waits and reports the first error, including the
+/// status words kernels write on bad input (an out-of-range token, a non-finite gradient norm).
+pub struct CudaBackend {
+    ordinal: usize,
+    device_name: String,
+    /// Compute capability, major * 10 + minor.
+    sm: u32,
+    ctx: Arc<CudaContext>,
+    /// Indexed by [`Stream::index`].
+    streams: Vec<Arc<CudaStream>>,
+    /// One cuBLAS handle per stream (a handle's workspace must not be shared across streams).
+    blas: Vec<CudaBlas>,
+    functions: HashMap<&'static str, CudaFunction>,
+    /// [`STATUS_WORDS`] u32 that kernels write on bad input.
+    status: CudaSlice<u32>,
+    /// Per-stream scratch for kernels' partial sums, grown on demand.
+    scratch: Vec<Option<CudaSlice<u8>>>,
+    events: Vec<CudaEvent>,
+    memory: Option<Memory>,
+}
+
+fn driver_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> BackendError + '_ {
+    move |error| BackendError::Other(format!("CUDA: {what}: {error}"))
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`: probes the libraries, creates the context and the streams, and
+    /// compiles every kernel of [`memo_kernels::SOURCES`] for the device's compute capability.
+    /// A missing library or device is [`BackendError::Unavailable`], never a panic.
+    pub fn new(ordinal: usize) -> Result<Self, BackendError> {
+        probe::libraries()?;
+        let count = CudaContext::device_count().map_err(|error| {
+            BackendError::Unavailable(format!(
+                "device {ordinal}: the NVIDIA driver library loads but reports no usable device ({error}); check \
+                 `nvidia-smi` and CUDA_VISIBLE_DEVICES"
+            ))
+        })?;
+        let count = usize::try_from(count).unwrap_or(0);
+        if ordinal >= count {
+            return Err(BackendError::Unavailable(format!(
+                "device {ordinal}: the driver reports {count} NVIDIA device(s); pick an ordinal below {count}"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| BackendError::Unavailable(format!("device {ordinal}: cannot create a CUDA context: {e}")))?;
+        // Safety: called before any allocation or stream exists, so no tracked slice or pending
+        // event is affected; the plan's events order every access (the checker proved it).
+        unsafe { ctx.disable_event_tracking() };
+        let (major, minor) = ctx.compute_capability().map_err(driver_error("compute capability"))?;
+        let sm = u32::try_from(major * 10 + minor).unwrap_or(0);
+        let device_name = ctx.name().unwrap_or_else(|_| "unknown NVIDIA GPU".into());
+        let mut streams = Vec::with_capacity(3);
+        let mut blas = Vec::with_capacity(3);
+        for stream in Stream::ALL {
+            let created = ctx.new_stream().map_err(driver_error(stream.name()))?;
+            blas.push(
+                CudaBlas::new(created.clone())
+                    .map_err(|e| BackendError::Other(format!("cuBLAS handle for the {} stream: {e}", stream.name())))?,
+            );
+            streams.push(created);
+        }
+        let functions = compile(&ctx, sm)?;
+        let status = streams[0].alloc_zeros::<u32>(STATUS_WORDS).map_err(driver_error("status words"))?;
+        ctx.synchronize().map_err(driver_error("initialisation"))?;
+        Ok(CudaBackend {
+            ordinal,
+            device_name,
+            sm,
+            ctx,
+            streams,
+            blas,
+            functions,
+            status,
+            scratch: vec![None, None, None],
+            events: Vec::new(),
+            memory: None,
+        })
+    }
+
+    /// The device's compute capability as `major * 10 + minor` (90 for an H100 or H200).
+    pub fn compute_capability(&self) -> u32 {
+        self.sm
+    }
+
+    fn memory(&self) -> Result<&Memory, BackendError> {
+        self.memory
+            .as_ref()
+            .ok_or_else(|| BackendError::Other(format!("{}: no memory yet: call allocate", self.name())))
+    }
+
+    /// The device address of `span`, after checking it lies inside its space.
+    fn address(&self, span: Span) -> Result<u64, BackendError> {
+        let memory = self.memory()?;
+        let (base, size) = match span.space {
+            Space::Device => {
+                let (pointer, _sync) = memory.arena.device_ptr(&self.streams[0]);
+                (pointer, memory.arena_bytes)
+            }
+            Space::Host => (memory.host_address as u64, memory.host_bytes),
+        };
+        match span.offset.checked_add(span.len) {
+            Some(end) if end <= size => Ok(base + span.offset),
+            _ => Err(BackendError::OutOfBounds { span, size }),
+        }
+    }
+
+    fn stream(&self, stream: Stream) -> &Arc<CudaStream> {
+        &self.streams[stream.index()]
+    }
+
+    fn event(&self, instruction: usize, event: EventId) -> Result<&CudaEvent, BackendError> {
+        self.events.get(event.0 as usize).ok_or_else(|| BackendError::Kernel {
+            instruction,
+            message: format!("event {} is beyond the {} allocated events", event.0 as usize, self.events.len()),
+        })
+    }
+
+    /// Grows the scratch memory of `stream` to `bytes` (waits for the device first: the old
+    /// scratch may still be in use by enqueued kernels).
+    fn ensure_scratch(&mut self, stream: Stream, bytes: u64) -> Result<CUdeviceptr, BackendError> {
+        let index = stream.index();
+        let have = self.scratch[index].as_ref().map_or(0, |s| s.len() as u64);
+        if have < bytes.max(1) {
+            self.ctx.synchronize().map_err(driver_error("waiting before growing the scratch memory"))?;
+            let grown = bytes.max(have.saturating_mul(2)).max(1 << 20);
+            let len =
+                usize::try_from(grown).map_err(|_| BackendError::OutOfMemory { what: "scratch", bytes: grown })?;
+            self.scratch[index] = None;
+            // Safety: the scratch is written by the kernels before they read it (each recipe's
+            // first step writes what its later steps read), so its initial contents never matter.
+            let slice = unsafe { self.streams[index].alloc::<u8>(len) }
+                .map_err(|_| BackendError::OutOfMemory { what: "kernel scratch", bytes: grown })?;
+            self.scratch[index] = Some(slice);
+        }
+        let scratch = self.scratch[index].as_ref().ok_or_else(|| BackendError::Other("scratch vanished".into()))?;
+        let (pointer, _sync) = scratch.device_ptr(&self.streams[index]);
+        Ok(pointer)
+    }
+}
+
+/// Compiles every source for `sm` and loads its kernels.
+fn compile(ctx: &Arc<CudaContext>, sm: u32) -> Result<HashMap<&'static str, CudaFunction>, BackendError> {
+    let mut functions = HashMap::new();
+    let options = compile_options(Target::Cuda { sm });
+    for source in SOURCES {
+        let compile_options = cudarc::nvrtc::CompileOptions {
+            options: options.clone(),
+            name: Some(source.name.to_string()),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source.standalone_text(), compile_options).map_err(|error| {
+            let detail = match &error {
+                cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+                other => format!("{other:?}"),
+            };
+            BackendError::Other(format!("NVRTC cannot compile kernels/{} with {options:?}:\n{detail}", source.name))
+        })?;
+        let module = ctx
+            .load_module(ptx)
+            .map_err(|e| BackendError::Other(format!("loading kernels/{} (sm_{sm}): {e}", source.name)))?;
+        for &kernel in source.kernels {
+            let function = module
+                .load_function(kernel)
+                .map_err(|e| BackendError::Other(format!("kernels/{}: no kernel `{kernel}`: {e}", source.name)))?;
+            functions.insert(kernel, function);
+        }
+    }
+    Ok(functions)
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> String {
+        format!("cuda:{} ({})", self.ordinal, self.device_name)
+    }
+
+    fn allocate(&mut self, arena_bytes: u64, host_bytes: u64, events: u32) -> Result<(), BackendError> {
+        self.ctx.synchronize().map_err(driver_error("waiting before allocation"))?;
+        self.memory = None;
+        self.events.clear();
+        let arena_len = usize::try_from(arena_bytes.max(1))
+            .map_err(|_| BackendError::OutOfMemory { what: "device arena", bytes: arena_bytes })?;
+        let host_len = usize::try_from(host_bytes.max(1))
+            .ok()
+            .filter(|&len| len < isize::MAX as usize)
+            .ok_or(BackendError::OutOfMemory { what: "pinned host slab", bytes: host_bytes })?;
+        // Safety: the arena is zeroed below, before any use.
+        let arena = unsafe { self.streams[0].alloc::<u8>(arena_len) }
+            .map_err(|_| BackendError::OutOfMemory { what: "device arena", bytes: arena_bytes })?;
+        // Safety: flags 0 = page-locked, not write-combined, not mapped; the slab is zeroed
+        // below before any use.
+        let mut host = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(host_len, 0) }
+            .map_err(|_| BackendError::OutOfMemory { what: "pinned host slab", bytes: host_bytes })?;
+        let host_address = host.as_mut_ptr().map_err(driver_error("pinned host slab"))? as usize;
+        {
+            let (pointer, _sync) = arena.device_ptr(&self.streams[0]);
+            // Safety: `pointer` is the start of `arena_len` freshly allocated device bytes.
+            unsafe { cudarc::driver::result::memset_d8_async(pointer, 0, arena_len, self.streams[0].cu_stream()) }
+                .map_err(driver_error("zeroing the arena"))?;
+        }
+        // Safety: `host_address` is the start of `host_len` page-locked bytes no GPU work uses yet.
+        unsafe { std::ptr::write_bytes(host_address as *mut u8, 0, host_len) };
+        for _ in 0..events {
+            let event =
+                self.ctx.new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING)).map_err(driver_error("event"))?;
+            self.events.push(event);
+        }
+        self.ctx.synchronize().map_err(driver_error("allocation"))?;
+        self.memory = Some(Memory { arena, arena_bytes, host, host_address, host_bytes });
+        Ok(())
+    }
+
+    fn upload(&mut self, span: Span, bytes: &[u8]) -> Result<(), BackendError> {
+        if bytes.len() as u64 != span.len {
+            return Err(BackendError::Other(format!("upload of {} bytes into a span of {}", bytes.len(), span.len)));
+        }
+        let address = self.address(span)?;
+        self.ctx.synchronize().map_err(driver_error("waiting before an upload"))?;
+        match span.space {
+            // Safety: `address` starts `span.len` bytes inside the arena (checked), and every
+            // stream is idle.
+            Space::Device => {
+                unsafe { cudarc::driver::result::memcpy_htod_sync(address, bytes) }.map_err(driver_error("upload"))?
+            }
+            // Safety: as above, inside the slab; no GPU work is pending.
+            Space::Host => unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), address as *mut u8, bytes.len()) },
+        }
+        Ok(())
+    }
+
+    fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError> {
+        let address = self.address(span)?;
+        let len =
+            usize::try_from(span.len).map_err(|_| BackendError::OutOfMemory { what: "download", bytes: span.len })?;
+        self.ctx.synchronize().map_err(driver_error("waiting before a download"))?;
+        let mut out = vec![0u8; len];
+        match span.space {
+            // Safety: `address` starts `len` bytes inside the arena (checked); streams are idle.
+            Space::Device => unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut out, address) }
+                .map_err(driver_error("download"))?,
+            // Safety: as above, inside the slab.
+            Space::Host => unsafe { std::ptr::copy_nonoverlapping(address as *const u8, out.as_mut_ptr(), len) },
+        }
+        Ok(out)
+    }
+
+    fn launch(
+        &mut self,
+        instruction: usize,
+        stream: Stream,
+        op: Op,
+        args: &[KernelArg],
+        context: &KernelContext,
+    ) -> Result<(), BackendError> {
+        let kernel_error = |message: String| BackendError::Kernel { instruction, message };
+        let mut spans = Vec::with_capacity(args.len());
+        for (index, arg) in args.iter().enumerate() {
+            if arg.span.space != Space::Device {
+                let name = op.signature().get(index).map_or("?", |(name, _)| *name);
+                return Err(kernel_error(format!(
+                    "op `{}`: argument `{name}` is in the host slab; kernels read device memory only (the plan is \
+                     wrong)",
+                    op.name()
+                )));
+            }
+            spans.push((self.address(arg.span)?, arg.span.len));
+        }
+        let shapes: Vec<ArgShape> =
+            args.iter().map(|a| ArgShape { first_row: a.first_row, rows: a.rows, row_bytes: a.row_bytes }).collect();
+        let steps = launch_steps(op, &shapes, context).map_err(|e| kernel_error(e.to_string()))?;
+        let needed = scratch_bytes(&steps);
+        let scratch = if needed > 0 { Some((self.ensure_scratch(stream, needed)?, needed)) } else { None };
+        let (status, _sync) = self.status.device_ptr(&self.streams[0]);
+        let resolved =
+            Resolved { args: &spans, scratch, status, instruction: u32::try_from(instruction).unwrap_or(u32::MAX) };
+        let cuda_stream = self.streams[stream.index()].clone();
+        for step in &steps {
+            exec::run_step(step, &resolved, &self.functions, &cuda_stream, &self.blas[stream.index()])
+                .map_err(|message| kernel_error(format!("op `{}`: {message}", op.name())))?;
+        }
+        Ok(())
+    }
+
+    fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
+        if src.len != dst.len {
+            return Err(BackendError::Kernel {
+                instruction,
+                message: format!("copy of {} bytes into {} bytes", src.len, dst.len),
+            });
+        }
+        let (from, to) = (self.address(src)?, self.address(dst)?);
+        let len = usize::try_from(src.len).map_err(|_| BackendError::OutOfBounds { span: src, size: 0 })?;
+        if len == 0 {
+            return Ok(());
+        }
+        let cu_stream = self.stream(stream).cu_stream();
+        let failed = |e| BackendError::Kernel { instruction, message: format!("copy: {e}") };
+        // Safety (all arms): both ranges lie inside their allocations (checked by `address`);
+        // the plan's events order this copy against every other access of those bytes (the
+        // checker proved it), and the host slab is page-locked, so the copy is truly
+        // asynchronous and stays valid until the stream passes it.
+        match (src.space, dst.space) {
+            (Space::Device, Space::Host) => unsafe {
+                cudarc::driver::sys::cuMemcpyDtoHAsync_v2(to as *mut std::ffi::c_void, from, len, cu_stream).result()
+            }
+            .map_err(failed)?,
+            (Space::Host, Space::Device) => unsafe {
+                cudarc::driver::sys::cuMemcpyHtoDAsync_v2(to, from as *const std::ffi::c_void, len, cu_stream).result()
+            }
+            .map_err(failed)?,
+            (Space::Device, Space::Device) => {
+                unsafe { cudarc::driver::result::memcpy_dtod_async(to, from, len, cu_stream) }.map_err(failed)?
+            }
+            (Space::Host, Space::Host) => {
+                return Err(BackendError::Kernel {
+                    instruction,
+                    message: "a host-to-host copy: plans copy between the arena and the host slab only".into(),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
+        let cuda_event = self.event(instruction, event)?;
+        cuda_event
+            .record(self.stream(stream))
+            .map_err(|e| BackendError::Kernel { instruction, message: format!("recording an event: {e}") })
+    }
+
+    fn wait(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
+        let cuda_event = self.event(instruction, event)?;
+        self.stream(stream)
+            .wait(cuda_event)
+            .map_err(|e| BackendError::Kernel { instruction, message: format!("waiting on an event: {e}") })
+    }
+
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        for (stream, cuda_stream) in Stream::ALL.iter().zip(&self.streams) {
+            cuda_stream.synchronize().map_err(|e| {
+                BackendError::Other(format!("{}: the {} stream failed: {e}", self.name(), stream.name()))
+            })?;
+        }
+        self.ctx.check_err().map_err(driver_error("an earlier asynchronous call"))?;
+        let mut words = [0u32; STATUS_WORDS];
+        let (status, _sync) = self.status.device_ptr(&self.streams[0]);
+        // Safety: `status` holds STATUS_WORDS u32 and every stream is idle.
+        unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut words, status) }
+            .map_err(driver_error("status words"))?;
+        if let Some((instruction, message)) = status_error(words) {
+            // Safety: as above; cleared so the next step starts clean.
+            unsafe { cudarc::driver::result::memset_d8_sync(status, 0, STATUS_WORDS * 4) }
+                .map_err(driver_error("status words"))?;
+            return Err(BackendError::Kernel { instruction, message });
+        }
+        Ok(())
+    }
+
+    fn memory(&self) -> MemoryReport {
+        self.memory
+            .as_ref()
+            .map(|m| MemoryReport { device_bytes: m.arena_bytes, host_bytes: m.host_bytes })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Enqueued work may still use the arena, the slab or the scratch: wait before they are
+        // freed. An error here has nowhere to go (the next context reports it).
+        let _ = self.ctx.synchronize();
+        if let Some(memory) = self.memory.take() {
+            let _ = memory.host.len();
+        }
+    }
+}
