@@ -176,3 +176,50 @@ pub fn blas_status_message(status: i32) -> &'static str {
         _ => "unknown hipBLAS status",
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_pieces_are_unavailable_and_failures_are_not() {
+        let missing =
+            HipError::LibraryNotFound { library: "libhipblas", tried: vec!["/x/libhipblas.so (gone)".into()] };
+        match BackendError::from(missing) {
+            BackendError::Unavailable(text) => {
+                assert!(text.starts_with("libhipblas not found; tried /x/libhipblas.so (gone)."), "{text}");
+                assert!(text.contains("every training step has GEMMs"), "{text}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let no_device = HipError::NoDevice { call: "hipGetDeviceCount", code: 100, message: "hipErrorNoDevice".into() };
+        assert!(matches!(BackendError::from(no_device), BackendError::Unavailable(_)));
+        let failed =
+            HipError::Hip { call: "hipMalloc", code: HIP_ERROR_OUT_OF_MEMORY, message: "out of memory".into() };
+        assert_eq!(
+            BackendError::from(failed),
+            BackendError::Other("hip: hipMalloc failed with HIP error 2 (out of memory)".into())
+        );
+    }
+
+    #[test]
+    fn a_compile_error_shows_the_source_the_options_and_the_log() {
+        let error = HipError::Compile {
+            source: "norm.cu".into(),
+            options: vec!["--offload-arch=gfx90a".into(), "-DMEMO_HIP=1".into()],
+            log: "norm.cu:12:3: error: boom\n".into(),
+        };
+        assert_eq!(
+            error.to_string(),
+            "hiprtc could not compile kernels/norm.cu with options [--offload-arch=gfx90a -DMEMO_HIP=1]:\nnorm.cu:12:3: \
+             error: boom"
+        );
+    }
+
+    #[test]
+    fn blas_statuses_have_their_header_names() {
+        assert!(blas_status_message(10).starts_with("HIPBLAS_STATUS_INVALID_ENUM"));
+        assert!(blas_status_message(7).starts_with("HIPBLAS_STATUS_NOT_SUPPORTED"));
+        assert_eq!(blas_status_message(99), "unknown hipBLAS status");
+    }
+}

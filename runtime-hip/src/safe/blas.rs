@@ -160,3 +160,15 @@ impl Drop for BlasHandle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_convention_passes_bf16_matrices_and_fp32_compute_in_its_own_enum() {
+        assert_eq!(GemmConvention::Legacy.types(), GemmTypes { matrix: 168, compute: 151 });
+        assert_eq!(GemmConvention::V2Symbol.types(), GemmTypes { matrix: 14, compute: 2 });
+        assert_eq!(GemmConvention::Unified.types(), GemmConvention::V2Symbol.types());
+    }
+}

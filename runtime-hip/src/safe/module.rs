@@ -92,3 +92,15 @@ impl Drop for Module {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_options_take_the_arch_given_or_leave_it_to_hiprtc() {
+        assert_eq!(device_options(None), vec!["-std=c++17".to_string(), "-DMEMO_HIP=1".to_string()]);
+        assert_eq!(device_options(Some("gfx942"))[0], "--offload-arch=gfx942");
+        assert_eq!(device_options(Some("gfx942")).len(), 3);
+    }
+}

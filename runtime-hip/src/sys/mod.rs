@@ -185,3 +185,53 @@ pub unsafe fn resolve_optional<T: Copy>(loaded: &Loaded, symbol: &'static str) -
     // Safety: as `resolve`.
     unsafe { resolve(loaded, symbol) }.ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_search_ends_with_opt_rocm_and_the_system() {
+        let search = LibrarySearch::from_env();
+        assert_eq!(search.dirs.last(), Some(&PathBuf::from("/opt/rocm/lib")));
+        assert!(search.system);
+        assert!(!LibrarySearch::only(["/nowhere"]).system);
+    }
+
+    #[test]
+    fn a_folder_without_the_library_is_listed_with_every_name_tried() {
+        let dir = std::env::temp_dir().join(format!("memo-runtime-hip-sys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temporary folder");
+        match load("libhipblas", hipblas::NAMES, &LibrarySearch::only([&dir])) {
+            Err(HipError::LibraryNotFound { library, tried }) => {
+                assert_eq!(library, "libhipblas");
+                assert_eq!(
+                    tried,
+                    vec![format!(
+                        "{}/{{libhipblas.so,libhipblas.so.3,libhipblas.so.2,libhipblas.so.1,libhipblas.so.0}} (no such file)",
+                        dir.display()
+                    )]
+                );
+            }
+            Err(other) => panic!("{other}"),
+            Ok(loaded) => panic!("loaded {} from an empty folder", loaded.origin),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_library_is_reported_with_the_loader_message() {
+        let dir = std::env::temp_dir().join(format!("memo-runtime-hip-sys-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temporary folder");
+        std::fs::write(dir.join("libamdhip64.so"), b"not an ELF file").expect("write");
+        match load("libamdhip64", hip::NAMES, &LibrarySearch::only([&dir])) {
+            Err(HipError::LibraryNotFound { tried, .. }) => {
+                assert_eq!(tried.len(), 1, "{tried:?}");
+                assert!(tried[0].starts_with(&format!("{}/libamdhip64.so (", dir.display())), "{tried:?}");
+            }
+            Err(other) => panic!("{other}"),
+            Ok(loaded) => panic!("loaded {}", loaded.origin),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
