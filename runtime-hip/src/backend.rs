@@ -8,19 +8,19 @@
 //! Construction requires hipBLAS: every training plan has GEMMs, so a backend without it could
 //! not run a single step; [`HipBackend::new`] says so instead of failing at the first GEMM.
 
-use memo_kernels::{ArgShape, Gemm, KernelLaunch, Param, Step};
+use memo_kernels::{ArgShape, Gemm, KernelLaunch, Step};
 use memo_plan_core::plan::{EventId, Op, Stream as PlanStream};
 use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
 
 use crate::error::HipError;
-use crate::result::hipblas::GemmCall;
+use crate::marshal::{kernel_error, Layout};
 use crate::safe::blas::BlasHandle;
 use crate::safe::memory::{is_out_of_memory, DeviceBuffer, PinnedHostBuffer};
 use crate::safe::module::{compile_source, device_options, Module};
 use crate::safe::stream::{Event, Stream};
 use crate::safe::Device;
 use crate::sys::hip::{MEMCPY_DEVICE_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, MEMCPY_HOST_TO_HOST};
-use crate::sys::hipblas::{HipblasLib, OP_N, OP_T};
+use crate::sys::hipblas::HipblasLib;
 use crate::sys::hiprtc::HiprtcLib;
 use crate::sys::LibrarySearch;
 use crate::{result, HipError as Error};
@@ -49,10 +49,6 @@ pub struct HipBackend {
     streams: Vec<Stream>,
     modules: Vec<Module>,
     device: Device,
-}
-
-fn kernel_error(instruction: usize, op: Op, message: impl std::fmt::Display) -> BackendError {
-    BackendError::Kernel { instruction, message: format!("{}: {message}", op.name()) }
 }
 
 impl HipBackend {
@@ -124,25 +120,23 @@ impl HipBackend {
         self.device.bind().map_err(BackendError::from)
     }
 
-    fn size_of(&self, space: Space) -> u64 {
-        match space {
-            Space::Device => self.arena.as_ref().map_or(0, DeviceBuffer::bytes),
-            Space::Host => self.host.as_ref().map_or(0, PinnedHostBuffer::bytes),
+    /// Where the memory is, with stream `stream`'s scratch.
+    fn layout(&self, stream: usize) -> Layout {
+        let region = |buffer: Option<(u64, u64)>| buffer.unwrap_or((0, 0));
+        Layout {
+            arena: region(self.arena.as_ref().map(|b| (b.base(), b.bytes()))),
+            host: region(self.host.as_ref().map(|b| (b.base(), b.bytes()))),
+            scratch: region(self.scratch.get(stream).and_then(Option::as_ref).map(|b| (b.base(), b.bytes()))),
+            status: self.status.as_ref().map(DeviceBuffer::base),
         }
     }
 
-    /// The address of `span`'s first byte, after checking it lies inside its space.
+    fn size_of(&self, space: Space) -> u64 {
+        self.layout(0).size_of(space)
+    }
+
     fn address(&self, span: Span) -> Result<u64, BackendError> {
-        let size = self.size_of(span.space);
-        match span.offset.checked_add(span.len) {
-            Some(end) if end <= size => {}
-            _ => return Err(BackendError::OutOfBounds { span, size }),
-        }
-        let base = match span.space {
-            Space::Device => self.arena.as_ref().map_or(0, DeviceBuffer::base),
-            Space::Host => self.host.as_ref().map_or(0, PinnedHostBuffer::base),
-        };
-        Ok(base + span.offset)
+        self.layout(0).address(span)
     }
 
     fn stream(&self, stream: PlanStream) -> Result<&Stream, BackendError> {
@@ -200,32 +194,6 @@ impl HipBackend {
         }
     }
 
-    /// The device address of argument `arg` plus `byte_offset`, with `need` bytes from there
-    /// inside the argument.
-    fn operand(
-        &self,
-        instruction: usize,
-        op: Op,
-        args: &[KernelArg],
-        arg: usize,
-        byte_offset: u64,
-        need: u64,
-    ) -> Result<u64, BackendError> {
-        let span =
-            args.get(arg).ok_or_else(|| kernel_error(instruction, op, format!("argument {arg} does not exist")))?.span;
-        match byte_offset.checked_add(need) {
-            Some(end) if end <= span.len => {}
-            _ => {
-                return Err(kernel_error(
-                    instruction,
-                    op,
-                    format!("bytes [{byte_offset}, +{need}) of argument {arg} lie outside its {} bytes", span.len),
-                ))
-            }
-        }
-        Ok(self.address(span)? + byte_offset)
-    }
-
     fn run_kernel(
         &mut self,
         instruction: usize,
@@ -238,42 +206,7 @@ impl HipBackend {
             self.modules.iter().find_map(|m| m.function(launch.kernel).map(|f| (m, f))).ok_or_else(|| {
                 kernel_error(instruction, op, format!("kernel `{}` is in no compiled source", launch.kernel))
             })?;
-        // Each parameter in an 8-byte slot; the kernel reads its own width from the slot start.
-        let mut slots = vec![[0u8; 8]; launch.params.len()];
-        for (slot, param) in slots.iter_mut().zip(&launch.params) {
-            match *param {
-                Param::Ptr { arg, byte_offset } => {
-                    *slot = self.operand(instruction, op, args, arg, byte_offset, 0)?.to_ne_bytes();
-                }
-                Param::Scratch { byte_offset } => {
-                    let scratch = self.scratch[stream].as_ref().map_or((0, 0), |b| (b.base(), b.bytes()));
-                    if scratch.0 == 0 || byte_offset >= scratch.1 {
-                        return Err(kernel_error(
-                            instruction,
-                            op,
-                            format!(
-                                "scratch byte {byte_offset} lies outside the stream's {} bytes of scratch",
-                                scratch.1
-                            ),
-                        ));
-                    }
-                    *slot = (scratch.0 + byte_offset).to_ne_bytes();
-                }
-                Param::Status => {
-                    let status = self.status.as_ref().map(DeviceBuffer::base).ok_or_else(|| {
-                        kernel_error(instruction, op, "no status words: call allocate before launching")
-                    })?;
-                    *slot = status.to_ne_bytes();
-                }
-                Param::Instruction => {
-                    let index = u32::try_from(instruction).unwrap_or(u32::MAX);
-                    slot[..4].copy_from_slice(&index.to_ne_bytes());
-                }
-                Param::U32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
-                Param::U64(v) => *slot = v.to_ne_bytes(),
-                Param::F32(v) => slot[..4].copy_from_slice(&v.to_ne_bytes()),
-            }
-        }
+        let mut slots = self.layout(stream).kernel_params(instruction, op, args, launch)?;
         let mut pointers: Vec<*mut std::ffi::c_void> = slots.iter_mut().map(|s| s.as_mut_ptr().cast()).collect();
         // Safety: the function belongs to `module`; each pointer points at a slot holding a value
         // of the recipe's parameter type (the recipe and the kernel come from the same crate);
@@ -299,62 +232,7 @@ impl HipBackend {
         stream: usize,
         gemm: &Gemm,
     ) -> Result<(), BackendError> {
-        // Stored extents (rows, columns) of A and B, column-major.
-        let (a_rows, a_cols) = if gemm.transpose_a { (gemm.k, gemm.m) } else { (gemm.m, gemm.k) };
-        let (b_rows, b_cols) = if gemm.transpose_b { (gemm.n, gemm.k) } else { (gemm.k, gemm.n) };
-        let extent = |rows: u32, cols: u32, ld: u32, name: &str| -> Result<u64, BackendError> {
-            if ld < rows.max(1) {
-                return Err(kernel_error(
-                    instruction,
-                    op,
-                    format!("GEMM {name}: leading dimension {ld} < {rows} rows"),
-                ));
-            }
-            Ok(if rows == 0 || cols == 0 { 0 } else { ((u64::from(cols) - 1) * u64::from(ld) + u64::from(rows)) * 2 })
-        };
-        let a = self.operand(
-            instruction,
-            op,
-            args,
-            gemm.a.arg,
-            gemm.a.byte_offset,
-            extent(a_rows, a_cols, gemm.lda, "A")?,
-        )?;
-        let b = self.operand(
-            instruction,
-            op,
-            args,
-            gemm.b.arg,
-            gemm.b.byte_offset,
-            extent(b_rows, b_cols, gemm.ldb, "B")?,
-        )?;
-        let c = self.operand(
-            instruction,
-            op,
-            args,
-            gemm.c.arg,
-            gemm.c.byte_offset,
-            extent(gemm.m, gemm.n, gemm.ldc, "C")?,
-        )?;
-        let int = |v: u32, name: &str| {
-            i32::try_from(v)
-                .map_err(|_| kernel_error(instruction, op, format!("GEMM {name} = {v} exceeds hipBLAS's int")))
-        };
-        let call = GemmCall {
-            op_a: if gemm.transpose_a { OP_T } else { OP_N },
-            op_b: if gemm.transpose_b { OP_T } else { OP_N },
-            m: int(gemm.m, "m")?,
-            n: int(gemm.n, "n")?,
-            k: int(gemm.k, "k")?,
-            a: a as *const _,
-            lda: int(gemm.lda, "lda")?,
-            b: b as *const _,
-            ldb: int(gemm.ldb, "ldb")?,
-            c: c as *mut _,
-            ldc: int(gemm.ldc, "ldc")?,
-            alpha: gemm.alpha,
-            beta: gemm.beta,
-        };
+        let call = self.layout(stream).gemm_call(instruction, op, args, gemm)?;
         if self.blas_stream != stream {
             self.blas.set_stream(&self.streams[stream]).map_err(|e| kernel_error(instruction, op, e))?;
             self.blas_stream = stream;

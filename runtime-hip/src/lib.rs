@@ -12,7 +12,8 @@
 //!               hiprtc, hipblas
 //!   -> safe     RAII: Device, DeviceBuffer, PinnedHostBuffer, Stream, Event, Module, BlasHandle;
 //!               errors while releasing are recorded on the Device and returned by its next bind
-//!   -> backend  HipBackend: memo_runtime::Backend over one arena, one pinned slab, three
+//!   -> backend  (with marshal: steps -> checked addresses, kernel parameter slots, GEMM calls)
+//!               HipBackend: memo_runtime::Backend over one arena, one pinned slab, three
 //!               streams and the plan's events; launches through memo_kernels::launch_steps
 //! ```
 //!
@@ -29,6 +30,7 @@
 
 mod backend;
 mod error;
+pub mod marshal;
 pub mod result;
 pub mod safe;
 pub mod sys;
