@@ -5,24 +5,14 @@
 # load the runtime from there by explicit path to compile every kernel with hiprtc for gfx90a and
 # to test the no-device error (spec/backends-hip.md).
 #
-# Idempotent: a complete cache is left as it is. Libraries the runtime needs that the machine
-# lacks (LLVM 15 for comgr, libnuma, libelf, libdrm) are fetched into the cache as well.
+# Idempotent: a complete cache is left as it is. Dependencies the machine lacks (LLVM 15 for
+# comgr, libnuma, libelf, libdrm, ...) are fetched into the cache as well.
 # When the archive cannot be reached it says so and exits 0: the tests then print SKIP.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 CACHE=.cache/rocm
 PACKAGES=(libamdhip64-5 libamd-comgr2 libhsa-runtime64-1 libhsakmt1 libhiprtc-builtins5)
-# soname -> Debian package, fetched only when the system has no such library.
-declare -A SYSTEM_DEPS=(
-    [libLLVM-15.so.1]=libllvm15
-    [libnuma.so.1]=libnuma1
-    [libelf.so.1]=libelf1
-    [libdrm.so.2]=libdrm2
-    [libdrm_amdgpu.so.1]=libdrm-amdgpu1
-    [libz.so.1]=zlib1g
-)
-
 if [ -e "$CACHE/lib/libamdhip64.so" ] && [ -e "$CACHE/complete" ]; then
     echo "fetch-rocm: $CACHE already holds the HIP runtime ($(cat "$CACHE/complete")); nothing to do"
     exit 0
@@ -34,11 +24,15 @@ fi
 
 start=$(date +%s)
 mkdir -p "$CACHE/debs" "$CACHE/root"
+# Their dependencies that this machine lacks (none on a desktop Debian 12, where Mesa already
+# brings LLVM 15 and libdrm; a minimal image may lack several) come into the cache too.
 wanted=("${PACKAGES[@]}")
-for soname in "${!SYSTEM_DEPS[@]}"; do
-    if ! ldconfig -p 2>/dev/null | grep -q "$soname"; then
-        echo "fetch-rocm: the system lacks $soname; fetching ${SYSTEM_DEPS[$soname]} into the cache too"
-        wanted+=("${SYSTEM_DEPS[$soname]}")
+for package in $(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
+    --no-replaces --no-enhances "${PACKAGES[@]}" 2>/dev/null | grep -E '^[a-z0-9]' | sort -u); do
+    case " ${PACKAGES[*]} " in *" $package "*) continue ;; esac
+    if [ "$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null)" != "install ok installed" ]; then
+        echo "fetch-rocm: this machine lacks $package (a dependency); fetching it into the cache too"
+        wanted+=("$package")
     fi
 done
 
@@ -65,6 +59,10 @@ if [ -z "$libdir" ] || [ ! -e "$libdir/libamdhip64.so.5" ]; then
     exit 0
 fi
 ln -sfn libamdhip64.so.5 "$libdir/libamdhip64.so"
+# Unpacked libraries have no RUNPATH to each other and LD_LIBRARY_PATH cannot change inside a
+# running process: runtime-hip loads the libraries listed here first (by full path, retrying in
+# passes until their dependencies are met), so that the runtime finds them by soname.
+(cd "$libdir" && find . -maxdepth 1 -type f -name 'lib*.so.*' -printf '%f\n' | sort >memo-preload.txt)
 ln -sfn "${libdir#"$CACHE"/}" "$CACHE/lib"
 version=$(dpkg-deb -f "$CACHE"/debs/libamdhip64-5_*.deb Version)
 echo "libamdhip64-5 $version" >"$CACHE/complete"

@@ -71,12 +71,12 @@ impl Default for LibrarySearch {
     }
 }
 
-/// Libraries a ROCm library needs, preloaded by full path when they sit in the same folder, in
-/// dependency order. Debian's packages unpacked into a cache folder have no RUNPATH pointing at
-/// their neighbours and `LD_LIBRARY_PATH` cannot change once the process runs; a library
-/// already loaded satisfies a later dependency on its soname, so loading these first makes the
-/// unpacked runtime loadable. System libraries that `scripts/fetch-rocm.sh` may unpack too
-/// (when the machine lacks them) come first.
+/// Libraries a ROCm library needs, preloaded by full path when they sit in the same folder
+/// (with those named in the folder's [`PRELOAD_LIST`]). Debian's packages unpacked into a cache
+/// folder have no RUNPATH pointing at their neighbours and `LD_LIBRARY_PATH` cannot change once
+/// the process runs; a library already loaded satisfies a later dependency on its soname, so
+/// loading these first makes the unpacked runtime loadable. On an installed ROCm (RUNPATH
+/// `$ORIGIN`) this changes nothing.
 const NEIGHBOURS: &[&str] = &[
     "libnuma.so.1",
     "libelf.so.1",
@@ -136,15 +136,33 @@ pub fn load(library: &'static str, names: &[&str], search: &LibrarySearch) -> Re
     Err(HipError::LibraryNotFound { library, tried })
 }
 
+/// The file `scripts/fetch-rocm.sh` writes into an unpacked runtime's folder: the libraries
+/// there, one file name per line, to load before the runtime itself.
+pub const PRELOAD_LIST: &str = "memo-preload.txt";
+
 fn preload_neighbours(dir: &Path) {
-    for name in NEIGHBOURS {
-        let path = dir.join(name);
-        if path.exists() {
-            // A failure here is not an error yet: if the main library then fails to load, its
-            // own dlopen message names the dependency that is missing.
-            if let Ok(lib) = open(Some(path.as_os_str())) {
+    let listed = std::fs::read_to_string(dir.join(PRELOAD_LIST)).unwrap_or_default();
+    let mut pending: Vec<PathBuf> = NEIGHBOURS
+        .iter()
+        .copied()
+        .chain(listed.lines().map(str::trim).filter(|l| !l.is_empty() && !l.contains('/')))
+        .map(|name| dir.join(name))
+        .filter(|path| path.exists())
+        .collect();
+    // A library loads once everything it needs is loaded: retry in passes while one succeeds.
+    // A failure here is not an error yet: if the main library then fails to load, its own
+    // dlopen message names the dependency that is missing.
+    loop {
+        let before = pending.len();
+        pending.retain(|path| match open(Some(path.as_os_str())) {
+            Ok(lib) => {
                 leak(lib);
+                false
             }
+            Err(_) => true,
+        });
+        if pending.is_empty() || pending.len() == before {
+            break;
         }
     }
 }
