@@ -265,5 +265,9 @@ pub(crate) fn backward_steps(args: &[ArgShape], context: &KernelContext) -> Resu
 }
 
 #[cfg(test)]
+#[path = "attention_emulation.rs"]
+mod emulation;
+
+#[cfg(test)]
 #[path = "attention_tests.rs"]
 mod tests;

@@ -210,3 +210,192 @@ fn launches_beyond_the_grid_limits_are_refused() {
     let message = forward_error(&forward_args(0, s, 1, 16), &context(1, s));
     assert!(message.contains("too long"), "{message}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// The emulation of attention.cu against runtime-cpu.
+
+mod versus_cpu {
+    use memo_plan_core::plan::Op;
+    use runtime_cpu::ops::{execute_with_threads, Arg, ArgData, OpContext};
+
+    use crate::attention::emulation::{self, backward_kernels::Inputs, bf16_to_f32, f32_to_bf16, Shape};
+
+    /// splitmix64: the same values on every platform.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        /// bf16 values uniform in [-amplitude, amplitude).
+        fn bf16s(&mut self, count: usize, amplitude: f32) -> Vec<u16> {
+            (0..count)
+                .map(|_| {
+                    let unit = (self.next() >> 40) as f32 / (1u64 << 24) as f32;
+                    f32_to_bf16((2.0 * unit - 1.0) * amplitude)
+                })
+                .collect()
+        }
+    }
+
+    fn bytes(x: &[u16]) -> Vec<u8> {
+        x.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    fn bf16s_of(x: &[u8]) -> Vec<u16> {
+        x.chunks_exact(2).map(|p| u16::from_le_bytes([p[0], p[1]])).collect()
+    }
+
+    fn f32s_of(x: &[u8]) -> Vec<f32> {
+        x.chunks_exact(4).map(|p| f32::from_le_bytes([p[0], p[1], p[2], p[3]])).collect()
+    }
+
+    fn context(sh: &Shape) -> OpContext {
+        OpContext {
+            hidden: sh.heads * sh.d,
+            heads: sh.heads,
+            seq_len: sh.s,
+            vocab: 0,
+            loss_scale_tokens: 1,
+            adamw: Default::default(),
+        }
+    }
+
+    fn arg<'a>(data: ArgData<'a>, sh: &Shape, row_bytes: usize) -> Arg<'a> {
+        // First row s: a launch that does not start at row 0 (positions are row % s).
+        Arg { data, first_row: sh.s, rows: sh.sequences * sh.s, row_bytes }
+    }
+
+    /// runtime-cpu's forward: (out, lse).
+    fn cpu_forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16]) -> (Vec<u16>, Vec<f32>) {
+        let (q, k, v) = (bytes(q), bytes(k), bytes(v));
+        let mut out = vec![0u8; q.len()];
+        let mut lse = vec![0u8; sh.sequences * sh.s * sh.heads * 4];
+        let wide = sh.heads * sh.d * 2;
+        let mut args = vec![
+            arg(ArgData::Read(&q), sh, wide),
+            arg(ArgData::Read(&k), sh, wide),
+            arg(ArgData::Read(&v), sh, wide),
+            arg(ArgData::Write(&mut out), sh, wide),
+            arg(ArgData::Write(&mut lse), sh, sh.heads * 4),
+        ];
+        execute_with_threads(Op::Attention, &mut args, &context(sh), 1).expect("cpu forward");
+        drop(args);
+        (bf16s_of(&out), f32s_of(&lse))
+    }
+
+    /// runtime-cpu's backward: (dq, dk, dv).
+    fn cpu_backward(sh: &Shape, x: &Inputs<'_>) -> [Vec<u16>; 3] {
+        let (q, k, v, out, dout) = (bytes(x.q), bytes(x.k), bytes(x.v), bytes(x.out), bytes(x.dout));
+        let lse: Vec<u8> = x.lse.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let (mut dq, mut dk, mut dv) = (vec![0u8; q.len()], vec![0u8; q.len()], vec![0u8; q.len()]);
+        let wide = sh.heads * sh.d * 2;
+        let mut args = vec![
+            arg(ArgData::Read(&q), sh, wide),
+            arg(ArgData::Read(&k), sh, wide),
+            arg(ArgData::Read(&v), sh, wide),
+            arg(ArgData::Read(&out), sh, wide),
+            arg(ArgData::Read(&lse), sh, sh.heads * 4),
+            arg(ArgData::Read(&dout), sh, wide),
+            arg(ArgData::Write(&mut dq), sh, wide),
+            arg(ArgData::Write(&mut dk), sh, wide),
+            arg(ArgData::Write(&mut dv), sh, wide),
+        ];
+        execute_with_threads(Op::AttentionBackward, &mut args, &context(sh), 1).expect("cpu backward");
+        drop(args);
+        [bf16s_of(&dq), bf16s_of(&dk), bf16s_of(&dv)]
+    }
+
+    /// max |found - expected| / max |expected| (at least 1e-3: with one key, dq and dk are 0 up
+    /// to rounding), and that nothing is NaN.
+    fn relative_error(name: &str, found: &[f32], expected: &[f32]) -> f32 {
+        assert_eq!(found.len(), expected.len(), "{name}: lengths");
+        assert!(found.iter().all(|x| x.is_finite()), "{name}: a non-finite value");
+        let scale = expected.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-3);
+        found.iter().zip(expected).fold(0.0f32, |m, (a, b)| m.max((a - b).abs())) / scale
+    }
+
+    /// sqrt(mean (found - expected)^2 / mean expected^2): catches small systematic errors that
+    /// the largest error hides among rounding.
+    fn rms_error(found: &[f32], expected: &[f32]) -> f32 {
+        let diff: f64 = found.iter().zip(expected).map(|(a, b)| f64::from(a - b).powi(2)).sum();
+        let norm: f64 = expected.iter().map(|b| f64::from(*b).powi(2)).sum();
+        (diff / norm.max(1e-6)).sqrt() as f32
+    }
+
+    fn widen(x: &[u16]) -> Vec<f32> {
+        x.iter().map(|&v| bf16_to_f32(v)).collect()
+    }
+
+    /// Emulates both paths on one shape and checks them against the CPU reference. The bounds
+    /// are a few bf16 roundings of the largest value: the kernels round the rotated q and k to
+    /// bf16 (the CPU keeps f32), the tensor path also P and dS; a wrong index, mask or
+    /// rescaling gives errors of order 1.
+    fn check(b: usize, s: usize, heads: usize, d: usize, seed: u64) {
+        let sh = Shape { s, heads, d, sequences: b };
+        let mut rng = Rng(seed);
+        let count = b * s * heads * d;
+        let (q, k, v, dout) =
+            (rng.bf16s(count, 2.0), rng.bf16s(count, 2.0), rng.bf16s(count, 1.0), rng.bf16s(count, 1.0));
+        let (out, lse) = cpu_forward(&sh, &q, &k, &v);
+        let inputs = Inputs { q: &q, k: &k, v: &v, out: &out, lse: &lse, dout: &dout };
+        let [dq, dk, dv] = cpu_backward(&sh, &inputs);
+        for tensor in [false, true] {
+            let path = if tensor { "tensor" } else { "scalar" };
+            let what = format!("{path} b={b} s={s} heads={heads} d={d}");
+            let forward = emulation::forward(&sh, &q, &k, &v, tensor);
+            let out_error = relative_error(&format!("{what} out"), &widen(&forward.out), &widen(&out));
+            let lse_error = forward.lse.iter().zip(&lse).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+            let grads = emulation::backward(&sh, &inputs, tensor);
+            let pairs = [(&grads.dq, &dq), (&grads.dk, &dk), (&grads.dv, &dv)].map(|(a, b)| (widen(a), widen(b)));
+            let errors: Vec<f32> = ["dq", "dk", "dv"]
+                .iter()
+                .zip(&pairs)
+                .map(|(name, (a, b))| relative_error(&format!("{what} {name}"), a, b))
+                .collect();
+            let rms: Vec<f32> = pairs.iter().map(|(a, b)| rms_error(a, b)).collect();
+            let out_rms = rms_error(&widen(&forward.out), &widen(&out));
+            println!(
+                "{what}: max out {out_error:.1e} lse {lse_error:.1e} dq {:.1e} dk {:.1e} dv {:.1e}; rms out {out_rms:.1e} \
+                 dq {:.1e} dk {:.1e} dv {:.1e}",
+                errors[0], errors[1], errors[2], rms[0], rms[1], rms[2]
+            );
+            assert!(out_error < 2e-2 && out_rms < 5e-3, "{what}: out off by {out_error:e} (rms {out_rms:e})");
+            assert!(lse_error < 2e-2, "{what}: lse off by {lse_error:e}");
+            for ((name, error), rms) in ["dq", "dk", "dv"].iter().zip(errors).zip(rms) {
+                assert!(
+                    error < 3e-2 && rms < 1e-2,
+                    "{what}: {name} off by {error:e} of its largest value (rms {rms:e})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn one_token_sequences() {
+        for d in [16, 32, 64, 128] {
+            check(3, 1, 2, d, 1);
+        }
+    }
+
+    #[test]
+    fn sequences_with_a_partial_last_tile() {
+        check(2, 65, 2, 16, 2);
+        check(1, 100, 1, 32, 3);
+        check(2, 37, 1, 64, 4);
+        check(1, 150, 1, 128, 5);
+    }
+
+    #[test]
+    fn sequences_of_whole_tiles() {
+        check(1, 128, 2, 16, 6);
+        check(2, 64, 1, 32, 7);
+        check(1, 192, 1, 64, 8);
+        check(1, 64, 2, 128, 9);
+    }
+}

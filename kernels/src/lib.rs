@@ -13,7 +13,12 @@
 //!
 //! Device addresses: [`Param::Ptr`] and [`Operand`] name an argument by its index in
 //! [`memo_plan_core::plan::Op::signature`] order plus a byte offset; the backend adds the
-//! argument's span offset to the arena's base address.
+//! argument's span offset to the arena's base address. [`Param::Scratch`] points into the
+//! backend's per-stream scratch memory ([`scratch_bytes`] of it), [`Param::Status`] at its status
+//! words ([`status_error`] reads them), [`Param::Instruction`] is the plan instruction.
+//!
+//! `kernels/README.md` describes the kernels, the portability header and how to compile-check
+//! them; the recipes are in `recipes.rs` (attention's in `attention.rs`).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -43,8 +48,9 @@ pub struct Source {
 impl Source {
     /// The source with `#include "memo_gpu.h"` replaced by [`HEADER`]'s text: what a backend
     /// hands its compiler, so that no include path or named header is needed.
+    /// (The header's `#pragma once` is dropped: in a main file clang warns about it.)
     pub fn standalone_text(&self) -> String {
-        self.text.replacen("#include \"memo_gpu.h\"", HEADER, 1)
+        self.text.replacen("#include \"memo_gpu.h\"", &HEADER.replacen("#pragma once\n", "", 1), 1)
     }
 }
 

@@ -7,14 +7,13 @@ use std::sync::Arc;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
-use memo_kernels::{
-    compile_options, launch_steps, scratch_bytes, status_error, ArgShape, Target, SOURCES, STATUS_WORDS,
-};
+use memo_kernels::{launch_steps, scratch_bytes, status_error, ArgShape, STATUS_WORDS};
 use memo_plan_core::plan::{EventId, Op, Stream};
 use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
 
 use crate::exec::{self, Resolved};
-use crate::probe;
+use crate::timing::Timing;
+use crate::{compile, probe};
 
 /// The arena and the host slab.
 struct Memory {
@@ -23,8 +22,9 @@ struct Memory {
     /// Bytes the plan asked for.
     arena_bytes: u64,
     /// The pinned host slab, page-locked and NOT write-combined (the CPU reads swapped-out
-    /// activations back from it).
-    host: PinnedHostSlice<u8>,
+    /// activations back from it). Only owned here (dropping it frees the slab); it is used
+    /// through `host_address`.
+    _host: PinnedHostSlice<u8>,
     /// Its first byte, taken once at allocation (an address: the slab is written by copies the
     /// GPU runs, so no Rust reference to it is ever held).
     host_address: usize,
@@ -42,6 +42,8 @@ struct Memory {
 pub struct CudaBackend {
     ordinal: usize,
     device_name: String,
+    /// The NVRTC that compiled the kernels, for [`CudaBackend::describe`].
+    nvrtc: String,
     /// Compute capability, major * 10 + minor.
     sm: u32,
     ctx: Arc<CudaContext>,
@@ -56,6 +58,8 @@ pub struct CudaBackend {
     scratch: Vec<Option<CudaSlice<u8>>>,
     events: Vec<CudaEvent>,
     memory: Option<Memory>,
+    /// Per-instruction timing, when [`CudaBackend::measure`] turned it on.
+    timing: Option<Timing>,
 }
 
 fn driver_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> BackendError + '_ {
@@ -98,12 +102,14 @@ impl CudaBackend {
             );
             streams.push(created);
         }
-        let functions = compile(&ctx, sm)?;
+        let functions = compile::kernels(&ctx, sm)?;
+        let nvrtc = compile::nvrtc_version().map_or("NVRTC".to_string(), |(a, b)| format!("NVRTC {a}.{b}"));
         let status = streams[0].alloc_zeros::<u32>(STATUS_WORDS).map_err(driver_error("status words"))?;
         ctx.synchronize().map_err(driver_error("initialisation"))?;
         Ok(CudaBackend {
             ordinal,
             device_name,
+            nvrtc,
             sm,
             ctx,
             streams,
@@ -113,12 +119,46 @@ impl CudaBackend {
             scratch: vec![None, None, None],
             events: Vec::new(),
             memory: None,
+            timing: None,
         })
+    }
+
+    /// Measure every launch and copy with CUDA events ([`Backend::timings`]): two timing events
+    /// per instruction, read at synchronize. Off by default (events cost a little).
+    pub fn measure(mut self) -> Self {
+        self.timing = Some(Timing::default());
+        self
+    }
+
+    /// Records a timing event on `stream` when measuring.
+    fn mark(&mut self, stream: Stream) -> Result<Option<usize>, BackendError> {
+        match self.timing.as_mut() {
+            Some(timing) => timing.mark(&self.ctx, &self.streams[stream.index()]).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Notes an instruction's start and end marks.
+    fn note(&mut self, instruction: usize, start: Option<usize>, end: Option<usize>) {
+        if let (Some(timing), Some(start), Some(end)) = (self.timing.as_mut(), start, end) {
+            timing.span(instruction, start, end);
+        }
+    }
+
+    /// The device, its compute capability and the compiler of the kernels, for logs.
+    pub fn describe(&self) -> String {
+        format!("{} (sm_{}), kernels compiled by {}", self.name(), self.sm, self.nvrtc)
     }
 
     /// The device's compute capability as `major * 10 + minor` (90 for an H100 or H200).
     pub fn compute_capability(&self) -> u32 {
         self.sm
+    }
+
+    /// Makes the context current on the calling thread: the backend is `Send`, and the raw
+    /// driver calls (copies, memsets) use the thread's current context.
+    fn bind(&self) -> Result<(), BackendError> {
+        self.ctx.bind_to_thread().map_err(driver_error("making the context current"))
     }
 
     fn memory(&self) -> Result<&Memory, BackendError> {
@@ -177,42 +217,13 @@ impl CudaBackend {
     }
 }
 
-/// Compiles every source for `sm` and loads its kernels.
-fn compile(ctx: &Arc<CudaContext>, sm: u32) -> Result<HashMap<&'static str, CudaFunction>, BackendError> {
-    let mut functions = HashMap::new();
-    let options = compile_options(Target::Cuda { sm });
-    for source in SOURCES {
-        let compile_options = cudarc::nvrtc::CompileOptions {
-            options: options.clone(),
-            name: Some(source.name.to_string()),
-            ..Default::default()
-        };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source.standalone_text(), compile_options).map_err(|error| {
-            let detail = match &error {
-                cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-                other => format!("{other:?}"),
-            };
-            BackendError::Other(format!("NVRTC cannot compile kernels/{} with {options:?}:\n{detail}", source.name))
-        })?;
-        let module = ctx
-            .load_module(ptx)
-            .map_err(|e| BackendError::Other(format!("loading kernels/{} (sm_{sm}): {e}", source.name)))?;
-        for &kernel in source.kernels {
-            let function = module
-                .load_function(kernel)
-                .map_err(|e| BackendError::Other(format!("kernels/{}: no kernel `{kernel}`: {e}", source.name)))?;
-            functions.insert(kernel, function);
-        }
-    }
-    Ok(functions)
-}
-
 impl Backend for CudaBackend {
     fn name(&self) -> String {
         format!("cuda:{} ({})", self.ordinal, self.device_name)
     }
 
     fn allocate(&mut self, arena_bytes: u64, host_bytes: u64, events: u32) -> Result<(), BackendError> {
+        self.bind()?;
         self.ctx.synchronize().map_err(driver_error("waiting before allocation"))?;
         self.memory = None;
         self.events.clear();
@@ -244,11 +255,12 @@ impl Backend for CudaBackend {
             self.events.push(event);
         }
         self.ctx.synchronize().map_err(driver_error("allocation"))?;
-        self.memory = Some(Memory { arena, arena_bytes, host, host_address, host_bytes });
+        self.memory = Some(Memory { arena, arena_bytes, _host: host, host_address, host_bytes });
         Ok(())
     }
 
     fn upload(&mut self, span: Span, bytes: &[u8]) -> Result<(), BackendError> {
+        self.bind()?;
         if bytes.len() as u64 != span.len {
             return Err(BackendError::Other(format!("upload of {} bytes into a span of {}", bytes.len(), span.len)));
         }
@@ -258,7 +270,10 @@ impl Backend for CudaBackend {
             // Safety: `address` starts `span.len` bytes inside the arena (checked), and every
             // stream is idle.
             Space::Device => {
-                unsafe { cudarc::driver::result::memcpy_htod_sync(address, bytes) }.map_err(driver_error("upload"))?
+                unsafe { cudarc::driver::result::memcpy_htod_sync(address, bytes) }.map_err(driver_error("upload"))?;
+                // From pageable memory the call may return before the DMA lands, and the streams
+                // are non-blocking (they do not wait for it): wait here.
+                self.ctx.synchronize().map_err(driver_error("upload"))?;
             }
             // Safety: as above, inside the slab; no GPU work is pending.
             Space::Host => unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), address as *mut u8, bytes.len()) },
@@ -267,6 +282,7 @@ impl Backend for CudaBackend {
     }
 
     fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError> {
+        self.bind()?;
         let address = self.address(span)?;
         let len =
             usize::try_from(span.len).map_err(|_| BackendError::OutOfMemory { what: "download", bytes: span.len })?;
@@ -290,6 +306,7 @@ impl Backend for CudaBackend {
         args: &[KernelArg],
         context: &KernelContext,
     ) -> Result<(), BackendError> {
+        self.bind()?;
         let kernel_error = |message: String| BackendError::Kernel { instruction, message };
         let mut spans = Vec::with_capacity(args.len());
         for (index, arg) in args.iter().enumerate() {
@@ -308,18 +325,22 @@ impl Backend for CudaBackend {
         let steps = launch_steps(op, &shapes, context).map_err(|e| kernel_error(e.to_string()))?;
         let needed = scratch_bytes(&steps);
         let scratch = if needed > 0 { Some((self.ensure_scratch(stream, needed)?, needed)) } else { None };
-        let (status, _sync) = self.status.device_ptr(&self.streams[0]);
+        let status = self.status.device_ptr(&self.streams[0]).0;
         let resolved =
             Resolved { args: &spans, scratch, status, instruction: u32::try_from(instruction).unwrap_or(u32::MAX) };
         let cuda_stream = self.streams[stream.index()].clone();
+        let start = self.mark(stream)?;
         for step in &steps {
             exec::run_step(step, &resolved, &self.functions, &cuda_stream, &self.blas[stream.index()])
                 .map_err(|message| kernel_error(format!("op `{}`: {message}", op.name())))?;
         }
+        let end = self.mark(stream)?;
+        self.note(instruction, start, end);
         Ok(())
     }
 
     fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
+        self.bind()?;
         if src.len != dst.len {
             return Err(BackendError::Kernel {
                 instruction,
@@ -331,6 +352,7 @@ impl Backend for CudaBackend {
         if len == 0 {
             return Ok(());
         }
+        let start = self.mark(stream)?;
         let cu_stream = self.stream(stream).cu_stream();
         let failed = |e| BackendError::Kernel { instruction, message: format!("copy: {e}") };
         // Safety (all arms): both ranges lie inside their allocations (checked by `address`);
@@ -356,6 +378,8 @@ impl Backend for CudaBackend {
                 })
             }
         }
+        let end = self.mark(stream)?;
+        self.note(instruction, start, end);
         Ok(())
     }
 
@@ -374,12 +398,16 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.bind()?;
         for (stream, cuda_stream) in Stream::ALL.iter().zip(&self.streams) {
             cuda_stream.synchronize().map_err(|e| {
                 BackendError::Other(format!("{}: the {} stream failed: {e}", self.name(), stream.name()))
             })?;
         }
         self.ctx.check_err().map_err(driver_error("an earlier asynchronous call"))?;
+        if let Some(timing) = self.timing.as_mut() {
+            timing.finish_step()?;
+        }
         let mut words = [0u32; STATUS_WORDS];
         let (status, _sync) = self.status.device_ptr(&self.streams[0]);
         // Safety: `status` holds STATUS_WORDS u32 and every stream is idle.
@@ -389,9 +417,16 @@ impl Backend for CudaBackend {
             // Safety: as above; cleared so the next step starts clean.
             unsafe { cudarc::driver::result::memset_d8_sync(status, 0, STATUS_WORDS * 4) }
                 .map_err(driver_error("status words"))?;
+            // A "synchronous" memset of device memory may return early, and the streams are
+            // non-blocking (unordered with it): wait before any kernel can report again.
+            self.ctx.synchronize().map_err(driver_error("status words"))?;
             return Err(BackendError::Kernel { instruction, message });
         }
         Ok(())
+    }
+
+    fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
+        self.timing.as_ref().map(Timing::last)
     }
 
     fn memory(&self) -> MemoryReport {
@@ -407,8 +442,5 @@ impl Drop for CudaBackend {
         // Enqueued work may still use the arena, the slab or the scratch: wait before they are
         // freed. An error here has nowhere to go (the next context reports it).
         let _ = self.ctx.synchronize();
-        if let Some(memory) = self.memory.take() {
-            let _ = memory.host.len();
-        }
     }
 }

@@ -11,21 +11,26 @@
 //! - **Streams and events**: three CUDA streams for compute, device-to-host and host-to-device;
 //!   the plan's events are CUDA events, the only synchronisation (cudarc's per-allocation event
 //!   tracking is turned off: with one arena it would serialise the streams).
-//! - **Kernels**: every source of [`memo_kernels::SOURCES`] compiled by NVRTC at construction for
-//!   the device's compute capability; each launch runs the steps of
+//! - **Kernels**: every source of [`memo_kernels::SOURCES`] compiled by NVRTC at construction,
+//!   straight to a CUBIN for the device's compute capability (one thread per source); each launch runs the steps of
 //!   [`memo_kernels::launch_steps`]: kernels by name, GEMMs through cuBLAS `cublasGemmEx` (bf16
 //!   in and out, `CUBLAS_COMPUTE_32F`) on that stream's own cuBLAS handle, memsets.
 //! - **Errors from kernels**: kernels that find bad input (a token id outside the vocabulary, a
 //!   non-finite gradient norm in AdamW) write status words; [`memo_runtime::Backend::synchronize`]
 //!   reads them and returns [`memo_runtime::BackendError::Kernel`] with the instruction.
 //!
+//! - **Timing** (optional, [`CudaBackend::measure`]): CUDA events around every launch and copy,
+//!   read at synchronize into [`memo_runtime::Backend::timings`].
+//!
 //! [`nvrtc_check`] compiles the kernels with an NVRTC library at an explicit path, for CI
 //! machines without a GPU.
 #![deny(missing_docs)]
 
 mod backend;
+mod compile;
 mod exec;
 pub mod nvrtc_check;
 mod probe;
+mod timing;
 
 pub use backend::CudaBackend;

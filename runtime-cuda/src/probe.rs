@@ -26,7 +26,12 @@ fn found_elsewhere(prefix: &str) -> Vec<String> {
 
 fn missing(library: &str, what: &str, stem: &str) -> BackendError {
     let candidates = cudarc::get_lib_name_candidates(stem);
-    let names: Vec<&str> = candidates.iter().map(String::as_str).filter(|n| n.contains(".so")).collect();
+    let mut names: Vec<&str> = Vec::new();
+    for name in candidates.iter().map(String::as_str).filter(|n| n.contains(".so")) {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
     let elsewhere = found_elsewhere(&format!("lib{stem}.so"));
     let hint = if elsewhere.is_empty() {
         String::new()

@@ -20,33 +20,42 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
     println!("NVRTC {}.{} from {}", version.0, version.1, library.display());
     assert!(!SOURCES.is_empty(), "memo_kernels::SOURCES is empty");
     let mut failures = Vec::new();
-    for sm in [80, 90] {
-        let mut options = compile_options(Target::Cuda { sm });
-        options.push("--ptxas-options=-v".into());
-        for source in SOURCES {
-            match nvrtc.compile(source.name, &source.standalone_text(), &options) {
-                Ok(compiled) => {
-                    println!("sm_{sm} {}: {} cubin bytes", source.name, compiled.cubin_bytes);
-                    for line in compiled
-                        .log
-                        .lines()
-                        .filter(|l| l.contains("entry function") || l.contains("registers") || l.contains("spill"))
-                    {
-                        println!("    {}", line.trim());
-                    }
-                    // ptxas names every entry it compiles (`Compiling entry function 'name'`).
-                    for kernel in source.kernels {
-                        if !compiled.log.contains(&format!("'{kernel}'")) {
-                            failures.push(format!(
-                                "sm_{sm} {}: lists kernel {kernel}, which was not compiled",
-                                source.name
-                            ));
-                        }
-                    }
-                    assert!(compiled.cubin_bytes > 0, "sm_{sm} {}: empty cubin", source.name);
+    // One thread per (architecture, source): NVRTC programs are independent.
+    let jobs: Vec<(u32, &memo_kernels::Source)> =
+        [80, 90].iter().flat_map(|&sm| SOURCES.iter().map(move |s| (sm, s))).collect();
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = jobs
+            .iter()
+            .map(|&(sm, source)| {
+                let nvrtc = &nvrtc;
+                scope.spawn(move || {
+                    let mut options = compile_options(Target::Cuda { sm });
+                    options.push("--ptxas-options=-v".into());
+                    nvrtc.compile(source.name, &source.standalone_text(), &options)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a compile thread panicked".into()))).collect()
+    });
+    for (&(sm, source), result) in jobs.iter().zip(results) {
+        match result {
+            Ok(compiled) => {
+                println!("sm_{sm} {}: {} cubin bytes", source.name, compiled.cubin_bytes);
+                for line in compiled.log.lines().filter(|l| l.contains("registers") || l.contains("spill")) {
+                    println!("    {}", line.trim());
                 }
-                Err(error) => failures.push(format!("sm_{sm}: {error}")),
+                // ptxas names every entry it compiles (`Compiling entry function 'name'`).
+                for kernel in source.kernels {
+                    if !compiled.log.contains(&format!("'{kernel}'")) {
+                        failures
+                            .push(format!("sm_{sm} {}: lists kernel {kernel}, which was not compiled", source.name));
+                    }
+                }
+                if compiled.cubin_bytes == 0 {
+                    failures.push(format!("sm_{sm} {}: empty cubin", source.name));
+                }
             }
+            Err(error) => failures.push(format!("sm_{sm}: {error}")),
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

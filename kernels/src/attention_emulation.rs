@@ -1,0 +1,515 @@
+//! A CPU emulation of `kernels/attention.cu`, compared with `runtime-cpu`'s attention: the one
+//! way to test the kernels' tiling, masking, online softmax, backward decomposition and index
+//! arithmetic without a GPU.
+//!
+//! Each function transcribes a kernel of the source line by line (same names, same index
+//! expressions, same tile sizes): blocks run one after another, and in the tensor path each warp's
+//! 32 lanes keep their own registers. `mma` is the hardware model: it gathers A and B from the
+//! lanes' registers by the PTX ISA's m16n8k16 layout, multiplies in f32 and scatters C back by the
+//! same layout, checking that the layout covers every element exactly once. What this cannot
+//! catch: a wrong reading of that layout (the model and the kernel would agree), races between
+//! threads, and the compilers' own behaviour.
+
+// The loops index like the kernels do (the point of the emulation), not with iterators.
+#![allow(clippy::needless_range_loop)]
+
+use std::f64::consts::TAU;
+
+use super::OWNER_ROWS;
+
+/// `MEMO_ATTN_OWNER`.
+const OWNER: usize = OWNER_ROWS as usize;
+/// Warps of 32 lanes per block in the tensor path (`MEMO_ATTN_THREADS / 32`).
+const WARPS: usize = 4;
+const LANES: usize = 32;
+
+/// `MemoAttnTiles<D>::{FORWARD, BACKWARD}`.
+pub(super) fn tiles(d: usize) -> (usize, usize) {
+    if d == 128 {
+        (32, 16)
+    } else {
+        (64, 64)
+    }
+}
+
+/// The launch's shapes (the kernels' `s`, `heads`, D and gridDim.z).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Shape {
+    pub(super) s: usize,
+    pub(super) heads: usize,
+    pub(super) d: usize,
+    pub(super) sequences: usize,
+}
+
+impl Shape {
+    /// `memo_attn_elem`.
+    fn elem(&self, seq: usize, pos: usize, head: usize) -> usize {
+        (seq * self.s + pos) * (self.heads * self.d) + head * self.d
+    }
+
+    /// `memo_attn_lse_index`.
+    fn lse_index(&self, seq: usize, pos: usize, head: usize) -> usize {
+        (seq * self.s + pos) * self.heads + head
+    }
+
+    fn scale(&self) -> f32 {
+        1.0 / (self.d as f32).sqrt()
+    }
+}
+
+pub(super) fn bf16_to_f32(x: u16) -> f32 {
+    f32::from_bits(u32::from(x) << 16)
+}
+
+/// `memo_f32_to_bf16`.
+pub(super) fn f32_to_bf16(f: f32) -> u16 {
+    let bits = f.to_bits();
+    if bits & 0x7fff_ffff > 0x7f80_0000 {
+        return ((bits >> 16) | 0x0040) as u16;
+    }
+    (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+fn pack(lo: f32, hi: f32) -> u32 {
+    u32::from(f32_to_bf16(lo)) | (u32::from(f32_to_bf16(hi)) << 16)
+}
+
+fn lo(bits: u32) -> f32 {
+    bf16_to_f32((bits & 0xffff) as u16)
+}
+
+fn hi(bits: u32) -> f32 {
+    bf16_to_f32((bits >> 16) as u16)
+}
+
+/// A 32-bit load of two bf16 (little-endian).
+fn word(x: &[u16], i: usize) -> u32 {
+    u32::from(x[i]) | (u32::from(x[i + 1]) << 16)
+}
+
+fn store_word(x: &mut [u16], i: usize, bits: u32) {
+    x[i] = (bits & 0xffff) as u16;
+    x[i + 1] = (bits >> 16) as u16;
+}
+
+/// `memo_attn_inv_freq`.
+fn inv_freq(d: usize) -> Vec<f64> {
+    (0..d / 2).map(|i| 10000.0f64.powf(-2.0 * i as f64 / d as f64)).collect()
+}
+
+/// `memo_attn_rope`: (cos, sin).
+fn rope(pos: usize, inv_freq: f64) -> (f32, f32) {
+    let two_pi_hi = TAU; // 6.283185307179586 in the source
+    let two_pi_lo = 2.4492935982947064e-16f64;
+    let angle = pos as f64 * inv_freq;
+    let turns = (angle * (1.0 / TAU)).round_ties_even();
+    let mut reduced = (-turns).mul_add(two_pi_hi, angle);
+    reduced = (-turns).mul_add(two_pi_lo, reduced);
+    let (sn, c) = (reduced as f32).sin_cos();
+    (c, sn)
+}
+
+/// `memo_attn_load`.
+#[allow(clippy::too_many_arguments)]
+fn load(
+    dst: &mut [u16],
+    src: &[u16],
+    sh: &Shape,
+    seq: usize,
+    head: usize,
+    first_pos: usize,
+    rows: usize,
+    inv_freq: Option<&[f64]>,
+) {
+    let (pairs, ld) = (sh.d / 2, sh.d + 8);
+    for e in 0..rows * pairs {
+        let row = e / pairs;
+        let pair = e % pairs;
+        let pos = first_pos + row;
+        let (mut x0, mut x1) = (0.0f32, 0.0f32);
+        if pos < sh.s {
+            let bits = word(src, sh.elem(seq, pos, head) + 2 * pair);
+            x0 = lo(bits);
+            x1 = hi(bits);
+            if let Some(inv_freq) = inv_freq {
+                let (c, sn) = rope(pos, inv_freq[pair]);
+                let y0 = x0 * c - x1 * sn;
+                let y1 = x0 * sn + x1 * c;
+                x0 = y0;
+                x1 = y1;
+            }
+        }
+        store_word(dst, row * ld + 2 * pair, pack(x0, x1));
+    }
+}
+
+/// `memo_attn_row_stats`.
+#[allow(clippy::too_many_arguments)]
+fn row_stats(
+    lse_s: &mut [f32],
+    delta_s: &mut [f32],
+    dout_s: &[u16],
+    out: &[u16],
+    lse: &[f32],
+    sh: &Shape,
+    seq: usize,
+    head: usize,
+    first_pos: usize,
+    rows: usize,
+) {
+    let ld = sh.d + 8;
+    for row in 0..rows {
+        let pos = first_pos + row;
+        let (mut l, mut delta) = (0.0f32, 0.0f32);
+        if pos < sh.s {
+            l = lse[sh.lse_index(seq, pos, head)];
+            let o = sh.elem(seq, pos, head);
+            for c in (0..sh.d).step_by(2) {
+                let ob = word(out, o + c);
+                let db = word(dout_s, row * ld + c);
+                delta += lo(db) * lo(ob);
+                delta += hi(db) * hi(ob);
+            }
+        }
+        lse_s[row] = l;
+        delta_s[row] = delta;
+    }
+}
+
+/// `memo_attn_store_pair`.
+#[allow(clippy::too_many_arguments)]
+fn store_pair(
+    dst: &mut [u16],
+    sh: &Shape,
+    seq: usize,
+    head: usize,
+    pos: usize,
+    pair: usize,
+    mut x0: f32,
+    mut x1: f32,
+    inv_freq: Option<&[f64]>,
+) {
+    if let Some(inv_freq) = inv_freq {
+        let (c, sn) = rope(pos, inv_freq[pair]);
+        let y0 = x0 * c + x1 * sn;
+        let y1 = x1 * c - x0 * sn;
+        x0 = y0;
+        x1 = y1;
+    }
+    store_word(dst, sh.elem(seq, pos, head) + 2 * pair, pack(x0, x1));
+}
+
+fn at(tile: &[u16], i: usize) -> f32 {
+    bf16_to_f32(tile[i])
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tensor path's warp model.
+
+/// One warp's accumulators: `[lane][tile][c0..c3]`.
+type Acc = Vec<Vec<[f32; 4]>>;
+
+fn acc(tiles: usize) -> Acc {
+    vec![vec![[0.0f32; 4]; tiles]; LANES]
+}
+
+/// The hardware: `c[lane][n] += A B` with A (16 x 16) and B (16 x 8) held by the lanes as the PTX
+/// ISA lays out mma.m16n8k16's fragments.
+fn mma(c: &mut Acc, n: usize, a: &[[u32; 4]; LANES], b: &[[u32; 2]; LANES]) {
+    let mut am = [[f32::NAN; 16]; 16];
+    let mut bm = [[f32::NAN; 8]; 16];
+    let put = |slot: &mut f32, value: f32| {
+        assert!(slot.is_nan(), "the fragment layout sets an element twice");
+        *slot = value;
+    };
+    for lane in 0..LANES {
+        let (g, t) = (lane / 4, lane % 4);
+        let [a0, a1, a2, a3] = a[lane];
+        put(&mut am[g][2 * t], lo(a0));
+        put(&mut am[g][2 * t + 1], hi(a0));
+        put(&mut am[g + 8][2 * t], lo(a1));
+        put(&mut am[g + 8][2 * t + 1], hi(a1));
+        put(&mut am[g][2 * t + 8], lo(a2));
+        put(&mut am[g][2 * t + 9], hi(a2));
+        put(&mut am[g + 8][2 * t + 8], lo(a3));
+        put(&mut am[g + 8][2 * t + 9], hi(a3));
+        let [b0, b1] = b[lane];
+        put(&mut bm[2 * t][g], lo(b0));
+        put(&mut bm[2 * t + 1][g], hi(b0));
+        put(&mut bm[2 * t + 8][g], lo(b1));
+        put(&mut bm[2 * t + 9][g], hi(b1));
+    }
+    assert!(am.iter().flatten().chain(bm.iter().flatten()).all(|x| !x.is_nan()), "an element is never set");
+    let dot = |row: usize, col: usize| (0..16).map(|k| am[row][k] * bm[k][col]).sum::<f32>();
+    for (lane, tiles) in c.iter_mut().enumerate() {
+        let (g, t) = (lane / 4, lane % 4);
+        let tile = &mut tiles[n];
+        tile[0] += dot(g, 2 * t);
+        tile[1] += dot(g, 2 * t + 1);
+        tile[2] += dot(g + 8, 2 * t);
+        tile[3] += dot(g + 8, 2 * t + 1);
+    }
+}
+
+/// `memo_frag_a`.
+fn frag_a(rows: &[u16], ld: usize, k0: usize, g: usize, t: usize) -> [u32; 4] {
+    [
+        word(rows, g * ld + k0 + 2 * t),
+        word(rows, (g + 8) * ld + k0 + 2 * t),
+        word(rows, g * ld + k0 + 2 * t + 8),
+        word(rows, (g + 8) * ld + k0 + 2 * t + 8),
+    ]
+}
+
+/// `memo_frag_b_t`.
+fn frag_b_t(x: &[u16], ld: usize, n0: usize, k0: usize, g: usize, t: usize) -> [u32; 2] {
+    [word(x, (n0 + g) * ld + k0 + 2 * t), word(x, (n0 + g) * ld + k0 + 2 * t + 8)]
+}
+
+/// `memo_frag_b`.
+fn frag_b(x: &[u16], ld: usize, k0: usize, n0: usize, g: usize, t: usize) -> [u32; 2] {
+    let join = |lo: u16, hi: u16| u32::from(lo) | (u32::from(hi) << 16);
+    [
+        join(x[(k0 + 2 * t) * ld + n0 + g], x[(k0 + 2 * t + 1) * ld + n0 + g]),
+        join(x[(k0 + 2 * t + 8) * ld + n0 + g], x[(k0 + 2 * t + 9) * ld + n0 + g]),
+    ]
+}
+
+/// `memo_frag_a_acc`.
+fn frag_a_acc(x: &[[f32; 4]], kk: usize) -> [u32; 4] {
+    [
+        pack(x[2 * kk][0], x[2 * kk][1]),
+        pack(x[2 * kk][2], x[2 * kk][3]),
+        pack(x[2 * kk + 1][0], x[2 * kk + 1][1]),
+        pack(x[2 * kk + 1][2], x[2 * kk + 1][3]),
+    ]
+}
+
+/// `memo_mma_abt`.
+fn mma_abt(d: usize, nt: usize, a_rows: &[u16], b_rows: &[u16]) -> Acc {
+    let ld = d + 8;
+    let mut out = acc(nt);
+    for kk in 0..d / 16 {
+        let a: [[u32; 4]; LANES] = std::array::from_fn(|lane| frag_a(a_rows, ld, kk * 16, lane / 4, lane % 4));
+        for n in 0..nt {
+            let b: [[u32; 2]; LANES] =
+                std::array::from_fn(|lane| frag_b_t(b_rows, ld, n * 8, kk * 16, lane / 4, lane % 4));
+            mma(&mut out, n, &a, &b);
+        }
+    }
+    out
+}
+
+/// `memo_mma_px`.
+fn mma_px(d: usize, nt: usize, out: &mut Acc, p: &Acc, x: &[u16]) {
+    let ld = d + 8;
+    for kk in 0..nt / 2 {
+        let a: [[u32; 4]; LANES] = std::array::from_fn(|lane| frag_a_acc(&p[lane], kk));
+        for n in 0..d / 8 {
+            let b: [[u32; 2]; LANES] = std::array::from_fn(|lane| frag_b(x, ld, kk * 16, n * 8, lane / 4, lane % 4));
+            mma(out, n, &a, &b);
+        }
+    }
+}
+
+/// `memo_shfl_xor` over a warp.
+fn shfl_xor(v: &[f32; LANES], mask: usize) -> [f32; LANES] {
+    std::array::from_fn(|lane| v[lane ^ mask])
+}
+
+/// `memo_quad_max` / `memo_quad_sum` on every lane.
+fn quad(v: [f32; LANES], op: fn(f32, f32) -> f32) -> [f32; LANES] {
+    let step1 = shfl_xor(&v, 1);
+    let v: [f32; LANES] = std::array::from_fn(|lane| op(v[lane], step1[lane]));
+    let step2 = shfl_xor(&v, 2);
+    std::array::from_fn(|lane| op(v[lane], step2[lane]))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernels.
+
+/// The forward's outputs (`out` bf16 bits, `lse`).
+pub(super) struct Forward {
+    pub(super) out: Vec<u16>,
+    pub(super) lse: Vec<f32>,
+}
+
+/// The backward's outputs (bf16 bits).
+pub(super) struct Backward {
+    pub(super) dq: Vec<u16>,
+    pub(super) dk: Vec<u16>,
+    pub(super) dv: Vec<u16>,
+}
+
+/// `memo_attention_forward<D>` over the whole grid, tensor path if `tensor`.
+pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], tensor: bool) -> Forward {
+    let (d, s) = (sh.d, sh.s);
+    let (n, _) = tiles(d);
+    let ld = d + 8;
+    let scale = sh.scale();
+    let mut result = Forward { out: vec![0; q.len()], lse: vec![0.0; sh.sequences * s * sh.heads] };
+    let (out, lse) = (&mut result.out, &mut result.lse);
+    let grid_x = s.div_ceil(OWNER);
+    let inv_freq = inv_freq(d);
+    let inv = Some(inv_freq.as_slice());
+    for (seq, head, block_x) in grid(sh, grid_x) {
+        let q0 = (grid_x - 1 - block_x) * OWNER;
+        let q_last = (q0 + OWNER - 1).min(s - 1);
+        let (mut q_s, mut k_s, mut v_s) = (vec![0u16; OWNER * ld], vec![0u16; n * ld], vec![0u16; n * ld]);
+        load(&mut q_s, q, sh, seq, head, q0, OWNER, inv);
+        if tensor {
+            let mut o: Vec<Acc> = (0..WARPS).map(|_| acc(d / 8)).collect();
+            let mut m = [[[f32::NEG_INFINITY; 2]; LANES]; WARPS];
+            let mut l = [[[0.0f32; 2]; LANES]; WARPS];
+            let mut k0 = 0;
+            while k0 <= q_last {
+                load(&mut k_s, k, sh, seq, head, k0, n, inv);
+                load(&mut v_s, v, sh, seq, head, k0, n, None);
+                for warp in 0..WARPS {
+                    let mut sc = mma_abt(d, n / 8, &q_s[warp * 16 * ld..], &k_s);
+                    let mut tile_max = [[f32::NEG_INFINITY; LANES]; 2];
+                    for (lane, tiles) in sc.iter_mut().enumerate() {
+                        let (g, t) = (lane / 4, lane % 4);
+                        let pos0 = q0 + warp * 16 + g;
+                        let pos1 = pos0 + 8;
+                        for (nn, tile) in tiles.iter_mut().enumerate() {
+                            for (e, value) in tile.iter_mut().enumerate() {
+                                let key = k0 + nn * 8 + 2 * t + (e & 1);
+                                let pos = if e < 2 { pos0 } else { pos1 };
+                                let mut x = *value * scale;
+                                if key > pos || key >= s {
+                                    x = f32::NEG_INFINITY;
+                                }
+                                *value = x;
+                                tile_max[e >> 1][lane] = tile_max[e >> 1][lane].max(x);
+                            }
+                        }
+                    }
+                    let quad_max = [quad(tile_max[0], f32::max), quad(tile_max[1], f32::max)];
+                    let mut corr = [[0.0f32; 2]; LANES];
+                    let mut m_new = [[0.0f32; 2]; LANES];
+                    for lane in 0..LANES {
+                        for r in 0..2 {
+                            m_new[lane][r] = m[warp][lane][r].max(quad_max[r][lane]);
+                            corr[lane][r] = (m[warp][lane][r] - m_new[lane][r]).exp();
+                            m[warp][lane][r] = m_new[lane][r];
+                            l[warp][lane][r] *= corr[lane][r];
+                        }
+                        for tile in sc[lane].iter_mut() {
+                            for (e, value) in tile.iter_mut().enumerate() {
+                                let p = (*value - m_new[lane][e >> 1]).exp();
+                                *value = p;
+                                l[warp][lane][e >> 1] += p;
+                            }
+                        }
+                        for tile in o[warp][lane].iter_mut() {
+                            tile[0] *= corr[lane][0];
+                            tile[1] *= corr[lane][0];
+                            tile[2] *= corr[lane][1];
+                            tile[3] *= corr[lane][1];
+                        }
+                    }
+                    mma_px(d, n / 8, &mut o[warp], &sc, &v_s);
+                }
+                k0 += n;
+            }
+            for warp in 0..WARPS {
+                let sums = [0, 1].map(|r| quad(std::array::from_fn(|lane| l[warp][lane][r]), |a, b| a + b));
+                for lane in 0..LANES {
+                    let (g, t) = (lane / 4, lane % 4);
+                    let pos0 = q0 + warp * 16 + g;
+                    let pos1 = pos0 + 8;
+                    let (sum0, sum1) = (sums[0][lane], sums[1][lane]);
+                    for (nn, tile) in o[warp][lane].iter().enumerate() {
+                        let pair = nn * 4 + t;
+                        if pos0 < s {
+                            store_pair(out, sh, seq, head, pos0, pair, tile[0] / sum0, tile[1] / sum0, None);
+                        }
+                        if pos1 < s {
+                            store_pair(out, sh, seq, head, pos1, pair, tile[2] / sum1, tile[3] / sum1, None);
+                        }
+                    }
+                    if t == 0 {
+                        if pos0 < s {
+                            lse[sh.lse_index(seq, pos0, head)] = m[warp][lane][0] + sum0.ln();
+                        }
+                        if pos1 < s {
+                            lse[sh.lse_index(seq, pos1, head)] = m[warp][lane][1] + sum1.ln();
+                        }
+                    }
+                }
+            }
+        } else {
+            // One thread per (row, half); thread order does not matter between barriers.
+            let mut acc = vec![vec![0.0f32; d / 2]; 2 * OWNER];
+            let mut m = vec![f32::NEG_INFINITY; 2 * OWNER];
+            let mut l = vec![0.0f32; 2 * OWNER];
+            let mut k0 = 0;
+            while k0 <= q_last {
+                load(&mut k_s, k, sh, seq, head, k0, n, inv);
+                load(&mut v_s, v, sh, seq, head, k0, n, None);
+                for thread in 0..2 * OWNER {
+                    let (r, half) = (thread >> 1, thread & 1);
+                    let c0 = half * (d / 2);
+                    let pos = q0 + r;
+                    let mut sc = vec![0.0f32; n];
+                    let mut tile_max = f32::NEG_INFINITY;
+                    for (j, score) in sc.iter_mut().enumerate() {
+                        let mut dot = 0.0f32;
+                        for c in 0..d {
+                            dot += at(&q_s, r * ld + c) * at(&k_s, j * ld + c);
+                        }
+                        let mut x = dot * scale;
+                        let key = k0 + j;
+                        if key > pos || key >= s {
+                            x = f32::NEG_INFINITY;
+                        }
+                        *score = x;
+                        tile_max = tile_max.max(x);
+                    }
+                    let m_new = m[thread].max(tile_max);
+                    let corr = (m[thread] - m_new).exp();
+                    for a in acc[thread].iter_mut() {
+                        *a *= corr;
+                    }
+                    let mut tile_sum = 0.0f32;
+                    for (j, &score) in sc.iter().enumerate() {
+                        let p = (score - m_new).exp();
+                        tile_sum += p;
+                        for (c, a) in acc[thread].iter_mut().enumerate() {
+                            *a += p * at(&v_s, j * ld + c0 + c);
+                        }
+                    }
+                    l[thread] = l[thread] * corr + tile_sum;
+                    m[thread] = m_new;
+                }
+                k0 += n;
+            }
+            for thread in 0..2 * OWNER {
+                let (r, half) = (thread >> 1, thread & 1);
+                let c0 = half * (d / 2);
+                let pos = q0 + r;
+                if pos < s {
+                    let a = &acc[thread];
+                    for c in (0..d / 2).step_by(2) {
+                        store_pair(out, sh, seq, head, pos, (c0 + c) / 2, a[c] / l[thread], a[c + 1] / l[thread], None);
+                    }
+                    if half == 0 {
+                        lse[sh.lse_index(seq, pos, head)] = m[thread] + l[thread].ln();
+                    }
+                }
+            }
+        }
+    }
+    result
+}
+
+/// Blocks `(seq, head, block_x)` of a grid `(grid_x, heads, sequences)`.
+fn grid(sh: &Shape, grid_x: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    let (heads, sequences) = (sh.heads, sh.sequences);
+    (0..sequences).flat_map(move |seq| (0..heads).flat_map(move |head| (0..grid_x).map(move |x| (seq, head, x))))
+}
+
+#[path = "attention_emulation_backward.rs"]
+pub(super) mod backward_kernels;
+pub(super) use backward_kernels::backward;
