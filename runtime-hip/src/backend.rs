@@ -354,6 +354,15 @@ impl Backend for HipBackend {
                 BackendError::from(e)
             }
         })?);
+        // Zeroed, as on the CPU and CUDA backends, so that every backend starts a plan from the
+        // same bytes.
+        if let Some(arena) = &self.arena {
+            arena.zero(&self.streams[PlanStream::Compute.index()])?;
+        }
+        if let Some(host) = self.host.as_mut() {
+            // Safety: every stream is idle (waited above) and the slab is new.
+            unsafe { host.zero() };
+        }
         self.events = (0..events).map(|_| Event::new(&self.device)).collect::<Result<Vec<_>, _>>()?;
         self.recorded = vec![false; events as usize];
         let status_bytes = (memo_kernels::STATUS_WORDS * std::mem::size_of::<u32>()) as u64;

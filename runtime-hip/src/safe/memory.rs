@@ -2,6 +2,7 @@
 
 use std::ffi::c_void;
 
+use super::stream::Stream;
 use super::Device;
 use crate::error::{HipError, HIP_ERROR_OUT_OF_MEMORY};
 use crate::result;
@@ -40,6 +41,16 @@ impl DeviceBuffer {
     /// Bytes allocated.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Sets every byte to zero and waits for it (a memset on `stream`, then its synchronize).
+    pub fn zero(&self, stream: &Stream) -> Result<(), HipError> {
+        if self.ptr.is_null() {
+            return Ok(());
+        }
+        // Safety: the whole allocation, which lives until the synchronize below returns.
+        unsafe { result::memory::set_async(self.device.hip(), self.ptr, 0, self.bytes as usize, stream.raw())? };
+        stream.synchronize()
     }
 }
 
@@ -87,6 +98,17 @@ impl PinnedHostBuffer {
     /// Bytes allocated.
     pub fn bytes(&self) -> u64 {
         self.bytes
+    }
+
+    /// Sets every byte to zero.
+    ///
+    /// # Safety
+    /// No stream may be reading or writing the buffer (call with every stream idle).
+    pub unsafe fn zero(&mut self) {
+        if !self.ptr.is_null() {
+            // Safety: the whole allocation, host memory we own; no stream touches it (caller).
+            unsafe { std::ptr::write_bytes(self.ptr.cast::<u8>(), 0, self.bytes as usize) };
+        }
     }
 
     /// Copies `bytes` in at `offset`. `None` when out of range.
