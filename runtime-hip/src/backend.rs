@@ -23,6 +23,7 @@ use crate::sys::hip::{MEMCPY_DEVICE_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_HOS
 use crate::sys::hipblas::HipblasLib;
 use crate::sys::hiprtc::HiprtcLib;
 use crate::sys::LibrarySearch;
+use crate::timing::Timing;
 use crate::{result, HipError as Error};
 
 /// The environment variable that names the `--offload-arch` to compile for (e.g. `gfx942`);
@@ -36,6 +37,8 @@ pub struct HipBackend {
     /// The stream index the BLAS handle is bound to.
     blas_stream: usize,
     events: Vec<Event>,
+    /// Per-instruction timing, when measuring ([`HipBackend::measure`]).
+    timing: Option<Timing>,
     /// Whether each event was recorded in this step (a Wait on one not yet recorded is refused:
     /// HIP would wait on an older recording, or on nothing).
     recorded: Vec<bool>,
@@ -100,6 +103,7 @@ impl HipBackend {
             blas,
             blas_stream: PlanStream::Compute.index(),
             events: Vec::new(),
+            timing: None,
             recorded: Vec::new(),
             arena: None,
             host: None,
@@ -109,6 +113,35 @@ impl HipBackend {
             modules,
             device,
         })
+    }
+
+    /// Measure every launch and copy ([`Backend::timings`]): a timed event before and after each
+    /// on its stream, read at synchronize.
+    pub fn measure(mut self) -> Self {
+        self.timing = Some(Timing::default());
+        self
+    }
+
+    /// When measuring, records a timing event on `stream`.
+    fn mark(&mut self, stream: PlanStream) -> Result<Option<usize>, BackendError> {
+        let Some(timing) = self.timing.as_mut() else { return Ok(None) };
+        let stream = self
+            .streams
+            .get(stream.index())
+            .ok_or_else(|| BackendError::Other(format!("the hip backend has no {} stream", stream.name())))?;
+        timing.mark(&self.device, stream).map(Some)
+    }
+
+    /// When measuring, closes `instruction`'s span begun at `start`.
+    fn close_mark(&mut self, instruction: usize, stream: PlanStream, start: Option<usize>) -> Result<(), BackendError> {
+        if let Some(start) = start {
+            if let Some(end) = self.mark(stream)? {
+                if let Some(timing) = self.timing.as_mut() {
+                    timing.span(instruction, start, end);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The hipBLAS `GemmEx` convention found.
@@ -439,50 +472,20 @@ impl Backend for HipBackend {
         context: &KernelContext,
     ) -> Result<(), BackendError> {
         self.bind()?;
-        self.stream(stream)?;
-        let mut shapes = Vec::with_capacity(args.len());
-        for (index, arg) in args.iter().enumerate() {
-            if arg.span.space != Space::Device {
-                return Err(kernel_error(instruction, op, format!("argument {index} is not in the device arena")));
-            }
-            self.address(arg.span)?;
-            shapes.push(ArgShape { first_row: arg.first_row, rows: arg.rows, row_bytes: arg.row_bytes });
-        }
-        let steps = memo_kernels::launch_steps(op, &shapes, context)
-            .map_err(|e| BackendError::Kernel { instruction, message: e.to_string() })?;
-        self.ensure_scratch(instruction, stream.index(), memo_kernels::scratch_bytes(&steps))?;
-        for step in &steps {
-            self.run_step(instruction, op, args, stream.index(), step)?;
-        }
-        Ok(())
+        let start = self.mark(stream)?;
+        self.enqueue_launch(instruction, stream, op, args, context)?;
+        self.close_mark(instruction, stream, start)
     }
 
     fn copy(&mut self, instruction: usize, stream: PlanStream, src: Span, dst: Span) -> Result<(), BackendError> {
         self.bind()?;
-        if src.len != dst.len {
-            return Err(BackendError::Kernel {
-                instruction,
-                message: format!("copy of {} bytes into a span of {}", src.len, dst.len),
-            });
-        }
-        let from = self.address(src)?;
-        let to = self.address(dst)?;
-        if src.len == 0 {
-            return Ok(());
-        }
-        let kind = match (src.space, dst.space) {
-            (Space::Device, Space::Device) => MEMCPY_DEVICE_TO_DEVICE,
-            (Space::Device, Space::Host) => MEMCPY_DEVICE_TO_HOST,
-            (Space::Host, Space::Device) => MEMCPY_HOST_TO_DEVICE,
-            (Space::Host, Space::Host) => MEMCPY_HOST_TO_HOST,
-        };
-        let raw = self.stream(stream)?.raw();
-        // Safety: both spans lie in memory this backend owns (checked by `address`), which
-        // outlives the stream's work.
-        unsafe {
-            result::memory::copy_async(self.device.hip(), to as *mut _, from as *const _, src.len as usize, kind, raw)
-        }
-        .map_err(|e| BackendError::Kernel { instruction, message: format!("copy: {e}") })
+        let start = self.mark(stream)?;
+        self.enqueue_copy(instruction, stream, src, dst)?;
+        self.close_mark(instruction, stream, start)
+    }
+
+    fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
+        self.timing.as_ref().map(Timing::last)
     }
 
     fn record(&mut self, instruction: usize, stream: PlanStream, event: EventId) -> Result<(), BackendError> {
@@ -518,6 +521,9 @@ impl Backend for HipBackend {
         let waited = self.wait_streams();
         self.recorded.iter_mut().for_each(|r| *r = false);
         waited.map_err(|e| BackendError::Other(format!("hip: a stream failed: {e}")))?;
+        if let Some(timing) = self.timing.as_mut() {
+            timing.finish_step()?;
+        }
         if let Some((instruction, message)) = self.take_status()? {
             return Err(BackendError::Kernel { instruction, message });
         }
@@ -526,5 +532,66 @@ impl Backend for HipBackend {
 
     fn memory(&self) -> MemoryReport {
         MemoryReport { device_bytes: self.size_of(Space::Device), host_bytes: self.size_of(Space::Host) }
+    }
+}
+
+impl HipBackend {
+    fn enqueue_launch(
+        &mut self,
+        instruction: usize,
+        stream: PlanStream,
+        op: Op,
+        args: &[KernelArg],
+        context: &KernelContext,
+    ) -> Result<(), BackendError> {
+        self.stream(stream)?;
+        let mut shapes = Vec::with_capacity(args.len());
+        for (index, arg) in args.iter().enumerate() {
+            if arg.span.space != Space::Device {
+                return Err(kernel_error(instruction, op, format!("argument {index} is not in the device arena")));
+            }
+            self.address(arg.span)?;
+            shapes.push(ArgShape { first_row: arg.first_row, rows: arg.rows, row_bytes: arg.row_bytes });
+        }
+        let steps = memo_kernels::launch_steps(op, &shapes, context)
+            .map_err(|e| BackendError::Kernel { instruction, message: e.to_string() })?;
+        self.ensure_scratch(instruction, stream.index(), memo_kernels::scratch_bytes(&steps))?;
+        for step in &steps {
+            self.run_step(instruction, op, args, stream.index(), step)?;
+        }
+        Ok(())
+    }
+
+    fn enqueue_copy(
+        &mut self,
+        instruction: usize,
+        stream: PlanStream,
+        src: Span,
+        dst: Span,
+    ) -> Result<(), BackendError> {
+        if src.len != dst.len {
+            return Err(BackendError::Kernel {
+                instruction,
+                message: format!("copy of {} bytes into a span of {}", src.len, dst.len),
+            });
+        }
+        let from = self.address(src)?;
+        let to = self.address(dst)?;
+        if src.len == 0 {
+            return Ok(());
+        }
+        let kind = match (src.space, dst.space) {
+            (Space::Device, Space::Device) => MEMCPY_DEVICE_TO_DEVICE,
+            (Space::Device, Space::Host) => MEMCPY_DEVICE_TO_HOST,
+            (Space::Host, Space::Device) => MEMCPY_HOST_TO_DEVICE,
+            (Space::Host, Space::Host) => MEMCPY_HOST_TO_HOST,
+        };
+        let raw = self.stream(stream)?.raw();
+        // Safety: both spans lie in memory this backend owns (checked by `address`), which
+        // outlives the stream's work.
+        unsafe {
+            result::memory::copy_async(self.device.hip(), to as *mut _, from as *const _, src.len as usize, kind, raw)
+        }
+        .map_err(|e| BackendError::Kernel { instruction, message: format!("copy: {e}") })
     }
 }

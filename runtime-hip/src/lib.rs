@@ -14,7 +14,8 @@
 //!               errors while releasing are recorded on the Device and returned by its next bind
 //!   -> backend  (with marshal: steps -> checked addresses, kernel parameter slots, GEMM calls)
 //!               HipBackend: memo_runtime::Backend over one arena, one pinned slab, three
-//!               streams and the plan's events; launches through memo_kernels::launch_steps
+//!               streams and the plan's events; launches through memo_kernels::launch_steps;
+//!               timing (measure) with timed events around each launch and copy
 //! ```
 //!
 //! Library search ([`LibrarySearch::from_env`]): `$ROCM_PATH/lib`, `$HIP_PATH/lib`,
@@ -34,6 +35,7 @@ pub mod marshal;
 pub mod result;
 pub mod safe;
 pub mod sys;
+mod timing;
 
 pub use backend::HipBackend;
 pub use error::{blas_status_message, HipError, HIP_ERROR_NO_DEVICE, HIP_ERROR_OUT_OF_MEMORY};

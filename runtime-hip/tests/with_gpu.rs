@@ -112,3 +112,22 @@ fn the_tiny_model_trains_like_on_the_cpu_within_bf16_tolerance() {
         }
     }
 }
+
+#[test]
+fn measuring_times_every_copy_of_the_step() {
+    let Some(backend) = backend_or_skip("measuring_times_every_copy_of_the_step") else {
+        return;
+    };
+    let mut backend = backend.measure();
+    backend.allocate(1 << 20, 1 << 20, 1).expect("allocate");
+    backend.copy(0, Stream::DeviceToHost, span(Space::Device, 0, 1 << 20), span(Space::Host, 0, 1 << 20)).expect("d2h");
+    backend.record(1, Stream::DeviceToHost, EventId(0)).expect("record");
+    backend.wait(2, Stream::HostToDevice, EventId(0)).expect("wait");
+    backend.copy(3, Stream::HostToDevice, span(Space::Host, 0, 1 << 20), span(Space::Device, 0, 1 << 20)).expect("h2d");
+    backend.synchronize().expect("synchronize");
+    let timings = backend.timings().expect("measuring");
+    assert_eq!(timings.iter().map(|t| t.0).collect::<Vec<_>>(), vec![0, 3]);
+    assert_eq!(timings[0].1, 0.0, "the step starts at its earliest start");
+    assert!(timings.iter().all(|&(_, start, end)| start <= end));
+    assert!(timings[1].1 >= timings[0].2, "the h2d copy waited for the d2h copy's event");
+}

@@ -5,12 +5,28 @@ use crate::error::HipError;
 use crate::sys::hip::{HipFns, EVENT_DISABLE_TIMING};
 use crate::sys::{HipEvent, HipStream};
 
-/// `hipEventCreateWithFlags(hipEventDisableTiming)`.
+/// `hipEventCreateWithFlags(hipEventDisableTiming)`: for ordering only.
 pub fn create(hip: &HipFns) -> Result<HipEvent, HipError> {
+    create_with_flags(hip, EVENT_DISABLE_TIMING)
+}
+
+/// `hipEventCreateWithFlags(flags)`.
+pub fn create_with_flags(hip: &HipFns, flags: std::ffi::c_uint) -> Result<HipEvent, HipError> {
     let mut event = std::ptr::null_mut();
     // Safety: `event` is a valid out-pointer.
-    check(hip, "hipEventCreateWithFlags", unsafe { (hip.hipEventCreateWithFlags)(&mut event, EVENT_DISABLE_TIMING) })?;
+    check(hip, "hipEventCreateWithFlags", unsafe { (hip.hipEventCreateWithFlags)(&mut event, flags) })?;
     Ok(event)
+}
+
+/// `hipEventElapsedTime(start, stop)` in milliseconds.
+///
+/// # Safety
+/// Both events are live, created with timing, and recorded.
+pub unsafe fn elapsed_ms(hip: &HipFns, start: HipEvent, stop: HipEvent) -> Result<f32, HipError> {
+    let mut ms = 0f32;
+    // Safety: valid out-pointer; the caller's contract for the events.
+    check(hip, "hipEventElapsedTime", unsafe { (hip.hipEventElapsedTime)(&mut ms, start, stop) })?;
+    Ok(ms)
 }
 
 /// `hipEventRecord`.

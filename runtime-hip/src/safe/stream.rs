@@ -68,6 +68,21 @@ impl Event {
         Ok(Event { device: device.clone(), raw: result::event::create(device.hip())? })
     }
 
+    /// An event that can be timed (`hipEventDefault`).
+    pub fn timed(device: &Device) -> Result<Self, HipError> {
+        Ok(Event {
+            device: device.clone(),
+            raw: result::event::create_with_flags(device.hip(), crate::sys::hip::EVENT_DEFAULT)?,
+        })
+    }
+
+    /// Milliseconds from this event's last recording to `later`'s (both timed, both done).
+    pub fn elapsed_ms(&self, later: &Event) -> Result<f32, HipError> {
+        // Safety: both live; the caller waited for their recordings (an unfinished or untimed
+        // event is an error HIP reports, not undefined behaviour).
+        unsafe { result::event::elapsed_ms(self.device.hip(), self.raw, later.raw) }
+    }
+
     /// Waits on the host until the last recording has run.
     pub fn synchronize(&self) -> Result<(), HipError> {
         // Safety: live event.

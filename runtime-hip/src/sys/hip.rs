@@ -21,6 +21,8 @@ pub const MEMCPY_DEVICE_TO_HOST: c_int = 2;
 pub const MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 /// `hipStreamNonBlocking`: the stream does not synchronise with the null stream.
 pub const STREAM_NON_BLOCKING: c_uint = 0x1;
+/// `hipEventDefault`: an event that can be timed (`hipEventElapsedTime`).
+pub const EVENT_DEFAULT: c_uint = 0x0;
 /// `hipEventDisableTiming`: plan events only order work, they are never timed.
 pub const EVENT_DISABLE_TIMING: c_uint = 0x2;
 /// `hipHostMallocDefault`: ordinary (not write-combined) pinned memory, which the CPU reads at
@@ -57,6 +59,7 @@ pub struct HipFns {
     pub hipEventRecord: unsafe extern "C" fn(HipEvent, HipStream) -> HipErrorCode,
     pub hipEventSynchronize: unsafe extern "C" fn(HipEvent) -> HipErrorCode,
     pub hipEventDestroy: unsafe extern "C" fn(HipEvent) -> HipErrorCode,
+    pub hipEventElapsedTime: unsafe extern "C" fn(*mut f32, HipEvent, HipEvent) -> HipErrorCode,
     pub hipModuleLoadData: unsafe extern "C" fn(*mut HipModule, *const c_void) -> HipErrorCode,
     pub hipModuleGetFunction: unsafe extern "C" fn(*mut HipFunction, HipModule, *const c_char) -> HipErrorCode,
     #[allow(clippy::type_complexity)]
@@ -124,6 +127,7 @@ impl HipLib {
                 hipEventRecord,
                 hipEventSynchronize,
                 hipEventDestroy,
+                hipEventElapsedTime,
                 hipModuleLoadData,
                 hipModuleGetFunction,
                 hipModuleLaunchKernel,
