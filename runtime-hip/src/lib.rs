@@ -105,3 +105,14 @@ pub fn kernels_present(source: &memo_kernels::Source, code: &[u8]) -> Result<(),
         )))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The backend may be opened on one thread and driven from another (the device is bound
+    /// on every call); this fails to compile if a field stops being `Send`.
+    #[test]
+    fn the_backend_can_move_between_threads() {
+        fn send<T: Send>() {}
+        send::<crate::HipBackend>();
+    }
+}
