@@ -100,15 +100,28 @@ __device__ __forceinline__ void memo_attn_rope(memo_u32 pos, double inv_freq, fl
 
 // Loads `rows` rows of head `head` from position `first_pos` on into `dst` (row stride D + 8
 // bf16), rotated by RoPE when `inv_freq` is non-null; rows at or past `s` are zero.
+//
+// Thread t moves pair t % (D/2) of rows t / (D/2), + STEP, + 2 STEP, ... (STEP = threads / (D/2)),
+// so the angles of its rows grow by STEP * f at each step: one accurate memo_attn_rope per call
+// for the first row and one for the step, then each row's (cos, sin) is the previous one rotated
+// by the step (4 FMAs instead of a sincosf per element; about 1 ulp of f32 per step, at most 32
+// steps, far below the bf16 rounding that follows).
 template <int D>
 __device__ __forceinline__ void memo_attn_load(memo_bf16* dst, const memo_bf16* src, memo_u32 seq, memo_u32 head,
                                                memo_u32 s, memo_u32 row_elems, memo_u32 first_pos, int rows,
                                                const double* inv_freq) {
     constexpr int PAIRS = D / 2;
     constexpr int LD = D + 8;
-    for (int e = threadIdx.x; e < rows * PAIRS; e += MEMO_ATTN_THREADS) {
-        const int row = e / PAIRS;
-        const int pair = e % PAIRS;
+    constexpr int STEP = MEMO_ATTN_THREADS / PAIRS;
+    static_assert(MEMO_ATTN_THREADS % PAIRS == 0, "each thread keeps one pair index for every row it loads");
+    const int pair = threadIdx.x % PAIRS;
+    const int row0 = threadIdx.x / PAIRS;
+    float c = 1.0f, sn = 0.0f, step_c = 1.0f, step_s = 0.0f;
+    if (inv_freq != nullptr) {
+        memo_attn_rope(first_pos + (memo_u32)row0, inv_freq[pair], &c, &sn);
+        memo_attn_rope((memo_u32)STEP, inv_freq[pair], &step_c, &step_s);
+    }
+    for (int row = row0; row < rows; row += STEP) {
         const memo_u32 pos = first_pos + (memo_u32)row;
         float x0 = 0.0f, x1 = 0.0f;
         if (pos < s) {
@@ -116,8 +129,6 @@ __device__ __forceinline__ void memo_attn_load(memo_bf16* dst, const memo_bf16* 
             x0 = memo_attn_lo(bits);
             x1 = memo_attn_hi(bits);
             if (inv_freq != nullptr) {
-                float c, sn;
-                memo_attn_rope(pos, inv_freq[pair], &c, &sn);
                 const float y0 = x0 * c - x1 * sn;
                 const float y1 = x0 * sn + x1 * c;
                 x0 = y0;
@@ -125,6 +136,9 @@ __device__ __forceinline__ void memo_attn_load(memo_bf16* dst, const memo_bf16* 
             }
         }
         *(memo_u32*)(dst + row * LD + 2 * pair) = memo_attn_pack(x0, x1);
+        const float next_c = c * step_c - sn * step_s;
+        sn = sn * step_c + c * step_s;
+        c = next_c;
     }
 }
 

@@ -15,6 +15,14 @@ cache=".cache/nvrtc"
 # CUDA 12 wheels: the newest 12.x NVRTC still compiles for sm_80 and sm_90.
 packages=("nvidia-cuda-nvrtc-cu12" "nvidia-cuda-runtime-cu12")
 
+failed=".cache/nvrtc.failed"  # the last failure's reason, which the compile test prints in its SKIP
+fail() {
+    echo "fetch-nvrtc: $1" >&2
+    mkdir -p .cache && echo "$1" >"$failed"
+    rm -rf "$cache"
+    exit 1
+}
+
 if [[ -f "$cache/READY" ]]; then
     echo "fetch-nvrtc: $cache is ready ($(cat "$cache/READY")); nothing to do"
     exit 0
@@ -28,8 +36,7 @@ for candidate in python3 python; do
     fi
 done
 if [[ -z "$python" ]]; then
-    echo "fetch-nvrtc: no python with pip on PATH; install python3-pip to compile-check the kernels" >&2
-    exit 1
+    fail "no python with pip on PATH; install python3-pip to compile-check the kernels"
 fi
 
 rm -rf "$cache"
@@ -37,20 +44,16 @@ mkdir -p "$cache/wheels" "$cache/unpacked" "$cache/lib"
 start=$(date +%s)
 if ! "$python" -m pip download --quiet --no-deps --only-binary=:all: --platform manylinux2014_x86_64 \
     --python-version 3.11 --dest "$cache/wheels" "${packages[@]}"; then
-    echo "fetch-nvrtc: pip download of ${packages[*]} failed (no route to the Python package registry?)" >&2
-    rm -rf "$cache"
-    exit 1
+    fail "pip download of ${packages[*]} failed (no route to the Python package registry?)"
 fi
 for wheel in "$cache"/wheels/*.whl; do
-    "$python" -m zipfile -e "$wheel" "$cache/unpacked" || { echo "fetch-nvrtc: cannot unzip $wheel" >&2; rm -rf "$cache"; exit 1; }
+    "$python" -m zipfile -e "$wheel" "$cache/unpacked" || fail "cannot unzip $wheel"
 done
 
 nvrtc_lib="$(find "$cache/unpacked" -path '*cuda_nvrtc/lib*' -name 'libnvrtc.so.*' ! -name '*builtins*' | sort | head -n 1)"
 include="$(find "$cache/unpacked" -type d -path '*cuda_runtime/include' | head -n 1)"
 if [[ -z "$nvrtc_lib" || -z "$include" || ! -f "$include/cuda_bf16.h" ]]; then
-    echo "fetch-nvrtc: the wheels lack libnvrtc.so.* or cuda_runtime/include/cuda_bf16.h; layout changed?" >&2
-    rm -rf "$cache"
-    exit 1
+    fail "the wheels lack libnvrtc.so.* or cuda_runtime/include/cuda_bf16.h; layout changed?"
 fi
 # The library and its builtins side by side in lib/, plus the unversioned names loaders look for.
 # Relative links, so the cache survives moving the checkout.
@@ -65,5 +68,6 @@ ln -sfn "${include#"$cache"/}" "$cache/include"
 versions="$(cd "$cache/wheels" && ls *.whl | tr '\n' ' ')"
 rm -rf "$cache/wheels"  # unpacked; the names are kept in READY
 echo "$versions" >"$cache/READY"
+rm -f "$failed"
 echo "fetch-nvrtc: ready in $(( $(date +%s) - start )) s: $cache/lib/libnvrtc.so -> $(basename "$nvrtc_lib"), headers in $cache/include"
 echo "fetch-nvrtc: wheels: $versions($(du -sh "$cache" | cut -f1) on disk)"

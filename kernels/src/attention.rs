@@ -7,6 +7,11 @@
 //! no atomics. The shape checks mirror `runtime-cpu`'s, so a launch the CPU reference refuses is
 //! refused here too, with the same kind of message; head dims other than [`HEAD_DIMS`] have no
 //! kernel and are refused.
+//!
+//! Testing without a GPU: `attention_emulation.rs` re-runs the kernels' code on the CPU (both
+//! compute paths, lane by lane for the tensor cores) and the tests compare it with `runtime-cpu`.
+//! On a GPU, `kernels/attention_gpu_check.py` compiles the source with NVRTC, launches these
+//! recipes' grids and compares with a float64 PyTorch reference.
 
 use memo_plan_core::plan::Op;
 use memo_runtime::KernelContext;

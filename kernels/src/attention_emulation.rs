@@ -19,8 +19,10 @@ use super::OWNER_ROWS;
 
 /// `MEMO_ATTN_OWNER`.
 const OWNER: usize = OWNER_ROWS as usize;
+/// `MEMO_ATTN_THREADS`.
+const THREADS: usize = super::THREADS as usize;
 /// Warps of 32 lanes per block in the tensor path (`MEMO_ATTN_THREADS / 32`).
-const WARPS: usize = 4;
+const WARPS: usize = THREADS / LANES;
 const LANES: usize = 32;
 
 /// `MemoAttnTiles<D>::{FORWARD, BACKWARD}`.
@@ -93,12 +95,12 @@ fn store_word(x: &mut [u16], i: usize, bits: u32) {
 }
 
 /// `memo_attn_inv_freq`.
-fn inv_freq(d: usize) -> Vec<f64> {
+pub(super) fn inv_freq(d: usize) -> Vec<f64> {
     (0..d / 2).map(|i| 10000.0f64.powf(-2.0 * i as f64 / d as f64)).collect()
 }
 
 /// `memo_attn_rope`: (cos, sin).
-fn rope(pos: usize, inv_freq: f64) -> (f32, f32) {
+pub(super) fn rope(pos: usize, inv_freq: f64) -> (f32, f32) {
     let two_pi_hi = TAU; // 6.283185307179586 in the source
     let two_pi_lo = 2.4492935982947064e-16f64;
     let angle = pos as f64 * inv_freq;
@@ -109,7 +111,8 @@ fn rope(pos: usize, inv_freq: f64) -> (f32, f32) {
     (c, sn)
 }
 
-/// `memo_attn_load`.
+/// `memo_attn_load`: thread `tid` moves pair `tid % (d/2)` of rows `tid / (d/2)`, + STEP, ...,
+/// advancing its (cos, sin) by the step's rotation.
 #[allow(clippy::too_many_arguments)]
 fn load(
     dst: &mut [u16],
@@ -122,24 +125,37 @@ fn load(
     inv_freq: Option<&[f64]>,
 ) {
     let (pairs, ld) = (sh.d / 2, sh.d + 8);
-    for e in 0..rows * pairs {
-        let row = e / pairs;
-        let pair = e % pairs;
-        let pos = first_pos + row;
-        let (mut x0, mut x1) = (0.0f32, 0.0f32);
-        if pos < sh.s {
-            let bits = word(src, sh.elem(seq, pos, head) + 2 * pair);
-            x0 = lo(bits);
-            x1 = hi(bits);
-            if let Some(inv_freq) = inv_freq {
-                let (c, sn) = rope(pos, inv_freq[pair]);
-                let y0 = x0 * c - x1 * sn;
-                let y1 = x0 * sn + x1 * c;
-                x0 = y0;
-                x1 = y1;
-            }
+    let step = THREADS / pairs;
+    assert_eq!(THREADS % pairs, 0);
+    for thread in 0..THREADS {
+        let pair = thread % pairs;
+        let row0 = thread / pairs;
+        let (mut c, mut sn, mut step_c, mut step_s) = (1.0f32, 0.0f32, 1.0f32, 0.0f32);
+        if let Some(inv_freq) = inv_freq {
+            (c, sn) = rope(first_pos + row0, inv_freq[pair]);
+            (step_c, step_s) = rope(step, inv_freq[pair]);
         }
-        store_word(dst, row * ld + 2 * pair, pack(x0, x1));
+        let mut row = row0;
+        while row < rows {
+            let pos = first_pos + row;
+            let (mut x0, mut x1) = (0.0f32, 0.0f32);
+            if pos < sh.s {
+                let bits = word(src, sh.elem(seq, pos, head) + 2 * pair);
+                x0 = lo(bits);
+                x1 = hi(bits);
+                if inv_freq.is_some() {
+                    let y0 = x0 * c - x1 * sn;
+                    let y1 = x0 * sn + x1 * c;
+                    x0 = y0;
+                    x1 = y1;
+                }
+            }
+            store_word(dst, row * ld + 2 * pair, pack(x0, x1));
+            let next_c = c * step_c - sn * step_s;
+            sn = sn * step_c + c * step_s;
+            c = next_c;
+            row += step;
+        }
     }
 }
 

@@ -399,3 +399,50 @@ mod versus_cpu {
         check(1, 64, 2, 128, 9);
     }
 }
+
+mod rope {
+    use crate::attention::emulation::{inv_freq, rope};
+
+    /// The CPU reference's (cos, sin): f64 angle, rounded to f32.
+    fn exact(pos: usize, inv_freq: f64) -> (f32, f32) {
+        let (sin, cos) = (pos as f64 * inv_freq).sin_cos();
+        (cos as f32, sin as f32)
+    }
+
+    #[test]
+    fn angles_reduced_in_double_stay_within_a_few_f32_ulps_at_millions_of_tokens() {
+        for d in [16, 128] {
+            for (pair, &f) in inv_freq(d).iter().enumerate() {
+                for pos in [0, 1, 63, 1000, 65_535, 1_000_000, 4_194_303] {
+                    let (c, s) = rope(pos, f);
+                    let (ec, es) = exact(pos, f);
+                    assert!((c - ec).abs() <= 3e-7 && (s - es).abs() <= 3e-7, "d={d} pair={pair} pos={pos}");
+                }
+            }
+        }
+    }
+
+    /// `memo_attn_load` advances (cos, sin) by the step's rotation for up to 32 rows per call
+    /// (owner tile, head dim 128: step 2).
+    #[test]
+    fn stepped_angles_stay_within_a_few_f32_ulps() {
+        for (d, step, rows) in [(128, 2, 64), (64, 4, 64), (16, 16, 64), (128, 2, 32)] {
+            for (pair, &f) in inv_freq(d).iter().enumerate() {
+                for first in [0, 777, 1_000_000 - 64] {
+                    let (mut c, mut s) = rope(first, f);
+                    let (step_c, step_s) = rope(step, f);
+                    for row in (0..rows).step_by(step) {
+                        let (ec, es) = exact(first + row, f);
+                        assert!(
+                            (c - ec).abs() <= 2e-6 && (s - es).abs() <= 2e-6,
+                            "d={d} pair={pair} row={first}+{row}: ({c}, {s}) vs ({ec}, {es})"
+                        );
+                        let next_c = c * step_c - s * step_s;
+                        s = s * step_c + c * step_s;
+                        c = next_c;
+                    }
+                }
+            }
+        }
+    }
+}

@@ -26,6 +26,10 @@ use memo_plan_core::plan::Op;
 use memo_runtime::KernelContext;
 
 mod attention;
+#[cfg(test)]
+mod emulation;
+#[cfg(test)]
+mod emulation_backend;
 mod recipes;
 #[cfg(test)]
 mod tests;

@@ -13,12 +13,16 @@ const VOCAB: u64 = 40;
 const ROWS: u64 = 12;
 
 fn context() -> KernelContext {
+    context_for(H, VOCAB, ROWS)
+}
+
+fn context_for(hidden: u64, vocab: u64, rows: u64) -> KernelContext {
     KernelContext {
-        hidden: H,
+        hidden,
         heads: 2,
-        seq_len: ROWS,
-        vocab: VOCAB,
-        loss_scale_tokens: ROWS,
+        seq_len: rows,
+        vocab,
+        loss_scale_tokens: rows,
         adamw: AdamW { step: 3, ..AdamW::default() },
     }
 }
@@ -27,11 +31,17 @@ fn shape(rows: u64, row_bytes: u64) -> ArgShape {
     ArgShape { first_row: 0, rows, row_bytes }
 }
 
-/// Shapes of a valid launch of every op this crate has a recipe for.
+/// Shapes of a valid launch of every non-attention op.
 fn valid_launches() -> Vec<(Op, Vec<ArgShape>)> {
-    let (h, v, r) = (H * 2, VOCAB * 2, ROWS);
+    launches(H, VOCAB, ROWS)
+}
+
+/// Shapes of a valid launch of every non-attention op: `hidden`, `vocab` and `rows` as given,
+/// linear layers of `hidden` -> 24 features.
+fn launches(hidden: u64, vocab: u64, rows: u64) -> Vec<(Op, Vec<ArgShape>)> {
+    let (h, v, r) = (hidden * 2, vocab * 2, rows);
     vec![
-        (Op::Embedding, vec![shape(r, 4), shape(VOCAB, h), shape(r, h)]),
+        (Op::Embedding, vec![shape(r, 4), shape(vocab, h), shape(r, h)]),
         (Op::LayerNorm, vec![shape(r, h), shape(1, h), shape(1, h), shape(r, h)]),
         (Op::Linear, vec![shape(r, h), shape(24, h), shape(1, 48), shape(r, 48)]),
         (Op::Gelu, vec![shape(r, h), shape(r, h)]),
@@ -41,14 +51,104 @@ fn valid_launches() -> Vec<(Op, Vec<ArgShape>)> {
         (Op::LinearBackwardWeight, vec![shape(r, h), shape(r, 48), shape(24, h), shape(1, 48)]),
         (Op::GeluBackward, vec![shape(r, h), shape(r, h), shape(r, h)]),
         (Op::LayerNormBackward, vec![shape(r, h), shape(1, h), shape(r, h), shape(r, h), shape(1, h), shape(1, h)]),
-        (Op::Classifier, vec![shape(r, h), shape(VOCAB, h), shape(r, v)]),
+        (Op::Classifier, vec![shape(r, h), shape(vocab, h), shape(r, v)]),
         (Op::CrossEntropy, vec![shape(r, v), shape(r, 4), shape(1, 4)]),
-        (Op::ClassifierBackwardWeight, vec![shape(r, h), shape(r, v), shape(VOCAB, h)]),
-        (Op::EmbeddingBackward, vec![shape(r, 4), shape(r, h), shape(VOCAB, h)]),
+        (Op::ClassifierBackwardWeight, vec![shape(r, h), shape(r, v), shape(vocab, h)]),
+        (Op::EmbeddingBackward, vec![shape(r, 4), shape(r, h), shape(vocab, h)]),
         (Op::Zero, vec![shape(r, h)]),
         (Op::GradNormSquared, vec![shape(24, h), shape(1, 4)]),
-        (Op::AdamW, vec![shape(24, h), shape(24, h), shape(24, H * 12), shape(1, 4)]),
+        (Op::AdamW, vec![shape(24, h), shape(24, h), shape(24, hidden * 12), shape(1, 4)]),
     ]
+}
+
+/// Inputs for `op`'s arguments: ids below `vocab`, scalars, AdamW state, or bf16 in [-1, 1).
+fn inputs(op: Op, shapes: &[ArgShape], vocab: u64, seed: u64) -> Vec<Vec<u8>> {
+    shapes
+        .iter()
+        .zip(op.signature())
+        .enumerate()
+        .map(|(i, (s, &(name, _)))| {
+            let count = (s.rows * s.row_bytes) as usize;
+            let noise = bf16_bytes(count / 2, seed + i as u64);
+            match name {
+                "tokens" | "targets" => noise
+                    .chunks_exact(4)
+                    .flat_map(|w| (u32::from_le_bytes([w[0], w[1], w[2], w[3]]) % vocab as u32).to_le_bytes())
+                    .collect(),
+                "loss" | "sum_squares" => 0.5f32.to_le_bytes().to_vec(),
+                "grad_norm_squared" => 4.0f32.to_le_bytes().to_vec(),
+                // Master weights, m and v alike positive and small (v must be: it is square-rooted).
+                "optimizer_state" => {
+                    to_f32(&noise).iter().take(count / 4).flat_map(|&x| (x.abs() * 1e-2).to_le_bytes()).collect()
+                }
+                _ => noise,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn every_recipe_run_by_the_emulation_matches_the_cpu() {
+    // Small, and large enough for several row chunks per column sum and two embedding tiles.
+    for (hidden, vocab, rows) in [(H, VOCAB, ROWS), (2100, 37, 200)] {
+        let ctx = context_for(hidden, vocab, rows);
+        for (op, shapes) in launches(hidden, vocab, rows) {
+            let data = inputs(op, &shapes, vocab, 99);
+            let steps = launch_steps(op, &shapes, &ctx).unwrap_or_else(|e| panic!("{e}"));
+            let mut emulated = data.clone();
+            assert_eq!(crate::emulation::run(&steps, &mut emulated, 5), [0; 4], "{}", op.name());
+            let mut cpu = data.clone();
+            run_cpu_with(op, &shapes, &mut cpu, &ctx);
+            for (index, (e, c)) in emulated.iter().zip(&cpu).enumerate() {
+                let name = op.signature()[index].0;
+                let f32_words = matches!(name, "loss" | "sum_squares" | "grad_norm_squared" | "optimizer_state");
+                let (e, c, relative, of_max) = if f32_words {
+                    (words(e), words(c), 1e-4, 0.0)
+                } else if matches!(name, "tokens" | "targets") {
+                    assert_eq!(e, c);
+                    continue;
+                } else {
+                    (to_f32(e), to_f32(c), 2e-2, 1e-3)
+                };
+                let max = c.iter().fold(0f32, |m, x| m.max(x.abs()));
+                for (k, (x, y)) in e.iter().zip(&c).enumerate() {
+                    let bound = relative * y.abs() + of_max * max + 1e-6;
+                    assert!(
+                        (x - y).abs() <= bound,
+                        "{} `{name}` [{k}]: {x} vs {y} ({hidden}, {vocab}, {rows})",
+                        op.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_ids_and_a_nan_norm_are_reported_with_the_instruction() {
+    let ctx = context();
+    let all = valid_launches();
+    for (op, bad_arg, code) in [(Op::Embedding, 0, 1), (Op::EmbeddingBackward, 0, 1), (Op::CrossEntropy, 1, 2)] {
+        let shapes = &all.iter().find(|(o, _)| *o == op).expect("a launch").1;
+        let mut data = inputs(op, shapes, VOCAB, 3);
+        data[bad_arg][8..12].copy_from_slice(&(VOCAB as u32 + 5).to_le_bytes());
+        let steps = launch_steps(op, shapes, &ctx).expect("steps");
+        let status = crate::emulation::run(&steps, &mut data, 41);
+        assert_eq!(status, [code, 41, 2, VOCAB as u32 + 5], "{}", op.name());
+        assert!(status_error(status).is_some());
+    }
+    let shapes = &all.iter().find(|(o, _)| *o == Op::AdamW).expect("adamw").1;
+    let mut data = inputs(Op::AdamW, shapes, VOCAB, 3);
+    data[3] = f32::INFINITY.to_le_bytes().to_vec();
+    let before = data.clone();
+    let steps = launch_steps(Op::AdamW, shapes, &ctx).expect("steps");
+    let status = crate::emulation::run(&steps, &mut data, 9);
+    assert_eq!(status[..2], [3, 9]);
+    assert_eq!(data, before, "nothing written");
+}
+
+fn words(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]])).collect()
 }
 
 /// The C parameter kinds of kernel `name`: 'p' pointer, 'q' u64, 'u' u32, 'f' float.
@@ -157,78 +257,13 @@ fn to_f32(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(2).map(|p| half::bf16::from_bits(u16::from_le_bytes([p[0], p[1]])).to_f32()).collect()
 }
 
-/// Runs the steps on host copies of the arguments: GEMMs by a column-major reference, Zero, and
-/// the two kernels the GEMM ops use (bias broadcast, column sums).
-fn run_steps(steps: &[Step], args: &mut [Vec<u8>]) {
-    let mut scratch = vec![0f32; (scratch_bytes(steps) / 4) as usize];
-    for step in steps {
-        match step {
-            Step::Zero { arg } => args[*arg].fill(0),
-            Step::Gemm(g) => {
-                let a = to_f32(&args[g.a.arg]);
-                let b = to_f32(&args[g.b.arg]);
-                let mut c = to_f32(&args[g.c.arg]);
-                let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
-                for j in 0..n {
-                    for i in 0..m {
-                        let mut sum = 0f32;
-                        for p in 0..k {
-                            let av = if g.transpose_a { a[p + i * g.lda as usize] } else { a[i + p * g.lda as usize] };
-                            let bv = if g.transpose_b { b[j + p * g.ldb as usize] } else { b[p + j * g.ldb as usize] };
-                            sum += av * bv;
-                        }
-                        let at = i + j * g.ldc as usize;
-                        c[at] = g.alpha * sum + g.beta * c[at];
-                    }
-                }
-                let out: Vec<u8> = c.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect();
-                args[g.c.arg] = out;
-            }
-            Step::Kernel(launch) => {
-                let p = &launch.params;
-                let arg = |i: usize| match p[i] {
-                    Param::Ptr { arg, byte_offset: 0 } => arg,
-                    ref other => panic!("{}: parameter {i} is {other:?}", launch.kernel),
-                };
-                let u = |i: usize| match p[i] {
-                    Param::U32(v) => v as usize,
-                    Param::U64(v) => v as usize,
-                    ref other => panic!("{other:?}"),
-                };
-                match launch.kernel {
-                    "memo_broadcast_row" => {
-                        let row = args[arg(0)].clone();
-                        let (rows, width) = (u(2), u(3));
-                        args[arg(1)] = row[..width * 2].repeat(rows);
-                    }
-                    "memo_column_sum_partial" => {
-                        let src = to_f32(&args[arg(0)]);
-                        let (rows, width, per_chunk) = (u(2), u(3), u(4));
-                        for (chunk, first) in (0..rows).step_by(per_chunk).enumerate() {
-                            for j in 0..width {
-                                let end = (first + per_chunk).min(rows);
-                                scratch[chunk * width + j] = (first..end).map(|r| src[r * width + j]).sum();
-                            }
-                        }
-                    }
-                    "memo_column_sum_finish" => {
-                        let (chunks, width) = (u(2), u(3));
-                        let sums: Vec<f32> =
-                            (0..width).map(|j| (0..chunks).map(|c| scratch[c * width + j]).sum()).collect();
-                        let dst = arg(1);
-                        args[dst] =
-                            sums.iter().flat_map(|&x| half::bf16::from_f32(x).to_bits().to_le_bytes()).collect();
-                    }
-                    other => panic!("kernel {other} is not emulated here"),
-                }
-            }
-        }
-    }
-}
-
 /// The CPU reference on the same arguments.
 fn run_cpu(op: Op, shapes: &[ArgShape], args: &mut [Vec<u8>]) {
-    let ctx = context();
+    run_cpu_with(op, shapes, args, &context());
+}
+
+/// The CPU reference with `ctx`.
+fn run_cpu_with(op: Op, shapes: &[ArgShape], args: &mut [Vec<u8>], ctx: &KernelContext) {
     let op_ctx = OpContext {
         hidden: ctx.hidden as usize,
         heads: ctx.heads as usize,
@@ -269,7 +304,7 @@ fn gemm_recipes_compute_what_the_cpu_ops_compute() {
             .collect();
         let steps = launch_steps(op, &shapes, &context()).unwrap_or_else(|e| panic!("{e}"));
         let mut gpu = inputs.clone();
-        run_steps(&steps, &mut gpu);
+        crate::emulation::run(&steps, &mut gpu, 0);
         let mut cpu = inputs.clone();
         run_cpu(op, &shapes, &mut cpu);
         for (index, (g, c)) in gpu.iter().zip(&cpu).enumerate() {

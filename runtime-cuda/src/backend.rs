@@ -66,6 +66,17 @@ fn driver_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> BackendEr
     move |error| BackendError::Other(format!("CUDA: {what}: {error}"))
 }
 
+/// An allocation failure: out of memory, or the driver's other error as it is.
+fn allocation_error(what: &'static str, bytes: u64) -> impl Fn(cudarc::driver::DriverError) -> BackendError {
+    move |error| {
+        if error.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+            BackendError::OutOfMemory { what, bytes }
+        } else {
+            BackendError::Other(format!("CUDA: allocating {bytes} bytes for the {what}: {error}"))
+        }
+    }
+}
+
 impl CudaBackend {
     /// Opens device `ordinal`: probes the libraries, creates the context and the streams, and
     /// compiles every kernel of [`memo_kernels::SOURCES`] for the device's compute capability.
@@ -207,8 +218,8 @@ impl CudaBackend {
             self.scratch[index] = None;
             // Safety: the scratch is written by the kernels before they read it (each recipe's
             // first step writes what its later steps read), so its initial contents never matter.
-            let slice = unsafe { self.streams[index].alloc::<u8>(len) }
-                .map_err(|_| BackendError::OutOfMemory { what: "kernel scratch", bytes: grown })?;
+            let slice =
+                unsafe { self.streams[index].alloc::<u8>(len) }.map_err(allocation_error("kernel scratch", grown))?;
             self.scratch[index] = Some(slice);
         }
         let scratch = self.scratch[index].as_ref().ok_or_else(|| BackendError::Other("scratch vanished".into()))?;
@@ -234,12 +245,12 @@ impl Backend for CudaBackend {
             .filter(|&len| len < isize::MAX as usize)
             .ok_or(BackendError::OutOfMemory { what: "pinned host slab", bytes: host_bytes })?;
         // Safety: the arena is zeroed below, before any use.
-        let arena = unsafe { self.streams[0].alloc::<u8>(arena_len) }
-            .map_err(|_| BackendError::OutOfMemory { what: "device arena", bytes: arena_bytes })?;
+        let arena =
+            unsafe { self.streams[0].alloc::<u8>(arena_len) }.map_err(allocation_error("device arena", arena_bytes))?;
         // Safety: flags 0 = page-locked, not write-combined, not mapped; the slab is zeroed
         // below before any use.
         let mut host = unsafe { self.ctx.alloc_pinned_with_flags::<u8>(host_len, 0) }
-            .map_err(|_| BackendError::OutOfMemory { what: "pinned host slab", bytes: host_bytes })?;
+            .map_err(allocation_error("pinned host slab", host_bytes))?;
         let host_address = host.as_mut_ptr().map_err(driver_error("pinned host slab"))? as usize;
         {
             let (pointer, _sync) = arena.device_ptr(&self.streams[0]);
@@ -441,6 +452,13 @@ impl Drop for CudaBackend {
     fn drop(&mut self) {
         // Enqueued work may still use the arena, the slab or the scratch: wait before they are
         // freed. An error here has nowhere to go (the next context reports it).
-        let _ = self.ctx.synchronize();
+        if self.ctx.synchronize().is_err() {
+            // After a device fault the context is broken and cuBLAS's handle destruction fails,
+            // which cudarc's `Drop for CudaBlas` unwraps (a panic, an abort while unwinding):
+            // leak the handles instead; the process's context goes with them.
+            for blas in self.blas.drain(..) {
+                std::mem::forget(blas);
+            }
+        }
     }
 }

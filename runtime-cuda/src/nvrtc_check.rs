@@ -44,11 +44,18 @@ pub struct Compiled {
 }
 
 impl Nvrtc {
-    /// The repository's cache folder of `scripts/fetch-nvrtc.sh`, if the script completed there.
-    pub fn cache_folder() -> Option<PathBuf> {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
+    /// The repository's cache folder of `scripts/fetch-nvrtc.sh`, if the script completed there;
+    /// otherwise why not (the script's last failure, or that it has not run).
+    pub fn cache_folder() -> Result<PathBuf, String> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new("."));
         let folder = root.join(".cache").join("nvrtc");
-        folder.join("READY").is_file().then_some(folder)
+        if folder.join("READY").is_file() {
+            return Ok(folder);
+        }
+        match std::fs::read_to_string(root.join(".cache").join("nvrtc.failed")) {
+            Ok(reason) => Err(format!("scripts/fetch-nvrtc.sh failed: {}", reason.trim())),
+            Err(_) => Err("no .cache/nvrtc/READY: scripts/fetch-nvrtc.sh has not run".into()),
+        }
     }
 
     /// Loads `libnvrtc.so` (or the path given) and resolves the functions used.

@@ -8,11 +8,30 @@ use memo_runtime::BackendError;
 const USUAL_FOLDERS: &[&str] =
     &["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu"];
 
+/// The usual folders, and the `nvidia/*/lib` folders of Python's site-packages (PyTorch's CUDA
+/// wheels put the libraries there).
+fn folders() -> Vec<String> {
+    let mut folders: Vec<String> = USUAL_FOLDERS.iter().map(|f| f.to_string()).collect();
+    for root in ["/usr/local/lib", "/usr/lib", "/opt/conda/lib"] {
+        let Ok(entries) = std::fs::read_dir(root) else { continue };
+        for python in entries.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("python3")) {
+            for packages in ["site-packages", "dist-packages"] {
+                let nvidia = python.path().join(packages).join("nvidia");
+                let Ok(libraries) = std::fs::read_dir(&nvidia) else { continue };
+                for library in libraries.flatten() {
+                    folders.push(library.path().join("lib").to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    folders
+}
+
 /// Files in the usual folders whose names start with `prefix` (for the hint).
 fn found_elsewhere(prefix: &str) -> Vec<String> {
     let mut found = Vec::new();
-    for folder in USUAL_FOLDERS {
-        let Ok(entries) = std::fs::read_dir(folder) else { continue };
+    for folder in folders() {
+        let Ok(entries) = std::fs::read_dir(&folder) else { continue };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.starts_with(prefix) {
@@ -37,8 +56,8 @@ fn missing(library: &str, what: &str, stem: &str) -> BackendError {
         String::new()
     } else {
         format!(
-            "; found {} outside the loader's path: link one of them as {library} in a folder and put that folder on \
-             LD_LIBRARY_PATH",
+            "; found {} outside the loader's path: put its folder on LD_LIBRARY_PATH (a name not looked for, such as \
+             a newer major version, needs a link named {library} in a folder of your own, then that folder)",
             elsewhere.join(", ")
         )
     };

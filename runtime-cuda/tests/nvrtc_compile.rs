@@ -7,9 +7,12 @@ use runtime_cuda::nvrtc_check::Nvrtc;
 
 #[test]
 fn every_kernel_compiles_for_sm80_and_sm90() {
-    let Some(folder) = Nvrtc::cache_folder() else {
-        println!("SKIP: run scripts/fetch-nvrtc.sh (no .cache/nvrtc/READY: NVRTC was not fetched from PyPI)");
-        return;
+    let folder = match Nvrtc::cache_folder() {
+        Ok(folder) => folder,
+        Err(why) => {
+            println!("SKIP: run scripts/fetch-nvrtc.sh to compile-check the kernels with NVRTC ({why})");
+            return;
+        }
     };
     let library = folder.join("lib").join("libnvrtc.so");
     let nvrtc = match Nvrtc::load(&library) {
