@@ -3,7 +3,7 @@
 # without installing anything on the system: `apt-get download` the packages, `dpkg -x` each into
 # .cache/rocm/root, and link .cache/rocm/lib to the unpacked library folder. runtime-hip's tests
 # load the runtime from there by explicit path to compile every kernel with hiprtc for gfx90a and
-# to test the no-device error (spec/backends-hip.md).
+# to test the no-device error (spec/backends.md, HIP).
 #
 # Idempotent: a complete cache is left as it is. Dependencies the machine lacks (LLVM 15 for
 # comgr, libnuma, libelf, libdrm, ...) are fetched into the cache as well.

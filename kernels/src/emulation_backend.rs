@@ -139,7 +139,7 @@ impl Backend for EmulatedBackend {
     }
 
     fn memory(&self) -> MemoryReport {
-        MemoryReport { device_bytes: self.arena.len() as u64, host_bytes: self.host.len() as u64 }
+        MemoryReport { device_bytes: self.arena.len() as u64, host_bytes: self.host.len() as u64, scratch_bytes: 0 }
     }
 }
 

@@ -290,6 +290,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         "alpha": alpha, "device_bytes": device_bytes, "host_bytes": host_bytes,
         "device": args.device.label(), "machine": options.hardware.name, "peak_flops": step_flops.peak_flops,
         "allocated_device_bytes": memory.device_bytes, "allocated_host_bytes": memory.host_bytes,
+        "scratch_device_bytes": trainer.memory().scratch_bytes,
     });
     if args.json {
         writeln!(out, "{summary}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;

@@ -149,6 +149,10 @@ pub struct MemoryReport {
     pub device_bytes: u64,
     /// Pinned host bytes allocated (the slab).
     pub host_bytes: u64,
+    /// Device bytes a GPU backend's kernels hold beyond the arena as scratch (the partial sums of
+    /// its deterministic reductions, grown during the first step; the plan does not count them).
+    /// 0 on the CPU.
+    pub scratch_bytes: u64,
 }
 
 /// A device that replays plans. Work is enqueued per stream; [`Backend::synchronize`] waits.

@@ -423,6 +423,7 @@ impl Backend for CpuBackend {
         self.memory.as_ref().map_or(MemoryReport::default(), |m| MemoryReport {
             device_bytes: m.arena_bytes(),
             host_bytes: m.host_bytes(),
+            scratch_bytes: 0,
         })
     }
 }

@@ -443,7 +443,11 @@ impl Backend for CudaBackend {
     fn memory(&self) -> MemoryReport {
         self.memory
             .as_ref()
-            .map(|m| MemoryReport { device_bytes: m.arena_bytes, host_bytes: m.host_bytes })
+            .map(|m| MemoryReport {
+                device_bytes: m.arena_bytes,
+                host_bytes: m.host_bytes,
+                scratch_bytes: self.scratch.iter().flatten().map(|s| s.len() as u64).sum(),
+            })
             .unwrap_or_default()
     }
 }

@@ -275,6 +275,11 @@ impl HipBackend {
         unsafe { self.blas.gemm(&call) }.map_err(|e| kernel_error(instruction, op, e))
     }
 
+    /// Bytes of every stream's kernel scratch.
+    fn scratch_held(&self) -> u64 {
+        self.scratch.iter().flatten().map(DeviceBuffer::bytes).sum()
+    }
+
     /// Makes stream `stream`'s scratch hold at least `bytes`. Growing waits for the stream first:
     /// work already queued on it may still use the old scratch.
     fn ensure_scratch(&mut self, instruction: usize, stream: usize, bytes: u64) -> Result<(), BackendError> {
@@ -531,7 +536,11 @@ impl Backend for HipBackend {
     }
 
     fn memory(&self) -> MemoryReport {
-        MemoryReport { device_bytes: self.size_of(Space::Device), host_bytes: self.size_of(Space::Host) }
+        MemoryReport {
+            device_bytes: self.size_of(Space::Device),
+            host_bytes: self.size_of(Space::Host),
+            scratch_bytes: self.scratch_held(),
+        }
     }
 }
 

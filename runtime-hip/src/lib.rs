@@ -23,7 +23,7 @@
 //! unwinds across `extern "C"` (no callbacks are registered); a missing library, symbol or GPU
 //! is a [`HipError`] that says which, and becomes [`memo_runtime::BackendError::Unavailable`].
 //!
-//! Verified without a GPU (`spec/backends-hip.md`): the libraries load from Debian's ROCm 5.2.3
+//! Verified without a GPU (`spec/backends.md, HIP`): the libraries load from Debian's ROCm 5.2.3
 //! packages unpacked by `scripts/fetch-rocm.sh`, every kernel source compiles with hiprtc for
 //! gfx90a, and the no-library and no-device errors are returned. Everything that needs a GPU or
 //! hipBLAS has not run on AMD hardware yet.

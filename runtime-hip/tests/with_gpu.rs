@@ -2,7 +2,7 @@
 //! `HipBackend::new(0)` (ROCm found by `ROCM_PATH`, `HIP_PATH`, `/opt/rocm/lib` or the system
 //! search) and prints SKIP with the reason when there is no usable library or device.
 //!
-//! None of these has run on AMD hardware yet (`spec/backends-hip.md`).
+//! None of these has run on AMD hardware yet (`spec/backends.md, HIP`).
 
 use memo_plan_core::model::ModelConfig;
 use memo_plan_core::plan::{EventId, Strategy, Stream};

@@ -170,7 +170,7 @@ fn allocate_equals_the_plans_totals(case: &Case) {
     replay.allocate(&mut backend).unwrap();
     assert_eq!(
         backend.memory(),
-        MemoryReport { device_bytes: totals.arena_bytes, host_bytes: totals.host_bytes },
+        MemoryReport { device_bytes: totals.arena_bytes, host_bytes: totals.host_bytes, scratch_bytes: 0 },
         "{}: memory() differs from the plan's totals",
         case.name
     );
