@@ -10,6 +10,7 @@ mod human;
 mod inspect;
 mod picture;
 mod plan;
+mod recall;
 mod solve;
 mod train;
 
