@@ -2,13 +2,23 @@
 //! that measures, per key-to-query distance, how often the model's prediction is that key.
 //!
 //! A sequence of `s` tokens is a fixed 16-byte filler cycle (token `FILLER + i % 16` at position
-//! `i`) with two insertions: `KEY_MARK, key` ending `d` tokens before the last position, and
-//! `QUERY_MARK` at the last position, whose next-token target is the key. The key is one of
-//! [`RECALL_KEYS`] tokens drawn per sequence, distinct from the filler and the marks, and nothing
-//! else in the sequence depends on it: the only way to answer above chance is to attend `d`
-//! tokens back. Training draws `d` uniformly from `[1, s - 2]` per sequence, so short distances
-//! teach the retrieval and long ones use it; the evaluation scores fresh sequences per distance
-//! bucket, and a control with the key removed, where no model can beat chance.
+//! `i`) with insertions: `KEY_MARK, key` ending `d` tokens before the last position, and
+//! `QUERY_MARK` at the last position (and, in training, at some positions between), whose target
+//! is the key. The key is one of [`RECALL_KEYS`] tokens drawn per sequence, distinct from the
+//! filler and the marks; it appears once in the input and nothing else depends on it, so the only
+//! way to answer a query above chance is to attend back to the key.
+//!
+//! Only the query rows are trained on: every other row's target is [`PAD_TARGET`], a constant the
+//! model learns in a few steps, after which those rows carry no gradient. This stands in for the
+//! ignore-index mask of such benchmarks, which the plan's `cross_entropy` does not have; with
+//! next-token targets instead, the mark's and the key's own unpredictable arrival (several nats a
+//! sequence) drowned the answer's signal and the tiny model stayed at chance even at distance 1.
+//!
+//! Training draws `d` uniformly from `[1, s - 2]` and puts a query at each position after the key
+//! with probability `1 / QUERY_EVERY`: early queries see a short context, where the retrieval is
+//! easy to learn, and later ones use it over long distances. The evaluation scores fresh
+//! sequences with one query, at the end, per distance bucket, and a control with the key removed,
+//! where no model can beat chance.
 
 use memo_plan_core::generate::SplitMix64;
 
@@ -28,6 +38,11 @@ pub const QUERY_MARK: u32 = 6;
 pub const FILLER: u32 = 16;
 /// The filler's period.
 pub const FILLER_CYCLE: u32 = 16;
+/// The target of every row that is not a query (see the module's documentation).
+pub const PAD_TARGET: u32 = 0;
+/// In training, each position between the key and the last is a query with probability
+/// `1 / QUERY_EVERY`.
+pub const QUERY_EVERY: u64 = 8;
 /// The shortest sequence that holds a mark, a key and a query.
 pub const MIN_RECALL_SEQ_LEN: usize = 3;
 
@@ -39,12 +54,14 @@ const EVALUATION_SALT: u64 = 0x5EED_0F_E7A1_0A7E;
 pub struct RecallSequence {
     /// The tokens.
     pub tokens: Vec<u32>,
-    /// Next-token targets: the tokens shifted by one, and the key after the query.
+    /// Targets: the key at each query, [`PAD_TARGET`] elsewhere.
     pub targets: Vec<u32>,
     /// The key token (the last target).
     pub key: u32,
-    /// Positions from the key to the query, or `None` when the key was removed (the control).
+    /// Positions from the key to the last query, or `None` when the key was removed (the control).
     pub distance: Option<usize>,
+    /// The key's position, `None` in the control.
+    pub key_position: Option<usize>,
 }
 
 impl RecallSequence {
@@ -79,8 +96,24 @@ impl RecallSequence {
                 _ => FILLER + (i as u32 % FILLER_CYCLE),
             })
             .collect();
-        let targets = tokens.iter().skip(1).copied().chain([key]).collect();
-        Ok(RecallSequence { tokens, targets, key, distance })
+        let targets = (0..seq_len).map(|i| if i == query { key } else { PAD_TARGET }).collect();
+        Ok(RecallSequence { tokens, targets, key, distance, key_position })
+    }
+
+    /// Adds queries at `positions`, each after the key (or its place) and before the last.
+    pub fn with_queries(mut self, positions: impl IntoIterator<Item = usize>) -> Result<Self, String> {
+        let last = self.tokens.len() - 1;
+        let first = self.key_position.map_or(0, |k| k + 1);
+        for position in positions {
+            if !(first..last).contains(&position) {
+                return Err(format!(
+                    "a query at position {position}: queries go between the key and the last position, {first}..{last}"
+                ));
+            }
+            self.tokens[position] = QUERY_MARK;
+            self.targets[position] = self.key;
+        }
+        Ok(self)
     }
 }
 
@@ -109,8 +142,9 @@ impl RecallTask {
     }
 
     /// The next `sequences` sequences of `seq_len` tokens and their targets. Sequence `n` depends
-    /// on the seed and `n` alone: its key uniform over the keys, its distance uniform over
-    /// `[1, seq_len - 2]`. Below [`MIN_RECALL_SEQ_LEN`] tokens no key fits: the sequences are
+    /// on the seed and `n` alone: its key uniform over the keys, its distance to the last query
+    /// uniform over `[1, seq_len - 2]`, each position between a query with probability
+    /// `1 / QUERY_EVERY`. Below [`MIN_RECALL_SEQ_LEN`] tokens no key fits: the sequences are
     /// filler and a query (`memo train` refuses such lengths before asking).
     pub fn next_batch(&mut self, sequences: usize, seq_len: usize) -> (Vec<u32>, Vec<u32>) {
         let mut tokens = Vec::with_capacity(sequences * seq_len);
@@ -119,15 +153,19 @@ impl RecallTask {
             let mut rng = SplitMix64::new(self.seed ^ self.produced.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let key_index = rng.below(u64::from(RECALL_KEYS)) as u32;
             let distance = 1 + rng.below(seq_len.saturating_sub(2) as u64) as usize;
-            match RecallSequence::new(seq_len, key_index, Some(distance)) {
+            let between = (seq_len.saturating_sub(1 + distance)..seq_len.saturating_sub(1)).skip(1);
+            let queries: Vec<usize> = between.filter(|_| rng.below(QUERY_EVERY) == 0).collect();
+            match RecallSequence::new(seq_len, key_index, Some(distance)).and_then(|s| s.with_queries(queries)) {
                 Ok(sequence) => {
                     tokens.extend(sequence.tokens);
                     targets.extend(sequence.targets);
                 }
                 Err(_) => {
                     let filler = (0..seq_len).map(|i| if i + 1 == seq_len { QUERY_MARK } else { FILLER });
-                    tokens.extend(filler.clone());
-                    targets.extend(filler.skip(1).chain([FIRST_KEY + key_index]));
+                    tokens.extend(filler);
+                    targets.extend(
+                        (0..seq_len).map(|i| if i + 1 == seq_len { FIRST_KEY + key_index } else { PAD_TARGET }),
+                    );
                 }
             }
             self.produced += 1;
@@ -320,4 +358,166 @@ pub fn evaluate<B: Backend>(
         }
     }
     Ok(score_set(&set, &query_logits))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_filler(t: u32) -> bool {
+        (FILLER..FILLER + FILLER_CYCLE).contains(&t)
+    }
+
+    #[test]
+    fn a_sequence_holds_its_key_at_its_distance_and_asks_for_it_last() {
+        let sequence = RecallSequence::new(12, 3, Some(4)).unwrap();
+        let t = &sequence.tokens;
+        assert_eq!(sequence.key, FIRST_KEY + 3);
+        assert_eq!((t[6], t[7], t[11]), (KEY_MARK, FIRST_KEY + 3, QUERY_MARK), "{t:?}");
+        assert_eq!(sequence.key_position, Some(7));
+        for (i, &token) in t.iter().enumerate().filter(|(i, _)| ![6, 7, 11].contains(i)) {
+            assert_eq!(token, FILLER + i as u32 % FILLER_CYCLE, "position {i}");
+        }
+        let mut want = vec![PAD_TARGET; 12];
+        want[11] = sequence.key;
+        assert_eq!(sequence.targets, want);
+        // The farthest and nearest keys, and what does not fit.
+        assert_eq!(RecallSequence::new(12, 0, Some(10)).unwrap().tokens[..2], [KEY_MARK, FIRST_KEY]);
+        assert_eq!(RecallSequence::new(12, 0, Some(1)).unwrap().tokens[9..], [KEY_MARK, FIRST_KEY, QUERY_MARK]);
+        assert!(RecallSequence::new(12, 0, Some(11)).is_err());
+        assert!(RecallSequence::new(12, 0, Some(0)).is_err());
+        assert!(RecallSequence::new(12, RECALL_KEYS, Some(3)).is_err());
+        assert!(RecallSequence::new(2, 0, None).is_err());
+    }
+
+    #[test]
+    fn the_control_has_no_key_anywhere() {
+        let sequence = RecallSequence::new(12, 1, None).unwrap();
+        assert!(sequence.tokens[..11].iter().all(|&t| is_filler(t)), "{:?}", sequence.tokens);
+        assert_eq!(sequence.tokens[11], QUERY_MARK);
+        assert_eq!(sequence.targets[11], FIRST_KEY + 1);
+    }
+
+    #[test]
+    fn extra_queries_go_between_the_key_and_the_end() {
+        let sequence = RecallSequence::new(12, 2, Some(5)).unwrap().with_queries([7, 9]).unwrap();
+        assert_eq!((sequence.tokens[7], sequence.tokens[9]), (QUERY_MARK, QUERY_MARK));
+        assert_eq!((sequence.targets[7], sequence.targets[9]), (sequence.key, sequence.key));
+        let sequence = RecallSequence::new(12, 2, Some(5)).unwrap();
+        assert!(sequence.clone().with_queries([6]).is_err(), "on the key");
+        assert!(sequence.with_queries([11]).is_err(), "the last is a query already");
+    }
+
+    /// Every training sequence: keys and marks distinct from the filler, the key exactly once,
+    /// every query after it, targets the key at queries and padding elsewhere; distances cover
+    /// `[1, s - 2]`; the stream is a function of (seed, sequence number).
+    #[test]
+    fn the_training_stream_covers_every_distance_deterministically() {
+        for key in FIRST_KEY..FIRST_KEY + RECALL_KEYS {
+            assert!(!is_filler(key) && key != KEY_MARK && key != QUERY_MARK && key != PAD_TARGET);
+        }
+        let s = 20;
+        let mut task = RecallTask::new(7);
+        let (tokens, targets) = task.next_batch(400, s);
+        let mut distances = std::collections::BTreeSet::new();
+        let mut keys = std::collections::BTreeSet::new();
+        for (t, y) in tokens.chunks(s).zip(targets.chunks(s)) {
+            let positions: Vec<usize> = (0..s).filter(|&i| !is_filler(t[i]) && t[i] != QUERY_MARK).collect();
+            assert_eq!(positions.len(), 2, "a mark and a key: {t:?}");
+            let k = positions[1];
+            assert_eq!((t[k - 1], t[k]), (KEY_MARK, y[s - 1]), "{t:?}");
+            assert_eq!(t[s - 1], QUERY_MARK);
+            for i in 0..s {
+                let want = if t[i] == QUERY_MARK { t[k] } else { PAD_TARGET };
+                assert_eq!(y[i], want, "row {i} of {t:?}");
+                assert!(t[i] != QUERY_MARK || i > k, "a query before the key: {t:?}");
+            }
+            distances.insert(s - 1 - k);
+            keys.insert(t[k]);
+        }
+        assert_eq!(distances, (1..=s - 2).collect(), "every distance 1..=s-2 occurs");
+        assert_eq!(keys.len(), RECALL_KEYS as usize);
+        let mut again = RecallTask::new(7);
+        again.seek(3);
+        assert_eq!(again.next_batch(2, s), (tokens[3 * s..5 * s].to_vec(), targets[3 * s..5 * s].to_vec()));
+        assert_eq!(again.position(), 5);
+        assert_ne!(RecallTask::new(8).next_batch(4, s), (tokens[..4 * s].to_vec(), targets[..4 * s].to_vec()));
+        // Too short to hold a key: no panic, a query still asks.
+        let (short, short_targets) = RecallTask::new(7).next_batch(2, 2);
+        assert_eq!((short.len(), short_targets.len()), (4, 4));
+    }
+
+    #[test]
+    fn buckets_split_the_distances_at_a_sixteenth_a_quarter_and_three_quarters() {
+        assert_eq!(distance_buckets(256), [(1, 16), (17, 64), (65, 192), (193, 254)]);
+        assert_eq!(distance_buckets(32), [(1, 2), (3, 8), (9, 24), (25, 30)]);
+        assert_eq!(distance_buckets(4), [(1, 1), (2, 2)]);
+        assert_eq!(distance_buckets(3), [(1, 1)]);
+        assert!(distance_buckets(2).is_empty());
+        let set = evaluation_set(1, 64, 5).unwrap();
+        assert_eq!(set.len(), 5 * 5);
+        for (i, sequence) in set.iter().enumerate() {
+            match (i / 5, sequence.distance) {
+                (4, None) => {}
+                (b, Some(d)) => {
+                    let (low, high) = distance_buckets(64)[b];
+                    assert!((low..=high).contains(&d), "sequence {i}: distance {d} outside {low}..={high}");
+                }
+                (b, None) => panic!("sequence {i} of bucket {b} has no key"),
+            }
+        }
+        assert_eq!(set, evaluation_set(1, 64, 5).unwrap());
+    }
+
+    fn logits_with(values: &[(u32, f32)]) -> Vec<f32> {
+        let mut logits = vec![0.0f32; 16];
+        for &(token, value) in values {
+            logits[token as usize] = value;
+        }
+        logits
+    }
+
+    #[test]
+    fn a_query_scores_its_argmax_ties_and_probability() {
+        let key = FIRST_KEY + 1;
+        // The key wins among the keys but a filler token wins the vocabulary.
+        let score = score_query(&logits_with(&[(key, 2.0), (FIRST_KEY, 1.0), (9, 3.0)]), key);
+        assert_eq!((score.key_credit, score.vocab_credit), (1.0, 0.0));
+        let z = 13.0 + 2f64.exp() + 1f64.exp() + 3f64.exp();
+        assert!((score.log_probability - (2.0 - z.ln())).abs() < 1e-12, "{score:?}");
+        // A tie of two keys for the top earns half; a loss earns nothing.
+        let tie = score_query(&logits_with(&[(key, 5.0), (FIRST_KEY + 3, 5.0)]), key);
+        assert_eq!((tie.key_credit, tie.vocab_credit), (0.5, 0.5));
+        assert_eq!(score_query(&logits_with(&[(FIRST_KEY, 1.0)]), key).key_credit, 0.0);
+        // All equal: a quarter over the keys, 1/16 over this vocabulary; ln(1/16).
+        let flat = score_query(&[0.0; 16], key);
+        assert_eq!((flat.key_credit, flat.vocab_credit), (0.25, 1.0 / 16.0));
+        assert!((flat.log_probability + 16f64.ln()).abs() < 1e-12);
+        // NaN never wins; a key outside the logits scores nothing.
+        let nan = score_query(&logits_with(&[(key, f32::NAN)]), key);
+        assert_eq!(nan.key_credit, 0.0);
+        assert_eq!(score_query(&[1.0; 3], key).key_credit, 0.0);
+        assert!(score_query(&[1.0; 3], 7).log_probability.is_nan());
+    }
+
+    /// The accounting of a hand-built set: each query lands in its distance's bucket, the control
+    /// apart, and the means are over each group's sequences.
+    #[test]
+    fn a_set_is_scored_per_bucket_and_control() {
+        let s = 32; // buckets 1-2, 3-8, 9-24, 25-30
+        let sequence = |key: u32, distance| RecallSequence::new(s, key, distance).unwrap();
+        let set = [sequence(0, Some(1)), sequence(1, Some(2)), sequence(2, Some(30)), sequence(3, None)];
+        let right = |key: u32| logits_with(&[(FIRST_KEY + key, 4.0)]);
+        let wrong = |key: u32| logits_with(&[(FIRST_KEY + (key + 1) % RECALL_KEYS, 4.0)]);
+        let evaluation = score_set(&set, &[right(0), wrong(1), right(2), right(3)]);
+        assert_eq!(evaluation.buckets.len(), 2, "empty buckets are left out");
+        let (near, far) = (evaluation.buckets[0], evaluation.buckets[1]);
+        assert_eq!((near.distances, near.sequences, near.key_accuracy), (Some((1, 2)), 2, 0.5));
+        assert_eq!((far.distances, far.sequences, far.key_accuracy), (Some((25, 30)), 1, 1.0));
+        let control = evaluation.key_removed;
+        assert_eq!((control.distances, control.sequences, control.key_accuracy), (None, 1, 1.0));
+        let p = 4f64.exp() / (4f64.exp() + 15.0);
+        assert!((far.answer_probability - p).abs() < 1e-12);
+        assert!((near.answer_loss - (-(p.ln()) - (1.0 / (4f64.exp() + 15.0)).ln()) / 2.0).abs() < 1e-12);
+    }
 }
