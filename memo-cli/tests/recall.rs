@@ -57,6 +57,40 @@ fn logits_read_back_give_the_step_loss() {
     }
 }
 
+/// Every strategy reads the same logits, bit for bit, after the same training: the forward-only
+/// replay works on plans that swap (memo at alpha 0.5, full-swap) and recompute.
+#[test]
+fn every_strategy_reads_the_same_logits() {
+    let logits_after_training = |strategy: Strategy, alpha: Option<f64>| {
+        let mut model = memo_plan_core::model::ModelConfig::new("four", 4, 32, 2, 24, 2);
+        model.vocab = 256;
+        let options = TrainOptions {
+            model,
+            strategy,
+            forced_alpha: alpha,
+            hardware: cpu_hardware(1 << 30),
+            seed: 3,
+            adamw: AdamW { lr: 1e-2, ..AdamW::default() },
+        };
+        let mut trainer = Trainer::new(CpuBackend::new(), &options).unwrap();
+        let mut task = RecallTask::new(4);
+        for _ in 0..2 {
+            let (tokens, targets) = task.next_batch(2, 24);
+            trainer.step(&tokens, &targets).unwrap();
+        }
+        let host = trainer.report().plan.totals.host_bytes;
+        let logits = trainer.logits(&task.next_batch(2, 24).0).unwrap();
+        (host, logits.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+    };
+    let (_, reference) = logits_after_training(Strategy::KeepAll, None);
+    for (strategy, alpha) in [(Strategy::Memo, Some(0.5)), (Strategy::FullSwap, None), (Strategy::FullRecompute, None)]
+    {
+        let (host, logits) = logits_after_training(strategy, alpha);
+        assert!(strategy == Strategy::FullRecompute || host > 0, "{strategy:?} swaps nothing");
+        assert!(logits == reference, "{strategy:?} reads other logits than keep-all");
+    }
+}
+
 /// An evaluation between steps changes nothing: the losses and parameters after it are the ones
 /// of a run without it, bit for bit.
 #[test]
