@@ -29,7 +29,7 @@ Examples:
   memo train --device cpu --model small --seq 512 --steps 50 --strategy memo --alpha 0.3 --json
   memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1
   memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1 --resume
-  memo train --device cpu --model tiny --seq 256 --micro-batch 8 --steps 800 --task recall --lr 1e-2 --eval-every 200";
+  memo train --device cpu --model tiny --seq 256 --micro-batch 4 --steps 2000 --task recall --lr 1e-2 --eval-every 500";
 
 /// The arguments of `memo train`.
 #[derive(Debug, clap::Args)]

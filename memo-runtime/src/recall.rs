@@ -47,7 +47,7 @@ pub const QUERY_EVERY: u64 = 8;
 pub const MIN_RECALL_SEQ_LEN: usize = 3;
 
 /// Salts the evaluation's generator so that its sequences are drawn apart from training's.
-const EVALUATION_SALT: u64 = 0x5EED_0F_E7A1_0A7E;
+const EVALUATION_SALT: u64 = 0x005E_ED0F_E7A1_0A7E;
 
 /// One sequence of the task, with what the evaluation needs to score it.
 #[derive(Clone, Debug, PartialEq, Eq)]
