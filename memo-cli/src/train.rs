@@ -213,6 +213,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let first = trainer.steps_taken();
     let mut last_loss = f32::NAN;
+    let mut evaluation_s = 0.0; // not training: left out of tokens/s
     let mut out = std::io::stdout().lock();
     while trainer.steps_taken() < args.steps {
         let step_started = Instant::now();
@@ -244,7 +245,9 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
             if interactive {
                 eprintln!();
             }
+            let evaluation_started = Instant::now();
             crate::recall::evaluate_and_report(&mut trainer, args.seed, args.eval_sequences, args.json, &mut out)?;
+            evaluation_s += evaluation_started.elapsed().as_secs_f64();
         }
     }
     if let Some(path) = &args.trace {
@@ -267,7 +270,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         })?;
     }
     let taken = trainer.steps_taken() - first;
-    let elapsed = started.elapsed().as_secs_f64();
+    let elapsed = started.elapsed().as_secs_f64() - evaluation_s;
     if matches!(data, Source::Recall(_)) && args.eval_sequences > 0 {
         if interactive {
             eprintln!();
