@@ -20,7 +20,9 @@ use crate::human;
 pub const LONG_ABOUT: &str = "\
 Train a GPT through a verified plan: the same instruction stream (launches, copies, events on
 three streams) that a GPU would run, here on the CPU reference backend with real bf16 arithmetic.
-The data is a byte-level tokenisation of --data (default: a public-domain text shipped with memo).
+The data is a byte-level tokenisation of --data (default: a public-domain text shipped with memo),
+or, with --task recall, a synthetic long-range task scored on held-out sequences per key-to-query
+distance.
 Every strategy trains the same model bit for bit; only memory use and time differ.";
 
 const EXAMPLES: &str = "\

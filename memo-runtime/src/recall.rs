@@ -195,21 +195,23 @@ pub fn distance_buckets(seq_len: usize) -> Vec<(usize, usize)> {
 /// the bucket, key uniform), then the control: `per_bucket` sequences with the key removed. Drawn
 /// from `seed` through a salted generator, apart from the training stream.
 pub fn evaluation_set(seed: u64, seq_len: usize, per_bucket: usize) -> Result<Vec<RecallSequence>, String> {
+    evaluation_sequences(seed, seq_len, per_bucket).collect()
+}
+
+/// [`evaluation_set`] one sequence at a time, so that a large evaluation needs no more memory
+/// than a batch.
+fn evaluation_sequences(
+    seed: u64,
+    seq_len: usize,
+    per_bucket: usize,
+) -> impl Iterator<Item = Result<RecallSequence, String>> {
     let mut rng = SplitMix64::new(seed ^ EVALUATION_SALT);
-    let mut set = Vec::new();
-    let buckets = distance_buckets(seq_len);
-    for &(low, high) in buckets.iter() {
-        for _ in 0..per_bucket {
-            let key_index = rng.below(u64::from(RECALL_KEYS)) as u32;
-            let distance = low + rng.below((high - low + 1) as u64) as usize;
-            set.push(RecallSequence::new(seq_len, key_index, Some(distance))?);
-        }
-    }
-    for _ in 0..per_bucket {
+    let groups = distance_buckets(seq_len).into_iter().map(Some).chain([None]);
+    groups.flat_map(move |group| std::iter::repeat_n(group, per_bucket)).map(move |group| {
         let key_index = rng.below(u64::from(RECALL_KEYS)) as u32;
-        set.push(RecallSequence::new(seq_len, key_index, None)?);
-    }
-    Ok(set)
+        let distance = group.map(|(low, high)| low + rng.below((high - low + 1) as u64) as usize);
+        RecallSequence::new(seq_len, key_index, distance)
+    })
 }
 
 /// How one query was answered.
@@ -306,26 +308,44 @@ pub struct RecallEvaluation {
 
 /// Scores `set` from the logits of its query rows: `query_logits[i]` is sequence `i`'s.
 pub fn score_set(set: &[RecallSequence], query_logits: &[Vec<f32>]) -> RecallEvaluation {
-    let seq_len = set.first().map_or(0, |s| s.tokens.len());
-    let mut buckets: Vec<BucketScore> =
-        distance_buckets(seq_len).into_iter().map(|b| BucketScore::empty(Some(b))).collect();
-    let mut key_removed = BucketScore::empty(None);
+    let mut tally = Tally::new(set.first().map_or(0, |s| s.tokens.len()));
     for (sequence, logits) in set.iter().zip(query_logits) {
+        tally.add(sequence, logits);
+    }
+    tally.finish()
+}
+
+/// Scores summed per bucket and for the control, as queries come.
+struct Tally {
+    buckets: Vec<BucketScore>,
+    key_removed: BucketScore,
+}
+
+impl Tally {
+    fn new(seq_len: usize) -> Self {
+        let buckets = distance_buckets(seq_len).into_iter().map(|b| BucketScore::empty(Some(b))).collect();
+        Tally { buckets, key_removed: BucketScore::empty(None) }
+    }
+
+    fn add(&mut self, sequence: &RecallSequence, logits: &[f32]) {
         let score = score_query(logits, sequence.key);
+        let in_bucket =
+            |b: &&mut BucketScore, d: usize| b.distances.is_some_and(|(low, high)| (low..=high).contains(&d));
         match sequence.distance {
-            None => key_removed.add(score),
+            None => self.key_removed.add(score),
             Some(d) => {
-                if let Some(bucket) =
-                    buckets.iter_mut().find(|b| b.distances.is_some_and(|(low, high)| (low..=high).contains(&d)))
-                {
+                if let Some(bucket) = self.buckets.iter_mut().find(|b| in_bucket(b, d)) {
                     bucket.add(score);
                 }
             }
         }
     }
-    RecallEvaluation {
-        buckets: buckets.into_iter().filter(|b| b.sequences > 0).map(BucketScore::finish).collect(),
-        key_removed: key_removed.finish(),
+
+    fn finish(self) -> RecallEvaluation {
+        RecallEvaluation {
+            buckets: self.buckets.into_iter().filter(|b| b.sequences > 0).map(BucketScore::finish).collect(),
+            key_removed: self.key_removed.finish(),
+        }
     }
 }
 
@@ -341,23 +361,31 @@ pub fn evaluate<B: Backend>(
     let model = &trainer.report().plan.provenance.model;
     let (seq_len, micro_batch) = (model.seq_len as usize, model.micro_batch.max(1) as usize);
     let vocab = model.vocab as usize;
-    let set = evaluation_set(seed, seq_len, per_bucket).map_err(RuntimeError::Trainer)?;
-    let mut query_logits = Vec::with_capacity(set.len());
-    for batch in set.chunks(micro_batch) {
+    let mut sequences = evaluation_sequences(seed, seq_len, per_bucket).peekable();
+    let mut tally = Tally::new(seq_len);
+    let mut batch = Vec::with_capacity(micro_batch);
+    while sequences.peek().is_some() {
+        batch.clear();
+        for sequence in sequences.by_ref().take(micro_batch) {
+            batch.push(sequence.map_err(RuntimeError::Trainer)?);
+        }
         let mut tokens = Vec::with_capacity(micro_batch * seq_len);
         for i in 0..micro_batch {
-            tokens.extend_from_slice(&batch[i.min(batch.len() - 1)].tokens);
+            // Pads a short last batch with repeats of its last sequence, not scored.
+            if let Some(sequence) = batch.get(i).or(batch.last()) {
+                tokens.extend_from_slice(&sequence.tokens);
+            }
         }
         let logits = trainer.logits(&tokens)?;
-        for i in 0..batch.len() {
+        for (i, sequence) in batch.iter().enumerate() {
             let row = i * seq_len + seq_len - 1;
             let row_logits = logits.get(row * vocab..(row + 1) * vocab).ok_or_else(|| {
                 RuntimeError::Trainer(format!("the logits hold {} values, fewer than row {row} needs", logits.len()))
             })?;
-            query_logits.push(row_logits.to_vec());
+            tally.add(sequence, row_logits);
         }
     }
-    Ok(score_set(&set, &query_logits))
+    Ok(tally.finish())
 }
 
 #[cfg(test)]
