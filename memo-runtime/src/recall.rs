@@ -12,7 +12,8 @@
 //! model learns in a few steps, after which those rows carry no gradient. This stands in for the
 //! ignore-index mask of such benchmarks, which the plan's `cross_entropy` does not have; with
 //! next-token targets instead, the mark's and the key's own unpredictable arrival (several nats a
-//! sequence) drowned the answer's signal and the tiny model stayed at chance even at distance 1.
+//! sequence) drowned the answer's signal and the tiny model stayed at chance even at distance 1
+//! (`s = 32`, 1,500 steps; `BENCHMARKS.md`).
 //!
 //! Training draws `d` uniformly from `[1, s - 2]` and puts a query at each position after the key
 //! with probability `1 / QUERY_EVERY`: early queries see a short context, where the retrieval is

@@ -8,7 +8,8 @@
 //! summed loss and the embedding gradient (zeroed just before the classifier), and between two
 //! chunks the first chunk's cross-entropy and backward: every one of them is zeroed or
 //! overwritten by the next step before it is read. Parameters, optimizer state and the step
-//! count are untouched (the memo-runtime test `evaluation_leaves_training_bit_identical` pins it).
+//! count are untouched (pinned by `evaluation_leaves_training_bit_identical` in
+//! `memo-cli/tests/recall.rs`).
 
 use half::bf16;
 use memo_plan_core::plan::{Action, Op, TensorRole};
