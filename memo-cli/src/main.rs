@@ -12,6 +12,7 @@ mod inspect;
 mod picture;
 mod plan;
 mod profile;
+mod recall;
 mod solve;
 mod train;
 

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use memo_plan_core::plan::Strategy;
 use memo_runtime::checkpoint::{fingerprint, Checkpoint};
-use memo_runtime::data::{RecallTask, TextData};
+use memo_runtime::data::TextData;
+use memo_runtime::recall::{RecallTask, MIN_RECALL_SEQ_LEN};
 use memo_runtime::{training_model, AdamW, TrainOptions, Trainer};
 use runtime_cpu::CpuBackend;
 use serde_json::json;
@@ -21,7 +22,9 @@ use crate::human;
 pub const LONG_ABOUT: &str = "\
 Train a GPT through a verified plan: the same instruction stream (launches, copies, events on
 three streams) that a GPU runs, on the CPU reference backend (real bf16 arithmetic) or on a GPU.
-The data is a byte-level tokenisation of --data (default: a public-domain text shipped with memo).
+The data is a byte-level tokenisation of --data (default: a public-domain text shipped with memo),
+or, with --task recall, a synthetic long-range task scored on held-out sequences per key-to-query
+distance.
 Every strategy trains the same model bit for bit; only memory use and time differ.
 On a GPU the plan is made for --machine-file (what `memo profile` writes), else --machine, else
 the default machine (cuda: h200x1, hip: mi300x8); --json adds each step's time and MFU.";
@@ -32,6 +35,7 @@ Examples:
   memo train --device cpu --model small --seq 512 --steps 50 --strategy memo --alpha 0.3 --json
   memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1
   memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1 --resume
+  memo train --device cpu --model tiny --seq 256 --micro-batch 4 --steps 2000 --task recall --lr 1e-2 --eval-every 500
   memo train --device cuda --model examples/models/gpt-1b.toml --seq 16K --steps 5 --json
   memo train --device cuda:1 --machine-file h200.toml --model small --seq 4K";
 
@@ -80,10 +84,18 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "task")]
     data: Option<PathBuf>,
 
-    /// Train on a synthetic task instead of text: `recall` (remember a key from the start of the
-    /// sequence at its end; reports the answer's loss)
+    /// Train on a synthetic task instead of text: `recall` (answer a query with the key seen
+    /// 1..seq-2 tokens earlier; ends with a held-out accuracy per key-to-query distance)
     #[arg(long, value_name = "TASK", value_parser = ["recall"])]
     task: Option<String>,
+
+    /// recall: also evaluate every N steps (0: only at the end)
+    #[arg(long, default_value_t = 0, value_name = "N", requires = "task")]
+    eval_every: u64,
+
+    /// recall: held-out sequences per distance bucket and for the no-key control (0: no evaluation)
+    #[arg(long, default_value_t = 64, value_name = "N", requires = "task")]
+    eval_sequences: usize,
 
     /// Save a checkpoint in this directory (every --checkpoint-every steps and at the end)
     #[arg(long, value_name = "DIR")]
@@ -159,6 +171,15 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         })?,
         None => memo_runtime::data::DEFAULT_TEXT.as_bytes().to_vec(),
     };
+    if args.task.is_some() && (model.seq_len as usize) < MIN_RECALL_SEQ_LEN {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!(
+                "--task recall: --seq {} holds no mark, key and query; use --seq {MIN_RECALL_SEQ_LEN} or more",
+                model.seq_len
+            ),
+        ));
+    }
     let mut data = match args.task.as_deref() {
         Some(_) => Source::Recall(RecallTask::new(args.seed)),
         None => Source::Text(TextData::from_bytes(&text).map_err(|e| Failure::new(exit::BAD_INPUT, e))?),
@@ -222,6 +243,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let first = trainer.steps_taken();
     let mut last_loss = f32::NAN;
+    let mut evaluation_s = 0.0; // not training: left out of tokens/s
     let mut out = std::io::stdout().lock();
     while trainer.steps_taken() < args.steps {
         let step_started = Instant::now();
@@ -240,9 +262,6 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
             if args.timings {
                 crate::device::add_timings(&mut line, trainer.last_step_timeline().as_ref());
             }
-            if let Source::Recall(_) = data {
-                line["answer_loss"] = json!(RecallTask::answer_loss(last_loss, model.seq_len as usize));
-            }
             writeln!(out, "{line}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;
         } else if interactive {
             eprint!("\rstep {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s   ", args.steps);
@@ -256,6 +275,17 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
                     Failure::new(exit::IO_ERROR, format!("cannot save the checkpoint in {}: {e}", dir.display()))
                 })?;
             }
+        }
+        // The evaluation replays the forward only; the final one follows the trace below, which
+        // must show a training step.
+        let evaluate_now = args.eval_every > 0 && step % args.eval_every == 0 && step < args.steps;
+        if matches!(data, Source::Recall(_)) && evaluate_now && args.eval_sequences > 0 {
+            if interactive {
+                eprintln!();
+            }
+            let evaluation_started = Instant::now();
+            crate::recall::evaluate_and_report(&mut trainer, args.seed, args.eval_sequences, args.json, &mut out)?;
+            evaluation_s += evaluation_started.elapsed().as_secs_f64();
         }
     }
     if let Some(path) = &args.trace {
@@ -282,7 +312,13 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         })?;
     }
     let taken = trainer.steps_taken() - first;
-    let elapsed = started.elapsed().as_secs_f64();
+    let elapsed = started.elapsed().as_secs_f64() - evaluation_s;
+    if matches!(data, Source::Recall(_)) && args.eval_sequences > 0 {
+        if interactive {
+            eprintln!();
+        }
+        crate::recall::evaluate_and_report(&mut trainer, args.seed, args.eval_sequences, args.json, &mut out)?;
+    }
     let summary = json!({
         "summary": true, "steps": trainer.steps_taken(), "final_loss": last_loss, "unigram_entropy": unigram,
         "tokens_per_s": taken as f64 * tokens_per_step / elapsed.max(1e-9), "strategy": args.strategy.name(),

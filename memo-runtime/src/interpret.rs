@@ -103,8 +103,23 @@ impl Replay {
 
     /// Replays every instruction once on `backend` and waits for the streams.
     pub fn run(&self, backend: &mut dyn Backend, context: &KernelContext) -> Result<(), RuntimeError> {
+        self.run_range(backend, context, 0..self.plan.instructions.len())
+    }
+
+    /// Replays instructions `range` (clamped to the plan) and waits for the streams. A prefix of
+    /// a checked plan is safe on its own: happens-before involves only instructions earlier in
+    /// list order, so every read in the prefix is still ordered after its last write
+    /// (`spec/validity.md`, rules 3 and 4). The evaluation runs the forward up to the logits so.
+    pub fn run_range(
+        &self,
+        backend: &mut dyn Backend,
+        context: &KernelContext,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), RuntimeError> {
+        let end = range.end.min(self.plan.instructions.len());
+        let start = range.start.min(end);
         let mut args = Vec::new();
-        for (index, instruction) in self.plan.instructions.iter().enumerate() {
+        for (index, instruction) in self.plan.instructions.iter().enumerate().take(end).skip(start) {
             let stream = instruction.stream;
             match &instruction.action {
                 Action::Launch(launch) => {

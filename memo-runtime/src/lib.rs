@@ -11,6 +11,7 @@ pub mod backend;
 pub mod checkpoint;
 pub mod data;
 pub mod interpret;
+pub mod recall;
 pub mod trainer;
 
 pub use backend::{AdamW, Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};

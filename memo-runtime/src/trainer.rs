@@ -17,6 +17,8 @@ use crate::backend::{AdamW, Backend, KernelContext, MemoryReport};
 use crate::checkpoint::{Checkpoint, SavedTensor, StateKind};
 use crate::interpret::{Replay, RuntimeError};
 
+mod logits;
+
 /// A machine description for planning on the CPU backend: what the host gives one "device".
 /// Copies are modelled at 10 GB/s and kernels at 20 GFLOP/s; only α and the fit depend on them.
 pub fn cpu_hardware(device_memory_bytes: u64) -> Hardware {
