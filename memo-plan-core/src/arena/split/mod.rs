@@ -187,8 +187,22 @@ impl SubsetSums {
         sums
     }
 
+    /// The distinct subset sums up to `bound` (all of them, if fewer than `limit`; else the
+    /// smallest `limit`).
+    fn up_to(sizes: impl Iterator<Item = u64>, bound: u64, limit: usize) -> SubsetSums {
+        let mut sums = SubsetSums { sums: alloc::vec![0], complete: true, cost: 0 };
+        sums.add_bounded(sizes, limit, bound);
+        sums
+    }
+
     /// These sums with more sizes added, keeping at most `limit`.
     fn add(&mut self, sizes: impl Iterator<Item = u64>, limit: usize) {
+        self.add_bounded(sizes, limit, u64::MAX);
+    }
+
+    /// These sums with more sizes added, keeping at most `limit`, none above `bound` (`complete`
+    /// then means complete up to `bound`).
+    fn add_bounded(&mut self, sizes: impl Iterator<Item = u64>, limit: usize, bound: u64) {
         let sums = &mut self.sums;
         let mut next: Vec<u64> = Vec::new();
         for s in sizes {
@@ -214,6 +228,12 @@ impl SubsetSums {
                     }
                     (None, None) => break,
                 };
+                if value > bound {
+                    // Both runs are sorted: everything left is above the bound too.
+                    i = sums.len();
+                    j = sums.len();
+                    break;
+                }
                 if next.last() != Some(&value) {
                     next.push(value);
                 }
@@ -563,6 +583,14 @@ mod tests {
         let mut nodes = 100_000;
         let (placement, _) = place(&items, &members, 3, &mut nodes);
         assert_eq!(placement.map(|p| p.peak), Some(3));
+    }
+
+    #[test]
+    fn subset_sums_up_to_a_bound_are_all_of_them_below_it() {
+        let sums = SubsetSums::up_to([5u64, 1, 3].into_iter(), 6, 1000);
+        assert!(sums.complete);
+        assert_eq!(sums.sums, [0, 1, 3, 4, 5, 6]);
+        assert!(sums.may_contain(4) && !sums.may_contain(2));
     }
 
     #[test]
