@@ -158,6 +158,24 @@ impl<T: Copy> Rounds<T> {
         Some((self.pending[self.cursor - 1], self.limit))
     }
 
+    /// Puts `attempts` next in the current round (ahead of the pending ones, which they leave),
+    /// except those tried in this round already.
+    fn put_next(&mut self, attempts: Vec<T>)
+    where
+        T: Ord,
+    {
+        let mut tried: Vec<T> = self.pending[..self.cursor].to_vec();
+        tried.extend(self.unsettled.iter().copied());
+        tried.sort_unstable();
+        let front: Vec<T> = attempts.into_iter().filter(|a| tried.binary_search(a).is_err()).collect();
+        let mut fresh = front.clone();
+        fresh.sort_unstable();
+        let rest: Vec<T> = self.pending.split_off(self.cursor);
+        self.window = self.window.saturating_add(front.len());
+        self.pending.extend(front);
+        self.pending.extend(rest.into_iter().filter(|a| fresh.binary_search(a).is_err()));
+    }
+
     /// The attempt last returned ran out of work: it stays for the next round.
     fn unsettled(&mut self, attempt: T) {
         self.unsettled.push(attempt);
@@ -583,6 +601,15 @@ mod tests {
         let mut nodes = 100_000;
         let (placement, _) = place(&items, &members, 3, &mut nodes);
         assert_eq!(placement.map(|p| p.peak), Some(3));
+    }
+
+    #[test]
+    fn rounds_put_new_attempts_next_but_not_those_tried() {
+        let mut rounds = Rounds::new(alloc::vec![1u64, 2, 3, 4], 2, 10);
+        assert_eq!(rounds.next(), Some((1, 10)));
+        rounds.put_next(alloc::vec![3, 5, 1]);
+        let order: Vec<u64> = core::iter::from_fn(|| rounds.next()).map(|(a, _)| a).take(4).collect();
+        assert_eq!(order, [3, 5, 2, 4]);
     }
 
     #[test]

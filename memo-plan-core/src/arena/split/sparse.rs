@@ -13,7 +13,10 @@
 //! chosen section's part it is independent of the sweep right.
 //!
 //! Heights are tried in [`Rounds`]: refuting a wrong height can take long, and the right one is
-//! usually quick. The search is resumable: a call goes on with the heights not yet settled.
+//! usually quick. The search is resumable: a call goes on with the heights not yet settled. When
+//! the chosen section has more sums than are tried and the first call found no split, heights
+//! that are sums of whole lifetime classes over sections far apart in time go next
+//! (`whole_class_heights`): in crowded components the lowest heights are coincidences.
 
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
@@ -35,8 +38,8 @@ const HEIGHTS_LIMIT: usize = 1 << 16;
 /// The most heights tried (the lowest): crowded sections allow nearly every height, and the flow
 /// search covers those components.
 const HEIGHTS_TRIED_LIMIT: usize = 4096;
-/// Sections (after the sparsest) whose sums of whole lifetime classes filter the heights tried
-/// first (`whole_class_heights`).
+/// Time windows whose sparsest sections' sums of whole lifetime classes filter the heights put
+/// next when the first allowance found no split (`whole_class_heights`).
 const WHOLE_FILTER_SECTIONS: usize = 16;
 /// Sections with more lifetime classes than this do not filter whole-class heights.
 const WHOLE_MOST_CLASSES: usize = 18;
@@ -44,7 +47,10 @@ const WHOLE_MOST_CLASSES: usize = 18;
 const WHOLE_LEAST_FILTERS: usize = 4;
 /// Up to one in this many filtering sections may miss a whole-class height (fewest misses first).
 const WHOLE_TOLERANCE_SHARE: usize = 4;
-/// The most whole-class heights tried first.
+/// The work of checking one candidate height against one section (a binary search), in
+/// subset-sum entries (`SUMS_PER_NODE` make a node).
+const CHECK_COST: u64 = 8;
+/// The most whole-class heights put next.
 const WHOLE_HEIGHTS_LIMIT: usize = 1024;
 /// The heights tried in the first round (lowest first), and the work limit of each; both double
 /// every round.
@@ -206,7 +212,7 @@ fn whole_class_heights(
     considered.sort_unstable_by_key(|&section| rank[section]);
     let mut cost = (span.len() * considered.len()) as u64;
     // Sections with many classes are left out: their sums are too many to list (and say little).
-    let sums: Vec<SubsetSums> = considered
+    let mut sums: Vec<SubsetSums> = considered
         .iter()
         .filter_map(|&section| {
             let totals = class_totals(section);
@@ -222,14 +228,16 @@ fn whole_class_heights(
         return (Vec::new(), cost);
     }
     let tolerance = sums.len() / WHOLE_TOLERANCE_SHARE;
-    // Candidates: the known sums of the sparsest section; each scored by the other sections that
+    // The candidates come from the section with the fewest sums (the fewest to check).
+    sums.sort_by_key(|s| s.sums.len());
+    // Candidates: the sums of one section; each scored by the other sections that
     // cannot have it as a sum of whole classes. A few sections may cut a class (buffers of one
     // lifetime from different sub-rectangles), so a few misses are tolerated.
     let mut scored: Vec<(usize, u64)> = Vec::new();
     for &a in sums[0].between(1, height / 2) {
         let mut misses = 0;
         for other in &sums[1..] {
-            cost += 1;
+            cost += CHECK_COST;
             if !other.may_contain(a) {
                 misses += 1;
                 if misses > tolerance {
@@ -277,6 +285,18 @@ pub(super) struct Search {
     left: Direction,
     /// The heights not settled yet.
     heights: Rounds<u64>,
+    /// What `whole_class_heights` needs, until it has run.
+    deferred: Option<Deferred>,
+    height: u64,
+    /// Calls of `run` so far.
+    runs: u32,
+}
+
+/// The inputs of `whole_class_heights`, kept until the first allowance found no split.
+struct Deferred {
+    span: Vec<(usize, usize, u32)>,
+    sections: usize,
+    by_crowding: Vec<usize>,
 }
 
 impl Search {
@@ -317,22 +337,11 @@ impl Search {
             }
         }
         // When the heights cannot all be tried (the lowest few thousand are mostly coincidences
-        // in a crowded component), heights made of whole lifetime classes in nearly every
-        // filtering section go first, however high they are; the others follow, lowest first.
+        // in a crowded component), heights made of whole lifetime classes are put first once the
+        // lowest ones found no split within the first allowance (`run`).
         let truncated = heights.len() > HEIGHTS_TRIED_LIMIT || !base.complete;
         heights.truncate(HEIGHTS_TRIED_LIMIT);
-        let whole = if truncated {
-            let (whole, whole_cost) = whole_class_heights(items, &span, sections, &by_crowding, height);
-            cost += whole_cost;
-            whole
-        } else {
-            Vec::new()
-        };
-        let mut whole_sorted = whole.clone();
-        whole_sorted.sort_unstable();
-        heights.retain(|a| whole_sorted.binary_search(a).is_err());
-        let mut heights: Vec<u64> = whole.into_iter().chain(heights).collect();
-        heights.truncate(HEIGHTS_TRIED_LIMIT + WHOLE_HEIGHTS_LIMIT);
+        let deferred = truncated.then(|| Deferred { span: span.clone(), sections, by_crowding: by_crowding.clone() });
         if heights.is_empty() {
             return None;
         }
@@ -369,6 +378,9 @@ impl Search {
             return None;
         }
         Some(Search {
+            deferred,
+            height,
+            runs: 0,
             right,
             left,
             classes,
@@ -380,6 +392,17 @@ impl Search {
 
     /// Goes on with the pending heights for at most `work` nodes.
     pub(super) fn run(&mut self, items: &[Item], budget: &mut Budget, work: u64) -> Step {
+        self.runs += 1;
+        if self.runs > 1 {
+            if let Some(deferred) = self.deferred.take() {
+                let (whole, cost) =
+                    whole_class_heights(items, &deferred.span, deferred.sections, &deferred.by_crowding, self.height);
+                if !budget.spend_many(cost / SUMS_PER_NODE) {
+                    return Step::OutOfWork;
+                }
+                self.heights.put_next(whole);
+            }
+        }
         let mut total = work;
         let mut amounts: Vec<u64> = alloc::vec![0; self.classes.len()];
         loop {
