@@ -393,6 +393,9 @@ impl Search {
     /// Goes on with the pending heights for at most `work` nodes.
     pub(super) fn run(&mut self, items: &[Item], budget: &mut Budget, work: u64) -> Step {
         self.runs += 1;
+        if budget.left == 0 {
+            return Step::OutOfWork; // nothing to spend: not even the whole-class heights' set-up
+        }
         if self.runs > 1 {
             if let Some(deferred) = self.deferred.take() {
                 let (whole, cost) =
