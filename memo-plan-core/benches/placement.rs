@@ -1,5 +1,5 @@
 //! Placement benchmarks over generated instance sets: time per instance, greedy (node budget 0)
-//! and exact (default budget) side by side. Quality (peak / lower bound) is printed once per
+//! and exact (default budget) side by side (exact only at 500 buffers). Quality (peak / lower bound) is printed once per
 //! instance, outside the timed loop; `examples/placement_report.rs` prints the full table.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -28,6 +28,22 @@ fn known_optimum_300(c: &mut Criterion) {
     group.finish();
 }
 
+fn known_optimum_500(c: &mut Criterion) {
+    let mut group = c.benchmark_group("known_optimum_500");
+    group.sample_size(10);
+    // All ten seeds of BENCHMARKS.md's 500-buffer set, exact only (the greedy misses them all).
+    for seed in 0u64..10 {
+        let buffers = known_optimum(seed, 500, 2000, 1 << 20);
+        let options = SolveOptions::default();
+        let s = solve(&buffers, &options).expect("solvable");
+        eprintln!("known_optimum_500 seed {seed} exact: peak/lb {:.4}", s.peak as f64 / s.lower_bound as f64);
+        group.bench_with_input(BenchmarkId::new("exact", seed), &buffers, |b, buffers| {
+            b.iter(|| solve(black_box(buffers), &options).expect("solvable"))
+        });
+    }
+    group.finish();
+}
+
 fn training_steps(c: &mut Criterion) {
     let mut group = c.benchmark_group("training_step");
     group.sample_size(10);
@@ -49,5 +65,5 @@ fn training_steps(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, known_optimum_300, training_steps);
+criterion_group!(benches, known_optimum_300, known_optimum_500, training_steps);
 criterion_main!(benches);

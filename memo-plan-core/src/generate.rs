@@ -48,6 +48,22 @@ impl SplitMix64 {
 /// `height` bytes are alive at every step: the lower bound and the optimum are both `height`.
 /// Buffers come in shuffled order with ids 0.. in that order. Needs `steps * height >= buffers`.
 pub fn known_optimum(seed: u64, buffers: usize, steps: u32, height: u64) -> Vec<BufferLifetime> {
+    guillotine(seed, buffers, steps, height)
+        .iter()
+        .enumerate()
+        .map(|(id, &(t0, t1, a0, a1))| BufferLifetime { id: id as u64, lower: t0, upper: t1, size: a1 - a0 })
+        .collect()
+}
+
+/// The generator's own placement of [`known_optimum`]`(seed, buffers, steps, height)`: each
+/// buffer's offset in the tiling, in buffer order. Its peak is `height`, so it witnesses that the
+/// optimum is `height` (tests check it with the placement checker).
+pub fn known_optimum_offsets(seed: u64, buffers: usize, steps: u32, height: u64) -> Vec<u64> {
+    guillotine(seed, buffers, steps, height).iter().map(|&(_, _, a0, _)| a0).collect()
+}
+
+/// The pieces `(t0, t1, a0, a1)` of [`known_optimum`], in its buffer order.
+fn guillotine(seed: u64, buffers: usize, steps: u32, height: u64) -> Vec<(u32, u32, u64, u64)> {
     let mut rng = SplitMix64::new(seed);
     // (t0, t1, a0, a1) pieces.
     let mut pieces: Vec<(u32, u32, u64, u64)> = alloc::vec![(0, steps, 0, height)];
@@ -78,10 +94,6 @@ pub fn known_optimum(seed: u64, buffers: usize, steps: u32, height: u64) -> Vec<
     }
     rng.shuffle(&mut pieces);
     pieces
-        .iter()
-        .enumerate()
-        .map(|(id, &(t0, t1, a0, a1))| BufferLifetime { id: id as u64, lower: t0, upper: t1, size: a1 - a0 })
-        .collect()
 }
 
 /// The shape of a generated training step.

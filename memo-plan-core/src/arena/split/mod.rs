@@ -158,6 +158,24 @@ impl<T: Copy> Rounds<T> {
         Some((self.pending[self.cursor - 1], self.limit))
     }
 
+    /// Puts `attempts` next in the current round (ahead of the pending ones, which they leave),
+    /// except those tried in this round already.
+    fn put_next(&mut self, attempts: Vec<T>)
+    where
+        T: Ord,
+    {
+        let mut tried: Vec<T> = self.pending[..self.cursor].to_vec();
+        tried.extend(self.unsettled.iter().copied());
+        tried.sort_unstable();
+        let front: Vec<T> = attempts.into_iter().filter(|a| tried.binary_search(a).is_err()).collect();
+        let mut fresh = front.clone();
+        fresh.sort_unstable();
+        let rest: Vec<T> = self.pending.split_off(self.cursor);
+        self.window = self.window.saturating_add(front.len());
+        self.pending.extend(front);
+        self.pending.extend(rest.into_iter().filter(|a| fresh.binary_search(a).is_err()));
+    }
+
     /// The attempt last returned ran out of work: it stays for the next round.
     fn unsettled(&mut self, attempt: T) {
         self.unsettled.push(attempt);
@@ -187,8 +205,22 @@ impl SubsetSums {
         sums
     }
 
+    /// The distinct subset sums up to `bound` (all of them, if fewer than `limit`; else the
+    /// smallest `limit`).
+    fn up_to(sizes: impl Iterator<Item = u64>, bound: u64, limit: usize) -> SubsetSums {
+        let mut sums = SubsetSums { sums: alloc::vec![0], complete: true, cost: 0 };
+        sums.add_bounded(sizes, limit, bound);
+        sums
+    }
+
     /// These sums with more sizes added, keeping at most `limit`.
     fn add(&mut self, sizes: impl Iterator<Item = u64>, limit: usize) {
+        self.add_bounded(sizes, limit, u64::MAX);
+    }
+
+    /// These sums with more sizes added, keeping at most `limit`, none above `bound` (`complete`
+    /// then means complete up to `bound`).
+    fn add_bounded(&mut self, sizes: impl Iterator<Item = u64>, limit: usize, bound: u64) {
         let sums = &mut self.sums;
         let mut next: Vec<u64> = Vec::new();
         for s in sizes {
@@ -214,6 +246,12 @@ impl SubsetSums {
                     }
                     (None, None) => break,
                 };
+                if value > bound {
+                    // Both runs are sorted: everything left is above the bound too.
+                    i = sums.len();
+                    j = sums.len();
+                    break;
+                }
                 if next.last() != Some(&value) {
                     next.push(value);
                 }
@@ -563,6 +601,23 @@ mod tests {
         let mut nodes = 100_000;
         let (placement, _) = place(&items, &members, 3, &mut nodes);
         assert_eq!(placement.map(|p| p.peak), Some(3));
+    }
+
+    #[test]
+    fn rounds_put_new_attempts_next_but_not_those_tried() {
+        let mut rounds = Rounds::new(alloc::vec![1u64, 2, 3, 4], 2, 10);
+        assert_eq!(rounds.next(), Some((1, 10)));
+        rounds.put_next(alloc::vec![3, 5, 1]);
+        let order: Vec<u64> = core::iter::from_fn(|| rounds.next()).map(|(a, _)| a).take(4).collect();
+        assert_eq!(order, [3, 5, 2, 4]);
+    }
+
+    #[test]
+    fn subset_sums_up_to_a_bound_are_all_of_them_below_it() {
+        let sums = SubsetSums::up_to([5u64, 1, 3].into_iter(), 6, 1000);
+        assert!(sums.complete);
+        assert_eq!(sums.sums, [0, 1, 3, 4, 5, 6]);
+        assert!(sums.may_contain(4) && !sums.may_contain(2));
     }
 
     #[test]

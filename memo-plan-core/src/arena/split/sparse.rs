@@ -13,7 +13,10 @@
 //! chosen section's part it is independent of the sweep right.
 //!
 //! Heights are tried in [`Rounds`]: refuting a wrong height can take long, and the right one is
-//! usually quick. The search is resumable: a call goes on with the heights not yet settled.
+//! usually quick. The search is resumable: a call goes on with the heights not yet settled. When
+//! the chosen section has more sums than are tried and the first call found no split, heights
+//! that are sums of whole lifetime classes over sections far apart in time go next
+//! (`whole_class_heights`): in crowded components the lowest heights are coincidences.
 
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
@@ -35,6 +38,20 @@ const HEIGHTS_LIMIT: usize = 1 << 16;
 /// The most heights tried (the lowest): crowded sections allow nearly every height, and the flow
 /// search covers those components.
 const HEIGHTS_TRIED_LIMIT: usize = 4096;
+/// Time windows whose sparsest sections' sums of whole lifetime classes filter the heights put
+/// next when the first allowance found no split (`whole_class_heights`).
+const WHOLE_FILTER_SECTIONS: usize = 16;
+/// Sections with more lifetime classes than this do not filter whole-class heights.
+const WHOLE_MOST_CLASSES: usize = 18;
+/// At least this many sections must filter whole-class heights, else there are none.
+const WHOLE_LEAST_FILTERS: usize = 4;
+/// Up to one in this many filtering sections may miss a whole-class height (fewest misses first).
+const WHOLE_TOLERANCE_SHARE: usize = 4;
+/// The work of checking one candidate height against one section (a binary search), in
+/// subset-sum entries (`SUMS_PER_NODE` make a node).
+const CHECK_COST: u64 = 8;
+/// The most whole-class heights put next.
+const WHOLE_HEIGHTS_LIMIT: usize = 1024;
 /// The heights tried in the first round (lowest first), and the work limit of each; both double
 /// every round.
 const FIRST_WINDOW: usize = 64;
@@ -151,6 +168,93 @@ impl Direction {
     }
 }
 
+/// Heights up to `height / 2` that are a sum of whole lifetime classes (buffers with the same
+/// start and end) in nearly every one of up to `WHOLE_FILTER_SECTIONS` sections spread over time,
+/// fewest misses first, then lowest; at most `WHOLE_HEIGHTS_LIMIT`. Also returns the work spent
+/// (subset-sum entries merged, candidates checked).
+///
+/// Why: in a crowded component nearly every height is a subset sum of every section, so the
+/// lowest heights are mostly coincidences of small buffers (flat subsets whose other part often
+/// cannot be placed), and the heights of real slabs may lie far beyond the lowest few thousand.
+/// A slab of a perfect packing mostly takes whole lifetime classes (a class is usually a column of
+/// one sub-rectangle, which lies on one side of the cut), and sums of whole classes that agree
+/// over sections far apart in time are rarely coincidences. Only an order: nothing is left out.
+fn whole_class_heights(
+    items: &[Item],
+    span: &[(usize, usize, u32)],
+    sections: usize,
+    by_crowding: &[usize],
+    height: u64,
+) -> (Vec<u64>, u64) {
+    let class_totals = |section: usize| {
+        let mut totals: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+        for &(start, end, l) in span {
+            if start <= section && section < end {
+                *totals.entry((start, end)).or_default() += items[l as usize].size;
+            }
+        }
+        totals.into_values().collect::<Vec<u64>>()
+    };
+    // One section per window of time (the one with the fewest buffers), so the sections share
+    // few classes: neighbouring sections hold mostly the same classes and would all agree on the
+    // same coincidences.
+    let rank: Vec<usize> = {
+        let mut rank = alloc::vec![0; sections];
+        for (position, &section) in by_crowding.iter().enumerate() {
+            rank[section] = position;
+        }
+        rank
+    };
+    let windows = WHOLE_FILTER_SECTIONS.min(sections);
+    let mut considered: Vec<usize> = (0..windows)
+        .filter_map(|w| (w * sections / windows..(w + 1) * sections / windows).min_by_key(|&section| rank[section]))
+        .collect();
+    considered.sort_unstable_by_key(|&section| rank[section]);
+    let mut cost = (span.len() * considered.len()) as u64;
+    // Sections with many classes are left out: their sums are too many to list (and say little).
+    let mut sums: Vec<SubsetSums> = considered
+        .iter()
+        .filter_map(|&section| {
+            let totals = class_totals(section);
+            if totals.len() > WHOLE_MOST_CLASSES {
+                return None;
+            }
+            let sums = SubsetSums::up_to(totals.into_iter(), height / 2, 1 << WHOLE_MOST_CLASSES);
+            cost += sums.cost;
+            Some(sums)
+        })
+        .collect();
+    if sums.len() < WHOLE_LEAST_FILTERS {
+        return (Vec::new(), cost);
+    }
+    let tolerance = sums.len() / WHOLE_TOLERANCE_SHARE;
+    // The candidates come from the section with the fewest sums (the fewest to check).
+    sums.sort_by_key(|s| s.sums.len());
+    // Candidates: the sums of one section; each scored by the other sections that
+    // cannot have it as a sum of whole classes. A few sections may cut a class (buffers of one
+    // lifetime from different sub-rectangles), so a few misses are tolerated.
+    let mut scored: Vec<(usize, u64)> = Vec::new();
+    for &a in sums[0].between(1, height / 2) {
+        let mut misses = 0;
+        for other in &sums[1..] {
+            cost += CHECK_COST;
+            if !other.may_contain(a) {
+                misses += 1;
+                if misses > tolerance {
+                    break;
+                }
+            }
+        }
+        if misses <= tolerance {
+            scored.push((misses, a));
+        }
+    }
+    scored.sort_unstable();
+    let mut heights: Vec<u64> = scored.into_iter().map(|(_, a)| a).collect();
+    heights.truncate(WHOLE_HEIGHTS_LIMIT);
+    (heights, cost)
+}
+
 /// `sums[g]`: the subset sums of the buffers of `groups[g..]` (built from the back).
 fn suffix_sums(items: &[Item], groups: &[Group]) -> Vec<SubsetSums> {
     let mut sums: Vec<SubsetSums> = alloc::vec![SubsetSums::new(core::iter::empty())];
@@ -181,6 +285,18 @@ pub(super) struct Search {
     left: Direction,
     /// The heights not settled yet.
     heights: Rounds<u64>,
+    /// What `whole_class_heights` needs, until it has run.
+    deferred: Option<Deferred>,
+    height: u64,
+    /// Calls of `run` so far.
+    runs: u32,
+}
+
+/// The inputs of `whole_class_heights`, kept until the first allowance found no split.
+struct Deferred {
+    span: Vec<(usize, usize, u32)>,
+    sections: usize,
+    by_crowding: Vec<usize>,
 }
 
 impl Search {
@@ -220,7 +336,12 @@ impl Search {
                 heights.retain(|a| filter.sums.binary_search(a).is_ok());
             }
         }
+        // When the heights cannot all be tried (the lowest few thousand are mostly coincidences
+        // in a crowded component), heights made of whole lifetime classes are put first once the
+        // lowest ones found no split within the first allowance (`run`).
+        let truncated = heights.len() > HEIGHTS_TRIED_LIMIT || !base.complete;
         heights.truncate(HEIGHTS_TRIED_LIMIT);
+        let deferred = truncated.then(|| Deferred { span: span.clone(), sections, by_crowding: by_crowding.clone() });
         if heights.is_empty() {
             return None;
         }
@@ -257,6 +378,9 @@ impl Search {
             return None;
         }
         Some(Search {
+            deferred,
+            height,
+            runs: 0,
             right,
             left,
             classes,
@@ -268,6 +392,20 @@ impl Search {
 
     /// Goes on with the pending heights for at most `work` nodes.
     pub(super) fn run(&mut self, items: &[Item], budget: &mut Budget, work: u64) -> Step {
+        self.runs += 1;
+        if budget.left == 0 {
+            return Step::OutOfWork; // nothing to spend: not even the whole-class heights' set-up
+        }
+        if self.runs > 1 {
+            if let Some(deferred) = self.deferred.take() {
+                let (whole, cost) =
+                    whole_class_heights(items, &deferred.span, deferred.sections, &deferred.by_crowding, self.height);
+                if !budget.spend_many(cost / SUMS_PER_NODE) {
+                    return Step::OutOfWork;
+                }
+                self.heights.put_next(whole);
+            }
+        }
         let mut total = work;
         let mut amounts: Vec<u64> = alloc::vec![0; self.classes.len()];
         loop {
