@@ -4,12 +4,9 @@
 use std::path::Path;
 
 use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
-use memo_plan_core::plan::{EventId, Op, Stream};
 use memo_plan_core::planner::{self, PlanRequest};
 use memo_plan_core::simulate::Timeline;
-use memo_runtime::{
-    cpu_hardware, Backend, BackendError, KernelArg, KernelContext, MemoryReport, RuntimeError, Span, TrainOptions,
-};
+use memo_runtime::{cpu_hardware, Backend, BackendError, RuntimeError, TrainOptions};
 use runtime_cpu::CpuBackend;
 
 use crate::exit::{self, Failure};
@@ -90,7 +87,7 @@ impl Device {
             Kind::Cuda => runtime_cuda::CudaBackend::new(self.ordinal).map(|b| Box::new(b) as Box<dyn Backend>),
             Kind::Hip => runtime_hip::HipBackend::new(self.ordinal).map(|b| Box::new(b) as Box<dyn Backend>),
         };
-        opened.map(AnyBackend).map_err(|e| unavailable(self, &e))
+        opened.map_err(|e| unavailable(self, &e))
     }
 }
 
@@ -99,51 +96,8 @@ pub fn unavailable(device: &Device, error: &BackendError) -> Failure {
     Failure::new(exit::DEVICE_UNAVAILABLE, format!("--device {}: {error}", device.label()))
 }
 
-/// Any backend, behind one type, so that `Trainer<AnyBackend>` serves every `--device`.
-pub struct AnyBackend(Box<dyn Backend>);
-
-impl Backend for AnyBackend {
-    fn name(&self) -> String {
-        self.0.name()
-    }
-    fn allocate(&mut self, arena_bytes: u64, host_bytes: u64, events: u32) -> Result<(), BackendError> {
-        self.0.allocate(arena_bytes, host_bytes, events)
-    }
-    fn upload(&mut self, span: Span, bytes: &[u8]) -> Result<(), BackendError> {
-        self.0.upload(span, bytes)
-    }
-    fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError> {
-        self.0.download(span)
-    }
-    fn launch(
-        &mut self,
-        instruction: usize,
-        stream: Stream,
-        op: Op,
-        args: &[KernelArg],
-        context: &KernelContext,
-    ) -> Result<(), BackendError> {
-        self.0.launch(instruction, stream, op, args, context)
-    }
-    fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
-        self.0.copy(instruction, stream, src, dst)
-    }
-    fn record(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
-        self.0.record(instruction, stream, event)
-    }
-    fn wait(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
-        self.0.wait(instruction, stream, event)
-    }
-    fn synchronize(&mut self) -> Result<(), BackendError> {
-        self.0.synchronize()
-    }
-    fn memory(&self) -> MemoryReport {
-        self.0.memory()
-    }
-    fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
-        self.0.timings()
-    }
-}
+/// Any backend, chosen at run time: `Trainer<AnyBackend>` serves every `--device`.
+pub type AnyBackend = Box<dyn Backend>;
 
 /// Refuses options only the CPU backend has (`(flag, given)` pairs) on a GPU.
 pub fn refuse_cpu_only_options(device: &Device, options: &[(&str, bool)]) -> Result<(), Failure> {

@@ -201,3 +201,48 @@ pub trait Backend {
         None
     }
 }
+
+/// A boxed backend is a backend: `Trainer<Box<dyn Backend>>` serves whichever device was chosen
+/// at run time (the `memo` command line, the cross-backend tests).
+impl<B: Backend + ?Sized> Backend for Box<B> {
+    fn name(&self) -> String {
+        (**self).name()
+    }
+    fn allocate(&mut self, arena_bytes: u64, host_bytes: u64, events: u32) -> Result<(), BackendError> {
+        (**self).allocate(arena_bytes, host_bytes, events)
+    }
+    fn upload(&mut self, span: Span, bytes: &[u8]) -> Result<(), BackendError> {
+        (**self).upload(span, bytes)
+    }
+    fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError> {
+        (**self).download(span)
+    }
+    fn launch(
+        &mut self,
+        instruction: usize,
+        stream: Stream,
+        op: Op,
+        args: &[KernelArg],
+        context: &KernelContext,
+    ) -> Result<(), BackendError> {
+        (**self).launch(instruction, stream, op, args, context)
+    }
+    fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
+        (**self).copy(instruction, stream, src, dst)
+    }
+    fn record(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
+        (**self).record(instruction, stream, event)
+    }
+    fn wait(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
+        (**self).wait(instruction, stream, event)
+    }
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        (**self).synchronize()
+    }
+    fn memory(&self) -> MemoryReport {
+        (**self).memory()
+    }
+    fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
+        (**self).timings()
+    }
+}

@@ -20,12 +20,12 @@ use std::fmt::Write as _;
 
 use half::bf16;
 use memo_plan_core::model::{ModelConfig, Parallelism};
-use memo_plan_core::plan::{BufferKind, EventId, Op, Plan, Strategy, Stream};
+use memo_plan_core::plan::{BufferKind, EventId, Plan, Strategy, Stream};
 use memo_plan_core::planner::{plan, PlanRequest};
 use memo_runtime::data::{TextData, DEFAULT_TEXT};
 use memo_runtime::{
-    cpu_hardware, AdamW, Backend, BackendError, KernelArg, KernelContext, MemoryReport, NamedBytes, Replay, Space,
-    Span, TrainOptions, Trainer,
+    cpu_hardware, AdamW, Backend, BackendError, KernelContext, MemoryReport, NamedBytes, Replay, Space, Span,
+    TrainOptions, Trainer,
 };
 use runtime_cpu::CpuBackend;
 
@@ -43,9 +43,9 @@ const HIP: Case =
 
 impl Case {
     /// A fresh backend, or `None` after printing SKIP when this GPU backend cannot be opened.
-    fn backend(&self) -> Option<Dyn> {
+    fn backend(&self) -> Option<Box<dyn Backend>> {
         match (self.open)() {
-            Ok(backend) => Some(Dyn(backend)),
+            Ok(backend) => Some(backend),
             Err(error) if self.name != "cpu" && !required(self.name) => {
                 println!("SKIP: {}: {error}", self.name);
                 None
@@ -88,52 +88,6 @@ test_device!(allocate_equals_the_plans_totals);
 test_device!(upload_download_round_trip);
 test_device!(copies_through_the_streams_with_events);
 test_device!(training_agrees_with_the_cpu_backend);
-
-/// A boxed backend as a `Backend` (the trainer is generic over its backend).
-struct Dyn(Box<dyn Backend>);
-
-impl Backend for Dyn {
-    fn name(&self) -> String {
-        self.0.name()
-    }
-    fn allocate(&mut self, arena_bytes: u64, host_bytes: u64, events: u32) -> Result<(), BackendError> {
-        self.0.allocate(arena_bytes, host_bytes, events)
-    }
-    fn upload(&mut self, span: Span, bytes: &[u8]) -> Result<(), BackendError> {
-        self.0.upload(span, bytes)
-    }
-    fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError> {
-        self.0.download(span)
-    }
-    fn launch(
-        &mut self,
-        i: usize,
-        s: Stream,
-        op: Op,
-        args: &[KernelArg],
-        c: &KernelContext,
-    ) -> Result<(), BackendError> {
-        self.0.launch(i, s, op, args, c)
-    }
-    fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
-        self.0.copy(instruction, stream, src, dst)
-    }
-    fn record(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
-        self.0.record(instruction, stream, event)
-    }
-    fn wait(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
-        self.0.wait(instruction, stream, event)
-    }
-    fn synchronize(&mut self) -> Result<(), BackendError> {
-        self.0.synchronize()
-    }
-    fn memory(&self) -> MemoryReport {
-        self.0.memory()
-    }
-    fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
-        self.0.timings()
-    }
-}
 
 /// Four layers (so two swap), h 64, 4 heads, byte vocabulary, 64 tokens.
 fn small_model() -> ModelConfig {
@@ -225,7 +179,7 @@ fn copies_through_the_streams_with_events(case: &Case) {
 const STEPS: u64 = 3;
 
 /// Losses per step, the first step's gradients and the parameters after [`STEPS`] steps.
-fn train(backend: Dyn, strategy: Strategy) -> Run {
+fn train(backend: Box<dyn Backend>, strategy: Strategy) -> Run {
     let options = options(strategy);
     let model = &options.model;
     let mut trainer = Trainer::new(backend, &options).unwrap();
@@ -271,7 +225,7 @@ fn relative_l2(candidate: &[f32], reference: &[f32]) -> f64 {
 /// bound on a GPU, bit-exact on the CPU.
 fn training_agrees_with_the_cpu_backend(case: &Case) {
     let Some(backend) = case.backend() else { return };
-    let reference = train(Dyn(Box::new(CpuBackend::new())), Strategy::KeepAll);
+    let reference = train(Box::new(CpuBackend::new()), Strategy::KeepAll);
     let candidate = train(backend, Strategy::Memo);
     let nonzero = |tensors: &[NamedBytes]| tensors.iter().any(|(_, b)| b.iter().any(|&x| x != 0));
     assert!(nonzero(&reference.1), "the first step's gradients are all zero: the comparison would prove nothing");
@@ -324,7 +278,7 @@ fn differences(candidate: &Run, reference: &Run) -> String {
 /// The comparison sees a parameter moved by more than the bound, and a loss off by 2%.
 #[test]
 fn the_tolerance_check_catches_a_difference() {
-    let reference = train(Dyn(Box::new(CpuBackend::new())), Strategy::KeepAll);
+    let reference = train(Box::new(CpuBackend::new()), Strategy::KeepAll);
     assert_eq!(differences(&reference, &reference), "");
     let mut moved = reference.clone();
     moved.0[1] *= 1.02;
