@@ -197,7 +197,7 @@ def run_mode(torch, args, device, mode):
         times.sort()
         median = times[len(times) // 2] if len(times) % 2 else (times[len(times) // 2 - 1] + times[len(times) // 2]) / 2
         result.update(status="ok", steps_timed=len(times), step_time_s=median,
-                      tokens_per_s=args.batch * args.seq / median, loss=float(loss),
+                      tokens_per_s=args.batch * args.seq / median, loss=loss.item(),
                       peak_bytes=torch.cuda.max_memory_allocated() if device.type == "cuda" else None)
     except Exception as error:  # noqa: BLE001 - every failure becomes a reported status
         out_of_memory = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())

@@ -319,8 +319,9 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         }
         crate::recall::evaluate_and_report(&mut trainer, args.seed, args.eval_sequences, args.json, &mut out)?;
     }
+    let parameters = model.parameter_count().map_err(|e| Failure::new(exit::BAD_INPUT, e.to_string()))?;
     let summary = json!({
-        "summary": true, "steps": trainer.steps_taken(), "final_loss": last_loss, "unigram_entropy": unigram,
+        "summary": true, "steps": trainer.steps_taken(), "parameters": parameters, "final_loss": last_loss, "unigram_entropy": unigram,
         "tokens_per_s": taken as f64 * tokens_per_step / elapsed.max(1e-9), "strategy": args.strategy.name(),
         "task": args.task.as_deref().unwrap_or("text"),
         "alpha": alpha, "device_bytes": device_bytes, "host_bytes": host_bytes,

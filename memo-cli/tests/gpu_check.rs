@@ -73,3 +73,51 @@ fn the_dry_run_measures_every_strategy_and_prints_one_table() {
     assert!(records.iter().any(|r| r["kind"] == "peer"), "{jsonl}");
     let _ = std::fs::remove_dir_all(scratch);
 }
+
+/// The PyTorch peer of the GPU run (`scripts/torch_peer.py`) on the CPU: every mode trains, and
+/// its model has the parameter count `memo train` reports for the same shape, so the two train
+/// the same architecture. Runs with the interpreter in `MEMO_TORCH_PYTHON`, else `python3`; says
+/// SKIP when that has no PyTorch (CI installs none).
+#[test]
+fn the_torch_peer_trains_every_mode_with_memos_parameter_count() {
+    let python = std::env::var("MEMO_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let has_torch = Command::new(&python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
+    if !has_torch {
+        println!("SKIP: {python} cannot import torch (set MEMO_TORCH_PYTHON to an interpreter that can)");
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let scratch = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("memo-torch-peer");
+    std::fs::create_dir_all(&scratch).unwrap();
+    // A shape unlike the defaults (ffn_hidden not 4h, vocab not 256) so that both read the file.
+    let model = scratch.join("model.toml");
+    std::fs::write(&model, "[model]\nlayers = 3\nhidden = 48\nheads = 3\nffn_hidden = 80\nvocab = 300\n").unwrap();
+    let peer = Command::new(&python)
+        .arg(root.join("scripts/torch_peer.py"))
+        .args(["--device", "cpu", "--seq", "32", "--steps", "2", "--warmup", "1", "--model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&peer.stderr);
+    assert!(peer.status.success(), "{log}");
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&peer.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let modes: Vec<&str> = lines.iter().map(|l| l["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["store", "checkpoint", "offload"], "{lines:?}");
+    let memo = Command::new(env!("CARGO_BIN_EXE_memo"))
+        .args(["train", "--device", "cpu", "--seq", "32", "--steps", "1", "--json", "--model"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(memo.status.success(), "{}", String::from_utf8_lossy(&memo.stderr));
+    let stdout = String::from_utf8_lossy(&memo.stdout);
+    let summary: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for line in &lines {
+        assert_eq!(line["status"], "ok", "{line}");
+        assert_eq!(line["parameters"], summary["parameters"], "{line}\n{summary}");
+        let loss = line["loss"].as_f64().unwrap();
+        // Near ln(300) = 5.70 after two steps from a small initialisation.
+        assert!(loss.is_finite() && (loss - 300f64.ln()).abs() < 1.0, "{line}");
+    }
+    let _ = std::fs::remove_dir_all(scratch);
+}
