@@ -212,6 +212,20 @@ fn check_embedding(a: &Args<'_>, index: usize, ctx: &KernelContext) -> Result<()
     a.want_elems(index, ctx.hidden, BF16, "`hidden` bf16 of the context")
 }
 
+/// The parameters both embedding kernels take: the three arguments in order, then the shape.
+fn embedding_params(rows: u64, width: u32, vocab: u32) -> Vec<Param> {
+    vec![
+        ptr(0),
+        ptr(1),
+        ptr(2),
+        Param::U64(rows),
+        Param::U32(width),
+        Param::U32(vocab),
+        Param::Status,
+        Param::Instruction,
+    ]
+}
+
 /// `embedding` [tokens, embedding, out].
 fn embedding(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
     check_embedding(a, 1, ctx)?;
@@ -224,16 +238,7 @@ fn embedding(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError
     if rows == 0 {
         return Ok(Vec::new());
     }
-    let params = vec![
-        ptr(0),
-        ptr(1),
-        ptr(2),
-        Param::U64(rows),
-        Param::U32(width),
-        Param::U32(vocab),
-        Param::Status,
-        Param::Instruction,
-    ];
+    let params = embedding_params(rows, width, vocab);
     Ok(vec![kernel("memo_embedding_forward", [blocks(rows, 1), 1, 1], BLOCK, params, 0)])
 }
 
@@ -256,16 +261,7 @@ fn embedding_backward(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, Re
     let column_tiles = u32::try_from(column_tiles).ok().filter(|&t| t <= 65_535).ok_or_else(|| {
         a.error(2, "rows of at most 65535 * 2048 elements".into(), format!("{width} elements per row"))
     })?;
-    let params = vec![
-        ptr(0),
-        ptr(1),
-        ptr(2),
-        Param::U64(rows),
-        Param::U32(width),
-        Param::U32(vocab),
-        Param::Status,
-        Param::Instruction,
-    ];
+    let params = embedding_params(rows, width, vocab);
     Ok(vec![kernel("memo_embedding_backward", [blocks(u64::from(vocab), 1), column_tiles, 1], BLOCK, params, 0)])
 }
 
