@@ -17,7 +17,8 @@
 #   scripts/gpu-check.sh --dry-run   here: the same phases on the CPU backend, a tiny model, tiny
 #                                    lengths (exercises the control flow, the parsing, the table)
 # Environment overrides: OUT, BUNDLE, MODEL, SEQS, STEPS, MAXSEQ_START, MAXSEQ_LIMIT, TRY_TIMEOUT,
-# RUN_TIMEOUT, PEER_SEQ, PROFILE_SEQ, PROFILE_REPEATS, PHASE{0..4}_S (each phase's deadline in seconds).
+# RUN_TIMEOUT, PEER_SEQ, PROFILE_SEQ, PROFILE_REPEATS, LR, PHASE{0..4}_S (each phase's deadline in seconds),
+# PACK=1 (pack raw/ into raw.tgz and remove it: the device tool brings back at most 8 files).
 set -u
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,6 +41,7 @@ if ((dry)); then
     RUN_TIMEOUT="${RUN_TIMEOUT:-60}"
     PEER_SEQ="${PEER_SEQ:-64}"
     PEER_MODEL=(--layers 4 --hidden 128 --heads 4 --vocab 256)
+    LR="${LR:-3e-3}"                    # memo train's default
     TRAIN_MACHINE=()                    # memo train's CPU description
     PLAN_MACHINE=(--machine-file "$OUT/raw/cpu-machine.toml") # the same numbers, for memo plan
     PROFILE_ARGS=(--model "$MODEL" --seq "${PROFILE_SEQ:-256}" --repeats "${PROFILE_REPEATS:-3}" --copy-size 4MiB)
@@ -56,6 +58,7 @@ else
     RUN_TIMEOUT="${RUN_TIMEOUT:-40}"
     PEER_SEQ="${PEER_SEQ:-32768}"
     PEER_MODEL=(--model "$MODEL")
+    LR="${LR:-3e-4}"                    # the PyTorch peer's: 3e-3 (memo's default) diverges on 1B
     # h200x1 with this machine's memory (written below): the preset's 256 GiB of host memory is
     # more than the lent machine has, and a pinned slab past it must not be tried.
     TRAIN_MACHINE=(--machine-file "$OUT/raw/h200-here.toml")
@@ -63,7 +66,7 @@ else
     PROFILE_ARGS=(--model "$MODEL" --seq "${PROFILE_SEQ:-8192}" --repeats "${PROFILE_REPEATS:-3}")
     export MEMO_REQUIRE_GPU=cuda        # a backend suite that cannot open the GPU fails
 fi
-PHASE0_S="${PHASE0_S:-30}"
+PHASE0_S="${PHASE0_S:-45}"
 PHASE1_S="${PHASE1_S:-70}"
 PHASE2_S="${PHASE2_S:-110}"
 PHASE3_S="${PHASE3_S:-80}"
@@ -119,7 +122,7 @@ fi
 {
     echo "dry_run=$dry"; echo "device=$DEVICE"; echo "model=$MODEL"; echo "seqs=$SEQS"; echo "steps=$STEPS"
     echo "maxseq_start=$MAXSEQ_START"; echo "maxseq_limit=$MAXSEQ_LIMIT"; echo "try_timeout=$TRY_TIMEOUT"
-    echo "peer_seq=$PEER_SEQ"; echo "started=$started"; echo "host=$(hostname)"
+    echo "peer_seq=$PEER_SEQ"; echo "lr=$LR"; echo "started=$started"; echo "host=$(hostname)"
     echo "bundle_commit=$(sed -n 's/^# commit //p' "$BUNDLE/MANIFEST" 2>/dev/null)"
 } >"$raw/settings.txt"
 
@@ -165,7 +168,7 @@ else
         --format=csv
     run nvidia-smi-full 10 nvidia-smi
 fi
-run profile 28 "$MEMO" profile --device "$DEVICE" "${PROFILE_ARGS[@]}" --out "$raw/machine.toml" --json
+run profile "${PROFILE_TIMEOUT:-40}" "$MEMO" profile --device "$DEVICE" "${PROFILE_ARGS[@]}" --out "$raw/machine.toml" --json
 end_phase 0 done
 
 # Phase 1: correctness.
@@ -187,7 +190,7 @@ for seq in $SEQS; do
     for strategy in keep-all full-recompute memo; do
         name="measure-$strategy-$seq"
         run "$name" "$RUN_TIMEOUT" "$MEMO" train --device "$DEVICE" "${TRAIN_MACHINE[@]}" --model "$MODEL" \
-            --seq "$seq" --strategy "$strategy" --steps "$STEPS" --json --timings
+            --seq "$seq" --strategy "$strategy" --steps "$STEPS" --lr "$LR" --json --timings --trace "$raw/$name.trace.json"
         say "$name: exit $(cut -d' ' -f1 "$raw/$name.rc")"
     done
 done
@@ -199,7 +202,7 @@ run maxseq-plan 20 "$MEMO" plan --config "$MODEL" "${PLAN_MACHINE[@]}" --max-seq
 try() { # strategy seq -> exit code
     local name="maxseq-$1-$2"
     run "$name" "$TRY_TIMEOUT" "$MEMO" train --device "$DEVICE" "${TRAIN_MACHINE[@]}" --model "$MODEL" --seq "$2" \
-        --strategy "$1" --steps 1 --json
+        --strategy "$1" --steps 1 --lr "$LR" --json
     local rc=$?
     say "$name: exit $rc"
     return $rc
@@ -231,7 +234,7 @@ case " $SEQS " in
     *)
         for strategy in keep-all full-recompute memo; do
             run "measure-$strategy-$PEER_SEQ" "$RUN_TIMEOUT" "$MEMO" train --device "$DEVICE" "${TRAIN_MACHINE[@]}" \
-                --model "$MODEL" --seq "$PEER_SEQ" --strategy "$strategy" --steps "$STEPS" --json --timings
+                --model "$MODEL" --seq "$PEER_SEQ" --strategy "$strategy" --steps "$STEPS" --lr "$LR" --json --timings
         done
         ;;
 esac
@@ -240,5 +243,8 @@ end_phase 4 done
 # Phase 5: the table and the JSON lines.
 python3 scripts/gpu_check_report.py "$OUT"
 status=$?
+if [[ "${PACK:-0}" == 1 ]]; then
+    tar czf "$OUT/raw.tgz" -C "$OUT" raw && rm -rf "$raw"
+fi
 say "done in $(($(date +%s) - started)) s; raw outputs in $raw, JSON lines in $OUT/gpu-check.jsonl"
 exit $status

@@ -120,10 +120,30 @@ def measurement(raw, name, strategy, seq):
               "alpha": summary.get("alpha"), "machine": summary.get("machine"),
               "peak_flops": summary.get("peak_flops"),
               "loss_first": steps[0].get("loss") if steps else None,
-              "loss_last": steps[-1].get("loss") if steps else None}
+              "loss_last": steps[-1].get("loss") if steps else None,
+              "setup_s": summary.get("setup_s"), "time_by_op": time_by_op(raw, name)}
     if code != 0:
         record["error"] = last_error(raw, name)
     return record
+
+
+def time_by_op(raw, name):
+    """The compute stream's time in the last step of run `name` (its --trace file), by op and
+    category (forward, backward, recompute, step; waits as `wait`), largest first: where the
+    step's time goes. Empty when there is no trace."""
+    try:
+        with open(os.path.join(raw, name + ".trace.json"), encoding="utf-8") as handle:
+            events = json.load(handle).get("traceEvents", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    totals = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("tid") != 0:
+            continue
+        key = "wait" if e.get("cat") == "wait" else f"{e.get('args', {}).get('op', e.get('name'))} ({e.get('cat')})"
+        count, seconds = totals.get(key, (0, 0.0))
+        totals[key] = (count + 1, seconds + float(e.get("dur", 0.0)) / 1e6)
+    return sorted(([k, c, s] for k, (c, s) in totals.items()), key=lambda row: -row[2])
 
 
 def measurements(raw):
@@ -246,6 +266,17 @@ def main(out_dir):
           f"{fmt(r['mfu_6n'], '.1%'):>8}{fmt(r['mfu_attention'], '.1%'):>8}{fmt(r['device_bytes'], '.2f', GIB):>9}"
           f"{fmt(r['host_bytes'], '.2f', GIB):>9}{fmt(r['stall_s'], '.3f'):>9}{fmt(r['vs_keep_all_s'], '+.3f'):>12}"
           f"  {r['status']}" + (f": {r['error']}" if r.get("error") else ""))
+
+    for r in measured:
+        setup = r.get("setup_s") or {}
+        if setup:
+            p(f"  setup of {r['strategy']} at {r['seq_len']}: "
+              + ", ".join(f"{k} {fmt(setup.get(k), '.2f')} s" for k in ("open_backend", "plan", "allocate", "initialise")))
+    for r in measured:
+        if r.get("time_by_op"):
+            total = sum(row[2] for row in r["time_by_op"])
+            p(f"  compute stream of {r['strategy']} at {r['seq_len']} (last step, {total:.3f} s timed): "
+              + ", ".join(f"{op} x{count} {seconds:.3f}" for op, count, seconds in r["time_by_op"][:10]))
 
     limit = config.get("try_timeout", "?")
     p(f"\nlongest sequence trained (one step, each try at most {limit} s; doubling, then one bisection):")

@@ -79,13 +79,23 @@ impl Device {
         }
     }
 
-    /// Opens the backend. `cpu` configures the CPU backend (copy throttle, checked mode,
-    /// measuring); GPU backends take no such options (the caller refuses them first).
-    pub fn open(&self, cpu: impl FnOnce() -> CpuBackend) -> Result<AnyBackend, Failure> {
-        let opened: Result<Box<dyn Backend>, BackendError> = match self.kind {
-            Kind::Cpu => Ok(Box::new(cpu())),
-            Kind::Cuda => runtime_cuda::CudaBackend::new(self.ordinal).map(|b| Box::new(b) as Box<dyn Backend>),
-            Kind::Hip => runtime_hip::HipBackend::new(self.ordinal).map(|b| Box::new(b) as Box<dyn Backend>),
+    /// Opens the backend; with `measure`, one that times every instruction (`--timings`,
+    /// `--trace`: each backend's `measure`). `cpu` configures the CPU backend (copy throttle,
+    /// checked mode); GPU backends take no such options (the caller refuses them first).
+    pub fn open(&self, measure: bool, cpu: impl FnOnce() -> CpuBackend) -> Result<AnyBackend, Failure> {
+        let opened: Result<Box<dyn Backend>, BackendError> = match (self.kind, measure) {
+            (Kind::Cpu, false) => Ok(Box::new(cpu())),
+            (Kind::Cpu, true) => Ok(Box::new(cpu().measure())),
+            (Kind::Cuda, false) => {
+                runtime_cuda::CudaBackend::new(self.ordinal).map(|b| Box::new(b) as Box<dyn Backend>)
+            }
+            (Kind::Cuda, true) => {
+                runtime_cuda::CudaBackend::new(self.ordinal).map(|b| Box::new(b.measure()) as Box<dyn Backend>)
+            }
+            (Kind::Hip, false) => runtime_hip::HipBackend::new(self.ordinal).map(|b| Box::new(b) as Box<dyn Backend>),
+            (Kind::Hip, true) => {
+                runtime_hip::HipBackend::new(self.ordinal).map(|b| Box::new(b.measure()) as Box<dyn Backend>)
+            }
         };
         opened.map_err(|e| unavailable(self, &e))
     }
@@ -226,7 +236,7 @@ mod tests {
     fn unavailable_gpus_are_one_line_with_their_own_exit_code() {
         for name in ["cuda", "hip:1"] {
             let device = parse_device(name).unwrap();
-            let Err(failure) = device.open(CpuBackend::new) else { panic!("{name} opened: no GPU here") };
+            let Err(failure) = device.open(false, CpuBackend::new) else { panic!("{name} opened: no GPU here") };
             assert_eq!(failure.code(), exit::DEVICE_UNAVAILABLE);
             assert!(failure.message().starts_with(&format!("--device {}", device.label())), "{}", failure.message());
         }

@@ -121,7 +121,7 @@ pub fn run(args: &ProfileArgs) -> Result<(), Failure> {
     }
     let repeats = args.repeats as usize;
     // Open the device first: one that cannot be opened is one line, before anything else is said.
-    let backend = args.device.open(CpuBackend::new)?;
+    let backend = args.device.open(false, CpuBackend::new)?;
     eprintln!(
         "memo profile: {} copies of {} each way on {}, then steps of {} at {} tokens with {} and {} layers",
         repeats,
@@ -241,7 +241,7 @@ fn median_step_s(
         // A misfit says how much is over: profile at a shorter --seq.
         crate::device::check_fits(&options)?;
     }
-    let backend = device.open(CpuBackend::new)?;
+    let backend = device.open(false, CpuBackend::new)?;
     let mut trainer = Trainer::new(backend, &options).map_err(runtime_failure)?;
     let mut data = TextData::from_bytes(memo_runtime::data::DEFAULT_TEXT.as_bytes())
         .map_err(|e| Failure::new(exit::INTERNAL_ERROR, format!("the shipped text: {e}")))?;

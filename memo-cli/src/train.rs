@@ -196,17 +196,18 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
     if args.device.kind != Kind::Cpu {
         crate::device::check_fits(&options)?;
     }
-    let backend = args.device.open(|| {
-        let backend =
-            if args.checked { CpuBackend::checked() } else { CpuBackend::with_copy_bandwidth(args.copy_bandwidth) };
-        if args.trace.is_some() || args.timings {
-            backend.measure()
+    let opening = Instant::now();
+    let backend = args.device.open(args.trace.is_some() || args.timings, || {
+        if args.checked {
+            CpuBackend::checked()
         } else {
-            backend
+            CpuBackend::with_copy_bandwidth(args.copy_bandwidth)
         }
     })?;
+    let open_s = opening.elapsed().as_secs_f64();
     let step_flops = StepFlops::of(&model, &options.hardware)?;
     let mut trainer = Trainer::new(backend, &options).map_err(failure)?;
+    let setup = trainer.setup_times();
     let print = fingerprint(&model, args.seed);
     if args.resume {
         let dir = args.checkpoint.as_deref().unwrap_or(std::path::Path::new("."));
@@ -328,6 +329,8 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         "device": args.device.label(), "machine": options.hardware.name, "peak_flops": step_flops.peak_flops,
         "allocated_device_bytes": memory.device_bytes, "allocated_host_bytes": memory.host_bytes,
         "scratch_device_bytes": trainer.memory().scratch_bytes,
+        "setup_s": {"open_backend": open_s, "plan": setup.plan_s, "allocate": setup.allocate_s,
+                    "initialise": setup.initialise_s},
     });
     if args.json {
         writeln!(out, "{summary}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;

@@ -10,14 +10,23 @@ use crate::lifetime::BufferLifetime;
 pub struct SplitMix64(u64);
 
 impl SplitMix64 {
+    /// The state's increment per draw (the golden ratio's fraction of 2^64).
+    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
     /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Self {
         SplitMix64(seed)
     }
 
+    /// The generator seeded with `seed` after `draws` draws, in O(1): the state only counts, so
+    /// a long sequence can be drawn in blocks on several threads with the same values.
+    pub fn jumped(seed: u64, draws: u64) -> Self {
+        SplitMix64(seed.wrapping_add(draws.wrapping_mul(Self::GAMMA)))
+    }
+
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(Self::GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -215,6 +224,16 @@ impl StepBuilder {
 mod tests {
     use super::*;
     use crate::lifetime::lower_bound;
+
+    #[test]
+    fn a_jumped_generator_continues_the_sequence() {
+        let mut one_by_one = SplitMix64::new(42);
+        let drawn: Vec<u64> = (0..100).map(|_| one_by_one.next_u64()).collect();
+        for skip in [0usize, 1, 37, 99] {
+            let mut jumped = SplitMix64::jumped(42, skip as u64);
+            assert_eq!(jumped.next_u64(), drawn[skip], "after {skip} draws");
+        }
+    }
 
     #[test]
     fn known_optimum_tiles_the_rectangle() {

@@ -16,4 +16,4 @@ pub mod trainer;
 
 pub use backend::{AdamW, Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
 pub use interpret::{Replay, RuntimeError};
-pub use trainer::{cpu_hardware, training_model, NamedBytes, TrainOptions, Trainer};
+pub use trainer::{cpu_hardware, training_model, NamedBytes, SetupTimes, TrainOptions, Trainer};

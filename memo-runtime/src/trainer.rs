@@ -78,6 +78,19 @@ pub struct Trainer<B: Backend> {
     targets: BufferId,
     loss: BufferId,
     step: u64,
+    setup: SetupTimes,
+}
+
+/// Seconds [`Trainer::new`] spent in each of its stages (on a GPU, allocation pins the host slab
+/// and initialisation draws and uploads every parameter: both grow with the model).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SetupTimes {
+    /// Making the plan (the planner and the arena placement).
+    pub plan_s: f64,
+    /// Checking the plan and allocating the arena, the pinned host slab and the events.
+    pub allocate_s: f64,
+    /// Drawing every parameter and its optimizer state and uploading them.
+    pub initialise_s: f64,
 }
 
 fn find(report: &PlanReport, role: TensorRole) -> Result<BufferId, RuntimeError> {
@@ -93,12 +106,15 @@ fn find(report: &PlanReport, role: TensorRole) -> Result<BufferId, RuntimeError>
 impl<B: Backend> Trainer<B> {
     /// Plans the step, checks the plan, allocates it on `backend` and initialises the model.
     pub fn new(mut backend: B, options: &TrainOptions) -> Result<Self, RuntimeError> {
+        let started = std::time::Instant::now();
         let mut request =
             PlanRequest::new(options.model.clone(), Parallelism::single(), options.hardware.clone(), options.strategy);
         request.forced_alpha = options.forced_alpha;
         let report = planner::plan(&request).map_err(|e| RuntimeError::Trainer(format!("planning failed: {e}")))?;
+        let planned = std::time::Instant::now();
         let replay = Replay::new(report.plan.clone())?;
         replay.allocate(&mut backend)?;
+        let allocated = std::time::Instant::now();
         let model = &options.model;
         let context = KernelContext {
             hidden: model.hidden,
@@ -111,44 +127,36 @@ impl<B: Backend> Trainer<B> {
         let tokens = find(&report, TensorRole::Tokens)?;
         let targets = find(&report, TensorRole::Targets)?;
         let loss = find(&report, TensorRole::Loss)?;
-        let mut trainer = Trainer { backend, replay, report, context, tokens, targets, loss, step: 0 };
+        let mut setup = SetupTimes {
+            plan_s: (planned - started).as_secs_f64(),
+            allocate_s: (allocated - planned).as_secs_f64(),
+            initialise_s: 0.0,
+        };
+        let mut trainer = Trainer { backend, replay, report, context, tokens, targets, loss, step: 0, setup };
         trainer.initialise(options.seed)?;
+        setup.initialise_s = allocated.elapsed().as_secs_f64();
+        trainer.setup = setup;
         Ok(trainer)
+    }
+
+    /// Where [`Trainer::new`]'s time went.
+    pub fn setup_times(&self) -> SetupTimes {
+        self.setup
     }
 
     /// Writes every parameter and its optimizer state.
     fn initialise(&mut self, seed: u64) -> Result<(), RuntimeError> {
         let buffers: Vec<Buffer> = self.replay.plan().buffers.clone();
         let layers = self.report.plan.provenance.model.layers;
-        let parameters: Vec<usize> = (0..buffers.len()).filter(|&i| buffers[i].kind == BufferKind::Parameter).collect();
-        // A parameter's values depend on (seed, role, layer) alone, so they are drawn on several
-        // threads at once (a 1B-parameter model draws 10^9 normals: tens of seconds on one core)
-        // and uploaded in plan order; the bytes are the same as drawing them one by one.
         let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        for chunk in parameters.chunks(threads) {
-            let drawn: Vec<Option<(Vec<u8>, Vec<u8>)>> = std::thread::scope(|scope| {
-                let handles: Vec<_> = chunk
-                    .iter()
-                    .map(|&index| {
-                        let buffer = &buffers[index];
-                        scope.spawn(move || parameter_and_state_bytes(seed, buffer, layers))
-                    })
-                    .collect();
-                handles.into_iter().map(|handle| handle.join().ok()).collect()
-            });
-            for (&index, drawn) in chunk.iter().zip(drawn) {
-                let buffer = &buffers[index];
-                let (bytes, state_bytes) = drawn
-                    .ok_or_else(|| RuntimeError::Trainer(format!("drawing the initial values of {buffer} failed")))?;
-                self.backend.upload(self.replay.span(BufferId(index as u32)), &bytes)?;
-                let state = buffers
-                    .iter()
-                    .position(|b| {
-                        b.kind == BufferKind::OptimizerState && b.role == buffer.role && b.layer == buffer.layer
-                    })
-                    .ok_or_else(|| RuntimeError::Trainer(format!("no optimizer state for {buffer}")))?;
-                self.backend.upload(self.replay.span(BufferId(state as u32)), &state_bytes)?;
-            }
+        for (index, buffer) in buffers.iter().enumerate().filter(|(_, b)| b.kind == BufferKind::Parameter) {
+            let (bytes, state_bytes) = parameter_and_state_bytes(seed, buffer, layers, threads);
+            self.backend.upload(self.replay.span(BufferId(index as u32)), &bytes)?;
+            let state = buffers
+                .iter()
+                .position(|b| b.kind == BufferKind::OptimizerState && b.role == buffer.role && b.layer == buffer.layer)
+                .ok_or_else(|| RuntimeError::Trainer(format!("no optimizer state for {buffer}")))?;
+            self.backend.upload(self.replay.span(BufferId(state as u32)), &state_bytes)?;
         }
         Ok(())
     }
@@ -315,47 +323,168 @@ impl<B: Backend> Trainer<B> {
     }
 }
 
+/// Elements one thread draws at a time when initialising a parameter (whole rows of them).
+const INITIAL_BLOCK: usize = 1 << 18;
+
+/// One block of a parameter to draw: its first element, its bf16 bytes and its state rows.
+type InitialBlock<'a> = (usize, &'a mut [u8], &'a mut [u8]);
+
 /// A parameter's initial bf16 bytes and its optimizer state's: per row, master weights (the bf16
-/// values widened to f32), then m and v (zeros).
-fn parameter_and_state_bytes(seed: u64, buffer: &Buffer, layers: u32) -> (Vec<u8>, Vec<u8>) {
-    let elements = buffer.rows * buffer.row_bytes / 2;
-    let values = initial_values(seed, buffer, elements as usize, layers);
-    let bytes: Vec<u8> = values.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
-    let per_row = (buffer.row_bytes / 2) as usize;
-    let mut state_bytes = Vec::with_capacity(values.len() * 12);
-    for row in values.chunks(per_row.max(1)) {
-        for v in row {
-            state_bytes.extend_from_slice(&bf16::from_f32(*v).to_f32().to_le_bytes());
+/// values widened to f32), then m and v (zeros). Drawn in blocks of whole rows on `threads`
+/// threads: a 1B-parameter model draws 10^9 normals, tens of seconds on one core (20 s on the
+/// H200 machine's 16 cores when each buffer was drawn on one thread, 2026-12-04); the values are
+/// those of one generator drawn element after element (each block jumps to its first draw).
+fn parameter_and_state_bytes(seed: u64, buffer: &Buffer, layers: u32, threads: usize) -> (Vec<u8>, Vec<u8>) {
+    let elements = (buffer.rows * buffer.row_bytes / 2) as usize;
+    let per_row = ((buffer.row_bytes / 2) as usize).max(1);
+    let block = (INITIAL_BLOCK / per_row).max(1) * per_row;
+    let draw = InitialValues::of(seed, buffer, layers);
+    let mut bytes = vec![0u8; elements * 2];
+    let mut state_bytes = vec![0u8; elements * 12];
+    let mut jobs: Vec<InitialBlock> = bytes
+        .chunks_mut(block * 2)
+        .zip(state_bytes.chunks_mut(block * 12))
+        .enumerate()
+        .map(|(i, (values, state))| (i * block, values, state))
+        .collect();
+    let threads = threads.clamp(1, jobs.len().max(1));
+    if threads == 1 {
+        for (first, values, state) in jobs {
+            draw.fill(first, per_row, values, state);
         }
-        state_bytes.extend(std::iter::repeat_n(0u8, row.len() * 8));
+    } else {
+        let mut shares: Vec<Vec<InitialBlock>> = (0..threads).map(|_| Vec::new()).collect();
+        for (i, job) in jobs.drain(..).enumerate() {
+            shares[i % threads].push(job);
+        }
+        std::thread::scope(|scope| {
+            for share in shares {
+                let draw = &draw;
+                scope.spawn(move || {
+                    for (first, values, state) in share {
+                        draw.fill(first, per_row, values, state);
+                    }
+                });
+            }
+        });
     }
     (bytes, state_bytes)
 }
 
-/// A parameter's initial values, from the seed and its (role, layer) alone.
-fn initial_values(seed: u64, buffer: &Buffer, elements: usize, layers: u32) -> Vec<f32> {
-    use TensorRole as R;
-    match buffer.role {
-        R::NormScale1 | R::NormScale2 | R::FinalNormScale => return vec![1.0; elements],
-        R::NormShift1 | R::NormShift2 | R::FinalNormShift => return vec![0.0; elements],
-        R::QueryBias | R::KeyBias | R::ValueBias | R::ProjectionBias | R::Fc1Bias | R::Fc2Bias => {
-            return vec![0.0; elements]
+/// How a parameter's initial values are drawn, from the seed and its (role, layer) alone.
+enum InitialValues {
+    /// Every element the same (norm scales 1, norm shifts and biases 0).
+    Constant(f32),
+    /// Normal with mean 0 and standard deviation `std`, by Box-Muller from the uniforms of one
+    /// SplitMix64 seeded with `seed` (two draws per element).
+    Normal { seed: u64, std: f64 },
+}
+
+impl InitialValues {
+    fn of(seed: u64, buffer: &Buffer, layers: u32) -> Self {
+        use TensorRole as R;
+        match buffer.role {
+            R::NormScale1 | R::NormScale2 | R::FinalNormScale => return InitialValues::Constant(1.0),
+            R::NormShift1 | R::NormShift2 | R::FinalNormShift => return InitialValues::Constant(0.0),
+            R::QueryBias | R::KeyBias | R::ValueBias | R::ProjectionBias | R::Fc1Bias | R::Fc2Bias => {
+                return InitialValues::Constant(0.0)
+            }
+            _ => {}
         }
-        _ => {}
+        let std = match buffer.role {
+            R::ProjectionWeight | R::Fc2Weight => 0.02 / (2.0 * f64::from(layers.max(1))).sqrt(),
+            _ => 0.02,
+        };
+        let layer = buffer.layer.map_or(0xFFFF, u64::from);
+        InitialValues::Normal { seed: seed ^ (u64::from(buffer.role.code()) << 32) ^ (layer << 48) ^ 0x9E37_79B9, std }
     }
-    let std = match buffer.role {
-        R::ProjectionWeight | R::Fc2Weight => 0.02 / (2.0 * f64::from(layers.max(1))).sqrt(),
-        _ => 0.02,
-    };
-    let layer = buffer.layer.map_or(0xFFFF, u64::from);
-    let mut rng = SplitMix64::new(seed ^ (u64::from(buffer.role.code()) << 32) ^ (layer << 48) ^ 0x9E37_79B9);
-    let mut uniform = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-    (0..elements)
-        .map(|_| {
-            // Box-Muller: one normal from two uniforms in (0, 1].
-            let u1 = 1.0 - uniform();
-            let u2 = uniform();
-            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * std) as f32
+
+    /// Element `first + i`'s value.
+    fn values(&self, first: usize, count: usize) -> impl Iterator<Item = f32> + '_ {
+        let mut rng = match *self {
+            InitialValues::Normal { seed, .. } => SplitMix64::jumped(seed, 2 * first as u64),
+            InitialValues::Constant(_) => SplitMix64::new(0),
+        };
+        (0..count).map(move |_| match *self {
+            InitialValues::Constant(value) => value,
+            InitialValues::Normal { std, .. } => {
+                let mut uniform = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                // Box-Muller: one normal from two uniforms in (0, 1].
+                let u1 = 1.0 - uniform();
+                let u2 = uniform();
+                ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * std) as f32
+            }
         })
-        .collect()
+    }
+
+    /// Writes elements `first..` (whole rows of `per_row`) as bf16 into `values` and as the
+    /// optimizer state's rows (f32 master weight, then m and v, left zero) into `state`.
+    fn fill(&self, first: usize, per_row: usize, values: &mut [u8], state: &mut [u8]) {
+        let count = values.len() / 2;
+        for (i, value) in self.values(first, count).enumerate() {
+            let rounded = bf16::from_f32(value);
+            values[2 * i..2 * i + 2].copy_from_slice(&rounded.to_le_bytes());
+            let (row, column) = (i / per_row, i % per_row);
+            let at = row * per_row * 12 + column * 4;
+            state[at..at + 4].copy_from_slice(&rounded.to_f32().to_le_bytes());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memo_plan_core::plan::Place;
+
+    /// Drawing in blocks on several threads gives the bytes of one generator drawn element by
+    /// element (what initialisation did before it was parallel, and what checkpoints hold).
+    #[test]
+    fn initial_values_drawn_in_blocks_equal_one_by_one() {
+        let layers = 3;
+        for (role, rows, row_bytes) in [
+            (TensorRole::Fc1Weight, 700, 2 * 1000),
+            (TensorRole::QueryWeight, 3, 2 * 5),
+            (TensorRole::KeyBias, 1, 2 * 9),
+        ] {
+            let buffer = Buffer {
+                kind: BufferKind::Parameter,
+                role,
+                layer: Some(1),
+                slot: 0,
+                rows,
+                row_bytes,
+                place: Place::Device { offset: 0 },
+            };
+            let one_thread = parameter_and_state_bytes(7, &buffer, layers, 1);
+            assert_eq!(parameter_and_state_bytes(7, &buffer, layers, 5), one_thread, "{role:?}");
+            let elements = (rows * row_bytes / 2) as usize;
+            let reference: Vec<f32> = match InitialValues::of(7, &buffer, layers) {
+                InitialValues::Constant(value) => vec![value; elements],
+                InitialValues::Normal { seed, std } => {
+                    let mut rng = SplitMix64::new(seed);
+                    let mut uniform = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                    (0..elements)
+                        .map(|_| {
+                            let u1 = 1.0 - uniform();
+                            let u2 = uniform();
+                            ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * std) as f32
+                        })
+                        .collect()
+                }
+            };
+            let bytes: Vec<u8> = reference.iter().flat_map(|v| bf16::from_f32(*v).to_le_bytes()).collect();
+            assert_eq!(one_thread.0, bytes, "{role:?}");
+            let per_row = (row_bytes / 2) as usize;
+            for (row, state) in one_thread.1.chunks(per_row * 12).enumerate() {
+                for column in 0..per_row {
+                    let master = f32::from_le_bytes(state[4 * column..4 * column + 4].try_into().unwrap());
+                    assert_eq!(master, bf16::from_f32(reference[row * per_row + column]).to_f32());
+                }
+                assert!(state[per_row * 4..].iter().all(|&b| b == 0), "m and v start at zero");
+            }
+            if role != TensorRole::KeyBias {
+                assert!(reference.iter().any(|&v| v != 0.0), "{role:?}: drawn values");
+            }
+        }
+    }
 }

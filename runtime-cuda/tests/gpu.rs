@@ -13,7 +13,10 @@
 //! relative) is expected and 2e-2 relative plus 1e-3 of the tensor's largest magnitude is
 //! allowed (the absolute part covers values near zero after cancellation). f32 scalars (loss,
 //! sum of squares) and the f32 optimizer state: 1e-4 relative plus 1e-6. Attention's lse:
-//! 1e-3 relative; its backward's gradients: 5e-2 relative plus 5e-3 of the largest (its
+//! 1e-3 relative plus 2^-8 of the largest (the kernels round the rotated q and k to bf16, 2^-9
+//! each, so a score moves by up to about 2^-8 of the largest score, and the lse with it; the CPU
+//! keeps them f32: on the H200, 2026-12-04, 8.3e-4 on an lse of 0.81 when the largest was 4.3);
+//! its backward's gradients: 5e-2 relative plus 5e-3 of the largest (its
 //! tensor-core path rounds probabilities to bf16 before the products).
 
 use memo_plan_core::plan::{Access, EventId, Op, Strategy};
@@ -33,6 +36,8 @@ const BF16_OF_MAX: f32 = 1e-3;
 const F32_RELATIVE: f32 = 1e-4;
 /// Attention's log-sum-exp (f32 from bf16 tensor-core scores), relative.
 const LSE_RELATIVE: f32 = 1e-3;
+/// Attention's log-sum-exp, of the largest magnitude: rounding the rotated q and k to bf16.
+const LSE_OF_MAX: f32 = 1.0 / 256.0;
 /// Attention backward's bf16 gradients, relative and of the largest magnitude: its kernels
 /// round the probabilities and their gradients to bf16 for the tensor cores.
 const ATTENTION_BACKWARD_RELATIVE: f32 = 5e-2;
@@ -333,7 +338,7 @@ fn every_op_matches_the_cpu_reference() {
             let verdict = match how {
                 Fill::Bf16(_) => close(&bf16s(g), &bf16s(c), relative, of_max),
                 Fill::Scalar(_) | Fill::State(_) => close(&f32s(g), &f32s(c), F32_RELATIVE, 0.0),
-                Fill::F32 => close(&f32s(g), &f32s(c), LSE_RELATIVE, 0.0),
+                Fill::F32 => close(&f32s(g), &f32s(c), LSE_RELATIVE, LSE_OF_MAX),
                 Fill::Ids(_) => (g == c).then_some(()).ok_or_else(|| "ids changed".to_string()),
             };
             match verdict {

@@ -10,10 +10,15 @@
 //! 2^-9 of it, one ulp is 2^-8), accumulation f32, but a GPU sums in another order and may fuse
 //! differently, so one rounding per op boundary can land on the other side. The bound is four
 //! bf16 ulps, 2^-6 (1.6%), relative: on the loss of every step; on each gradient tensor of the
-//! first step (same weights on both) as ||gpu - cpu|| / ||cpu|| (L2); on each parameter tensor
-//! after the steps likewise, and on every parameter element as `2^-6 |cpu| + 2 lr steps` (AdamW
-//! moves an element by about lr per step whatever the gradient's size, so a near-zero gradient
-//! whose sign differs can move it by 2 lr per step the other way). The CPU instance compares two
+//! first step (same weights on both) as ||gpu - cpu|| / ||cpu|| (L2); and on every parameter
+//! element after the steps as `2^-6 |cpu| + 2 lr steps`. Not as a tensor's relative L2 after
+//! the steps: AdamW's update m / sqrt(v) is scale-free, so an element whose gradient is rounding
+//! noise moves by about lr per step with the noise's sign, on each backend its own way. The key
+//! bias is one (its gradient is zero in exact arithmetic: softmax ignores a constant added to a
+//! row's scores); on the H200 (2026-12-04) it differed by 31-43% in relative L2 after three steps
+//! while every loss and every first-step gradient was within the bound, and so did weights with
+//! many tiny gradients (query and key weights near uniform attention) by 1.6-3%. The
+//! per-element bound holds whatever the gradient's size. The CPU instance compares two
 //! strategies on the CPU and must be bit-exact (ring 3).
 
 use std::fmt::Write as _;
@@ -255,11 +260,12 @@ fn differences(candidate: &Run, reference: &Run) -> String {
         for ((key, c), (reference_key, r)) in candidates.iter().zip(references) {
             assert_eq!(key, reference_key);
             let (c, r) = (values(c), values(r));
-            let error = relative_l2(&c, &r);
-            if !within(error, TOLERANCE) {
-                let _ = writeln!(report, "{what} {key:?}: relative L2 error {error:.2e}");
-            }
-            if what == "parameter" {
+            if what == "gradient" {
+                let error = relative_l2(&c, &r);
+                if !within(error, TOLERANCE) {
+                    let _ = writeln!(report, "{what} {key:?}: relative L2 error {error:.2e}");
+                }
+            } else {
                 let bound = |r: f32| TOLERANCE * f64::from(r).abs() + 2.0 * lr * STEPS as f64;
                 if let Some((i, (x, y))) = c
                     .iter()
@@ -275,7 +281,8 @@ fn differences(candidate: &Run, reference: &Run) -> String {
     report
 }
 
-/// The comparison sees a parameter moved by more than the bound, and a loss off by 2%.
+/// The comparison sees a parameter moved by more than the bound, a loss off by 2% and a
+/// gradient off by 5%.
 #[test]
 fn the_tolerance_check_catches_a_difference() {
     let reference = train(Box::new(CpuBackend::new()), Strategy::KeepAll);
@@ -285,8 +292,13 @@ fn the_tolerance_check_catches_a_difference() {
     let bytes = &mut moved.2[0].1;
     let value = bf16::from_le_bytes([bytes[0], bytes[1]]).to_f32() + 0.1;
     bytes[..2].copy_from_slice(&bf16::from_f32(value).to_le_bytes());
+    let gradient = &mut moved.1[0].1;
+    for pair in gradient.chunks_exact_mut(2) {
+        let value = bf16::from_le_bytes([pair[0], pair[1]]).to_f32() * 1.05;
+        pair.copy_from_slice(&bf16::from_f32(value).to_le_bytes());
+    }
     let report = differences(&moved, &reference);
-    assert!(report.contains("step 2: loss") && report.contains("[0]"), "{report}");
+    assert!(report.contains("step 2: loss") && report.contains("[0]") && report.contains("gradient"), "{report}");
 }
 
 /// One plan, encoded once to a file's bytes, decoded and accepted (checked, allocated, run) by
