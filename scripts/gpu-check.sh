@@ -17,7 +17,7 @@
 #   scripts/gpu-check.sh --dry-run   here: the same phases on the CPU backend, a tiny model, tiny
 #                                    lengths (exercises the control flow, the parsing, the table)
 # Environment overrides: OUT, BUNDLE, MODEL, SEQS, STEPS, MAXSEQ_START, MAXSEQ_LIMIT, TRY_TIMEOUT,
-# RUN_TIMEOUT, PEER_SEQ, PROFILE_SEQ, PROFILE_REPEATS, LR, PHASE{0..4}_S (each phase's deadline in seconds),
+# RUN_TIMEOUT, PEER_SEQ, PROFILE_SEQ, PROFILE_REPEATS, LR, WARMUP, PHASE{0..4}_S (each phase's deadline in seconds),
 # PACK=1 (pack raw/ into raw.tgz and remove it: the device tool brings back at most 8 files).
 set -u
 
@@ -42,6 +42,7 @@ if ((dry)); then
     PEER_SEQ="${PEER_SEQ:-64}"
     PEER_MODEL=(--layers 4 --hidden 128 --heads 4 --vocab 256)
     LR="${LR:-3e-3}"                    # memo train's default
+    WARMUP="${WARMUP:-0}"
     TRAIN_MACHINE=()                    # memo train's CPU description
     PLAN_MACHINE=(--machine-file "$OUT/raw/cpu-machine.toml") # the same numbers, for memo plan
     PROFILE_ARGS=(--model "$MODEL" --seq "${PROFILE_SEQ:-256}" --repeats "${PROFILE_REPEATS:-3}" --copy-size 4MiB)
@@ -59,6 +60,7 @@ else
     PEER_SEQ="${PEER_SEQ:-32768}"
     PEER_MODEL=(--model "$MODEL")
     LR="${LR:-3e-4}"                    # the PyTorch peer's: 3e-3 (memo's default) diverges on 1B
+    WARMUP="${WARMUP:-100}"             # and so does 3e-4 without a warm-up (loss 5.5 -> 13.5 in 3 steps)
     # h200x1 with this machine's memory (written below): the preset's 256 GiB of host memory is
     # more than the lent machine has, and a pinned slab past it must not be tried.
     TRAIN_MACHINE=(--machine-file "$OUT/raw/h200-here.toml")
@@ -122,7 +124,7 @@ fi
 {
     echo "dry_run=$dry"; echo "device=$DEVICE"; echo "model=$MODEL"; echo "seqs=$SEQS"; echo "steps=$STEPS"
     echo "maxseq_start=$MAXSEQ_START"; echo "maxseq_limit=$MAXSEQ_LIMIT"; echo "try_timeout=$TRY_TIMEOUT"
-    echo "peer_seq=$PEER_SEQ"; echo "lr=$LR"; echo "started=$started"; echo "host=$(hostname)"
+    echo "peer_seq=$PEER_SEQ"; echo "lr=$LR"; echo "warmup=$WARMUP"; echo "started=$started"; echo "host=$(hostname)"
     echo "bundle_commit=$(sed -n 's/^# commit //p' "$BUNDLE/MANIFEST" 2>/dev/null)"
 } >"$raw/settings.txt"
 
@@ -190,7 +192,7 @@ for seq in $SEQS; do
     for strategy in keep-all full-recompute memo; do
         name="measure-$strategy-$seq"
         run "$name" "$RUN_TIMEOUT" "$MEMO" train --device "$DEVICE" "${TRAIN_MACHINE[@]}" --model "$MODEL" \
-            --seq "$seq" --strategy "$strategy" --steps "$STEPS" --lr "$LR" --json --timings --trace "$raw/$name.trace.json"
+            --seq "$seq" --strategy "$strategy" --steps "$STEPS" --lr "$LR" --warmup-steps "$WARMUP" --json --timings --trace "$raw/$name.trace.json"
         say "$name: exit $(cut -d' ' -f1 "$raw/$name.rc")"
     done
 done
@@ -202,7 +204,7 @@ run maxseq-plan 20 "$MEMO" plan --config "$MODEL" "${PLAN_MACHINE[@]}" --max-seq
 try() { # strategy seq -> exit code
     local name="maxseq-$1-$2"
     run "$name" "$TRY_TIMEOUT" "$MEMO" train --device "$DEVICE" "${TRAIN_MACHINE[@]}" --model "$MODEL" --seq "$2" \
-        --strategy "$1" --steps 1 --lr "$LR" --json
+        --strategy "$1" --steps 1 --lr "$LR" --warmup-steps "$WARMUP" --json
     local rc=$?
     say "$name: exit $rc"
     return $rc
@@ -234,7 +236,7 @@ case " $SEQS " in
     *)
         for strategy in keep-all full-recompute memo; do
             run "measure-$strategy-$PEER_SEQ" "$RUN_TIMEOUT" "$MEMO" train --device "$DEVICE" "${TRAIN_MACHINE[@]}" \
-                --model "$MODEL" --seq "$PEER_SEQ" --strategy "$strategy" --steps "$STEPS" --lr "$LR" --json --timings
+                --model "$MODEL" --seq "$PEER_SEQ" --strategy "$strategy" --steps "$STEPS" --lr "$LR" --warmup-steps "$WARMUP" --json --timings
         done
         ;;
 esac

@@ -117,6 +117,11 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 3e-3)]
     lr: f32,
 
+    /// Raise the learning rate linearly from lr/N to lr over the first N steps (0: none); wide
+    /// models need it (width 2048 diverges in one step at 3e-4 without)
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    warmup_steps: u64,
+
     /// Throttle host<->device copies to this rate (e.g. 1GB/s) to exercise swap overlap
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     copy_bandwidth: Option<u64>,
@@ -190,7 +195,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         forced_alpha: args.alpha,
         hardware: args.device.machine(args.machine.as_deref(), args.machine_file.as_deref())?,
         seed: args.seed,
-        adamw: AdamW { lr: args.lr, ..AdamW::default() },
+        adamw: AdamW { lr: args.lr, warmup_steps: args.warmup_steps, ..AdamW::default() },
     };
     let failure = crate::device::runtime_failure;
     if args.device.kind != Kind::Cpu {

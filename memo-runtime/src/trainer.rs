@@ -184,6 +184,7 @@ impl<B: Backend> Trainer<B> {
         self.step += 1;
         let mut context = self.context;
         context.adamw.step = self.step;
+        context.adamw.lr = self.context.adamw.lr_at(self.step);
         self.replay.run(&mut self.backend, &context)?;
         let loss = self.backend.download(self.replay.span(self.loss))?;
         let sum = f32::from_le_bytes([loss[0], loss[1], loss[2], loss[3]]);
@@ -435,6 +436,16 @@ impl InitialValues {
 mod tests {
     use super::*;
     use memo_plan_core::plan::Place;
+
+    #[test]
+    fn the_learning_rate_warms_up_linearly() {
+        let adamw = AdamW { lr: 8e-4, warmup_steps: 4, ..AdamW::default() };
+        let expected = [2e-4, 4e-4, 6e-4, 8e-4, 8e-4];
+        for (step, want) in (1..=5).zip(expected) {
+            assert!((adamw.lr_at(step) - want).abs() <= 1e-10, "step {step}: {} vs {want}", adamw.lr_at(step));
+        }
+        assert_eq!(AdamW { warmup_steps: 0, ..adamw }.lr_at(1), 8e-4);
+    }
 
     /// Drawing in blocks on several threads gives the bytes of one generator drawn element by
     /// element (what initialisation did before it was parallel, and what checkpoints hold).

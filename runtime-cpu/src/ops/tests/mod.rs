@@ -138,7 +138,16 @@ pub(super) fn context(hidden: usize, heads: usize, seq_len: usize, vocab: usize)
         seq_len,
         vocab,
         loss_scale_tokens: 1,
-        adamw: AdamW { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, max_grad_norm: 1.0, step: 1 },
+        adamw: AdamW {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            max_grad_norm: 1.0,
+            step: 1,
+            warmup_steps: 0,
+        },
     }
 }
 
