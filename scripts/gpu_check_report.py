@@ -284,7 +284,8 @@ def main(out_dir):
     for r in longest:
         failure = r["first_failure"]
         why = f"{failure['seq_len']}: {failure['status']}" if failure else "-"
-        p(f"  {r['strategy']:<15}{fmt(r['planner_max_seq'], 'd'):>12}{fmt(r['trained_max_seq'], 'd'):>10}  {why}")
+        trained = fmt(r["trained_max_seq"], "d") if r["tries"] else "not tried"
+        p(f"  {r['strategy']:<15}{fmt(r['planner_max_seq'], 'd'):>12}{trained:>10}  {why}")
 
     peer_seq = int(config.get("peer_seq", "0") or 0)
     p(f"\npeer at {peer_seq} tokens (tokens/s, peak device memory):")
