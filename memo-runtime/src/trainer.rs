@@ -400,7 +400,7 @@ impl InitialValues {
         InitialValues::Normal { seed: seed ^ (u64::from(buffer.role.code()) << 32) ^ (layer << 48) ^ 0x9E37_79B9, std }
     }
 
-    /// Element `first + i`'s value.
+    /// The values of elements `first..first + count`, in order.
     fn values(&self, first: usize, count: usize) -> impl Iterator<Item = f32> + '_ {
         let mut rng = match *self {
             InitialValues::Normal { seed, .. } => SplitMix64::jumped(seed, 2 * first as u64),
