@@ -25,6 +25,7 @@ mod sparse;
 
 use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
+use core::cell::OnceCell;
 
 use super::decompose::{peelable, split_components};
 use super::greedy::{ComponentPlacement, Overlaps};
@@ -49,6 +50,8 @@ const DEPTH_LIMIT: u32 = 64;
 const SUMS_PER_NODE: u64 = 64;
 /// Nodes one subset-sum witness (`pick`) may take.
 const PICK_WORK: u64 = 10_000;
+/// The largest bitset of a group's subset sums (`Group::has_amount`): 512 KiB.
+const ALL_SUMS_MOST_BITS: u64 = 1 << 22;
 
 /// Places `members` (indices into `items`) under `capacity`, where every section is exactly full,
 /// by flat splits, spending at most `*nodes_left` nodes. Returns the placement (offsets by
@@ -182,12 +185,15 @@ impl<T: Copy> Rounds<T> {
     }
 }
 
-/// The smallest distinct subset sums of a multiset (0 included), sorted.
+/// The smallest distinct subset sums of a multiset (0 included), sorted; their complements
+/// (`total` minus each) are subset sums too, so the largest sums are known as well.
 #[derive(Clone)]
 struct SubsetSums {
     sums: Vec<u64>,
     /// Whether `sums` holds every subset sum (else only the smallest ones).
     complete: bool,
+    /// The sum of all sizes (saturating; the solver keeps footprints below 2^64).
+    total: u64,
     /// Entries merged to compute them: the work, to charge to a budget (in nodes, by
     /// `SUMS_PER_NODE`).
     cost: u64,
@@ -200,7 +206,7 @@ impl SubsetSums {
 
     /// The smallest `limit` distinct subset sums at most.
     fn with_limit(sizes: impl Iterator<Item = u64>, limit: usize) -> SubsetSums {
-        let mut sums = SubsetSums { sums: alloc::vec![0], complete: true, cost: 0 };
+        let mut sums = SubsetSums { sums: alloc::vec![0], complete: true, total: 0, cost: 0 };
         sums.add(sizes, limit);
         sums
     }
@@ -208,7 +214,7 @@ impl SubsetSums {
     /// The distinct subset sums up to `bound` (all of them, if fewer than `limit`; else the
     /// smallest `limit`).
     fn up_to(sizes: impl Iterator<Item = u64>, bound: u64, limit: usize) -> SubsetSums {
-        let mut sums = SubsetSums { sums: alloc::vec![0], complete: true, cost: 0 };
+        let mut sums = SubsetSums { sums: alloc::vec![0], complete: true, total: 0, cost: 0 };
         sums.add_bounded(sizes, limit, bound);
         sums
     }
@@ -219,11 +225,12 @@ impl SubsetSums {
     }
 
     /// These sums with more sizes added, keeping at most `limit`, none above `bound` (`complete`
-    /// then means complete up to `bound`).
+    /// then means complete up to `bound`: ask only about values up to it).
     fn add_bounded(&mut self, sizes: impl Iterator<Item = u64>, limit: usize, bound: u64) {
         let sums = &mut self.sums;
         let mut next: Vec<u64> = Vec::new();
         for s in sizes {
+            self.total = self.total.saturating_add(s);
             // Merge `sums` and `sums + s` (both sorted), without repeats, keeping the smallest
             // `limit`: the smallest sums of the whole set are among those of every prefix.
             next.clear();
@@ -264,9 +271,42 @@ impl SubsetSums {
         }
     }
 
-    /// Whether `value` may be a subset sum: `false` only when it is proven not to be.
+    /// Sums up to this are all in `sums` (the ones not there are no subset sums).
+    fn exact_to(&self) -> u64 {
+        if self.complete {
+            u64::MAX
+        } else {
+            self.sums.last().copied().unwrap_or(0)
+        }
+    }
+
+    /// Whether `value` is a known subset sum: stored, or the complement of a stored one.
+    fn is_known(&self, value: u64) -> bool {
+        self.sums.binary_search(&value).is_ok()
+            || (self.has_complements()
+                && self.total.checked_sub(value).is_some_and(|c| self.sums.binary_search(&c).is_ok()))
+    }
+
+    /// Whether complements (`total` minus a known sum) can be trusted: not if `total` saturated.
+    fn has_complements(&self) -> bool {
+        self.total < u64::MAX
+    }
+
+    /// Whether `value` may be a subset sum: `false` only when it is proven not to be (it is
+    /// one exactly when `total - value` is, so high values are checked by their complement).
     fn may_contain(&self, value: u64) -> bool {
-        self.sums.binary_search(&value).is_ok() || (!self.complete && value > self.sums.last().copied().unwrap_or(0))
+        let exact = self.exact_to();
+        if value <= exact {
+            return self.sums.binary_search(&value).is_ok();
+        }
+        if !self.has_complements() {
+            return true; // incomplete (`exact` is below `value`)
+        }
+        match self.total.checked_sub(value) {
+            None => false,
+            Some(complement) if complement <= exact => self.sums.binary_search(&complement).is_ok(),
+            Some(_) => true,
+        }
     }
 
     /// The known subset sums in `low..=high`, ascending.
@@ -285,21 +325,34 @@ struct Group {
     total: u64,
     /// Local buffers, largest first.
     members: Vec<u32>,
+    /// Their sizes, in the same order.
+    sizes: Vec<u64>,
     sums: SubsetSums,
+    /// Every subset sum, as a bitset over `0..=total`, built when first needed (see `has_amount`).
+    all_sums: OnceCell<Option<Vec<u64>>>,
 }
 
 impl Group {
     fn new(items: &[Item], end: u32, mut members: Vec<u32>) -> Group {
         members.sort_unstable_by_key(|&l| (core::cmp::Reverse(items[l as usize].size), l));
-        let sums = SubsetSums::new(members.iter().map(|&l| items[l as usize].size));
-        let total = members.iter().map(|&l| items[l as usize].size).sum();
-        Group { end, total, members, sums }
+        let sizes: Vec<u64> = members.iter().map(|&l| items[l as usize].size).collect();
+        let sums = SubsetSums::new(sizes.iter().copied());
+        let total = sizes.iter().sum();
+        Group { end, total, members, sizes, sums, all_sums: OnceCell::new() }
     }
 
-    /// The amounts worth trying when at most `most` may join: the whole group, none (if `zero`),
-    /// exactly `most`, then the other subset sums, largest first. Whole groups first: buffers
-    /// with one lifetime mostly lie on the same side of a split.
-    fn candidates(&self, most: u64, zero: bool) -> Vec<u64> {
+    /// The amounts worth trying when `most` must be made up by this group and the later ones
+    /// (`later`: their subset sums): the whole group, none (if `zero`), exactly `most`, then the
+    /// group's other known sums, largest first. Whole groups first: buffers with one lifetime
+    /// mostly lie on the same side of a split.
+    ///
+    /// A crowded group (sums beyond `SUBSET_SUMS_LIMIT`) knows only its smallest sums, so when
+    /// the later groups' sums are all known it also offers `most` less each of those (what leaves
+    /// the later groups able to make up the rest): a cut through a stack of buffers of one
+    /// lifetime takes such an amount from the middle of the group's sums, which the smallest
+    /// ones never reach. They come last, so components that split without them split as before.
+    /// Amounts that are not known sums may be none: callers check them with `has_amount`.
+    fn candidates(&self, most: u64, zero: bool, later: &SubsetSums) -> Vec<u64> {
         let mut out: Vec<u64> = Vec::new();
         if self.total <= most {
             out.push(self.total);
@@ -307,30 +360,112 @@ impl Group {
         if zero {
             out.push(0);
         }
-        if most < self.total && self.sums.may_contain(most) {
+        // Not when `most` is 0: that is "none" again, and every later group would double the
+        // work of a sweep whose amount is made up already.
+        if 0 < most && most < self.total && self.sums.may_contain(most) {
             out.push(most);
         }
-        out.extend(self.sums.between(1, most).iter().rev().copied().filter(|&s| s != self.total && s != most));
+        out.extend(self.sums.between(1, most).iter().rev().copied().filter(|&a| a != most && a < self.total));
+        if !self.sums.complete && later.complete {
+            let mut seen: BTreeSet<u64> = out.iter().copied().collect();
+            let middle: Vec<u64> =
+                later.between(1, most).iter().map(|&r| most - r).filter(|&a| a < self.total).collect();
+            out.extend(middle.into_iter().filter(|&a| seen.insert(a)));
+        }
         out
+    }
+
+    /// Whether some of the group's buffers add up to `amount`; `None` when out of work.
+    ///
+    /// Why exactly: a cut through a stack of buffers of one lifetime takes an amount from the
+    /// middle of its sums (neither among the `SUBSET_SUMS_LIMIT` smallest nor their complements),
+    /// and `candidates` offers such amounts; a sweep that went on with one that no subset makes
+    /// ends in a subset that `pick` cannot realise, and the height would be dropped although
+    /// another choice of amounts splits it. So an amount that is not known is checked against
+    /// the group's complete sums, a bitset built once (up to `ALL_SUMS_MOST_BITS`; beyond, a
+    /// bounded search for a witness).
+    fn has_amount(&self, amount: u64, budget: &mut Budget, work: &mut u64) -> Option<bool> {
+        if amount > self.total {
+            return Some(false);
+        }
+        if self.sums.complete || self.sums.is_known(amount) {
+            return Some(self.sums.is_known(amount));
+        }
+        let all = self.all_sums.get_or_init(|| {
+            let bits = self.total.checked_add(1).filter(|&b| b <= ALL_SUMS_MOST_BITS)?;
+            let (all, cost) = all_subset_sums(&self.sizes, bits as usize);
+            budget.spend_many(cost / SUMS_PER_NODE);
+            Some(all)
+        });
+        match all {
+            Some(all) => Some(all[(amount / 64) as usize] >> (amount % 64) & 1 == 1),
+            None => witness(&self.sizes, amount, budget, work),
+        }
+    }
+}
+
+/// Every subset sum of `sizes` below `bits`, as a bitset; also the work, in words shifted.
+fn all_subset_sums(sizes: &[u64], bits: usize) -> (Vec<u64>, u64) {
+    let words = bits.div_ceil(64).max(1);
+    let mut all = alloc::vec![0u64; words];
+    all[0] = 1;
+    let mut top = 0; // the highest word with a bit set
+    let mut cost = 0;
+    for &size in sizes {
+        let Ok(shift) = usize::try_from(size / 64) else { continue };
+        if shift >= words {
+            continue; // every sum with it is out of range
+        }
+        let offset = (size % 64) as u32;
+        top = (top + shift + 1).min(words - 1);
+        // From the top down, so every word read is still the one before this size.
+        for w in (shift..=top).rev() {
+            let mut moved = all[w - shift] << offset;
+            if offset > 0 && w > shift {
+                moved |= all[w - shift - 1] >> (64 - offset);
+            }
+            all[w] |= moved;
+        }
+        cost += (top + 1 - shift) as u64;
+    }
+    (all, cost)
+}
+
+/// Whether some of `sizes` (largest first) add up to `amount`, searched for at most `PICK_WORK`
+/// nodes (none found in them: `false`, as `pick` would not find one either); `None` when the
+/// budget or the caller's allowance `work` ran out first.
+fn witness(sizes: &[u64], amount: u64, budget: &mut Budget, work: &mut u64) -> Option<bool> {
+    let mut local = PICK_WORK.min(*work);
+    let start = local;
+    let mut picked = Vec::new();
+    let found = pick_from(sizes, 0, amount, &mut picked, budget, &mut local);
+    *work -= start - local;
+    if found {
+        Some(true)
+    } else if budget.left == 0 || (local == 0 && start < PICK_WORK) {
+        None // stopped by the budget or the caller's allowance, not by `PICK_WORK`
+    } else {
+        Some(false)
     }
 }
 
 /// Adds members of `members` (largest first) adding up to `amount` to `out`; `false` if none was
 /// found (within `PICK_WORK` nodes).
 fn pick(items: &[Item], members: &[u32], amount: u64, out: &mut Vec<u32>, budget: &mut Budget) -> bool {
+    let sizes: Vec<u64> = members.iter().map(|&l| items[l as usize].size).collect();
     let mut picked = Vec::new();
     let mut work = PICK_WORK;
-    let ok = pick_from(items, members, 0, amount, &mut picked, budget, &mut work);
-    out.extend(picked);
+    let ok = pick_from(&sizes, 0, amount, &mut picked, budget, &mut work);
+    out.extend(picked.into_iter().map(|i| members[i]));
     ok
 }
 
+/// Depth-first: positions of `sizes[from..]` (largest first) adding up to `amount`, into `picked`.
 fn pick_from(
-    items: &[Item],
-    members: &[u32],
+    sizes: &[u64],
     from: usize,
     amount: u64,
-    picked: &mut Vec<u32>,
+    picked: &mut Vec<usize>,
     budget: &mut Budget,
     work: &mut u64,
 ) -> bool {
@@ -341,17 +476,20 @@ fn pick_from(
         return false;
     }
     let mut previous: Option<u64> = None;
-    for i in from..members.len() {
-        let size = items[members[i] as usize].size;
+    for i in from..sizes.len() {
+        let size = sizes[i];
         if size > amount || previous == Some(size) {
             continue; // too large, or an equal size was tried at this position
         }
         previous = Some(size);
-        picked.push(members[i]);
-        if pick_from(items, members, i + 1, amount - size, picked, budget, work) {
+        picked.push(i);
+        if pick_from(sizes, i + 1, amount - size, picked, budget, work) {
             return true;
         }
         picked.pop();
+        if *work == 0 {
+            return false;
+        }
     }
     false
 }
@@ -612,12 +750,46 @@ mod tests {
         assert_eq!(order, [3, 5, 2, 4]);
     }
 
+    /// A crowded group (more subset sums than are kept) offers an amount from the middle of its
+    /// sums when the later groups can make up the rest, and it is checked exactly: a sweep once
+    /// went on with amounts no subset makes, and dropped the height when `pick` failed.
     #[test]
-    fn subset_sums_up_to_a_bound_are_all_of_them_below_it() {
-        let sums = SubsetSums::up_to([5u64, 1, 3].into_iter(), 6, 1000);
-        assert!(sums.complete);
-        assert_eq!(sums.sums, [0, 1, 3, 4, 5, 6]);
-        assert!(sums.may_contain(4) && !sums.may_contain(2));
+    fn a_crowded_group_offers_middle_amounts_and_checks_them() {
+        // Sizes 2, 4, ..., 2^14: its sums are the even numbers up to 32,766, 16,384 of them.
+        let items: Vec<Item> = (1..=14).map(|k| Item { lower: 0, upper: 1, size: 1 << k }).collect();
+        let group = Group::new(&items, 1, (0..14).collect());
+        assert!(!group.sums.complete);
+        let later = SubsetSums::new([7u64].into_iter());
+        // 16,000 is neither among the 4,096 smallest sums (up to 8,190) nor their complements.
+        assert!(!group.sums.is_known(16_000) && group.sums.may_contain(16_001));
+        let candidates = group.candidates(16_007, true, &later);
+        assert!(candidates.contains(&16_000), "16,007 less the later group's 7");
+        let mut budget = Budget { left: 1_000_000, spent: 0 };
+        let mut work = 1_000_000;
+        assert_eq!(group.has_amount(16_000, &mut budget, &mut work), Some(true));
+        assert_eq!(group.has_amount(16_001, &mut budget, &mut work), Some(false));
+        assert_eq!(group.has_amount(1 << 15, &mut budget, &mut work), Some(false));
+    }
+
+    /// With nothing left to make up, "none" is offered once: offering it again as "exactly what
+    /// is needed" doubled the work of a sweep for every later group.
+    #[test]
+    fn nothing_needed_is_offered_once() {
+        let items = [Item { lower: 0, upper: 1, size: 3 }, Item { lower: 0, upper: 1, size: 5 }];
+        let group = Group::new(&items, 1, alloc::vec![0, 1]);
+        assert_eq!(group.candidates(0, true, &SubsetSums::new(core::iter::empty())), [0]);
+    }
+
+    #[test]
+    fn all_subset_sums_as_a_bitset() {
+        let set = |all: &[u64], bits: usize| -> Vec<u64> {
+            (0..bits).filter(|&a| all[a / 64] >> (a % 64) & 1 == 1).map(|a| a as u64).collect()
+        };
+        let (all, _) = all_subset_sums(&[5, 1, 3], 70);
+        assert_eq!(set(&all, 70), [0, 1, 3, 4, 5, 6, 8, 9]);
+        // Across words, and cut at `bits`.
+        let (wide, _) = all_subset_sums(&[60, 3, 70, 500], 200);
+        assert_eq!(set(&wide, 200), [0, 3, 60, 63, 70, 73, 130, 133]);
     }
 
     #[test]
@@ -628,6 +800,7 @@ mod tests {
         let some = SubsetSums::with_limit([5u64, 1, 3].into_iter(), 4);
         assert!(!some.complete);
         assert_eq!(some.sums, [0, 1, 3, 4]);
-        assert!(some.may_contain(7) && !some.may_contain(2));
+        // 7 is no subset sum: its complement 9 - 7 = 2 is known not to be one.
+        assert!(some.may_contain(5) && !some.may_contain(7) && !some.may_contain(2));
     }
 }

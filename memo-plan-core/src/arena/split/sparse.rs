@@ -138,7 +138,7 @@ impl Direction {
         }
         let (end, candidates) = {
             let group = &self.groups[i][g];
-            (group.end, group.candidates(needed, g + 1 < count || needed == 0))
+            (group.end, group.candidates(needed, g + 1 < count || needed == 0, &self.reach[i][g + 1]))
         };
         for amount in candidates {
             if amount > needed || (g + 1 == count && amount != needed) {
@@ -149,6 +149,11 @@ impl Direction {
             }
             if !budget.charge(work) {
                 return Sweep::OutOfWork;
+            }
+            match self.groups[i][g].has_amount(amount, budget, work) {
+                Some(true) => {}
+                Some(false) => continue,
+                None => return Sweep::OutOfWork,
             }
             let mut next = live.clone();
             if amount > 0 {
@@ -471,13 +476,18 @@ impl Search {
                 Sweep::OutOfWork => Err(()),
             };
         }
-        let candidates = self.classes[c].1.candidates(needed, true);
+        let candidates = self.classes[c].1.candidates(needed, true, &self.class_reach[c + 1]);
         for amount in candidates {
             if amount > needed || !self.class_reach[c + 1].may_contain(needed - amount) {
                 continue;
             }
             if !budget.charge(work) {
                 return Err(());
+            }
+            match self.classes[c].1.has_amount(amount, budget, work) {
+                Some(true) => {}
+                Some(false) => continue,
+                None => return Err(()),
             }
             amounts[c] = amount;
             if let Some(found) = self.try_height(c + 1, needed - amount, amounts, budget, work)? {
