@@ -83,19 +83,18 @@ impl Device {
     /// `--trace`: each backend's `measure`). `cpu` configures the CPU backend (copy throttle,
     /// checked mode); GPU backends take no such options (the caller refuses them first).
     pub fn open(&self, measure: bool, cpu: impl FnOnce() -> CpuBackend) -> Result<AnyBackend, Failure> {
-        let opened: Result<Box<dyn Backend>, BackendError> = match (self.kind, measure) {
-            (Kind::Cpu, false) => Ok(Box::new(cpu())),
-            (Kind::Cpu, true) => Ok(Box::new(cpu().measure())),
-            (Kind::Cuda, false) => {
-                runtime_cuda::CudaBackend::new(self.ordinal).map(|b| Box::new(b) as Box<dyn Backend>)
+        fn boxed<B: Backend + 'static>(backend: B, measure: Option<fn(B) -> B>) -> Box<dyn Backend> {
+            match measure {
+                Some(measure) => Box::new(measure(backend)),
+                None => Box::new(backend),
             }
-            (Kind::Cuda, true) => {
-                runtime_cuda::CudaBackend::new(self.ordinal).map(|b| Box::new(b.measure()) as Box<dyn Backend>)
-            }
-            (Kind::Hip, false) => runtime_hip::HipBackend::new(self.ordinal).map(|b| Box::new(b) as Box<dyn Backend>),
-            (Kind::Hip, true) => {
-                runtime_hip::HipBackend::new(self.ordinal).map(|b| Box::new(b.measure()) as Box<dyn Backend>)
-            }
+        }
+        let opened: Result<Box<dyn Backend>, BackendError> = match self.kind {
+            Kind::Cpu => Ok(boxed(cpu(), measure.then_some(CpuBackend::measure))),
+            Kind::Cuda => runtime_cuda::CudaBackend::new(self.ordinal)
+                .map(|b| boxed(b, measure.then_some(runtime_cuda::CudaBackend::measure))),
+            Kind::Hip => runtime_hip::HipBackend::new(self.ordinal)
+                .map(|b| boxed(b, measure.then_some(runtime_hip::HipBackend::measure))),
         };
         opened.map_err(|e| unavailable(self, &e))
     }

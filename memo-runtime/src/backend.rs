@@ -63,8 +63,8 @@ pub struct AdamW {
     pub step: u64,
     /// Steps over which the learning rate rises linearly to `lr` (0: none). Adam's first steps
     /// move every element by about the rate whatever its gradient, so a wide model at full
-    /// rate from step 1 can diverge: a GPT of width 2048 went from loss 5.5 to 12 in one step
-    /// at 3e-4 without it (`memo train`, CPU and H200 alike, 2026-12-04).
+    /// rate from step 1 can diverge: at 3e-4 without it, a 2-layer GPT of width 2048 went from
+    /// loss 5.65 to 12.3 in one step (CPU), the 1B GPT from 5.5 to 10.7 (H200), 2026-12-04.
     pub warmup_steps: u64,
 }
 

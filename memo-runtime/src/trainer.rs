@@ -332,8 +332,9 @@ type InitialBlock<'a> = (usize, &'a mut [u8], &'a mut [u8]);
 
 /// A parameter's initial bf16 bytes and its optimizer state's: per row, master weights (the bf16
 /// values widened to f32), then m and v (zeros). Drawn in blocks of whole rows on `threads`
-/// threads: a 1B-parameter model draws 10^9 normals, tens of seconds on one core (20 s on the
-/// H200 machine's 16 cores when each buffer was drawn on one thread, 2026-12-04); the values are
+/// threads: a 1B-parameter model draws 10^9 normals, tens of seconds on one core (on the H200
+/// machine's 16 cores, initialising took 19-20 s when each buffer was drawn on one thread and
+/// 6.5-7.5 s, most of it the upload, drawn in blocks; 2026-12-04); the values are
 /// those of one generator drawn element after element (each block jumps to its first draw).
 fn parameter_and_state_bytes(seed: u64, buffer: &Buffer, layers: u32, threads: usize) -> (Vec<u8>, Vec<u8>) {
     let elements = (buffer.rows * buffer.row_bytes / 2) as usize;

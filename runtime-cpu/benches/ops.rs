@@ -61,16 +61,7 @@ fn launch(op: Op, bufs: &mut [Buf], ctx: &OpContext, threads: usize) {
 }
 
 fn context() -> OpContext {
-    let adamw = AdamW {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-        max_grad_norm: 1.0,
-        step: 1,
-        warmup_steps: 0,
-    };
+    let adamw = AdamW::default(); // lr 1e-3, betas (0.9, 0.95), step 1
     OpContext { hidden: H, heads: HEADS, seq_len: S, vocab: 256, loss_scale_tokens: S, adamw }
 }
 

@@ -130,25 +130,9 @@ pub(super) fn run(op: Op, ctx: &OpContext, tensors: &mut [T]) {
 }
 
 /// A context for a model of `hidden` features, `heads` heads, sequences of `seq_len` rows and
-/// `vocab` tokens, with `loss_scale_tokens` 1 and a typical AdamW.
+/// `vocab` tokens, with `loss_scale_tokens` 1 and AdamW's defaults (lr 1e-3, step 1).
 pub(super) fn context(hidden: usize, heads: usize, seq_len: usize, vocab: usize) -> OpContext {
-    OpContext {
-        hidden,
-        heads,
-        seq_len,
-        vocab,
-        loss_scale_tokens: 1,
-        adamw: AdamW {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.95,
-            eps: 1e-8,
-            weight_decay: 0.1,
-            max_grad_norm: 1.0,
-            step: 1,
-            warmup_steps: 0,
-        },
-    }
+    OpContext { hidden, heads, seq_len, vocab, loss_scale_tokens: 1, adamw: AdamW::default() }
 }
 
 /// Widens to f64.
