@@ -6,9 +6,10 @@
 #      runtime-cuda's GPU-vs-CPU tests): pass/fail and their counts
 #   2  measurements: memo train --device cuda --json --timings on the ~1B GPT
 #      (examples/models/gpt-1b.toml) at each of $SEQS for keep-all, full-recompute and memo
-#   3  the planner's --max-seq; with MAXSEQ_LIMIT set (0 by default), the longest sequence each
-#      strategy trains: doubling from $MAXSEQ_START, then one bisection step, each try one step
-#      bounded by $TRY_TIMEOUT seconds
+#   3  capacity: the planner's --max-seq on the whole GPU; then, with the plan's device memory
+#      capped at $CAP (a smaller GPU, so that the runs fit the lease): keep-all at its longest
+#      sequence there (KA) and one granule past it, memo at KA, memo and full-recompute at
+#      $LONG_FACTOR x KA, then memo and full-recompute at their own longest (one step each)
 #   4  the PyTorch peer (scripts/torch_peer.py): store, checkpoint, checkpoint + save_on_cpu
 #   5  one table on stdout; the raw numbers as JSON lines in $OUT/gpu-check.jsonl
 # Each phase has a hard deadline and each command its own `timeout`; a phase that fails is
@@ -17,8 +18,8 @@
 #   scripts/gpu-check.sh             on the GPU machine
 #   scripts/gpu-check.sh --dry-run   here: the same phases on the CPU backend, a tiny model, tiny
 #                                    lengths (exercises the control flow, the parsing, the table)
-# Environment overrides: OUT, BUNDLE, MODEL, SEQS, STEPS, MAXSEQ_START, MAXSEQ_LIMIT, TRY_TIMEOUT,
-# RUN_TIMEOUT, PEER_SEQ, PROFILE_SEQ, PROFILE_REPEATS, LR, WARMUP, PHASE{0..4}_S (each phase's deadline in seconds),
+# Environment overrides: OUT, BUNDLE, MODEL, SEQS, STEPS, CAP, LONG_FACTOR, CAP_LONG_STEPS,
+# CAP_TIMEOUT, RUN_TIMEOUT, PEER_SEQ, PROFILE_SEQ, PROFILE_REPEATS, LR, WARMUP, PHASE{0..4}_S (each phase's deadline in seconds),
 # PACK=1 (pack raw/ into raw.tgz and remove it: the device tool brings back at most 8 files).
 set -u
 
@@ -35,10 +36,10 @@ if ((dry)); then
     MODEL="${MODEL:-$OUT/raw/dry-model.toml}" # 4 layers, h 128 (written below): memo swaps two
     SEQS="${SEQS:-32 64}"
     STEPS="${STEPS:-3}"
-    MAXSEQ_START="${MAXSEQ_START:-64}"
-    MAXSEQ_LIMIT="${MAXSEQ_LIMIT:-256}"
-    GRANULE=16
-    TRY_TIMEOUT="${TRY_TIMEOUT:-60}"
+    CAP="${CAP:-48MiB}"                 # keep-all fits 1K tokens of the dry model, memo 3K
+    LONG_FACTOR="${LONG_FACTOR:-2}"
+    CAP_LONG_STEPS="${CAP_LONG_STEPS:-2}"
+    CAP_TIMEOUT="${CAP_TIMEOUT:-60}"
     RUN_TIMEOUT="${RUN_TIMEOUT:-60}"
     PEER_SEQ="${PEER_SEQ:-64}"
     PEER_MODEL=(--layers 4 --hidden 128 --heads 4 --vocab 256)
@@ -51,14 +52,16 @@ if ((dry)); then
 else
     DEVICE=cuda
     MODEL="${MODEL:-examples/models/gpt-1b.toml}"
-    SEQS="${SEQS:-8192 16384 32768}"
+    SEQS="${SEQS:-8192 16384}"          # 32768 measured 2026-12-04 (BENCHMARKS.md): 10.2-12.1 s a step
     STEPS="${STEPS:-3}"                 # the first is the warm-up: its time is not used
-    MAXSEQ_START="${MAXSEQ_START:-65536}"
-    # Off by default (0): with today's attention kernels one step at 64K takes about 40 s (on the
-    # H200, 2026-12-04: 10.2 s at 32K, growing as s^2), past any try's share of the lease.
-    MAXSEQ_LIMIT="${MAXSEQ_LIMIT:-0}"
-    GRANULE=1024
-    TRY_TIMEOUT="${TRY_TIMEOUT:-22}"
+    # 24 GiB leaves the 1B model ~9 GiB beside its 15 GiB of weights and optimizer state: the
+    # planner's longest there are keep-all 6K, memo 56K, full-recompute 57K tokens, so the 4x runs
+    # (24K) take seconds a step, and memo's longest one step about 35 s (with the attention kernels
+    # of 2026-12-04: 10.2 s a step at 32K, growing as s^2). At 40 GiB they would be 19K and 76K.
+    CAP="${CAP:-24GiB}"
+    LONG_FACTOR="${LONG_FACTOR:-4}"
+    CAP_LONG_STEPS="${CAP_LONG_STEPS:-2}"
+    CAP_TIMEOUT="${CAP_TIMEOUT:-60}"
     RUN_TIMEOUT="${RUN_TIMEOUT:-60}"
     PEER_SEQ="${PEER_SEQ:-16384}"
     PEER_MODEL=(--model "$MODEL")
@@ -73,8 +76,10 @@ else
 fi
 PHASE0_S="${PHASE0_S:-35}"
 PHASE1_S="${PHASE1_S:-40}"
-PHASE2_S="${PHASE2_S:-210}"
-PHASE3_S="${PHASE3_S:-10}"
+PHASE2_S="${PHASE2_S:-90}"
+PHASE3_S="${PHASE3_S:-150}"
+GRANULE=1024                            # the planner's --max-seq steps
+CAP_MACHINE="$OUT/raw/capped.toml"
 PHASE4_S="${PHASE4_S:-65}"
 MEMO="$BUNDLE/memo"
 raw="$OUT/raw"
@@ -88,11 +93,12 @@ if ((!dry)); then
     # workspaces); the preset's 140 GiB if nvidia-smi does not answer.
     host_kib=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo 2>/dev/null)
     device_mib=$(timeout 10 nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -dc 0-9)
-    {
+    machine_file() { # device_memory (TOML value; empty: the preset's)
         printf '# h200x1 with the memory of %s (scripts/gpu-check.sh)\n[machine]\npreset = "h200x1"\n' "$(hostname)"
         [[ -n "$host_kib" ]] && printf 'host_memory_per_node = %d\n' $((host_kib * 1024 / 4 * 3))
-        [[ -n "$device_mib" ]] && printf 'device_memory = %d\n' $(((device_mib - 3072) * 1048576))
-    } >"$raw/h200-here.toml"
+        [[ -n "$1" ]] && printf 'device_memory = %s\n' "$1"
+    }
+    machine_file "${device_mib:+$(((device_mib - 3072) * 1048576))}" >"$raw/h200-here.toml"
     # The CUDA libraries: cudarc (built for CUDA 12.8) opens `libnvrtc.so`, `libcublas.so` or
     # their `.so.12` names from the loader's path. The machine's toolkit may be CUDA 13 (`.so.13`
     # only), or the libraries may sit in PyTorch's site-packages, off the path. For each library
@@ -121,12 +127,15 @@ if ((!dry)); then
     export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
 fi
 if ((dry)); then # memo_runtime::cpu_hardware(64 GiB), as a machine file
-    printf '[machine]\ndevice_memory = "64GiB"\nhost_memory_per_node = "64GiB"\nd2h = "10GB/s"\nh2d = "10GB/s"\npeak_flops = "20G"\nachieved_flops = "20G"\n' \
-        >"$raw/cpu-machine.toml"
+    machine_file() { # device_memory (TOML value)
+        printf '[machine]\ndevice_memory = %s\nhost_memory_per_node = "64GiB"\nd2h = "10GB/s"\nh2d = "10GB/s"\npeak_flops = "20G"\nachieved_flops = "20G"\n' "$1"
+    }
+    machine_file '"64GiB"' >"$raw/cpu-machine.toml"
 fi
+machine_file "\"$CAP\"" >"$CAP_MACHINE"
 {
     echo "dry_run=$dry"; echo "device=$DEVICE"; echo "model=$MODEL"; echo "seqs=$SEQS"; echo "steps=$STEPS"
-    echo "maxseq_start=$MAXSEQ_START"; echo "maxseq_limit=$MAXSEQ_LIMIT"; echo "try_timeout=$TRY_TIMEOUT"
+    echo "cap=$CAP"; echo "long_factor=$LONG_FACTOR"; echo "cap_long_steps=$CAP_LONG_STEPS"; echo "cap_timeout=$CAP_TIMEOUT"
     echo "peer_seq=$PEER_SEQ"; echo "lr=$LR"; echo "warmup=$WARMUP"; echo "started=$started"; echo "host=$(hostname)"
     echo "bundle_commit=$(sed -n 's/^# commit //p' "$BUNDLE/MANIFEST" 2>/dev/null)"
 } >"$raw/settings.txt"
@@ -202,31 +211,45 @@ for seq in $SEQS; do
 done
 end_phase 2 done
 
-# Phase 3: the longest sequence each strategy trains (and what the planner says fits).
+# Phase 3: capacity. The planner's longest sequences on the whole GPU (maxseq-plan), then the
+# same GPU with the plan's device memory capped at $CAP (cap-plan; a smaller GPU, so that every
+# run below fits the lease): keep-all at its longest sequence under the cap (KA) and one granule
+# past it (refused: does not fit), memo at KA (its step time against keep-all's), memo and
+# full-recompute at $LONG_FACTOR x KA, then, while the phase lasts, memo and full-recompute at
+# their own longest sequences under the cap (one step each).
 begin_phase 3 "$PHASE3_S"
 run maxseq-plan 20 "$MEMO" plan --config "$MODEL" "${PLAN_MACHINE[@]}" --max-seq --json
-try() { # strategy seq -> exit code
-    local name="maxseq-$1-$2"
-    run "$name" "$TRY_TIMEOUT" "$MEMO" train --device "$DEVICE" "${TRAIN_MACHINE[@]}" --model "$MODEL" --seq "$2" \
-        --strategy "$1" --steps 1 --lr "$LR" --warmup-steps "$WARMUP" --json
-    local rc=$?
-    say "$name: exit $rc"
-    return $rc
+run cap-plan 20 "$MEMO" plan --config "$MODEL" --machine-file "$CAP_MACHINE" --max-seq --json
+planned() { # strategy -> the planner's longest sequence under the cap; nothing when none fits
+    python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        for entry in json.loads(line).get("max_seq", []):
+            if entry.get("strategy") == sys.argv[2] and entry.get("max_seq_len"):
+                print(entry["max_seq_len"])' "$raw/cap-plan.out" "$1" 2>/dev/null
 }
-# memo first: it is the point, and the phase's deadline may cut the last strategy short.
-for strategy in memo full-recompute keep-all; do
-    seq=$MAXSEQ_START ok=0 failed=0
-    while ((seq <= MAXSEQ_LIMIT)) && (($(date +%s) < phase_deadline)); do
-        if try "$strategy" "$seq"; then ok=$seq; seq=$((seq * 2)); else failed=$seq; break; fi
+cap_train() { # strategy seq steps
+    local name="cap-$1-$2"
+    run "$name" "$CAP_TIMEOUT" "$MEMO" train --device "$DEVICE" --machine-file "$CAP_MACHINE" --model "$MODEL" \
+        --seq "$2" --strategy "$1" --steps "$3" --lr "$LR" --warmup-steps "$WARMUP" --json --timings
+    say "$name: exit $(cut -d' ' -f1 "$raw/$name.rc")"
+}
+keep_all_longest=$(planned keep-all)
+if [[ -n "$keep_all_longest" ]]; then
+    long=$((keep_all_longest * LONG_FACTOR))
+    cap_train keep-all "$keep_all_longest" "$STEPS"
+    cap_train memo "$keep_all_longest" "$STEPS"
+    cap_train keep-all $((keep_all_longest + GRANULE)) 1
+    cap_train memo "$long" "$CAP_LONG_STEPS"
+    cap_train full-recompute "$long" "$CAP_LONG_STEPS"
+    for strategy in memo full-recompute; do
+        longest=$(planned "$strategy")
+        [[ -n "$longest" ]] && ((longest > long)) && cap_train "$strategy" "$longest" 1
     done
-    if ((ok > 0 && failed > 0)); then
-        middle=$(((ok + failed) / 2 / GRANULE * GRANULE))
-        ((middle > ok && middle < failed)) && try "$strategy" "$middle"
-    elif ((ok == 0 && failed > 0)); then
-        middle=$((failed / 2 / GRANULE * GRANULE))
-        ((middle > 0)) && try "$strategy" "$middle"
-    fi
-done
+else
+    say "keep-all fits no sequence under the $CAP cap (raw/cap-plan.*): raise CAP"
+fi
 end_phase 3 done
 
 # Phase 4: the PyTorch peer.

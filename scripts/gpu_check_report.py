@@ -154,35 +154,81 @@ def measurements(raw):
         if match:
             records.append(measurement(raw, name, match.group(1), int(match.group(2))))
     records.sort(key=lambda r: (r["seq_len"], STRATEGIES.index(r["strategy"]) if r["strategy"] in STRATEGIES else 9))
+    with_keep_all(records)
+    return records
+
+
+def with_keep_all(records):
+    """Sets each record's vs_keep_all_s: its step time minus keep-all's at the same length."""
     keep_all = {r["seq_len"]: r["step_time_s"] for r in records if r["strategy"] == "keep-all"}
     for record in records:
         base = keep_all.get(record["seq_len"])
         mine = record["step_time_s"]
         record["vs_keep_all_s"] = mine - base if (base is not None and mine is not None) else None
-    return records
 
 
-def max_sequences(raw):
+def planner_longest(raw, name):
+    """{strategy: the planner's longest sequence} from `memo plan --max-seq --json` in NAME.out."""
     planned = {}
-    for line in json_lines(read(os.path.join(raw, "maxseq-plan.out"))):
+    for line in json_lines(read(os.path.join(raw, name + ".out"))):
         for entry in line.get("max_seq", []):
             planned[entry.get("strategy")] = entry.get("max_seq_len")
-    records = []
+    return planned
+
+
+def capacity(raw, config):
+    """Phase 3: the `cap-STRATEGY-SEQ` runs under the device-memory cap, one `max_seq` record per
+    strategy (the planner's longest on the whole GPU and under the cap; the longest trained under
+    the cap and the first refusal above it) and one `capacity` record with the issue's three
+    comparisons, each null when its runs are missing."""
+    whole, capped = planner_longest(raw, "maxseq-plan"), planner_longest(raw, "cap-plan")
+    runs = []
+    for path in sorted(glob.glob(os.path.join(raw, "cap-*.rc"))):
+        name = os.path.basename(path)[:-3]
+        match = re.match(r"cap-(.+)-(\d+)$", name)
+        if match:
+            run = measurement(raw, name, match.group(1), int(match.group(2)))
+            run["kind"] = "capacity_run"
+            runs.append(run)
+    runs.sort(key=lambda r: (r["seq_len"], STRATEGIES.index(r["strategy"]) if r["strategy"] in STRATEGIES else 9))
+    with_keep_all(runs)
+
+    def run_of(strategy, seq):
+        return next((r for r in runs if r["strategy"] == strategy and r["seq_len"] == seq), None)
+
+    def step(strategy, seq):
+        r = run_of(strategy, seq)
+        return r["step_time_s"] if r and r["exit"] == 0 else None
+
+    longest = []
     for strategy in STRATEGIES:
-        tries = []
-        for path in glob.glob(os.path.join(raw, f"maxseq-{strategy}-*.rc")):
-            name = os.path.basename(path)[:-3]
-            seq = int(name.rsplit("-", 1)[1])
-            code, seconds, limit = rc_of(raw, name)
-            tries.append({"seq_len": seq, "exit": code, "status": status_of(code), "seconds": seconds,
-                          "error": None if code == 0 else last_error(raw, name)})
-        tries.sort(key=lambda t: t["seq_len"])
-        trained = max((t["seq_len"] for t in tries if t["exit"] == 0), default=None)
-        failures = [t for t in tries if t["exit"] != 0 and (trained is None or t["seq_len"] > trained)]
-        records.append({"kind": "max_seq", "strategy": strategy, "planner_max_seq": planned.get(strategy),
-                        "trained_max_seq": trained, "first_failure": failures[0] if failures else None,
-                        "tries": tries})
-    return records
+        mine = [r for r in runs if r["strategy"] == strategy]
+        trained = max((r["seq_len"] for r in mine if r["exit"] == 0), default=None)
+        refused = [r for r in mine if r["exit"] != 0 and (trained is None or r["seq_len"] > trained)]
+        longest.append({"kind": "max_seq", "strategy": strategy, "planner_max_seq": whole.get(strategy),
+                        "planner_max_seq_capped": capped.get(strategy), "trained_max_seq_capped": trained,
+                        "first_failure_capped": ({"seq_len": refused[0]["seq_len"], "status": refused[0]["status"],
+                                                  "error": refused[0].get("error")} if refused else None)})
+
+    keep_all = capped.get("keep-all")
+    factor = int(config.get("long_factor", "4") or 4)
+    long_seq = keep_all * factor if keep_all else None
+    ka, memo_ka = step("keep-all", keep_all), step("memo", keep_all)
+    memo_long, fr_long = step("memo", long_seq), step("full-recompute", long_seq)
+    past = run_of("keep-all", keep_all + 1024) if keep_all else None
+    memo_trained = max((r["seq_len"] for r in runs if r["strategy"] == "memo" and r["exit"] == 0), default=None)
+    keep_all_trained = next((l["trained_max_seq_capped"] for l in longest if l["strategy"] == "keep-all"), None)
+    record = {"kind": "capacity", "cap": config.get("cap"), "keep_all_longest": keep_all, "long_factor": factor,
+              "long_seq": long_seq,
+              "memo_vs_keep_all": (memo_ka / ka - 1.0) if (ka and memo_ka) else None,
+              "keep_all_one_granule_past": past["status"] if past else None,
+              "memo_trains_long": (run_of("memo", long_seq) or {}).get("status") if long_seq else None,
+              "memo_long_step_s": memo_long, "full_recompute_long_step_s": fr_long,
+              "memo_over_keep_all_trained": (memo_trained / keep_all_trained)
+              if (memo_trained and keep_all_trained) else None}
+    record["memo_within_10pct"] = record["memo_vs_keep_all"] <= 0.10 if record["memo_vs_keep_all"] is not None else None
+    record["memo_faster_than_full_recompute"] = memo_long < fr_long if (memo_long and fr_long) else None
+    return runs, longest, record
 
 
 def peers(raw):
@@ -217,6 +263,18 @@ def fmt(value, spec, scale=1.0, none="-"):
     return format(int(round(value)) if spec.endswith("d") else value, spec)
 
 
+def row(r):
+    """One line of a measurement table (the header is `main`'s)."""
+    return (f"  {r['strategy']:<15}{r['seq_len']:>9}{fmt(r['step_time_s'], '.3f'):>10}{fmt(r['tokens_per_s'], '.0f'):>11}"
+            f"{fmt(r['mfu_6n'], '.1%'):>8}{fmt(r['mfu_attention'], '.1%'):>8}{fmt(r['device_bytes'], '.2f', GIB):>9}"
+            f"{fmt(r['host_bytes'], '.2f', GIB):>9}{fmt(r['stall_s'], '.3f'):>9}{fmt(r.get('vs_keep_all_s'), '+.3f'):>12}"
+            f"  {r['status']}" + (f": {r['error']}" if r.get("error") else ""))
+
+
+def verdict_word(holds):
+    return {True: "holds", False: "DOES NOT HOLD", None: "not measured"}[holds]
+
+
 def main(out_dir):
     raw = os.path.join(out_dir, "raw")
     config = settings(raw)
@@ -225,14 +283,14 @@ def main(out_dir):
     profile_code = rc_of(raw, "profile")[0]
     test_records = tests(raw)
     measured = measurements(raw)
-    longest = max_sequences(raw)
+    capped_runs, longest, verdict = capacity(raw, config)
     peer = peers(raw)
     phase_records = phases(raw)
 
     records = [{"kind": "settings", **config, "nvidia_smi": smi},
                {"kind": "profile", "exit": profile_code, "status": status_of(profile_code),
                 "error": None if profile_code == 0 else last_error(raw, "profile"), **profile}]
-    records += test_records + measured + longest + peer + phase_records
+    records += test_records + measured + capped_runs + longest + [verdict] + peer + phase_records
     with open(os.path.join(out_dir, "gpu-check.jsonl"), "w", encoding="utf-8") as handle:
         for record in records:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
@@ -262,10 +320,7 @@ def main(out_dir):
               f"{'dev GiB':>9}{'host GiB':>9}{'stall s':>9}{'vs keep-all':>12}  status")
     p(header)
     for r in measured:
-        p(f"  {r['strategy']:<15}{r['seq_len']:>9}{fmt(r['step_time_s'], '.3f'):>10}{fmt(r['tokens_per_s'], '.0f'):>11}"
-          f"{fmt(r['mfu_6n'], '.1%'):>8}{fmt(r['mfu_attention'], '.1%'):>8}{fmt(r['device_bytes'], '.2f', GIB):>9}"
-          f"{fmt(r['host_bytes'], '.2f', GIB):>9}{fmt(r['stall_s'], '.3f'):>9}{fmt(r['vs_keep_all_s'], '+.3f'):>12}"
-          f"  {r['status']}" + (f": {r['error']}" if r.get("error") else ""))
+        p(row(r))
 
     for r in measured:
         setup = r.get("setup_s") or {}
@@ -278,14 +333,27 @@ def main(out_dir):
             p(f"  compute stream of {r['strategy']} at {r['seq_len']} (last step, {total:.3f} s timed): "
               + ", ".join(f"{op} x{count} {seconds:.3f}" for op, count, seconds in r["time_by_op"][:10]))
 
-    limit = config.get("try_timeout", "?")
-    p(f"\nlongest sequence trained (one step, each try at most {limit} s; doubling, then one bisection):")
-    p(f"  {'strategy':<15}{'planner max':>12}{'trained':>10}  first failure above it")
+    cap = config.get("cap", "?")
+    p(f"\ncapacity: the planner's longest sequence on the whole GPU, and the same GPU with the plan's device "
+      f"memory capped at {cap}:")
+    p(f"  {'strategy':<15}{'whole GPU':>11}{'capped':>10}{'trained':>10}  first refusal above it (capped)")
     for r in longest:
-        failure = r["first_failure"]
+        failure = r["first_failure_capped"]
         why = f"{failure['seq_len']}: {failure['status']}" if failure else "-"
-        trained = fmt(r["trained_max_seq"], "d") if r["tries"] else "not tried"
-        p(f"  {r['strategy']:<15}{fmt(r['planner_max_seq'], 'd'):>12}{trained:>10}  {why}")
+        p(f"  {r['strategy']:<15}{fmt(r['planner_max_seq'], 'd'):>11}{fmt(r['planner_max_seq_capped'], 'd'):>10}"
+          f"{fmt(r['trained_max_seq_capped'], 'd'):>10}  {why}")
+    p(header)
+    for r in capped_runs:
+        p(row(r))
+    v = verdict
+    ka = v["keep_all_longest"]
+    p(f"  memo at keep-all's longest ({fmt(ka, 'd')}): step {fmt(v['memo_vs_keep_all'], '+.1%')} against "
+      f"keep-all's (the issue asks within 10%): {verdict_word(v['memo_within_10pct'])}")
+    p(f"  keep-all one granule longer ({fmt(ka + 1024 if ka else None, 'd')}): {v['keep_all_one_granule_past'] or 'not run'}")
+    p(f"  memo at {v['long_factor']}x keep-all's longest ({fmt(v['long_seq'], 'd')}): {v['memo_trains_long'] or 'not run'}; "
+      f"step {fmt(v['memo_long_step_s'], '.3f')} s against full-recompute's {fmt(v['full_recompute_long_step_s'], '.3f')} s: "
+      f"memo faster {verdict_word(v['memo_faster_than_full_recompute'])}")
+    p(f"  longest memo trained over longest keep-all trained: {fmt(v['memo_over_keep_all_trained'], '.1f')}x")
 
     peer_seq = int(config.get("peer_seq", "0") or 0)
     p(f"\npeer at {peer_seq} tokens (tokens/s, peak device memory):")

@@ -14,7 +14,7 @@ use runtime_cpu::CpuBackend;
 use serde_json::json;
 
 use crate::config::{model_from_file, parse_rate, parse_tokens};
-use crate::device::{parse_device, Device, Kind, StepFlops};
+use crate::device::{parse_device, Device, StepFlops};
 use crate::exit::{self, Failure};
 use crate::human;
 
@@ -198,9 +198,9 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         adamw: AdamW { lr: args.lr, warmup_steps: args.warmup_steps, ..AdamW::default() },
     };
     let failure = crate::device::runtime_failure;
-    if args.device.kind != Kind::Cpu {
-        crate::device::check_fits(&options)?;
-    }
+    // Every backend, the CPU's too: the plan is made for `options.hardware`, and one that does
+    // not fit it is refused (exit 5) before anything is allocated.
+    crate::device::check_fits(&options)?;
     let opening = Instant::now();
     let backend = args.device.open(args.trace.is_some() || args.timings, || {
         if args.checked {

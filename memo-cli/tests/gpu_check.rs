@@ -34,8 +34,9 @@ fn the_dry_run_measures_every_strategy_and_prints_one_table() {
         .env("MODEL", &model)
         .env("SEQS", "32")
         .env("STEPS", "2")
-        .env("MAXSEQ_START", "32")
-        .env("MAXSEQ_LIMIT", "64")
+        // Under 8 MiB keep-all fits 1K tokens of this model, memo 2K, full-recompute 5K.
+        .env("CAP", "8MiB")
+        .env("LONG_FACTOR", "2")
         .env("PEER_SEQ", "32")
         // A short profile: on a busy machine it may fail as too noisy, which the script records.
         .env("PROFILE_SEQ", "64")
@@ -54,7 +55,7 @@ fn the_dry_run_measures_every_strategy_and_prints_one_table() {
             .unwrap_or_else(|| panic!("no {strategy} row:\n{table}"));
         assert!(row.trim_end().ends_with("ok"), "{row}");
     }
-    assert!(table.contains("longest sequence trained") && table.contains("peer at 32 tokens"), "{table}");
+    assert!(table.contains("capped at 8MiB") && table.contains("peer at 32 tokens"), "{table}");
     let jsonl = std::fs::read_to_string(out.join("gpu-check.jsonl")).unwrap();
     let records: Vec<serde_json::Value> = jsonl.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let measured: Vec<&serde_json::Value> = records.iter().filter(|r| r["kind"] == "measure").collect();
@@ -64,12 +65,28 @@ fn the_dry_run_measures_every_strategy_and_prints_one_table() {
         assert!(record["mfu_attention"].as_f64().unwrap() > 0.0, "{record}");
         assert!(record["device_bytes"].as_u64().unwrap() > 0, "{record}");
     }
+    // Phase 3: keep-all at its longest under the cap and one granule past it (refused), memo at
+    // both lengths, full-recompute at 2x and at its own longest.
     let longest: Vec<&serde_json::Value> = records.iter().filter(|r| r["kind"] == "max_seq").collect();
     assert_eq!(longest.len(), 3);
-    for record in longest {
-        assert_eq!(record["trained_max_seq"], 64, "{record}");
-        assert!(record["planner_max_seq"].as_u64().unwrap() > 64, "{record}");
-    }
+    let trained = |strategy: &str| {
+        let record = longest.iter().find(|r| r["strategy"] == strategy).unwrap();
+        assert!(record["planner_max_seq"].as_u64().unwrap() > record["planner_max_seq_capped"].as_u64().unwrap());
+        assert_eq!(record["trained_max_seq_capped"], record["planner_max_seq_capped"], "{record}");
+        record["trained_max_seq_capped"].as_u64().unwrap()
+    };
+    assert_eq!((trained("keep-all"), trained("memo"), trained("full-recompute")), (1024, 2048, 5120));
+    let keep_all = longest.iter().find(|r| r["strategy"] == "keep-all").unwrap();
+    assert_eq!(keep_all["first_failure_capped"]["seq_len"], 2048, "{keep_all}");
+    assert_eq!(keep_all["first_failure_capped"]["status"], "does not fit", "{keep_all}");
+    let capacity = records.iter().find(|r| r["kind"] == "capacity").unwrap();
+    assert_eq!(capacity["keep_all_longest"], 1024, "{capacity}");
+    assert_eq!(capacity["long_seq"], 2048, "{capacity}");
+    assert_eq!(capacity["memo_trains_long"], "ok", "{capacity}");
+    assert_eq!(capacity["memo_over_keep_all_trained"], 2.0, "{capacity}");
+    assert!(capacity["memo_vs_keep_all"].is_f64() && capacity["memo_within_10pct"].is_boolean(), "{capacity}");
+    assert!(capacity["memo_faster_than_full_recompute"].is_boolean(), "{capacity}");
+    assert_eq!(records.iter().filter(|r| r["kind"] == "capacity_run").count(), 6, "{jsonl}");
     assert!(records.iter().any(|r| r["kind"] == "peer"), "{jsonl}");
     let _ = std::fs::remove_dir_all(scratch);
 }

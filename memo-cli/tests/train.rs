@@ -133,6 +133,26 @@ fn bad_train_options_are_one_line() {
     assert!(message.contains("/nonexistent/file.txt"), "{message}");
 }
 
+/// A plan that does not fit the machine it is made for is refused before anything is allocated,
+/// on the CPU backend as on a GPU (exit 5, with the excess and what would fit).
+#[test]
+fn a_plan_past_the_machines_memory_is_refused_on_every_backend() {
+    let dir = fresh_dir("misfit");
+    std::fs::create_dir_all(&dir).unwrap();
+    let machine = dir.join("small.toml");
+    std::fs::write(
+        &machine,
+        "[machine]\ndevice_memory = \"1MiB\"\nhost_memory_per_node = \"64GiB\"\nd2h = \"10GB/s\"\n\
+         h2d = \"10GB/s\"\npeak_flops = \"20G\"\n",
+    )
+    .unwrap();
+    let machine = machine.to_str().unwrap();
+    let message = assert_fails(&train(&["--machine-file", machine, "--strategy", "keep-all", "--steps", "1"]), 5);
+    assert!(message.contains("does not fit") && message.contains("device bytes"), "{message}");
+    let output = train(&["--strategy", "keep-all", "--steps", "1"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+}
+
 /// `--trace` writes the measured timeline of the last step as Chrome trace events: one complete
 /// event per launch, copy and wait, on the stream's thread, with non-negative durations.
 #[test]
