@@ -25,6 +25,20 @@
 //       toolkit, which NVRTC does not embed and the runtime wheels do not ship.
 //   scalar (HIP, or CUDA with -DMEMO_ATTN_SCALAR=1 for debugging): fp32 FMA, two threads per
 //       owner row (each keeps half of the row's accumulators); any warp size, no shuffles.
+// The tensor path comes in two variants that compute the same values (the CPU emulation,
+// kernels/src/attention_emulation.rs, checks the fragments and the tile staging of both):
+//   baseline (default; verified and measured on an H200, 2026-12-04): each lane reads its mma
+//       fragment registers as 32-bit words (the B operands of P V, dS K, dS^T Q, P^T dO as pairs
+//       of 16-bit elements); each streamed tile is loaded from global memory after the barrier
+//       that frees its shared buffer, so every tile waits for its loads.
+//   pipelined (-DMEMO_ATTN_PIPELINED=1; runtime-cuda: MEMO_CUDA_ATTENTION=pipelined; not yet run
+//       on a GPU): one ldmatrix.x4 per A fragment or per two B fragments (.trans for the B
+//       operands stored k-major); bf16 pairs packed by cvt.rn.bf16x2.f32 (round to nearest
+//       even, as memo_f32_to_bf16; only NaN payloads differ); and the next streamed tiles'
+//       global loads issued into registers before the current tile's math (memo_attn_fetch),
+//       rotated and stored to shared memory after it (memo_attn_commit).
+// Scores are masked only in the tiles that cross the causal diagonal or the end of the
+// sequence; every other tile is visible to every row of the block.
 // Both round the rotated q, k tiles to bf16 in shared memory (as fused-rotary FlashAttention
 // does; the CPU keeps them f32); the tensor path also rounds P and dS to bf16 as mma operands.
 // Sums over the head dimension and over keys are f32; outputs are rounded to bf16 once.
@@ -37,6 +51,10 @@
 #define MEMO_ATTN_TENSOR 1
 #else
 #define MEMO_ATTN_TENSOR 0
+#endif
+#if !defined(MEMO_ATTN_PIPELINED) || !MEMO_ATTN_TENSOR
+#undef MEMO_ATTN_PIPELINED
+#define MEMO_ATTN_PIPELINED 0
 #endif
 
 // Threads per block and owner rows per block (the recipe in kernels/src/attention.rs relies on
@@ -72,7 +90,13 @@ __device__ __forceinline__ memo_u64 memo_attn_lse_index(memo_u32 seq, memo_u32 s
 }
 
 __device__ __forceinline__ memo_u32 memo_attn_pack(float lo, float hi) {
+#if MEMO_ATTN_PIPELINED
+    memo_u32 bits;  // cvt.rn.bf16x2.f32 d, a, b puts a in the high half
+    asm("cvt.rn.bf16x2.f32 %0, %2, %1;\n" : "=r"(bits) : "f"(lo), "f"(hi));
+    return bits;
+#else
     return (memo_u32)memo_f32_to_bf16(lo) | ((memo_u32)memo_f32_to_bf16(hi) << 16);
+#endif
 }
 
 __device__ __forceinline__ float memo_attn_lo(memo_u32 bits) { return memo_bf16_to_f32((memo_bf16)(bits & 0xffffu)); }
@@ -128,6 +152,65 @@ __device__ __forceinline__ void memo_attn_load(memo_bf16* dst, const memo_bf16* 
             const memo_u32 bits = *(const memo_u32*)(src + memo_attn_elem(seq, s, pos, row_elems, head, D) + 2 * pair);
             x0 = memo_attn_lo(bits);
             x1 = memo_attn_hi(bits);
+            if (inv_freq != nullptr) {
+                const float y0 = x0 * c - x1 * sn;
+                const float y1 = x0 * sn + x1 * c;
+                x0 = y0;
+                x1 = y1;
+            }
+        }
+        *(memo_u32*)(dst + row * LD + 2 * pair) = memo_attn_pack(x0, x1);
+        const float next_c = c * step_c - sn * step_s;
+        sn = sn * step_c + c * step_s;
+        c = next_c;
+    }
+}
+
+// The streamed tile's staging registers (pipelined variant): the words memo_attn_load would read,
+// fetched one tile ahead. Thread t holds pair t % (D/2) of rows t / (D/2) + i STEP, as there.
+template <int D, int ROWS> struct MemoAttnStage {
+    static constexpr int STEP = MEMO_ATTN_THREADS / (D / 2);
+    static constexpr int COUNT = ROWS / STEP;
+    static_assert(ROWS % STEP == 0, "every thread stages the same number of rows");
+    memo_u32 words[COUNT];
+};
+
+// Issues the global loads of `ROWS` rows from `first_pos` on (0 past `s`) into `stage`; nothing
+// waits for them until memo_attn_commit reads the registers.
+template <int D, int ROWS>
+__device__ __forceinline__ void memo_attn_fetch(MemoAttnStage<D, ROWS>& stage, const memo_bf16* src, memo_u32 seq,
+                                                memo_u32 head, memo_u32 s, memo_u32 row_elems, memo_u32 first_pos) {
+    const int pair = threadIdx.x % (D / 2);
+    const int row0 = threadIdx.x / (D / 2);
+#pragma unroll
+    for (int i = 0; i < MemoAttnStage<D, ROWS>::COUNT; ++i) {
+        const memo_u32 pos = first_pos + (memo_u32)(row0 + i * MemoAttnStage<D, ROWS>::STEP);
+        stage.words[i] =
+            pos < s ? *(const memo_u32*)(src + memo_attn_elem(seq, s, pos, row_elems, head, D) + 2 * pair) : 0u;
+    }
+}
+
+// Writes the staged rows to `dst` exactly as memo_attn_load writes them (rotated when `inv_freq`
+// is non-null, zero past `s`).
+template <int D, int ROWS>
+__device__ __forceinline__ void memo_attn_commit(memo_bf16* dst, const MemoAttnStage<D, ROWS>& stage, memo_u32 s,
+                                                 memo_u32 first_pos, const double* inv_freq) {
+    constexpr int LD = D + 8;
+    constexpr int STEP = MemoAttnStage<D, ROWS>::STEP;
+    const int pair = threadIdx.x % (D / 2);
+    const int row0 = threadIdx.x / (D / 2);
+    float c = 1.0f, sn = 0.0f, step_c = 1.0f, step_s = 0.0f;
+    if (inv_freq != nullptr) {
+        memo_attn_rope(first_pos + (memo_u32)row0, inv_freq[pair], &c, &sn);
+        memo_attn_rope((memo_u32)STEP, inv_freq[pair], &step_c, &step_s);
+    }
+#pragma unroll
+    for (int i = 0; i < MemoAttnStage<D, ROWS>::COUNT; ++i) {
+        const int row = row0 + i * STEP;
+        float x0 = 0.0f, x1 = 0.0f;
+        if (first_pos + (memo_u32)row < s) {
+            x0 = memo_attn_lo(stage.words[i]);
+            x1 = memo_attn_hi(stage.words[i]);
             if (inv_freq != nullptr) {
                 const float y0 = x0 * c - x1 * sn;
                 const float y1 = x0 * sn + x1 * c;
@@ -214,26 +297,77 @@ __device__ __forceinline__ memo_u32 memo_attn_join(memo_bf16 lo, memo_bf16 hi) {
     return (memo_u32)lo | ((memo_u32)hi << 16);
 }
 
+#if MEMO_ATTN_PIPELINED
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16 (PTX ISA, "Warp-level matrix load
+// instruction: ldmatrix"): lanes 8j..8j+7 give the addresses of rows 0..7 of 8 x 8 matrix j
+// (16 bytes each, 16-byte aligned: rows are D + 8 bf16 apart, columns multiples of 8); register
+// j of lane (g, t) receives matrix j's elements [g][2t..2t+1], or with .trans [2t][g] and
+// [2t+1][g]: exactly the mma fragment layouts above. Lane `lane` addresses row
+// r + (matrix & 1) * 8 or r + (matrix >> 1) * 8 (r = lane % 8, matrix = lane / 8) as each
+// caller says.
+__device__ __forceinline__ memo_u32 memo_attn_shared_address(const memo_bf16* p) {
+    return (memo_u32)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void memo_ldmatrix_x4(memo_u32 (&r)[4], const memo_bf16* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(memo_attn_shared_address(row)));
+}
+__device__ __forceinline__ void memo_ldmatrix_x4_trans(memo_u32 (&r)[4], const memo_bf16* row) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(memo_attn_shared_address(row)));
+}
+#endif
+
 // A fragment of k-step [k0, k0 + 16) of a row-major tile: `rows` points at the warp's first row.
+// ldmatrix: matrices (rows 0-7, k0), (rows 8-15, k0), (rows 0-7, k0 + 8), (rows 8-15, k0 + 8).
 __device__ __forceinline__ void memo_frag_a(memo_u32 (&a)[4], const memo_bf16* rows, int ld, int k0, int g, int t) {
+#if MEMO_ATTN_PIPELINED
+    const int lane = g * 4 + t;
+    memo_ldmatrix_x4(a, rows + ((lane & 7) + (lane & 8)) * ld + k0 + ((lane >> 4) << 3));
+#else
     a[0] = memo_attn_word(rows + g * ld + k0 + 2 * t);
     a[1] = memo_attn_word(rows + (g + 8) * ld + k0 + 2 * t);
     a[2] = memo_attn_word(rows + g * ld + k0 + 2 * t + 8);
     a[3] = memo_attn_word(rows + (g + 8) * ld + k0 + 2 * t + 8);
+#endif
 }
 
-// B fragment with B[k][n] = X[n0 + n][k0 + k] (X row-major, its rows are B's columns: Q K^T).
-__device__ __forceinline__ void memo_frag_b_t(memo_u32& b0, memo_u32& b1, const memo_bf16* x, int ld, int n0, int k0,
-                                              int g, int t) {
-    b0 = memo_attn_word(x + (n0 + g) * ld + k0 + 2 * t);
-    b1 = memo_attn_word(x + (n0 + g) * ld + k0 + 2 * t + 8);
+// The B fragments of n-tiles n0 and n0 + 8 (b[0], b[1] and b[2], b[3]) with
+// B[k][n] = X[n0 + n][k0 + k] (X row-major, its rows are B's columns: Q K^T).
+// ldmatrix: matrices (rows n0.., k0), (rows n0.., k0 + 8), (rows n0 + 8.., k0), (n0 + 8.., k0 + 8).
+__device__ __forceinline__ void memo_frag_b_t2(memo_u32 (&b)[4], const memo_bf16* x, int ld, int n0, int k0, int g,
+                                               int t) {
+#if MEMO_ATTN_PIPELINED
+    const int lane = g * 4 + t;
+    memo_ldmatrix_x4(b, x + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + (lane & 8));
+#else
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        b[2 * i] = memo_attn_word(x + (n0 + 8 * i + g) * ld + k0 + 2 * t);
+        b[2 * i + 1] = memo_attn_word(x + (n0 + 8 * i + g) * ld + k0 + 2 * t + 8);
+    }
+#endif
 }
 
-// B fragment with B[k][n] = X[k0 + k][n0 + n] (X row-major, its rows are B's rows: P V).
-__device__ __forceinline__ void memo_frag_b(memo_u32& b0, memo_u32& b1, const memo_bf16* x, int ld, int k0, int n0,
-                                            int g, int t) {
-    b0 = memo_attn_join(x[(k0 + 2 * t) * ld + n0 + g], x[(k0 + 2 * t + 1) * ld + n0 + g]);
-    b1 = memo_attn_join(x[(k0 + 2 * t + 8) * ld + n0 + g], x[(k0 + 2 * t + 9) * ld + n0 + g]);
+// The B fragments of n-tiles n0 and n0 + 8 (b[0], b[1] and b[2], b[3]) with
+// B[k][n] = X[k0 + k][n0 + n] (X row-major, its rows are B's rows: P V).
+// ldmatrix .trans: matrices (rows k0.., n0), (rows k0 + 8.., n0), (rows k0.., n0 + 8),
+// (rows k0 + 8.., n0 + 8).
+__device__ __forceinline__ void memo_frag_b2(memo_u32 (&b)[4], const memo_bf16* x, int ld, int k0, int n0, int g,
+                                             int t) {
+#if MEMO_ATTN_PIPELINED
+    const int lane = g * 4 + t;
+    memo_ldmatrix_x4_trans(b, x + (k0 + (lane & 7) + (lane & 8)) * ld + n0 + ((lane >> 4) << 3));
+#else
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int n = n0 + 8 * i + g;
+        b[2 * i] = memo_attn_join(x[(k0 + 2 * t) * ld + n], x[(k0 + 2 * t + 1) * ld + n]);
+        b[2 * i + 1] = memo_attn_join(x[(k0 + 2 * t + 8) * ld + n], x[(k0 + 2 * t + 9) * ld + n]);
+    }
+#endif
 }
 
 // A fragment of k-step kk from accumulators (16 x 8 NT tiles): columns [16kk, 16kk + 16) are
@@ -251,6 +385,7 @@ template <int D, int NT>
 __device__ __forceinline__ void memo_mma_abt(float (&acc)[NT][4], const memo_bf16* a_rows, const memo_bf16* b_rows,
                                              int g, int t) {
     constexpr int LD = D + 8;
+    static_assert(NT % 2 == 0, "B fragments come two n-tiles at a time");
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
         acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
@@ -260,10 +395,11 @@ __device__ __forceinline__ void memo_mma_abt(float (&acc)[NT][4], const memo_bf1
         memo_u32 a[4];
         memo_frag_a(a, a_rows, LD, kk * 16, g, t);
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-            memo_u32 b0, b1;
-            memo_frag_b_t(b0, b1, b_rows, LD, n * 8, kk * 16, g, t);
-            memo_mma(acc[n], a, b0, b1);
+        for (int n = 0; n < NT; n += 2) {
+            memo_u32 b[4];
+            memo_frag_b_t2(b, b_rows, LD, n * 8, kk * 16, g, t);
+            memo_mma(acc[n], a, b[0], b[1]);
+            memo_mma(acc[n + 1], a, b[2], b[3]);
         }
     }
 }
@@ -278,10 +414,11 @@ __device__ __forceinline__ void memo_mma_px(float (&acc)[D / 8][4], const float 
         memo_u32 a[4];
         memo_frag_a_acc<NT>(a, p, kk);
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            memo_u32 b0, b1;
-            memo_frag_b(b0, b1, x, LD, kk * 16, n * 8, g, t);
-            memo_mma(acc[n], a, b0, b1);
+        for (int n = 0; n < D / 8; n += 2) {
+            memo_u32 b[4];
+            memo_frag_b2(b, x, LD, kk * 16, n * 8, g, t);
+            memo_mma(acc[n], a, b[0], b[1]);
+            memo_mma(acc[n + 1], a, b[2], b[3]);
         }
     }
 }
@@ -316,6 +453,11 @@ __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const
     const memo_u32 head = blockIdx.y, seq = blockIdx.z, row_elems = heads * D;
     const memo_u32 q_last = min(q0 + MEMO_ATTN_OWNER - 1, s - 1);  // last key any row of the tile sees
 
+#if MEMO_ATTN_PIPELINED
+    MemoAttnStage<D, N> k_next, v_next;  // the next key tile's words, in flight
+    memo_attn_fetch<D, N>(k_next, k, seq, head, s, row_elems, 0);
+    memo_attn_fetch<D, N>(v_next, v, seq, head, s, row_elems, 0);
+#endif
     memo_attn_inv_freq<D>(inv_freq);
     __syncthreads();
     memo_attn_load<D>(q_s, q, seq, head, s, row_elems, q0, MEMO_ATTN_OWNER, inv_freq);
@@ -332,11 +474,23 @@ __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const
     float m[2] = {MEMO_ATTN_NEG_INF, MEMO_ATTN_NEG_INF}, l[2] = {0.0f, 0.0f};
     for (memo_u32 k0 = 0; k0 <= q_last; k0 += N) {
         __syncthreads();  // the previous tiles are consumed (and q_s is written, first time)
+#if MEMO_ATTN_PIPELINED
+        memo_attn_commit<D, N>(k_s, k_next, s, k0, inv_freq);
+        memo_attn_commit<D, N>(v_s, v_next, s, k0, nullptr);
+        if (k0 + N <= q_last) {
+            memo_attn_fetch<D, N>(k_next, k, seq, head, s, row_elems, k0 + N);
+            memo_attn_fetch<D, N>(v_next, v, seq, head, s, row_elems, k0 + N);
+        }
+#else
         memo_attn_load<D>(k_s, k, seq, head, s, row_elems, k0, N, inv_freq);
         memo_attn_load<D>(v_s, v, seq, head, s, row_elems, k0, N, nullptr);
+#endif
         __syncthreads();
         float sc[N / 8][4];
         memo_mma_abt<D, N / 8>(sc, q_s + warp * 16 * LD, k_s, g, t);
+        // Every key of the tile at or before the block's first row (hence inside the sequence):
+        // nothing to mask. Otherwise the tile crosses the diagonal or the sequence's end.
+        const bool visible = k0 + N <= q0 + 1;
         float tile_max[2] = {MEMO_ATTN_NEG_INF, MEMO_ATTN_NEG_INF};
 #pragma unroll
         for (int n = 0; n < N / 8; ++n) {
@@ -345,7 +499,7 @@ __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const
                 const memo_u32 key = k0 + n * 8 + 2 * t + (e & 1);
                 const memo_u32 pos = e < 2 ? pos0 : pos1;
                 float x = sc[n][e] * scale;
-                if (key > pos || key >= s) x = MEMO_ATTN_NEG_INF;
+                if (!visible && (key > pos || key >= s)) x = MEMO_ATTN_NEG_INF;
                 sc[n][e] = x;
                 tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
             }
@@ -459,6 +613,11 @@ __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q,
     const memo_u32 k0 = blockIdx.x * MEMO_ATTN_OWNER;  // the longest (earliest) key tiles first
     const memo_u32 head = blockIdx.y, seq = blockIdx.z, row_elems = heads * D;
 
+#if MEMO_ATTN_PIPELINED
+    MemoAttnStage<D, N> q_next, do_next;  // the next query tile's words, in flight
+    memo_attn_fetch<D, N>(q_next, q, seq, head, s, row_elems, k0);
+    memo_attn_fetch<D, N>(do_next, dout, seq, head, s, row_elems, k0);
+#endif
     memo_attn_inv_freq<D>(inv_freq);
     __syncthreads();
     memo_attn_load<D>(k_s, k, seq, head, s, row_elems, k0, MEMO_ATTN_OWNER, inv_freq);
@@ -483,8 +642,17 @@ __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q,
 
     for (memo_u32 i0 = k0; i0 < s; i0 += N) {
         __syncthreads();  // the previous query tile is consumed (and k_s, v_s written, first time)
+#if MEMO_ATTN_PIPELINED
+        memo_attn_commit<D, N>(q_s, q_next, s, i0, inv_freq);
+        memo_attn_commit<D, N>(do_s, do_next, s, i0, nullptr);
+        if (i0 + N < s) {
+            memo_attn_fetch<D, N>(q_next, q, seq, head, s, row_elems, i0 + N);
+            memo_attn_fetch<D, N>(do_next, dout, seq, head, s, row_elems, i0 + N);
+        }
+#else
         memo_attn_load<D>(q_s, q, seq, head, s, row_elems, i0, N, inv_freq);
         memo_attn_load<D>(do_s, dout, seq, head, s, row_elems, i0, N, nullptr);
+#endif
         __syncthreads();
         memo_attn_row_stats<D>(lse_s, delta_s, do_s, out, lse, seq, head, s, heads, i0, N);
         __syncthreads();
@@ -493,6 +661,8 @@ __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q,
         float p[N / 8][4], ds[N / 8][4];
         memo_mma_abt<D, N / 8>(p, k_s + warp * 16 * LD, q_s, g, t);
         memo_mma_abt<D, N / 8>(ds, v_s + warp * 16 * LD, do_s, g, t);  // dP^T = V dO^T
+        // Every query of the tile at or after the block's last key and inside the sequence.
+        const bool visible = i0 >= k0 + MEMO_ATTN_OWNER - 1 && i0 + N <= s;
 #pragma unroll
         for (int n = 0; n < N / 8; ++n) {
 #pragma unroll
@@ -500,7 +670,7 @@ __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q,
                 const int i = n * 8 + 2 * t + (e & 1);
                 const memo_u32 qpos = i0 + i;
                 const memo_u32 kpos = e < 2 ? key0 : key1;
-                const bool live = kpos <= qpos && qpos < s;
+                const bool live = visible || (kpos <= qpos && qpos < s);
                 const float pij = live ? expf(p[n][e] * scale - lse_s[i]) : 0.0f;
                 p[n][e] = pij;
                 ds[n][e] = pij * (ds[n][e] - delta_s[i]);
@@ -576,6 +746,11 @@ __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, c
     const memo_u32 head = blockIdx.y, seq = blockIdx.z, row_elems = heads * D;
     const memo_u32 q_last = min(q0 + MEMO_ATTN_OWNER - 1, s - 1);
 
+#if MEMO_ATTN_PIPELINED
+    MemoAttnStage<D, N> k_next, v_next;  // the next key tile's words, in flight
+    memo_attn_fetch<D, N>(k_next, k, seq, head, s, row_elems, 0);
+    memo_attn_fetch<D, N>(v_next, v, seq, head, s, row_elems, 0);
+#endif
     memo_attn_inv_freq<D>(inv_freq);
     __syncthreads();
     memo_attn_load<D>(q_s, q, seq, head, s, row_elems, q0, MEMO_ATTN_OWNER, inv_freq);
@@ -606,20 +781,31 @@ __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, c
 
     for (memo_u32 k0 = 0; k0 <= q_last; k0 += N) {
         __syncthreads();  // the previous key tile is consumed
+#if MEMO_ATTN_PIPELINED
+        memo_attn_commit<D, N>(k_s, k_next, s, k0, inv_freq);
+        memo_attn_commit<D, N>(v_s, v_next, s, k0, nullptr);
+        if (k0 + N <= q_last) {
+            memo_attn_fetch<D, N>(k_next, k, seq, head, s, row_elems, k0 + N);
+            memo_attn_fetch<D, N>(v_next, v, seq, head, s, row_elems, k0 + N);
+        }
+#else
         memo_attn_load<D>(k_s, k, seq, head, s, row_elems, k0, N, inv_freq);
         memo_attn_load<D>(v_s, v, seq, head, s, row_elems, k0, N, nullptr);
+#endif
         __syncthreads();
 #if MEMO_ATTN_TENSOR
         float p[N / 8][4], ds[N / 8][4];
         memo_mma_abt<D, N / 8>(p, q_s + warp * 16 * LD, k_s, g, t);
         memo_mma_abt<D, N / 8>(ds, do_s + warp * 16 * LD, v_s, g, t);  // dP = dO V^T
+        // Every key of the tile at or before the block's first row, every row inside the sequence.
+        const bool visible = k0 + N <= q0 + 1 && q0 + MEMO_ATTN_OWNER <= s;
 #pragma unroll
         for (int n = 0; n < N / 8; ++n) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const memo_u32 key = k0 + n * 8 + 2 * t + (e & 1);
                 const memo_u32 qpos = e < 2 ? pos0 : pos1;
-                const bool live = key <= qpos && qpos < s;
+                const bool live = visible || (key <= qpos && qpos < s);
                 const float pij = live ? expf(p[n][e] * scale - lse_r[e >> 1]) : 0.0f;
                 ds[n][e] = pij * (ds[n][e] - delta_r[e >> 1]);
             }

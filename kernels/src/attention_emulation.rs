@@ -34,6 +34,27 @@ pub(super) fn tiles(d: usize) -> (usize, usize) {
     }
 }
 
+/// Which of the source's compile-time paths the emulation transcribes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Path {
+    /// `MEMO_ATTN_TENSOR` 0 (HIP, or CUDA with `MEMO_ATTN_SCALAR`).
+    Scalar,
+    /// The tensor path, baseline variant.
+    Tensor,
+    /// The tensor path, `MEMO_ATTN_PIPELINED`: streamed tiles staged through registers one
+    /// iteration ahead (`memo_attn_fetch`, `memo_attn_commit`). Its ldmatrix fragments are checked
+    /// against the baseline's word loads by every `mma_abt`/`mma_px`, whichever path runs.
+    Pipelined,
+}
+
+impl Path {
+    pub(super) const ALL: [Path; 3] = [Path::Scalar, Path::Tensor, Path::Pipelined];
+
+    pub(super) fn tensor(self) -> bool {
+        self != Path::Scalar
+    }
+}
+
 /// The launch's shapes (the kernels' `s`, `heads`, D and gridDim.z).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Shape {
@@ -159,6 +180,93 @@ fn load(
     }
 }
 
+/// `MemoAttnStage`: `[thread][i]`, the word of pair `thread % (d/2)` of row
+/// `thread / (d/2) + i STEP`.
+pub(super) type Stage = Vec<Vec<u32>>;
+
+/// `memo_attn_fetch`.
+fn fetch(src: &[u16], sh: &Shape, seq: usize, head: usize, first_pos: usize, rows: usize) -> Stage {
+    let pairs = sh.d / 2;
+    let step = THREADS / pairs;
+    assert_eq!(rows % step, 0, "every thread stages the same number of rows");
+    (0..THREADS)
+        .map(|thread| {
+            let (pair, row0) = (thread % pairs, thread / pairs);
+            (0..rows / step)
+                .map(|i| {
+                    let pos = first_pos + row0 + i * step;
+                    if pos < sh.s {
+                        word(src, sh.elem(seq, pos, head) + 2 * pair)
+                    } else {
+                        0
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `memo_attn_commit`.
+fn commit(dst: &mut [u16], stage: &Stage, sh: &Shape, first_pos: usize, inv_freq: Option<&[f64]>) {
+    let (pairs, ld) = (sh.d / 2, sh.d + 8);
+    let step = THREADS / pairs;
+    for (thread, words) in stage.iter().enumerate() {
+        let (pair, row0) = (thread % pairs, thread / pairs);
+        let (mut c, mut sn, mut step_c, mut step_s) = (1.0f32, 0.0f32, 1.0f32, 0.0f32);
+        if let Some(inv_freq) = inv_freq {
+            (c, sn) = rope(first_pos + row0, inv_freq[pair]);
+            (step_c, step_s) = rope(step, inv_freq[pair]);
+        }
+        for (i, &bits) in words.iter().enumerate() {
+            let row = row0 + i * step;
+            let (mut x0, mut x1) = (0.0f32, 0.0f32);
+            if first_pos + row < sh.s {
+                x0 = lo(bits);
+                x1 = hi(bits);
+                if inv_freq.is_some() {
+                    let y0 = x0 * c - x1 * sn;
+                    let y1 = x0 * sn + x1 * c;
+                    x0 = y0;
+                    x1 = y1;
+                }
+            }
+            store_word(dst, row * ld + 2 * pair, pack(x0, x1));
+            let next_c = c * step_c - sn * step_s;
+            sn = sn * step_c + c * step_s;
+            c = next_c;
+        }
+    }
+}
+
+/// Two streamed tiles (`a` rotated by `a_rope`, `b` not) of `rows` rows from `first_pos` on,
+/// as one loop iteration of a kernel stages them: `memo_attn_load` in the baseline paths; in the
+/// pipelined path, `memo_attn_commit` of the words fetched for `first_pos` one iteration earlier
+/// (`staged`, fetched on the first call), then `memo_attn_fetch` of `next_pos` when there is one.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn stream_tiles(
+    path: Path,
+    staged: &mut Option<(Stage, Stage)>,
+    (a_s, a, a_rope): (&mut [u16], &[u16], Option<&[f64]>),
+    (b_s, b): (&mut [u16], &[u16]),
+    sh: &Shape,
+    (seq, head): (usize, usize),
+    first_pos: usize,
+    rows: usize,
+    next_pos: Option<usize>,
+) {
+    if path != Path::Pipelined {
+        load(a_s, a, sh, seq, head, first_pos, rows, a_rope);
+        load(b_s, b, sh, seq, head, first_pos, rows, None);
+        return;
+    }
+    let (a_words, b_words) = staged
+        .take()
+        .unwrap_or_else(|| (fetch(a, sh, seq, head, first_pos, rows), fetch(b, sh, seq, head, first_pos, rows)));
+    commit(a_s, &a_words, sh, first_pos, a_rope);
+    commit(b_s, &b_words, sh, first_pos, None);
+    *staged = next_pos.map(|next| (fetch(a, sh, seq, head, next, rows), fetch(b, sh, seq, head, next, rows)));
+}
+
 /// `memo_attn_row_stats`.
 #[allow(clippy::too_many_arguments)]
 fn row_stats(
@@ -267,6 +375,48 @@ fn mma(c: &mut Acc, n: usize, a: &[[u32; 4]; LANES], b: &[[u32; 2]; LANES]) {
     }
 }
 
+/// `ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16` (PTX ISA): lane `l` gives the element
+/// index of row `l % 8` of 8 x 8 matrix `l / 8`; register `j` of lane (g, t) receives matrix
+/// `j`'s elements [g][2t], [g][2t+1], or with `trans` [2t][g], [2t+1][g] (low half first).
+fn ldmatrix_x4(x: &[u16], row_starts: &[usize; LANES], trans: bool) -> [[u32; 4]; LANES] {
+    let at = |matrix: usize, row: usize, col: usize| x[row_starts[8 * matrix + row] + col];
+    let join = |lo: u16, hi: u16| u32::from(lo) | (u32::from(hi) << 16);
+    std::array::from_fn(|lane| {
+        let (g, t) = (lane / 4, lane % 4);
+        std::array::from_fn(|j| {
+            if trans {
+                join(at(j, 2 * t, g), at(j, 2 * t + 1, g))
+            } else {
+                join(at(j, g, 2 * t), at(j, g, 2 * t + 1))
+            }
+        })
+    })
+}
+
+/// The pipelined variant's `memo_frag_a`: one ldmatrix.x4 from the lanes' row addresses.
+fn frag_a_ldmatrix(rows: &[u16], ld: usize, k0: usize) -> [[u32; 4]; LANES] {
+    ldmatrix_x4(rows, &std::array::from_fn(|lane| ((lane & 7) + (lane & 8)) * ld + k0 + ((lane >> 4) << 3)), false)
+}
+
+/// The pipelined variant's `memo_frag_b_t2`: n-tiles n0 (registers 0, 1) and n0 + 8 (2, 3).
+fn frag_b_t2_ldmatrix(x: &[u16], ld: usize, n0: usize, k0: usize) -> [[u32; 4]; LANES] {
+    ldmatrix_x4(x, &std::array::from_fn(|lane| (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + (lane & 8)), false)
+}
+
+/// The pipelined variant's `memo_frag_b2`: n-tiles n0 (registers 0, 1) and n0 + 8 (2, 3).
+fn frag_b2_ldmatrix(x: &[u16], ld: usize, k0: usize, n0: usize) -> [[u32; 4]; LANES] {
+    ldmatrix_x4(x, &std::array::from_fn(|lane| (k0 + (lane & 7) + (lane & 8)) * ld + n0 + ((lane >> 4) << 3)), true)
+}
+
+/// Panics unless the ldmatrix registers of two n-tiles equal the word fragments `b` of the
+/// tiles `n` and `n + 1`.
+fn assert_same_b(ldmatrix: &[[u32; 4]; LANES], b: &[[[u32; 2]; LANES]; 2], what: &str) {
+    for lane in 0..LANES {
+        let words = [b[0][lane][0], b[0][lane][1], b[1][lane][0], b[1][lane][1]];
+        assert_eq!(ldmatrix[lane], words, "{what}: the ldmatrix and word fragments differ at lane {lane}");
+    }
+}
+
 /// `memo_frag_a`.
 fn frag_a(rows: &[u16], ld: usize, k0: usize, g: usize, t: usize) -> [u32; 4] {
     [
@@ -301,29 +451,40 @@ fn frag_a_acc(x: &[[f32; 4]], kk: usize) -> [u32; 4] {
     ]
 }
 
-/// `memo_mma_abt`.
+/// `memo_mma_abt` (B fragments two n-tiles at a time), checking on the way that the pipelined
+/// variant's ldmatrix fragments are the word fragments.
 fn mma_abt(d: usize, nt: usize, a_rows: &[u16], b_rows: &[u16]) -> Acc {
     let ld = d + 8;
+    assert_eq!(nt % 2, 0, "B fragments come two n-tiles at a time");
     let mut out = acc(nt);
     for kk in 0..d / 16 {
         let a: [[u32; 4]; LANES] = std::array::from_fn(|lane| frag_a(a_rows, ld, kk * 16, lane / 4, lane % 4));
-        for n in 0..nt {
-            let b: [[u32; 2]; LANES] =
-                std::array::from_fn(|lane| frag_b_t(b_rows, ld, n * 8, kk * 16, lane / 4, lane % 4));
-            mma(&mut out, n, &a, &b);
+        assert_eq!(frag_a_ldmatrix(a_rows, ld, kk * 16), a, "A fragments of k-step {kk} differ");
+        for n in (0..nt).step_by(2) {
+            let b: [[[u32; 2]; LANES]; 2] = std::array::from_fn(|i| {
+                std::array::from_fn(|lane| frag_b_t(b_rows, ld, (n + i) * 8, kk * 16, lane / 4, lane % 4))
+            });
+            assert_same_b(&frag_b_t2_ldmatrix(b_rows, ld, n * 8, kk * 16), &b, "Q K^T");
+            mma(&mut out, n, &a, &b[0]);
+            mma(&mut out, n + 1, &a, &b[1]);
         }
     }
     out
 }
 
-/// `memo_mma_px`.
+/// `memo_mma_px` (B fragments two n-tiles at a time), checking the ldmatrix fragments as
+/// `mma_abt` does.
 fn mma_px(d: usize, nt: usize, out: &mut Acc, p: &Acc, x: &[u16]) {
     let ld = d + 8;
     for kk in 0..nt / 2 {
         let a: [[u32; 4]; LANES] = std::array::from_fn(|lane| frag_a_acc(&p[lane], kk));
-        for n in 0..d / 8 {
-            let b: [[u32; 2]; LANES] = std::array::from_fn(|lane| frag_b(x, ld, kk * 16, n * 8, lane / 4, lane % 4));
-            mma(out, n, &a, &b);
+        for n in (0..d / 8).step_by(2) {
+            let b: [[[u32; 2]; LANES]; 2] = std::array::from_fn(|i| {
+                std::array::from_fn(|lane| frag_b(x, ld, kk * 16, (n + i) * 8, lane / 4, lane % 4))
+            });
+            assert_same_b(&frag_b2_ldmatrix(x, ld, kk * 16, n * 8), &b, "P X");
+            mma(out, n, &a, &b[0]);
+            mma(out, n + 1, &a, &b[1]);
         }
     }
 }
@@ -357,8 +518,8 @@ pub(super) struct Backward {
     pub(super) dv: Vec<u16>,
 }
 
-/// `memo_attention_forward<D>` over the whole grid, tensor path if `tensor`.
-pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], tensor: bool) -> Forward {
+/// `memo_attention_forward<D>` over the whole grid.
+pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], path: Path) -> Forward {
     let (d, s) = (sh.d, sh.s);
     let (n, _) = tiles(d);
     let ld = d + 8;
@@ -373,14 +534,16 @@ pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], tensor: bool)
         let q_last = (q0 + OWNER - 1).min(s - 1);
         let (mut q_s, mut k_s, mut v_s) = (vec![0u16; OWNER * ld], vec![0u16; n * ld], vec![0u16; n * ld]);
         load(&mut q_s, q, sh, seq, head, q0, OWNER, inv);
-        if tensor {
+        if path.tensor() {
             let mut o: Vec<Acc> = (0..WARPS).map(|_| acc(d / 8)).collect();
             let mut m = [[[f32::NEG_INFINITY; 2]; LANES]; WARPS];
             let mut l = [[[0.0f32; 2]; LANES]; WARPS];
+            let mut staged = None;
             let mut k0 = 0;
             while k0 <= q_last {
-                load(&mut k_s, k, sh, seq, head, k0, n, inv);
-                load(&mut v_s, v, sh, seq, head, k0, n, None);
+                let next = (k0 + n <= q_last).then_some(k0 + n);
+                stream_tiles(path, &mut staged, (&mut k_s, k, inv), (&mut v_s, v), sh, (seq, head), k0, n, next);
+                let visible = k0 + n <= q0 + 1;
                 for warp in 0..WARPS {
                     let mut sc = mma_abt(d, n / 8, &q_s[warp * 16 * ld..], &k_s);
                     let mut tile_max = [[f32::NEG_INFINITY; LANES]; 2];
@@ -393,7 +556,7 @@ pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], tensor: bool)
                                 let key = k0 + nn * 8 + 2 * t + (e & 1);
                                 let pos = if e < 2 { pos0 } else { pos1 };
                                 let mut x = *value * scale;
-                                if key > pos || key >= s {
+                                if !visible && (key > pos || key >= s) {
                                     x = f32::NEG_INFINITY;
                                 }
                                 *value = x;

@@ -5,8 +5,8 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::{
-    acc, at, grid, inv_freq, load, mma_abt, mma_px, row_stats, store_pair, tiles, Acc, Backward, Shape, LANES, OWNER,
-    WARPS,
+    acc, at, grid, inv_freq, load, mma_abt, mma_px, row_stats, store_pair, stream_tiles, tiles, Acc, Backward, Path,
+    Shape, LANES, OWNER, WARPS,
 };
 
 /// The backward's inputs (bf16 bits; `lse` f32).
@@ -19,16 +19,16 @@ pub(in crate::attention) struct Inputs<'a> {
     pub(in crate::attention) dout: &'a [u16],
 }
 
-/// Both backward kernels over their whole grids, tensor path if `tensor`.
-pub(in crate::attention) fn backward(sh: &Shape, x: &Inputs<'_>, tensor: bool) -> Backward {
+/// Both backward kernels over their whole grids.
+pub(in crate::attention) fn backward(sh: &Shape, x: &Inputs<'_>, path: Path) -> Backward {
     let mut result = Backward { dq: vec![0; x.q.len()], dk: vec![0; x.q.len()], dv: vec![0; x.q.len()] };
-    dkdv(sh, x, tensor, &mut result.dk, &mut result.dv);
-    dq(sh, x, tensor, &mut result.dq);
+    dkdv(sh, x, path, &mut result.dk, &mut result.dv);
+    dq(sh, x, path, &mut result.dq);
     result
 }
 
 /// `memo_attention_backward_dkdv<D>`.
-fn dkdv(sh: &Shape, x: &Inputs<'_>, tensor: bool, dk: &mut [u16], dv: &mut [u16]) {
+fn dkdv(sh: &Shape, x: &Inputs<'_>, path: Path, dk: &mut [u16], dv: &mut [u16]) {
     let (d, s) = (sh.d, sh.s);
     let (_, n) = tiles(d);
     let ld = d + 8;
@@ -48,12 +48,14 @@ fn dkdv(sh: &Shape, x: &Inputs<'_>, tensor: bool, dk: &mut [u16], dv: &mut [u16]
         let mut dv_t: Vec<Acc> = (0..WARPS).map(|_| acc(d / 8)).collect();
         let mut dk_s = vec![vec![0.0f32; d / 2]; 2 * OWNER];
         let mut dv_s = vec![vec![0.0f32; d / 2]; 2 * OWNER];
+        let mut staged = None;
         let mut i0 = k0;
         while i0 < s {
-            load(&mut q_s, x.q, sh, seq, head, i0, n, inv);
-            load(&mut do_s, x.dout, sh, seq, head, i0, n, None);
+            let next = (i0 + n < s).then_some(i0 + n);
+            stream_tiles(path, &mut staged, (&mut q_s, x.q, inv), (&mut do_s, x.dout), sh, (seq, head), i0, n, next);
             row_stats(&mut lse_s, &mut delta_s, &do_s, x.out, x.lse, sh, seq, head, i0, n);
-            if tensor {
+            if path.tensor() {
+                let visible = i0 + 1 >= k0 + OWNER && i0 + n <= s;
                 for warp in 0..WARPS {
                     let mut p = mma_abt(d, n / 8, &k_s[warp * 16 * ld..], &q_s);
                     let mut ds = mma_abt(d, n / 8, &v_s[warp * 16 * ld..], &do_s);
@@ -66,7 +68,7 @@ fn dkdv(sh: &Shape, x: &Inputs<'_>, tensor: bool, dk: &mut [u16], dv: &mut [u16]
                                 let i = nn * 8 + 2 * t + (e & 1);
                                 let qpos = i0 + i;
                                 let kpos = if e < 2 { key0 } else { key1 };
-                                let live = kpos <= qpos && qpos < s;
+                                let live = visible || (kpos <= qpos && qpos < s);
                                 let pij = if live { (p[lane][nn][e] * scale - lse_s[i]).exp() } else { 0.0 };
                                 p[lane][nn][e] = pij;
                                 ds[lane][nn][e] = pij * (ds[lane][nn][e] - delta_s[i]);
@@ -101,7 +103,7 @@ fn dkdv(sh: &Shape, x: &Inputs<'_>, tensor: bool, dk: &mut [u16], dv: &mut [u16]
             }
             i0 += n;
         }
-        if tensor {
+        if path.tensor() {
             for warp in 0..WARPS {
                 for lane in 0..LANES {
                     let (g, t) = (lane / 4, lane % 4);
@@ -140,7 +142,7 @@ fn dkdv(sh: &Shape, x: &Inputs<'_>, tensor: bool, dk: &mut [u16], dv: &mut [u16]
 }
 
 /// `memo_attention_backward_dq<D>`.
-fn dq(sh: &Shape, x: &Inputs<'_>, tensor: bool, dq: &mut [u16]) {
+fn dq(sh: &Shape, x: &Inputs<'_>, path: Path, dq: &mut [u16]) {
     let (d, s) = (sh.d, sh.s);
     let (_, n) = tiles(d);
     let ld = d + 8;
@@ -160,10 +162,12 @@ fn dq(sh: &Shape, x: &Inputs<'_>, tensor: bool, dq: &mut [u16]) {
         let mut dq_t: Vec<Acc> = (0..WARPS).map(|_| acc(d / 8)).collect();
         let mut dq_s = vec![vec![0.0f32; d / 2]; 2 * OWNER];
         let mut k0 = 0;
+        let mut staged = None;
         while k0 <= q_last {
-            load(&mut k_s, x.k, sh, seq, head, k0, n, inv);
-            load(&mut v_s, x.v, sh, seq, head, k0, n, None);
-            if tensor {
+            let next = (k0 + n <= q_last).then_some(k0 + n);
+            stream_tiles(path, &mut staged, (&mut k_s, x.k, inv), (&mut v_s, x.v), sh, (seq, head), k0, n, next);
+            if path.tensor() {
+                let visible = k0 + n <= q0 + 1 && q0 + OWNER <= s;
                 for warp in 0..WARPS {
                     let p = mma_abt(d, n / 8, &q_s[warp * 16 * ld..], &k_s);
                     let mut ds = mma_abt(d, n / 8, &do_s[warp * 16 * ld..], &v_s);
@@ -178,7 +182,7 @@ fn dq(sh: &Shape, x: &Inputs<'_>, tensor: bool, dq: &mut [u16]) {
                             for e in 0..4 {
                                 let key = k0 + nn * 8 + 2 * t + (e & 1);
                                 let qpos = if e < 2 { pos0 } else { pos1 };
-                                let live = key <= qpos && qpos < s;
+                                let live = visible || (key <= qpos && qpos < s);
                                 let pij = if live { (p[lane][nn][e] * scale - lse_r[e >> 1]).exp() } else { 0.0 };
                                 ds[lane][nn][e] = pij * (ds[lane][nn][e] - delta_r[e >> 1]);
                             }
@@ -211,7 +215,7 @@ fn dq(sh: &Shape, x: &Inputs<'_>, tensor: bool, dq: &mut [u16]) {
             }
             k0 += n;
         }
-        if tensor {
+        if path.tensor() {
             for warp in 0..WARPS {
                 for lane in 0..LANES {
                     let (g, t) = (lane / 4, lane % 4);

@@ -56,6 +56,21 @@ fn every_listed_kernel_is_defined_in_the_source() {
     assert!(SOURCE.text.contains(&format!("#define MEMO_ATTN_OWNER {OWNER_ROWS}")));
 }
 
+/// The emulation's ldmatrix row addresses (`frag_*_ldmatrix` in `attention_emulation.rs`, checked
+/// there against the word fragments) are the source's, character for character.
+#[test]
+fn the_ldmatrix_addresses_are_the_emulated_ones() {
+    for address in [
+        "rows + ((lane & 7) + (lane & 8)) * ld + k0 + ((lane >> 4) << 3)",
+        "x + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + (lane & 8)",
+        "x + (k0 + (lane & 7) + (lane & 8)) * ld + n0 + ((lane >> 4) << 3)",
+    ] {
+        assert!(SOURCE.text.contains(address), "attention.cu lacks {address}");
+        let emulated = address.split_once(" + ").unwrap().1;
+        assert!(include_str!("attention_emulation.rs").contains(emulated), "the emulation lacks {emulated}");
+    }
+}
+
 #[test]
 fn forward_launches_one_block_per_tile_head_and_sequence() {
     for head_dim in HEAD_DIMS {
@@ -218,7 +233,7 @@ mod versus_cpu {
     use memo_plan_core::plan::Op;
     use runtime_cpu::ops::{execute_with_threads, Arg, ArgData, OpContext};
 
-    use crate::attention::emulation::{self, backward_kernels::Inputs, bf16_to_f32, f32_to_bf16, Shape};
+    use crate::attention::emulation::{self, backward_kernels::Inputs, bf16_to_f32, f32_to_bf16, Path, Shape};
 
     /// splitmix64: the same values on every platform.
     struct Rng(u64);
@@ -345,13 +360,12 @@ mod versus_cpu {
         let (out, lse) = cpu_forward(&sh, &q, &k, &v);
         let inputs = Inputs { q: &q, k: &k, v: &v, out: &out, lse: &lse, dout: &dout };
         let [dq, dk, dv] = cpu_backward(&sh, &inputs);
-        for tensor in [false, true] {
-            let path = if tensor { "tensor" } else { "scalar" };
-            let what = format!("{path} b={b} s={s} heads={heads} d={d}");
-            let forward = emulation::forward(&sh, &q, &k, &v, tensor);
+        for path in Path::ALL {
+            let what = format!("{path:?} b={b} s={s} heads={heads} d={d}");
+            let forward = emulation::forward(&sh, &q, &k, &v, path);
             let out_error = relative_error(&format!("{what} out"), &widen(&forward.out), &widen(&out));
             let lse_error = forward.lse.iter().zip(&lse).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-            let grads = emulation::backward(&sh, &inputs, tensor);
+            let grads = emulation::backward(&sh, &inputs, path);
             let pairs = [(&grads.dq, &dq), (&grads.dk, &dk), (&grads.dv, &dv)].map(|(a, b)| (widen(a), widen(b)));
             let errors: Vec<f32> = ["dq", "dk", "dv"]
                 .iter()

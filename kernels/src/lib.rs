@@ -107,6 +107,50 @@ pub enum Target {
     },
 }
 
+/// The variant of the CUDA attention kernels' tensor path (`kernels/attention.cu`, the comment
+/// at its top). Both compute the same values: the CPU emulation runs both and checks that the
+/// pipelined variant's ldmatrix fragments are the baseline's word fragments. HIP builds ignore
+/// it (their path is scalar).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionVariant {
+    /// Fragments read as 32-bit words, each streamed tile loaded after the barrier that frees its
+    /// buffer: the default, verified and measured on an H200 (2026-12-04).
+    #[default]
+    Baseline,
+    /// `ldmatrix` fragments, `cvt.rn.bf16x2.f32` packs, the next streamed tiles' global loads in
+    /// flight during the current tile's math (`-DMEMO_ATTN_PIPELINED=1`); not yet run on a GPU.
+    Pipelined,
+}
+
+impl AttentionVariant {
+    /// Every variant.
+    pub const ALL: [AttentionVariant; 2] = [AttentionVariant::Baseline, AttentionVariant::Pipelined];
+
+    /// The variant's name (what [`AttentionVariant::parse`] reads).
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionVariant::Baseline => "baseline",
+            AttentionVariant::Pipelined => "pipelined",
+        }
+    }
+
+    /// The variant named `text`; an error lists the names.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        Self::ALL.into_iter().find(|v| v.name() == text).ok_or_else(|| {
+            let names: Vec<&str> = Self::ALL.iter().map(|v| v.name()).collect();
+            format!("unknown attention kernel variant {text:?}: expected one of {}", names.join(", "))
+        })
+    }
+
+    /// Options to add to [`compile_options`] of a CUDA target.
+    pub fn options(self) -> Vec<String> {
+        match self {
+            AttentionVariant::Baseline => Vec::new(),
+            AttentionVariant::Pipelined => vec!["-DMEMO_ATTN_PIPELINED=1".into()],
+        }
+    }
+}
+
 /// The compiler options for `target` (the include of `memo_gpu.h` is the backend's job: it
 /// passes [`HEADER`] as a named header or writes it next to the sources).
 pub fn compile_options(target: Target) -> Vec<String> {

@@ -7,12 +7,26 @@ use std::sync::Arc;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
-use memo_kernels::{launch_steps, scratch_bytes, status_error, ArgShape, STATUS_WORDS};
+use memo_kernels::{launch_steps, scratch_bytes, status_error, ArgShape, AttentionVariant, STATUS_WORDS};
 use memo_plan_core::plan::{EventId, Op, Stream};
 use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
 
 use crate::exec::{self, Resolved};
 use crate::timing::Timing;
+
+/// The environment variable that picks the attention kernels' variant: `baseline` (the default,
+/// verified on an H200) or `pipelined` ([`AttentionVariant`]); any other value is an error.
+pub const ATTENTION_VARIABLE: &str = "MEMO_CUDA_ATTENTION";
+
+/// The variant that [`ATTENTION_VARIABLE`]'s value names (unset or empty: the default).
+fn attention_variant(value: Option<&str>) -> Result<AttentionVariant, BackendError> {
+    match value {
+        Some(name) if !name.is_empty() => {
+            AttentionVariant::parse(name).map_err(|e| BackendError::Other(format!("{ATTENTION_VARIABLE}={name}: {e}")))
+        }
+        _ => Ok(AttentionVariant::default()),
+    }
+}
 use crate::{compile, probe};
 
 /// The arena and the host slab.
@@ -41,6 +55,8 @@ struct Memory {
 /// status words kernels write on bad input (an out-of-range token, a non-finite gradient norm).
 pub struct CudaBackend {
     ordinal: usize,
+    /// The attention kernels' variant ([`ATTENTION_VARIABLE`]).
+    attention: AttentionVariant,
     device_name: String,
     /// The NVRTC that compiled the kernels, for [`CudaBackend::describe`].
     nvrtc: String,
@@ -79,9 +95,11 @@ fn allocation_error(what: &'static str, bytes: u64) -> impl Fn(cudarc::driver::D
 
 impl CudaBackend {
     /// Opens device `ordinal`: probes the libraries, creates the context and the streams, and
-    /// compiles every kernel of [`memo_kernels::SOURCES`] for the device's compute capability.
+    /// compiles every kernel of [`memo_kernels::SOURCES`] for the device's compute capability,
+    /// the attention kernels in the variant [`ATTENTION_VARIABLE`] names (default: baseline).
     /// A missing library or device is [`BackendError::Unavailable`], never a panic.
     pub fn new(ordinal: usize) -> Result<Self, BackendError> {
+        let attention = attention_variant(std::env::var(ATTENTION_VARIABLE).ok().as_deref())?;
         probe::libraries()?;
         let count = CudaContext::device_count().map_err(|error| {
             BackendError::Unavailable(format!(
@@ -113,12 +131,13 @@ impl CudaBackend {
             );
             streams.push(created);
         }
-        let functions = compile::kernels(&ctx, sm)?;
+        let functions = compile::kernels(&ctx, sm, attention)?;
         let nvrtc = compile::nvrtc_version().map_or("NVRTC".to_string(), |(a, b)| format!("NVRTC {a}.{b}"));
         let status = streams[0].alloc_zeros::<u32>(STATUS_WORDS).map_err(driver_error("status words"))?;
         ctx.synchronize().map_err(driver_error("initialisation"))?;
         Ok(CudaBackend {
             ordinal,
+            attention,
             device_name,
             nvrtc,
             sm,
@@ -156,9 +175,16 @@ impl CudaBackend {
         }
     }
 
-    /// The device, its compute capability and the compiler of the kernels, for logs.
+    /// The device, its compute capability, the compiler of the kernels and the attention
+    /// variant, for logs.
     pub fn describe(&self) -> String {
-        format!("{} (sm_{}), kernels compiled by {}", self.name(), self.sm, self.nvrtc)
+        format!(
+            "{} (sm_{}), kernels compiled by {}, {} attention",
+            self.name(),
+            self.sm,
+            self.nvrtc,
+            self.attention.name()
+        )
     }
 
     /// The device's compute capability as `major * 10 + minor` (90 for an H100 or H200).
@@ -464,5 +490,19 @@ impl Drop for CudaBackend {
                 std::mem::forget(blas);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_attention_variable_names_a_variant_or_is_refused() {
+        assert_eq!(attention_variant(None).unwrap(), AttentionVariant::Baseline);
+        assert_eq!(attention_variant(Some("")).unwrap(), AttentionVariant::Baseline);
+        assert_eq!(attention_variant(Some("pipelined")).unwrap(), AttentionVariant::Pipelined);
+        let error = attention_variant(Some("fast")).unwrap_err().to_string();
+        assert!(error.contains("MEMO_CUDA_ATTENTION=fast") && error.contains("baseline, pipelined"), "{error}");
     }
 }

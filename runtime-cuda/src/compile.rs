@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{result, sys, Ptx};
-use memo_kernels::{compile_options, Source, Target, SOURCES};
+use memo_kernels::{compile_options, AttentionVariant, Source, Target, SOURCES};
 use memo_runtime::BackendError;
 
 /// A program that is destroyed when dropped.
@@ -67,9 +67,15 @@ pub(crate) fn cubin(source: &Source, options: &[String]) -> Result<Vec<u8>, Stri
     Ok(cubin)
 }
 
-/// Every kernel of every source, compiled for `sm` and loaded into `ctx`.
-pub(crate) fn kernels(ctx: &Arc<CudaContext>, sm: u32) -> Result<HashMap<&'static str, CudaFunction>, BackendError> {
-    let options = compile_options(Target::Cuda { sm });
+/// Every kernel of every source, compiled for `sm` (attention in `attention`'s variant) and
+/// loaded into `ctx`.
+pub(crate) fn kernels(
+    ctx: &Arc<CudaContext>,
+    sm: u32,
+    attention: AttentionVariant,
+) -> Result<HashMap<&'static str, CudaFunction>, BackendError> {
+    let mut options = compile_options(Target::Cuda { sm });
+    options.extend(attention.options());
     let cubins: Vec<Result<Vec<u8>, String>> = std::thread::scope(|scope| {
         let handles: Vec<_> = SOURCES.iter().map(|source| scope.spawn(|| cubin(source, &options))).collect();
         handles

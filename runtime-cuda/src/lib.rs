@@ -33,4 +33,4 @@ pub mod nvrtc_check;
 mod probe;
 mod timing;
 
-pub use backend::CudaBackend;
+pub use backend::{CudaBackend, ATTENTION_VARIABLE};

@@ -52,7 +52,10 @@ const PARAMETER_ABSOLUTE: f32 = 2.0 * 3e-3 * 3.0 + 1e-3;
 
 fn device() -> Option<CudaBackend> {
     match CudaBackend::new(0) {
-        Ok(backend) => Some(backend),
+        Ok(backend) => {
+            println!("{}", backend.describe());
+            Some(backend)
+        }
         Err(error) => {
             println!("SKIP: no CUDA device: {error}");
             None

@@ -1,8 +1,9 @@
 //! Compiles every kernel source of `memo_kernels::SOURCES` with NVRTC for sm_80 and sm_90, on
-//! any machine: NVRTC comes from `.cache/nvrtc/` (`scripts/fetch-nvrtc.sh`, run by `.ci/run`).
+//! any machine, once per `AttentionVariant` (its options reach every source, as in
+//! the backend): NVRTC comes from `.cache/nvrtc/` (`scripts/fetch-nvrtc.sh`, run by `.ci/run`).
 //! Without that folder the test prints SKIP with the reason and passes.
 
-use memo_kernels::{compile_options, Target, SOURCES};
+use memo_kernels::{compile_options, AttentionVariant, Target, SOURCES};
 use runtime_cuda::nvrtc_check::Nvrtc;
 
 #[test]
@@ -23,16 +24,27 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
     println!("NVRTC {}.{} from {}", version.0, version.1, library.display());
     assert!(!SOURCES.is_empty(), "memo_kernels::SOURCES is empty");
     let mut failures = Vec::new();
-    // One thread per (architecture, source): NVRTC programs are independent.
-    let jobs: Vec<(u32, &memo_kernels::Source)> =
-        [80, 90].iter().flat_map(|&sm| SOURCES.iter().map(move |s| (sm, s))).collect();
+    // One thread per (architecture, variant, source): NVRTC programs are independent. The
+    // variants differ in attention.cu only.
+    let jobs: Vec<(u32, AttentionVariant, &memo_kernels::Source)> = [80, 90]
+        .iter()
+        .flat_map(|&sm| {
+            AttentionVariant::ALL.into_iter().flat_map(move |variant| {
+                SOURCES
+                    .iter()
+                    .filter(move |s| variant == AttentionVariant::default() || s.name == "attention.cu")
+                    .map(move |s| (sm, variant, s))
+            })
+        })
+        .collect();
     let results: Vec<_> = std::thread::scope(|scope| {
         let handles: Vec<_> = jobs
             .iter()
-            .map(|&(sm, source)| {
+            .map(|&(sm, variant, source)| {
                 let nvrtc = &nvrtc;
                 scope.spawn(move || {
                     let mut options = compile_options(Target::Cuda { sm });
+                    options.extend(variant.options());
                     options.push("--ptxas-options=-v".into());
                     nvrtc.compile(source.name, &source.standalone_text(), &options)
                 })
@@ -40,7 +52,8 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err("a compile thread panicked".into()))).collect()
     });
-    for (&(sm, source), result) in jobs.iter().zip(results) {
+    for (&(sm, variant, source), result) in jobs.iter().zip(results) {
+        let sm = format!("{sm} ({} attention)", variant.name());
         match result {
             Ok(compiled) => {
                 println!("sm_{sm} {}: {} cubin bytes", source.name, compiled.cubin_bytes);
