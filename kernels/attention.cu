@@ -225,16 +225,46 @@ __device__ __forceinline__ void memo_attn_commit(memo_bf16* dst, const MemoAttnS
     }
 }
 
-// For rows [0, rows) of a streamed/owner tile starting at `first_pos`: lse of the row and
-// D_i = dout_i . out_i (summed over the head dim in order, as the CPU does), from the bf16 dout
-// tile already in shared memory and `out` in global memory; zero past `s`.
-template <int D>
+// For rows [0, ROWS) of a streamed/owner tile starting at `first_pos`: lse of the row and
+// D_i = dout_i . out_i, from the bf16 dout tile already in shared memory and `out` in global
+// memory; zero past `s`.
+//   baseline: thread r < ROWS sums row r over the head dim in order, as the CPU does (the other
+//       threads wait: at 16 rows a tile, 112 of 128).
+//   pipelined: T = THREADS / ROWS adjacent lanes share a row; lane j sums pairs
+//       [j P / T, (j + 1) P / T) (P = D / 2) in order, then the T partial sums are added by a
+//       butterfly over those lanes (xor 1, 2, ..., T / 2: every lane gets the same total).
+template <int D, int ROWS>
 __device__ __forceinline__ void memo_attn_row_stats(float* lse_s, float* delta_s, const memo_bf16* dout_s,
                                                     const memo_bf16* out, const float* lse, memo_u32 seq,
-                                                    memo_u32 head, memo_u32 s, memo_u32 heads, memo_u32 first_pos,
-                                                    int rows) {
+                                                    memo_u32 head, memo_u32 s, memo_u32 heads, memo_u32 first_pos) {
     constexpr int LD = D + 8;
-    for (int row = threadIdx.x; row < rows; row += MEMO_ATTN_THREADS) {
+#if MEMO_ATTN_PIPELINED
+    constexpr int T = MEMO_ATTN_THREADS / ROWS;
+    constexpr int SHARE = D / 2 / T;  // pairs a lane sums
+    static_assert(MEMO_ATTN_THREADS % ROWS == 0 && T <= 32 && (T & (T - 1)) == 0 && SHARE >= 1 && (D / 2) % T == 0,
+                  "a row's lanes are a power of two inside one warp and split the row evenly");
+    const int row = threadIdx.x / T, part = threadIdx.x % T;
+    const memo_u32 pos = first_pos + (memo_u32)row;
+    float delta = 0.0f;
+    if (pos < s) {
+        const memo_bf16* o = out + memo_attn_elem(seq, s, pos, heads * D, head, D);
+#pragma unroll
+        for (int i = 0; i < SHARE; ++i) {
+            const int c = 2 * (part * SHARE + i);
+            const memo_u32 ob = *(const memo_u32*)(o + c);
+            const memo_u32 db = *(const memo_u32*)(dout_s + row * LD + c);
+            delta += memo_attn_lo(db) * memo_attn_lo(ob);
+            delta += memo_attn_hi(db) * memo_attn_hi(ob);
+        }
+    }
+#pragma unroll
+    for (int mask = 1; mask < T; mask <<= 1) delta += memo_shfl_xor(delta, mask);
+    if (part == 0) {
+        lse_s[row] = pos < s ? lse[memo_attn_lse_index(seq, s, pos, heads, head)] : 0.0f;
+        delta_s[row] = delta;
+    }
+#else
+    for (int row = threadIdx.x; row < ROWS; row += MEMO_ATTN_THREADS) {
         const memo_u32 pos = first_pos + (memo_u32)row;
         float l = 0.0f, delta = 0.0f;
         if (pos < s) {
@@ -250,6 +280,7 @@ __device__ __forceinline__ void memo_attn_row_stats(float* lse_s, float* delta_s
         lse_s[row] = l;
         delta_s[row] = delta;
     }
+#endif
 }
 
 // Stores the pair (x0, x1) = elements (2 * pair, 2 * pair + 1) of row `pos`, rotated back by
@@ -654,7 +685,7 @@ __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q,
         memo_attn_load<D>(do_s, dout, seq, head, s, row_elems, i0, N, nullptr);
 #endif
         __syncthreads();
-        memo_attn_row_stats<D>(lse_s, delta_s, do_s, out, lse, seq, head, s, heads, i0, N);
+        memo_attn_row_stats<D, N>(lse_s, delta_s, do_s, out, lse, seq, head, s, heads, i0);
         __syncthreads();
 #if MEMO_ATTN_TENSOR
         // Transposed scores: rows = this warp's 16 keys, columns = the tile's N queries.
@@ -756,7 +787,7 @@ __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, c
     memo_attn_load<D>(q_s, q, seq, head, s, row_elems, q0, MEMO_ATTN_OWNER, inv_freq);
     memo_attn_load<D>(do_s, dout, seq, head, s, row_elems, q0, MEMO_ATTN_OWNER, nullptr);
     __syncthreads();
-    memo_attn_row_stats<D>(lse_s, delta_s, do_s, out, lse, seq, head, s, heads, q0, MEMO_ATTN_OWNER);
+    memo_attn_row_stats<D, MEMO_ATTN_OWNER>(lse_s, delta_s, do_s, out, lse, seq, head, s, heads, q0);
     __syncthreads();
 
 #if MEMO_ATTN_TENSOR

@@ -267,9 +267,11 @@ pub(super) fn stream_tiles(
     *staged = next_pos.map(|next| (fetch(a, sh, seq, head, next, rows), fetch(b, sh, seq, head, next, rows)));
 }
 
-/// `memo_attn_row_stats`.
+/// `memo_attn_row_stats`: in the pipelined path `THREADS / rows` lanes share a row, each sums
+/// its share of the pairs in order, and a butterfly adds the shares.
 #[allow(clippy::too_many_arguments)]
-fn row_stats(
+pub(super) fn row_stats(
+    path: Path,
     lse_s: &mut [f32],
     delta_s: &mut [f32],
     dout_s: &[u16],
@@ -282,21 +284,32 @@ fn row_stats(
     rows: usize,
 ) {
     let ld = sh.d + 8;
+    let lanes = if path == Path::Pipelined { THREADS / rows } else { 1 };
+    let share = sh.d / 2 / lanes;
+    assert!(lanes.is_power_of_two() && lanes <= LANES && share * lanes == sh.d / 2);
     for row in 0..rows {
         let pos = first_pos + row;
-        let (mut l, mut delta) = (0.0f32, 0.0f32);
+        let (mut l, mut parts) = (0.0f32, vec![0.0f32; lanes]);
         if pos < sh.s {
             l = lse[sh.lse_index(seq, pos, head)];
             let o = sh.elem(seq, pos, head);
-            for c in (0..sh.d).step_by(2) {
-                let ob = word(out, o + c);
-                let db = word(dout_s, row * ld + c);
-                delta += lo(db) * lo(ob);
-                delta += hi(db) * hi(ob);
+            for (part, delta) in parts.iter_mut().enumerate() {
+                for i in 0..share {
+                    let c = 2 * (part * share + i);
+                    let ob = word(out, o + c);
+                    let db = word(dout_s, row * ld + c);
+                    *delta += lo(db) * lo(ob);
+                    *delta += hi(db) * hi(ob);
+                }
             }
         }
+        let mut mask = 1;
+        while mask < lanes {
+            parts = (0..lanes).map(|lane| parts[lane] + parts[lane ^ mask]).collect();
+            mask <<= 1;
+        }
         lse_s[row] = l;
-        delta_s[row] = delta;
+        delta_s[row] = parts[0];
     }
 }
 

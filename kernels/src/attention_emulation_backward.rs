@@ -53,7 +53,7 @@ fn dkdv(sh: &Shape, x: &Inputs<'_>, path: Path, dk: &mut [u16], dv: &mut [u16]) 
         while i0 < s {
             let next = (i0 + n < s).then_some(i0 + n);
             stream_tiles(path, &mut staged, (&mut q_s, x.q, inv), (&mut do_s, x.dout), sh, (seq, head), i0, n, next);
-            row_stats(&mut lse_s, &mut delta_s, &do_s, x.out, x.lse, sh, seq, head, i0, n);
+            row_stats(path, &mut lse_s, &mut delta_s, &do_s, x.out, x.lse, sh, seq, head, i0, n);
             if path.tensor() {
                 let visible = i0 + 1 >= k0 + OWNER && i0 + n <= s;
                 for warp in 0..WARPS {
@@ -158,7 +158,7 @@ fn dq(sh: &Shape, x: &Inputs<'_>, path: Path, dq: &mut [u16]) {
         let (mut lse_s, mut delta_s) = (vec![0.0f32; OWNER], vec![0.0f32; OWNER]);
         load(&mut q_s, x.q, sh, seq, head, q0, OWNER, inv);
         load(&mut do_s, x.dout, sh, seq, head, q0, OWNER, None);
-        row_stats(&mut lse_s, &mut delta_s, &do_s, x.out, x.lse, sh, seq, head, q0, OWNER);
+        row_stats(path, &mut lse_s, &mut delta_s, &do_s, x.out, x.lse, sh, seq, head, q0, OWNER);
         let mut dq_t: Vec<Acc> = (0..WARPS).map(|_| acc(d / 8)).collect();
         let mut dq_s = vec![vec![0.0f32; d / 2]; 2 * OWNER];
         let mut k0 = 0;
