@@ -45,8 +45,8 @@ if ((dry)); then
     PEER_MODEL=(--layers 4 --hidden 128 --heads 4 --vocab 256)
     LR="${LR:-3e-3}"                    # memo train's default
     WARMUP="${WARMUP:-0}"
-    TRAIN_MACHINE=()                    # memo train's CPU description
-    PLAN_MACHINE=(--machine-file "$OUT/raw/cpu-machine.toml") # the same numbers, for memo plan
+    TRAIN_MACHINE=""                    # memo train's CPU description
+    PLAN_MACHINE="$OUT/raw/cpu-machine.toml" # the same numbers, for memo plan
     PROFILE_ARGS=(--model "$MODEL" --seq "${PROFILE_SEQ:-256}" --repeats "${PROFILE_REPEATS:-3}" --copy-size 4MiB)
     export -n MEMO_REQUIRE_GPU 2>/dev/null
 else
@@ -69,16 +69,24 @@ else
     WARMUP="${WARMUP:-100}"             # and so does 3e-4 without a warm-up (loss 5.5 -> 13.5 in 3 steps)
     # h200x1 with this machine's memory (written below): the preset's 256 GiB of host memory is
     # more than the lent machine has, and a pinned slab past it must not be tried.
-    TRAIN_MACHINE=(--machine-file "$OUT/raw/h200-here.toml")
-    PLAN_MACHINE=("${TRAIN_MACHINE[@]}")
+    TRAIN_MACHINE="$OUT/raw/h200-here.toml"
+    PLAN_MACHINE="$TRAIN_MACHINE"
     PROFILE_ARGS=(--model "$MODEL" --seq "${PROFILE_SEQ:-8192}" --repeats "${PROFILE_REPEATS:-3}")
     export MEMO_REQUIRE_GPU=cuda        # a backend suite that cannot open the GPU fails
 fi
 PHASE0_S="${PHASE0_S:-35}"
-PHASE1_S="${PHASE1_S:-40}"
-PHASE2_S="${PHASE2_S:-90}"
+PHASE1_S="${PHASE1_S:-50}"
+PHASE2_S="${PHASE2_S:-105}"
 PHASE3_S="${PHASE3_S:-150}"
 GRANULE=1024                            # the planner's --max-seq steps
+# The attention kernels' variant under trial (runtime-cuda's MEMO_CUDA_ATTENTION; the default is
+# "baseline"): phase 1 runs the GPU-vs-CPU tests with it, phase 2 measures memo with it at
+# $VARIANT_SEQ, and phase 3 uses it (CAP_ATTENTION=auto) when both went well and its step was
+# the shorter. Empty: no trial.
+VARIANT="${VARIANT-pipelined}"
+VARIANT_SEQ="${VARIANT_SEQ:-16384}"
+((dry)) && VARIANT_SEQ="${VARIANT_SEQ_DRY:-64}"
+CAP_ATTENTION="${CAP_ATTENTION:-auto}"
 CAP_MACHINE="$OUT/raw/capped.toml"
 PHASE4_S="${PHASE4_S:-65}"
 MEMO="$BUNDLE/memo"
@@ -136,6 +144,7 @@ machine_file "\"$CAP\"" >"$CAP_MACHINE"
 {
     echo "dry_run=$dry"; echo "device=$DEVICE"; echo "model=$MODEL"; echo "seqs=$SEQS"; echo "steps=$STEPS"
     echo "cap=$CAP"; echo "long_factor=$LONG_FACTOR"; echo "cap_long_steps=$CAP_LONG_STEPS"; echo "cap_timeout=$CAP_TIMEOUT"
+    echo "variant=$VARIANT"; echo "variant_seq=$VARIANT_SEQ"
     echo "peer_seq=$PEER_SEQ"; echo "lr=$LR"; echo "warmup=$WARMUP"; echo "started=$started"; echo "host=$(hostname)"
     echo "bundle_commit=$(sed -n 's/^# commit //p' "$BUNDLE/MANIFEST" 2>/dev/null)"
 } >"$raw/settings.txt"
@@ -168,6 +177,18 @@ run() {
     return $rc
 }
 
+# train NAME SECONDS MACHINE_FILE ('' = the device's default machine) STRATEGY SEQ STEPS [ARGS...]:
+# memo train with the flags every run shares, through `run`.
+train() {
+    local name="$1" limit="$2" machine="$3" strategy="$4" seq="$5" steps="$6"
+    shift 6
+    run "$name" "$limit" "$MEMO" train --device "$DEVICE" ${machine:+--machine-file "$machine"} --model "$MODEL" \
+        --seq "$seq" --strategy "$strategy" --steps "$steps" --lr "$LR" --warmup-steps "$WARMUP" --json --timings "$@"
+    local rc=$?
+    say "$name: exit $rc"
+    return $rc
+}
+
 if [[ ! -x "$MEMO" ]]; then
     say "no $MEMO: build the bundle first (scripts/gpu-bundle.sh) and carry gpu-bundle/"
     echo "127 0 no-bundle" >"$raw/memo-missing.rc"
@@ -196,6 +217,18 @@ for exe in "$BUNDLE"/test-*; do
     say "$name: exit $(cut -d' ' -f1 "$raw/$name.rc")"
 done
 ((tests == 0)) && say "no test executables in $BUNDLE"
+# The variant under trial: the GPU-vs-CPU tests again with its kernels.
+variant_ok=0
+if [[ -n "$VARIANT" ]]; then
+    variant_ok=1
+    for exe in "$BUNDLE"/test-memo-tests-backends "$BUNDLE"/test-runtime-cuda-test-gpu; do
+        # Missing: the trial fails on the GPU; the dry run has no test executables and goes on.
+        [[ -x "$exe" ]] || { ((dry)) || variant_ok=0; continue; }
+        name="variant-$VARIANT-$(basename "$exe")"
+        MEMO_CUDA_ATTENTION="$VARIANT" run "$name" 60 "$exe" --test-threads=2 || variant_ok=0
+        say "$name: exit $(cut -d' ' -f1 "$raw/$name.rc")"
+    done
+fi
 end_phase 1 "executables=$tests"
 
 # Phase 2: measurements.
@@ -204,11 +237,15 @@ for seq in $SEQS; do
     # memo first: it is the point, and the phase's deadline may cut the last run short.
     for strategy in memo keep-all full-recompute; do
         name="measure-$strategy-$seq"
-        run "$name" "$RUN_TIMEOUT" "$MEMO" train --device "$DEVICE" "${TRAIN_MACHINE[@]}" --model "$MODEL" \
-            --seq "$seq" --strategy "$strategy" --steps "$STEPS" --lr "$LR" --warmup-steps "$WARMUP" --json --timings --trace "$raw/$name.trace.json"
-        say "$name: exit $(cut -d' ' -f1 "$raw/$name.rc")"
+        train "$name" "$RUN_TIMEOUT" "$TRAIN_MACHINE" "$strategy" "$seq" "$STEPS" --trace "$raw/$name.trace.json"
     done
 done
+# The variant under trial, if its tests passed: memo at $VARIANT_SEQ (the same as above otherwise).
+if ((variant_ok)); then
+    name="variant-$VARIANT-measure-memo-$VARIANT_SEQ"
+    MEMO_CUDA_ATTENTION="$VARIANT" train "$name" "$RUN_TIMEOUT" "$TRAIN_MACHINE" memo "$VARIANT_SEQ" "$STEPS" \
+        --trace "$raw/$name.trace.json"
+fi
 end_phase 2 done
 
 # Phase 3: capacity. The planner's longest sequences on the whole GPU (maxseq-plan), then the
@@ -218,7 +255,7 @@ end_phase 2 done
 # full-recompute at $LONG_FACTOR x KA, then, while the phase lasts, memo and full-recompute at
 # their own longest sequences under the cap (one step each).
 begin_phase 3 "$PHASE3_S"
-run maxseq-plan 20 "$MEMO" plan --config "$MODEL" "${PLAN_MACHINE[@]}" --max-seq --json
+run maxseq-plan 20 "$MEMO" plan --config "$MODEL" ${PLAN_MACHINE:+--machine-file "$PLAN_MACHINE"} --max-seq --json
 run cap-plan 20 "$MEMO" plan --config "$MODEL" --machine-file "$CAP_MACHINE" --max-seq --json
 planned() { # strategy -> the planner's longest sequence under the cap; nothing when none fits
     python3 -c '
@@ -229,11 +266,28 @@ for line in open(sys.argv[1]):
             if entry.get("strategy") == sys.argv[2] and entry.get("max_seq_len"):
                 print(entry["max_seq_len"])' "$raw/cap-plan.out" "$1" 2>/dev/null
 }
+# The capped runs' attention: the variant under trial when its tests passed and its step at
+# $VARIANT_SEQ was shorter than the baseline's (CAP_ATTENTION=auto), else the one named.
+cap_attention="$CAP_ATTENTION"
+if [[ "$cap_attention" == auto ]]; then
+    cap_attention=baseline
+    if ((variant_ok)); then
+        faster=$(python3 -c '
+import json, sys
+def step(path):
+    steps = [l for l in (json.loads(x) for x in open(path) if x.startswith("{")) if "step" in l]
+    times = sorted(s["step_time_s"] for s in steps[1:]) or [None]
+    return times[len(times) // 2]
+mine, base = step(sys.argv[1]), step(sys.argv[2])
+print(1 if mine is not None and base is not None and mine < base else 0)' \
+            "$raw/variant-$VARIANT-measure-memo-$VARIANT_SEQ.out" "$raw/measure-memo-$VARIANT_SEQ.out" 2>/dev/null)
+        [[ "$faster" == 1 ]] && cap_attention="$VARIANT"
+    fi
+fi
+echo "cap_attention=$cap_attention" >>"$raw/settings.txt"
+say "capped runs with $cap_attention attention"
 cap_train() { # strategy seq steps
-    local name="cap-$1-$2"
-    run "$name" "$CAP_TIMEOUT" "$MEMO" train --device "$DEVICE" --machine-file "$CAP_MACHINE" --model "$MODEL" \
-        --seq "$2" --strategy "$1" --steps "$3" --lr "$LR" --warmup-steps "$WARMUP" --json --timings
-    say "$name: exit $(cut -d' ' -f1 "$raw/$name.rc")"
+    MEMO_CUDA_ATTENTION="$cap_attention" train "cap-$1-$2" "$CAP_TIMEOUT" "$CAP_MACHINE" "$1" "$2" "$3"
 }
 keep_all_longest=$(planned keep-all)
 if [[ -n "$keep_all_longest" ]]; then
@@ -262,8 +316,7 @@ case " $SEQS " in
     *" $PEER_SEQ "*) ;;
     *)
         for strategy in keep-all full-recompute memo; do
-            run "measure-$strategy-$PEER_SEQ" "$RUN_TIMEOUT" "$MEMO" train --device "$DEVICE" "${TRAIN_MACHINE[@]}" \
-                --model "$MODEL" --seq "$PEER_SEQ" --strategy "$strategy" --steps "$STEPS" --lr "$LR" --warmup-steps "$WARMUP" --json --timings
+            train "measure-$strategy-$PEER_SEQ" "$RUN_TIMEOUT" "$TRAIN_MACHINE" "$strategy" "$PEER_SEQ" "$STEPS"
         done
         ;;
 esac

@@ -85,9 +85,9 @@ def settings(raw):
     return out
 
 
-def tests(raw):
+def tests(raw, pattern="test-*.rc"):
     records = []
-    for path in sorted(glob.glob(os.path.join(raw, "test-*.rc"))):
+    for path in sorted(glob.glob(os.path.join(raw, pattern))):
         name = os.path.basename(path)[:-3]
         code, seconds, _ = rc_of(raw, name)
         text = read(os.path.join(raw, name + ".out")) + read(os.path.join(raw, name + ".err"))
@@ -165,6 +165,25 @@ def with_keep_all(records):
         base = keep_all.get(record["seq_len"])
         mine = record["step_time_s"]
         record["vs_keep_all_s"] = mine - base if (base is not None and mine is not None) else None
+
+
+def variant_trial(raw, config, measured):
+    """The attention variant under trial (phases 1 and 2): its test runs, its memo measurement
+    and the baseline's at the same length; None when no variant was tried."""
+    name = config.get("variant")
+    if not name:
+        return None
+    seq = int(config.get("variant_seq", "0") or 0)
+    test_records = tests(raw, f"variant-{name}-test-*.rc")
+    run_name = f"variant-{name}-measure-memo-{seq}"
+    mine = measurement(raw, run_name, "memo", seq) if rc_of(raw, run_name)[0] is not None else None
+    base = next((r for r in measured if r["strategy"] == "memo" and r["seq_len"] == seq), None)
+    ratio = (mine["step_time_s"] / base["step_time_s"]
+             if mine and base and mine["step_time_s"] and base["step_time_s"] else None)
+    return {"kind": "variant", "variant": name, "seq_len": seq, "tests": test_records,
+            "tests_passed": bool(test_records) and all(t["exit"] == 0 for t in test_records),
+            "measure": mine, "baseline_step_time_s": base["step_time_s"] if base else None,
+            "step_over_baseline": ratio, "capped_runs_used": config.get("cap_attention")}
 
 
 def planner_longest(raw, name):
@@ -284,13 +303,15 @@ def main(out_dir):
     test_records = tests(raw)
     measured = measurements(raw)
     capped_runs, longest, verdict = capacity(raw, config)
+    variant = variant_trial(raw, config, measured)
     peer = peers(raw)
     phase_records = phases(raw)
 
     records = [{"kind": "settings", **config, "nvidia_smi": smi},
                {"kind": "profile", "exit": profile_code, "status": status_of(profile_code),
                 "error": None if profile_code == 0 else last_error(raw, "profile"), **profile}]
-    records += test_records + measured + capped_runs + longest + [verdict] + peer + phase_records
+    records += test_records + measured + ([variant] if variant else []) + capped_runs + longest + [verdict]
+    records += peer + phase_records
     with open(os.path.join(out_dir, "gpu-check.jsonl"), "w", encoding="utf-8") as handle:
         for record in records:
             handle.write(json.dumps(record, sort_keys=True) + "\n")
@@ -332,6 +353,24 @@ def main(out_dir):
             total = sum(row[2] for row in r["time_by_op"])
             p(f"  compute stream of {r['strategy']} at {r['seq_len']} (last step, {total:.3f} s timed): "
               + ", ".join(f"{op} x{count} {seconds:.3f}" for op, count, seconds in r["time_by_op"][:10]))
+
+    if variant:
+        p(f"\nattention variant {variant['variant']} (MEMO_CUDA_ATTENTION), against the baseline kernels:")
+        for t in variant["tests"]:
+            p(f"  {t['name']:<44} {t['status']:<18} {t['passed']} passed, {t['failed']} failed, {t['skipped']} SKIP"
+              + (f"  failing: {', '.join(t['failures'])}" if t["failures"] else ""))
+        if not variant["tests"]:
+            p("  no test executables ran")
+        if variant["measure"]:
+            p(header)
+            p(row(variant["measure"]))
+        p(f"  memo at {variant['seq_len']}: step {fmt(variant['measure'] and variant['measure']['step_time_s'], '.3f')} s "
+          f"with {variant['variant']}, {fmt(variant['baseline_step_time_s'], '.3f')} s with the baseline "
+          f"({fmt(variant['step_over_baseline'], '.2f')}x); the capped runs used {variant['capped_runs_used'] or '?'}")
+        for r in [variant["measure"]] if variant["measure"] and variant["measure"].get("time_by_op") else []:
+            total = sum(x[2] for x in r["time_by_op"])
+            p(f"  compute stream with {variant['variant']} (last step, {total:.3f} s timed): "
+              + ", ".join(f"{op} x{count} {seconds:.3f}" for op, count, seconds in r["time_by_op"][:6]))
 
     cap = config.get("cap", "?")
     p(f"\ncapacity: the planner's longest sequence on the whole GPU, and the same GPU with the plan's device "

@@ -38,6 +38,7 @@ fn the_dry_run_measures_every_strategy_and_prints_one_table() {
         .env("CAP", "8MiB")
         .env("LONG_FACTOR", "2")
         .env("PEER_SEQ", "32")
+        .env("VARIANT_SEQ_DRY", "32")
         // A short profile: on a busy machine it may fail as too noisy, which the script records.
         .env("PROFILE_SEQ", "64")
         .env("PROFILE_REPEATS", "1")
@@ -87,6 +88,13 @@ fn the_dry_run_measures_every_strategy_and_prints_one_table() {
     assert!(capacity["memo_vs_keep_all"].is_f64() && capacity["memo_within_10pct"].is_boolean(), "{capacity}");
     assert!(capacity["memo_faster_than_full_recompute"].is_boolean(), "{capacity}");
     assert_eq!(records.iter().filter(|r| r["kind"] == "capacity_run").count(), 6, "{jsonl}");
+    // The attention variant's trial: measured beside the baseline (the CPU ignores the variable;
+    // the dry run has no test executables to run with it).
+    let variant = records.iter().find(|r| r["kind"] == "variant").unwrap();
+    assert_eq!(variant["variant"], "pipelined", "{variant}");
+    assert_eq!(variant["measure"]["status"], "ok", "{variant}");
+    assert!(variant["step_over_baseline"].as_f64().unwrap() > 0.0, "{variant}");
+    assert!(["baseline", "pipelined"].contains(&variant["capped_runs_used"].as_str().unwrap()), "{variant}");
     assert!(records.iter().any(|r| r["kind"] == "peer"), "{jsonl}");
     let _ = std::fs::remove_dir_all(scratch);
 }
