@@ -7,6 +7,8 @@
 //! does), biases and norm shifts 0, norm scales 1. AdamW's state starts at master = the bf16
 //! parameter, m = v = 0.
 
+use std::sync::mpsc;
+
 use half::bf16;
 use memo_plan_core::generate::SplitMix64;
 use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
@@ -144,21 +146,50 @@ impl<B: Backend> Trainer<B> {
         self.setup
     }
 
-    /// Writes every parameter and its optimizer state.
+    /// Writes every parameter and its optimizer state. A drawing thread (which draws each
+    /// parameter on every core) stays one parameter ahead of the uploads, so drawing and
+    /// uploading overlap; two pairs of host buffers circulate between them rather than fresh
+    /// ones being allocated (and page-faulted) for each parameter.
     fn initialise(&mut self, seed: u64) -> Result<(), RuntimeError> {
         let buffers: Vec<Buffer> = self.replay.plan().buffers.clone();
         let layers = self.report.plan.provenance.model.layers;
         let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        let mut jobs = Vec::new(); // (parameter, its optimizer state)
         for (index, buffer) in buffers.iter().enumerate().filter(|(_, b)| b.kind == BufferKind::Parameter) {
-            let (bytes, state_bytes) = parameter_and_state_bytes(seed, buffer, layers, threads);
-            self.backend.upload(self.replay.span(BufferId(index as u32)), &bytes)?;
             let state = buffers
                 .iter()
                 .position(|b| b.kind == BufferKind::OptimizerState && b.role == buffer.role && b.layer == buffer.layer)
                 .ok_or_else(|| RuntimeError::Trainer(format!("no optimizer state for {buffer}")))?;
-            self.backend.upload(self.replay.span(BufferId(state as u32)), &state_bytes)?;
+            jobs.push((index, state));
         }
-        Ok(())
+        let (buffers, jobs) = (&buffers, &jobs);
+        std::thread::scope(|scope| {
+            // Dropped when this closure returns, early on an upload error too: the drawing
+            // thread's next send or receive then fails and it stops.
+            let (drawn_sender, drawn) = mpsc::sync_channel::<(Vec<u8>, Vec<u8>)>(1);
+            let (spare_sender, spare) = mpsc::channel::<(Vec<u8>, Vec<u8>)>();
+            for _ in 0..2 {
+                let _ = spare_sender.send((Vec::new(), Vec::new()));
+            }
+            scope.spawn(move || {
+                for &(index, _) in jobs {
+                    let Ok((mut bytes, mut state_bytes)) = spare.recv() else { return };
+                    draw_parameter_and_state(seed, &buffers[index], layers, threads, &mut bytes, &mut state_bytes);
+                    if drawn_sender.send((bytes, state_bytes)).is_err() {
+                        return;
+                    }
+                }
+            });
+            for &(index, state) in jobs {
+                let (bytes, state_bytes) = drawn
+                    .recv()
+                    .map_err(|_| RuntimeError::Trainer("the thread drawing the initial parameters stopped".into()))?;
+                self.backend.upload(self.replay.span(BufferId(index as u32)), &bytes)?;
+                self.backend.upload(self.replay.span(BufferId(state as u32)), &state_bytes)?;
+                let _ = spare_sender.send((bytes, state_bytes));
+            }
+            Ok(())
+        })
     }
 
     /// One training step on `tokens` with next-token `targets` (`micro_batch * seq_len` each);
@@ -330,19 +361,29 @@ const INITIAL_BLOCK: usize = 1 << 18;
 /// One block of a parameter to draw: its first element, its bf16 bytes and its state rows.
 type InitialBlock<'a> = (usize, &'a mut [u8], &'a mut [u8]);
 
-/// A parameter's initial bf16 bytes and its optimizer state's: per row, master weights (the bf16
-/// values widened to f32), then m and v (zeros). Drawn in blocks of whole rows on `threads`
-/// threads: a 1B-parameter model draws 10^9 normals, tens of seconds on one core (on the H200
-/// machine's 16 cores, initialising took 19-20 s when each buffer was drawn on one thread and
-/// 6.5-7.5 s, most of it the upload, drawn in blocks; 2026-12-04); the values are
-/// those of one generator drawn element after element (each block jumps to its first draw).
-fn parameter_and_state_bytes(seed: u64, buffer: &Buffer, layers: u32, threads: usize) -> (Vec<u8>, Vec<u8>) {
+/// Writes into `bytes` a parameter's initial bf16 bytes and into `state_bytes` its optimizer
+/// state's: per row, master weights (the bf16 values widened to f32), then m and v (zeros). The
+/// buffers are resized to fit and every byte is written, whatever they held. Drawn in blocks of
+/// whole rows on `threads` threads: a 1B-parameter model draws 10^9 normals, tens of seconds on
+/// one core (on the H200 machine's 16 cores, initialising took 19-20 s when each buffer was
+/// drawn on one thread and 6.5-7.5 s, most of it the upload, drawn in blocks; 2026-12-04); the
+/// values are those of one generator drawn element after element (each block jumps to its first
+/// draw).
+fn draw_parameter_and_state(
+    seed: u64,
+    buffer: &Buffer,
+    layers: u32,
+    threads: usize,
+    bytes: &mut Vec<u8>,
+    state_bytes: &mut Vec<u8>,
+) {
     let elements = (buffer.rows * buffer.row_bytes / 2) as usize;
     let per_row = ((buffer.row_bytes / 2) as usize).max(1);
     let block = (INITIAL_BLOCK / per_row).max(1) * per_row;
     let draw = InitialValues::of(seed, buffer, layers);
-    let mut bytes = vec![0u8; elements * 2];
-    let mut state_bytes = vec![0u8; elements * 12];
+    // Only a grown tail is zeroed here; `fill` writes every byte of every block.
+    bytes.resize(elements * 2, 0);
+    state_bytes.resize(elements * 12, 0);
     let mut jobs: Vec<InitialBlock> = bytes
         .chunks_mut(block * 2)
         .zip(state_bytes.chunks_mut(block * 12))
@@ -370,7 +411,6 @@ fn parameter_and_state_bytes(seed: u64, buffer: &Buffer, layers: u32, threads: u
             }
         });
     }
-    (bytes, state_bytes)
 }
 
 /// How a parameter's initial values are drawn, from the seed and its (role, layer) alone.
@@ -421,7 +461,10 @@ impl InitialValues {
 
     /// Writes elements `first..` (whole rows of `per_row`) as bf16 into `values` and as the
     /// optimizer state's rows (f32 master weight, then m and v, left zero) into `state`.
+    /// Writes every byte of a block of whole rows: `values` (bf16) and `state` (master, m = 0,
+    /// v = 0 per row).
     fn fill(&self, first: usize, per_row: usize, values: &mut [u8], state: &mut [u8]) {
+        state.fill(0);
         let count = values.len() / 2;
         for (i, value) in self.values(first, count).enumerate() {
             let rounded = bf16::from_f32(value);
@@ -467,8 +510,19 @@ mod tests {
                 row_bytes,
                 place: Place::Device { offset: 0 },
             };
-            let one_thread = parameter_and_state_bytes(7, &buffer, layers, 1);
-            assert_eq!(parameter_and_state_bytes(7, &buffer, layers, 5), one_thread, "{role:?}");
+            let drawn = |threads: usize, reused: &mut (Vec<u8>, Vec<u8>)| {
+                draw_parameter_and_state(7, &buffer, layers, threads, &mut reused.0, &mut reused.1);
+                reused.clone()
+            };
+            let one_thread = drawn(1, &mut (Vec::new(), Vec::new()));
+            assert_eq!(drawn(5, &mut (Vec::new(), Vec::new())), one_thread, "{role:?}");
+            // Buffers that held other bytes, longer or shorter: every byte is rewritten.
+            let (len, state_len) = (one_thread.0.len(), one_thread.1.len());
+            for garbage in [1, 2 * len + 3].map(|n| (vec![0xA5u8; n], vec![0x5Au8; n * 6])) {
+                let mut reused = garbage;
+                assert_eq!(drawn(3, &mut reused), one_thread, "{role:?}, reused buffers");
+                assert_eq!((reused.0.len(), reused.1.len()), (len, state_len));
+            }
             let elements = (rows * row_bytes / 2) as usize;
             let reference: Vec<f32> = match InitialValues::of(7, &buffer, layers) {
                 InitialValues::Constant(value) => vec![value; elements],
