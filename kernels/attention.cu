@@ -36,9 +36,9 @@
 //       operands stored k-major); bf16 pairs packed by cvt.rn.bf16x2.f32 (round to nearest
 //       even, as memo_f32_to_bf16; only NaN payloads differ); and the next streamed tiles'
 //       global loads issued into registers before the current tile's math (memo_attn_fetch),
-//       rotated and stored to shared memory after it (memo_attn_commit).
-// Scores are masked only in the tiles that cross the causal diagonal or the end of the
-// sequence; every other tile is visible to every row of the block.
+//       rotated and stored to shared memory after it (memo_attn_commit); scores masked only in
+//       the tiles that cross the causal diagonal or the sequence's end; the backward's row
+//       statistics spread over every thread (memo_attn_row_stats).
 // Both round the rotated q, k tiles to bf16 in shared memory (as fused-rotary FlashAttention
 // does; the CPU keeps them f32); the tensor path also rounds P and dS to bf16 as mma operands.
 // Sums over the head dimension and over keys are f32; outputs are rounded to bf16 once.
@@ -520,8 +520,8 @@ __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const
         float sc[N / 8][4];
         memo_mma_abt<D, N / 8>(sc, q_s + warp * 16 * LD, k_s, g, t);
         // Every key of the tile at or before the block's first row (hence inside the sequence):
-        // nothing to mask. Otherwise the tile crosses the diagonal or the sequence's end.
-        const bool visible = k0 + N <= q0 + 1;
+        // nothing to mask (pipelined variant). Otherwise the tile crosses the diagonal or the end.
+        const bool visible = MEMO_ATTN_PIPELINED && k0 + N <= q0 + 1;
         float tile_max[2] = {MEMO_ATTN_NEG_INF, MEMO_ATTN_NEG_INF};
 #pragma unroll
         for (int n = 0; n < N / 8; ++n) {
@@ -693,7 +693,7 @@ __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q,
         memo_mma_abt<D, N / 8>(p, k_s + warp * 16 * LD, q_s, g, t);
         memo_mma_abt<D, N / 8>(ds, v_s + warp * 16 * LD, do_s, g, t);  // dP^T = V dO^T
         // Every query of the tile at or after the block's last key and inside the sequence.
-        const bool visible = i0 >= k0 + MEMO_ATTN_OWNER - 1 && i0 + N <= s;
+        const bool visible = MEMO_ATTN_PIPELINED && i0 >= k0 + MEMO_ATTN_OWNER - 1 && i0 + N <= s;
 #pragma unroll
         for (int n = 0; n < N / 8; ++n) {
 #pragma unroll
@@ -829,7 +829,7 @@ __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, c
         memo_mma_abt<D, N / 8>(p, q_s + warp * 16 * LD, k_s, g, t);
         memo_mma_abt<D, N / 8>(ds, do_s + warp * 16 * LD, v_s, g, t);  // dP = dO V^T
         // Every key of the tile at or before the block's first row, every row inside the sequence.
-        const bool visible = k0 + N <= q0 + 1 && q0 + MEMO_ATTN_OWNER <= s;
+        const bool visible = MEMO_ATTN_PIPELINED && k0 + N <= q0 + 1 && q0 + MEMO_ATTN_OWNER <= s;
 #pragma unroll
         for (int n = 0; n < N / 8; ++n) {
 #pragma unroll

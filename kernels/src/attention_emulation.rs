@@ -556,7 +556,7 @@ pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], path: Path) -
             while k0 <= q_last {
                 let next = (k0 + n <= q_last).then_some(k0 + n);
                 stream_tiles(path, &mut staged, (&mut k_s, k, inv), (&mut v_s, v), sh, (seq, head), k0, n, next);
-                let visible = k0 + n <= q0 + 1;
+                let visible = path == Path::Pipelined && k0 + n <= q0 + 1;
                 for warp in 0..WARPS {
                     let mut sc = mma_abt(d, n / 8, &q_s[warp * 16 * ld..], &k_s);
                     let mut tile_max = [[f32::NEG_INFINITY; LANES]; 2];

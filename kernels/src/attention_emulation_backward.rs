@@ -55,7 +55,7 @@ fn dkdv(sh: &Shape, x: &Inputs<'_>, path: Path, dk: &mut [u16], dv: &mut [u16]) 
             stream_tiles(path, &mut staged, (&mut q_s, x.q, inv), (&mut do_s, x.dout), sh, (seq, head), i0, n, next);
             row_stats(path, &mut lse_s, &mut delta_s, &do_s, x.out, x.lse, sh, seq, head, i0, n);
             if path.tensor() {
-                let visible = i0 + 1 >= k0 + OWNER && i0 + n <= s;
+                let visible = path == Path::Pipelined && i0 + 1 >= k0 + OWNER && i0 + n <= s;
                 for warp in 0..WARPS {
                     let mut p = mma_abt(d, n / 8, &k_s[warp * 16 * ld..], &q_s);
                     let mut ds = mma_abt(d, n / 8, &v_s[warp * 16 * ld..], &do_s);
@@ -167,7 +167,7 @@ fn dq(sh: &Shape, x: &Inputs<'_>, path: Path, dq: &mut [u16]) {
             let next = (k0 + n <= q_last).then_some(k0 + n);
             stream_tiles(path, &mut staged, (&mut k_s, x.k, inv), (&mut v_s, x.v), sh, (seq, head), k0, n, next);
             if path.tensor() {
-                let visible = k0 + n <= q0 + 1 && q0 + OWNER <= s;
+                let visible = path == Path::Pipelined && k0 + n <= q0 + 1 && q0 + OWNER <= s;
                 for warp in 0..WARPS {
                     let p = mma_abt(d, n / 8, &q_s[warp * 16 * ld..], &k_s);
                     let mut ds = mma_abt(d, n / 8, &do_s[warp * 16 * ld..], &v_s);
