@@ -335,19 +335,22 @@ __device__ __forceinline__ memo_u32 memo_attn_join(memo_bf16 lo, memo_bf16 hi) {
 // j of lane (g, t) receives matrix j's elements [g][2t..2t+1], or with .trans [2t][g] and
 // [2t+1][g]: exactly the mma fragment layouts above. Lane `lane` addresses row
 // r + (matrix & 1) * 8 or r + (matrix >> 1) * 8 (r = lane % 8, matrix = lane / 8) as each
-// caller says.
+// caller says. The "memory" clobber keeps the compiler from moving the shared-memory stores of a
+// tile past these reads (it cannot see what the asm reads).
 __device__ __forceinline__ memo_u32 memo_attn_shared_address(const memo_bf16* p) {
     return (memo_u32)__cvta_generic_to_shared(p);
 }
 __device__ __forceinline__ void memo_ldmatrix_x4(memo_u32 (&r)[4], const memo_bf16* row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(memo_attn_shared_address(row)));
+                 : "r"(memo_attn_shared_address(row))
+                 : "memory");
 }
 __device__ __forceinline__ void memo_ldmatrix_x4_trans(memo_u32 (&r)[4], const memo_bf16* row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(memo_attn_shared_address(row)));
+                 : "r"(memo_attn_shared_address(row))
+                 : "memory");
 }
 #endif
 
