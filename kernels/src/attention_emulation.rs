@@ -6,9 +6,11 @@
 //! expressions, same tile sizes): blocks run one after another, and in the tensor path each warp's
 //! 32 lanes keep their own registers. `mma` is the hardware model: it gathers A and B from the
 //! lanes' registers by the PTX ISA's m16n8k16 layout, multiplies in f32 and scatters C back by the
-//! same layout, checking that the layout covers every element exactly once. What this cannot
-//! catch: a wrong reading of that layout (the model and the kernel would agree), races between
-//! threads, and the compilers' own behaviour.
+//! same layout, checking that the layout covers every element exactly once. `ldmatrix_x4` models
+//! the pipelined variant's fragment loads the same way (from the PTX ISA's description), and
+//! every fragment it gives is checked against the word loads. What this cannot catch: a wrong
+//! reading of those layouts (the model and the kernel would agree), races between threads, the
+//! timing of the pipelined variant's staging (emulated in order), and the compilers' behaviour.
 
 // The loops index like the kernels do (the point of the emulation), not with iterators.
 #![allow(clippy::needless_range_loop)]
