@@ -8,9 +8,14 @@ reference of runtime-cpu's arithmetic (RoPE base 10000 on pairs (2i, 2i+1) insid
 within each sequence, scale 1/sqrt(D); gradients of the un-rotated q, k). Outputs are prefilled
 with NaN, so an element a kernel fails to write shows up as non-finite.
 
-    python3 kernels/attention_gpu_check.py                 # tensor path, then scalar path
+    python3 kernels/attention_gpu_check.py                 # tensor, pipelined, scalar paths
     python3 kernels/attention_gpu_check.py --compile-only  # NVRTC only (no torch, no GPU)
     python3 kernels/attention_gpu_check.py --time          # also time s = 16384, 16 heads
+                                                           # (tensor and pipelined paths)
+
+The paths: "tensor" is the baseline tensor-core variant, "pipelined" the same with
+-DMEMO_ATTN_PIPELINED=1 (memo_kernels::AttentionVariant::Pipelined), "scalar" the fp32 path
+(-DMEMO_ATTN_SCALAR=1, what HIP runs).
 
 Exit status 0 when every comparison is within bounds. Needs torch (for the reference and memory)
 and libcuda; finds libnvrtc in torch's wheel, /usr/local/cuda, or MEMO_NVRTC (a file path).
@@ -24,6 +29,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 HEAD_DIMS = [16, 32, 64, 128]
 OWNER_ROWS, THREADS = 64, 128
+# Path name -> the NVRTC options it adds.
+PATHS = {"tensor": [], "pipelined": ["-DMEMO_ATTN_PIPELINED=1"], "scalar": ["-DMEMO_ATTN_SCALAR=1"]}
 
 
 def find_nvrtc():
@@ -54,7 +61,7 @@ def find_nvrtc():
     sys.exit("libnvrtc not found: set MEMO_NVRTC to its path")
 
 
-def compile_cubin(sm, scalar):
+def compile_cubin(sm, path_name):
     nvrtc, path = find_nvrtc()
     src = open(os.path.join(HERE, "attention.cu"), "rb").read()
     header = open(os.path.join(HERE, "memo_gpu.h"), "rb").read()
@@ -62,9 +69,7 @@ def compile_cubin(sm, scalar):
     headers = (ctypes.c_char_p * 1)(header)
     names = (ctypes.c_char_p * 1)(b"memo_gpu.h")
     assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), src, b"attention.cu", 1, headers, names) == 0
-    options = [f"--gpu-architecture=sm_{sm}", "-std=c++17", "-DMEMO_CUDA=1", "-Xptxas=-v"]
-    if scalar:
-        options.append("-DMEMO_ATTN_SCALAR=1")
+    options = [f"--gpu-architecture=sm_{sm}", "-std=c++17", "-DMEMO_CUDA=1", "-Xptxas=-v"] + PATHS[path_name]
     array = (ctypes.c_char_p * len(options))(*[o.encode() for o in options])
     rc = nvrtc.nvrtcCompileProgram(prog, len(options), array)
     size = ctypes.c_size_t()
@@ -77,7 +82,7 @@ def compile_cubin(sm, scalar):
     nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size))
     cubin = ctypes.create_string_buffer(size.value)
     assert nvrtc.nvrtcGetCUBIN(prog, cubin) == 0
-    print(f"compiled sm_{sm} {'scalar' if scalar else 'tensor'} path with {path}: {size.value} bytes")
+    print(f"compiled sm_{sm} {path_name} path with {path}: {size.value} bytes")
     return cubin.raw, log.value.decode()
 
 
@@ -230,8 +235,8 @@ def main():
     args = sys.argv[1:]
     if "--compile-only" in args:
         for sm in (80, 90):
-            for scalar in (False, True):
-                compile_cubin(sm, scalar)
+            for path_name in PATHS:
+                compile_cubin(sm, path_name)
         return 0
     import torch
 
@@ -239,14 +244,17 @@ def main():
     driver = Driver()
     shapes = [(3, 1, 2), (2, 65, 2), (1, 100, 3), (2, 128, 1), (1, 1000, 2), (2, 2048, 2)]
     all_ok = True
-    for scalar in (False, True):
-        cubin, _ = compile_cubin(driver.sm, scalar)
+    for path_name in PATHS:
+        cubin, _ = compile_cubin(driver.sm, path_name)
         module = driver.load(cubin)
-        print(f"{'scalar' if scalar else 'tensor'} path:")
+        print(f"{path_name} path:")
+        path_ok = True
         for d in HEAD_DIMS:
             for index, (b, s, heads) in enumerate(shapes):
-                all_ok &= run(driver, module, torch, b, s, heads, d, seed=1000 * d + index)
-        if "--time" in args and not scalar:
+                path_ok &= run(driver, module, torch, b, s, heads, d, seed=1000 * d + index)
+        all_ok &= path_ok
+        # A path that computes wrong values is not timed: its time would mean nothing.
+        if "--time" in args and path_name != "scalar" and path_ok:
             for d in (64, 128):
                 timing(driver, module, torch, d)
     print("ALL OK" if all_ok else "SOME CHECKS FAILED")

@@ -75,7 +75,7 @@ else
     export MEMO_REQUIRE_GPU=cuda        # a backend suite that cannot open the GPU fails
 fi
 PHASE0_S="${PHASE0_S:-35}"
-PHASE1_S="${PHASE1_S:-50}"
+PHASE1_S="${PHASE1_S:-80}"
 PHASE2_S="${PHASE2_S:-105}"
 PHASE3_S="${PHASE3_S:-150}"
 GRANULE=1024                            # the planner's --max-seq steps
@@ -217,6 +217,14 @@ for exe in "$BUNDLE"/test-*; do
     say "$name: exit $(cut -d' ' -f1 "$raw/$name.rc")"
 done
 ((tests == 0)) && say "no test executables in $BUNDLE"
+# The attention kernels on their own, every path (baseline tensor, pipelined, scalar) against a
+# float64 PyTorch reference, and their forward and backward TFLOP/s at 16K tokens.
+if ((dry)); then
+    run attention-kernels 10 echo "dry run: no GPU for kernels/attention_gpu_check.py"
+else
+    run attention-kernels 60 python3 kernels/attention_gpu_check.py --time
+fi
+say "attention kernels: exit $(cut -d' ' -f1 "$raw/attention-kernels.rc")"
 # The variant under trial: the GPU-vs-CPU tests again with its kernels.
 variant_ok=0
 if [[ -n "$VARIANT" ]]; then

@@ -167,6 +167,27 @@ def with_keep_all(records):
         record["vs_keep_all_s"] = mine - base if (base is not None and mine is not None) else None
 
 
+def attention_kernels(raw):
+    """kernels/attention_gpu_check.py --time: each path's verdict and its timings."""
+    code, seconds, _ = rc_of(raw, "attention-kernels")
+    text = read(os.path.join(raw, "attention-kernels.out"))
+    paths, current = {}, None
+    for line in text.splitlines():
+        match = re.match(r"(\w+) path:$", line.strip())
+        if match:
+            current = paths.setdefault(match.group(1), {"failed_shapes": 0, "timings": []})
+        elif current is not None and "<-- FAIL" in line:
+            current["failed_shapes"] += 1
+        match = re.search(r"d=(\d+) s=(\d+) heads=(\d+) (forward|backward): ([\d.]+) ms, (\d+) TFLOP/s", line)
+        if match and current is not None:
+            current["timings"].append({"head_dim": int(match.group(1)), "seq_len": int(match.group(2)),
+                                       "heads": int(match.group(3)), "pass": match.group(4),
+                                       "ms": float(match.group(5)), "tflops": int(match.group(6))})
+    return {"kind": "attention_kernels", "exit": code, "status": status_of(code), "seconds": seconds,
+            "all_ok": "ALL OK" in text, "paths": paths,
+            "error": None if code == 0 else last_error(raw, "attention-kernels")}
+
+
 def variant_trial(raw, config, measured):
     """The attention variant under trial (phases 1 and 2): its test runs, its memo measurement
     and the baseline's at the same length; None when no variant was tried."""
@@ -304,13 +325,15 @@ def main(out_dir):
     measured = measurements(raw)
     capped_runs, longest, verdict = capacity(raw, config)
     variant = variant_trial(raw, config, measured)
+    kernels = attention_kernels(raw)
     peer = peers(raw)
     phase_records = phases(raw)
 
     records = [{"kind": "settings", **config, "nvidia_smi": smi},
                {"kind": "profile", "exit": profile_code, "status": status_of(profile_code),
                 "error": None if profile_code == 0 else last_error(raw, "profile"), **profile}]
-    records += test_records + measured + ([variant] if variant else []) + capped_runs + longest + [verdict]
+    records += test_records + [kernels] + measured + ([variant] if variant else []) + capped_runs + longest
+    records += [verdict]
     records += peer + phase_records
     with open(os.path.join(out_dir, "gpu-check.jsonl"), "w", encoding="utf-8") as handle:
         for record in records:
@@ -335,6 +358,13 @@ def main(out_dir):
           + (f"  failing: {', '.join(t['failures'])}" if t["failures"] else ""))
     if not test_records:
         p("  none ran")
+
+    p(f"\nattention kernels alone (kernels/attention_gpu_check.py --time): {kernels['status']}"
+      + (", every path within bounds" if kernels["all_ok"] else "")
+      + (f": {kernels['error']}" if kernels.get("error") else ""))
+    for name, path in kernels["paths"].items():
+        timed = ", ".join(f"d={t['head_dim']} {t['pass']} {t['ms']:.2f} ms {t['tflops']} TFLOP/s" for t in path["timings"])
+        p(f"  {name:<10} {path['failed_shapes']} shapes failed" + (f"; at 16K tokens, 16 heads: {timed}" if timed else ""))
 
     p("\nmeasurements (memo train --json; step = median after the warm-up step; stall = compute-stream waits):")
     header = (f"  {'strategy':<15}{'seq':>9}{'step s':>10}{'tok/s':>11}{'MFU-6N':>8}{'MFU-att':>8}"

@@ -90,6 +90,7 @@ fn the_dry_run_measures_every_strategy_and_prints_one_table() {
     assert_eq!(records.iter().filter(|r| r["kind"] == "capacity_run").count(), 6, "{jsonl}");
     // The attention variant's trial: measured beside the baseline (the CPU ignores the variable;
     // the dry run has no test executables to run with it).
+    assert!(records.iter().any(|r| r["kind"] == "attention_kernels"), "{jsonl}");
     let variant = records.iter().find(|r| r["kind"] == "variant").unwrap();
     assert_eq!(variant["variant"], "pipelined", "{variant}");
     assert_eq!(variant["measure"]["status"], "ok", "{variant}");
