@@ -19,7 +19,8 @@
 #   scripts/gpu-check.sh --dry-run   here: the same phases on the CPU backend, a tiny model, tiny
 #                                    lengths (exercises the control flow, the parsing, the table)
 # Environment overrides: OUT, BUNDLE, MODEL, SEQS, STEPS, CAP, LONG_FACTOR, CAP_LONG_STEPS,
-# CAP_TIMEOUT, RUN_TIMEOUT, PEER_SEQ, PROFILE_SEQ, PROFILE_REPEATS, LR, WARMUP, PHASE{0..4}_S (each phase's deadline in seconds),
+# CAP_TIMEOUT, CAP_LONGEST (0: skip memo's and full-recompute's own longest under the cap),
+# VARIANT, VARIANT_SEQ, CAP_ATTENTION, RUN_TIMEOUT, PEER_SEQ, PROFILE_SEQ, PROFILE_REPEATS, LR, WARMUP, PHASE{0..4}_S (each phase's deadline in seconds),
 # PACK=1 (pack raw/ into raw.tgz and remove it: the device tool brings back at most 8 files).
 set -u
 
@@ -305,10 +306,12 @@ if [[ -n "$keep_all_longest" ]]; then
     cap_train keep-all $((keep_all_longest + GRANULE)) 1
     cap_train memo "$long" "$CAP_LONG_STEPS"
     cap_train full-recompute "$long" "$CAP_LONG_STEPS"
-    for strategy in memo full-recompute; do
-        longest=$(planned "$strategy")
-        [[ -n "$longest" ]] && ((longest > long)) && cap_train "$strategy" "$longest" 1
-    done
+    if [[ "${CAP_LONGEST:-1}" == 1 ]]; then
+        for strategy in memo full-recompute; do
+            longest=$(planned "$strategy")
+            [[ -n "$longest" ]] && ((longest > long)) && cap_train "$strategy" "$longest" 1
+        done
+    fi
 else
     say "keep-all fits no sequence under the $CAP cap (raw/cap-plan.*): raise CAP"
 fi
