@@ -122,54 +122,68 @@ __device__ __forceinline__ void memo_attn_rope(memo_u32 pos, double inv_freq, fl
     sincosf((float)reduced, sn, c);
 }
 
-// Loads `rows` rows of head `head` from position `first_pos` on into `dst` (row stride D + 8
-// bf16), rotated by RoPE when `inv_freq` is non-null; rows at or past `s` are zero.
-//
-// Thread t moves pair t % (D/2) of rows t / (D/2), + STEP, + 2 STEP, ... (STEP = threads / (D/2)),
-// so the angles of its rows grow by STEP * f at each step: one accurate memo_attn_rope per call
-// for the first row and one for the step, then each row's (cos, sin) is the previous one rotated
-// by the step (4 FMAs instead of a sincosf per element; about 1 ulp of f32 per step, at most 32
-// steps, far below the bf16 rounding that follows).
-template <int D>
-__device__ __forceinline__ void memo_attn_load(memo_bf16* dst, const memo_bf16* src, memo_u32 seq, memo_u32 head,
-                                               memo_u32 s, memo_u32 row_elems, memo_u32 first_pos, int rows,
-                                               const double* inv_freq) {
-    constexpr int PAIRS = D / 2;
-    constexpr int LD = D + 8;
-    constexpr int STEP = MEMO_ATTN_THREADS / PAIRS;
+// A thread's rows in a tile load (memo_attn_load, memo_attn_commit): thread t moves pair
+// t % (D/2) of rows t / (D/2), + STEP, + 2 STEP, ... (STEP = threads / (D/2)), so the angles of
+// its rows grow by STEP * f at each step: one accurate memo_attn_rope for the first row and one
+// for the step, then each row's (cos, sin) is the previous one rotated by the step (4 FMAs
+// instead of a sincosf per element; about 1 ulp of f32 per step, at most 32 steps, far below the
+// bf16 rounding that follows).
+template <int D> struct MemoAttnRows {
+    static constexpr int PAIRS = D / 2;
+    static constexpr int STEP = MEMO_ATTN_THREADS / PAIRS;
     static_assert(MEMO_ATTN_THREADS % PAIRS == 0, "each thread keeps one pair index for every row it loads");
-    const int pair = threadIdx.x % PAIRS;
-    const int row0 = threadIdx.x / PAIRS;
-    float c = 1.0f, sn = 0.0f, step_c = 1.0f, step_s = 0.0f;
-    if (inv_freq != nullptr) {
-        memo_attn_rope(first_pos + (memo_u32)row0, inv_freq[pair], &c, &sn);
-        memo_attn_rope((memo_u32)STEP, inv_freq[pair], &step_c, &step_s);
+    int pair, row0;
+    float c, sn, step_c, step_s;
+
+    __device__ __forceinline__ MemoAttnRows(memo_u32 first_pos, const double* inv_freq)
+        : pair(threadIdx.x % PAIRS), row0(threadIdx.x / PAIRS), c(1.0f), sn(0.0f), step_c(1.0f), step_s(0.0f) {
+        if (inv_freq != nullptr) {
+            memo_attn_rope(first_pos + (memo_u32)row0, inv_freq[pair], &c, &sn);
+            memo_attn_rope((memo_u32)STEP, inv_freq[pair], &step_c, &step_s);
+        }
     }
-    for (int row = row0; row < rows; row += STEP) {
-        const memo_u32 pos = first_pos + (memo_u32)row;
+
+    // Writes this thread's pair of tile row `row` (D + 8 bf16 apart in `dst`): the two bf16 of
+    // `bits`, rotated when `rotate`, or zeros when the row is not `present` (past `s`); then
+    // moves the rotation on to the thread's next row.
+    __device__ __forceinline__ void put(memo_bf16* dst, int row, bool present, memo_u32 bits, bool rotate) {
         float x0 = 0.0f, x1 = 0.0f;
-        if (pos < s) {
-            const memo_u32 bits = *(const memo_u32*)(src + memo_attn_elem(seq, s, pos, row_elems, head, D) + 2 * pair);
+        if (present) {
             x0 = memo_attn_lo(bits);
             x1 = memo_attn_hi(bits);
-            if (inv_freq != nullptr) {
+            if (rotate) {
                 const float y0 = x0 * c - x1 * sn;
                 const float y1 = x0 * sn + x1 * c;
                 x0 = y0;
                 x1 = y1;
             }
         }
-        *(memo_u32*)(dst + row * LD + 2 * pair) = memo_attn_pack(x0, x1);
+        *(memo_u32*)(dst + row * (D + 8) + 2 * pair) = memo_attn_pack(x0, x1);
         const float next_c = c * step_c - sn * step_s;
         sn = sn * step_c + c * step_s;
         c = next_c;
+    }
+};
+
+// Loads `rows` rows of head `head` from position `first_pos` on into `dst` (row stride D + 8
+// bf16), rotated by RoPE when `inv_freq` is non-null; rows at or past `s` are zero.
+template <int D>
+__device__ __forceinline__ void memo_attn_load(memo_bf16* dst, const memo_bf16* src, memo_u32 seq, memo_u32 head,
+                                               memo_u32 s, memo_u32 row_elems, memo_u32 first_pos, int rows,
+                                               const double* inv_freq) {
+    MemoAttnRows<D> at(first_pos, inv_freq);
+    for (int row = at.row0; row < rows; row += MemoAttnRows<D>::STEP) {
+        const memo_u32 pos = first_pos + (memo_u32)row;
+        const memo_u32 bits =
+            pos < s ? *(const memo_u32*)(src + memo_attn_elem(seq, s, pos, row_elems, head, D) + 2 * at.pair) : 0u;
+        at.put(dst, row, pos < s, bits, inv_freq != nullptr);
     }
 }
 
 // The streamed tile's staging registers (pipelined variant): the words memo_attn_load would read,
 // fetched one tile ahead. Thread t holds pair t % (D/2) of rows t / (D/2) + i STEP, as there.
 template <int D, int ROWS> struct MemoAttnStage {
-    static constexpr int STEP = MEMO_ATTN_THREADS / (D / 2);
+    static constexpr int STEP = MemoAttnRows<D>::STEP;
     static constexpr int COUNT = ROWS / STEP;
     static_assert(ROWS % STEP == 0, "every thread stages the same number of rows");
     memo_u32 words[COUNT];
@@ -195,35 +209,50 @@ __device__ __forceinline__ void memo_attn_fetch(MemoAttnStage<D, ROWS>& stage, c
 template <int D, int ROWS>
 __device__ __forceinline__ void memo_attn_commit(memo_bf16* dst, const MemoAttnStage<D, ROWS>& stage, memo_u32 s,
                                                  memo_u32 first_pos, const double* inv_freq) {
-    constexpr int LD = D + 8;
-    constexpr int STEP = MemoAttnStage<D, ROWS>::STEP;
-    const int pair = threadIdx.x % (D / 2);
-    const int row0 = threadIdx.x / (D / 2);
-    float c = 1.0f, sn = 0.0f, step_c = 1.0f, step_s = 0.0f;
-    if (inv_freq != nullptr) {
-        memo_attn_rope(first_pos + (memo_u32)row0, inv_freq[pair], &c, &sn);
-        memo_attn_rope((memo_u32)STEP, inv_freq[pair], &step_c, &step_s);
-    }
+    MemoAttnRows<D> at(first_pos, inv_freq);
 #pragma unroll
     for (int i = 0; i < MemoAttnStage<D, ROWS>::COUNT; ++i) {
-        const int row = row0 + i * STEP;
-        float x0 = 0.0f, x1 = 0.0f;
-        if (first_pos + (memo_u32)row < s) {
-            x0 = memo_attn_lo(stage.words[i]);
-            x1 = memo_attn_hi(stage.words[i]);
-            if (inv_freq != nullptr) {
-                const float y0 = x0 * c - x1 * sn;
-                const float y1 = x0 * sn + x1 * c;
-                x0 = y0;
-                x1 = y1;
-            }
-        }
-        *(memo_u32*)(dst + row * LD + 2 * pair) = memo_attn_pack(x0, x1);
-        const float next_c = c * step_c - sn * step_s;
-        sn = sn * step_c + c * step_s;
-        c = next_c;
+        const int row = at.row0 + i * MemoAttnStage<D, ROWS>::STEP;
+        at.put(dst, row, first_pos + (memo_u32)row < s, stage.words[i], inv_freq != nullptr);
     }
 }
+
+// The two streamed tiles of a kernel's loop (k and v, or q and dout), N rows each: in the
+// pipelined variant the staging registers of the next iteration's tiles; empty in the baseline.
+template <int D, int N> struct MemoAttnStream {
+#if MEMO_ATTN_PIPELINED
+    MemoAttnStage<D, N> a, b;
+#endif
+
+    // Before the loop: starts the loads of the first iteration's tiles (pipelined variant).
+    __device__ __forceinline__ void begin(const memo_bf16* a_src, const memo_bf16* b_src, memo_u32 seq,
+                                          memo_u32 head, memo_u32 s, memo_u32 row_elems, memo_u32 first_pos) {
+#if MEMO_ATTN_PIPELINED
+        memo_attn_fetch<D, N>(a, a_src, seq, head, s, row_elems, first_pos);
+        memo_attn_fetch<D, N>(b, b_src, seq, head, s, row_elems, first_pos);
+#endif
+    }
+
+    // After the barrier that frees the shared tiles: writes this iteration's tiles from
+    // `first_pos` on (`a_s` rotated by `inv_freq`, `b_s` not); the baseline loads them now, the
+    // pipelined variant commits the staged words and, when there is a next iteration, starts
+    // the loads of its tiles (from `next_pos`) before the math of this one.
+    __device__ __forceinline__ void tiles(memo_bf16* a_s, const memo_bf16* a_src, memo_bf16* b_s,
+                                          const memo_bf16* b_src, memo_u32 seq, memo_u32 head, memo_u32 s,
+                                          memo_u32 row_elems, memo_u32 first_pos, bool has_next, memo_u32 next_pos,
+                                          const double* inv_freq) {
+#if MEMO_ATTN_PIPELINED
+        memo_attn_commit<D, N>(a_s, a, s, first_pos, inv_freq);
+        memo_attn_commit<D, N>(b_s, b, s, first_pos, nullptr);
+        if (has_next) begin(a_src, b_src, seq, head, s, row_elems, next_pos);
+#else
+        (void)has_next;
+        (void)next_pos;
+        memo_attn_load<D>(a_s, a_src, seq, head, s, row_elems, first_pos, N, inv_freq);
+        memo_attn_load<D>(b_s, b_src, seq, head, s, row_elems, first_pos, N, nullptr);
+#endif
+    }
+};
 
 // For rows [0, ROWS) of a streamed/owner tile starting at `first_pos`: lse of the row and
 // D_i = dout_i . out_i, from the bf16 dout tile already in shared memory and `out` in global
@@ -487,11 +516,8 @@ __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const
     const memo_u32 head = blockIdx.y, seq = blockIdx.z, row_elems = heads * D;
     const memo_u32 q_last = min(q0 + MEMO_ATTN_OWNER - 1, s - 1);  // last key any row of the tile sees
 
-#if MEMO_ATTN_PIPELINED
-    MemoAttnStage<D, N> k_next, v_next;  // the next key tile's words, in flight
-    memo_attn_fetch<D, N>(k_next, k, seq, head, s, row_elems, 0);
-    memo_attn_fetch<D, N>(v_next, v, seq, head, s, row_elems, 0);
-#endif
+    MemoAttnStream<D, N> keys;  // k and v
+    keys.begin(k, v, seq, head, s, row_elems, 0);
     memo_attn_inv_freq<D>(inv_freq);
     __syncthreads();
     memo_attn_load<D>(q_s, q, seq, head, s, row_elems, q0, MEMO_ATTN_OWNER, inv_freq);
@@ -508,17 +534,7 @@ __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const
     float m[2] = {MEMO_ATTN_NEG_INF, MEMO_ATTN_NEG_INF}, l[2] = {0.0f, 0.0f};
     for (memo_u32 k0 = 0; k0 <= q_last; k0 += N) {
         __syncthreads();  // the previous tiles are consumed (and q_s is written, first time)
-#if MEMO_ATTN_PIPELINED
-        memo_attn_commit<D, N>(k_s, k_next, s, k0, inv_freq);
-        memo_attn_commit<D, N>(v_s, v_next, s, k0, nullptr);
-        if (k0 + N <= q_last) {
-            memo_attn_fetch<D, N>(k_next, k, seq, head, s, row_elems, k0 + N);
-            memo_attn_fetch<D, N>(v_next, v, seq, head, s, row_elems, k0 + N);
-        }
-#else
-        memo_attn_load<D>(k_s, k, seq, head, s, row_elems, k0, N, inv_freq);
-        memo_attn_load<D>(v_s, v, seq, head, s, row_elems, k0, N, nullptr);
-#endif
+        keys.tiles(k_s, k, v_s, v, seq, head, s, row_elems, k0, k0 + N <= q_last, k0 + N, inv_freq);
         __syncthreads();
         float sc[N / 8][4];
         memo_mma_abt<D, N / 8>(sc, q_s + warp * 16 * LD, k_s, g, t);
@@ -586,8 +602,7 @@ __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const
     float m = MEMO_ATTN_NEG_INF, l = 0.0f;
     for (memo_u32 k0 = 0; k0 <= q_last; k0 += N) {
         __syncthreads();
-        memo_attn_load<D>(k_s, k, seq, head, s, row_elems, k0, N, inv_freq);
-        memo_attn_load<D>(v_s, v, seq, head, s, row_elems, k0, N, nullptr);
+        keys.tiles(k_s, k, v_s, v, seq, head, s, row_elems, k0, k0 + N <= q_last, k0 + N, inv_freq);
         __syncthreads();
         float sc[N];
         float tile_max = MEMO_ATTN_NEG_INF;
@@ -647,11 +662,8 @@ __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q,
     const memo_u32 k0 = blockIdx.x * MEMO_ATTN_OWNER;  // the longest (earliest) key tiles first
     const memo_u32 head = blockIdx.y, seq = blockIdx.z, row_elems = heads * D;
 
-#if MEMO_ATTN_PIPELINED
-    MemoAttnStage<D, N> q_next, do_next;  // the next query tile's words, in flight
-    memo_attn_fetch<D, N>(q_next, q, seq, head, s, row_elems, k0);
-    memo_attn_fetch<D, N>(do_next, dout, seq, head, s, row_elems, k0);
-#endif
+    MemoAttnStream<D, N> queries;  // q and dout
+    queries.begin(q, dout, seq, head, s, row_elems, k0);
     memo_attn_inv_freq<D>(inv_freq);
     __syncthreads();
     memo_attn_load<D>(k_s, k, seq, head, s, row_elems, k0, MEMO_ATTN_OWNER, inv_freq);
@@ -676,17 +688,7 @@ __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q,
 
     for (memo_u32 i0 = k0; i0 < s; i0 += N) {
         __syncthreads();  // the previous query tile is consumed (and k_s, v_s written, first time)
-#if MEMO_ATTN_PIPELINED
-        memo_attn_commit<D, N>(q_s, q_next, s, i0, inv_freq);
-        memo_attn_commit<D, N>(do_s, do_next, s, i0, nullptr);
-        if (i0 + N < s) {
-            memo_attn_fetch<D, N>(q_next, q, seq, head, s, row_elems, i0 + N);
-            memo_attn_fetch<D, N>(do_next, dout, seq, head, s, row_elems, i0 + N);
-        }
-#else
-        memo_attn_load<D>(q_s, q, seq, head, s, row_elems, i0, N, inv_freq);
-        memo_attn_load<D>(do_s, dout, seq, head, s, row_elems, i0, N, nullptr);
-#endif
+        queries.tiles(q_s, q, do_s, dout, seq, head, s, row_elems, i0, i0 + N < s, i0 + N, inv_freq);
         __syncthreads();
         memo_attn_row_stats<D, N>(lse_s, delta_s, do_s, out, lse, seq, head, s, heads, i0);
         __syncthreads();
@@ -780,11 +782,8 @@ __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, c
     const memo_u32 head = blockIdx.y, seq = blockIdx.z, row_elems = heads * D;
     const memo_u32 q_last = min(q0 + MEMO_ATTN_OWNER - 1, s - 1);
 
-#if MEMO_ATTN_PIPELINED
-    MemoAttnStage<D, N> k_next, v_next;  // the next key tile's words, in flight
-    memo_attn_fetch<D, N>(k_next, k, seq, head, s, row_elems, 0);
-    memo_attn_fetch<D, N>(v_next, v, seq, head, s, row_elems, 0);
-#endif
+    MemoAttnStream<D, N> keys;  // k and v
+    keys.begin(k, v, seq, head, s, row_elems, 0);
     memo_attn_inv_freq<D>(inv_freq);
     __syncthreads();
     memo_attn_load<D>(q_s, q, seq, head, s, row_elems, q0, MEMO_ATTN_OWNER, inv_freq);
@@ -815,17 +814,7 @@ __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, c
 
     for (memo_u32 k0 = 0; k0 <= q_last; k0 += N) {
         __syncthreads();  // the previous key tile is consumed
-#if MEMO_ATTN_PIPELINED
-        memo_attn_commit<D, N>(k_s, k_next, s, k0, inv_freq);
-        memo_attn_commit<D, N>(v_s, v_next, s, k0, nullptr);
-        if (k0 + N <= q_last) {
-            memo_attn_fetch<D, N>(k_next, k, seq, head, s, row_elems, k0 + N);
-            memo_attn_fetch<D, N>(v_next, v, seq, head, s, row_elems, k0 + N);
-        }
-#else
-        memo_attn_load<D>(k_s, k, seq, head, s, row_elems, k0, N, inv_freq);
-        memo_attn_load<D>(v_s, v, seq, head, s, row_elems, k0, N, nullptr);
-#endif
+        keys.tiles(k_s, k, v_s, v, seq, head, s, row_elems, k0, k0 + N <= q_last, k0 + N, inv_freq);
         __syncthreads();
 #if MEMO_ATTN_TENSOR
         float p[N / 8][4], ds[N / 8][4];

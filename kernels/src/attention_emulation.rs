@@ -134,8 +134,52 @@ pub(super) fn rope(pos: usize, inv_freq: f64) -> (f32, f32) {
     (c, sn)
 }
 
-/// `memo_attn_load`: thread `tid` moves pair `tid % (d/2)` of rows `tid / (d/2)`, + STEP, ...,
-/// advancing its (cos, sin) by the step's rotation.
+/// `MemoAttnRows`: one thread's rows in a tile load and its RoPE rotation.
+struct Rows {
+    pair: usize,
+    row0: usize,
+    step: usize,
+    c: f32,
+    sn: f32,
+    step_c: f32,
+    step_s: f32,
+}
+
+impl Rows {
+    fn new(thread: usize, d: usize, first_pos: usize, inv_freq: Option<&[f64]>) -> Rows {
+        let pairs = d / 2;
+        let step = THREADS / pairs;
+        assert_eq!(THREADS % pairs, 0);
+        let (pair, row0) = (thread % pairs, thread / pairs);
+        let (mut c, mut sn, mut step_c, mut step_s) = (1.0f32, 0.0f32, 1.0f32, 0.0f32);
+        if let Some(inv_freq) = inv_freq {
+            (c, sn) = rope(first_pos + row0, inv_freq[pair]);
+            (step_c, step_s) = rope(step, inv_freq[pair]);
+        }
+        Rows { pair, row0, step, c, sn, step_c, step_s }
+    }
+
+    /// `MemoAttnRows::put`.
+    fn put(&mut self, dst: &mut [u16], ld: usize, row: usize, present: bool, bits: u32, rotate: bool) {
+        let (mut x0, mut x1) = (0.0f32, 0.0f32);
+        if present {
+            x0 = lo(bits);
+            x1 = hi(bits);
+            if rotate {
+                let y0 = x0 * self.c - x1 * self.sn;
+                let y1 = x0 * self.sn + x1 * self.c;
+                x0 = y0;
+                x1 = y1;
+            }
+        }
+        store_word(dst, row * ld + 2 * self.pair, pack(x0, x1));
+        let next_c = self.c * self.step_c - self.sn * self.step_s;
+        self.sn = self.sn * self.step_c + self.c * self.step_s;
+        self.c = next_c;
+    }
+}
+
+/// `memo_attn_load`.
 #[allow(clippy::too_many_arguments)]
 fn load(
     dst: &mut [u16],
@@ -147,37 +191,14 @@ fn load(
     rows: usize,
     inv_freq: Option<&[f64]>,
 ) {
-    let (pairs, ld) = (sh.d / 2, sh.d + 8);
-    let step = THREADS / pairs;
-    assert_eq!(THREADS % pairs, 0);
     for thread in 0..THREADS {
-        let pair = thread % pairs;
-        let row0 = thread / pairs;
-        let (mut c, mut sn, mut step_c, mut step_s) = (1.0f32, 0.0f32, 1.0f32, 0.0f32);
-        if let Some(inv_freq) = inv_freq {
-            (c, sn) = rope(first_pos + row0, inv_freq[pair]);
-            (step_c, step_s) = rope(step, inv_freq[pair]);
-        }
-        let mut row = row0;
+        let mut at = Rows::new(thread, sh.d, first_pos, inv_freq);
+        let mut row = at.row0;
         while row < rows {
             let pos = first_pos + row;
-            let (mut x0, mut x1) = (0.0f32, 0.0f32);
-            if pos < sh.s {
-                let bits = word(src, sh.elem(seq, pos, head) + 2 * pair);
-                x0 = lo(bits);
-                x1 = hi(bits);
-                if inv_freq.is_some() {
-                    let y0 = x0 * c - x1 * sn;
-                    let y1 = x0 * sn + x1 * c;
-                    x0 = y0;
-                    x1 = y1;
-                }
-            }
-            store_word(dst, row * ld + 2 * pair, pack(x0, x1));
-            let next_c = c * step_c - sn * step_s;
-            sn = sn * step_c + c * step_s;
-            c = next_c;
-            row += step;
+            let bits = if pos < sh.s { word(src, sh.elem(seq, pos, head) + 2 * at.pair) } else { 0 };
+            at.put(dst, sh.d + 8, row, pos < sh.s, bits, inv_freq.is_some());
+            row += at.step;
         }
     }
 }
@@ -210,32 +231,11 @@ fn fetch(src: &[u16], sh: &Shape, seq: usize, head: usize, first_pos: usize, row
 
 /// `memo_attn_commit`.
 fn commit(dst: &mut [u16], stage: &Stage, sh: &Shape, first_pos: usize, inv_freq: Option<&[f64]>) {
-    let (pairs, ld) = (sh.d / 2, sh.d + 8);
-    let step = THREADS / pairs;
     for (thread, words) in stage.iter().enumerate() {
-        let (pair, row0) = (thread % pairs, thread / pairs);
-        let (mut c, mut sn, mut step_c, mut step_s) = (1.0f32, 0.0f32, 1.0f32, 0.0f32);
-        if let Some(inv_freq) = inv_freq {
-            (c, sn) = rope(first_pos + row0, inv_freq[pair]);
-            (step_c, step_s) = rope(step, inv_freq[pair]);
-        }
+        let mut at = Rows::new(thread, sh.d, first_pos, inv_freq);
         for (i, &bits) in words.iter().enumerate() {
-            let row = row0 + i * step;
-            let (mut x0, mut x1) = (0.0f32, 0.0f32);
-            if first_pos + row < sh.s {
-                x0 = lo(bits);
-                x1 = hi(bits);
-                if inv_freq.is_some() {
-                    let y0 = x0 * c - x1 * sn;
-                    let y1 = x0 * sn + x1 * c;
-                    x0 = y0;
-                    x1 = y1;
-                }
-            }
-            store_word(dst, row * ld + 2 * pair, pack(x0, x1));
-            let next_c = c * step_c - sn * step_s;
-            sn = sn * step_c + c * step_s;
-            c = next_c;
+            let row = at.row0 + i * at.step;
+            at.put(dst, sh.d + 8, row, first_pos + row < sh.s, bits, inv_freq.is_some());
         }
     }
 }
