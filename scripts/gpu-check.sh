@@ -53,7 +53,7 @@ if ((dry)); then
 else
     DEVICE=cuda
     MODEL="${MODEL:-examples/models/gpt-1b.toml}"
-    SEQS="${SEQS:-8192 16384}"          # 32768 measured 2026-12-04 (BENCHMARKS.md): 10.2-12.1 s a step
+    SEQS="${SEQS:-16384}"               # 8192 and 32768 measured 2026-12-04 (BENCHMARKS.md)
     STEPS="${STEPS:-3}"                 # the first is the warm-up: its time is not used
     # 24 GiB leaves the 1B model ~9 GiB beside its 15 GiB of weights and optimizer state: the
     # planner's longest there are keep-all 6K, memo 56K, full-recompute 57K tokens, so the 4x runs
@@ -76,9 +76,9 @@ else
     export MEMO_REQUIRE_GPU=cuda        # a backend suite that cannot open the GPU fails
 fi
 PHASE0_S="${PHASE0_S:-35}"
-PHASE1_S="${PHASE1_S:-80}"
-PHASE2_S="${PHASE2_S:-105}"
-PHASE3_S="${PHASE3_S:-150}"
+PHASE1_S="${PHASE1_S:-70}"
+PHASE2_S="${PHASE2_S:-70}"
+PHASE3_S="${PHASE3_S:-130}"
 GRANULE=1024                            # the planner's --max-seq steps
 # The attention kernels' variant under trial (runtime-cuda's MEMO_CUDA_ATTENTION; the default is
 # "baseline"): phase 1 runs the GPU-vs-CPU tests with it, phase 2 measures memo with it at
