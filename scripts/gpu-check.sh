@@ -57,8 +57,8 @@ else
     STEPS="${STEPS:-3}"                 # the first is the warm-up: its time is not used
     # 24 GiB leaves the 1B model ~9 GiB beside its 15 GiB of weights and optimizer state: the
     # planner's longest there are keep-all 6K, memo 56K, full-recompute 57K tokens, so the 4x runs
-    # (24K) take seconds a step, and memo's longest one step about 35 s (with the attention kernels
-    # of 2026-12-04: 10.2 s a step at 32K, growing as s^2). At 40 GiB they would be 19K and 76K.
+    # (24K) take seconds a step, and memo's longest one step about 35 s (an estimate from the attention
+    # kernels of 2026-12-04: 10.2 s a step at 32K, growing as s^2). At 40 GiB they would be 19K and 76K.
     CAP="${CAP:-24GiB}"
     LONG_FACTOR="${LONG_FACTOR:-4}"
     CAP_LONG_STEPS="${CAP_LONG_STEPS:-2}"
@@ -267,30 +267,16 @@ begin_phase 3 "$PHASE3_S"
 run maxseq-plan 20 "$MEMO" plan --config "$MODEL" ${PLAN_MACHINE:+--machine-file "$PLAN_MACHINE"} --max-seq --json
 run cap-plan 20 "$MEMO" plan --config "$MODEL" --machine-file "$CAP_MACHINE" --max-seq --json
 planned() { # strategy -> the planner's longest sequence under the cap; nothing when none fits
-    python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    if line.startswith("{"):
-        for entry in json.loads(line).get("max_seq", []):
-            if entry.get("strategy") == sys.argv[2] and entry.get("max_seq_len"):
-                print(entry["max_seq_len"])' "$raw/cap-plan.out" "$1" 2>/dev/null
+    python3 scripts/gpu_check_report.py --longest "$raw" cap-plan "$1" 2>/dev/null
 }
 # The capped runs' attention: the variant under trial when its tests passed and its step at
 # $VARIANT_SEQ was shorter than the baseline's (CAP_ATTENTION=auto), else the one named.
 cap_attention="$CAP_ATTENTION"
 if [[ "$cap_attention" == auto ]]; then
     cap_attention=baseline
-    if ((variant_ok)); then
-        faster=$(python3 -c '
-import json, sys
-def step(path):
-    steps = [l for l in (json.loads(x) for x in open(path) if x.startswith("{")) if "step" in l]
-    times = sorted(s["step_time_s"] for s in steps[1:]) or [None]
-    return times[len(times) // 2]
-mine, base = step(sys.argv[1]), step(sys.argv[2])
-print(1 if mine is not None and base is not None and mine < base else 0)' \
-            "$raw/variant-$VARIANT-measure-memo-$VARIANT_SEQ.out" "$raw/measure-memo-$VARIANT_SEQ.out" 2>/dev/null)
-        [[ "$faster" == 1 ]] && cap_attention="$VARIANT"
+    if ((variant_ok)) && python3 scripts/gpu_check_report.py --shorter "$raw" \
+        "variant-$VARIANT-measure-memo-$VARIANT_SEQ" "measure-memo-$VARIANT_SEQ" 2>/dev/null; then
+        cap_attention="$VARIANT"
     fi
 fi
 echo "cap_attention=$cap_attention" >>"$raw/settings.txt"

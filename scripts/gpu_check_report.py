@@ -444,8 +444,24 @@ def main(out_dir):
     return 0 if ok else 1
 
 
+def shorter(raw, name, than):
+    """Whether run `name`'s step time (as the table computes it) is below run `than`'s."""
+    mine, base = (measurement(raw, n, "", 0)["step_time_s"] for n in (name, than))
+    return mine is not None and base is not None and mine < base
+
+
 if __name__ == "__main__":
+    # Two questions gpu-check.sh asks during its run, answered as the report computes them:
+    if len(sys.argv) == 5 and sys.argv[1] == "--shorter":
+        # exit 0 when run RUN's step time is below run THAN_RUN's (the capped runs' attention)
+        sys.exit(0 if shorter(sys.argv[2], sys.argv[3], sys.argv[4]) else 1)
+    if len(sys.argv) == 5 and sys.argv[1] == "--longest":
+        # the planner's longest sequence of STRATEGY in run PLAN's --max-seq output (none: nothing)
+        longest = planner_longest(sys.argv[2], sys.argv[3]).get(sys.argv[4])
+        print(longest if longest else "")
+        sys.exit(0)
     if len(sys.argv) != 2:
-        print("usage: gpu_check_report.py OUT_DIR", file=sys.stderr)
+        print("usage: gpu_check_report.py OUT_DIR | --shorter RAW_DIR RUN THAN_RUN | --longest RAW_DIR PLAN STRATEGY",
+              file=sys.stderr)
         sys.exit(2)
     sys.exit(main(sys.argv[1]))

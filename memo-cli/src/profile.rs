@@ -237,10 +237,8 @@ fn median_step_s(
         seed: 0,
         adamw: AdamW::default(),
     };
-    if device.kind != Kind::Cpu {
-        // A misfit says how much is over: profile at a shorter --seq.
-        crate::device::check_fits(&options)?;
-    }
+    // On every backend, as `memo train`: a misfit says how much is over (profile at a shorter --seq).
+    crate::device::check_fits(&options)?;
     let backend = device.open(false, CpuBackend::new)?;
     let mut trainer = Trainer::new(backend, &options).map_err(runtime_failure)?;
     let mut data = TextData::from_bytes(memo_runtime::data::DEFAULT_TEXT.as_bytes())

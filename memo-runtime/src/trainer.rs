@@ -366,9 +366,9 @@ type InitialBlock<'a> = (usize, &'a mut [u8], &'a mut [u8]);
 /// buffers are resized to fit and every byte is written, whatever they held. Drawn in blocks of
 /// whole rows on `threads` threads: a 1B-parameter model draws 10^9 normals, tens of seconds on
 /// one core (on the H200 machine's 16 cores, initialising took 19-20 s when each buffer was
-/// drawn on one thread and 6.5-7.5 s, most of it the upload, drawn in blocks; 2026-12-04); the
-/// values are those of one generator drawn element after element (each block jumps to its first
-/// draw).
+/// drawn on one thread and 6.5-7.5 s drawn in blocks, draw and upload not timed apart;
+/// 2026-12-04); the values are those of one generator drawn element after element (each block
+/// jumps to its first draw).
 fn draw_parameter_and_state(
     seed: u64,
     buffer: &Buffer,
@@ -441,37 +441,30 @@ impl InitialValues {
         InitialValues::Normal { seed: seed ^ (u64::from(buffer.role.code()) << 32) ^ (layer << 48) ^ 0x9E37_79B9, std }
     }
 
-    /// The values of elements `first..first + count`, in order.
-    fn values(&self, first: usize, count: usize) -> impl Iterator<Item = f32> + '_ {
-        let mut rng = match *self {
-            InitialValues::Normal { seed, .. } => SplitMix64::jumped(seed, 2 * first as u64),
-            InitialValues::Constant(_) => SplitMix64::new(0),
-        };
-        (0..count).map(move |_| match *self {
-            InitialValues::Constant(value) => value,
-            InitialValues::Normal { std, .. } => {
-                let mut uniform = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
-                // Box-Muller: one normal from two uniforms in (0, 1].
-                let u1 = 1.0 - uniform();
-                let u2 = uniform();
-                ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * std) as f32
-            }
-        })
-    }
-
-    /// Writes elements `first..` (whole rows of `per_row`) as bf16 into `values` and as the
-    /// optimizer state's rows (f32 master weight, then m and v, left zero) into `state`.
-    /// Writes every byte of a block of whole rows: `values` (bf16) and `state` (master, m = 0,
-    /// v = 0 per row).
+    /// Writes every byte of a block of whole rows (`per_row` elements each) from element `first`
+    /// on: the bf16 values into `values`, and the optimizer state's rows into `state` (the f32
+    /// master weight = the bf16 value widened, then m = 0 and v = 0).
     fn fill(&self, first: usize, per_row: usize, values: &mut [u8], state: &mut [u8]) {
         state.fill(0);
         let count = values.len() / 2;
-        for (i, value) in self.values(first, count).enumerate() {
+        let mut put = |i: usize, value: f32| {
             let rounded = bf16::from_f32(value);
             values[2 * i..2 * i + 2].copy_from_slice(&rounded.to_le_bytes());
-            let (row, column) = (i / per_row, i % per_row);
-            let at = row * per_row * 12 + column * 4;
+            let at = (i / per_row) * per_row * 12 + (i % per_row) * 4;
             state[at..at + 4].copy_from_slice(&rounded.to_f32().to_le_bytes());
+        };
+        match *self {
+            InitialValues::Constant(value) => (0..count).for_each(|i| put(i, value)),
+            InitialValues::Normal { seed, std } => {
+                let mut rng = SplitMix64::jumped(seed, 2 * first as u64);
+                let mut uniform = || (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
+                for i in 0..count {
+                    // Box-Muller: one normal from two uniforms in (0, 1].
+                    let u1 = 1.0 - uniform();
+                    let u2 = uniform();
+                    put(i, ((-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos() * std) as f32);
+                }
+            }
         }
     }
 }

@@ -13,6 +13,7 @@ use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport
 
 use crate::exec::{self, Resolved};
 use crate::timing::Timing;
+use crate::{compile, probe};
 
 /// The environment variable that picks the attention kernels' variant: `baseline` (the default,
 /// verified on an H200) or `pipelined` ([`AttentionVariant`]); any other value is an error.
@@ -27,7 +28,6 @@ fn attention_variant(value: Option<&str>) -> Result<AttentionVariant, BackendErr
         _ => Ok(AttentionVariant::default()),
     }
 }
-use crate::{compile, probe};
 
 /// The arena and the host slab.
 struct Memory {
