@@ -27,9 +27,13 @@ pub fn check(plan: &Plan) -> Result<(), Failure> {
 
 /// Writes `plan`'s encoding to `path` atomically: a temporary file in the same directory, synced,
 /// then renamed over `path`, so a reader never sees half a plan and an old plan survives a crash.
-pub fn write_plan(path: &Path, plan: &Plan) -> Result<(), Failure> {
-    write_atomically(path, &plan.encode())
-        .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write {}: {e}; check the directory", path.display())))
+/// Returns the bytes written.
+pub fn write_plan(path: &Path, plan: &Plan) -> Result<usize, Failure> {
+    let bytes = plan.encode();
+    write_atomically(path, &bytes).map_err(|e| {
+        Failure::new(exit::IO_ERROR, format!("cannot write {}: {e}; check the directory", path.display()))
+    })?;
+    Ok(bytes.len())
 }
 
 /// `bytes` to `path` via a temporary sibling and a rename.

@@ -195,19 +195,33 @@ pub fn parse_tokens(text: &str) -> Result<u64, String> {
             None => (text, 1),
         },
     };
-    digits
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(multiplier))
-        .filter(|&n| n > 0)
-        .ok_or_else(|| "expected a token count such as 32768, 256K or 1M (K and M are binary)".to_string())
+    let expected = "expected a token count such as 32768, 256K or 1M (K and M are binary)";
+    let digits = digits.trim();
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(expected.to_string());
+    }
+    match digits.parse::<u64>().ok().and_then(|n| n.checked_mul(multiplier)) {
+        Some(0) => Err(format!("{expected}; 0 tokens is no sequence")),
+        Some(n) => Ok(n),
+        None => Err(format!("{text} tokens is too large: at most {} tokens (2^64 - 1)", u64::MAX)),
+    }
 }
 
 /// Bytes: a whole number with an optional unit (K, M, G, T, KB..TB decimal; KiB..TiB binary).
+/// A well-formed count past 2^64 - 1 bytes is told apart from a malformed one.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    trace::parse_size(text.trim()).ok_or_else(|| {
-        "expected a byte count such as 80GiB, 2TiB or 512MB (KiB..TiB binary, K..TB decimal)".to_string()
+    let text = text.trim();
+    trace::parse_size(text).ok_or_else(|| {
+        let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+        let (digits, unit) = text.split_at(split);
+        // The unit is known when "1<unit>" parses; then only the size can be wrong.
+        if !digits.is_empty() && trace::parse_size(&format!("1{unit}")).is_some() {
+            format!("{text} is too large: at most {} bytes (2^64 - 1, about 16 EiB)", u64::MAX)
+        } else {
+            "expected a byte count such as 4096, 80GiB, 2TiB or 512MB (units K, M, G, T, KB..TB decimal; \
+             KiB..TiB binary)"
+                .to_string()
+        }
     })
 }
 
@@ -238,7 +252,7 @@ impl ConfigArgs {
     /// Resolves preset, file and flags into one configuration.
     pub fn resolve(&self) -> Result<Config, Failure> {
         let (file, file_name) = match &self.config {
-            Some(path) => (read_file(path)?, path.display().to_string()),
+            Some(path) => (read_file(path, "--config")?, path.display().to_string()),
             None => (File::default(), String::new()),
         };
         let file_name = file_name.as_str();
@@ -294,7 +308,7 @@ impl ConfigArgs {
 
         // A machine file (what `memo profile` writes) replaces --config's [machine] table.
         let (machine_table, machine_file_name) = match &self.machine_file {
-            Some(path) => (read_file(path)?.machine, path.display().to_string()),
+            Some(path) => (read_file(path, "--machine-file")?.machine, path.display().to_string()),
             None => (file.machine, file_name.to_string()),
         };
         let mut hardware = machine_of_table(&machine_table, self.machine.as_deref(), &machine_file_name)?;
@@ -397,7 +411,7 @@ pub fn machine(preset: &str, machine_file: Option<&Path>) -> Result<Hardware, Fa
     let hardware = match machine_file {
         Some(path) => {
             let name = path.display().to_string();
-            let file = read_file(path)?;
+            let file = read_file(path, "--machine-file")?;
             let hardware = machine_of_table(&file.machine, None, &name)?;
             hardware.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("{name}: machine: {e}")))?;
             hardware
@@ -409,8 +423,8 @@ pub fn machine(preset: &str, machine_file: Option<&Path>) -> Result<Hardware, Fa
 
 /// A model from the `[model]` table of a TOML file (a preset name and/or layers, hidden, heads;
 /// `vocab` defaults to 256 here, the byte-level vocabulary of `memo train`).
-pub fn model_from_file(path: &Path, seq_len: u64, micro_batch: u64) -> Result<ModelConfig, Failure> {
-    let file = read_file(path)?;
+fn model_from_file(path: &Path, seq_len: u64, micro_batch: u64) -> Result<ModelConfig, Failure> {
+    let file = read_file(path, "--model")?;
     let m = &file.model;
     let name = path.display().to_string();
     let mut model = match &m.preset {
@@ -443,16 +457,63 @@ fn apply<T: Copy, const N: usize>(field: &mut T, values: [Option<T>; N]) {
     }
 }
 
-fn read_file(path: &Path) -> Result<File, Failure> {
+/// The model `--model ARG` names for `memo train` and `memo profile`: `tiny`, `small`, or a TOML
+/// file with a `[model]` table (any existing file is read as one, whatever its extension).
+pub fn model_arg(arg: &str, seq_len: u64, micro_batch: u64) -> Result<ModelConfig, Failure> {
+    if let Some(mut model) = memo_runtime::training_model(arg, seq_len) {
+        model.micro_batch = micro_batch;
+        return Ok(model);
+    }
+    if arg.ends_with(".toml") || Path::new(arg).is_file() {
+        return model_from_file(arg.as_ref(), seq_len, micro_batch);
+    }
+    Err(Failure::new(
+        exit::BAD_INPUT,
+        format!("--model {arg}: no such model or file; use tiny, small or a TOML file with a [model] table"),
+    ))
+}
+
+/// A TOML file as its table. An unreadable file is an I/O error (exit 1) with the OS's reason; a
+/// file that is not UTF-8 text (a binary given by mistake) or not TOML is bad input (exit 2)
+/// naming the file, the line and column, and what the option takes.
+fn read_file(path: &Path, option: &str) -> Result<File, Failure> {
+    let text = read_text(path, option)?;
+    toml::from_str(&text).map_err(|e| Failure::new(exit::BAD_INPUT, toml_error_line(path, &text, &e)))
+}
+
+/// The contents of a text file the user named, or a one-line failure.
+fn read_text(path: &Path, option: &str) -> Result<String, Failure> {
     let name = path.display();
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let bytes = std::fs::read(path).map_err(|e| {
         Failure::new(exit::IO_ERROR, format!("cannot read {name}: {e}; check the path and permissions"))
     })?;
-    toml::from_str(&text).map_err(|e| {
-        // toml's message names the line and column; keep it on one line.
-        let message = e.to_string().replace('\n', " ");
-        Failure::new(exit::BAD_INPUT, format!("{name}: {message}"))
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = 1 + e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
+        Failure::new(
+            exit::BAD_INPUT,
+            format!(
+                "{name}:{line}: not a text file (byte {at} is not UTF-8): {option} takes a TOML file; is this \
+                 the file you meant?"
+            ),
+        )
     })
+}
+
+/// `file:line:column: message` for a TOML error: toml's own rendering spans several lines with a
+/// source excerpt and `|` gutters, which a one-line error cannot hold.
+fn toml_error_line(path: &Path, text: &str, error: &toml::de::Error) -> String {
+    let name = path.display();
+    let message = error.message().trim().replace('\n', " ");
+    match error.span() {
+        Some(span) => {
+            let before = &text[..span.start.min(text.len())];
+            let line = 1 + before.matches('\n').count();
+            let column = 1 + before.rsplit('\n').next().map_or(0, |l| l.chars().count());
+            format!("{name}:{line}:{column}: {message}")
+        }
+        None => format!("{name}: {message}"),
+    }
 }
 
 #[cfg(test)]

@@ -137,6 +137,7 @@ pub fn check_fits(options: &TrainOptions) -> Result<(), Failure> {
         PlanRequest::new(options.model.clone(), Parallelism::single(), options.hardware.clone(), options.strategy);
     request.forced_alpha = options.forced_alpha;
     let report = planner::plan(&request).map_err(|e| Failure::new(exit::BAD_INPUT, format!("planning failed: {e}")))?;
+    let remedies = planner::remedies(&request, &report);
     match &report.misfit {
         None => Ok(()),
         Some(misfit) => Err(Failure::new(
@@ -148,7 +149,7 @@ pub fn check_fits(options: &TrainOptions) -> Result<(), Failure> {
                 options.hardware.name,
                 misfit.device_excess_bytes,
                 misfit.host_excess_bytes,
-                planner::remedies(&report).join("; ")
+                remedies.join("; ")
             ),
         )),
     }

@@ -4,11 +4,11 @@
 //! |------|---------|
 //! | 0    | success |
 //! | 1    | I/O error: the input cannot be read, or the output cannot be written (e.g. a closed pipe) |
-//! | 2    | bad input: a usage error (unknown option, bad value), an invalid trace, config or plan file |
+//! | 2    | bad input: a usage error (unknown option, bad value), an invalid trace, TOML or model file, or a file that does not decode as a plan (garbage, truncated, damaged) |
 //! | 3    | proven infeasible: no placement fits under `--capacity` |
 //! | 4    | not found: no placement under `--capacity` was found within `--budget-nodes` |
 //! | 5    | does not fit: the plan of the chosen `--strategy` needs more device or host memory than the machine has |
-//! | 6    | invalid plan: a plan file violates the plan rules (`memo check` lists them) |
+//! | 6    | invalid plan: a plan file that decodes but breaks a plan rule (`memo check` lists them) |
 //! | 7    | device unavailable: the `--device` backend cannot be opened (no driver, no device, or not built); the backend's message says which |
 //! | 70   | internal error: a result failed its independent check (a bug: please report it) |
 //!
@@ -30,7 +30,7 @@ pub const INFEASIBLE: u8 = 3;
 pub const NOT_FOUND: u8 = 4;
 /// The chosen strategy's plan does not fit the machine.
 pub const DOES_NOT_FIT: u8 = 5;
-/// A plan file violates the plan rules.
+/// A plan file decodes but breaks a plan rule.
 pub const PLAN_INVALID: u8 = 6;
 /// The `--device` backend cannot be opened.
 pub const DEVICE_UNAVAILABLE: u8 = 7;
@@ -42,11 +42,12 @@ pub const HELP: &str = "\
 Exit codes:
   0   success
   1   I/O error: cannot read the input or write the output (e.g. a closed pipe)
-  2   bad input: usage error or invalid trace (the message names the file and line)
+  2   bad input: a usage error, an invalid trace, TOML or model file, or a file that does not
+      decode as a plan (garbage, truncated, damaged); the message names the file and line
   3   proven infeasible under --capacity
   4   no placement under --capacity found within --budget-nodes (raise either)
   5   the chosen strategy's plan does not fit the machine (the message says by how much, and what would fit)
-  6   the plan file violates the plan rules (`memo check` lists every violation)
+  6   a plan file that decodes but breaks a plan rule (`memo check` lists every violation)
   7   the --device backend cannot be opened (no driver, no device, or not built: the message says which)
   70  internal error: the result failed its independent check (please report it)";
 

@@ -253,12 +253,7 @@ fn summarise(plan: &Plan) -> Result<Summary, Failure> {
         p.parallel.data,
         p.hardware.name
     );
-    text.push_str(&format!(
-        "alpha {:.4} ({}), {} rows of each sequence-sharded token-split tensor swapped\n",
-        p.alpha,
-        p.alpha_bound.label(),
-        p.swapped_rows
-    ));
+    text.push_str(&format!("{}\n", p.swap_summary()));
     text.push_str(&format!(
         "device arena {} (lower bound {}); host slab {}; GPU memory {}\n",
         human::bytes(t.arena_bytes),

@@ -68,10 +68,11 @@ fn parse_strategy(text: &str) -> Result<Strategy, String> {
     Strategy::from_name(text.trim()).ok_or_else(|| "expected memo, full-recompute, full-swap or keep-all".to_string())
 }
 
-/// One planned strategy and how long planning took.
+/// One planned strategy, how long planning took, and what would make it fit (empty when it fits).
 struct Planned {
     report: PlanReport,
     elapsed: Duration,
+    remedies: Vec<String>,
 }
 
 /// Runs `memo plan`.
@@ -95,24 +96,35 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
         let forced_alpha = if strategy == Strategy::Memo { args.alpha } else { None };
         let request = PlanRequest { forced_alpha, budget_nodes: args.budget_nodes, ..request(&config, strategy) };
         let started = Instant::now();
-        let report =
-            planner::plan(&request).map_err(|e| Failure::new(exit::BAD_INPUT, format!("{}: {e}", strategy.name())))?;
+        let report = planner::plan(&request).map_err(|e| strategy_failure(strategy, &e))?;
         let elapsed = started.elapsed();
         crate::checked::check(&report.plan)?;
-        planned.push(Planned { report, elapsed });
+        let remedies = planner::remedies(&request, &report);
+        planned.push(Planned { report, elapsed, remedies });
     }
     if let (Some(path), [one]) = (&args.output, planned.as_slice()) {
-        crate::checked::write_plan(path, &one.report.plan)?;
+        let bytes = crate::checked::write_plan(path, &one.report.plan)?;
+        eprintln!(
+            "memo plan: wrote the {} plan to {} ({bytes} bytes)",
+            one.report.plan.provenance.strategy.name(),
+            path.display()
+        );
     }
     let text = if args.json { json_text(&config, &planned) } else { table(&config, &planned) };
     write_stdout(&text)?;
     match (args.strategy, planned.as_slice()) {
         (Some(strategy), [one]) if !one.report.fits() => Err(Failure::new(
             exit::DOES_NOT_FIT,
-            format!("the {} plan does not fit: {}", strategy.name(), planner::remedies(&one.report).join("; ")),
+            format!("the {} plan does not fit: {}", strategy.name(), one.remedies.join("; ")),
         )),
         _ => Ok(()),
     }
+}
+
+/// A planner error for one strategy. The strategy is named apart from the message, so that `memo`
+/// the strategy does not read as the `memo: ` prefix of every message.
+fn strategy_failure(strategy: Strategy, error: &planner::PlanError) -> Failure {
+    Failure::new(exit::BAD_INPUT, format!("cannot plan strategy {}: {error}", strategy.name()))
 }
 
 fn request(config: &Config, strategy: Strategy) -> PlanRequest {
@@ -231,7 +243,7 @@ fn table(config: &Config, planned: &[Planned]) -> String {
             ));
         }
         out.push('\n');
-        for remedy in planner::remedies(r) {
+        for remedy in &p.remedies {
             out.push_str(&format!("  does not fit: {remedy}\n"));
         }
     }
@@ -250,7 +262,7 @@ fn alignment_padding(plan: &memo_plan_core::plan::Plan) -> u64 {
 }
 
 /// The JSON object of one plan (`spec/cost-model.md` lists the fields).
-pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration) -> Value {
+pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration, remedies: &[String]) -> Value {
     let r = planned_report;
     let prov = &r.plan.provenance;
     let t = &r.plan.totals;
@@ -284,7 +296,7 @@ pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration
         "fits": r.fits(),
         "device_excess_bytes": r.misfit.as_ref().map_or(0, |m| m.device_excess_bytes),
         "host_excess_bytes": r.misfit.as_ref().map_or(0, |m| m.host_excess_bytes),
-        "remedies": planner::remedies(r),
+        "remedies": remedies,
         "level1_forward": summary(&prov.level1_forward),
         "level1_backward": summary(&prov.level1_backward),
         "level2": summary(&prov.level2),
@@ -296,14 +308,12 @@ pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration
 
 fn json_text(config: &Config, planned: &[Planned]) -> String {
     let value = match planned {
-        [one] => plan_json(config, &one.report, one.elapsed),
-        many => json!({"strategies": many.iter().map(|p| plan_json(config, &p.report, p.elapsed)).collect::<Vec<_>>()}),
+        [one] => plan_json(config, &one.report, one.elapsed, &one.remedies),
+        many => json!({"strategies": many.iter().map(|p| plan_json(config, &p.report, p.elapsed, &p.remedies))
+            .collect::<Vec<_>>()}),
     };
     format!("{value}\n")
 }
-
-/// The longest sequence `--max-seq` searches up to: 64M tokens.
-const MAX_SEQ_LIMIT: u64 = 64 << 20;
 
 fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
     let mut config_args = args.config.clone();
@@ -313,9 +323,7 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
     if args.output.is_some() {
         return Err(Failure::new(exit::BAD_INPUT, "--max-seq writes no plan file: drop -o"));
     }
-    // 1K tokens, or a multiple of t when t does not divide 1024.
-    let t = config.parallel.tensor;
-    let granularity = if 1024 % t == 0 { 1024 } else { 1024 * t };
+    let granularity = planner::max_seq_granularity(config.parallel.tensor);
     let strategies = match args.strategy {
         Some(strategy) => vec![strategy],
         None => Strategy::ALL.to_vec(),
@@ -325,8 +333,7 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
         let forced_alpha = if strategy == Strategy::Memo { args.alpha } else { None };
         let request = PlanRequest { forced_alpha, budget_nodes: args.budget_nodes, ..request(&config, strategy) };
         let started = Instant::now();
-        let result = planner::max_seq(&request, granularity, MAX_SEQ_LIMIT)
-            .map_err(|e| Failure::new(exit::BAD_INPUT, format!("{}: {e}", strategy.name())))?;
+        let result = planner::longest_sequence(&request).map_err(|e| strategy_failure(strategy, &e))?;
         if let Some(report) = &result.report {
             crate::checked::check(&report.plan)?;
         }
@@ -344,7 +351,7 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
                     "plan": m.report.as_ref().map(|r| {
                         let mut c = config.clone();
                         c.model.seq_len = r.plan.provenance.model.seq_len;
-                        plan_json(&c, r, Duration::ZERO)
+                        plan_json(&c, r, Duration::ZERO, &[])
                     }),
                 })
             })
@@ -376,7 +383,7 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
                 )),
             }
         }
-        out.push_str(&format!("\nSearched multiples of {granularity} tokens up to {MAX_SEQ_LIMIT}.\n"));
+        out.push_str(&format!("\nSearched multiples of {granularity} tokens up to {}.\n", planner::MAX_SEQ_LIMIT));
         out
     };
     write_stdout(&text)

@@ -19,11 +19,11 @@ use memo_plan_core::cost::{layer_forward_flops, AttentionFlops};
 use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
 use memo_plan_core::plan::{EventId, Strategy, Stream};
 use memo_runtime::data::TextData;
-use memo_runtime::{training_model, AdamW, Backend, Space, Span, TrainOptions, Trainer};
+use memo_runtime::{AdamW, Backend, Space, Span, TrainOptions, Trainer};
 use runtime_cpu::CpuBackend;
 use serde_json::json;
 
-use crate::config::{model_from_file, parse_bytes, parse_tokens};
+use crate::config::{parse_bytes, parse_tokens};
 use crate::device::{parse_device, runtime_failure, AnyBackend, Device, Kind};
 use crate::exit::{self, Failure};
 use crate::human;
@@ -40,8 +40,10 @@ that `memo plan --machine-file` and `memo train --machine-file` read:
                    forward, as the cost model assumes);
   achieved_flops   that layer's forward FLOPs (attention halved for the causal mask) over it.
 The other fields (device and host memory, peak FLOP/s) come from --machine (default: h200x1 for
-cuda, mi300x8 for hip, a 64 GiB host for cpu). layer_forward_s replaces the FLOP estimate of every
-plan made with the file: profile at the model and sequence you plan.";
+cuda, mi300x8 for hip, a 64 GiB host for cpu). The file gives the measured rate, achieved_flops:
+a plan for any model and sequence times its layers at that rate (the profiled shape gets the
+measured layer_forward_s back exactly). layer_forward_s itself is written as a comment: it holds
+for the profiled shape only. Profile at the shape you plan for the most faithful rate.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -104,16 +106,7 @@ const LAYERS: [u32; 2] = [2, 4];
 
 /// Runs `memo profile`.
 pub fn run(args: &ProfileArgs) -> Result<(), Failure> {
-    let model = match training_model(&args.model, args.seq) {
-        Some(model) => model,
-        None if args.model.ends_with(".toml") => model_from_file(args.model.as_ref(), args.seq, 1)?,
-        None => {
-            return Err(Failure::new(
-                exit::BAD_INPUT,
-                format!("--model {}: use tiny, small or a TOML file", args.model),
-            ))
-        }
-    };
+    let model = crate::config::model_arg(&args.model, args.seq, 1)?;
     let base = args.device.machine(args.machine.as_deref(), None)?;
     let copy_bytes = args.copy_size.unwrap_or(if args.device.kind == Kind::Cpu { 64 << 20 } else { 512 << 20 });
     if copy_bytes == 0 {
@@ -299,9 +292,10 @@ fn machine_toml(
          # d2h, h2d: the median of {repeats} copies of {copy_bytes} bytes each way between the arena and the\n\
          # pinned host slab, through the Backend trait. layer_forward_s: a third of the per-layer\n\
          # difference of the median step times of the keep-all plan at {l0} and {l1} layers\n\
-         # ({s0:.6} s and {s1:.6} s). It holds for this layer shape at {seq} tokens x {b} only and\n\
-         # replaces the FLOP estimate of every plan made with this file: delete that line to plan\n\
-         # other sequences from achieved_flops. Memory and peak_flops are from {base_name}{raised}.\n\
+         # ({s0:.6} s and {s1:.6} s), left as a comment below: it holds for this layer shape at\n\
+         # {seq} tokens x {b} only. achieved_flops is the same measurement as a rate (the layer's\n\
+         # forward FLOPs, attention halved, over layer_forward_s): plans of any model and sequence\n\
+         # time their layers at it. Memory and peak_flops are from {base_name}{raised}.\n\
          [machine]\n\
          {preset}\
          device_memory = {device_memory}\n\
@@ -312,7 +306,7 @@ fn machine_toml(
          gpus_sharing_uplink = {sharing}\n\
          peak_flops = {peak}\n\
          achieved_flops = {achieved}\n\
-         layer_forward_s = {layer:e}\n",
+         # layer_forward_s = {layer:e}\n",
         device = device.label(),
         model_name = model_arg,
         seq = model.seq_len,

@@ -9,6 +9,7 @@ use memo_plan_core::arena::{self, Solution, SolveError, SolveOptions, DEFAULT_BU
 use memo_plan_core::check::check_placement;
 use memo_plan_core::trace::{self, Trace, TraceError, TraceFormat};
 
+use crate::config::parse_bytes;
 use crate::exit::{self, Failure};
 use crate::human;
 
@@ -61,14 +62,6 @@ pub struct SolveArgs {
     /// Also draw the placement as SVG into this file (x = step, y = offset)
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
-}
-
-fn parse_bytes(text: &str) -> Result<u64, String> {
-    trace::parse_size(text.trim()).ok_or_else(|| {
-        "expected a byte count such as 4096, 512MB or 80GiB (units K, M, G, T, KB, MB, GB, TB, \
-         KiB, MiB, GiB, TiB)"
-            .to_string()
-    })
 }
 
 fn parse_nodes(text: &str) -> Result<u64, String> {

@@ -9,11 +9,11 @@ use memo_plan_core::plan::Strategy;
 use memo_runtime::checkpoint::{fingerprint, Checkpoint};
 use memo_runtime::data::TextData;
 use memo_runtime::recall::{RecallTask, MIN_RECALL_SEQ_LEN};
-use memo_runtime::{training_model, AdamW, TrainOptions, Trainer};
+use memo_runtime::{AdamW, TrainOptions, Trainer};
 use runtime_cpu::CpuBackend;
 use serde_json::json;
 
-use crate::config::{model_from_file, parse_rate, parse_tokens};
+use crate::config::{parse_rate, parse_tokens};
 use crate::device::{parse_device, Device, StepFlops};
 use crate::exit::{self, Failure};
 use crate::human;
@@ -68,8 +68,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1, value_name = "B")]
     micro_batch: u64,
 
-    /// Steps to train (in total, counting those a resumed checkpoint already took)
-    #[arg(long, default_value_t = 100, value_name = "N")]
+    /// Steps to train (in total, counting those a resumed checkpoint already took; at least 1)
+    #[arg(long, default_value_t = 100, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     steps: u64,
 
     /// memo, full-recompute, full-swap or keep-all
@@ -154,19 +154,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         &args.device,
         &[("--checked", args.checked), ("--copy-bandwidth", args.copy_bandwidth.is_some())],
     )?;
-    let model = match training_model(&args.model, args.seq) {
-        Some(mut model) => {
-            model.micro_batch = args.micro_batch;
-            model
-        }
-        None if args.model.ends_with(".toml") => model_from_file(args.model.as_ref(), args.seq, args.micro_batch)?,
-        None => {
-            return Err(Failure::new(
-                exit::BAD_INPUT,
-                format!("--model {}: use tiny, small or a TOML file", args.model),
-            ));
-        }
-    };
+    let model = crate::config::model_arg(&args.model, args.seq, args.micro_batch)?;
     if args.alpha.is_some() && args.strategy != Strategy::Memo {
         return Err(Failure::new(exit::BAD_INPUT, "--alpha applies to --strategy memo only"));
     }
@@ -219,31 +207,47 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         let checkpoint = Checkpoint::load(dir).map_err(|e| Failure::new(exit::BAD_INPUT, e))?;
         trainer.restore(&checkpoint, print).map_err(failure)?;
         data.seek(checkpoint.data_position);
+        let resumed_at = trainer.steps_taken();
+        if resumed_at >= args.steps {
+            return Err(Failure::new(
+                exit::BAD_INPUT,
+                format!(
+                    "--steps {}: the checkpoint in {} already holds {resumed_at} steps; give --steps above \
+                     {resumed_at} to train on",
+                    args.steps,
+                    dir.display()
+                ),
+            ));
+        }
+        eprintln!("memo train: resumed from the checkpoint in {} at step {resumed_at}", dir.display());
     }
     let totals = trainer.report().plan.totals;
-    let alpha = trainer.report().plan.provenance.alpha;
+    let (alpha, swaps) = {
+        let provenance = &trainer.report().plan.provenance;
+        (provenance.alpha, provenance.swap_summary())
+    };
     let (device_bytes, host_bytes) = (totals.arena_bytes, totals.host_bytes);
     let memory = trainer.memory();
     let tokens_per_step = (model.seq_len * model.micro_batch) as f64;
+    // A unigram entropy is a property of a text; the recall task has none to report.
     let unigram = match &data {
-        Source::Text(text) => text.unigram_entropy(),
-        Source::Recall(_) => f64::NAN,
+        Source::Text(text) => Some(text.unigram_entropy()),
+        Source::Recall(_) => None,
     };
     let interactive = std::io::stderr().is_terminal() && !args.json;
     if !args.json {
         eprintln!(
-            "memo train: {} ({} layers, h {}), {} tokens x {}, {} plan (alpha {:.3}), arena {}, host slab {}; \
-             unigram entropy of the data {:.3} nats",
+            "memo train: {} ({} layers, h {}), {} tokens x {}, {} plan, arena {}, host slab {}{}\n  {}",
             model.name,
             model.layers,
             model.hidden,
             model.seq_len,
             model.micro_batch,
             args.strategy.name(),
-            alpha,
             human::binary_units(memory.device_bytes),
             human::binary_units(memory.host_bytes),
-            unigram
+            unigram.map(|u| format!("; unigram entropy of the data {u:.3} nats")).unwrap_or_default(),
+            swaps
         );
     }
     let started = Instant::now();
@@ -330,7 +334,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         "summary": true, "steps": trainer.steps_taken(), "parameters": parameters, "final_loss": last_loss, "unigram_entropy": unigram,
         "tokens_per_s": taken as f64 * tokens_per_step / elapsed.max(1e-9), "strategy": args.strategy.name(),
         "task": args.task.as_deref().unwrap_or("text"),
-        "alpha": alpha, "device_bytes": device_bytes, "host_bytes": host_bytes,
+        "alpha": alpha, "swaps": swaps, "device_bytes": device_bytes, "host_bytes": host_bytes,
         "device": args.device.label(), "machine": options.hardware.name, "peak_flops": step_flops.peak_flops,
         "allocated_device_bytes": memory.device_bytes, "allocated_host_bytes": memory.host_bytes,
         "scratch_device_bytes": trainer.memory().scratch_bytes,
@@ -344,8 +348,9 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
             eprintln!();
         }
         eprintln!(
-            "done: {} steps, final loss {last_loss:.4} (unigram entropy {unigram:.4}), {:.0} tokens/s",
+            "done: {} steps, final loss {last_loss:.4}{}, {:.0} tokens/s",
             trainer.steps_taken(),
+            unigram.map(|u| format!(" (unigram entropy {u:.4})")).unwrap_or_default(),
             summary["tokens_per_s"].as_f64().unwrap_or(0.0)
         );
     }

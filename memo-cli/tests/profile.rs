@@ -27,7 +27,9 @@ fn the_profile_is_a_machine_file_for_plan_and_train() {
         assert!(measured[key].as_f64().unwrap() > 0.0, "{key}: {measured}");
     }
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.contains("[machine]") && text.contains("layer_forward_s = "), "{text}");
+    // The layer time holds for the profiled shape only: a comment; the rate is what plans use.
+    assert!(text.contains("[machine]") && text.contains("\n# layer_forward_s = "), "{text}");
+    assert!(text.contains("\nachieved_flops = "), "{text}");
     // No temporary sibling is left behind.
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
 
@@ -37,6 +39,21 @@ fn the_profile_is_a_machine_file_for_plan_and_train() {
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     let plans: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(plans["strategies"][0]["machine"], "cpu-machine", "{plans}");
+    // A profile of the tiny model at 64 tokens planning 7B at 4K tokens: the figures stay possible
+    // (the measured rate, not the tiny layer's time, times the 7B layer).
+    for plan in plans["strategies"].as_array().unwrap() {
+        let causal = plan["mfu_causal"].as_f64().unwrap();
+        assert!(causal > 0.0 && causal <= 1.0, "MFU-c {causal} of {plan}");
+    }
+
+    // A layer time of the tiny model written back as a live line is refused for 7B: it would run
+    // the 7B layer above the peak.
+    let measured_line = text.lines().find(|l| l.starts_with("# layer_forward_s = ")).unwrap();
+    let live = dir.join("live-layer-time.toml");
+    std::fs::write(&live, text.replace(measured_line, &measured_line[2..])).unwrap();
+    let args = ["plan", "--model", "7b", "--layers", "4", "--seq", "4K", "--machine-file", live.to_str().unwrap()];
+    let message = assert_fails(&memo(&args, None), 2);
+    assert!(message.contains("above peak_flops") && message.contains("another layer shape"), "{message}");
 
     // memo train trains with it, and its --json lines carry step time and both MFUs.
     let output = memo(

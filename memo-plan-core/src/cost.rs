@@ -60,6 +60,16 @@ pub enum CostError {
         /// The value given.
         alpha: f64,
     },
+    /// A measured layer forward time shorter than the layer's FLOPs take at the peak: it was
+    /// measured for another layer shape (a profile of a small model applied to a large one).
+    MeasuredAbovePeak {
+        /// `measured_layer_forward_s`.
+        seconds: f64,
+        /// The forward FLOPs of one layer of the planned model (attention halved for the mask).
+        layer_flops: u128,
+        /// `peak_flops`.
+        peak: u64,
+    },
 }
 
 impl From<ModelError> for CostError {
@@ -81,6 +91,14 @@ impl fmt::Display for CostError {
                     "alpha = {alpha} is not a swap fraction: give a number from 0 (recompute all) to 1 (swap all)"
                 )
             }
+            CostError::MeasuredAbovePeak { seconds, layer_flops, peak } => write!(
+                f,
+                "measured_layer_forward_s = {seconds} s would run this model's layer ({layer_flops} FLOPs) at \
+                 {:.3e} FLOP/s, above peak_flops = {peak}: the time was measured for another layer shape; \
+                 delete measured_layer_forward_s (layer_forward_s in a machine file) to plan from achieved_flops, \
+                 or profile this model and sequence",
+                *layer_flops as f64 / seconds
+            ),
         }
     }
 }
@@ -267,13 +285,32 @@ pub fn layer_forward_time_s(
     hardware: &Hardware,
     attention: AttentionFlops,
 ) -> Result<f64, CostError> {
-    hardware.validate()?;
     let flops = layer_forward_flops(model, parallel, attention)?.total();
+    let rate = flops_per_s(model, parallel, hardware)?;
     Ok(match hardware.measured_layer_forward_s {
         Some(seconds) => seconds,
-        // validate() made achieved_flops >= 1 when nothing was measured.
-        None => flops as f64 / hardware.achieved_flops as f64,
+        None => flops as f64 / rate,
     })
+}
+
+/// The FLOP rate of one GPU: `achieved_flops`, or, with a measured layer forward time, one
+/// layer's forward FLOPs (attention halved for the causal mask) divided by it. A measured time
+/// that makes the rate exceed `peak_flops` is an error, never a rate: MFU above 100% of the peak
+/// is impossible, and such a time belongs to another layer shape.
+pub fn flops_per_s(model: &ModelConfig, parallel: &Parallelism, hardware: &Hardware) -> Result<f64, CostError> {
+    hardware.validate()?;
+    match hardware.measured_layer_forward_s {
+        Some(seconds) => {
+            let layer_flops = layer_forward_flops(model, parallel, AttentionFlops::CausalHalved)?.total();
+            let rate = layer_flops as f64 / seconds;
+            if rate > hardware.peak_flops as f64 {
+                return Err(CostError::MeasuredAbovePeak { seconds, layer_flops, peak: hardware.peak_flops });
+            }
+            Ok(rate)
+        }
+        // validate() made achieved_flops >= 1 when nothing was measured.
+        None => Ok(hardware.achieved_flops as f64),
+    }
 }
 
 /// Model FLOPs utilisation of one step, under both attention conventions. Always report which.

@@ -141,6 +141,15 @@ pub enum ModelError {
     },
 }
 
+/// The largest divisor of `value` that is at most `limit`, for suggesting a tensor-parallel degree;
+/// `None` when the search would be long (a limit above 2^16: no such degree is realistic).
+fn largest_divisor_up_to(value: u64, limit: u64) -> Option<u64> {
+    if limit > 1 << 16 {
+        return None;
+    }
+    (1..=limit.min(value)).rev().find(|d| value % d == 0)
+}
+
 impl fmt::Display for ModelError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -155,9 +164,19 @@ impl fmt::Display for ModelError {
                 let above = below.saturating_add(*tensor);
                 write!(
                     f,
-                    "{field} = {value} is not a multiple of the tensor-parallel degree t = {tensor}: \
-                     use a {field} divisible by {tensor} (e.g. {below} or {above}) or a t that divides {value}"
-                )
+                    "{field} = {value} is not a multiple of the tensor-parallel degree t = {tensor}: use a {field} "
+                )?;
+                // 0 is no size: offer the multiples of t that are one.
+                if below == 0 {
+                    write!(f, "divisible by {tensor} (e.g. {above})")?;
+                } else {
+                    write!(f, "divisible by {tensor} (e.g. {below} or {above})")?;
+                }
+                write!(f, " or a t that divides {value}")?;
+                match largest_divisor_up_to(*value, *tensor) {
+                    Some(t) if t > 1 => write!(f, " (e.g. {t})"),
+                    _ => Ok(()),
+                }
             }
             ModelError::Overflow { what } => write!(
                 f,

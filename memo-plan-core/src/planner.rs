@@ -196,7 +196,8 @@ pub struct MaxSequence {
 }
 
 /// Finds the longest sequence `request.strategy` fits, searching multiples of `granularity` up to
-/// `limit` tokens. Assumes fitting is monotone in the sequence length (memory grows with it).
+/// `limit` tokens. Assumes fitting is monotone in the sequence length (memory grows with it). An
+/// error planning `granularity` tokens is returned; at longer lengths one counts as "does not fit".
 pub fn max_seq(request: &PlanRequest, granularity: u64, limit: u64) -> Result<MaxSequence, PlanError> {
     let step = granularity.max(1);
     let mut attempt = request.clone();
@@ -204,12 +205,18 @@ pub fn max_seq(request: &PlanRequest, granularity: u64, limit: u64) -> Result<Ma
     let mut try_len = |tokens: u64| -> Result<Option<PlanReport>, PlanError> {
         attempt.model.seq_len = tokens;
         made += 1;
-        let report = plan(&attempt)?;
-        Ok(report.fits().then_some(report))
+        match plan(&attempt) {
+            Ok(report) => Ok(report.fits().then_some(report)),
+            // Only the length changed since the shortest one planned: a length too long to plan
+            // (a size or FLOP count past 64 bits) does not fit either.
+            Err(_) if tokens > step => Ok(None),
+            Err(error) => Err(error),
+        }
     };
+    // The shortest length plans (or its error is the request's own), so later errors are lengths'.
+    let mut best = try_len(step)?;
     // Invariant: lo * step fits (or lo = 0), hi * step does not (or hi = limit / step + 1).
-    let (mut lo, mut hi) = (0u64, limit / step + 1);
-    let mut best = None;
+    let (mut lo, mut hi) = if best.is_some() { (1u64, limit / step + 1) } else { (0, 1) };
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         match try_len(mid * step)? {
@@ -236,16 +243,39 @@ pub fn plan_all(request: &PlanRequest) -> Result<Vec<PlanReport>, PlanError> {
         .collect()
 }
 
-/// What would make a misfit fit, in words, for messages.
-pub fn remedies(report: &PlanReport) -> Vec<String> {
+/// The longest sequence [`longest_sequence`] searches up to: 64M tokens.
+pub const MAX_SEQ_LIMIT: u64 = 64 << 20;
+
+/// The step of the longest-sequence search for tensor-parallel degree `t`: 1K tokens, or
+/// `1024 * t` when `t` does not divide 1024 (a sequence is a multiple of `t`).
+pub fn max_seq_granularity(tensor: u64) -> u64 {
+    let tensor = tensor.max(1);
+    if 1024 % tensor == 0 {
+        1024
+    } else {
+        1024 * tensor
+    }
+}
+
+/// The longest sequence `request.strategy` fits, on the grid every caller uses
+/// ([`max_seq_granularity`] up to [`MAX_SEQ_LIMIT`]): what `memo plan --max-seq` prints and what
+/// the remedies of a misfit quote, from this one computation.
+pub fn longest_sequence(request: &PlanRequest) -> Result<MaxSequence, PlanError> {
+    max_seq(request, max_seq_granularity(request.parallel.tensor), MAX_SEQ_LIMIT)
+}
+
+/// What would make a misfit fit, in words, for messages. `request` is the request `report` was
+/// planned from; the "fewer tokens" remedy is [`longest_sequence`] of it (so it agrees with
+/// `--max-seq` by construction), which plans a few dozen times: call this once per report.
+pub fn remedies(request: &PlanRequest, report: &PlanReport) -> Vec<String> {
     use alloc::format;
     let mut out = Vec::new();
     let Some(misfit) = &report.misfit else { return out };
     let p = &report.plan.provenance;
     if misfit.device_excess_bytes > 0 {
         out.push(format!(
-            "device memory: the arena needs {} bytes, {} more than the GPU's {}; plan a shorter sequence \
-             (`--max-seq` finds the longest), a higher tensor-parallel degree than t = {}, or another strategy",
+            "device memory: the arena needs {} bytes, {} more than the GPU's {}; plan a shorter sequence, \
+             a higher tensor-parallel degree than t = {}, or another strategy",
             report.plan.totals.arena_bytes,
             misfit.device_excess_bytes,
             p.hardware.device_memory_bytes,
@@ -253,18 +283,30 @@ pub fn remedies(report: &PlanReport) -> Vec<String> {
         ));
     }
     if misfit.host_excess_bytes > 0 {
-        let mut line = format!(
+        out.push(format!(
             "host memory: the swapped activations need {} bytes per GPU, {} more than its share ({}) of the \
-             node's {}; add host memory, raise t, or use memo (which swaps only what fits)",
+             node's {}; plan a shorter sequence, add host memory, raise t, or use memo (which swaps only what fits)",
             report.plan.totals.host_bytes,
             misfit.host_excess_bytes,
             p.hardware.host_memory_per_gpu_bytes(),
             p.hardware.host_memory_per_node_bytes
-        );
-        if let Some(tokens) = report.swap.and_then(|s| s.max_seq_len_for_host) {
-            line.push_str(&format!("; at most {tokens} tokens keep the always-swapped tensors in host memory"));
-        }
-        out.push(line);
+        ));
+    }
+    let granularity = max_seq_granularity(p.parallel.tensor);
+    match longest_sequence(request) {
+        Ok(MaxSequence { seq_len: Some(tokens), .. }) => out.push(format!(
+            "fewer tokens: {} fits at most {tokens} tokens here (multiples of {granularity}; `--max-seq` searches the same)",
+            p.strategy.name()
+        )),
+        Ok(MaxSequence { seq_len: None, .. }) => out.push(format!(
+            "fewer tokens will not do: {} does not fit even {granularity} tokens here",
+            p.strategy.name()
+        )),
+        // The request planned once already; a failure at another length has nothing to add.
+        Err(_) => {}
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

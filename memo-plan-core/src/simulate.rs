@@ -11,8 +11,7 @@
 
 use alloc::vec::Vec;
 
-use crate::cost::{self, AttentionFlops, CostError};
-use crate::model::{Hardware, ModelConfig, Parallelism};
+use crate::cost::{self, CostError};
 use crate::plan::{Action, Plan, Stream};
 
 /// When one instruction ran, in seconds from the step's start.
@@ -42,7 +41,7 @@ pub struct Timeline {
 /// Simulates `plan` on its own hardware.
 pub fn simulate(plan: &Plan) -> Result<Timeline, CostError> {
     let p = &plan.provenance;
-    let rate = flops_per_s(&p.model, &p.parallel, &p.hardware)?;
+    let rate = cost::flops_per_s(&p.model, &p.parallel, &p.hardware)?;
     let bandwidth = [
         1.0, // compute: no copies
         p.hardware.d2h_effective_bytes_per_s().max(1) as f64,
@@ -79,19 +78,6 @@ pub fn simulate(plan: &Plan) -> Result<Timeline, CostError> {
     }
     let step_time_s = clock.iter().copied().fold(0.0, f64::max);
     Ok(Timeline { spans, step_time_s, busy_s: busy, stall_s: stall, flops_per_s: rate })
-}
-
-/// The FLOP rate of one GPU: `achieved_flops`, or, with a measured layer forward time, one
-/// layer's forward FLOPs (attention halved for the causal mask) divided by it.
-pub fn flops_per_s(model: &ModelConfig, parallel: &Parallelism, hardware: &Hardware) -> Result<f64, CostError> {
-    hardware.validate()?;
-    match hardware.measured_layer_forward_s {
-        Some(seconds) => {
-            let flops = cost::layer_forward_flops(model, parallel, AttentionFlops::CausalHalved)?.total();
-            Ok(flops as f64 / seconds)
-        }
-        None => Ok(hardware.achieved_flops as f64),
-    }
 }
 
 impl Timeline {

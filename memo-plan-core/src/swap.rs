@@ -31,7 +31,8 @@ pub enum AlphaBound {
     Bandwidth,
     /// The swapped layers must fit in host memory (long sequences).
     HostMemory,
-    /// Neither: everything fits and hides, alpha = 1 (or no layer swaps at all).
+    /// Neither: every row's copy fits and hides, alpha = 1 (or no layer swaps at all, or the
+    /// strategy swaps nothing).
     None,
     /// The caller chose alpha ([`SwapOptions::forced_alpha`]).
     Forced,
@@ -43,7 +44,7 @@ impl AlphaBound {
         match self {
             AlphaBound::Bandwidth => "bound by host-link bandwidth",
             AlphaBound::HostMemory => "bound by host memory",
-            AlphaBound::None => "not bound: everything swapped",
+            AlphaBound::None => "no constraint binds",
             AlphaBound::Forced => "forced",
         }
     }
@@ -235,7 +236,7 @@ impl fmt::Display for SwapFraction {
                 self.host_shortfall_bytes, self.host_bytes_needed
             )?;
             if let Some(tokens) = self.max_seq_len_for_host {
-                write!(f, "; at most {tokens} tokens fit")?;
+                write!(f, "; at most {tokens} tokens keep the always-swapped tensors within it")?;
             }
         }
         Ok(())

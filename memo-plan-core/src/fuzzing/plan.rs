@@ -101,8 +101,13 @@ pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
         hardware.host_memory_per_node_bytes = u.int_in_range(0..=1u64 << 20)?;
     }
     if u.ratio(1, 8)? {
-        // A measured layer time from a nanosecond to a second: α bound by the copy bandwidth.
-        hardware.measured_layer_forward_s = Some(f64::from(u.int_in_range(1..=1_000_000_000u32)?) * 1e-9);
+        // A measured layer time from just above the fastest the peak allows (α bound by the copy
+        // bandwidth) to a thousand times that; shorter is an error of its own (MeasuredAbovePeak).
+        let layer_flops =
+            crate::cost::layer_forward_flops(&model, &parallel, crate::cost::AttentionFlops::CausalHalved)
+                .map_or(1, |f| f.total());
+        let fastest_s = (layer_flops as f64 / hardware.peak_flops as f64).max(1e-9);
+        hardware.measured_layer_forward_s = Some(fastest_s * f64::from(u.int_in_range(1_001..=1_000_000u32)?) / 1e3);
     }
     let strategy = *u.choose(&Strategy::ALL)?;
     let forced_alpha = if strategy == Strategy::Memo && u.arbitrary()? {

@@ -152,6 +152,20 @@ fn heads_must_divide_hidden() {
     assert!(format!("{}", model.validate().unwrap_err()).contains("choose heads that divide hidden"));
 }
 
+/// `--tp 64` on a 32-head model once suggested "a heads divisible by 64 (e.g. 0 or 64)": 0 heads
+/// is no model. The suggestions are sizes, and a t that divides the field.
+#[test]
+fn a_t_above_the_field_suggests_no_zero() {
+    let model = ModelConfig::preset("7b", 1 << 20, 1).unwrap();
+    let e = Parallelism::new(64, 1).validate_for(&model).unwrap_err();
+    assert_eq!(e, ModelError::NotDivisibleByTensorParallel { field: "heads", value: 32, tensor: 64 });
+    let text = format!("{e}");
+    assert!(text.contains("divisible by 64 (e.g. 64)") && !text.contains("e.g. 0"), "{text}");
+    assert!(text.contains("a t that divides 32 (e.g. 32)"), "{text}");
+    let e = ModelError::NotDivisibleByTensorParallel { field: "heads", value: 56, tensor: 16 };
+    assert!(format!("{e}").contains("(e.g. 48 or 64) or a t that divides 56 (e.g. 14)"), "{e}");
+}
+
 #[test]
 fn tensor_parallel_must_divide_heads_ffn_and_seq() {
     Parallelism::new(8, 1).validate_for(&ModelConfig::preset("7b", 1000, 1).unwrap()).unwrap();

@@ -27,6 +27,7 @@
 //! The plan format is independent of how plans are made: `check::plan` verifies one without
 //! trusting the planner.
 
+use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
@@ -639,6 +640,51 @@ pub struct Provenance {
     pub level1_backward: PlacementSummary,
     /// Level 2: the whole step with per-layer blocks.
     pub level2: PlacementSummary,
+}
+
+impl Provenance {
+    /// What this plan swaps and recomputes, in words, for reports: which layers swap (the last
+    /// two never do), how many rows of each token-split tensor go to host, what alpha means here.
+    /// A plan in which no layer swaps says so instead of quoting an alpha that selects nothing.
+    pub fn swap_summary(&self) -> String {
+        use alloc::format;
+        let layers = self.model.layers;
+        let rows = self.model.micro_batch.saturating_mul(self.model.seq_len) / self.parallel.tensor.max(1);
+        match self.strategy {
+            Strategy::KeepAll => String::from(
+                "nothing swapped or recomputed: every layer keeps its skeletal tensors on the device (keep-all)",
+            ),
+            Strategy::FullRecompute => String::from(
+                "nothing swapped: every layer keeps its input and recomputes the rest before its backward \
+                 (full-recompute)",
+            ),
+            Strategy::Memo | Strategy::FullSwap if layers <= 2 => format!(
+                "nothing swapped: with {layers} layer(s), every layer is one of the last two, which keep their \
+                 skeletal tensors in the rounding buffers; alpha does not apply"
+            ),
+            Strategy::Memo | Strategy::FullSwap => {
+                let swapped = layers - 2;
+                let recomputed = rows - self.swapped_rows.min(rows);
+                let split = if recomputed == 0 {
+                    format!("all {rows} rows of each token-split tensor (nothing recomputed)")
+                } else {
+                    format!(
+                        "the first {} of {rows} rows of each token-split tensor, recomputing the other {recomputed}",
+                        self.swapped_rows
+                    )
+                };
+                format!(
+                    "alpha {:.4} ({}): layers 0-{} ({swapped} of {layers}) swap their input and attention output \
+                     whole and {split}; layers {} and {} keep theirs in the rounding buffers",
+                    self.alpha,
+                    self.alpha_bound.label(),
+                    swapped - 1,
+                    layers - 2,
+                    layers - 1
+                )
+            }
+        }
+    }
 }
 
 /// The plan's sizes. The checker recomputes each from the buffers and instructions.

@@ -103,7 +103,11 @@ fn tiny_host_memory_gives_alpha_0_and_a_shortfall_with_remedies() {
     };
     assert!(fits(17336) && !fits(17344));
     let text = format!("{result}");
-    assert!(text.contains("host memory short by") && text.contains("at most 17336 tokens fit"), "{text}");
+    assert!(
+        text.contains("host memory short by")
+            && text.contains("at most 17336 tokens keep the always-swapped tensors within it"),
+        "{text}"
+    );
 }
 
 #[test]

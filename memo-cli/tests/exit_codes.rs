@@ -1,0 +1,145 @@
+//! One exit-code table: the README shows the table `memo --help` prints, every subcommand's
+//! `--help` ends with it, and each error path below exits with the code that table gives its kind.
+//! Bad files are tried per option that reads one: a binary, a missing file, a malformed TOML.
+
+mod common;
+
+use common::{assert_fails, code, memo, scratch, stderr};
+
+/// The `Exit codes:` block at the end of a `--help` text.
+fn exit_table(help: &str) -> String {
+    let start = help.find("Exit codes:").expect("the help lists the exit codes");
+    help[start..].trim_end().to_string()
+}
+
+/// The codes the table lists.
+fn listed_codes(table: &str) -> Vec<i32> {
+    table.lines().skip(1).filter_map(|l| l.split_whitespace().next()?.parse().ok()).collect()
+}
+
+#[test]
+fn the_readme_and_every_help_list_the_same_exit_codes() {
+    let help = String::from_utf8(memo(&["--help"], None).stdout).unwrap();
+    let table = exit_table(&help);
+    assert_eq!(listed_codes(&table), [0, 1, 2, 3, 4, 5, 6, 7, 70]);
+    for command in ["plan", "solve", "check", "show", "train", "profile"] {
+        let output = memo(&[command, "--help"], None);
+        assert_eq!(code(&output), 0);
+        assert_eq!(exit_table(&String::from_utf8_lossy(&output.stdout)), table, "memo {command} --help");
+    }
+    // The README holds the same table, indented as a code block in a list item.
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let dedented: String = readme.lines().map(|l| l.strip_prefix("  ").unwrap_or(l)).collect::<Vec<_>>().join("\n");
+    assert!(dedented.contains(&table), "README.md does not show `memo --help`'s exit codes:\n{table}");
+}
+
+/// The kind of failure each code stands for, as the table words it.
+fn described(table: &str, code: i32) -> String {
+    let mut lines = table.lines().skip_while(|l| l.split_whitespace().next() != Some(&code.to_string()));
+    let mut text = lines.next().unwrap_or_default().to_string();
+    // A continuation line is indented past the code column.
+    text.extend(lines.take_while(|l| l.starts_with("      ")).map(|l| format!(" {}", l.trim())));
+    text
+}
+
+#[test]
+fn each_error_path_exits_with_the_code_of_its_kind() {
+    let table = exit_table(&String::from_utf8(memo(&["--help"], None).stdout).unwrap());
+    let binary = scratch("exit-binary.bin", &[0x4d, 0x45, 0xff, 0xfe, 0x00, 0x9c, 0x0a, 0x80]);
+    let binary = binary.to_str().unwrap();
+    let broken_toml = scratch("exit-broken.toml", b"[model]\npreset = \"7b\"\n[machine\n");
+    let broken_toml = broken_toml.to_str().unwrap();
+    let typo_toml = scratch("exit-typo.toml", b"[model]\npreset = \"7b\"\nlayers = \"x\"\n");
+    let typo_toml = typo_toml.to_str().unwrap();
+    let missing = "/nonexistent/memo-exit-test.toml";
+    let plan = ["plan", "--model", "7b", "--seq", "32K", "--machine", "a800x8", "--tp", "8"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> { [&plan[..], extra].concat() };
+    let leak = |s: &str| -> &'static str { Box::leak(s.to_string().into_boxed_str()) };
+    let (binary, broken_toml, typo_toml) = (leak(binary), leak(broken_toml), leak(typo_toml));
+    // (arguments, expected code, words the message must hold)
+    let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
+        (vec!["plan", "--config", binary], 2, vec![binary, "not a text file", "--config takes a TOML file"]),
+        (vec!["plan", "--config", missing], 1, vec![missing, "cannot read"]),
+        (vec!["plan", "--config", broken_toml], 2, vec![&*leak(&format!("{broken_toml}:3:9: unclosed table"))]),
+        (vec!["plan", "--config", typo_toml], 2, vec![&*leak(&format!("{typo_toml}:3:10: invalid type"))]),
+        (with(&["--machine-file", binary]), 2, vec![binary, "--machine-file takes a TOML file"]),
+        (with(&["--machine-file", missing]), 1, vec![missing, "cannot read"]),
+        (vec!["train", "--model", binary, "--steps", "1"], 2, vec![binary, "--model takes a TOML file"]),
+        (vec!["train", "--model", "no-such-model", "--steps", "1"], 2, vec!["no such model or file"]),
+        (vec!["profile", "--device", "cpu", "--model", binary], 2, vec![binary, "--model takes a TOML file"]),
+        (vec!["train", "--machine-file", binary, "--steps", "1"], 2, vec!["--machine-file takes a TOML file"]),
+        (vec!["solve", binary], 2, vec![binary, "not UTF-8"]),
+        (vec!["solve", missing], 1, vec![missing, "cannot read"]),
+        (vec!["check", binary], 2, vec![binary]),
+        (vec!["show", binary], 2, vec![binary]),
+        (vec!["check", missing], 1, vec![missing]),
+        (vec!["train", "--steps", "0"], 2, vec!["--steps"]),
+        (vec!["plan", "--model", "7b", "--seq", "99999999999999999M"], 2, vec!["too large"]),
+        (vec!["solve", "--capacity", "99999999999TiB", binary], 2, vec!["too large", "2^64 - 1"]),
+        (
+            vec!["plan", "--model", "7b", "--seq", "1M", "--machine", "a800x8", "--strategy", "keep-all"],
+            5,
+            vec!["does not fit", "fewer tokens"],
+        ),
+        (vec!["train", "--device", "cuda", "--steps", "1"], 7, vec![]),
+    ];
+    for (args, expected, words) in cases {
+        let output = memo(&args, None);
+        if expected == 7 && code(&output) == 0 {
+            continue; // a machine with a working CUDA device trains; nothing to check here
+        }
+        // A misfit prints its table on stdout before failing; every other failure prints nothing there.
+        let message = if expected == 5 {
+            assert_eq!(code(&output), 5, "{}", stderr(&output));
+            stderr(&output)
+        } else {
+            assert_fails(&output, expected)
+        };
+        for word in words {
+            assert!(message.contains(word), "memo {}: {message:?} lacks {word:?}", args.join(" "));
+        }
+        assert!(!described(&table, expected).is_empty(), "code {expected} is not in the table");
+        // A message starts with the failure, never with a doubled `memo: ` prefix.
+        assert!(!message.starts_with("memo: memo:"), "{message}");
+    }
+}
+
+/// `memo plan --seq 99999999999M` once printed "memo: memo: the activation elements ...": the
+/// strategy named `memo` read as a second prefix.
+#[test]
+fn a_planner_error_names_the_strategy_apart_from_the_prefix() {
+    let output = memo(&["plan", "--model", "7b", "--seq", "99999999999M", "--machine", "a800x8"], None);
+    let message = assert_fails(&output, 2);
+    assert!(message.starts_with("memo: cannot plan strategy memo: "), "{message}");
+}
+
+/// Plan files: garbage, truncated and damaged ones do not decode (2); one that decodes and breaks
+/// a rule is invalid (6), as the table says.
+#[test]
+fn plan_files_that_do_not_decode_are_bad_input() {
+    let good = scratch("exit-good.memo", b"");
+    let output = memo(
+        &["plan", "--model", "7b", "--seq", "32K", "--machine", "a800x8", "--tp", "8", "--strategy", "memo", "-o"]
+            .iter()
+            .copied()
+            .chain([good.to_str().unwrap()])
+            .collect::<Vec<_>>(),
+        None,
+    );
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    // `-o` says what it wrote.
+    assert!(stderr(&output).contains(&format!("wrote the memo plan to {}", good.display())), "{}", stderr(&output));
+    let bytes = std::fs::read(&good).unwrap();
+    let truncated = scratch("exit-truncated.memo", &bytes[..bytes.len() / 2]);
+    let mut flipped = bytes.clone();
+    flipped[bytes.len() / 3] ^= 0x10;
+    let damaged = scratch("exit-damaged.memo", &flipped);
+    for path in [&truncated, &damaged] {
+        let message = assert_fails(&memo(&["check", path.to_str().unwrap()], None), 2);
+        assert!(message.contains(path.file_name().unwrap().to_str().unwrap()), "{message}");
+    }
+    let mut plan = memo_plan_core::plan::Plan::decode(&bytes).unwrap();
+    plan.totals.arena_bytes /= 2;
+    let broken = scratch("exit-broken.memo", &plan.encode());
+    assert_eq!(code(&memo(&["check", broken.to_str().unwrap()], None)), 6);
+}
