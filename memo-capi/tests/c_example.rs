@@ -4,6 +4,9 @@
 //! compiler is found. (Unix: the link flags are the Unix ones.)
 #![cfg(unix)]
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -35,7 +38,7 @@ fn the_c_example_places_the_memo_layer_trace() {
     let Some(compiler) = c_compiler() else {
         // CI must show that the example runs: there a missing compiler is a failure.
         assert!(std::env::var_os("CI").is_none(), "no C compiler found in CI (tried $CC, cc, gcc, clang)");
-        println!("SKIP: no C compiler found (tried $CC, cc, gcc, clang)");
+        skip::skip("no C compiler found (tried $CC, cc, gcc, clang)");
         return;
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

@@ -3,6 +3,9 @@
 //! against this crate's shared library. Prints SKIP and passes without python3.
 #![cfg(target_os = "linux")]
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -10,7 +13,7 @@ use std::process::Command;
 fn the_python_script_compiles_and_its_host_selftest_passes() {
     let python = "python3";
     if !Command::new(python).arg("--version").output().is_ok_and(|o| o.status.success()) {
-        println!("SKIP: no python3 found");
+        skip::skip("no python3 found");
         return;
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");

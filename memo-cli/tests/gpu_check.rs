@@ -2,6 +2,9 @@
 //! this build's `memo`, so that its control flow, its parsing and its table are tested where
 //! there is no GPU. Needs bash, coreutils' `timeout` and python3; says SKIP without them.
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -12,7 +15,7 @@ fn have(program: &str) -> bool {
 #[test]
 fn the_dry_run_measures_every_strategy_and_prints_one_table() {
     if let Some(missing) = ["bash", "timeout", "python3"].into_iter().find(|p| !have(p)) {
-        println!("SKIP: {missing} is not installed");
+        skip::skip(format!("{missing} is not installed"));
         return;
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -116,7 +119,7 @@ fn the_torch_peer_trains_every_mode_with_memos_parameter_count() {
     let python = std::env::var("MEMO_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let has_torch = Command::new(&python).args(["-c", "import torch"]).output().is_ok_and(|o| o.status.success());
     if !has_torch {
-        println!("SKIP: {python} cannot import torch (set MEMO_TORCH_PYTHON to an interpreter that can)");
+        skip::skip(format!("{python} cannot import torch (set MEMO_TORCH_PYTHON to an interpreter that can)"));
         return;
     }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");

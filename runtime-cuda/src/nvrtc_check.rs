@@ -1,5 +1,5 @@
 //! Compile-checking kernels with an NVRTC library at an explicit path, with no GPU and no CUDA
-//! install: CI fetches NVIDIA's NVRTC wheel into `.cache/nvrtc/` (`scripts/fetch-nvrtc.sh`)
+//! install: `scripts/test.sh` (the README's test command) fetches NVIDIA's NVRTC wheel into `.cache/nvrtc/` (`scripts/fetch-nvrtc.sh`)
 //! and the compile test loads `libnvrtc.so` from there with `libloading`.
 //!
 //! The backend itself compiles through cudarc (which finds NVRTC on the library path); this

@@ -19,6 +19,9 @@
 //! its backward's gradients: 5e-2 relative plus 5e-3 of the largest (its
 //! tensor-core path rounds probabilities to bf16 before the products).
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use memo_plan_core::plan::{Access, EventId, Op, Strategy};
 use memo_runtime::data::{TextData, DEFAULT_TEXT};
 use memo_runtime::{
@@ -57,7 +60,7 @@ fn device() -> Option<CudaBackend> {
             Some(backend)
         }
         Err(error) => {
-            println!("SKIP: no CUDA device: {error}");
+            skip::skip(format!("no CUDA device: {error}"));
             None
         }
     }
@@ -74,7 +77,7 @@ fn the_backend_is_send() {
 fn without_a_driver_the_backend_is_unavailable_and_says_libcuda() {
     // Safety: only tries to dlopen the driver library under its usual names.
     if unsafe { cudarc::driver::sys::is_culib_present() } {
-        println!("SKIP: a CUDA driver library is present here; the no-driver path is not reachable");
+        skip::skip("a CUDA driver library is present here; the no-driver path is not reachable");
         return;
     }
     match CudaBackend::new(0) {

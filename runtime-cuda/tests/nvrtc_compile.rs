@@ -1,7 +1,10 @@
 //! Compiles every kernel source of `memo_kernels::SOURCES` with NVRTC for sm_80 and sm_90, on
 //! any machine, once per `AttentionVariant` (its options reach every source, as in
-//! the backend): NVRTC comes from `.cache/nvrtc/` (`scripts/fetch-nvrtc.sh`, run by `.ci/run`).
+//! the backend): NVRTC comes from `.cache/nvrtc/` (`scripts/fetch-nvrtc.sh`, run by `scripts/test.sh`).
 //! Without that folder the test prints SKIP with the reason and passes.
+
+#[path = "../../tests/support/skip.rs"]
+mod skip;
 
 use memo_kernels::{compile_options, AttentionVariant, Target, SOURCES};
 use runtime_cuda::nvrtc_check::Nvrtc;
@@ -11,7 +14,9 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
     let folder = match Nvrtc::cache_folder() {
         Ok(folder) => folder,
         Err(why) => {
-            println!("SKIP: run scripts/fetch-nvrtc.sh to compile-check the kernels with NVRTC ({why})");
+            skip::skip(format!(
+                "run scripts/fetch-nvrtc.sh (scripts/test.sh does) to compile-check the kernels with NVRTC: {why}"
+            ));
             return;
         }
     };

@@ -4,20 +4,23 @@
 //!
 //! None of these has run on AMD hardware yet (`spec/backends.md, HIP`).
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use memo_plan_core::model::ModelConfig;
 use memo_plan_core::plan::{EventId, Strategy, Stream};
 use memo_runtime::{cpu_hardware, training_model, AdamW, Backend, BackendError, Space, Span, TrainOptions, Trainer};
 use runtime_cpu::CpuBackend;
 use runtime_hip::HipBackend;
 
-fn backend_or_skip(test: &str) -> Option<HipBackend> {
+fn backend_or_skip() -> Option<HipBackend> {
     match HipBackend::new(0) {
         Ok(backend) => Some(backend),
         Err(BackendError::Unavailable(reason)) => {
-            println!("SKIP {test}: {reason}");
+            skip::skip(reason);
             None
         }
-        Err(other) => panic!("{test}: a HIP installation and device are present but the backend failed: {other}"),
+        Err(other) => panic!("a HIP installation and device are present but the backend failed: {other}"),
     }
 }
 
@@ -27,7 +30,7 @@ fn span(space: Space, offset: u64, len: u64) -> Span {
 
 #[test]
 fn copies_between_arena_and_host_slab_follow_the_plan_events() {
-    let Some(mut backend) = backend_or_skip("copies_between_arena_and_host_slab_follow_the_plan_events") else {
+    let Some(mut backend) = backend_or_skip() else {
         return;
     };
     backend.allocate(1 << 16, 1 << 16, 2).expect("allocate");
@@ -47,7 +50,7 @@ fn copies_between_arena_and_host_slab_follow_the_plan_events() {
 
 #[test]
 fn spans_outside_the_memory_and_waits_before_records_are_refused() {
-    let Some(mut backend) = backend_or_skip("spans_outside_the_memory_and_waits_before_records_are_refused") else {
+    let Some(mut backend) = backend_or_skip() else {
         return;
     };
     backend.allocate(4096, 1024, 1).expect("allocate");
@@ -97,7 +100,7 @@ fn train(backend: impl Backend, model: &ModelConfig, strategy: Strategy, steps: 
 
 #[test]
 fn the_tiny_model_trains_like_on_the_cpu_within_bf16_tolerance() {
-    if backend_or_skip("the_tiny_model_trains_like_on_the_cpu_within_bf16_tolerance").is_none() {
+    if backend_or_skip().is_none() {
         return;
     }
     let model = training_model("tiny", 64).expect("the tiny model");
@@ -115,7 +118,7 @@ fn the_tiny_model_trains_like_on_the_cpu_within_bf16_tolerance() {
 
 #[test]
 fn measuring_times_every_copy_of_the_step() {
-    let Some(backend) = backend_or_skip("measuring_times_every_copy_of_the_step") else {
+    let Some(backend) = backend_or_skip() else {
         return;
     };
     let mut backend = backend.measure();

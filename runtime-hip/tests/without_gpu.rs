@@ -7,6 +7,9 @@
 //! tests run the script when the folder is missing. Only when the packages cannot be had do the
 //! tests that need them print SKIP with the reason and pass.
 
+#[path = "../../tests/support/skip.rs"]
+mod skip;
+
 use std::path::PathBuf;
 
 use memo_kernels::Source;
@@ -17,16 +20,15 @@ use runtime_hip::sys::hipblas::HipblasLib;
 use runtime_hip::sys::hiprtc::HiprtcLib;
 use runtime_hip::{compile_check, HipBackend, HipError, LibrarySearch, HIP_ERROR_NO_DEVICE};
 
-/// The unpacked runtime's folder, or why there is none. When `.cache/rocm` is missing, runs
-/// `scripts/fetch-rocm.sh` once (a few seconds: 18 MB from the Debian archive), so that the
-/// README's test command checks the kernels on a fresh clone too; SKIP only when the packages
-/// cannot be had (the script says why).
+/// The unpacked runtime's folder, or why there is none. `scripts/test.sh` (the README's test
+/// command) runs `scripts/fetch-rocm.sh` first and says so before it downloads anything; a plain
+/// `cargo test` without it SKIPs these checks with that advice rather than download by itself.
 fn unpacked_runtime() -> Result<PathBuf, String> {
-    static FETCHED: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
-    FETCHED.get_or_init(find_or_fetch).clone()
+    static FOUND: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    FOUND.get_or_init(find_runtime).clone()
 }
 
-fn find_or_fetch() -> Result<PathBuf, String> {
+fn find_runtime() -> Result<PathBuf, String> {
     if let Some(dir) = std::env::var_os("MEMO_ROCM_LIB") {
         let dir = PathBuf::from(dir);
         // Asked for explicitly: a wrong folder is a failure, not a SKIP.
@@ -38,28 +40,19 @@ fn find_or_fetch() -> Result<PathBuf, String> {
     if dir.join("libamdhip64.so").exists() {
         return Ok(dir);
     }
-    let script = root.join("scripts/fetch-rocm.sh");
-    let said = match std::process::Command::new("bash").arg(&script).output() {
-        Ok(output) => {
-            let text = String::from_utf8_lossy(&output.stdout).trim().to_string();
-            println!("{text}");
-            text
-        }
-        Err(e) => format!("cannot run {}: {e}", script.display()),
-    };
-    if dir.join("libamdhip64.so").exists() {
-        Ok(dir)
-    } else {
-        Err(format!("no unpacked HIP runtime at {} after scripts/fetch-rocm.sh: {said}", dir.display()))
-    }
+    Err(format!(
+        "no unpacked HIP runtime at {}: run scripts/fetch-rocm.sh (scripts/test.sh does) to compile-check the \
+         kernels with hiprtc",
+        dir.display()
+    ))
 }
 
 macro_rules! runtime_or_skip {
-    ($test:expr) => {
+    () => {
         match unpacked_runtime() {
             Ok(dir) => dir,
             Err(reason) => {
-                println!("SKIP {}: {reason}", $test);
+                skip::skip(reason);
                 return;
             }
         }
@@ -76,7 +69,7 @@ fn empty_dir(name: &str) -> PathBuf {
 
 #[test]
 fn every_kernel_source_compiles_with_hiprtc_for_gfx90a() {
-    let dir = runtime_or_skip!("every_kernel_source_compiles_with_hiprtc_for_gfx90a");
+    let dir = runtime_or_skip!();
     let check = compile_check(&LibrarySearch::only([&dir]), "gfx90a").expect("the unpacked runtime and hiprtc load");
     println!("hiprtc from {} with [{}]", check.hiprtc, check.options.join(" "));
     let mut failures = Vec::new();
@@ -141,7 +134,7 @@ extern "C" __global__ void MEMO_LAUNCH_BOUNDS(256) memo_header_probe(const memo_
 
 #[test]
 fn the_portability_header_compiles_with_hiprtc_for_gfx90a() {
-    let dir = runtime_or_skip!("the_portability_header_compiles_with_hiprtc_for_gfx90a");
+    let dir = runtime_or_skip!();
     let search = LibrarySearch::only([&dir]);
     let hip = HipLib::load(&search).expect("the unpacked runtime loads");
     let rtc = HiprtcLib::load(&search, &hip).expect("hiprtc loads");
@@ -158,7 +151,7 @@ fn the_portability_header_compiles_with_hiprtc_for_gfx90a() {
 
 #[test]
 fn a_compile_error_carries_the_file_line_and_options() {
-    let dir = runtime_or_skip!("a_compile_error_carries_the_file_line_and_options");
+    let dir = runtime_or_skip!();
     let search = LibrarySearch::only([&dir]);
     let hip = HipLib::load(&search).expect("the unpacked runtime loads");
     let rtc = HiprtcLib::load(&search, &hip).expect("hiprtc loads");
@@ -212,7 +205,7 @@ fn no_library_is_library_not_found_naming_libamdhip64_and_what_was_tried() {
 
 #[test]
 fn the_unpacked_runtime_without_a_gpu_is_no_device() {
-    let dir = runtime_or_skip!("the_unpacked_runtime_without_a_gpu_is_no_device");
+    let dir = runtime_or_skip!();
     // The same process also searched an empty folder (above, maybe concurrently): the search is
     // per call, nothing global decides.
     let empty = empty_dir("no-device");
@@ -229,7 +222,7 @@ fn the_unpacked_runtime_without_a_gpu_is_no_device() {
         }
         Err(other) => panic!("expected NoDevice, got {other}"),
         Ok(_) => {
-            println!("SKIP the_unpacked_runtime_without_a_gpu_is_no_device: this machine has an AMD GPU");
+            skip::skip("this machine has an AMD GPU");
             return;
         }
     }
@@ -245,7 +238,7 @@ fn the_unpacked_runtime_without_a_gpu_is_no_device() {
 
 #[test]
 fn hiprtc_falls_back_to_the_hip_runtime_itself_on_rocm_5() {
-    let dir = runtime_or_skip!("hiprtc_falls_back_to_the_hip_runtime_itself_on_rocm_5");
+    let dir = runtime_or_skip!();
     let search = LibrarySearch::only([&dir]);
     let hip = HipLib::load(&search).expect("the unpacked runtime loads");
     assert!(!dir.join("libhiprtc.so").exists(), "Debian's ROCm 5.2 has no separate libhiprtc");
@@ -255,7 +248,7 @@ fn hiprtc_falls_back_to_the_hip_runtime_itself_on_rocm_5() {
 
 #[test]
 fn missing_hipblas_is_library_not_found_saying_every_plan_needs_it() {
-    let dir = runtime_or_skip!("missing_hipblas_is_library_not_found_saying_every_plan_needs_it");
+    let dir = runtime_or_skip!();
     match HipblasLib::load(&LibrarySearch::only([&dir])) {
         Err(error @ HipError::LibraryNotFound { library: "libhipblas", .. }) => {
             let text = error.to_string();
@@ -263,6 +256,6 @@ fn missing_hipblas_is_library_not_found_saying_every_plan_needs_it() {
             assert!(text.contains("GEMMs"), "{text}");
         }
         Err(other) => panic!("expected LibraryNotFound for libhipblas, got {other}"),
-        Ok(lib) => println!("SKIP missing_hipblas...: hipBLAS found at {}", lib.origin),
+        Ok(lib) => skip::skip(format!("hipBLAS found at {}", lib.origin)),
     }
 }

@@ -21,6 +21,9 @@
 //! per-element bound holds whatever the gradient's size. The CPU instance compares two
 //! strategies on the CPU and must be bit-exact (ring 3).
 
+#[path = "../support/skip.rs"]
+mod skip;
+
 use std::fmt::Write as _;
 
 use half::bf16;
@@ -52,7 +55,7 @@ impl Case {
         match (self.open)() {
             Ok(backend) => Some(backend),
             Err(error) if self.name != "cpu" && !required(self.name) => {
-                println!("SKIP: {}: {error}", self.name);
+                skip::skip(format!("{}: {error}", self.name));
                 None
             }
             Err(error) => panic!("the {} backend cannot be opened: {error}", self.name),
