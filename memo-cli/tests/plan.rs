@@ -117,6 +117,24 @@ fn max_seq_orders_the_strategies() {
     assert!(longest("memo") > longest("full-recompute"));
     assert!(longest("full-recompute") > longest("keep-all"));
     assert!(longest("memo") >= 1 << 20, "memo fits 1M tokens");
+
+    // The misfits' remedies at 1M quote the same longest sequences (full-swap's once said
+    // 4439240 tokens, a host-only bound, where --max-seq said 558080).
+    let output = memo(&["plan", "--model", "7b", "--seq", "1M", "--machine", "a800x8", "--tp", "8", "--json"], None);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let mut compared = 0;
+    for plan in json(&output)["strategies"].as_array().unwrap() {
+        let name = plan["strategy"].as_str().unwrap();
+        let remedies: Vec<&str> = plan["remedies"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
+        if plan["fits"] == true {
+            assert!(remedies.is_empty(), "{name}: {remedies:?}");
+            continue;
+        }
+        let quoted = format!("fits at most {} tokens", longest(name));
+        assert!(remedies.iter().any(|r| r.contains(&quoted)), "{name}: {remedies:?} lacks {quoted:?}");
+        compared += 1;
+    }
+    assert_eq!(compared, 2, "full-swap and keep-all miss 1M tokens");
 }
 
 #[test]

@@ -137,6 +137,9 @@ fn train_recall_reports_the_same_evaluation_for_the_same_seed() {
     let evaluations = || {
         let output = memo(&args, None);
         assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        // The summary reports no unigram entropy for a task that is not a text (it was NaN).
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(!text.contains("NaN") && text.contains("\"unigram_entropy\":null"), "{text}");
         String::from_utf8(output.stdout)
             .unwrap()
             .lines()

@@ -52,7 +52,16 @@ fn resuming_continues_bit_identically() {
     assert_eq!(code(&train(&["--steps", "8", "--checkpoint", dir, "--checkpoint-every", "4"])), 0);
     let output = train(&["--steps", "12", "--checkpoint", dir, "--resume"]);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
+    // It says where it resumed from (it once said nothing).
+    assert!(
+        stderr(&output).contains(&format!("resumed from the checkpoint in {dir} at step 8")),
+        "{}",
+        stderr(&output)
+    );
     assert!(checkpoint_bytes(&straight) == checkpoint_bytes(&split), "resumed run differs");
+    // A resume with nothing left to train is refused instead of ending with "final loss NaN".
+    let message = assert_fails(&train(&["--steps", "12", "--checkpoint", dir, "--resume"]), 2);
+    assert!(message.contains("already holds 12 steps") && message.contains("--steps above 12"), "{message}");
 }
 
 /// `kill -9` in the middle of training, then `--resume`: the same parameters, optimizer state and
