@@ -64,7 +64,7 @@ fn the_memo_layer_trace_is_placed_at_its_lower_bound() {
 
 #[test]
 fn a_trace_built_request_by_request_places_like_the_parsed_one() {
-    // MEMO.md: the forward's transients alone need 512 MB.
+    // docs/technique.md section 3: the forward's transients alone need 512 MB.
     let mut trace = null_mut();
     // Safety: the out-pointer is valid.
     assert_eq!(unsafe { memo_trace_new(&mut trace) }, MemoStatus::Ok);

@@ -1,4 +1,4 @@
-//! Bi-level placement (`MEMO.md` section 2): every device buffer of a schedule gets an offset in
+//! Bi-level placement (`docs/technique.md` section 2): every device buffer of a schedule gets an offset in
 //! ONE arena, every host slot an offset in the pinned host slab.
 //!
 //! - Lifetimes come from the instruction stream: a buffer is live from the first instruction

@@ -1,4 +1,4 @@
-//! The `Backend` trait: what a device must offer to replay a plan (`DESIGN.md` "Backends").
+//! The `Backend` trait: what a device must offer to replay a plan (`spec/backends.md`).
 //!
 //! A backend owns one device arena and one pinned host slab, runs three streams, and has events.
 //! Calls enqueue work on a stream and return; [`Backend::synchronize`] waits for every stream

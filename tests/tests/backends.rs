@@ -1,4 +1,4 @@
-//! The backend suite, written once and run on every backend (`DESIGN.md` ring 5, in the manner of
+//! The backend suite, written once and run on every backend (`ARCHITECTURE.md` test ring 5, in the manner of
 //! candle's `test_device!`): each test is a function of a [`Case`] (a backend's name and its
 //! factory), and [`test_device!`] instantiates it for `cpu` (always runs), `cuda` and `hip`. A GPU
 //! instance whose backend cannot be opened prints `SKIP: <the constructor's error>` and passes,

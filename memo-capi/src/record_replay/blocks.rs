@@ -1,4 +1,4 @@
-//! Bi-level planning of a recorded iteration (`MEMO.md` section 2) from block markers.
+//! Bi-level planning of a recorded iteration (`docs/technique.md` section 2) from block markers.
 //!
 //! A framework marks the requests of a repeated block (one layer's forward, one layer's backward)
 //! with `memo_block_begin(key)` / `memo_block_end()`. Record mode writes the marks into the trace
