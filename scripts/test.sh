@@ -27,8 +27,9 @@ fi
 
 skip_log="$(mktemp "${TMPDIR:-/tmp}/memo-skipped.XXXXXX")"
 trap 'rm -f "$skip_log"' EXIT
-echo "== cargo test --workspace --features $features $*"
-MEMO_SKIP_LOG="$skip_log" cargo test --workspace --features "$features" "$@"
+# --no-fail-fast: every test binary runs, so the list of skips below is whole even when one fails.
+echo "== cargo test --workspace --no-fail-fast --features $features $*"
+MEMO_SKIP_LOG="$skip_log" cargo test --workspace --no-fail-fast --features "$features" "$@"
 status=$?
 
 echo

@@ -37,9 +37,9 @@ fn no_file_refers_to_a_document_outside_the_repository() {
         let Ok(text) = std::fs::read_to_string(path) else { continue }; // binary files
         for (number, line) in text.lines().enumerate() {
             // The outside folder's name as a path of its own; a folder ending in it (support/) is fine.
-            let shared = line.match_indices(concat!("sha", "red/")).any(|(at, _)| {
-                !line[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '-')
-            });
+            let shared = line
+                .match_indices(concat!("sha", "red/"))
+                .any(|(at, _)| !line[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == '-'));
             if shared || OUTSIDE.iter().any(|name| line.contains(name)) {
                 found.push(format!("{}:{}: {line}", path.strip_prefix(root()).unwrap_or(path).display(), number + 1));
             }
