@@ -1,6 +1,7 @@
 //! Checked mode (the runtime twin of the plan checker): no violation on any plan the planner
 //! makes, and a deliberately broken plan is caught while it runs.
 
+use memo_plan_core::check::CheckedPlan;
 use memo_plan_core::generate::SplitMix64;
 use memo_plan_core::model::{ModelConfig, Parallelism};
 use memo_plan_core::plan::{Action, Plan, Strategy, Stream};
@@ -70,10 +71,12 @@ fn plan_without_the_first_swap_out_wait() -> Plan {
 #[test]
 fn checked_mode_catches_a_missing_wait_at_run_time() {
     let plan = plan_without_the_first_swap_out_wait();
-    // The static checker refuses it...
-    assert!(matches!(Replay::new(plan.clone()), Err(RuntimeError::Invalid(_))));
+    // The static checker refuses it, so no safe code can replay it...
+    assert!(CheckedPlan::check(plan.clone()).is_err());
     // ...and checked mode catches it while running, whatever the timing.
-    let replay = Replay::new_unchecked(plan).unwrap();
+    // Safety: it runs only on the checked-mode backend below, which refuses an access the
+    // executed events do not order before making it.
+    let replay = unsafe { Replay::new_unchecked(plan) }.unwrap();
     let mut backend = CpuBackend::checked();
     replay.allocate(&mut backend).unwrap();
     let context =

@@ -116,7 +116,8 @@ impl CudaBackend {
         let ctx = CudaContext::new(ordinal)
             .map_err(|e| BackendError::Unavailable(format!("device {ordinal}: cannot create a CUDA context: {e}")))?;
         // Safety: called before any allocation or stream exists, so no tracked slice or pending
-        // event is affected; the plan's events order every access (the checker proved it).
+        // event is affected; the plan's events order every access (the contract of the unsafe
+        // `Backend::launch` and `Backend::copy`, which a checked plan meets).
         unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx.compute_capability().map_err(driver_error("compute capability"))?;
         let sm = u32::try_from(major * 10 + minor).unwrap_or(0);
@@ -335,7 +336,7 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn launch(
+    unsafe fn launch(
         &mut self,
         instruction: usize,
         stream: Stream,
@@ -376,7 +377,7 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
+    unsafe fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
         self.bind()?;
         if src.len != dst.len {
             return Err(BackendError::Kernel {
@@ -394,7 +395,7 @@ impl Backend for CudaBackend {
         let failed = |e| BackendError::Kernel { instruction, message: format!("copy: {e}") };
         // Safety (all arms): both ranges lie inside their allocations (checked by `address`);
         // the plan's events order this copy against every other access of those bytes (the
-        // checker proved it), and the host slab is page-locked, so the copy is truly
+        // contract of this unsafe method), and the host slab is page-locked, so the copy is truly
         // asynchronous and stays valid until the stream passes it.
         match (src.space, dst.space) {
             (Space::Device, Space::Host) => unsafe {
