@@ -362,11 +362,11 @@ impl Steps<'_> {
                 writeln!(out, "{line}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;
             } else if interactive {
                 eprint!("\rstep {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s   ", args.steps);
-            } else if step % 10 == 0 || step == args.steps {
+            } else if step.is_multiple_of(10) || step == args.steps {
                 eprintln!("step {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s", args.steps);
             }
             if let Some(dir) = &args.checkpoint {
-                if step % args.checkpoint_every.max(1) == 0 || step == args.steps {
+                if step.is_multiple_of(args.checkpoint_every.max(1)) || step == args.steps {
                     let checkpoint = trainer.checkpoint(print, data.position()).map_err(runtime_failure)?;
                     checkpoint.save(dir).map_err(|e| {
                         Failure::new(exit::IO_ERROR, format!("cannot save the checkpoint in {}: {e}", dir.display()))
@@ -375,7 +375,7 @@ impl Steps<'_> {
             }
             // The evaluation replays the forward only; the final one follows the trace, which must
             // show a training step.
-            let evaluate_now = args.eval_every > 0 && step % args.eval_every == 0 && step < args.steps;
+            let evaluate_now = args.eval_every > 0 && step.is_multiple_of(args.eval_every) && step < args.steps;
             if matches!(data, Source::Recall(_)) && evaluate_now && args.eval_sequences > 0 {
                 if interactive {
                     eprintln!();

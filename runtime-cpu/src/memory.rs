@@ -146,8 +146,8 @@ impl Memory {
                 Ok(View(Some(match a.access {
                     // Safety: as above; the slice lives no longer than the launch.
                     Access::Read => ArgData::Read(unsafe { std::slice::from_raw_parts(ptr, len) }),
-                    // Safety: as above.
                     Access::Write | Access::ReadWrite => {
+                        // Safety: as above; no other slice of this launch overlaps it.
                         ArgData::Write(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
                     }
                 })))
