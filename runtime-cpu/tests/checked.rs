@@ -4,10 +4,12 @@
 use memo_plan_core::check::CheckedPlan;
 use memo_plan_core::generate::SplitMix64;
 use memo_plan_core::model::{ModelConfig, Parallelism};
-use memo_plan_core::plan::{Action, Plan, Strategy, Stream};
+use memo_plan_core::plan::{Action, EventId, Plan, Strategy, Stream};
 use memo_plan_core::planner::{plan, PlanRequest};
 use memo_runtime::data::{TextData, DEFAULT_TEXT};
-use memo_runtime::{cpu_hardware, AdamW, BackendError, KernelContext, Replay, RuntimeError, TrainOptions, Trainer};
+use memo_runtime::{
+    cpu_hardware, AdamW, Backend, BackendError, KernelContext, Replay, RuntimeError, TrainOptions, Trainer,
+};
 use runtime_cpu::CpuBackend;
 
 fn model(layers: u32, hidden: u64, heads: u64, seq: u64, micro_batch: u64) -> ModelConfig {
@@ -87,4 +89,20 @@ fn checked_mode_catches_a_missing_wait_at_run_time() {
         }
         other => panic!("expected an unordered access, got {other:?}"),
     }
+}
+
+/// An event beyond those allocated is refused when it is enqueued: a wait on it used to fall
+/// through, ordering nothing the plan ordered.
+#[test]
+fn events_that_were_not_allocated_are_refused() {
+    let mut backend = CpuBackend::new();
+    backend.allocate(1024, 1024, 2).unwrap();
+    assert!(backend.record(0, Stream::Compute, EventId(1)).is_ok());
+    assert!(backend.wait(1, Stream::DeviceToHost, EventId(1)).is_ok());
+    assert!(matches!(backend.record(2, Stream::Compute, EventId(2)), Err(BackendError::Kernel { instruction: 2, .. })));
+    assert!(matches!(
+        backend.wait(3, Stream::HostToDevice, EventId(7)),
+        Err(BackendError::Kernel { instruction: 3, .. })
+    ));
+    backend.synchronize().unwrap();
 }
