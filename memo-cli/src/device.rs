@@ -262,6 +262,22 @@ mod tests {
         }
     }
 
+    /// Runtime errors keep their type to here, and each kind has its exit code.
+    #[test]
+    fn runtime_errors_map_to_their_exit_codes() {
+        use memo_runtime::{CheckpointMismatch, TokenError};
+        let out_of_memory = RuntimeError::Backend(BackendError::OutOfMemory { what: "device arena", bytes: 1 });
+        assert_eq!(runtime_exit_code(&out_of_memory), exit::DOES_NOT_FIT);
+        let unavailable = RuntimeError::Backend(BackendError::Unavailable("no driver".into()));
+        assert_eq!(runtime_exit_code(&unavailable), exit::DEVICE_UNAVAILABLE);
+        assert_eq!(runtime_exit_code(&RuntimeError::Invalid(Vec::new())), exit::INTERNAL_ERROR);
+        let failure = runtime_failure(RuntimeError::Checkpoint(CheckpointMismatch::OtherModel));
+        assert_eq!(failure.code(), exit::BAD_INPUT);
+        assert!(failure.message().starts_with("the checkpoint belongs to another model"), "{}", failure.message());
+        let tokens = RuntimeError::Tokens(TokenError::OutsideVocabulary { token: 300, vocab: 256 });
+        assert_eq!(runtime_failure(tokens).message(), "token 300 is outside the vocabulary of 256");
+    }
+
     /// 6N and the attention count agree up to the biases, norms and attention terms: on the tiny
     /// model at 64 tokens attention is small, so the two MFUs are within 10%.
     #[test]
