@@ -60,8 +60,8 @@ fn each_error_path_exits_with_the_code_of_its_kind() {
     let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
         (vec!["plan", "--config", binary], 2, vec![binary, "not a text file", "--config takes a TOML file"]),
         (vec!["plan", "--config", missing], 1, vec![missing, "cannot read"]),
-        (vec!["plan", "--config", broken_toml], 2, vec![leak(&format!("{broken_toml}:3:9: unclosed table"))]),
-        (vec!["plan", "--config", typo_toml], 2, vec![leak(&format!("{typo_toml}:3:10: invalid type"))]),
+        (vec!["plan", "--config", broken_toml], 2, vec![&*leak(&format!("{broken_toml}:3:9: unclosed table"))]),
+        (vec!["plan", "--config", typo_toml], 2, vec![&*leak(&format!("{typo_toml}:3:10: invalid type"))]),
         (with(&["--machine-file", binary]), 2, vec![binary, "--machine-file takes a TOML file"]),
         (with(&["--machine-file", missing]), 1, vec![missing, "cannot read"]),
         (vec!["train", "--model", binary, "--steps", "1"], 2, vec![binary, "--model takes a TOML file"]),
