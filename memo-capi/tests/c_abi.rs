@@ -119,7 +119,7 @@ fn capacities_give_infeasible_or_a_fitting_placement() {
 
 #[test]
 fn null_pointers_are_refused_with_messages() {
-    // Safety (all calls below): every pointer is NULL or valid; NULLs are what is tested.
+    // Safety: (all calls below) every pointer is NULL or valid; NULLs are what is tested.
     unsafe {
         assert_eq!(memo_trace_new(null_mut()), MemoStatus::NullPointer);
         assert_eq!(last_error(), "memo_trace_new: `out` is NULL; pass a valid pointer");
