@@ -321,7 +321,11 @@ fn arguments<const N: usize>(op: Op, args: &[ArgShape]) -> Result<[Arg; N], OpEr
     check_argument_count(op, args.len())?;
     if N != args.len() {
         // A rule written for another arity than the signature's: the table is wrong.
-        return Err(OpError { op, argument: None, kind: OpErrorKind::ArgumentCount { expected: N, found: args.len() } });
+        return Err(OpError {
+            op,
+            argument: None,
+            kind: OpErrorKind::ArgumentCount { expected: N, found: args.len() },
+        });
     }
     Ok(core::array::from_fn(|index| Arg {
         op,
@@ -374,9 +378,10 @@ impl Arg {
 
     /// `rows * per_row` elements, checked to fit 64 bits.
     fn total(&self, per_row: u64) -> Result<u64, OpError> {
-        self.s.rows.checked_mul(per_row).ok_or_else(|| {
-            self.error("fewer than 2^64 elements".into(), format!("{} rows of {per_row}", self.s.rows))
-        })
+        self.s
+            .rows
+            .checked_mul(per_row)
+            .ok_or_else(|| self.error("fewer than 2^64 elements".into(), format!("{} rows of {per_row}", self.s.rows)))
     }
 
     /// A `1 x hidden` bf16 vector: a norm's scale, shift or their gradients.
