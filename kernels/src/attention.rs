@@ -65,10 +65,7 @@ impl Geometry {
             argument,
             kind: OpErrorKind::Unsupported { reason },
         };
-        let Some(a) = shape.attention else {
-            let reason = "the op table gave no attention geometry for this launch; please report it".into();
-            return Err(unsupported(None, reason));
-        };
+        let a = shape.attention_geometry()?;
         let (heads, head_dim, s, sequences) = (a.heads, a.head_dim, a.seq_len, a.sequences);
         if !HEAD_DIMS.contains(&head_dim) {
             let reason = format!(

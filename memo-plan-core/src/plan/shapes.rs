@@ -113,6 +113,20 @@ impl OpShape {
     }
 }
 
+impl OpShape {
+    /// The attention geometry of an `attention` or `attention_backward` launch; an error for any
+    /// other op's shape (a backend that asks for it there has a bug).
+    pub fn attention_geometry(&self) -> Result<AttentionShape, OpError> {
+        self.attention.ok_or_else(|| OpError {
+            op: self.op,
+            argument: None,
+            kind: OpErrorKind::Unsupported {
+                reason: "the op table gave no attention geometry for this launch; please report it".into(),
+            },
+        })
+    }
+}
+
 /// `2 * rows * in_features * out_features`: the FLOPs of one matrix product over `rows` rows,
 /// or `None` when that overflows 64 bits.
 pub fn matmul_flops(rows: u64, in_features: u64, out_features: u64) -> Option<u64> {

@@ -21,7 +21,7 @@ use super::parallel::map_tasks;
 use memo_plan_core::plan::shapes::OpShape;
 
 use super::tensor::{bf16_bits_to_f32, dim, f32_to_bf16_bytes, f32_vec, split, In, BF16, WORD};
-use super::{Arg, OpContext, OpError, OpErrorKind};
+use super::{Arg, OpContext, OpError};
 
 /// Keys per block of the online softmax (the score tile of one query row).
 pub(crate) const KEY_BLOCK: usize = 64;
@@ -41,10 +41,7 @@ struct Geometry {
 impl Geometry {
     /// The geometry the op table checked (`shape.attention`), with `q`'s row width.
     fn new(shape: &OpShape, q: &In<'_>) -> Result<Self, OpError> {
-        let Some(a) = shape.attention else {
-            let reason = "the op table gave no attention geometry for this launch; please report it".into();
-            return Err(OpError { op: shape.op, argument: None, kind: OpErrorKind::Unsupported { reason } });
-        };
+        let a = shape.attention_geometry()?;
         Ok(Geometry {
             heads: dim(a.heads),
             head_dim: dim(a.head_dim),
