@@ -341,14 +341,15 @@ fn arguments<const N: usize>(op: Op, args: &[ArgShape]) -> Result<[Arg; N], OpEr
             kind: OpErrorKind::ArgumentCount { expected: N, found: args.len() },
         });
     }
-    Ok(core::array::from_fn(|index| Arg {
-        op,
-        name: argument_name(op, index).unwrap_or("?"),
-        s: args.get(index).copied().unwrap_or_default(),
-    }))
+    Ok(core::array::from_fn(|index| Arg::at(op, args, index)))
 }
 
 impl Arg {
+    /// Argument `index` of a launch of `op` (after the count check, so it is there).
+    fn at(op: Op, args: &[ArgShape], index: usize) -> Self {
+        Arg { op, name: argument_name(op, index).unwrap_or("?"), s: args.get(index).copied().unwrap_or_default() }
+    }
+
     fn error(&self, expected: String, found: String) -> OpError {
         OpError { op: self.op, argument: Some(self.name), kind: OpErrorKind::Shape { expected, found } }
     }
@@ -526,11 +527,7 @@ fn classifier(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, 
 /// shape, bf16.
 fn elementwise(op: Op, args: &[ArgShape]) -> Result<OpShape, OpError> {
     check_argument_count(op, args.len())?;
-    let named = |index: usize| Arg {
-        op,
-        name: argument_name(op, index).unwrap_or("?"),
-        s: args.get(index).copied().unwrap_or_default(),
-    };
+    let named = |index: usize| Arg::at(op, args, index);
     let first = named(0);
     let width = first.elems(BF16, "bf16")?;
     for index in 1..args.len() {
@@ -590,11 +587,7 @@ fn adamw(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
 /// its shape, `lse` is one f32 per head per row.
 fn attention(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
     check_argument_count(op, args.len())?;
-    let named = |index: usize| Arg {
-        op,
-        name: argument_name(op, index).unwrap_or("?"),
-        s: args.get(index).copied().unwrap_or_default(),
-    };
+    let named = |index: usize| Arg::at(op, args, index);
     let (heads, s) = (ctx.heads, ctx.seq_len);
     if heads == 0 {
         return Err(OpError::context(op, "heads", "is 0; attention needs at least one head".into()));
