@@ -13,6 +13,7 @@ use alloc::collections::BTreeMap;
 use alloc::vec;
 use alloc::vec::Vec;
 
+use super::control::Control;
 use super::sections::Sections;
 use super::Item;
 
@@ -92,12 +93,15 @@ pub(crate) struct ComponentPlacement {
     pub peak: u64,
 }
 
-/// Runs the portfolio on one component and returns the best placement found.
+/// Runs the portfolio on one component and returns the best placement found. The start-order
+/// sweep always runs; `control` is polled before each further order (a large component takes
+/// seconds over all of them), and a stop keeps the best so far.
 pub(crate) fn best_greedy(
     items: &[Item],
     members: &[u32],
     overlaps: Option<&Overlaps>,
     sections: &Sections,
+    control: &mut Control,
 ) -> ComponentPlacement {
     let mut best = by_start(items, members);
     let Some(overlaps) = overlaps else { return best };
@@ -124,6 +128,9 @@ pub(crate) fn best_greedy(
     order(&|l| (u128::from(item(l).size) * u128::from(length(l)), item(l).size, 0), &[Fit::Best]);
     order(&|l| (overlaps.degree(l) as u128, item(l).size, 0), &[Fit::Best]);
     for (ordering, fit) in &orderings {
+        if control.poll() {
+            break;
+        }
         let candidate = in_order(items, members, overlaps, ordering, *fit);
         if candidate.peak < best.peak {
             best = candidate;

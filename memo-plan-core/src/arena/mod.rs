@@ -14,6 +14,7 @@
 //! at once), or when the search proved every lower capacity infeasible for the component that
 //! sets it.
 
+mod control;
 mod decompose;
 mod greedy;
 #[cfg(feature = "mip")]
@@ -28,6 +29,8 @@ use core::fmt;
 
 use crate::lifetime::{footprint, BufferLifetime};
 use crate::log::debug_log;
+use control::Control;
+pub use control::Progress;
 use greedy::{ComponentPlacement, Overlaps};
 use search::SearchOutcome;
 use sections::Sections;
@@ -101,6 +104,9 @@ pub struct SolveStats {
     pub fixed_buffers: u32,
     /// Whether the node budget ran out before every component was settled.
     pub budget_exhausted: bool,
+    /// Whether the stop callback of [`solve_with`] ended the solve early (the placement is the best
+    /// found by then).
+    pub stopped: bool,
     /// Components above the lower bound that were too large for the exact search
     /// (`EXACT_SEARCH_MAX_BUFFERS`, `OVERLAP_PAIR_LIMIT`): they keep their greedy placement.
     pub unsearched_components: u32,
@@ -123,7 +129,8 @@ pub enum SolveError {
         /// A proven lower bound on every placement's peak, above the capacity.
         lower_bound: u64,
     },
-    /// No placement under the capacity was found before the node budget ran out; one may exist.
+    /// No placement under the capacity was found before the node budget ran out or the stop
+    /// callback of [`solve_with`] stopped the solve; one may exist.
     NotFoundWithinBudget {
         /// The capacity asked for.
         capacity: u64,
@@ -152,8 +159,8 @@ impl fmt::Display for SolveError {
             ),
             Self::NotFoundWithinBudget { capacity, best_peak, lower_bound, nodes } => write!(
                 f,
-                "no placement under {capacity} bytes found within the budget ({nodes} nodes): best peak {best_peak}, \
-                 lower bound {lower_bound}; raise the node budget or the capacity"
+                "no placement under {capacity} bytes found within the limit ({nodes} nodes): best peak {best_peak}, \
+                 lower bound {lower_bound}; raise the node budget, the time allowed, or the capacity"
             ),
         }
     }
@@ -172,6 +179,20 @@ pub(crate) struct Item {
 /// Places `buffers` (see the module docs). Deterministic: the same input and options give the same
 /// offsets on every platform.
 pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solution, SolveError> {
+    solve_with(buffers, options, &mut |_| false)
+}
+
+/// [`solve`], stopped early when `stop` says so: it is polled every few hundred search nodes (and
+/// between greedy orders) with the progress so far, and once it returns `true` the solve ends with
+/// the best placement found by then (`stats.stopped`), or, with a capacity not met yet, with
+/// [`SolveError::NotFoundWithinBudget`]. A caller puts a time limit or an interrupt here; the
+/// library keeps no clock. Deterministic as long as `stop` never returns `true`.
+pub fn solve_with(
+    buffers: &[BufferLifetime],
+    options: &SolveOptions,
+    stop: &mut dyn FnMut(&Progress) -> bool,
+) -> Result<Solution, SolveError> {
+    let mut control = Control::new(stop);
     let alignment = options.alignment.max(1);
     // Non-empty buffers become items; `item_of[i]` maps an item back to its buffer.
     let mut items: Vec<Item> = Vec::new();
@@ -205,7 +226,7 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
         .map(|leaf| {
             let sections = Sections::new(&items, &leaf.items);
             let overlaps = Overlaps::build(&items, &leaf.items, OVERLAP_PAIR_LIMIT);
-            let best = greedy::best_greedy(&items, &leaf.items, overlaps.as_ref(), &sections);
+            let best = greedy::best_greedy(&items, &leaf.items, overlaps.as_ref(), &sections, &mut control);
             let proven_lower = sections.lower_bound();
             LeafState { base: leaf.base, sections, overlaps, best, proven_lower }
         })
@@ -220,6 +241,9 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
         lower_bound_units,
         greedy_peak_units
     );
+
+    control.progress.peak = greedy_peak_units * alignment;
+    control.progress.lower_bound = lower_bound_units * alignment;
 
     if let Some(capacity) = capacity_units {
         if lower_bound_units > capacity {
@@ -239,15 +263,20 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
     let mut order: Vec<usize> = (0..leaves.len()).collect();
     order.sort_unstable_by_key(|&i| (core::cmp::Reverse(leaves[i].base + leaves[i].best.peak), i));
     let mut target = lower_bound_units;
-    for &i in &order {
+    for (k, &i) in order.iter().enumerate() {
+        // The arena's peak apart from this leaf: the leaves done so far (in `target`) and the
+        // highest of those still to come (the next in `order`), for the progress shown.
+        let others = order.get(k + 1).map_or(target, |&j| target.max(leaves[j].base + leaves[j].best.peak));
+        let shown = Shown { others, alignment };
         let leaf = &mut leaves[i];
         let members = &reduced.leaves[i].items;
         if leaf.base + leaf.best.peak > target {
             let goal = target - leaf.base;
             let capacity_goal = capacity_units.map(|c| c - leaf.base);
-            match leaf.improve(&items, members, goal, capacity_goal, &mut nodes_left, &mut nodes) {
+            let mut budget = Budget { nodes_left: &mut nodes_left, nodes: &mut nodes, control: &mut control, shown };
+            match leaf.improve(&items, members, goal, capacity_goal, &mut budget) {
                 Improvement::Settled => {}
-                Improvement::BudgetExhausted => budget_exhausted = true,
+                Improvement::BudgetExhausted => budget_exhausted |= !control.stopped(),
                 Improvement::TooLarge => unsearched_components += 1,
             }
         }
@@ -290,6 +319,7 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
             largest_component: reduced.leaves.iter().map(|l| l.items.len() as u32).max().unwrap_or(0),
             fixed_buffers: reduced.fixed.len() as u32,
             budget_exhausted,
+            stopped: control.stopped(),
             unsearched_components,
         },
     })
@@ -303,6 +333,24 @@ enum Improvement {
     BudgetExhausted,
     /// It is too large for the exact search.
     TooLarge,
+}
+
+/// What the exact search of one leaf may spend, and what it shows the stop callback.
+struct Budget<'a, 'c> {
+    /// Nodes left over the whole solve.
+    nodes_left: &'a mut u64,
+    /// Nodes spent over the whole solve.
+    nodes: &'a mut u64,
+    control: &'a mut Control<'c>,
+    shown: Shown,
+}
+
+/// How a leaf's new peak becomes the arena's, for the progress shown.
+#[derive(Clone, Copy)]
+struct Shown {
+    /// The highest peak of the other leaves and the reductions (units).
+    others: u64,
+    alignment: u64,
 }
 
 /// One component being improved.
@@ -319,7 +367,6 @@ impl LeafState {
     /// One capacity, searched under each tie-break order in turn with a node limit that doubles
     /// every round (deterministic restarts), until one run finds a placement or proves there is
     /// none, or the budget is spent. Any one run's "infeasible" is a proof: each run is complete.
-    #[allow(clippy::too_many_arguments)]
     fn search_with_restarts(
         &self,
         items: &[Item],
@@ -327,14 +374,13 @@ impl LeafState {
         overlaps: &Overlaps,
         ranks: &[Vec<u32>],
         capacity: u64,
-        nodes_left: &mut u64,
-        nodes: &mut u64,
+        budget: &mut Budget,
     ) -> SearchOutcome {
         if self.sections.totals.iter().all(|&t| t == capacity) {
             // Zero slack: try flat splits first (they settle perfect packings part by part). They
             // only ever find placements; without one the restarts below go on, unchanged.
-            let (placement, used) = split::place(items, members, capacity, nodes_left);
-            *nodes += used;
+            let (placement, used) = split::place(items, members, capacity, budget.nodes_left, budget.control);
+            *budget.nodes += used;
             if let Some(placement) = placement {
                 return SearchOutcome::Found(placement);
             }
@@ -342,14 +388,22 @@ impl LeafState {
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
         loop {
             for rank in ranks {
-                if *nodes_left == 0 {
+                if *budget.nodes_left == 0 || budget.control.stopped() {
                     return SearchOutcome::BudgetExhausted;
                 }
-                let mut run_budget = limit.min(*nodes_left);
-                let (outcome, used) =
-                    search::search(items, members, overlaps, &self.sections, rank, capacity, &mut run_budget);
-                *nodes_left -= used;
-                *nodes += used;
+                let mut run_budget = limit.min(*budget.nodes_left);
+                let (outcome, used) = search::search(
+                    items,
+                    members,
+                    overlaps,
+                    &self.sections,
+                    rank,
+                    capacity,
+                    &mut run_budget,
+                    budget.control,
+                );
+                *budget.nodes_left -= used;
+                *budget.nodes += used;
                 match outcome {
                     SearchOutcome::BudgetExhausted => {}
                     settled => return settled,
@@ -368,8 +422,7 @@ impl LeafState {
         members: &[u32],
         goal: u64,
         capacity: Option<u64>,
-        nodes_left: &mut u64,
-        nodes: &mut u64,
+        budget: &mut Budget,
     ) -> Improvement {
         let Some(overlaps) = self.overlaps.as_ref().filter(|_| members.len() <= EXACT_SEARCH_MAX_BUFFERS) else {
             return Improvement::TooLarge;
@@ -388,9 +441,17 @@ impl LeafState {
             if capacity >= self.best.peak {
                 continue;
             }
-            match self.search_with_restarts(items, members, overlaps, &ranks, capacity, nodes_left, nodes) {
-                SearchOutcome::Found(placement) => self.best = placement,
-                SearchOutcome::Infeasible => self.proven_lower = capacity + 1,
+            match self.search_with_restarts(items, members, overlaps, &ranks, capacity, budget) {
+                SearchOutcome::Found(placement) => {
+                    self.best = placement;
+                    let shown = budget.shown;
+                    budget.control.progress.peak = shown.others.max(self.base + self.best.peak) * shown.alignment;
+                }
+                SearchOutcome::Infeasible => {
+                    self.proven_lower = capacity + 1;
+                    let bound = (self.base + self.proven_lower) * budget.shown.alignment;
+                    budget.control.progress.lower_bound = budget.control.progress.lower_bound.max(bound);
+                }
                 SearchOutcome::BudgetExhausted => return Improvement::BudgetExhausted,
             }
         }

@@ -37,6 +37,7 @@ use core::ops::Range;
 
 use crate::generate::SplitMix64;
 
+use super::control::Control;
 use super::greedy::{ComponentPlacement, Overlaps};
 use super::sections::Sections;
 use super::Item;
@@ -53,7 +54,7 @@ pub(crate) enum SearchOutcome {
 
 const UNPLACED: u64 = u64::MAX;
 
-struct Search<'a> {
+struct Search<'a, 'c> {
     size: Vec<u64>,
     /// Each buffer's section range `[start, end)`.
     sections_of: Vec<(u32, u32)>,
@@ -62,6 +63,8 @@ struct Search<'a> {
     section_members: Vec<u32>,
     rank: Vec<u32>,
     overlaps: &'a Overlaps,
+    /// The caller's stop callback, polled as nodes are counted.
+    control: &'a mut Control<'c>,
     offset: Vec<u64>,
     /// The offset of each buffer on the last path that placed it; on success, the placement.
     solution: Vec<u64>,
@@ -99,7 +102,8 @@ struct Undo {
 /// Searches for a placement of `members` with peak at most `capacity` (units), spending at most
 /// `*nodes_left` nodes (decremented by what is used). `rank` orders ties between buffers with the
 /// same minimum offset (a static preference: lower rank first). Returns the outcome and the nodes
-/// spent.
+/// spent; a stop asked for through `control` ends it as `BudgetExhausted`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn search(
     items: &[Item],
     members: &[u32],
@@ -108,6 +112,7 @@ pub(crate) fn search(
     rank: &[u32],
     capacity: u64,
     nodes_left: &mut u64,
+    control: &mut Control,
 ) -> (SearchOutcome, u64) {
     let n = members.len();
     let section_count = sections.len();
@@ -150,6 +155,7 @@ pub(crate) fn search(
         section_members,
         rank: rank.to_vec(),
         overlaps,
+        control,
         offset: alloc::vec![UNPLACED; n],
         solution: alloc::vec![0; n],
         min_offset: alloc::vec![0; n],
@@ -193,7 +199,7 @@ enum Dfs {
     Exhausted,
 }
 
-impl Search<'_> {
+impl Search<'_, '_> {
     /// Starts the search of a partition, choosing its mode: zero slack when every section that
     /// still has unplaced buffers is exactly full, canonical otherwise.
     fn search_partition(&mut self, unplaced: &[u32], sections: Range<usize>) -> Dfs {
@@ -222,7 +228,7 @@ impl Search<'_> {
     }
 
     fn fill_skyline_uncached(&mut self, unplaced: &[u32], sections: Range<usize>) -> Dfs {
-        if self.nodes_left == 0 {
+        if self.nodes_left == 0 || self.control.tick(1) {
             return Dfs::Exhausted;
         }
         self.nodes_left -= 1;
@@ -287,7 +293,7 @@ impl Search<'_> {
         if unplaced.is_empty() {
             return Dfs::Found;
         }
-        if self.nodes_left == 0 {
+        if self.nodes_left == 0 || self.control.tick(1) {
             return Dfs::Exhausted;
         }
         self.nodes_left -= 1;
