@@ -44,7 +44,12 @@ fn timed(buffers: &[BufferLifetime], capacity: Option<u64>, limit: Duration, ver
         Ok(s) => {
             check_placement(buffers, &s.offsets, 1, s.peak, capacity).expect("the checker accepts every solution");
             nodes = nodes.max(s.stats.nodes);
-            Outcome::Placed { peak: s.peak, lower_bound: s.lower_bound, greedy: s.stats.greedy_peak, optimal: s.optimal }
+            Outcome::Placed {
+                peak: s.peak,
+                lower_bound: s.lower_bound,
+                greedy: s.stats.greedy_peak,
+                optimal: s.optimal,
+            }
         }
         Err(SolveError::NotFoundWithinBudget { best_peak, .. }) => Outcome::NotFound { best_peak },
         Err(SolveError::ProvenInfeasible { .. }) => Outcome::Infeasible,

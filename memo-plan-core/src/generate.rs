@@ -403,10 +403,8 @@ pub fn operator_graph(seed: u64, shape: GraphShape) -> Vec<BufferLifetime> {
             out.push((step, end, size)); // weight gradient, to the optimizer
         }
     }
-    let mut buffers: Vec<BufferLifetime> = out
-        .into_iter()
-        .map(|(lower, upper, size)| BufferLifetime { id: 0, lower, upper, size })
-        .collect();
+    let mut buffers: Vec<BufferLifetime> =
+        out.into_iter().map(|(lower, upper, size)| BufferLifetime { id: 0, lower, upper, size }).collect();
     // Malloc order: by start step, the order pushed within a step.
     buffers.sort_by_key(|b| b.lower);
     for (id, b) in buffers.iter_mut().enumerate() {

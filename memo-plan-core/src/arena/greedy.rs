@@ -127,6 +127,10 @@ pub(crate) fn best_greedy(
     order(&|l| (u128::from(u32::MAX - item(l).lower), item(l).size, 0), &[Fit::First]);
     order(&|l| (u128::from(item(l).size) * u128::from(length(l)), item(l).size, 0), &[Fit::Best]);
     order(&|l| (overlaps.degree(l) as u128, item(l).size, 0), &[Fit::Best]);
+    // The classic orders not among the above (see `classic_orders`).
+    order(&|l| (u128::from(item(l).size), u64::from(u32::MAX - item(l).lower), 0), &[Fit::Best, Fit::First]);
+    order(&|l| (u128::from(u32::MAX - item(l).lower), item(l).size, 0), &[Fit::Best]);
+    order(&|l| (u128::from(item(l).size) * u128::from(length(l)), item(l).size, 0), &[Fit::First]);
     for (ordering, fit) in &orderings {
         if control.poll() {
             break;
@@ -134,6 +138,53 @@ pub(crate) fn best_greedy(
         let candidate = in_order(items, members, overlaps, ordering, *fit);
         if candidate.peak < best.peak {
             best = candidate;
+        }
+    }
+    best
+}
+
+/// The classic orders of the literature, each with best fit and first fit: size descending (then
+/// start ascending), lifetime descending (then size descending), start ascending (then size
+/// descending), area descending (then size descending); remaining ties by index. `solve` runs them
+/// on the whole instance too (before any reduction), so its answer is never worse than any of them.
+pub(crate) fn classic_orders(items: &[Item], members: &[u32]) -> Vec<Vec<u32>> {
+    let n = members.len();
+    let item = |l: usize| &items[members[l] as usize];
+    let length = |l: usize| u64::from(item(l).upper - item(l).lower);
+    let keys: [&dyn Fn(usize) -> (u128, u64); 4] = [
+        &|l| (u128::from(item(l).size), u64::from(u32::MAX - item(l).lower)),
+        &|l| (u128::from(length(l)), item(l).size),
+        &|l| (u128::from(u32::MAX - item(l).lower), item(l).size),
+        &|l| (u128::from(item(l).size) * u128::from(length(l)), item(l).size),
+    ];
+    keys.iter()
+        .map(|key| {
+            let mut o: Vec<u32> = (0..n as u32).collect();
+            // Descending keys, then the index: a total order.
+            o.sort_unstable_by(|&a, &b| key(b as usize).cmp(&key(a as usize)).then(a.cmp(&b)));
+            o
+        })
+        .collect()
+}
+
+/// The best of the classic orders ([`classic_orders`], best and first fit) on `members`, or `None`
+/// if `control` stopped it before the first finished.
+pub(crate) fn best_classic(
+    items: &[Item],
+    members: &[u32],
+    overlaps: &Overlaps,
+    control: &mut Control,
+) -> Option<ComponentPlacement> {
+    let mut best: Option<ComponentPlacement> = None;
+    for ordering in classic_orders(items, members) {
+        for fit in [Fit::Best, Fit::First] {
+            if control.poll() {
+                return best;
+            }
+            let candidate = in_order(items, members, overlaps, &ordering, fit);
+            if best.as_ref().is_none_or(|b| candidate.peak < b.peak) {
+                best = Some(candidate);
+            }
         }
     }
     best

@@ -47,6 +47,11 @@ pub const EXACT_SEARCH_MAX_BUFFERS: usize = 600;
 /// which needs no graph (bounds memory to about 8 bytes a pair).
 pub const OVERLAP_PAIR_LIMIT: usize = 40_000_000;
 
+/// The most overlapping pairs for which the classic greedy orders also run on the whole instance,
+/// before the reductions (about 64 MB of graph; each order then costs well under a second).
+/// Beyond it only the per-component portfolio runs.
+pub const WHOLE_GREEDY_PAIR_LIMIT: usize = 8_000_000;
+
 /// Shuffled tie-break orders the search restarts with, besides the three heuristic ones.
 pub const SEARCH_RESTART_SHUFFLES: usize = 29;
 
@@ -233,7 +238,17 @@ pub fn solve_with(
         .collect();
     let lower_bound_units =
         leaves.iter().map(|l| l.base + l.proven_lower).chain(core::iter::once(peak_units)).max().unwrap_or(0);
-    let greedy_peak_units = leaves.iter().map(|l| l.base + l.best.peak).fold(peak_units, u64::max);
+    let mut greedy_peak_units = leaves.iter().map(|l| l.base + l.best.peak).fold(peak_units, u64::max);
+    // The classic orders on the whole instance, ties in input order: the reductions keep the
+    // optimum, not every greedy result, so a whole-instance order can beat the per-component
+    // portfolio; with them, the answer is never worse than any classic order.
+    let all: Vec<u32> = (0..items.len() as u32).collect();
+    let whole = Overlaps::build(&items, &all, WHOLE_GREEDY_PAIR_LIMIT)
+        .and_then(|graph| greedy::best_classic(&items, &all, &graph, &mut control))
+        .filter(|placement| placement.peak < greedy_peak_units);
+    if let Some(placement) = &whole {
+        greedy_peak_units = placement.peak;
+    }
     debug_log!(
         "solve: {} items, {} leaves, lower bound {} units, greedy {} units",
         items.len(),
@@ -267,7 +282,7 @@ pub fn solve_with(
         // The arena's peak apart from this leaf: the leaves done so far (in `target`) and the
         // highest of those still to come (the next in `order`), for the progress shown.
         let others = order.get(k + 1).map_or(target, |&j| target.max(leaves[j].base + leaves[j].best.peak));
-        let shown = Shown { others, alignment };
+        let shown = Shown { others, whole: whole.as_ref().map_or(u64::MAX, |w| w.peak), alignment };
         let leaf = &mut leaves[i];
         let members = &reduced.leaves[i].items;
         if leaf.base + leaf.best.peak > target {
@@ -292,6 +307,10 @@ pub fn solve_with(
         proven_lower_units = proven_lower_units.max(leaf.base + leaf.proven_lower);
     }
 
+    if let Some(placement) = whole.filter(|placement| placement.peak < peak_units) {
+        peak_units = placement.peak;
+        offsets_units = placement.offsets;
+    }
     let lower_bound = lower_bound_units * alignment;
     let peak = peak_units * alignment;
     if let Some(capacity) = options.capacity {
@@ -350,6 +369,8 @@ struct Budget<'a, 'c> {
 struct Shown {
     /// The highest peak of the other leaves and the reductions (units).
     others: u64,
+    /// The peak of the whole-instance greedy placement, if it beat the leaves' (units).
+    whole: u64,
     alignment: u64,
 }
 
@@ -445,7 +466,8 @@ impl LeafState {
                 SearchOutcome::Found(placement) => {
                     self.best = placement;
                     let shown = budget.shown;
-                    budget.control.progress.peak = shown.others.max(self.base + self.best.peak) * shown.alignment;
+                    let peak = shown.others.max(self.base + self.best.peak).min(shown.whole);
+                    budget.control.progress.peak = peak * shown.alignment;
                 }
                 SearchOutcome::Infeasible => {
                     self.proven_lower = capacity + 1;

@@ -346,3 +346,28 @@ fn progress_is_monotone() {
     .unwrap();
     assert!(last.nodes > 0 && last.nodes <= solution.stats.nodes.max(last.nodes));
 }
+
+/// Never worse than any classic greedy order (computed by the independent oracle), on random
+/// instances of several shapes, alignments and budgets (0: the greedy portfolio alone).
+#[cfg(feature = "fuzzing")]
+#[test]
+fn never_worse_than_any_classic_greedy_order() {
+    use crate::fuzzing::oracle::classic_greedy_peaks;
+    let mut rng = SplitMix64::new(19);
+    for case in 0..400u64 {
+        let count = 2 + (case % 60) as usize;
+        let buffers = match case % 4 {
+            0 => random_buffers(&mut rng, count, 40, 1000),
+            1 => random_buffers(&mut rng, count, 200, 1 << 20),
+            2 => known_optimum(case, count, 4 * count as u32, 1 << 10),
+            _ => crate::generate::with_holes(case, count, 1 + count / 10, 4 * count as u32, 1 << 10),
+        };
+        let alignment = [1, 8, 256][(case % 3) as usize];
+        let classic = classic_greedy_peaks(&buffers, alignment).unwrap().into_iter().min().unwrap();
+        for budget_nodes in [0, 2_000] {
+            let options = SolveOptions { alignment, budget_nodes, ..SolveOptions::default() };
+            let solution = solve_checked(&buffers, &options).unwrap();
+            assert!(solution.peak <= classic, "case {case}, budget {budget_nodes}: {} > {classic}", solution.peak);
+        }
+    }
+}
