@@ -27,7 +27,10 @@ fn packing(kind: &str, n: usize, seed: u64) -> Vec<BufferLifetime> {
 
 /// Solves under a wall-clock limit (the callback), with an unlimited node budget.
 fn timed(buffers: &[BufferLifetime], capacity: Option<u64>, limit: Duration, verbose: bool) -> (Outcome, f64, u64) {
-    let options = SolveOptions { capacity, alignment: 1, budget_nodes: u64::MAX };
+    // A fixed node budget (MEMO_BUDGET_NODES) measures the cost per node on a loaded machine,
+    // where wall-clock rates vary: the same nodes are visited, so instructions compare.
+    let budget_nodes = std::env::var("MEMO_BUDGET_NODES").ok().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
+    let options = SolveOptions { capacity, alignment: 1, budget_nodes };
     let start = Instant::now();
     let mut nodes = 0;
     let mut last_print = start;

@@ -92,6 +92,11 @@ struct Search<'a, 'c> {
     dirty: Vec<u32>,
     section_mark: Vec<u32>,
     mark: u32,
+    /// Vectors returned by finished nodes, for the next ones to reuse: after the first descent a
+    /// node allocates nothing.
+    lists: Vec<Vec<u32>>,
+    candidate_lists: Vec<Vec<(u64, u32, u32)>>,
+    undos: Vec<Undo>,
 }
 
 /// The most entries the failed-placement cache keeps (about 40 bytes each).
@@ -177,6 +182,9 @@ pub(crate) fn search(
         dirty: Vec::new(),
         section_mark: alloc::vec![0; section_count],
         mark: 0,
+        lists: Vec::new(),
+        candidate_lists: Vec::new(),
+        undos: Vec::new(),
     };
     if state.total.iter().any(|&t| t > capacity) {
         return (SearchOutcome::Infeasible, 0);
@@ -317,23 +325,32 @@ impl Search<'_, '_> {
         // Only the branches that are in canonical order and not dominated (a branch at or above
         // the lowest end any unplaced buffer reaches has that buffer fit under it); sorting just
         // those, not every unplaced buffer, was most of a node's cost.
-        let mut candidates: Vec<(u64, u32, u32)> = unplaced
-            .iter()
-            .map(|&l| (self.min_offset[l as usize], self.rank[l as usize], l))
-            .filter(|&(offset, rank, _)| offset < min_height && (offset, rank) >= last)
-            .collect();
+        let mut candidates = self.candidate_lists.pop().unwrap_or_default();
+        candidates.clear();
+        candidates.extend(
+            unplaced
+                .iter()
+                .map(|&l| (self.min_offset[l as usize], self.rank[l as usize], l))
+                .filter(|&(offset, rank, _)| offset < min_height && (offset, rank) >= last),
+        );
         candidates.sort_unstable();
         // The largest unplaced total of the partition: placements only lower totals, so a branch
         // whose offset plus this fits every section needs no scan of them (`branch`).
         let max_total = self.total[sections.clone()].iter().copied().max().unwrap_or(0);
-        let mut undo = Undo::default();
+        let mut undo = self.undos.pop().unwrap_or_default();
+        let mut outcome = Dfs::Infeasible;
         for &(offset, rank, local) in &candidates {
             match self.branch(local, offset, unplaced, sections.clone(), Some((offset, rank)), max_total, &mut undo) {
                 Dfs::Infeasible => {}
-                found_or_exhausted => return found_or_exhausted,
+                found_or_exhausted => {
+                    outcome = found_or_exhausted;
+                    break;
+                }
             }
         }
-        Dfs::Infeasible
+        self.candidate_lists.push(candidates);
+        self.undos.push(undo);
+        outcome
     }
 
     /// One branch: places `local` at `offset`, applies the section bound, searches on, and undoes
@@ -358,8 +375,12 @@ impl Search<'_, '_> {
         let fits = self.raised_floors_fit(undo, &sections)
             && (monotonic_from + max_total <= self.capacity || self.sections_fit(sections.clone(), monotonic_from));
         let outcome = if fits {
-            let rest: Vec<u32> = unplaced.iter().copied().filter(|&l| l != local).collect();
-            self.continue_after(local, rest, sections, last)
+            let mut rest = self.lists.pop().unwrap_or_default();
+            rest.clear();
+            rest.extend(unplaced.iter().copied().filter(|&l| l != local));
+            let outcome = self.continue_after(local, &rest, sections, last);
+            self.lists.push(rest);
+            outcome
         } else {
             Dfs::Infeasible
         };
@@ -370,7 +391,7 @@ impl Search<'_, '_> {
     /// After placing `local`: split the partition where its placement left no unplaced buffer
     /// crossing a section boundary, and search the parts one by one; or continue as one part, in
     /// its mode (`last` is the canonical order's last placement, `None` in zero-slack mode).
-    fn continue_after(&mut self, local: u32, rest: Vec<u32>, sections: Range<usize>, last: Option<(u64, u32)>) -> Dfs {
+    fn continue_after(&mut self, local: u32, rest: &[u32], sections: Range<usize>, last: Option<(u64, u32)>) -> Dfs {
         let (start, end) = self.sections_of[local as usize];
         let mut cut_points: Vec<usize> = Vec::new();
         for b in start as usize..(end as usize).saturating_sub(1) {
@@ -380,8 +401,8 @@ impl Search<'_, '_> {
         }
         if cut_points.is_empty() {
             return match last {
-                Some(last) => self.dfs(&rest, sections, last),
-                None => self.fill_skyline(&rest, sections),
+                Some(last) => self.dfs(rest, sections, last),
+                None => self.fill_skyline(rest, sections),
             };
         }
         cut_points.push(sections.end);
