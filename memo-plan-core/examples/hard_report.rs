@@ -76,7 +76,9 @@ fn main() {
         let n: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(300);
         let seed: u64 = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(0);
         let buffers = packing(kind, n, seed);
-        let (outcome, secs, nodes) = timed(&buffers, Some(HEIGHT), Duration::from_secs_f64(seconds(4, 10.0)), true);
+        // MEMO_MINIMISE=1: no capacity, watch the peak fall.
+        let capacity = std::env::var_os("MEMO_MINIMISE").is_none().then_some(HEIGHT);
+        let (outcome, secs, nodes) = timed(&buffers, capacity, Duration::from_secs_f64(seconds(4, 10.0)), true);
         let verdict = match outcome {
             Outcome::Placed { peak, .. } => format!("placed, peak {peak}"),
             Outcome::NotFound { best_peak } => format!("not found, best {best_peak}"),

@@ -60,6 +60,14 @@ pub const SEARCH_RESTART_SHUFFLES: usize = 29;
 /// very long (a heavy tail), so short runs under several orders beat one long run.
 pub const SEARCH_FIRST_LIMIT_PER_BUFFER: u64 = 4;
 
+/// The node allowance of each search in the first round of a component's descent, per buffer
+/// (fourfold a round): small, so the first rounds lower the greedy peak within milliseconds.
+pub const DESCENT_FIRST_NODES_PER_BUFFER: u64 = 64;
+
+/// Searches a descent round may leave unsettled before the next round (with four times the
+/// allowance) starts again from the goal.
+pub const DESCENT_UNSETTLED_PROBES: u32 = 3;
+
 /// What to solve for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SolveOptions {
@@ -434,9 +442,13 @@ impl LeafState {
         }
     }
 
-    /// Lowers the component's peak towards `goal` with the exact search: first to the capacity
-    /// (if one is asked for and not met), then to `goal`, then by bisection between the proven
-    /// lower bound and the best peak.
+    /// Lowers the component's peak towards `goal` with the exact search. A capacity asked for and
+    /// not met yet is searched first, with all the budget it takes, and so is a zero-slack goal.
+    /// Then rounds, each with a node
+    /// allowance per search four times the last: the goal, then capacities between the proven
+    /// lower bound and the best peak by bisection, moving up towards the best peak after each one
+    /// the allowance did not settle (at most `DESCENT_UNSETTLED_PROBES` a round). So the best peak
+    /// falls steadily from the greedy one however hard the goal is, and a stopped solve keeps it.
     fn improve(
         &mut self,
         items: &[Item],
@@ -449,35 +461,87 @@ impl LeafState {
             return Improvement::TooLarge;
         };
         let ranks = search_ranks(items, members, &self.sections);
-        let mut tries: Vec<u64> = capacity.filter(|&c| c < self.best.peak).into_iter().collect();
-        tries.push(goal);
-        let mut next_try = 0;
-        while self.proven_lower < self.best.peak && self.best.peak > goal {
-            let capacity = if next_try < tries.len() {
-                next_try += 1;
-                tries[next_try - 1].max(self.proven_lower)
-            } else {
-                self.proven_lower + (self.best.peak - 1 - self.proven_lower) / 2
-            };
-            if capacity >= self.best.peak {
-                continue;
-            }
-            match self.search_with_restarts(items, members, overlaps, &ranks, capacity, budget) {
-                SearchOutcome::Found(placement) => {
-                    self.best = placement;
-                    let shown = budget.shown;
-                    let peak = shown.others.max(self.base + self.best.peak).min(shown.whole);
-                    budget.control.progress.peak = peak * shown.alignment;
+        // A goal at which every section is exactly full (a perfect packing's) is searched first with
+        // all the budget, like a capacity: flat splits settle those whole, and cut into rounds
+        // they would start over each time.
+        let zero_slack_goal = Some(goal).filter(|&g| self.sections.totals.iter().all(|&t| t == g));
+        for capacity in [capacity, zero_slack_goal] {
+            if let Some(capacity) = capacity.map(|c| c.max(self.proven_lower)).filter(|&c| c < self.best.peak) {
+                match self.search_with_restarts(items, members, overlaps, &ranks, capacity, budget) {
+                    SearchOutcome::BudgetExhausted => return Improvement::BudgetExhausted,
+                    outcome => record(&mut self.best, &mut self.proven_lower, self.base, outcome, capacity, budget),
                 }
-                SearchOutcome::Infeasible => {
-                    self.proven_lower = capacity + 1;
-                    let bound = (self.base + self.proven_lower) * budget.shown.alignment;
-                    budget.control.progress.lower_bound = budget.control.progress.lower_bound.max(bound);
-                }
-                SearchOutcome::BudgetExhausted => return Improvement::BudgetExhausted,
             }
         }
-        Improvement::Settled
+        let mut allowance = DESCENT_FIRST_NODES_PER_BUFFER.saturating_mul(members.len() as u64);
+        loop {
+            if self.proven_lower >= self.best.peak || self.best.peak <= goal {
+                return Improvement::Settled;
+            }
+            let mut unsettled = 0;
+            // The lowest capacity not yet refuted nor left unsettled in this round.
+            let mut floor = self.proven_lower;
+            let mut next = goal.max(self.proven_lower);
+            while unsettled < DESCENT_UNSETTLED_PROBES && next < self.best.peak {
+                let mut allowed = (*budget.nodes_left).min(allowance);
+                let before = allowed;
+                let outcome = {
+                    let mut bounded = Budget {
+                        nodes_left: &mut allowed,
+                        nodes: &mut *budget.nodes,
+                        control: &mut *budget.control,
+                        shown: budget.shown,
+                    };
+                    self.search_with_restarts(items, members, overlaps, &ranks, next, &mut bounded)
+                };
+                *budget.nodes_left -= before - allowed;
+                match outcome {
+                    SearchOutcome::BudgetExhausted => {
+                        if *budget.nodes_left == 0 || budget.control.stopped() {
+                            return Improvement::BudgetExhausted;
+                        }
+                        unsettled += 1;
+                        floor = floor.max(next + 1);
+                    }
+                    SearchOutcome::Infeasible => {
+                        record(&mut self.best, &mut self.proven_lower, self.base, outcome, next, budget);
+                        floor = floor.max(self.proven_lower);
+                    }
+                    found => record(&mut self.best, &mut self.proven_lower, self.base, found, next, budget),
+                }
+                if self.best.peak <= goal || floor >= self.best.peak {
+                    break;
+                }
+                next = floor + (self.best.peak - 1 - floor) / 2;
+            }
+            allowance = allowance.saturating_mul(4);
+        }
+    }
+}
+
+/// Keeps what a search of a leaf (at `base`) at `capacity` settled: a better placement, or a
+/// higher proven bound; and shows it to the stop callback.
+fn record(
+    best: &mut ComponentPlacement,
+    proven_lower: &mut u64,
+    base: u64,
+    outcome: SearchOutcome,
+    capacity: u64,
+    budget: &mut Budget,
+) {
+    match outcome {
+        SearchOutcome::Found(placement) => {
+            *best = placement;
+            let shown = budget.shown;
+            let peak = shown.others.max(base + best.peak).min(shown.whole);
+            budget.control.progress.peak = peak * shown.alignment;
+        }
+        SearchOutcome::Infeasible => {
+            *proven_lower = (*proven_lower).max(capacity + 1);
+            let bound = (base + *proven_lower) * budget.shown.alignment;
+            budget.control.progress.lower_bound = budget.control.progress.lower_bound.max(bound);
+        }
+        SearchOutcome::BudgetExhausted => {}
     }
 }
 
