@@ -25,8 +25,29 @@ pub(crate) struct Overlaps {
 }
 
 impl Overlaps {
-    /// Builds the graph, or `None` if it would have more than `pair_limit` pairs.
+    /// The number of overlapping pairs, in O(n log n) without building anything: each buffer, in
+    /// start order, overlaps the earlier-starting ones that have not ended by its start.
+    pub(crate) fn pair_count(items: &[Item], members: &[u32]) -> u64 {
+        let mut lowers: Vec<u32> = members.iter().map(|&m| items[m as usize].lower).collect();
+        let mut uppers: Vec<u32> = members.iter().map(|&m| items[m as usize].upper).collect();
+        lowers.sort_unstable();
+        uppers.sort_unstable();
+        let mut pairs = 0u64;
+        for (position, &lower) in lowers.iter().enumerate() {
+            // Earlier in start order (ties: any fixed order counts each pair once), minus those
+            // ended by this start (an end <= start means no shared step).
+            let ended = uppers.partition_point(|&u| u <= lower);
+            pairs += (position as u64).saturating_sub(ended as u64);
+        }
+        pairs
+    }
+
+    /// Builds the graph, or `None` if it would have more than `pair_limit` pairs (counted first,
+    /// so a graph too large costs no memory).
     pub(crate) fn build(items: &[Item], members: &[u32], pair_limit: usize) -> Option<Overlaps> {
+        if Self::pair_count(items, members) > pair_limit as u64 {
+            return None;
+        }
         let mut by_lower: Vec<u32> = (0..members.len() as u32).collect();
         by_lower.sort_unstable_by_key(|&l| (items[members[l as usize] as usize].lower, l));
         let mut pairs: Vec<(u32, u32)> = Vec::new();
@@ -135,9 +156,10 @@ pub(crate) fn best_greedy(
         if control.poll() {
             break;
         }
-        let candidate = in_order(items, members, overlaps, ordering, *fit);
-        if candidate.peak < best.peak {
-            best = candidate;
+        match in_order(items, members, overlaps, ordering, *fit, control) {
+            Some(candidate) if candidate.peak < best.peak => best = candidate,
+            Some(_) => {}
+            None => break,
         }
     }
     best
@@ -181,7 +203,7 @@ pub(crate) fn best_classic(
             if control.poll() {
                 return best;
             }
-            let candidate = in_order(items, members, overlaps, &ordering, fit);
+            let Some(candidate) = in_order(items, members, overlaps, &ordering, fit, control) else { return best };
             if best.as_ref().is_none_or(|b| candidate.peak < b.peak) {
                 best = Some(candidate);
             }
@@ -190,19 +212,28 @@ pub(crate) fn best_classic(
     best
 }
 
-/// Places members in `order`, each at a gap among its already placed neighbours.
+/// Buffers a greedy order places between two polls of the stop callback: an order over a large
+/// component takes up to seconds, longer than a time limit may be passed by.
+const GREEDY_POLL_EVERY: usize = 2048;
+
+/// Places members in `order`, each at a gap among its already placed neighbours; `None` if
+/// `control` stopped it first.
 pub(crate) fn in_order(
     items: &[Item],
     members: &[u32],
     overlaps: &Overlaps,
     order: &[u32],
     fit: Fit,
-) -> ComponentPlacement {
+    control: &mut Control,
+) -> Option<ComponentPlacement> {
     const UNPLACED: u64 = u64::MAX;
     let mut offsets = vec![UNPLACED; members.len()];
     let mut peak = 0;
     let mut taken: Vec<(u64, u64)> = Vec::new();
-    for &local in order {
+    for (placed, &local) in order.iter().enumerate() {
+        if placed % GREEDY_POLL_EVERY == GREEDY_POLL_EVERY - 1 && control.poll() {
+            return None;
+        }
         let size = items[members[local as usize] as usize].size;
         taken.clear();
         for &other in overlaps.of(local as usize) {
@@ -216,7 +247,7 @@ pub(crate) fn in_order(
         offsets[local as usize] = offset;
         peak = peak.max(offset + size);
     }
-    ComponentPlacement { offsets, peak }
+    Some(ComponentPlacement { offsets, peak })
 }
 
 /// The offset for a buffer of `size` among the `taken` ranges (sorted by start): the gap `fit`
@@ -273,6 +304,28 @@ pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pair_count_matches_the_graph() {
+        let mut rng = crate::generate::SplitMix64::new(4);
+        for count in [1usize, 2, 10, 200] {
+            let items: Vec<Item> = (0..count)
+                .map(|_| {
+                    let lower = rng.below(50) as u32;
+                    Item { lower, upper: lower + 1 + rng.below(20) as u32, size: 1 }
+                })
+                .collect();
+            let members: Vec<u32> = (0..count as u32).collect();
+            let graph = Overlaps::build(&items, &members, usize::MAX).unwrap();
+            let degrees: usize = (0..count).map(|l| graph.degree(l)).sum();
+            assert_eq!(Overlaps::pair_count(&items, &members) as usize * 2, degrees);
+            let pairs = degrees / 2;
+            if pairs > 0 {
+                assert!(Overlaps::build(&items, &members, pairs - 1).is_none());
+                assert!(Overlaps::build(&items, &members, pairs).is_some());
+            }
+        }
+    }
 
     #[test]
     fn best_fit_takes_the_tightest_gap() {
