@@ -276,8 +276,13 @@ fn choose_gap(taken: &[(u64, u64)], size: u64, fit: Fit) -> u64 {
 
 /// The online order: by start step (frees before allocations at the same step, larger first among
 /// equal starts), each buffer at the best-fitting gap among the buffers alive then. Needs no
-/// overlap graph: the live ranges are kept in an ordered map.
+/// overlap graph, and no scan of the live buffers: the buffers alive at a start step all share
+/// that step, so their ranges are disjoint, and the free gaps between them are kept in a set by
+/// (size, offset) (best fit: the first of at least the size), updated as buffers end. O(n log n);
+/// it always runs to completion, as the fallback of every component.
 pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
+    use alloc::collections::{BTreeSet, BinaryHeap};
+    use core::cmp::Reverse;
     let mut order: Vec<u32> = (0..members.len() as u32).collect();
     order.sort_unstable_by(|&a, &b| {
         let (x, y) = (&items[members[a as usize] as usize], &items[members[b as usize] as usize]);
@@ -285,18 +290,45 @@ pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
     });
     let mut offsets = vec![0u64; members.len()];
     let mut peak = 0;
-    // offset -> (end, upper step) of live ranges; expired ones are dropped lazily by step.
-    let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
-    let mut taken: Vec<(u64, u64)> = Vec::new();
+    // Live ranges offset -> end; free gaps below the highest end as (size, offset); ends to come.
+    let mut ranges: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut gaps: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut ending: BinaryHeap<Reverse<(u32, u64)>> = BinaryHeap::new();
     for &local in &order {
         let item = &items[members[local as usize] as usize];
-        live.retain(|_, &mut (_, upper)| upper > item.lower);
-        taken.clear();
-        taken.extend(live.iter().map(|(&start, &(end, _))| (start, end)));
-        let offset = choose_gap(&taken, item.size, Fit::Best);
+        while let Some(&Reverse((upper, offset))) = ending.peek() {
+            if upper > item.lower {
+                break;
+            }
+            ending.pop();
+            let end = ranges.remove(&offset).unwrap_or(offset);
+            let below = ranges.range(..offset).next_back().map_or(0, |(_, &e)| e);
+            let above = ranges.range(end..).next().map(|(&start, _)| start);
+            if below < offset {
+                gaps.remove(&(offset - below, below));
+            }
+            if let Some(above) = above {
+                if end < above {
+                    gaps.remove(&(above - end, end));
+                }
+                gaps.insert((above - below, below));
+            }
+        }
+        let top = ranges.iter().next_back().map_or(0, |(_, &e)| e);
+        let offset = match gaps.range((item.size, 0)..).next().copied() {
+            Some((size, offset)) => {
+                gaps.remove(&(size, offset));
+                if size > item.size {
+                    gaps.insert((size - item.size, offset + item.size));
+                }
+                offset
+            }
+            None => top,
+        };
         offsets[local as usize] = offset;
         peak = peak.max(offset + item.size);
-        live.insert(offset, (offset + item.size, item.upper));
+        ranges.insert(offset, offset + item.size);
+        ending.push(Reverse((item.upper, offset)));
     }
     ComponentPlacement { offsets, peak }
 }
@@ -304,6 +336,55 @@ pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scan-based start order, as `by_start` was before its gap set: the reference it must match.
+    /// The online order: by start step (frees before allocations at the same step, larger first among
+    /// equal starts), each buffer at the best-fitting gap among the buffers alive then. Needs no
+    /// overlap graph: the live ranges are kept in an ordered map.
+    fn by_start_reference(items: &[Item], members: &[u32]) -> ComponentPlacement {
+        let mut order: Vec<u32> = (0..members.len() as u32).collect();
+        order.sort_unstable_by(|&a, &b| {
+            let (x, y) = (&items[members[a as usize] as usize], &items[members[b as usize] as usize]);
+            x.lower.cmp(&y.lower).then(y.size.cmp(&x.size)).then(a.cmp(&b))
+        });
+        let mut offsets = vec![0u64; members.len()];
+        let mut peak = 0;
+        // offset -> (end, upper step) of live ranges; expired ones are dropped lazily by step.
+        let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+        let mut taken: Vec<(u64, u64)> = Vec::new();
+        for &local in &order {
+            let item = &items[members[local as usize] as usize];
+            live.retain(|_, &mut (_, upper)| upper > item.lower);
+            taken.clear();
+            taken.extend(live.iter().map(|(&start, &(end, _))| (start, end)));
+            let offset = choose_gap(&taken, item.size, Fit::Best);
+            offsets[local as usize] = offset;
+            peak = peak.max(offset + item.size);
+            live.insert(offset, (offset + item.size, item.upper));
+        }
+        ComponentPlacement { offsets, peak }
+    }
+
+    #[test]
+    fn by_start_matches_the_scan_it_replaced() {
+        let mut rng = crate::generate::SplitMix64::new(11);
+        for case in 0..300u64 {
+            let count = 1 + (case % 80) as usize;
+            let items: Vec<Item> = (0..count)
+                .map(|_| {
+                    let lower = rng.below(60) as u32;
+                    Item {
+                        lower,
+                        upper: lower + 1 + rng.below(25) as u32,
+                        size: 1 + rng.below(if case % 2 == 0 { 8 } else { 1000 }),
+                    }
+                })
+                .collect();
+            let members: Vec<u32> = (0..count as u32).collect();
+            let (new, old) = (by_start(&items, &members), by_start_reference(&items, &members));
+            assert_eq!((new.offsets, new.peak), (old.offsets, old.peak), "case {case}");
+        }
+    }
 
     #[test]
     fn pair_count_matches_the_graph() {
