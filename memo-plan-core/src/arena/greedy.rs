@@ -125,7 +125,20 @@ pub(crate) fn best_greedy(
     control: &mut Control,
 ) -> ComponentPlacement {
     let mut best = by_start(items, members);
-    let Some(overlaps) = overlaps else { return best };
+    let Some(overlaps) = overlaps else {
+        // Too dense for a graph: the other sweeps that need none, time reversed (by end, latest
+        // first) and first fit, each O(n log n).
+        for (reversed, fit) in [(true, Fit::Best), (false, Fit::First), (true, Fit::First)] {
+            if control.poll() {
+                break;
+            }
+            let candidate = sweep(items, members, reversed, fit);
+            if candidate.peak < best.peak {
+                best = candidate;
+            }
+        }
+        return best;
+    };
     let n = members.len();
     let item = |l: usize| &items[members[l] as usize];
     let length = |l: usize| u64::from(item(l).upper - item(l).lower);
@@ -281,6 +294,28 @@ fn choose_gap(taken: &[(u64, u64)], size: u64, fit: Fit) -> u64 {
 /// (size, offset) (best fit: the first of at least the size), updated as buffers end. O(n log n);
 /// it always runs to completion, as the fallback of every component.
 pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
+    sweep(items, members, false, Fit::Best)
+}
+
+/// The start-order sweep of [`by_start`] with a choice of fit, or over reversed time (buffers by
+/// end, latest first: a placement valid backwards in time is valid forwards).
+fn sweep(items: &[Item], members: &[u32], reversed: bool, fit: Fit) -> ComponentPlacement {
+    if !reversed {
+        return sweep_forward(items, members, fit);
+    }
+    // Time t becomes u32::MAX - t: lifetimes [lower, upper) become [MAX - upper, MAX - lower).
+    let mirrored: Vec<Item> = members
+        .iter()
+        .map(|&m| {
+            let item = &items[m as usize];
+            Item { lower: u32::MAX - item.upper, upper: u32::MAX - item.lower, size: item.size }
+        })
+        .collect();
+    let identity: Vec<u32> = (0..members.len() as u32).collect();
+    sweep_forward(&mirrored, &identity, fit)
+}
+
+fn sweep_forward(items: &[Item], members: &[u32], fit: Fit) -> ComponentPlacement {
     use alloc::collections::{BTreeSet, BinaryHeap};
     use core::cmp::Reverse;
     let mut order: Vec<u32> = (0..members.len() as u32).collect();
@@ -290,9 +325,11 @@ pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
     });
     let mut offsets = vec![0u64; members.len()];
     let mut peak = 0;
-    // Live ranges offset -> end; free gaps below the highest end as (size, offset); ends to come.
+    // Live ranges offset -> end; free gaps below the highest end, as (size, offset) for best fit
+    // and offset -> size for first fit; ends to come.
     let mut ranges: BTreeMap<u64, u64> = BTreeMap::new();
     let mut gaps: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut gaps_by_offset: BTreeMap<u64, u64> = BTreeMap::new();
     let mut ending: BinaryHeap<Reverse<(u32, u64)>> = BinaryHeap::new();
     for &local in &order {
         let item = &items[members[local as usize] as usize];
@@ -306,20 +343,30 @@ pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
             let above = ranges.range(end..).next().map(|(&start, _)| start);
             if below < offset {
                 gaps.remove(&(offset - below, below));
+                gaps_by_offset.remove(&below);
             }
             if let Some(above) = above {
                 if end < above {
                     gaps.remove(&(above - end, end));
+                    gaps_by_offset.remove(&end);
                 }
                 gaps.insert((above - below, below));
+                gaps_by_offset.insert(below, above - below);
             }
         }
         let top = ranges.iter().next_back().map_or(0, |(_, &e)| e);
-        let offset = match gaps.range((item.size, 0)..).next().copied() {
+        let chosen = match fit {
+            Fit::Best => gaps.range((item.size, 0)..).next().copied(),
+            // A scan over the gaps by offset: fine for the sweeps' few gaps, and never needs a graph.
+            Fit::First => gaps_by_offset.iter().find(|&(_, &size)| size >= item.size).map(|(&o, &size)| (size, o)),
+        };
+        let offset = match chosen {
             Some((size, offset)) => {
                 gaps.remove(&(size, offset));
+                gaps_by_offset.remove(&offset);
                 if size > item.size {
                     gaps.insert((size - item.size, offset + item.size));
+                    gaps_by_offset.insert(offset + item.size, size - item.size);
                 }
                 offset
             }
@@ -383,6 +430,22 @@ mod tests {
             let members: Vec<u32> = (0..count as u32).collect();
             let (new, old) = (by_start(&items, &members), by_start_reference(&items, &members));
             assert_eq!((new.offsets, new.peak), (old.offsets, old.peak), "case {case}");
+            // The other sweeps against in_order over the graph in the same order.
+            let graph = Overlaps::build(&items, &members, usize::MAX).unwrap();
+            let mut order: Vec<u32> = members.clone();
+            order.sort_by_key(|&l| (items[l as usize].lower, core::cmp::Reverse(items[l as usize].size), l));
+            let mut never = |_: &super::super::Progress| false;
+            let mut control = Control::new(&mut never);
+            let first = in_order(&items, &members, &graph, &order, Fit::First, &mut control).unwrap();
+            assert_eq!(sweep(&items, &members, false, Fit::First).peak, first.peak, "case {case}");
+            for fit in [Fit::Best, Fit::First] {
+                let reversed = sweep(&items, &members, true, fit);
+                let buffers: Vec<crate::lifetime::BufferLifetime> = items
+                    .iter()
+                    .map(|i| crate::lifetime::BufferLifetime { id: 0, lower: i.lower, upper: i.upper, size: i.size })
+                    .collect();
+                crate::check::check_placement(&buffers, &reversed.offsets, 1, reversed.peak, None).unwrap();
+            }
         }
     }
 
