@@ -5,7 +5,7 @@
 //!
 //! `cargo run --release -p memo-plan-core --example hard_report` prints every table;
 //! `... -- packings [SECONDS]` or `... -- graphs [SECONDS]` one part (limits default to 1 s and
-//! 10 s); `... -- one KIND N SEED [SECONDS]` one packing instance (KIND: guillotine, pinwheel,
+//! 10 s); `... -- csv BLOCKS OPS SEED` writes an operator graph as a CSV trace; `... -- one KIND N SEED [SECONDS]` one packing instance (KIND: guillotine, pinwheel,
 //! holes), with the progress the solver reports.
 
 use memo_plan_core::arena::{solve_with, Progress};
@@ -71,6 +71,17 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let part = args.first().map(String::as_str).unwrap_or("all");
     let seconds = |i: usize, default: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+    if part == "csv" {
+        // `csv BLOCKS OPS SEED`: an operator graph as a DSA CSV trace on stdout (for `memo solve`).
+        let arg = |i: usize, default: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+        let shape =
+            GraphShape { blocks: arg(1, 64) as u32, ops_per_block: arg(2, 470) as u32, activation_bytes: 1 << 28 };
+        println!("id,lower,upper,size");
+        for b in operator_graph(arg(3, 0), shape) {
+            println!("{},{},{},{}", b.id, b.lower, b.upper, b.size);
+        }
+        return;
+    }
     if part == "one" {
         let kind = args.get(1).map(String::as_str).unwrap_or("pinwheel");
         let n: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(300);
