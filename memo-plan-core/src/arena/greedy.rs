@@ -5,9 +5,10 @@
 //!
 //! The orderings are the ones that work well on allocation traces: highest contention (most bytes
 //! alive during the buffer's lifetime) first, largest first, longest first, largest area first,
-//! most conflicts first, and the order of start steps as a program allocates. The best-fit start
-//! order runs as a sweep that needs no overlap graph, so it also serves components too dense to
-//! build one for.
+//! most conflicts first, and the order of start steps as a program allocates; and the classic
+//! orders (`classic_orders`), which `solve` also runs on the whole instance. The start order runs
+//! as a sweep that needs no overlap graph (the free gaps in ordered sets, O(n log n)), so it also
+//! serves components too dense to build one for, with its time-reversed and first-fit variants.
 
 use alloc::collections::BTreeMap;
 use alloc::vec;
