@@ -6,14 +6,15 @@
 //! | 1    | I/O error: the input cannot be read, or the output cannot be written (e.g. a closed pipe) |
 //! | 2    | bad input: a usage error (unknown option, bad value), an invalid trace, TOML or model file, or a file that does not decode as a plan (garbage, truncated, damaged) |
 //! | 3    | proven infeasible: no placement fits under `--capacity` |
-//! | 4    | not found: no placement under `--capacity` was found within `--budget-nodes` |
+//! | 4    | not found: no placement under `--capacity` was found within the limit (`--time-limit`, `--budget-nodes` or Ctrl-C) |
 //! | 5    | does not fit: the plan of the chosen `--strategy` needs more device or host memory than the machine has |
 //! | 6    | invalid plan: a plan file that decodes but breaks a plan rule (`memo check` lists them) |
 //! | 7    | device unavailable: the `--device` backend cannot be opened (no driver, no device, or not built); the backend's message says which |
 //! | 70   | internal error: a result failed its independent check (a bug: please report it) |
 //!
 //! Every failure prints exactly one line on standard error, starting with `memo:`, that says what
-//! went wrong and what to do about it.
+//! went wrong and what to do about it (after the progress lines, `memo solve: ...`, of a solve
+//! that ran past a second).
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -26,7 +27,7 @@ pub const IO_ERROR: u8 = 1;
 pub const BAD_INPUT: u8 = 2;
 /// No placement fits under the capacity (proven).
 pub const INFEASIBLE: u8 = 3;
-/// No placement under the capacity was found within the node budget (one may exist).
+/// No placement under the capacity was found within the time limit or node budget (one may exist).
 pub const NOT_FOUND: u8 = 4;
 /// The chosen strategy's plan does not fit the machine.
 pub const DOES_NOT_FIT: u8 = 5;
@@ -45,7 +46,8 @@ Exit codes:
   2   bad input: a usage error, an invalid trace, TOML or model file, or a file that does not
       decode as a plan (garbage, truncated, damaged); the message names the file and line
   3   proven infeasible under --capacity
-  4   no placement under --capacity found within --budget-nodes (raise either)
+  4   not found within the limit: no placement under --capacity before --time-limit,
+      --budget-nodes or Ctrl-C stopped the search (raise one of them)
   5   the chosen strategy's plan does not fit the machine (the message says by how much, and what would fit)
   6   a plan file that decodes but breaks a plan rule (`memo check` lists every violation)
   7   the --device backend cannot be opened (no driver, no device, or not built: the message says which)

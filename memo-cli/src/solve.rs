@@ -3,9 +3,11 @@
 
 use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use memo_plan_core::arena::{self, Solution, SolveError, SolveOptions, DEFAULT_BUDGET_NODES};
+use memo_plan_core::arena::{self, Progress, Solution, SolveError, SolveOptions, DEFAULT_BUDGET_NODES};
 use memo_plan_core::check::check_placement;
 use memo_plan_core::trace::{self, Trace, TraceError, TraceFormat};
 
@@ -22,6 +24,12 @@ step k; a buffer never freed lives to the end) or an `id,lower,upper,size` CSV w
 (lifetimes are half-open [lower, upper)); the form is detected from the first line. Sizes are
 bytes, optionally with a unit: K, M, G, T, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB.
 
+The solve is anytime: it stops at --time-limit (default 10 s), at --budget-nodes, or at Ctrl-C,
+and prints the best placement found by then, saying whether it is proven optimal and how far it is
+above the lower bound. A solve that runs past a second reports its progress on standard error
+once a second (best peak, lower bound, nodes per second). With --capacity, a placement under it,
+or *proven infeasible* (exit 3), or *not found within the limit* (exit 4).
+
 The placement is checked by an independent checker before it is printed: as CSV
 `id,lower,upper,size,offset` on standard output (one row per buffer, in trace order), with a
 summary on standard error; or, with --json, as one JSON object and no summary. With --svg, the
@@ -32,6 +40,7 @@ const EXAMPLES: &str = "\
 Examples:
   memo solve examples/traces/memo-layer.trace
   memo solve --capacity 2GiB --alignment 512 trace.txt > placement.csv
+  memo solve --time-limit 60 big.csv > placement.csv
   cat trace.csv | memo solve --json -
   memo solve examples/traces/memo-layer.trace --svg placement.svg > placement.csv";
 
@@ -51,6 +60,10 @@ pub struct SolveArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_BUDGET_NODES, value_parser = parse_nodes)]
     budget_nodes: u64,
 
+    /// Stop after this many seconds (e.g. 10, 2.5) and print the best placement found
+    #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = parse_seconds)]
+    time_limit: Duration,
+
     /// Every offset is a multiple of this many bytes, and every buffer is rounded up to it
     #[arg(long, value_name = "BYTES", default_value = "1", value_parser = parse_bytes)]
     alignment: u64,
@@ -64,12 +77,24 @@ pub struct SolveArgs {
     svg: Option<PathBuf>,
 }
 
+/// Longest time limit accepted: a year, far beyond any useful solve, and far inside `Duration`.
+const MOST_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+
+fn parse_seconds(text: &str) -> Result<Duration, String> {
+    match text.trim().parse::<f64>() {
+        Ok(seconds) if seconds > 0.0 && seconds <= MOST_SECONDS => Ok(Duration::from_secs_f64(seconds)),
+        _ => Err("expected a number of seconds above 0, such as 10 or 2.5".to_string()),
+    }
+}
+
 fn parse_nodes(text: &str) -> Result<u64, String> {
     text.trim().parse().map_err(|_| format!("expected a whole number of search nodes, such as {DEFAULT_BUDGET_NODES}"))
 }
 
 /// Runs `memo solve`.
 pub fn run(args: &SolveArgs) -> Result<(), Failure> {
+    // The time limit counts from here: reading and parsing the trace are part of the wait.
+    let deadline = Instant::now() + args.time_limit;
     let name = input_name(&args.input);
     let bytes = read_input(&args.input).map_err(|e| {
         Failure::new(exit::IO_ERROR, format!("cannot read {name}: {e}; check the path and permissions"))
@@ -77,9 +102,25 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
     let trace = trace::parse_trace(&bytes).map_err(|e| trace_failure(&name, &e))?;
     let options = SolveOptions { capacity: args.capacity, alignment: args.alignment, budget_nodes: args.budget_nodes };
 
+    let interrupted = interrupt_flag();
     let started = Instant::now();
-    let solution = arena::solve(&trace.buffers, &options).map_err(|e| solve_failure(&name, &e, &options))?;
+    let mut reporter = Reporter { started, last: started };
+    // What made the callback stop the solve; a solve cut short otherwise ran out of nodes.
+    let mut stopped_by = StoppedBy::Budget;
+    let mut stop = |progress: &Progress| {
+        let now = Instant::now();
+        reporter.report(now, progress);
+        if interrupted.load(Ordering::Relaxed) {
+            stopped_by = StoppedBy::Interrupt;
+        } else if now >= deadline {
+            stopped_by = StoppedBy::TimeLimit;
+        }
+        stopped_by != StoppedBy::Budget
+    };
+    let result = arena::solve_with(&trace.buffers, &options, &mut stop);
     let elapsed = started.elapsed();
+    let limits = Limits { time_limit: args.time_limit, budget_nodes: args.budget_nodes, stopped_by };
+    let solution = result.map_err(|e| solve_failure(&name, &e, &options, &limits))?;
 
     check(&name, &trace, &options, &solution)?;
     if let Some(path) = &args.svg {
@@ -93,6 +134,7 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
         options: &options,
         solution: &solution,
         elapsed,
+        limits: &limits,
         svg: args.svg.as_deref(),
     };
     let written = if args.json { write_json(&solved) } else { write_csv(&solved) };
@@ -109,6 +151,105 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
         let _ = io::stderr().lock().write_all(solved.summary().as_bytes());
     }
     Ok(())
+}
+
+/// Ctrl-C sets the returned flag, which the solve's stop callback polls: the solve ends and the best
+/// placement so far is printed. A second Ctrl-C (the first not acted on yet) ends the process at
+/// once, as a plain interrupt would. If the handler cannot be installed, Ctrl-C keeps its default.
+fn interrupt_flag() -> Arc<AtomicBool> {
+    let flag = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&flag);
+    let _ = ctrlc::set_handler(move || {
+        if seen.swap(true, Ordering::Relaxed) {
+            std::process::exit(130);
+        }
+    });
+    flag
+}
+
+/// Prints the progress of a long solve on standard error, once a second from the first second on.
+struct Reporter {
+    started: Instant,
+    last: Instant,
+}
+
+impl Reporter {
+    fn report(&mut self, now: Instant, progress: &Progress) {
+        let elapsed = now.duration_since(self.started);
+        if elapsed < Duration::from_secs(1) || now.duration_since(self.last) < Duration::from_secs(1) {
+            return;
+        }
+        self.last = now;
+        let rate = progress.nodes as f64 / elapsed.as_secs_f64();
+        let best = if progress.peak == 0 {
+            "greedy placement under way".to_string()
+        } else {
+            format!(
+                "best peak {} (gap {})",
+                human::binary_units(progress.peak),
+                gap(progress.peak, progress.lower_bound)
+            )
+        };
+        // Progress that cannot be written is no reason to stop the solve.
+        let _ = writeln!(
+            io::stderr().lock(),
+            "memo solve: {:.1} s: {best}, lower bound {}, {} nodes ({:.1}k nodes/s)",
+            elapsed.as_secs_f64(),
+            human::binary_units(progress.lower_bound),
+            progress.nodes,
+            rate / 1000.0
+        );
+    }
+}
+
+/// How far `peak` is above `lower_bound`, in percent: `+0.30%`.
+fn gap(peak: u64, lower_bound: u64) -> String {
+    if lower_bound == 0 {
+        return "+0.00%".to_string();
+    }
+    let excess = peak.saturating_sub(lower_bound) as f64;
+    format!("+{:.2}%", excess * 100.0 / lower_bound as f64)
+}
+
+/// What ended a solve that did not settle everything.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StoppedBy {
+    TimeLimit,
+    Interrupt,
+    Budget,
+}
+
+/// The limits of a solve and which one ended it (if the solve was cut short).
+struct Limits {
+    time_limit: Duration,
+    budget_nodes: u64,
+    stopped_by: StoppedBy,
+}
+
+impl Limits {
+    /// Why the search ended early, for a person: `the time limit (10 s)`.
+    fn reason(&self) -> String {
+        match self.stopped_by {
+            StoppedBy::TimeLimit => format!("the time limit (--time-limit {})", seconds(self.time_limit)),
+            StoppedBy::Interrupt => "Ctrl-C".to_string(),
+            StoppedBy::Budget => format!("the node budget (--budget-nodes {})", self.budget_nodes),
+        }
+    }
+
+    /// The same as a JSON value.
+    fn json_reason(&self) -> &'static str {
+        match self.stopped_by {
+            StoppedBy::TimeLimit => "time_limit",
+            StoppedBy::Interrupt => "interrupt",
+            StoppedBy::Budget => "budget_nodes",
+        }
+    }
+}
+
+/// Seconds as given on the command line: `10`, `2.5`.
+fn seconds(duration: Duration) -> String {
+    let text = format!("{:.3}", duration.as_secs_f64());
+    text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 /// Never print a placement the independent checker has not accepted: a rejection is a solver bug.
@@ -159,7 +300,7 @@ fn trace_failure(name: &str, error: &TraceError) -> Failure {
     Failure::new(exit::BAD_INPUT, message)
 }
 
-fn solve_failure(name: &str, error: &SolveError, options: &SolveOptions) -> Failure {
+fn solve_failure(name: &str, error: &SolveError, options: &SolveOptions, limits: &Limits) -> Failure {
     match *error {
         SolveError::ProvenInfeasible { capacity, lower_bound } => Failure::new(
             exit::INFEASIBLE,
@@ -173,10 +314,11 @@ fn solve_failure(name: &str, error: &SolveError, options: &SolveOptions) -> Fail
         SolveError::NotFoundWithinBudget { capacity, best_peak, lower_bound, .. } => Failure::new(
             exit::NOT_FOUND,
             format!(
-                "{name}: no placement under --capacity {} found within --budget-nodes {} (best peak {}, \
-                 lower bound {}); raise --budget-nodes or --capacity",
+                "{name}: not found within the limit: no placement under --capacity {} found before {} \
+                 stopped the search (best peak {}, lower bound {}; none ruled out); raise --time-limit, \
+                 --budget-nodes or --capacity",
                 human::bytes(capacity),
-                options.budget_nodes,
+                limits.reason(),
                 human::bytes(best_peak),
                 human::bytes(lower_bound),
             ),
@@ -202,6 +344,7 @@ struct Solved<'a> {
     options: &'a SolveOptions,
     solution: &'a Solution,
     elapsed: Duration,
+    limits: &'a Limits,
     /// Where `--svg` drew the placement.
     svg: Option<&'a Path>,
 }
@@ -237,6 +380,8 @@ fn write_json(solved: &Solved) -> io::Result<()> {
         "components": solution.stats.components,
         "nodes": solution.stats.nodes,
         "budget_exhausted": solution.stats.budget_exhausted,
+        "stopped": solved.stopped().map(|_| solved.limits.json_reason()),
+        "time_limit_s": solved.limits.time_limit.as_secs_f64(),
         "unsearched_components": solution.stats.unsearched_components,
         "elapsed_ms": human::millis(solved.elapsed),
         "offsets": offsets,
@@ -258,6 +403,12 @@ fn format_name(format: TraceFormat) -> &'static str {
 }
 
 impl Solved<'_> {
+    /// Whether the search was cut short (by time, Ctrl-C or the node budget), and by what.
+    fn stopped(&self) -> Option<String> {
+        let stats = &self.solution.stats;
+        (stats.stopped || stats.budget_exhausted).then(|| self.limits.reason())
+    }
+
     /// The human summary, one figure per line.
     fn summary(&self) -> String {
         let (trace, solution, stats) = (self.trace, self.solution, &self.solution.stats);
@@ -278,6 +429,10 @@ impl Solved<'_> {
         row("peak", human::bytes(solution.peak));
         row("peak / lower bound", human::ratio(solution.peak, solution.lower_bound));
         row("optimality", if solution.optimal { "proven optimal" } else { "not proven optimal" }.to_string());
+        row("gap to lower bound", gap(solution.peak, solution.lower_bound));
+        if let Some(reason) = self.stopped() {
+            row("stopped by", reason);
+        }
         row("greedy peak", human::bytes(stats.greedy_peak));
         row(
             "components",
@@ -286,7 +441,7 @@ impl Solved<'_> {
                 stats.components, stats.largest_component, stats.fixed_buffers, stats.unsearched_components
             ),
         );
-        let exhausted = if stats.budget_exhausted { " (budget exhausted)" } else { "" };
+        let exhausted = if stats.budget_exhausted && !stats.stopped { " (budget exhausted)" } else { "" };
         row("search nodes", format!("{} of {}{exhausted}", stats.nodes, self.options.budget_nodes));
         row("elapsed", human::duration(self.elapsed));
         if let Some(svg) = self.svg {
@@ -328,6 +483,14 @@ mod tests {
         assert_eq!(parse_bytes("512MB"), Ok(512_000_000));
         assert!(parse_bytes("2 lots").unwrap_err().starts_with("expected a byte count"));
         assert_eq!(parse_nodes("100"), Ok(100));
+        assert_eq!(parse_seconds("2.5"), Ok(Duration::from_millis(2500)));
+        for bad in ["0", "-1", "NaN", "inf", "ten"] {
+            assert!(parse_seconds(bad).is_err(), "{bad}");
+        }
+        assert_eq!(seconds(Duration::from_millis(2500)), "2.5");
+        assert_eq!(seconds(Duration::from_secs(10)), "10");
+        assert_eq!(gap(1003, 1000), "+0.30%");
+        assert_eq!(gap(0, 0), "+0.00%");
         assert!(parse_nodes("-1").is_err());
     }
 }

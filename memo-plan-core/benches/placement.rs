@@ -3,7 +3,7 @@
 //! instance, outside the timed loop; `examples/placement_report.rs` prints the full table.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use memo_plan_core::generate::{known_optimum, training_step, StepShape};
+use memo_plan_core::generate::{known_optimum, operator_graph, training_step, GraphShape, StepShape};
 use memo_plan_core::{solve, SolveOptions};
 use std::hint::black_box;
 
@@ -65,5 +65,21 @@ fn training_steps(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, known_optimum_300, known_optimum_500, training_steps);
+/// The real-model-shaped operator graphs of BENCHMARKS.md's issue-19 section (20k, 51k, 99.5k
+/// buffers, seed 0), default options.
+fn operator_graphs(c: &mut Criterion) {
+    let mut group = c.benchmark_group("operator_graph");
+    group.sample_size(10);
+    for (blocks, ops_per_block) in [(24u32, 250u32), (48, 320), (64, 470)] {
+        let buffers = operator_graph(0, GraphShape { blocks, ops_per_block, activation_bytes: 1 << 28 });
+        let s = solve(&buffers, &SolveOptions::default()).expect("solvable");
+        eprintln!("operator_graph {} buffers: peak/lb {:.5}", buffers.len(), s.peak as f64 / s.lower_bound as f64);
+        group.bench_with_input(BenchmarkId::from_parameter(buffers.len()), &buffers, |b, buffers| {
+            b.iter(|| solve(black_box(buffers), &SolveOptions::default()).expect("solvable"))
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, known_optimum_300, known_optimum_500, training_steps, operator_graphs);
 criterion_main!(benches);

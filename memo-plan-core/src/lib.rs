@@ -84,6 +84,6 @@ pub mod simulate;
 pub mod swap;
 pub mod trace;
 
-pub use arena::{solve, Solution, SolveError, SolveOptions, SolveStats};
+pub use arena::{solve, solve_with, Progress, Solution, SolveError, SolveOptions, SolveStats};
 pub use lifetime::{lower_bound, BufferLifetime};
 pub use trace::{parse_trace, Trace, TraceError, TraceFormat};

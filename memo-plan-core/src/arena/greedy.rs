@@ -5,14 +5,16 @@
 //!
 //! The orderings are the ones that work well on allocation traces: highest contention (most bytes
 //! alive during the buffer's lifetime) first, largest first, longest first, largest area first,
-//! most conflicts first, and the order of start steps as a program allocates. The best-fit start
-//! order runs as a sweep that needs no overlap graph, so it also serves components too dense to
-//! build one for.
+//! most conflicts first, and the order of start steps as a program allocates; and the classic
+//! orders (`classic_orders`), which `solve` also runs on the whole instance. The start order runs
+//! as a sweep that needs no overlap graph (the free gaps in ordered sets, O(n log n)), so it also
+//! serves components too dense to build one for, with its time-reversed and first-fit variants.
 
 use alloc::collections::BTreeMap;
 use alloc::vec;
 use alloc::vec::Vec;
 
+use super::control::Control;
 use super::sections::Sections;
 use super::Item;
 
@@ -24,8 +26,29 @@ pub(crate) struct Overlaps {
 }
 
 impl Overlaps {
-    /// Builds the graph, or `None` if it would have more than `pair_limit` pairs.
+    /// The number of overlapping pairs, in O(n log n) without building anything: each buffer, in
+    /// start order, overlaps the earlier-starting ones that have not ended by its start.
+    pub(crate) fn pair_count(items: &[Item], members: &[u32]) -> u64 {
+        let mut lowers: Vec<u32> = members.iter().map(|&m| items[m as usize].lower).collect();
+        let mut uppers: Vec<u32> = members.iter().map(|&m| items[m as usize].upper).collect();
+        lowers.sort_unstable();
+        uppers.sort_unstable();
+        let mut pairs = 0u64;
+        for (position, &lower) in lowers.iter().enumerate() {
+            // Earlier in start order (ties: any fixed order counts each pair once), minus those
+            // ended by this start (an end <= start means no shared step).
+            let ended = uppers.partition_point(|&u| u <= lower);
+            pairs += (position as u64).saturating_sub(ended as u64);
+        }
+        pairs
+    }
+
+    /// Builds the graph, or `None` if it would have more than `pair_limit` pairs (counted first,
+    /// so a graph too large costs no memory).
     pub(crate) fn build(items: &[Item], members: &[u32], pair_limit: usize) -> Option<Overlaps> {
+        if Self::pair_count(items, members) > pair_limit as u64 {
+            return None;
+        }
         let mut by_lower: Vec<u32> = (0..members.len() as u32).collect();
         by_lower.sort_unstable_by_key(|&l| (items[members[l as usize] as usize].lower, l));
         let mut pairs: Vec<(u32, u32)> = Vec::new();
@@ -92,15 +115,31 @@ pub(crate) struct ComponentPlacement {
     pub peak: u64,
 }
 
-/// Runs the portfolio on one component and returns the best placement found.
+/// Runs the portfolio on one component and returns the best placement found. The start-order
+/// sweep always runs; `control` is polled before each further order (a large component takes
+/// seconds over all of them), and a stop keeps the best so far.
 pub(crate) fn best_greedy(
     items: &[Item],
     members: &[u32],
     overlaps: Option<&Overlaps>,
     sections: &Sections,
+    control: &mut Control,
 ) -> ComponentPlacement {
     let mut best = by_start(items, members);
-    let Some(overlaps) = overlaps else { return best };
+    let Some(overlaps) = overlaps else {
+        // Too dense for a graph: the other sweeps that need none, time reversed (by end, latest
+        // first) and first fit, each O(n log n).
+        for (reversed, fit) in [(true, Fit::Best), (false, Fit::First), (true, Fit::First)] {
+            if control.poll() {
+                break;
+            }
+            let candidate = sweep(items, members, reversed, fit);
+            if candidate.peak < best.peak {
+                best = candidate;
+            }
+        }
+        return best;
+    };
     let n = members.len();
     let item = |l: usize| &items[members[l] as usize];
     let length = |l: usize| u64::from(item(l).upper - item(l).lower);
@@ -123,28 +162,92 @@ pub(crate) fn best_greedy(
     order(&|l| (u128::from(u32::MAX - item(l).lower), item(l).size, 0), &[Fit::First]);
     order(&|l| (u128::from(item(l).size) * u128::from(length(l)), item(l).size, 0), &[Fit::Best]);
     order(&|l| (overlaps.degree(l) as u128, item(l).size, 0), &[Fit::Best]);
+    // The classic orders not among the above (see `classic_orders`).
+    order(&|l| (u128::from(item(l).size), u64::from(u32::MAX - item(l).lower), 0), &[Fit::Best, Fit::First]);
+    order(&|l| (u128::from(u32::MAX - item(l).lower), item(l).size, 0), &[Fit::Best]);
+    order(&|l| (u128::from(item(l).size) * u128::from(length(l)), item(l).size, 0), &[Fit::First]);
     for (ordering, fit) in &orderings {
-        let candidate = in_order(items, members, overlaps, ordering, *fit);
-        if candidate.peak < best.peak {
-            best = candidate;
+        if control.poll() {
+            break;
+        }
+        match in_order(items, members, overlaps, ordering, *fit, control) {
+            Some(candidate) if candidate.peak < best.peak => best = candidate,
+            Some(_) => {}
+            None => break,
         }
     }
     best
 }
 
-/// Places members in `order`, each at a gap among its already placed neighbours.
+/// The classic orders of the literature, each with best fit and first fit: size descending (then
+/// start ascending), lifetime descending (then size descending), start ascending (then size
+/// descending), area descending (then size descending); remaining ties by index. `solve` runs them
+/// on the whole instance too (before any reduction), so its answer is never worse than any of them.
+pub(crate) fn classic_orders(items: &[Item], members: &[u32]) -> Vec<Vec<u32>> {
+    let n = members.len();
+    let item = |l: usize| &items[members[l] as usize];
+    let length = |l: usize| u64::from(item(l).upper - item(l).lower);
+    let keys: [&dyn Fn(usize) -> (u128, u64); 4] = [
+        &|l| (u128::from(item(l).size), u64::from(u32::MAX - item(l).lower)),
+        &|l| (u128::from(length(l)), item(l).size),
+        &|l| (u128::from(u32::MAX - item(l).lower), item(l).size),
+        &|l| (u128::from(item(l).size) * u128::from(length(l)), item(l).size),
+    ];
+    keys.iter()
+        .map(|key| {
+            let mut o: Vec<u32> = (0..n as u32).collect();
+            // Descending keys, then the index: a total order.
+            o.sort_unstable_by(|&a, &b| key(b as usize).cmp(&key(a as usize)).then(a.cmp(&b)));
+            o
+        })
+        .collect()
+}
+
+/// The best of the classic orders ([`classic_orders`], best and first fit) on `members`, or `None`
+/// if `control` stopped it before the first finished.
+pub(crate) fn best_classic(
+    items: &[Item],
+    members: &[u32],
+    overlaps: &Overlaps,
+    control: &mut Control,
+) -> Option<ComponentPlacement> {
+    let mut best: Option<ComponentPlacement> = None;
+    for ordering in classic_orders(items, members) {
+        for fit in [Fit::Best, Fit::First] {
+            if control.poll() {
+                return best;
+            }
+            let Some(candidate) = in_order(items, members, overlaps, &ordering, fit, control) else { return best };
+            if best.as_ref().is_none_or(|b| candidate.peak < b.peak) {
+                best = Some(candidate);
+            }
+        }
+    }
+    best
+}
+
+/// Buffers a greedy order places between two polls of the stop callback: an order over a large
+/// component takes up to seconds, longer than a time limit may be passed by.
+const GREEDY_POLL_EVERY: usize = 2048;
+
+/// Places members in `order`, each at a gap among its already placed neighbours; `None` if
+/// `control` stopped it first.
 pub(crate) fn in_order(
     items: &[Item],
     members: &[u32],
     overlaps: &Overlaps,
     order: &[u32],
     fit: Fit,
-) -> ComponentPlacement {
+    control: &mut Control,
+) -> Option<ComponentPlacement> {
     const UNPLACED: u64 = u64::MAX;
     let mut offsets = vec![UNPLACED; members.len()];
     let mut peak = 0;
     let mut taken: Vec<(u64, u64)> = Vec::new();
-    for &local in order {
+    for (placed, &local) in order.iter().enumerate() {
+        if placed % GREEDY_POLL_EVERY == GREEDY_POLL_EVERY - 1 && control.poll() {
+            return None;
+        }
         let size = items[members[local as usize] as usize].size;
         taken.clear();
         for &other in overlaps.of(local as usize) {
@@ -158,7 +261,7 @@ pub(crate) fn in_order(
         offsets[local as usize] = offset;
         peak = peak.max(offset + size);
     }
-    ComponentPlacement { offsets, peak }
+    Some(ComponentPlacement { offsets, peak })
 }
 
 /// The offset for a buffer of `size` among the `taken` ranges (sorted by start): the gap `fit`
@@ -187,8 +290,35 @@ fn choose_gap(taken: &[(u64, u64)], size: u64, fit: Fit) -> u64 {
 
 /// The online order: by start step (frees before allocations at the same step, larger first among
 /// equal starts), each buffer at the best-fitting gap among the buffers alive then. Needs no
-/// overlap graph: the live ranges are kept in an ordered map.
+/// overlap graph, and no scan of the live buffers: the buffers alive at a start step all share
+/// that step, so their ranges are disjoint, and the free gaps between them are kept in a set by
+/// (size, offset) (best fit: the first of at least the size), updated as buffers end. O(n log n);
+/// it always runs to completion, as the fallback of every component.
 pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
+    sweep(items, members, false, Fit::Best)
+}
+
+/// The start-order sweep of [`by_start`] with a choice of fit, or over reversed time (buffers by
+/// end, latest first: a placement valid backwards in time is valid forwards).
+fn sweep(items: &[Item], members: &[u32], reversed: bool, fit: Fit) -> ComponentPlacement {
+    if !reversed {
+        return sweep_forward(items, members, fit);
+    }
+    // Time t becomes u32::MAX - t: lifetimes [lower, upper) become [MAX - upper, MAX - lower).
+    let mirrored: Vec<Item> = members
+        .iter()
+        .map(|&m| {
+            let item = &items[m as usize];
+            Item { lower: u32::MAX - item.upper, upper: u32::MAX - item.lower, size: item.size }
+        })
+        .collect();
+    let identity: Vec<u32> = (0..members.len() as u32).collect();
+    sweep_forward(&mirrored, &identity, fit)
+}
+
+fn sweep_forward(items: &[Item], members: &[u32], fit: Fit) -> ComponentPlacement {
+    use alloc::collections::{BTreeSet, BinaryHeap};
+    use core::cmp::Reverse;
     let mut order: Vec<u32> = (0..members.len() as u32).collect();
     order.sort_unstable_by(|&a, &b| {
         let (x, y) = (&items[members[a as usize] as usize], &items[members[b as usize] as usize]);
@@ -196,18 +326,57 @@ pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
     });
     let mut offsets = vec![0u64; members.len()];
     let mut peak = 0;
-    // offset -> (end, upper step) of live ranges; expired ones are dropped lazily by step.
-    let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
-    let mut taken: Vec<(u64, u64)> = Vec::new();
+    // Live ranges offset -> end; free gaps below the highest end, as (size, offset) for best fit
+    // and offset -> size for first fit; ends to come.
+    let mut ranges: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut gaps: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut gaps_by_offset: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut ending: BinaryHeap<Reverse<(u32, u64)>> = BinaryHeap::new();
     for &local in &order {
         let item = &items[members[local as usize] as usize];
-        live.retain(|_, &mut (_, upper)| upper > item.lower);
-        taken.clear();
-        taken.extend(live.iter().map(|(&start, &(end, _))| (start, end)));
-        let offset = choose_gap(&taken, item.size, Fit::Best);
+        while let Some(&Reverse((upper, offset))) = ending.peek() {
+            if upper > item.lower {
+                break;
+            }
+            ending.pop();
+            let end = ranges.remove(&offset).unwrap_or(offset);
+            let below = ranges.range(..offset).next_back().map_or(0, |(_, &e)| e);
+            let above = ranges.range(end..).next().map(|(&start, _)| start);
+            if below < offset {
+                gaps.remove(&(offset - below, below));
+                gaps_by_offset.remove(&below);
+            }
+            if let Some(above) = above {
+                if end < above {
+                    gaps.remove(&(above - end, end));
+                    gaps_by_offset.remove(&end);
+                }
+                gaps.insert((above - below, below));
+                gaps_by_offset.insert(below, above - below);
+            }
+        }
+        let top = ranges.iter().next_back().map_or(0, |(_, &e)| e);
+        let chosen = match fit {
+            Fit::Best => gaps.range((item.size, 0)..).next().copied(),
+            // A scan over the gaps by offset: fine for the sweeps' few gaps, and never needs a graph.
+            Fit::First => gaps_by_offset.iter().find(|&(_, &size)| size >= item.size).map(|(&o, &size)| (size, o)),
+        };
+        let offset = match chosen {
+            Some((size, offset)) => {
+                gaps.remove(&(size, offset));
+                gaps_by_offset.remove(&offset);
+                if size > item.size {
+                    gaps.insert((size - item.size, offset + item.size));
+                    gaps_by_offset.insert(offset + item.size, size - item.size);
+                }
+                offset
+            }
+            None => top,
+        };
         offsets[local as usize] = offset;
         peak = peak.max(offset + item.size);
-        live.insert(offset, (offset + item.size, item.upper));
+        ranges.insert(offset, offset + item.size);
+        ending.push(Reverse((item.upper, offset)));
     }
     ComponentPlacement { offsets, peak }
 }
@@ -215,6 +384,93 @@ pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scan-based start order, as `by_start` was before its gap set: the reference it must match.
+    /// The online order: by start step (frees before allocations at the same step, larger first among
+    /// equal starts), each buffer at the best-fitting gap among the buffers alive then. Needs no
+    /// overlap graph: the live ranges are kept in an ordered map.
+    fn by_start_reference(items: &[Item], members: &[u32]) -> ComponentPlacement {
+        let mut order: Vec<u32> = (0..members.len() as u32).collect();
+        order.sort_unstable_by(|&a, &b| {
+            let (x, y) = (&items[members[a as usize] as usize], &items[members[b as usize] as usize]);
+            x.lower.cmp(&y.lower).then(y.size.cmp(&x.size)).then(a.cmp(&b))
+        });
+        let mut offsets = vec![0u64; members.len()];
+        let mut peak = 0;
+        // offset -> (end, upper step) of live ranges; expired ones are dropped lazily by step.
+        let mut live: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+        let mut taken: Vec<(u64, u64)> = Vec::new();
+        for &local in &order {
+            let item = &items[members[local as usize] as usize];
+            live.retain(|_, &mut (_, upper)| upper > item.lower);
+            taken.clear();
+            taken.extend(live.iter().map(|(&start, &(end, _))| (start, end)));
+            let offset = choose_gap(&taken, item.size, Fit::Best);
+            offsets[local as usize] = offset;
+            peak = peak.max(offset + item.size);
+            live.insert(offset, (offset + item.size, item.upper));
+        }
+        ComponentPlacement { offsets, peak }
+    }
+
+    #[test]
+    fn by_start_matches_the_scan_it_replaced() {
+        let mut rng = crate::generate::SplitMix64::new(11);
+        for case in 0..300u64 {
+            let count = 1 + (case % 80) as usize;
+            let items: Vec<Item> = (0..count)
+                .map(|_| {
+                    let lower = rng.below(60) as u32;
+                    Item {
+                        lower,
+                        upper: lower + 1 + rng.below(25) as u32,
+                        size: 1 + rng.below(if case % 2 == 0 { 8 } else { 1000 }),
+                    }
+                })
+                .collect();
+            let members: Vec<u32> = (0..count as u32).collect();
+            let (new, old) = (by_start(&items, &members), by_start_reference(&items, &members));
+            assert_eq!((new.offsets, new.peak), (old.offsets, old.peak), "case {case}");
+            // The other sweeps against in_order over the graph in the same order.
+            let graph = Overlaps::build(&items, &members, usize::MAX).unwrap();
+            let mut order: Vec<u32> = members.clone();
+            order.sort_by_key(|&l| (items[l as usize].lower, core::cmp::Reverse(items[l as usize].size), l));
+            let mut never = |_: &super::super::Progress| false;
+            let mut control = Control::new(&mut never);
+            let first = in_order(&items, &members, &graph, &order, Fit::First, &mut control).unwrap();
+            assert_eq!(sweep(&items, &members, false, Fit::First).peak, first.peak, "case {case}");
+            for fit in [Fit::Best, Fit::First] {
+                let reversed = sweep(&items, &members, true, fit);
+                let buffers: Vec<crate::lifetime::BufferLifetime> = items
+                    .iter()
+                    .map(|i| crate::lifetime::BufferLifetime { id: 0, lower: i.lower, upper: i.upper, size: i.size })
+                    .collect();
+                crate::check::check_placement(&buffers, &reversed.offsets, 1, reversed.peak, None).unwrap();
+            }
+        }
+    }
+
+    #[test]
+    fn pair_count_matches_the_graph() {
+        let mut rng = crate::generate::SplitMix64::new(4);
+        for count in [1usize, 2, 10, 200] {
+            let items: Vec<Item> = (0..count)
+                .map(|_| {
+                    let lower = rng.below(50) as u32;
+                    Item { lower, upper: lower + 1 + rng.below(20) as u32, size: 1 }
+                })
+                .collect();
+            let members: Vec<u32> = (0..count as u32).collect();
+            let graph = Overlaps::build(&items, &members, usize::MAX).unwrap();
+            let degrees: usize = (0..count).map(|l| graph.degree(l)).sum();
+            assert_eq!(Overlaps::pair_count(&items, &members) as usize * 2, degrees);
+            let pairs = degrees / 2;
+            if pairs > 0 {
+                assert!(Overlaps::build(&items, &members, pairs - 1).is_none());
+                assert!(Overlaps::build(&items, &members, pairs).is_some());
+            }
+        }
+    }
 
     #[test]
     fn best_fit_takes_the_tightest_gap() {

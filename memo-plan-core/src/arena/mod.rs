@@ -14,6 +14,7 @@
 //! at once), or when the search proved every lower capacity infeasible for the component that
 //! sets it.
 
+mod control;
 mod decompose;
 mod greedy;
 #[cfg(feature = "mip")]
@@ -28,6 +29,8 @@ use core::fmt;
 
 use crate::lifetime::{footprint, BufferLifetime};
 use crate::log::debug_log;
+use control::Control;
+pub use control::Progress;
 use greedy::{ComponentPlacement, Overlaps};
 use search::SearchOutcome;
 use sections::Sections;
@@ -44,6 +47,11 @@ pub const EXACT_SEARCH_MAX_BUFFERS: usize = 600;
 /// which needs no graph (bounds memory to about 8 bytes a pair).
 pub const OVERLAP_PAIR_LIMIT: usize = 40_000_000;
 
+/// The most overlapping pairs for which the classic greedy orders also run on the whole instance,
+/// before the reductions (about 64 MB of graph; each order then costs well under a second).
+/// Beyond it only the per-component portfolio runs.
+pub const WHOLE_GREEDY_PAIR_LIMIT: usize = 8_000_000;
+
 /// Shuffled tie-break orders the search restarts with, besides the three heuristic ones.
 pub const SEARCH_RESTART_SHUFFLES: usize = 29;
 
@@ -51,6 +59,14 @@ pub const SEARCH_RESTART_SHUFFLES: usize = 29;
 /// round. Searches on these instances either finish in about one node per buffer or wander for
 /// very long (a heavy tail), so short runs under several orders beat one long run.
 pub const SEARCH_FIRST_LIMIT_PER_BUFFER: u64 = 4;
+
+/// The node allowance of each search in the first round of a component's descent, per buffer
+/// (fourfold a round): small, so the first rounds lower the greedy peak within milliseconds.
+pub const DESCENT_FIRST_NODES_PER_BUFFER: u64 = 64;
+
+/// Searches a descent round may leave unsettled before the next round (with four times the
+/// allowance) starts again from the goal.
+pub const DESCENT_UNSETTLED_PROBES: u32 = 3;
 
 /// What to solve for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,6 +117,9 @@ pub struct SolveStats {
     pub fixed_buffers: u32,
     /// Whether the node budget ran out before every component was settled.
     pub budget_exhausted: bool,
+    /// Whether the stop callback of [`solve_with`] ended the solve early (the placement is the best
+    /// found by then).
+    pub stopped: bool,
     /// Components above the lower bound that were too large for the exact search
     /// (`EXACT_SEARCH_MAX_BUFFERS`, `OVERLAP_PAIR_LIMIT`): they keep their greedy placement.
     pub unsearched_components: u32,
@@ -123,7 +142,8 @@ pub enum SolveError {
         /// A proven lower bound on every placement's peak, above the capacity.
         lower_bound: u64,
     },
-    /// No placement under the capacity was found before the node budget ran out; one may exist.
+    /// No placement under the capacity was found before the node budget ran out or the stop
+    /// callback of [`solve_with`] stopped the solve; one may exist.
     NotFoundWithinBudget {
         /// The capacity asked for.
         capacity: u64,
@@ -152,8 +172,8 @@ impl fmt::Display for SolveError {
             ),
             Self::NotFoundWithinBudget { capacity, best_peak, lower_bound, nodes } => write!(
                 f,
-                "no placement under {capacity} bytes found within the budget ({nodes} nodes): best peak {best_peak}, \
-                 lower bound {lower_bound}; raise the node budget or the capacity"
+                "no placement under {capacity} bytes found within the limit ({nodes} nodes): best peak {best_peak}, \
+                 lower bound {lower_bound}; raise the node budget, the time allowed, or the capacity"
             ),
         }
     }
@@ -172,6 +192,20 @@ pub(crate) struct Item {
 /// Places `buffers` (see the module docs). Deterministic: the same input and options give the same
 /// offsets on every platform.
 pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solution, SolveError> {
+    solve_with(buffers, options, &mut |_| false)
+}
+
+/// [`solve`], stopped early when `stop` says so: it is polled every few hundred search nodes (and
+/// between greedy orders) with the progress so far, and once it returns `true` the solve ends with
+/// the best placement found by then (`stats.stopped`), or, with a capacity not met yet, with
+/// [`SolveError::NotFoundWithinBudget`]. A caller puts a time limit or an interrupt here; the
+/// library keeps no clock. Deterministic as long as `stop` never returns `true`.
+pub fn solve_with(
+    buffers: &[BufferLifetime],
+    options: &SolveOptions,
+    stop: &mut dyn FnMut(&Progress) -> bool,
+) -> Result<Solution, SolveError> {
+    let mut control = Control::new(stop);
     let alignment = options.alignment.max(1);
     // Non-empty buffers become items; `item_of[i]` maps an item back to its buffer.
     let mut items: Vec<Item> = Vec::new();
@@ -205,14 +239,24 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
         .map(|leaf| {
             let sections = Sections::new(&items, &leaf.items);
             let overlaps = Overlaps::build(&items, &leaf.items, OVERLAP_PAIR_LIMIT);
-            let best = greedy::best_greedy(&items, &leaf.items, overlaps.as_ref(), &sections);
+            let best = greedy::best_greedy(&items, &leaf.items, overlaps.as_ref(), &sections, &mut control);
             let proven_lower = sections.lower_bound();
             LeafState { base: leaf.base, sections, overlaps, best, proven_lower }
         })
         .collect();
     let lower_bound_units =
         leaves.iter().map(|l| l.base + l.proven_lower).chain(core::iter::once(peak_units)).max().unwrap_or(0);
-    let greedy_peak_units = leaves.iter().map(|l| l.base + l.best.peak).fold(peak_units, u64::max);
+    let mut greedy_peak_units = leaves.iter().map(|l| l.base + l.best.peak).fold(peak_units, u64::max);
+    // The classic orders on the whole instance, ties in input order: the reductions keep the
+    // optimum, not every greedy result, so a whole-instance order can beat the per-component
+    // portfolio; with them, the answer is never worse than any classic order.
+    let all: Vec<u32> = (0..items.len() as u32).collect();
+    let whole = Overlaps::build(&items, &all, WHOLE_GREEDY_PAIR_LIMIT)
+        .and_then(|graph| greedy::best_classic(&items, &all, &graph, &mut control))
+        .filter(|placement| placement.peak < greedy_peak_units);
+    if let Some(placement) = &whole {
+        greedy_peak_units = placement.peak;
+    }
     debug_log!(
         "solve: {} items, {} leaves, lower bound {} units, greedy {} units",
         items.len(),
@@ -220,6 +264,9 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
         lower_bound_units,
         greedy_peak_units
     );
+
+    control.progress.peak = greedy_peak_units * alignment;
+    control.progress.lower_bound = lower_bound_units * alignment;
 
     if let Some(capacity) = capacity_units {
         if lower_bound_units > capacity {
@@ -239,15 +286,20 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
     let mut order: Vec<usize> = (0..leaves.len()).collect();
     order.sort_unstable_by_key(|&i| (core::cmp::Reverse(leaves[i].base + leaves[i].best.peak), i));
     let mut target = lower_bound_units;
-    for &i in &order {
+    for (k, &i) in order.iter().enumerate() {
+        // The arena's peak apart from this leaf: the leaves done so far (in `target`) and the
+        // highest of those still to come (the next in `order`), for the progress shown.
+        let others = order.get(k + 1).map_or(target, |&j| target.max(leaves[j].base + leaves[j].best.peak));
+        let shown = Shown { others, whole: whole.as_ref().map_or(u64::MAX, |w| w.peak), alignment };
         let leaf = &mut leaves[i];
         let members = &reduced.leaves[i].items;
         if leaf.base + leaf.best.peak > target {
             let goal = target - leaf.base;
             let capacity_goal = capacity_units.map(|c| c - leaf.base);
-            match leaf.improve(&items, members, goal, capacity_goal, &mut nodes_left, &mut nodes) {
+            let mut budget = Budget { nodes_left: &mut nodes_left, nodes: &mut nodes, control: &mut control, shown };
+            match leaf.improve(&items, members, goal, capacity_goal, &mut budget) {
                 Improvement::Settled => {}
-                Improvement::BudgetExhausted => budget_exhausted = true,
+                Improvement::BudgetExhausted => budget_exhausted |= !control.stopped(),
                 Improvement::TooLarge => unsearched_components += 1,
             }
         }
@@ -263,6 +315,10 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
         proven_lower_units = proven_lower_units.max(leaf.base + leaf.proven_lower);
     }
 
+    if let Some(placement) = whole.filter(|placement| placement.peak < peak_units) {
+        peak_units = placement.peak;
+        offsets_units = placement.offsets;
+    }
     let lower_bound = lower_bound_units * alignment;
     let peak = peak_units * alignment;
     if let Some(capacity) = options.capacity {
@@ -290,6 +346,7 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
             largest_component: reduced.leaves.iter().map(|l| l.items.len() as u32).max().unwrap_or(0),
             fixed_buffers: reduced.fixed.len() as u32,
             budget_exhausted,
+            stopped: control.stopped(),
             unsearched_components,
         },
     })
@@ -303,6 +360,26 @@ enum Improvement {
     BudgetExhausted,
     /// It is too large for the exact search.
     TooLarge,
+}
+
+/// What the exact search of one leaf may spend, and what it shows the stop callback.
+struct Budget<'a, 'c> {
+    /// Nodes left over the whole solve.
+    nodes_left: &'a mut u64,
+    /// Nodes spent over the whole solve.
+    nodes: &'a mut u64,
+    control: &'a mut Control<'c>,
+    shown: Shown,
+}
+
+/// How a leaf's new peak becomes the arena's, for the progress shown.
+#[derive(Clone, Copy)]
+struct Shown {
+    /// The highest peak of the other leaves and the reductions (units).
+    others: u64,
+    /// The peak of the whole-instance greedy placement, if it beat the leaves' (units).
+    whole: u64,
+    alignment: u64,
 }
 
 /// One component being improved.
@@ -319,7 +396,6 @@ impl LeafState {
     /// One capacity, searched under each tie-break order in turn with a node limit that doubles
     /// every round (deterministic restarts), until one run finds a placement or proves there is
     /// none, or the budget is spent. Any one run's "infeasible" is a proof: each run is complete.
-    #[allow(clippy::too_many_arguments)]
     fn search_with_restarts(
         &self,
         items: &[Item],
@@ -327,14 +403,13 @@ impl LeafState {
         overlaps: &Overlaps,
         ranks: &[Vec<u32>],
         capacity: u64,
-        nodes_left: &mut u64,
-        nodes: &mut u64,
+        budget: &mut Budget,
     ) -> SearchOutcome {
         if self.sections.totals.iter().all(|&t| t == capacity) {
             // Zero slack: try flat splits first (they settle perfect packings part by part). They
             // only ever find placements; without one the restarts below go on, unchanged.
-            let (placement, used) = split::place(items, members, capacity, nodes_left);
-            *nodes += used;
+            let (placement, used) = split::place(items, members, capacity, budget.nodes_left, budget.control);
+            *budget.nodes += used;
             if let Some(placement) = placement {
                 return SearchOutcome::Found(placement);
             }
@@ -342,14 +417,22 @@ impl LeafState {
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
         loop {
             for rank in ranks {
-                if *nodes_left == 0 {
+                if *budget.nodes_left == 0 || budget.control.stopped() {
                     return SearchOutcome::BudgetExhausted;
                 }
-                let mut run_budget = limit.min(*nodes_left);
-                let (outcome, used) =
-                    search::search(items, members, overlaps, &self.sections, rank, capacity, &mut run_budget);
-                *nodes_left -= used;
-                *nodes += used;
+                let mut run_budget = limit.min(*budget.nodes_left);
+                let (outcome, used) = search::search(
+                    items,
+                    members,
+                    overlaps,
+                    &self.sections,
+                    rank,
+                    capacity,
+                    &mut run_budget,
+                    budget.control,
+                );
+                *budget.nodes_left -= used;
+                *budget.nodes += used;
                 match outcome {
                     SearchOutcome::BudgetExhausted => {}
                     settled => return settled,
@@ -359,42 +442,106 @@ impl LeafState {
         }
     }
 
-    /// Lowers the component's peak towards `goal` with the exact search: first to the capacity
-    /// (if one is asked for and not met), then to `goal`, then by bisection between the proven
-    /// lower bound and the best peak.
+    /// Lowers the component's peak towards `goal` with the exact search. A capacity asked for and
+    /// not met yet is searched first, with all the budget it takes, and so is a zero-slack goal.
+    /// Then rounds, each with a node
+    /// allowance per search four times the last: the goal, then capacities between the proven
+    /// lower bound and the best peak by bisection, moving up towards the best peak after each one
+    /// the allowance did not settle (at most `DESCENT_UNSETTLED_PROBES` a round). So the best peak
+    /// falls steadily from the greedy one however hard the goal is, and a stopped solve keeps it.
     fn improve(
         &mut self,
         items: &[Item],
         members: &[u32],
         goal: u64,
         capacity: Option<u64>,
-        nodes_left: &mut u64,
-        nodes: &mut u64,
+        budget: &mut Budget,
     ) -> Improvement {
         let Some(overlaps) = self.overlaps.as_ref().filter(|_| members.len() <= EXACT_SEARCH_MAX_BUFFERS) else {
             return Improvement::TooLarge;
         };
         let ranks = search_ranks(items, members, &self.sections);
-        let mut tries: Vec<u64> = capacity.filter(|&c| c < self.best.peak).into_iter().collect();
-        tries.push(goal);
-        let mut next_try = 0;
-        while self.proven_lower < self.best.peak && self.best.peak > goal {
-            let capacity = if next_try < tries.len() {
-                next_try += 1;
-                tries[next_try - 1].max(self.proven_lower)
-            } else {
-                self.proven_lower + (self.best.peak - 1 - self.proven_lower) / 2
-            };
-            if capacity >= self.best.peak {
-                continue;
-            }
-            match self.search_with_restarts(items, members, overlaps, &ranks, capacity, nodes_left, nodes) {
-                SearchOutcome::Found(placement) => self.best = placement,
-                SearchOutcome::Infeasible => self.proven_lower = capacity + 1,
-                SearchOutcome::BudgetExhausted => return Improvement::BudgetExhausted,
+        // A goal at which every section is exactly full (a perfect packing's) is searched first with
+        // all the budget, like a capacity: flat splits settle those whole, and cut into rounds
+        // they would start over each time.
+        let zero_slack_goal = Some(goal).filter(|&g| self.sections.totals.iter().all(|&t| t == g));
+        for capacity in [capacity, zero_slack_goal] {
+            if let Some(capacity) = capacity.map(|c| c.max(self.proven_lower)).filter(|&c| c < self.best.peak) {
+                match self.search_with_restarts(items, members, overlaps, &ranks, capacity, budget) {
+                    SearchOutcome::BudgetExhausted => return Improvement::BudgetExhausted,
+                    outcome => record(&mut self.best, &mut self.proven_lower, self.base, outcome, capacity, budget),
+                }
             }
         }
-        Improvement::Settled
+        let mut allowance = DESCENT_FIRST_NODES_PER_BUFFER.saturating_mul(members.len() as u64);
+        loop {
+            if self.proven_lower >= self.best.peak || self.best.peak <= goal {
+                return Improvement::Settled;
+            }
+            let mut unsettled = 0;
+            // The lowest capacity not yet refuted nor left unsettled in this round.
+            let mut floor = self.proven_lower;
+            let mut next = goal.max(self.proven_lower);
+            while unsettled < DESCENT_UNSETTLED_PROBES && next < self.best.peak {
+                let mut allowed = (*budget.nodes_left).min(allowance);
+                let before = allowed;
+                let outcome = {
+                    let mut bounded = Budget {
+                        nodes_left: &mut allowed,
+                        nodes: &mut *budget.nodes,
+                        control: &mut *budget.control,
+                        shown: budget.shown,
+                    };
+                    self.search_with_restarts(items, members, overlaps, &ranks, next, &mut bounded)
+                };
+                *budget.nodes_left -= before - allowed;
+                match outcome {
+                    SearchOutcome::BudgetExhausted => {
+                        if *budget.nodes_left == 0 || budget.control.stopped() {
+                            return Improvement::BudgetExhausted;
+                        }
+                        unsettled += 1;
+                        floor = floor.max(next + 1);
+                    }
+                    SearchOutcome::Infeasible => {
+                        record(&mut self.best, &mut self.proven_lower, self.base, outcome, next, budget);
+                        floor = floor.max(self.proven_lower);
+                    }
+                    found => record(&mut self.best, &mut self.proven_lower, self.base, found, next, budget),
+                }
+                if self.best.peak <= goal || floor >= self.best.peak {
+                    break;
+                }
+                next = floor + (self.best.peak - 1 - floor) / 2;
+            }
+            allowance = allowance.saturating_mul(4);
+        }
+    }
+}
+
+/// Keeps what a search of a leaf (at `base`) at `capacity` settled: a better placement, or a
+/// higher proven bound; and shows it to the stop callback.
+fn record(
+    best: &mut ComponentPlacement,
+    proven_lower: &mut u64,
+    base: u64,
+    outcome: SearchOutcome,
+    capacity: u64,
+    budget: &mut Budget,
+) {
+    match outcome {
+        SearchOutcome::Found(placement) => {
+            *best = placement;
+            let shown = budget.shown;
+            let peak = shown.others.max(base + best.peak).min(shown.whole);
+            budget.control.progress.peak = peak * shown.alignment;
+        }
+        SearchOutcome::Infeasible => {
+            *proven_lower = (*proven_lower).max(capacity + 1);
+            let bound = (base + *proven_lower) * budget.shown.alignment;
+            budget.control.progress.lower_bound = budget.control.progress.lower_bound.max(bound);
+        }
+        SearchOutcome::BudgetExhausted => {}
     }
 }
 

@@ -37,6 +37,7 @@ use core::ops::Range;
 
 use crate::generate::SplitMix64;
 
+use super::control::Control;
 use super::greedy::{ComponentPlacement, Overlaps};
 use super::sections::Sections;
 use super::Item;
@@ -53,7 +54,7 @@ pub(crate) enum SearchOutcome {
 
 const UNPLACED: u64 = u64::MAX;
 
-struct Search<'a> {
+struct Search<'a, 'c> {
     size: Vec<u64>,
     /// Each buffer's section range `[start, end)`.
     sections_of: Vec<(u32, u32)>,
@@ -62,6 +63,8 @@ struct Search<'a> {
     section_members: Vec<u32>,
     rank: Vec<u32>,
     overlaps: &'a Overlaps,
+    /// The caller's stop callback, polled as nodes are counted.
+    control: &'a mut Control<'c>,
     offset: Vec<u64>,
     /// The offset of each buffer on the last path that placed it; on success, the placement.
     solution: Vec<u64>,
@@ -84,6 +87,16 @@ struct Search<'a> {
     /// Partial placements (with the section range searched) proven infeasible: a skyline search
     /// reaches the same one through many orders. Bounded; a full cache stops growing.
     failed: BTreeSet<(u128, u32, u32)>,
+    /// Sections whose floor a placement must recompute, each once (`section_mark` == `mark`
+    /// marks them); kept between placements so no placement allocates.
+    dirty: Vec<u32>,
+    section_mark: Vec<u32>,
+    mark: u32,
+    /// Vectors returned by finished nodes, for the next ones to reuse: after the first descent a
+    /// node allocates nothing.
+    lists: Vec<Vec<u32>>,
+    candidate_lists: Vec<Vec<(u64, u32, u32)>>,
+    undos: Vec<Undo>,
 }
 
 /// The most entries the failed-placement cache keeps (about 40 bytes each).
@@ -99,7 +112,8 @@ struct Undo {
 /// Searches for a placement of `members` with peak at most `capacity` (units), spending at most
 /// `*nodes_left` nodes (decremented by what is used). `rank` orders ties between buffers with the
 /// same minimum offset (a static preference: lower rank first). Returns the outcome and the nodes
-/// spent.
+/// spent; a stop asked for through `control` ends it as `BudgetExhausted`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn search(
     items: &[Item],
     members: &[u32],
@@ -108,6 +122,7 @@ pub(crate) fn search(
     rank: &[u32],
     capacity: u64,
     nodes_left: &mut u64,
+    control: &mut Control,
 ) -> (SearchOutcome, u64) {
     let n = members.len();
     let section_count = sections.len();
@@ -150,6 +165,7 @@ pub(crate) fn search(
         section_members,
         rank: rank.to_vec(),
         overlaps,
+        control,
         offset: alloc::vec![UNPLACED; n],
         solution: alloc::vec![0; n],
         min_offset: alloc::vec![0; n],
@@ -163,6 +179,12 @@ pub(crate) fn search(
         section_keys: random_keys(0x666C_6F6F, section_count),
         state_key: 0,
         failed: BTreeSet::new(),
+        dirty: Vec::new(),
+        section_mark: alloc::vec![0; section_count],
+        mark: 0,
+        lists: Vec::new(),
+        candidate_lists: Vec::new(),
+        undos: Vec::new(),
     };
     if state.total.iter().any(|&t| t > capacity) {
         return (SearchOutcome::Infeasible, 0);
@@ -193,7 +215,7 @@ enum Dfs {
     Exhausted,
 }
 
-impl Search<'_> {
+impl Search<'_, '_> {
     /// Starts the search of a partition, choosing its mode: zero slack when every section that
     /// still has unplaced buffers is exactly full, canonical otherwise.
     fn search_partition(&mut self, unplaced: &[u32], sections: Range<usize>) -> Dfs {
@@ -222,7 +244,7 @@ impl Search<'_> {
     }
 
     fn fill_skyline_uncached(&mut self, unplaced: &[u32], sections: Range<usize>) -> Dfs {
-        if self.nodes_left == 0 {
+        if self.nodes_left == 0 || self.control.tick(1) {
             return Dfs::Exhausted;
         }
         self.nodes_left -= 1;
@@ -273,7 +295,7 @@ impl Search<'_> {
             if fill + self.size[local as usize] > self.capacity {
                 continue;
             }
-            match self.branch(local, fill, unplaced, sections.clone(), None, &mut undo) {
+            match self.branch(local, fill, unplaced, sections.clone(), None, 0, &mut undo) {
                 Dfs::Infeasible => {}
                 found_or_exhausted => return found_or_exhausted,
             }
@@ -287,41 +309,55 @@ impl Search<'_> {
         if unplaced.is_empty() {
             return Dfs::Found;
         }
-        if self.nodes_left == 0 {
+        if self.nodes_left == 0 || self.control.tick(1) {
             return Dfs::Exhausted;
         }
         self.nodes_left -= 1;
         self.nodes += 1;
-        let mut candidates: Vec<(u64, u32, u32)> =
-            unplaced.iter().map(|&l| (self.min_offset[l as usize], self.rank[l as usize], l)).collect();
-        candidates.sort_unstable();
         let mut min_height = u64::MAX;
-        for &(offset, _, l) in &candidates {
-            let end = offset + self.size[l as usize];
+        for &l in unplaced {
+            let end = self.min_offset[l as usize] + self.size[l as usize];
             if end > self.capacity {
                 return Dfs::Infeasible; // minimum offsets only grow deeper down
             }
             min_height = min_height.min(end);
         }
-        let mut undo = Undo::default();
+        // Only the branches that are in canonical order and not dominated (a branch at or above
+        // the lowest end any unplaced buffer reaches has that buffer fit under it); sorting just
+        // those, not every unplaced buffer, was most of a node's cost.
+        let mut candidates = self.candidate_lists.pop().unwrap_or_default();
+        candidates.clear();
+        candidates.extend(
+            unplaced
+                .iter()
+                .map(|&l| (self.min_offset[l as usize], self.rank[l as usize], l))
+                .filter(|&(offset, rank, _)| offset < min_height && (offset, rank) >= last),
+        );
+        candidates.sort_unstable();
+        // The largest unplaced total of the partition: placements only lower totals, so a branch
+        // whose offset plus this fits every section needs no scan of them (`branch`).
+        let max_total = self.total[sections.clone()].iter().copied().max().unwrap_or(0);
+        let mut undo = self.undos.pop().unwrap_or_default();
+        let mut outcome = Dfs::Infeasible;
         for &(offset, rank, local) in &candidates {
-            if (offset, rank) < last {
-                continue;
-            }
-            if offset >= min_height {
-                break; // candidates are sorted by offset: every later one is dominated too
-            }
-            match self.branch(local, offset, unplaced, sections.clone(), Some((offset, rank)), &mut undo) {
+            match self.branch(local, offset, unplaced, sections.clone(), Some((offset, rank)), max_total, &mut undo) {
                 Dfs::Infeasible => {}
-                found_or_exhausted => return found_or_exhausted,
+                found_or_exhausted => {
+                    outcome = found_or_exhausted;
+                    break;
+                }
             }
         }
-        Dfs::Infeasible
+        self.candidate_lists.push(candidates);
+        self.undos.push(undo);
+        outcome
     }
 
     /// One branch: places `local` at `offset`, applies the section bound, searches on, and undoes
     /// the placement. `last` is the canonical order's new last placement (later placements of the
     /// partition never go below its offset), or `None` in zero-slack mode (no such promise).
+    /// `max_total`: the partition's largest unplaced total before this placement.
+    #[allow(clippy::too_many_arguments)]
     fn branch(
         &mut self,
         local: u32,
@@ -329,15 +365,22 @@ impl Search<'_> {
         unplaced: &[u32],
         sections: Range<usize>,
         last: Option<(u64, u32)>,
+        max_total: u64,
         undo: &mut Undo,
     ) -> Dfs {
         undo.offsets.clear();
         undo.floors.clear();
         self.place(local, offset, undo);
         let monotonic_from = last.map_or(0, |(offset, _)| offset);
-        let outcome = if self.sections_fit(sections.clone(), monotonic_from) {
-            let rest: Vec<u32> = unplaced.iter().copied().filter(|&l| l != local).collect();
-            self.continue_after(local, rest, sections, last)
+        let fits = self.raised_floors_fit(undo, &sections)
+            && (monotonic_from + max_total <= self.capacity || self.sections_fit(sections.clone(), monotonic_from));
+        let outcome = if fits {
+            let mut rest = self.lists.pop().unwrap_or_default();
+            rest.clear();
+            rest.extend(unplaced.iter().copied().filter(|&l| l != local));
+            let outcome = self.continue_after(local, &rest, sections, last);
+            self.lists.push(rest);
+            outcome
         } else {
             Dfs::Infeasible
         };
@@ -348,7 +391,7 @@ impl Search<'_> {
     /// After placing `local`: split the partition where its placement left no unplaced buffer
     /// crossing a section boundary, and search the parts one by one; or continue as one part, in
     /// its mode (`last` is the canonical order's last placement, `None` in zero-slack mode).
-    fn continue_after(&mut self, local: u32, rest: Vec<u32>, sections: Range<usize>, last: Option<(u64, u32)>) -> Dfs {
+    fn continue_after(&mut self, local: u32, rest: &[u32], sections: Range<usize>, last: Option<(u64, u32)>) -> Dfs {
         let (start, end) = self.sections_of[local as usize];
         let mut cut_points: Vec<usize> = Vec::new();
         for b in start as usize..(end as usize).saturating_sub(1) {
@@ -358,8 +401,8 @@ impl Search<'_> {
         }
         if cut_points.is_empty() {
             return match last {
-                Some(last) => self.dfs(&rest, sections, last),
-                None => self.fill_skyline(&rest, sections),
+                Some(last) => self.dfs(rest, sections, last),
+                None => self.fill_skyline(rest, sections),
             };
         }
         cut_points.push(sections.end);
@@ -420,25 +463,44 @@ impl Search<'_> {
             }
         }
         // Raise the floor of the sections of every buffer whose minimum offset rose to the lowest
-        // minimum offset of the section's unplaced buffers.
-        for i in 0..undo.offsets.len() {
-            let (other, _) = undo.offsets[i];
+        // minimum offset of the section's unplaced buffers: each such section once (neighbours
+        // share most of their sections, and recomputing one per neighbour was most of the cost).
+        self.mark = self.mark.wrapping_add(1);
+        if self.mark == 0 {
+            self.section_mark.fill(0);
+            self.mark = 1;
+        }
+        let mut dirty = core::mem::take(&mut self.dirty);
+        dirty.clear();
+        for &(other, _) in &undo.offsets {
             let (s0, s1) = self.sections_of[other as usize];
-            for s in s0 as usize..s1 as usize {
-                let lowest = self
-                    .members_of(s)
-                    .iter()
-                    .filter(|&&m| self.offset[m as usize] == UNPLACED)
-                    .map(|&m| self.min_offset[m as usize])
-                    .min();
-                if let Some(lowest) = lowest {
-                    if lowest > self.floor[s] {
-                        undo.floors.push((s as u32, self.floor[s]));
-                        self.set_floor(s, lowest);
-                    }
+            for s in s0..s1 {
+                if self.section_mark[s as usize] != self.mark {
+                    self.section_mark[s as usize] = self.mark;
+                    dirty.push(s);
                 }
             }
         }
+        for &s in &dirty {
+            let s = s as usize;
+            // The lowest minimum offset of the unplaced members, or `None` as soon as one is at or
+            // below the floor (then the floor stays: most sections end the scan early).
+            let floor = self.floor[s];
+            let mut lowest = u64::MAX;
+            for &m in self.members_of(s) {
+                if self.offset[m as usize] == UNPLACED {
+                    lowest = lowest.min(self.min_offset[m as usize]);
+                    if lowest <= floor {
+                        break;
+                    }
+                }
+            }
+            if lowest != u64::MAX && lowest > floor {
+                undo.floors.push((s as u32, floor));
+                self.set_floor(s, lowest);
+            }
+        }
+        self.dirty = dirty;
     }
 
     fn unplace(&mut self, local: u32, undo: &Undo) {
@@ -458,6 +520,17 @@ impl Search<'_> {
         for &(s, previous) in undo.floors.iter().rev() {
             self.set_floor(s as usize, previous);
         }
+    }
+
+    /// The section bound on the sections whose floor this placement raised (`undo.floors`): every
+    /// other section passed it before (at every node all sections of the partition have
+    /// floor + unplaced total within the capacity) and its total can only have fallen. Checking
+    /// only these, not the whole partition, was most of a branch's cost.
+    fn raised_floors_fit(&self, undo: &Undo, sections: &Range<usize>) -> bool {
+        undo.floors.iter().all(|&(s, _)| {
+            let s = s as usize;
+            !sections.contains(&s) || self.total[s] == 0 || self.floor[s] + self.total[s] <= self.capacity
+        })
     }
 
     /// The section bound over the partition's sections: the unplaced buffers of every section

@@ -287,3 +287,87 @@ fn training_step_traces_are_placed_near_their_lower_bound() {
     // Within 0.5% of the lower bound (the target at scale; BENCHMARKS.md has the large runs).
     assert!(s.peak * 1000 <= s.lower_bound * 1005, "peak {} lower bound {}", s.peak, s.lower_bound);
 }
+
+/// A stop callback that never stops changes nothing; one that stops at its first poll still gets
+/// a checked placement (the greedy one, or better), marked `stopped`; with a capacity the greedy
+/// misses, the stop is reported as "not found within the limit", never as infeasible.
+#[test]
+fn a_stop_callback_ends_the_solve_with_the_best_so_far() {
+    let buffers = known_optimum(3, 300, 1200, 1 << 20);
+    let options = SolveOptions::default();
+    let plain = solve_checked(&buffers, &options).unwrap();
+    let mut polls = 0u32;
+    let never = solve_with(&buffers, &options, &mut |_| {
+        polls += 1;
+        false
+    });
+    assert_eq!(never.as_ref(), Ok(&plain));
+    assert!(!plain.stats.stopped);
+
+    let mut seen = Vec::new();
+    let stopped = solve_with(&buffers, &options, &mut |p| {
+        seen.push(*p);
+        true
+    })
+    .unwrap();
+    check_placement(&buffers, &stopped.offsets, 1, stopped.peak, None).unwrap();
+    assert!(stopped.stats.stopped && !stopped.stats.budget_exhausted);
+    assert!(stopped.peak <= stopped.stats.greedy_peak);
+    assert_eq!(seen.len(), 1, "stopped is sticky: the callback is not asked again");
+
+    let capped = SolveOptions { capacity: Some(1 << 20), ..options };
+    let greedy = solve(&buffers, &SolveOptions { budget_nodes: 0, ..options }).unwrap();
+    assert!(greedy.peak > 1 << 20, "seed 3's greedy misses the optimum");
+    match solve_with(&buffers, &capped, &mut |p| p.nodes > 32) {
+        Err(SolveError::NotFoundWithinBudget { capacity, best_peak, .. }) => {
+            assert_eq!(capacity, 1 << 20);
+            assert!(best_peak > capacity);
+        }
+        Ok(found) => panic!("found within 32 nodes? peak {}", found.peak),
+        Err(other) => panic!("{other}"),
+    }
+}
+
+/// The progress shown to the callback: nodes never go back, the peak only falls (once there is
+/// one) and never below the lower bound, which only rises.
+#[test]
+fn progress_is_monotone() {
+    let buffers = known_optimum(9, 300, 1200, 1 << 20);
+    let mut last = Progress::default();
+    let solution = solve_with(&buffers, &SolveOptions::default(), &mut |p| {
+        assert!(p.nodes >= last.nodes);
+        if last.peak > 0 {
+            assert!(p.peak <= last.peak && p.peak >= p.lower_bound, "{p:?} after {last:?}");
+        }
+        assert!(p.lower_bound >= last.lower_bound);
+        last = *p;
+        false
+    })
+    .unwrap();
+    assert!(last.nodes > 0 && last.nodes <= solution.stats.nodes.max(last.nodes));
+}
+
+/// Never worse than any classic greedy order (computed by the independent oracle), on random
+/// instances of several shapes, alignments and budgets (0: the greedy portfolio alone).
+#[cfg(feature = "fuzzing")]
+#[test]
+fn never_worse_than_any_classic_greedy_order() {
+    use crate::fuzzing::oracle::classic_greedy_peaks;
+    let mut rng = SplitMix64::new(19);
+    for case in 0..400u64 {
+        let count = 2 + (case % 60) as usize;
+        let buffers = match case % 4 {
+            0 => random_buffers(&mut rng, count, 40, 1000),
+            1 => random_buffers(&mut rng, count, 200, 1 << 20),
+            2 => known_optimum(case, count, 4 * count as u32, 1 << 10),
+            _ => crate::generate::with_holes(case, count, 1 + count / 10, 4 * count as u32, 1 << 10),
+        };
+        let alignment = [1, 8, 256][(case % 3) as usize];
+        let classic = classic_greedy_peaks(&buffers, alignment).unwrap().into_iter().min().unwrap();
+        for budget_nodes in [0, 2_000] {
+            let options = SolveOptions { alignment, budget_nodes, ..SolveOptions::default() };
+            let solution = solve_checked(&buffers, &options).unwrap();
+            assert!(solution.peak <= classic, "case {case}, budget {budget_nodes}: {} > {classic}", solution.peak);
+        }
+    }
+}

@@ -102,6 +102,60 @@ fn first_fit_in_order(buffers: &[BufferLifetime], footprint: &[u64], order: &[us
     (offsets, peak)
 }
 
+/// The offset a best-fit greedy gives `size` bytes among the `taken` ranges (any order): the
+/// smallest free gap between them that fits (ties: the lowest), or the top of the highest range
+/// when none does (the space above everything is not a gap).
+fn tightest_fit(taken: &mut [(u64, u64)], size: u64) -> u64 {
+    taken.sort_unstable();
+    let mut cursor = 0u64;
+    let mut best: Option<(u64, u64)> = None; // (gap, offset)
+    for &(start, end) in taken.iter() {
+        if start > cursor && start - cursor >= size && best.is_none_or(|(gap, _)| start - cursor < gap) {
+            best = Some((start - cursor, cursor));
+        }
+        cursor = cursor.max(end);
+    }
+    best.map_or(cursor, |(_, offset)| offset)
+}
+
+/// The peaks of the classic greedy orders, each placed first fit and best fit among the earlier
+/// buffers it shares a step with: size descending (ties: start ascending), lifetime descending
+/// (size descending), start ascending (size descending), area descending (size descending);
+/// remaining ties in input order. Zero-footprint buffers are left out. `None` if the footprints
+/// add up to more than a `u64`. The solver promises never to be worse than any of these.
+pub fn classic_greedy_peaks(buffers: &[BufferLifetime], alignment: u64) -> Option<Vec<u64>> {
+    let footprint = footprints(buffers, alignment)?;
+    footprint.iter().try_fold(0u64, |sum, &f| sum.checked_add(f))?;
+    let length = |i: usize| u64::from(buffers[i].upper - buffers[i].lower);
+    let keys: [&dyn Fn(usize) -> (u128, u64); 4] = [
+        &|i| (u128::from(footprint[i]), u64::from(u32::MAX - buffers[i].lower)),
+        &|i| (u128::from(length(i)), footprint[i]),
+        &|i| (u128::from(u32::MAX - buffers[i].lower), footprint[i]),
+        &|i| (u128::from(footprint[i]) * u128::from(length(i)), footprint[i]),
+    ];
+    let mut peaks = Vec::new();
+    for key in keys {
+        let mut order: Vec<usize> = (0..buffers.len()).filter(|&i| footprint[i] > 0).collect();
+        order.sort_by(|&a, &b| key(b).cmp(&key(a)).then(a.cmp(&b)));
+        peaks.push(first_fit_in_order(buffers, &footprint, &order).1);
+        let mut offsets = vec![0u64; buffers.len()];
+        let mut placed: Vec<usize> = Vec::new();
+        let mut peak = 0u64;
+        for &i in &order {
+            let mut taken: Vec<(u64, u64)> = placed
+                .iter()
+                .filter(|&&j| share_a_step(&buffers[i], &buffers[j]))
+                .map(|&j| (offsets[j], offsets[j] + footprint[j]))
+                .collect();
+            offsets[i] = tightest_fit(&mut taken, footprint[i]);
+            peak = peak.max(offsets[i] + footprint[i]);
+            placed.push(i);
+        }
+        peaks.push(peak);
+    }
+    Some(peaks)
+}
+
 /// The start-order first-fit greedy: buffers by `lower` (ties: input order), each at the lowest
 /// offset that fits among the live ones. Returns the offsets and the peak, or `None` if the
 /// footprints add up to more than a `u64`.

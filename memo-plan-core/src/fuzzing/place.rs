@@ -13,6 +13,8 @@
 //!   start-order first-fit, a solve of the buffers in reverse order, the solve without capacity.
 //!   A budget that did not run out implies `optimal` (`SolveStats::budget_exhausted` says the
 //!   budget ran out "before every component was settled");
+//! - never worse than a classic greedy order: `peak` (or, not found, `best_peak`) is at most the
+//!   lowest peak of [`classic_greedy_peaks`], and not found implies that one is above the capacity;
 //! - capacity: `Ok` implies `peak <= capacity`; `ProvenInfeasible` implies `capacity` is below the
 //!   optimum (brute force on small instances; on all, below every placement we know of) and its
 //!   `lower_bound` is a true lower bound; `NotFoundWithinBudget` names a `best_peak` above the
@@ -34,7 +36,7 @@ use alloc::vec::Vec;
 
 use arbitrary::{Arbitrary, Result, Unstructured};
 
-use super::oracle::{first_fit_by_start, footprints, naive_check, optimum_brute_force};
+use super::oracle::{classic_greedy_peaks, first_fit_by_start, footprints, naive_check, optimum_brute_force};
 use crate::arena::{solve, Solution, SolveError, SolveOptions};
 use crate::check::check_placement;
 use crate::generate::known_optimum;
@@ -186,6 +188,14 @@ pub fn check(case: PlaceCase) {
 
     let result = solve(&buffers, &options);
     assert_eq!(result, solve(&buffers, &options), "two solves of the same input differ");
+    let classic = classic_greedy_peaks(&buffers, alignment).expect("footprints fit").into_iter().min().unwrap_or(0);
+    match &result {
+        Ok(solution) => assert!(solution.peak <= classic, "peak {} above a classic greedy's {classic}", solution.peak),
+        Err(SolveError::NotFoundWithinBudget { best_peak, capacity, .. }) => {
+            assert!(*best_peak <= classic && classic > *capacity, "not found, best {best_peak}, classic {classic}")
+        }
+        Err(_) => {}
+    }
 
     // Valid placements we know of, and whether each claims to be optimal: an infeasibility proof
     // must lie below all of them, and an optimal one must be the lowest of them.

@@ -197,19 +197,19 @@ impl Search {
 }
 
 /// One attempt: flows decided so far, the boundaries they touch, and the first complete flow.
-struct Propagation<'a> {
+struct Propagation<'a, 'b, 'c> {
     network: &'a Network,
     amount: Vec<Option<u64>>,
     /// Boundaries touched by a decided nonzero flow, in order (undone by truncation).
     touched: Vec<usize>,
     is_touched: Vec<bool>,
-    budget: &'a mut Budget,
+    budget: &'a mut Budget<'b, 'c>,
     work: &'a mut u64,
     /// The first complete proper flow: (edge, flow) for every edge with flow, and its value.
     found: Option<(Vec<(usize, u64)>, u64)>,
 }
 
-impl Propagation<'_> {
+impl Propagation<'_, '_, '_> {
     fn spend(&mut self) -> bool {
         self.budget.charge(self.work)
     }

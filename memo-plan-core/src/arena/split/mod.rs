@@ -27,6 +27,7 @@ use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 use core::cell::OnceCell;
 
+use super::control::Control;
 use super::decompose::{peelable, split_components};
 use super::greedy::{ComponentPlacement, Overlaps};
 use super::search::{search, SearchOutcome};
@@ -55,12 +56,14 @@ const ALL_SUMS_MOST_BITS: u64 = 1 << 22;
 
 /// Places `members` (indices into `items`) under `capacity`, where every section is exactly full,
 /// by flat splits, spending at most `*nodes_left` nodes. Returns the placement (offsets by
-/// position in `members`) if one was found, and the nodes spent.
+/// position in `members`) if one was found, and the nodes spent. A stop asked for through
+/// `control` ends it as a spent budget would.
 pub(crate) fn place(
     items: &[Item],
     members: &[u32],
     capacity: u64,
     nodes_left: &mut u64,
+    control: &mut Control,
 ) -> (Option<ComponentPlacement>, u64) {
     let local: Vec<Item> = members.iter().map(|&m| items[m as usize]).collect();
     let n = local.len();
@@ -68,12 +71,13 @@ pub(crate) fn place(
         items: local,
         offset: alloc::vec![0; n],
         failed: BTreeSet::new(),
-        budget: Budget { left: *nodes_left, spent: 0 },
+        budget: Budget { left: *nodes_left, spent: 0, control },
         depth: 0,
     };
     let all: Vec<u32> = (0..n as u32).collect();
     let placed = splitter.solve_part(all, capacity, 0);
-    *nodes_left = splitter.budget.left;
+    // Not `budget.left`: a stop zeroes it without spending the nodes.
+    *nodes_left -= splitter.budget.spent;
     let placement = placed.then(|| {
         let peak = (0..n).map(|l| splitter.offset[l] + splitter.items[l].size).max().unwrap_or(0);
         ComponentPlacement { offsets: splitter.offset, peak }
@@ -81,19 +85,32 @@ pub(crate) fn place(
     (placement, splitter.budget.spent)
 }
 
-/// The nodes a split search may still spend, and has spent.
-struct Budget {
+/// The nodes a split search may still spend, and has spent, and the caller's stop callback. A stop
+/// sets `left` to 0 (without counting the nodes as spent), so every search that watches `left`
+/// ends as if the budget ran out.
+struct Budget<'b, 'c> {
     left: u64,
     spent: u64,
+    control: &'b mut Control<'c>,
 }
 
-impl Budget {
+impl Budget<'_, '_> {
     fn spend(&mut self) -> bool {
         self.spend_many(1)
     }
 
     /// Spends `count` nodes at once (work that is not one search node, counted by its size).
     fn spend_many(&mut self, count: u64) -> bool {
+        if self.control.tick(count.min(self.left)) {
+            self.left = 0;
+            return false;
+        }
+        self.record(count)
+    }
+
+    /// Takes `count` nodes off the budget that the exact search counted (and showed the callback)
+    /// itself.
+    fn record(&mut self, count: u64) -> bool {
         if self.left < count {
             self.spent += self.left;
             self.left = 0;
@@ -512,16 +529,16 @@ fn hash(values: impl Iterator<Item = u64>) -> u128 {
     (u128::from(a) << 64) | u128::from(b)
 }
 
-struct Splitter {
+struct Splitter<'b, 'c> {
     items: Vec<Item>,
     offset: Vec<u64>,
     /// Components (hashed members and height) that could not be placed.
     failed: BTreeSet<u128>,
-    budget: Budget,
+    budget: Budget<'b, 'c>,
     depth: u32,
 }
 
-impl Splitter {
+impl Splitter<'_, '_> {
     /// Places `part` in `[base, base + height)`, where every section of it is exactly full.
     fn solve_part(&mut self, mut part: Vec<u32>, height: u64, base: u64) -> bool {
         let items = &self.items;
@@ -602,9 +619,14 @@ impl Splitter {
                     break;
                 }
                 let mut run = limit.min(work);
-                let (outcome, used) = search(&self.items, component, &overlaps, &sections, rank, height, &mut run);
+                let (outcome, used) =
+                    search(&self.items, component, &overlaps, &sections, rank, height, &mut run, self.budget.control);
                 work -= used;
-                self.budget.spend_many(used);
+                self.budget.record(used);
+                if self.budget.control.stopped() {
+                    self.budget.left = 0;
+                    return false;
+                }
                 match outcome {
                     SearchOutcome::Found(placement) => {
                         for (position, &l) in component.iter().enumerate() {
@@ -683,6 +705,7 @@ impl Finder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::arena::Progress;
 
     fn two_slabs() -> [Item; 4] {
         // Two slabs, 3 and 5 high, each cut in time at a different step: the component is one
@@ -698,7 +721,9 @@ mod tests {
     #[test]
     fn finds_the_flat_subsets_of_two_slabs() {
         let items = two_slabs();
-        let mut budget = Budget { left: 1000, spent: 0 };
+        let mut never = |_: &Progress| false;
+        let mut control = Control::new(&mut never);
+        let mut budget = Budget { left: 1000, spent: 0, control: &mut control };
         let mut sparse = sparse::Search::new(&items, &[0, 1, 2, 3], 8, &mut budget).expect("candidate heights");
         assert!(matches!(sparse.run(&items, &mut budget, 1000), Step::Found((lower, 3)) if lower == [0, 1]));
         let mut flow = flow::Search::new(&items, &[0, 1, 2, 3], 8, &mut budget);
@@ -714,7 +739,8 @@ mod tests {
     fn places_two_slabs() {
         let items = two_slabs();
         let mut budget = 1000;
-        let (placement, _) = place(&items, &[0, 1, 2, 3], 8, &mut budget);
+        let mut never = |_: &Progress| false;
+        let (placement, _) = place(&items, &[0, 1, 2, 3], 8, &mut budget, &mut Control::new(&mut never));
         let placement = placement.expect("two slabs stack");
         assert_eq!(placement.peak, 8);
         assert_eq!(placement.offsets, [0, 0, 3, 3]);
@@ -733,11 +759,14 @@ mod tests {
             Item { lower: 1, upper: 2, size: 1 }, // the centre
         ];
         let members = [0, 1, 2, 3, 4];
-        let mut budget = Budget { left: 100_000, spent: 0 };
+        let mut never = |_: &Progress| false;
+        let mut control = Control::new(&mut never);
+        let mut budget = Budget { left: 100_000, spent: 0, control: &mut control };
         let mut finder = Finder::new(&items, &members, 3, &mut budget);
         assert_eq!(finder.next(&items, &mut budget), None);
         let mut nodes = 100_000;
-        let (placement, _) = place(&items, &members, 3, &mut nodes);
+        let mut never = |_: &Progress| false;
+        let (placement, _) = place(&items, &members, 3, &mut nodes, &mut Control::new(&mut never));
         assert_eq!(placement.map(|p| p.peak), Some(3));
     }
 
@@ -764,7 +793,9 @@ mod tests {
         assert!(!group.sums.is_known(16_000) && group.sums.may_contain(16_001));
         let candidates = group.candidates(16_007, true, &later);
         assert!(candidates.contains(&16_000), "16,007 less the later group's 7");
-        let mut budget = Budget { left: 1_000_000, spent: 0 };
+        let mut never = |_: &Progress| false;
+        let mut control = Control::new(&mut never);
+        let mut budget = Budget { left: 1_000_000, spent: 0, control: &mut control };
         let mut work = 1_000_000;
         assert_eq!(group.has_amount(16_000, &mut budget, &mut work), Some(true));
         assert_eq!(group.has_amount(16_001, &mut budget, &mut work), Some(false));

@@ -1,0 +1,153 @@
+//! The hard sets of issue 19, measured: for each generated set, how many instances the solver
+//! places at their known optimum (or best known peak) when asked for exactly that capacity
+//! within a time limit, the time each took, and the search's nodes per second; for the
+//! operator graphs, the gap to the lower bound after a time limit.
+//!
+//! `cargo run --release -p memo-plan-core --example hard_report` prints every table;
+//! `... -- packings [SECONDS]` or `... -- graphs [SECONDS]` one part (limits default to 1 s and
+//! 10 s); `... -- csv BLOCKS OPS SEED` writes an operator graph as a CSV trace; `... -- one KIND N SEED [SECONDS]` one packing instance (KIND: guillotine, pinwheel,
+//! holes), with the progress the solver reports.
+
+use memo_plan_core::arena::{solve_with, Progress};
+use memo_plan_core::check::check_placement;
+use memo_plan_core::generate::{known_optimum, non_guillotine, operator_graph, with_holes, GraphShape};
+use memo_plan_core::{lower_bound, BufferLifetime, SolveError, SolveOptions};
+use std::time::{Duration, Instant};
+
+const HEIGHT: u64 = 1 << 20;
+
+fn packing(kind: &str, n: usize, seed: u64) -> Vec<BufferLifetime> {
+    let steps = 4 * n as u32;
+    match kind {
+        "guillotine" => known_optimum(seed, n, steps, HEIGHT),
+        "pinwheel" => non_guillotine(seed, n, steps, HEIGHT),
+        _ => with_holes(seed, n, n / 50, steps, HEIGHT),
+    }
+}
+
+/// Solves under a wall-clock limit (the callback), with an unlimited node budget.
+fn timed(buffers: &[BufferLifetime], capacity: Option<u64>, limit: Duration, verbose: bool) -> (Outcome, f64, u64) {
+    // A fixed node budget (MEMO_BUDGET_NODES) measures the cost per node on a loaded machine,
+    // where wall-clock rates vary: the same nodes are visited, so instructions compare.
+    let budget_nodes = std::env::var("MEMO_BUDGET_NODES").ok().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
+    let options = SolveOptions { capacity, alignment: 1, budget_nodes };
+    let start = Instant::now();
+    let mut nodes = 0;
+    let mut last_print = start;
+    let result = solve_with(buffers, &options, &mut |p: &Progress| {
+        nodes = p.nodes;
+        if verbose && last_print.elapsed() > Duration::from_millis(500) {
+            last_print = Instant::now();
+            eprintln!("  {:.1} s: {p:?}", start.elapsed().as_secs_f64());
+        }
+        start.elapsed() >= limit
+    });
+    let seconds = start.elapsed().as_secs_f64();
+    let outcome = match result {
+        Ok(s) => {
+            check_placement(buffers, &s.offsets, 1, s.peak, capacity).expect("the checker accepts every solution");
+            nodes = nodes.max(s.stats.nodes);
+            Outcome::Placed {
+                peak: s.peak,
+                lower_bound: s.lower_bound,
+                greedy: s.stats.greedy_peak,
+                optimal: s.optimal,
+            }
+        }
+        Err(SolveError::NotFoundWithinBudget { best_peak, .. }) => Outcome::NotFound { best_peak },
+        Err(SolveError::ProvenInfeasible { .. }) => Outcome::Infeasible,
+        Err(e) => panic!("{e}"),
+    };
+    (outcome, seconds, nodes)
+}
+
+enum Outcome {
+    Placed { peak: u64, lower_bound: u64, greedy: u64, optimal: bool },
+    NotFound { best_peak: u64 },
+    Infeasible,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let part = args.first().map(String::as_str).unwrap_or("all");
+    let seconds = |i: usize, default: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+    if part == "csv" {
+        // `csv BLOCKS OPS SEED`: an operator graph as a DSA CSV trace on stdout (for `memo solve`).
+        let arg = |i: usize, default: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
+        let shape =
+            GraphShape { blocks: arg(1, 64) as u32, ops_per_block: arg(2, 470) as u32, activation_bytes: 1 << 28 };
+        println!("id,lower,upper,size");
+        for b in operator_graph(arg(3, 0), shape) {
+            println!("{},{},{},{}", b.id, b.lower, b.upper, b.size);
+        }
+        return;
+    }
+    if part == "one" {
+        let kind = args.get(1).map(String::as_str).unwrap_or("pinwheel");
+        let n: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(300);
+        let seed: u64 = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(0);
+        let buffers = packing(kind, n, seed);
+        // MEMO_MINIMISE=1: no capacity, watch the peak fall.
+        let capacity = std::env::var_os("MEMO_MINIMISE").is_none().then_some(HEIGHT);
+        let (outcome, secs, nodes) = timed(&buffers, capacity, Duration::from_secs_f64(seconds(4, 10.0)), true);
+        let verdict = match outcome {
+            Outcome::Placed { peak, .. } => format!("placed, peak {peak}"),
+            Outcome::NotFound { best_peak } => format!("not found, best {best_peak}"),
+            Outcome::Infeasible => "proven infeasible".into(),
+        };
+        println!("{kind} {n} seed {seed}: {verdict}, {secs:.3} s, {nodes} nodes ({:.0} nodes/s)", nodes as f64 / secs);
+        return;
+    }
+    if part == "all" || part == "packings" {
+        let limit = Duration::from_secs_f64(seconds(1, 1.0));
+        println!("Packings at capacity = best known peak (2^20), limit {limit:?} each, seeds 0-9:");
+        println!("| set | buffers | placed at capacity | median s | max s | nodes | nodes/s |");
+        println!("|---|---|---|---|---|---|---|");
+        for kind in ["guillotine", "pinwheel", "holes"] {
+            for n in [300usize, 500] {
+                let (mut placed, mut times, mut all_nodes) = (0, Vec::new(), 0u64);
+                for seed in 0..10 {
+                    let buffers = packing(kind, n, seed);
+                    let (outcome, secs, nodes) = timed(&buffers, Some(HEIGHT), limit, false);
+                    if matches!(outcome, Outcome::Placed { .. }) {
+                        placed += 1;
+                    }
+                    times.push(secs);
+                    all_nodes += nodes;
+                }
+                times.sort_by(f64::total_cmp);
+                let total: f64 = times.iter().sum();
+                println!(
+                    "| {kind} | {n} | {placed}/10 | {:.3} | {:.3} | {all_nodes} | {:.0} |",
+                    times[5],
+                    times[9],
+                    all_nodes as f64 / total
+                );
+            }
+        }
+    }
+    if part == "all" || part == "graphs" {
+        let limit = Duration::from_secs_f64(seconds(1, 10.0));
+        println!("Operator graphs, minimise, limit {limit:?} each:");
+        println!("| graph | buffers | greedy gap | solve gap | proven | s |");
+        println!("|---|---|---|---|---|---|");
+        // MEMO_GRAPHS=N: only the first N sizes (1: the 20k graphs).
+        let sizes: usize = std::env::var("MEMO_GRAPHS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+        for (blocks, ops) in [(24u32, 250u32), (48, 320), (64, 470)].into_iter().take(sizes) {
+            for seed in 0..2u64 {
+                let shape = GraphShape { blocks, ops_per_block: ops, activation_bytes: 1 << 28 };
+                let buffers = operator_graph(seed, shape);
+                let (outcome, secs, _) = timed(&buffers, None, limit, false);
+                let Outcome::Placed { peak, lower_bound: lb, greedy, optimal } = outcome else { unreachable!() };
+                assert_eq!(lb, lower_bound(&buffers, 1));
+                let gap = |p: u64| (p - lb) as f64 * 100.0 / lb as f64;
+                println!(
+                    "| {blocks}x{ops} seed {seed} | {} | +{:.3}% | +{:.3}% | {optimal} | {secs:.2} |",
+                    buffers.len(),
+                    gap(greedy),
+                    gap(peak)
+                );
+            }
+        }
+    }
+}
