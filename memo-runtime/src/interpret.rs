@@ -136,7 +136,7 @@ impl Replay {
                     }
                     backend.launch(index, stream, launch.op, &args, context)?;
                 }
-                Action::Copy { src, dst } => {
+                Action::Copy { src, dst, .. } => {
                     backend.copy(index, stream, self.region_span(src), self.region_span(dst))?;
                 }
                 Action::Record(event) => backend.record(index, stream, *event)?,

@@ -7,7 +7,9 @@ use alloc::vec::Vec;
 use super::*;
 use crate::generate::SplitMix64;
 use crate::model::{Hardware, ModelConfig, Parallelism};
-use crate::plan::{Arg, Buffer, Instruction, Launch, Op, PlacementSummary, Provenance, Strategy, TensorRole, Totals};
+use crate::plan::{
+    Arg, Buffer, Instruction, Launch, Op, PlacementSummary, Provenance, Strategy, TensorRole, TensorRows, Totals,
+};
 use crate::swap::AlphaBound;
 
 use BufferKind as K;
@@ -29,7 +31,7 @@ fn provenance() -> Provenance {
 }
 
 fn buffer(kind: BufferKind, role: TensorRole, layer: Option<u32>, rows: u64, row_bytes: u64, place: Place) -> Buffer {
-    Buffer { kind, role, layer, slot: 0, rows, row_bytes, place }
+    Buffer { kind, role, layer, slot: 0, rows, first_row: 0, row_bytes, place }
 }
 
 fn dev(offset: u64) -> Place {
@@ -50,9 +52,17 @@ fn launch(op: Op, args: &[(u32, u64, u64)]) -> Instruction {
     Instruction { stream: C, action: Action::Launch(Launch { op, args, layer: Some(0), flops: 0 }) }
 }
 
+/// A copy of layer 0's input (every copy of the mini step moves it), naming the device side's
+/// rows (the source on d2h, else the destination).
 fn copy(stream: Stream, src: (u32, u64, u64), dst: (u32, u64, u64)) -> Instruction {
+    let (_, start, end) = if stream == D { src } else { dst };
+    copy_of(stream, src, dst, TensorRows { layer: 0, role: TensorRole::LayerInput, start, end })
+}
+
+/// A copy naming `tensor`.
+fn copy_of(stream: Stream, src: (u32, u64, u64), dst: (u32, u64, u64), tensor: TensorRows) -> Instruction {
     let region = |(b, s, e): (u32, u64, u64)| Region::rows(BufferId(b), s, e);
-    Instruction { stream, action: Action::Copy { src: region(src), dst: region(dst) } }
+    Instruction { stream, action: Action::Copy { src: region(src), dst: region(dst), tensor } }
 }
 
 fn record(stream: Stream, event: u32) -> Instruction {
@@ -171,16 +181,20 @@ fn rows_out_of_bounds() {
     assert!(matches!(violations(&plan)[0], PlanViolation::RowsOutOfBounds { start: 4, end: 9, .. }));
 }
 
-/// The swap-out copies half the rows; the swap-in then reads the other half unwritten.
+/// The swap-out copies half the rows; the swap-in then reads the other half unwritten. The copy
+/// names rows [0, 8) of layer 0's input, which its half of the host slot does not hold.
 #[test]
 fn copy_size_mismatch() {
     let mut plan = valid_plan();
     plan.instructions[3] = copy(D, (4, 0, 8), (6, 0, 4));
-    assert_eq!(found(&plan), [("copy_size_mismatch", Some(3)), ("read_unwritten", Some(10))]);
+    assert_eq!(
+        found(&plan),
+        [("copy_size_mismatch", Some(3)), ("swap_slot_mismatch", Some(3)), ("read_unwritten", Some(10))]
+    );
     let v = violations(&plan);
     assert!(matches!(v[0], PlanViolation::CopySizeMismatch { src_bytes: 64, dst_bytes: 32, .. }));
     let host = ByteRange { space: Space::HostSlab, start: 32, end: 64 };
-    assert!(matches!(v[1], PlanViolation::ReadUnwritten { bytes, .. } if bytes == host));
+    assert!(matches!(v[2], PlanViolation::ReadUnwritten { bytes, .. } if bytes == host));
 }
 
 /// A swap-out issued on the h2d stream: wrong stream, and the streams' order is lost too (the
@@ -458,7 +472,12 @@ fn never_panics_on_garbage() {
                         .collect();
                     Action::Launch(Launch { op, args, layer: None, flops: 0 })
                 }
-                1 => Action::Copy { src: region(&mut rng), dst: region(&mut rng) },
+                1 => {
+                    let (start, end) = (pick(&mut rng, 20), pick(&mut rng, 20));
+                    let tensor =
+                        TensorRows { layer: pick(&mut rng, 3) as u32, role: TensorRole::LayerInput, start, end };
+                    Action::Copy { src: region(&mut rng), dst: region(&mut rng), tensor }
+                }
                 2 => Action::Record(EventId(pick(&mut rng, 6) as u32)),
                 _ => Action::Wait(EventId(pick(&mut rng, 6) as u32)),
             };
@@ -503,7 +522,8 @@ fn long_plan(parameters: u32, pairs: u32) -> Plan {
         instructions.push(launch(Op::Gelu, &[(0, 0, 8), (t, 0, 8)]));
         instructions.push(record(C, events));
         instructions.push(wait(D, events));
-        instructions.push(copy(D, (t, 0, 8), (t + 1, 0, 8)));
+        let tensor = TensorRows { layer, role: TensorRole::Fc1Output, start: 0, end: 8 };
+        instructions.push(copy_of(D, (t, 0, 8), (t + 1, 0, 8), tensor));
         instructions.push(record(D, events + 1));
         events += 2;
     }
