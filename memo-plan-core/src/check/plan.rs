@@ -26,6 +26,8 @@ mod violation;
 
 #[cfg(all(test, feature = "fuzzing"))]
 mod mutations;
+#[cfg(all(test, feature = "fuzzing"))]
+mod swap_mutations;
 #[cfg(test)]
 mod tests;
 

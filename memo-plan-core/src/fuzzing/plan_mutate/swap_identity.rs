@@ -130,7 +130,8 @@ fn exchanged(
     let slot = *plan.buffer(a.src.buffer)?;
     let size = bytes(plan, a.src)?;
     let other_layer = mutation != Mutation::SwapInOtherTensor;
-    // Host slots that fit: same bytes over their first rows, the other layer or tensor.
+    // Host slots of the same shape (so the exchange leaves every copy's sizes and every slot's
+    // reads as they were), of the other layer or tensor.
     let candidates: Vec<BufferId> = plan
         .buffers
         .iter()
@@ -139,7 +140,7 @@ fn exchanged(
             let fits = b.kind == BufferKind::HostSlot
                 && *index != a.src.buffer.index()
                 && b.layer.is_some()
-                && b.rows >= a.src.end - a.src.start
+                && b.rows == slot.rows
                 && b.row_bytes == slot.row_bytes;
             let other = if other_layer {
                 b.role == slot.role && b.layer != slot.layer
