@@ -9,7 +9,9 @@
 //! It checks what a reader can check in one pass: the header, the checksum, every code and tag,
 //! UTF-8 names, floats that must be finite, and the structure instructions rely on (buffer and
 //! event ids in range, row ranges inside their buffer, launches that match their op's
-//! signature, buffer sizes that fit in 64 bits). Whether the program is *safe* (races, overlaps,
+//! signature, buffer sizes that fit in 64 bits, a copy's named tensor rows that do not end
+//! before they start). Whether a copy's sides agree with the rows it names is rule 8 of the
+//! checker. Whether the program is *safe* (races, overlaps,
 //! data read before it is written) is `check::plan`'s question, not the decoder's.
 
 use alloc::string::String;

@@ -464,8 +464,8 @@ pub struct Buffer {
     pub rows: u64,
     /// The row of its tensor that its row 0 holds: a host slot of layer `l` holds rows
     /// `[first_row, first_row + rows)` of layer `l`'s tensor `role` (its identity,
-    /// [`Buffer::holds`]). 0 for every buffer that holds its tensor from row 0, which today is
-    /// every buffer but host slots of swapped rows that do not start at row 0 (none yet).
+    /// [`Buffer::holds`]), which the checker holds every copy to. The planner writes 0 for every
+    /// buffer: its host slots hold swapped rows from row 0 (the token split swaps `[0, a)`).
     pub first_row: u64,
     /// Bytes of one row.
     pub row_bytes: u64,
