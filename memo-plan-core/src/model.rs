@@ -147,7 +147,7 @@ fn largest_divisor_up_to(value: u64, limit: u64) -> Option<u64> {
     if limit > 1 << 16 {
         return None;
     }
-    (1..=limit.min(value)).rev().find(|d| value.is_multiple_of(*d))
+    (1..=limit.min(value)).rev().find(|&d| value.is_multiple_of(d))
 }
 
 impl fmt::Display for ModelError {
