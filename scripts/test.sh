@@ -16,10 +16,10 @@ if [[ -n "${MEMO_TEST_OFFLINE:-}" ]]; then
     echo "== scripts/test.sh: MEMO_TEST_OFFLINE is set: nothing is downloaded"
 else
     echo "== scripts/test.sh: before the tests, once (kept in .cache/, gitignored; nothing is installed):"
-    echo "   - NVIDIA's NVRTC and CUDA runtime headers, two wheels from PyPI (about 80 MB), for the"
-    echo "     NVRTC compile check of every kernel (scripts/fetch-nvrtc.sh)"
+    echo "   - NVIDIA's NVRTC and CUDA runtime headers, two wheels from PyPI (93 MB; 227 MB unpacked),"
+    echo "     for the NVRTC compile check of every kernel (scripts/fetch-nvrtc.sh)"
     echo "   - Debian's ROCm 5.2 HIP runtime and hiprtc with the dependencies this machine lacks"
-    echo "     (about 95 MB), for the hiprtc compile check (scripts/fetch-rocm.sh)"
+    echo "     (18 MB of packages; 95 MB unpacked), for the hiprtc compile check (scripts/fetch-rocm.sh)"
     echo "   MEMO_TEST_OFFLINE=1 skips both; a failed download only makes its check SKIP."
     scripts/fetch-nvrtc.sh || echo "== NVRTC not fetched (reason above): its compile check will SKIP"
     scripts/fetch-rocm.sh || echo "== ROCm not fetched (reason above): its compile check will SKIP"
@@ -27,8 +27,9 @@ fi
 
 skip_log="$(mktemp "${TMPDIR:-/tmp}/memo-skipped.XXXXXX")"
 trap 'rm -f "$skip_log"' EXIT
-echo "== cargo test --workspace --features $features $*"
-MEMO_SKIP_LOG="$skip_log" cargo test --workspace --features "$features" "$@"
+# --no-fail-fast: every test binary runs, so the list of skips below is whole even when one fails.
+echo "== cargo test --workspace --no-fail-fast --features $features $*"
+MEMO_SKIP_LOG="$skip_log" cargo test --workspace --no-fail-fast --features "$features" "$@"
 status=$?
 
 echo

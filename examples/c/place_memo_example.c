@@ -1,5 +1,5 @@
 /*
- * Places the MEMO paper's one-layer memory request trace (MEMO.md section 2,
+ * Places the MEMO paper's one-layer memory request trace (docs/technique.md section 2,
  * examples/traces/memo-layer.trace) through memo's C ABI, then the layer's forward and backward
  * transients on their own, as MEMO's level-1 planning does, and prints the peaks. Given a plan
  * file as well (as `memo plan ... -o plan.memo` writes it), loads it, checks it with the

@@ -56,6 +56,8 @@ fn cpu_context(ctx: &KernelContext) -> OpContext {
     }
 }
 
+// Every call runs at once on one thread: no two streams' work ever overlaps in time.
+#[allow(unsafe_code)]
 impl Backend for EmulatedBackend {
     fn name(&self) -> String {
         "emulated recipes".into()
@@ -76,7 +78,7 @@ impl Backend for EmulatedBackend {
         Ok(self.bytes(span)?.to_vec())
     }
 
-    fn launch(
+    unsafe fn launch(
         &mut self,
         instruction: usize,
         _stream: Stream,
@@ -120,7 +122,7 @@ impl Backend for EmulatedBackend {
         Ok(())
     }
 
-    fn copy(&mut self, _instruction: usize, _stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
+    unsafe fn copy(&mut self, _instruction: usize, _stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
         let bytes = self.bytes(src)?.to_vec();
         self.bytes(dst)?.copy_from_slice(&bytes);
         Ok(())

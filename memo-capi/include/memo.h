@@ -173,7 +173,7 @@ typedef struct MemoPlanProvenance {
   const char *strategy;
   // What bound α: `"bandwidth"`, `"host_memory"`, `"none"` or `"forced"`.
   const char *alpha_bound;
-  // The swap fraction α (MEMO.md section 1): the share of each token-split tensor's rows
+  // The swap fraction α (docs/technique.md section 1): the share of each token-split tensor's rows
   // copied to the host; the rest are recomputed.
   double alpha;
   // Rows of each token-split tensor copied to the host.

@@ -52,7 +52,7 @@ pub struct MemoPlanProvenance {
     pub strategy: *const c_char,
     /// What bound α: `"bandwidth"`, `"host_memory"`, `"none"` or `"forced"`.
     pub alpha_bound: *const c_char,
-    /// The swap fraction α (MEMO.md section 1): the share of each token-split tensor's rows
+    /// The swap fraction α (docs/technique.md section 1): the share of each token-split tensor's rows
     /// copied to the host; the rest are recomputed.
     pub alpha: f64,
     /// Rows of each token-split tensor copied to the host.

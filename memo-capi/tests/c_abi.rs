@@ -64,7 +64,7 @@ fn the_memo_layer_trace_is_placed_at_its_lower_bound() {
 
 #[test]
 fn a_trace_built_request_by_request_places_like_the_parsed_one() {
-    // MEMO.md: the forward's transients alone need 512 MB.
+    // docs/technique.md section 3: the forward's transients alone need 512 MB.
     let mut trace = null_mut();
     // Safety: the out-pointer is valid.
     assert_eq!(unsafe { memo_trace_new(&mut trace) }, MemoStatus::Ok);
@@ -119,7 +119,7 @@ fn capacities_give_infeasible_or_a_fitting_placement() {
 
 #[test]
 fn null_pointers_are_refused_with_messages() {
-    // Safety (all calls below): every pointer is NULL or valid; NULLs are what is tested.
+    // Safety: (all calls below) every pointer is NULL or valid; NULLs are what is tested.
     unsafe {
         assert_eq!(memo_trace_new(null_mut()), MemoStatus::NullPointer);
         assert_eq!(last_error(), "memo_trace_new: `out` is NULL; pass a valid pointer");

@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
-use memo_plan_core::planner::{self, PlanRequest};
+use memo_plan_core::planner;
 use memo_plan_core::simulate::Timeline;
-use memo_runtime::{cpu_hardware, Backend, BackendError, RuntimeError, TrainOptions};
+use memo_runtime::{cpu_hardware, Backend, BackendError, PlannedStep, RuntimeError, TrainOptions};
 use runtime_cpu::CpuBackend;
 
 use crate::exit::{self, Failure};
@@ -119,25 +119,45 @@ pub fn refuse_cpu_only_options(device: &Device, options: &[(&str, bool)]) -> Res
     }
 }
 
-/// A runtime error as a failure: a backend out of memory does not fit (exit 5), a backend that
-/// fails at run time is reported as unavailable (exit 7), the rest is bad input (exit 2).
+/// A runtime error as a failure, with [`runtime_exit_code`]'s code.
 pub fn runtime_failure(error: RuntimeError) -> Failure {
-    let code = match &error {
+    Failure::new(runtime_exit_code(&error), error.to_string())
+}
+
+/// The exit code of a runtime error, for every command that trains or replays (the one place
+/// they are decided): a backend out of memory does not fit (exit 5), a backend that fails at run
+/// time is reported as unavailable (exit 7), a plan of memo's own planner that its checker
+/// refuses is a bug (exit 70), the rest is bad input (exit 2).
+pub fn runtime_exit_code(error: &RuntimeError) -> u8 {
+    match error {
         RuntimeError::Backend(BackendError::OutOfMemory { .. }) => exit::DOES_NOT_FIT,
         RuntimeError::Backend(BackendError::Unavailable(_)) => exit::DEVICE_UNAVAILABLE,
-        _ => exit::BAD_INPUT,
-    };
-    Failure::new(code, error.to_string())
+        RuntimeError::Invalid(_) => exit::INTERNAL_ERROR,
+        RuntimeError::Backend(
+            BackendError::OutOfBounds { .. }
+            | BackendError::Kernel { .. }
+            | BackendError::Unordered(_)
+            | BackendError::Other(_),
+        )
+        | RuntimeError::BufferTooLarge { .. }
+        | RuntimeError::Planning(_)
+        | RuntimeError::Plan(_)
+        | RuntimeError::Tokens(_)
+        | RuntimeError::Checkpoint(_)
+        | RuntimeError::Recall(_)
+        | RuntimeError::InitialisationStopped => exit::BAD_INPUT,
+    }
+}
+
+/// Plans the step of `options` once, for the fit check and then the trainer.
+pub fn plan_step(options: &TrainOptions) -> Result<PlannedStep, Failure> {
+    PlannedStep::new(options).map_err(runtime_failure)
 }
 
 /// Refuses, before anything is allocated, a plan that does not fit the machine (exit 5): a GPU
 /// would fail to allocate the arena, and a host slab larger than the host would be worse.
-pub fn check_fits(options: &TrainOptions) -> Result<(), Failure> {
-    let mut request =
-        PlanRequest::new(options.model.clone(), Parallelism::single(), options.hardware.clone(), options.strategy);
-    request.forced_alpha = options.forced_alpha;
-    let report = planner::plan(&request).map_err(|e| Failure::new(exit::BAD_INPUT, format!("planning failed: {e}")))?;
-    let remedies = planner::remedies(&request, &report);
+pub fn check_fits(planned: &PlannedStep) -> Result<(), Failure> {
+    let (options, report) = (planned.options(), planned.report());
     match &report.misfit {
         None => Ok(()),
         Some(misfit) => Err(Failure::new(
@@ -149,7 +169,7 @@ pub fn check_fits(options: &TrainOptions) -> Result<(), Failure> {
                 options.hardware.name,
                 misfit.device_excess_bytes,
                 misfit.host_excess_bytes,
-                remedies.join("; ")
+                planner::remedies(&options.plan_request(), report).join("; ")
             ),
         )),
     }
@@ -240,6 +260,22 @@ mod tests {
             assert_eq!(failure.code(), exit::DEVICE_UNAVAILABLE);
             assert!(failure.message().starts_with(&format!("--device {}", device.label())), "{}", failure.message());
         }
+    }
+
+    /// Runtime errors keep their type to here, and each kind has its exit code.
+    #[test]
+    fn runtime_errors_map_to_their_exit_codes() {
+        use memo_runtime::{CheckpointMismatch, TokenError};
+        let out_of_memory = RuntimeError::Backend(BackendError::OutOfMemory { what: "device arena", bytes: 1 });
+        assert_eq!(runtime_exit_code(&out_of_memory), exit::DOES_NOT_FIT);
+        let unavailable = RuntimeError::Backend(BackendError::Unavailable("no driver".into()));
+        assert_eq!(runtime_exit_code(&unavailable), exit::DEVICE_UNAVAILABLE);
+        assert_eq!(runtime_exit_code(&RuntimeError::Invalid(Vec::new())), exit::INTERNAL_ERROR);
+        let failure = runtime_failure(RuntimeError::Checkpoint(CheckpointMismatch::OtherModel));
+        assert_eq!(failure.code(), exit::BAD_INPUT);
+        assert!(failure.message().starts_with("the checkpoint belongs to another model"), "{}", failure.message());
+        let tokens = RuntimeError::Tokens(TokenError::OutsideVocabulary { token: 300, vocab: 256 });
+        assert_eq!(runtime_failure(tokens).message(), "token 300 is outside the vocabulary of 256");
     }
 
     /// 6N and the attention count agree up to the biases, norms and attention terms: on the tiny

@@ -189,7 +189,9 @@ fn bandwidth(mut backend: AnyBackend, device: &Device, bytes: u64, repeats: usiz
     for (index, (stream, src, dst)) in directions.into_iter().enumerate() {
         for repeat in 0..=repeats {
             let started = Instant::now();
-            backend.copy(0, stream, src, dst).map_err(failed)?;
+            // Safety: one copy at a time: each is followed by `synchronize` before the next, and
+            // nothing else is enqueued, so no other work touches its bytes while it runs.
+            unsafe { backend.copy(0, stream, src, dst) }.map_err(failed)?;
             backend.record(1, stream, EventId(index as u32)).map_err(failed)?;
             backend.synchronize().map_err(failed)?;
             let seconds = started.elapsed().as_secs_f64();
@@ -231,9 +233,10 @@ fn median_step_s(
         adamw: AdamW::default(),
     };
     // On every backend, as `memo train`: a misfit says how much is over (profile at a shorter --seq).
-    crate::device::check_fits(&options)?;
+    let planned = crate::device::plan_step(&options)?;
+    crate::device::check_fits(&planned)?;
     let backend = device.open(false, CpuBackend::new)?;
-    let mut trainer = Trainer::new(backend, &options).map_err(runtime_failure)?;
+    let mut trainer = Trainer::with_plan(backend, planned).map_err(runtime_failure)?;
     let mut data = TextData::from_bytes(memo_runtime::data::DEFAULT_TEXT.as_bytes())
         .map_err(|e| Failure::new(exit::INTERNAL_ERROR, format!("the shipped text: {e}")))?;
     let mut times = Vec::with_capacity(repeats);

@@ -19,8 +19,9 @@ pub fn evaluate_and_report<B: Backend>(
     out: &mut impl Write,
 ) -> Result<RecallEvaluation, Failure> {
     let step = trainer.steps_taken();
-    let evaluation = recall::evaluate(trainer, seed, per_bucket)
-        .map_err(|e| Failure::new(exit::BAD_INPUT, format!("the recall evaluation failed: {e}")))?;
+    let evaluation = recall::evaluate(trainer, seed, per_bucket).map_err(|e| {
+        Failure::new(crate::device::runtime_exit_code(&e), format!("the recall evaluation failed: {e}"))
+    })?;
     if json {
         writeln!(out, "{}", to_json(step, &evaluation))
             .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;

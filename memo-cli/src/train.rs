@@ -5,16 +5,17 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::Instant;
 
+use memo_plan_core::model::ModelConfig;
 use memo_plan_core::plan::Strategy;
 use memo_runtime::checkpoint::{fingerprint, Checkpoint};
 use memo_runtime::data::TextData;
 use memo_runtime::recall::{RecallTask, MIN_RECALL_SEQ_LEN};
-use memo_runtime::{AdamW, TrainOptions, Trainer};
+use memo_runtime::{AdamW, MemoryReport, TrainOptions, Trainer};
 use runtime_cpu::CpuBackend;
 use serde_json::json;
 
 use crate::config::{parse_rate, parse_tokens};
-use crate::device::{parse_device, Device, StepFlops};
+use crate::device::{parse_device, runtime_failure, AnyBackend, Device, StepFlops};
 use crate::exit::{self, Failure};
 use crate::human;
 
@@ -148,8 +149,50 @@ fn parse_strategy(text: &str) -> Result<Strategy, String> {
     Strategy::from_name(text.trim()).ok_or_else(|| "expected memo, full-recompute, full-swap or keep-all".to_string())
 }
 
-/// Runs `memo train`.
+/// Runs `memo train`: options, data, the plan (made once: the fit check and the trainer share
+/// it), the backend, the steps, the trace and the summary, each a function below.
 pub fn run(args: &TrainArgs) -> Result<(), Failure> {
+    let model = model(args)?;
+    let mut data = data_source(args, &model)?;
+    let options = train_options(args, &model)?;
+    // Every backend, the CPU's too: the plan is made for `options.hardware`, and one that does
+    // not fit it is refused (exit 5) before anything is allocated.
+    let planned = crate::device::plan_step(&options)?;
+    crate::device::check_fits(&planned)?;
+    let (backend, open_s) = open_backend(args)?;
+    let step_flops = StepFlops::of(&model, &options.hardware)?;
+    let mut trainer = Trainer::with_plan(backend, planned).map_err(runtime_failure)?;
+    let print = fingerprint(&model, args.seed);
+    if args.resume {
+        resume(args, &mut trainer, &mut data, print)?;
+    }
+    let memory = trainer.memory();
+    let unigram = data.unigram_entropy();
+    let interactive = std::io::stderr().is_terminal() && !args.json;
+    if !args.json {
+        print_header(args, &model, &trainer, memory, unigram);
+    }
+    let mut out = std::io::stdout().lock();
+    let steps = Steps { args, model: &model, step_flops: &step_flops, memory, print, interactive };
+    let trained = steps.train(&mut trainer, &mut data, &mut out)?;
+    if let Some(path) = &args.trace {
+        write_trace(args, &mut trainer, path)?;
+    }
+    let elapsed = trained.started.elapsed().as_secs_f64() - trained.evaluation_s;
+    if matches!(data, Source::Recall(_)) && args.eval_sequences > 0 {
+        if interactive {
+            eprintln!();
+        }
+        crate::recall::evaluate_and_report(&mut trainer, args.seed, args.eval_sequences, args.json, &mut out)?;
+    }
+    let tokens_per_s = (trainer.steps_taken() - trained.first) as f64 * tokens_per_step(&model) / elapsed.max(1e-9);
+    let summary = Summary { model: &model, options: &options, step_flops, memory, open_s, unigram, tokens_per_s };
+    report(args, &mut trainer, &summary, trained.last_loss, interactive, &mut out)
+}
+
+/// The model of `--model`, `--seq` and `--micro-batch`, once the options are known to go
+/// together (CPU-only options on a GPU, `--alpha` without memo are refused).
+fn model(args: &TrainArgs) -> Result<ModelConfig, Failure> {
     crate::device::refuse_cpu_only_options(
         &args.device,
         &[("--checked", args.checked), ("--copy-bandwidth", args.copy_bandwidth.is_some())],
@@ -158,6 +201,11 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
     if args.alpha.is_some() && args.strategy != Strategy::Memo {
         return Err(Failure::new(exit::BAD_INPUT, "--alpha applies to --strategy memo only"));
     }
+    Ok(model)
+}
+
+/// Where the tokens come from: `--data` (or the shipped text), or the `--task recall` generator.
+fn data_source(args: &TrainArgs, model: &ModelConfig) -> Result<Source, Failure> {
     let text = match &args.data {
         Some(path) => std::fs::read(path).map_err(|e| {
             Failure::new(exit::IO_ERROR, format!("cannot read {}: {e}; check the path", path.display()))
@@ -173,22 +221,28 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
             ),
         ));
     }
-    let mut data = match args.task.as_deref() {
+    Ok(match args.task.as_deref() {
         Some(_) => Source::Recall(RecallTask::new(args.seed)),
         None => Source::Text(TextData::from_bytes(&text).map_err(|e| Failure::new(exit::BAD_INPUT, e))?),
-    };
-    let options = TrainOptions {
+    })
+}
+
+/// What the trainer is asked for: the model, the strategy, the machine the plan is made for,
+/// the seed and the optimizer.
+fn train_options(args: &TrainArgs, model: &ModelConfig) -> Result<TrainOptions, Failure> {
+    Ok(TrainOptions {
         model: model.clone(),
         strategy: args.strategy,
         forced_alpha: args.alpha,
         hardware: args.device.machine(args.machine.as_deref(), args.machine_file.as_deref())?,
         seed: args.seed,
         adamw: AdamW { lr: args.lr, warmup_steps: args.warmup_steps, ..AdamW::default() },
-    };
-    let failure = crate::device::runtime_failure;
-    // Every backend, the CPU's too: the plan is made for `options.hardware`, and one that does
-    // not fit it is refused (exit 5) before anything is allocated.
-    crate::device::check_fits(&options)?;
+    })
+}
+
+/// Opens `--device` (measuring for `--trace` and `--timings`; the CPU backend in checked mode or
+/// with its copies throttled) and the seconds that took.
+fn open_backend(args: &TrainArgs) -> Result<(AnyBackend, f64), Failure> {
     let opening = Instant::now();
     let backend = args.device.open(args.trace.is_some() || args.timings, || {
         if args.checked {
@@ -197,144 +251,201 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
             CpuBackend::with_copy_bandwidth(args.copy_bandwidth)
         }
     })?;
-    let open_s = opening.elapsed().as_secs_f64();
-    let step_flops = StepFlops::of(&model, &options.hardware)?;
-    let mut trainer = Trainer::new(backend, &options).map_err(failure)?;
-    let setup = trainer.setup_times();
-    let print = fingerprint(&model, args.seed);
-    if args.resume {
-        let dir = args.checkpoint.as_deref().unwrap_or(std::path::Path::new("."));
-        let checkpoint = Checkpoint::load(dir).map_err(|e| Failure::new(exit::BAD_INPUT, e))?;
-        trainer.restore(&checkpoint, print).map_err(failure)?;
-        data.seek(checkpoint.data_position);
-        let resumed_at = trainer.steps_taken();
-        if resumed_at >= args.steps {
-            return Err(Failure::new(
-                exit::BAD_INPUT,
-                format!(
-                    "--steps {}: the checkpoint in {} already holds {resumed_at} steps; give --steps above \
-                     {resumed_at} to train on",
-                    args.steps,
-                    dir.display()
-                ),
-            ));
-        }
-        eprintln!("memo train: resumed from the checkpoint in {} at step {resumed_at}", dir.display());
+    Ok((backend, opening.elapsed().as_secs_f64()))
+}
+
+/// Restores the checkpoint in `--checkpoint` and moves the data to where it stopped; refuses one
+/// that already holds `--steps` steps.
+fn resume(args: &TrainArgs, trainer: &mut Trainer<AnyBackend>, data: &mut Source, print: u64) -> Result<(), Failure> {
+    let dir = args.checkpoint.as_deref().unwrap_or(std::path::Path::new("."));
+    let checkpoint = Checkpoint::load(dir).map_err(|e| Failure::new(exit::BAD_INPUT, e))?;
+    trainer.restore(&checkpoint, print).map_err(runtime_failure)?;
+    data.seek(checkpoint.data_position);
+    let resumed_at = trainer.steps_taken();
+    if resumed_at >= args.steps {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!(
+                "--steps {}: the checkpoint in {} already holds {resumed_at} steps; give --steps above \
+                 {resumed_at} to train on",
+                args.steps,
+                dir.display()
+            ),
+        ));
     }
-    let totals = trainer.report().plan.totals;
-    let (alpha, swaps) = {
-        let provenance = &trainer.report().plan.provenance;
-        (provenance.alpha, provenance.swap_summary())
-    };
-    let (device_bytes, host_bytes) = (totals.arena_bytes, totals.host_bytes);
-    let memory = trainer.memory();
-    let tokens_per_step = (model.seq_len * model.micro_batch) as f64;
-    // A unigram entropy is a property of a text; the recall task has none to report.
-    let unigram = match &data {
-        Source::Text(text) => Some(text.unigram_entropy()),
-        Source::Recall(_) => None,
-    };
-    let interactive = std::io::stderr().is_terminal() && !args.json;
-    if !args.json {
-        eprintln!(
-            "memo train: {} ({} layers, h {}), {} tokens x {}, {} plan, arena {}, host slab {}{}\n  {}",
-            model.name,
-            model.layers,
-            model.hidden,
-            model.seq_len,
-            model.micro_batch,
-            args.strategy.name(),
-            human::binary_units(memory.device_bytes),
-            human::binary_units(memory.host_bytes),
-            unigram.map(|u| format!("; unigram entropy of the data {u:.3} nats")).unwrap_or_default(),
-            swaps
-        );
-    }
-    let started = Instant::now();
-    let first = trainer.steps_taken();
-    let mut last_loss = f32::NAN;
-    let mut evaluation_s = 0.0; // not training: left out of tokens/s
-    let mut out = std::io::stdout().lock();
-    while trainer.steps_taken() < args.steps {
-        let step_started = Instant::now();
-        let (tokens, targets) = data.next_batch(model.micro_batch as usize, model.seq_len as usize);
-        last_loss = trainer.step(&tokens, &targets).map_err(failure)?;
-        let step_time_s = step_started.elapsed().as_secs_f64().max(1e-9);
-        let tokens_per_s = tokens_per_step / step_time_s;
-        let step = trainer.steps_taken();
-        if args.json {
-            let mut line = json!({"step": step, "loss": last_loss, "tokens_per_s": tokens_per_s,
+    eprintln!("memo train: resumed from the checkpoint in {} at step {resumed_at}", dir.display());
+    Ok(())
+}
+
+/// The first lines on stderr: the model, the plan, what is allocated, what swaps.
+fn print_header(
+    args: &TrainArgs,
+    model: &ModelConfig,
+    trainer: &Trainer<AnyBackend>,
+    memory: MemoryReport,
+    unigram: Option<f64>,
+) {
+    eprintln!(
+        "memo train: {} ({} layers, h {}), {} tokens x {}, {} plan, arena {}, host slab {}{}\n  {}",
+        model.name,
+        model.layers,
+        model.hidden,
+        model.seq_len,
+        model.micro_batch,
+        args.strategy.name(),
+        human::binary_units(memory.device_bytes),
+        human::binary_units(memory.host_bytes),
+        unigram.map(|u| format!("; unigram entropy of the data {u:.3} nats")).unwrap_or_default(),
+        trainer.report().plan.provenance.swap_summary()
+    );
+}
+
+fn tokens_per_step(model: &ModelConfig) -> f64 {
+    (model.seq_len * model.micro_batch) as f64
+}
+
+/// What the steps leave for the summary.
+struct Trained {
+    /// When the first step started.
+    started: Instant,
+    /// Steps taken before (a resumed checkpoint's).
+    first: u64,
+    last_loss: f32,
+    /// Seconds spent evaluating between steps: not training, so left out of tokens/s.
+    evaluation_s: f64,
+}
+
+/// What the training steps report with.
+struct Steps<'a> {
+    args: &'a TrainArgs,
+    model: &'a ModelConfig,
+    step_flops: &'a StepFlops,
+    /// What the backend holds (each `--json` line says it).
+    memory: MemoryReport,
+    /// The checkpoints' fingerprint of the model.
+    print: u64,
+    /// Progress overwrites one line of a terminal.
+    interactive: bool,
+}
+
+impl Steps<'_> {
+    /// Trains up to `--steps`: per step a progress or `--json` line, checkpoints every
+    /// `--checkpoint-every` steps and at the end, and the recall evaluation every `--eval-every`.
+    fn train(
+        &self,
+        trainer: &mut Trainer<AnyBackend>,
+        data: &mut Source,
+        out: &mut impl Write,
+    ) -> Result<Trained, Failure> {
+        let Steps { args, model, step_flops, memory, print, interactive } = *self;
+        let started = Instant::now();
+        let first = trainer.steps_taken();
+        let mut last_loss = f32::NAN;
+        let mut evaluation_s = 0.0;
+        while trainer.steps_taken() < args.steps {
+            let step_started = Instant::now();
+            let (tokens, targets) = data.next_batch(model.micro_batch as usize, model.seq_len as usize);
+            last_loss = trainer.step(&tokens, &targets).map_err(runtime_failure)?;
+            let step_time_s = step_started.elapsed().as_secs_f64().max(1e-9);
+            let tokens_per_s = tokens_per_step(model) / step_time_s;
+            let step = trainer.steps_taken();
+            if args.json {
+                let mut line = json!({"step": step, "loss": last_loss, "tokens_per_s": tokens_per_s,
                               "device_bytes": memory.device_bytes, "host_bytes": memory.host_bytes});
-            let (mfu_6n, mfu_attention) = step_flops.mfu(step_time_s);
-            line["step_time_s"] = json!(step_time_s);
-            line["mfu_6n"] = json!(mfu_6n);
-            line["mfu_attention"] = json!(mfu_attention);
-            if args.timings {
-                crate::device::add_timings(&mut line, trainer.last_step_timeline().as_ref());
+                let (mfu_6n, mfu_attention) = step_flops.mfu(step_time_s);
+                line["step_time_s"] = json!(step_time_s);
+                line["mfu_6n"] = json!(mfu_6n);
+                line["mfu_attention"] = json!(mfu_attention);
+                if args.timings {
+                    crate::device::add_timings(&mut line, trainer.last_step_timeline().as_ref());
+                }
+                writeln!(out, "{line}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;
+            } else if interactive {
+                eprint!("\rstep {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s   ", args.steps);
+            } else if step.is_multiple_of(10) || step == args.steps {
+                eprintln!("step {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s", args.steps);
             }
-            writeln!(out, "{line}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;
-        } else if interactive {
-            eprint!("\rstep {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s   ", args.steps);
-        } else if step % 10 == 0 || step == args.steps {
-            eprintln!("step {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s", args.steps);
-        }
-        if let Some(dir) = &args.checkpoint {
-            if step % args.checkpoint_every.max(1) == 0 || step == args.steps {
-                let checkpoint = trainer.checkpoint(print, data.position()).map_err(failure)?;
-                checkpoint.save(dir).map_err(|e| {
-                    Failure::new(exit::IO_ERROR, format!("cannot save the checkpoint in {}: {e}", dir.display()))
-                })?;
+            if let Some(dir) = &args.checkpoint {
+                if step.is_multiple_of(args.checkpoint_every.max(1)) || step == args.steps {
+                    let checkpoint = trainer.checkpoint(print, data.position()).map_err(runtime_failure)?;
+                    checkpoint.save(dir).map_err(|e| {
+                        Failure::new(exit::IO_ERROR, format!("cannot save the checkpoint in {}: {e}", dir.display()))
+                    })?;
+                }
+            }
+            // The evaluation replays the forward only; the final one follows the trace, which must
+            // show a training step.
+            let evaluate_now = args.eval_every > 0 && step.is_multiple_of(args.eval_every) && step < args.steps;
+            if matches!(data, Source::Recall(_)) && evaluate_now && args.eval_sequences > 0 {
+                if interactive {
+                    eprintln!();
+                }
+                let evaluation_started = Instant::now();
+                crate::recall::evaluate_and_report(trainer, args.seed, args.eval_sequences, args.json, out)?;
+                evaluation_s += evaluation_started.elapsed().as_secs_f64();
             }
         }
-        // The evaluation replays the forward only; the final one follows the trace below, which
-        // must show a training step.
-        let evaluate_now = args.eval_every > 0 && step % args.eval_every == 0 && step < args.steps;
-        if matches!(data, Source::Recall(_)) && evaluate_now && args.eval_sequences > 0 {
-            if interactive {
-                eprintln!();
-            }
-            let evaluation_started = Instant::now();
-            crate::recall::evaluate_and_report(&mut trainer, args.seed, args.eval_sequences, args.json, &mut out)?;
-            evaluation_s += evaluation_started.elapsed().as_secs_f64();
-        }
+        Ok(Trained { started, first, last_loss, evaluation_s })
     }
-    if let Some(path) = &args.trace {
-        let timeline = trainer.last_step_timeline().ok_or_else(|| {
-            Failure::new(
-                exit::BAD_INPUT,
-                format!(
-                    "--trace: no step ran (the checkpoint already holds --steps steps: raise --steps), or the {} \
-                     backend does not time its instructions",
-                    args.device.label()
-                ),
-            )
-        })?;
-        let name = format!("step {}", trainer.steps_taken());
-        let text = crate::picture::chrome_trace::trace_of(
-            &trainer.report().plan,
-            &name,
-            &timeline,
-            "memo train --trace",
-            &crate::device::trace_note(&args.device),
-        );
-        crate::checked::write_atomically(path, text.as_bytes()).map_err(|e| {
-            Failure::new(exit::IO_ERROR, format!("cannot write {}: {e}; check the directory", path.display()))
-        })?;
-    }
-    let taken = trainer.steps_taken() - first;
-    let elapsed = started.elapsed().as_secs_f64() - evaluation_s;
-    if matches!(data, Source::Recall(_)) && args.eval_sequences > 0 {
-        if interactive {
-            eprintln!();
-        }
-        crate::recall::evaluate_and_report(&mut trainer, args.seed, args.eval_sequences, args.json, &mut out)?;
-    }
+}
+
+/// Writes the measured timeline of the last step to `--trace` as a Chrome trace-event file.
+fn write_trace(args: &TrainArgs, trainer: &mut Trainer<AnyBackend>, path: &std::path::Path) -> Result<(), Failure> {
+    let timeline = trainer.last_step_timeline().ok_or_else(|| {
+        Failure::new(
+            exit::BAD_INPUT,
+            format!(
+                "--trace: no step ran (the checkpoint already holds --steps steps: raise --steps), or the {} \
+                 backend does not time its instructions",
+                args.device.label()
+            ),
+        )
+    })?;
+    let name = format!("step {}", trainer.steps_taken());
+    let text = crate::picture::chrome_trace::trace_of(
+        &trainer.report().plan,
+        &name,
+        &timeline,
+        "memo train --trace",
+        &crate::device::trace_note(&args.device),
+    );
+    crate::checked::write_atomically(path, text.as_bytes())
+        .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write {}: {e}; check the directory", path.display())))
+}
+
+/// What the final summary reports besides the trainer's own state.
+struct Summary<'a> {
+    model: &'a ModelConfig,
+    options: &'a TrainOptions,
+    step_flops: StepFlops,
+    /// What the backend held when training started.
+    memory: MemoryReport,
+    /// Seconds opening the backend took.
+    open_s: f64,
+    unigram: Option<f64>,
+    /// Training tokens per second over the steps of this run.
+    tokens_per_s: f64,
+}
+
+/// The last word: a JSON summary line with `--json`, else a `done:` line on stderr.
+fn report(
+    args: &TrainArgs,
+    trainer: &mut Trainer<AnyBackend>,
+    summary: &Summary<'_>,
+    last_loss: f32,
+    interactive: bool,
+    out: &mut impl Write,
+) -> Result<(), Failure> {
+    let Summary { model, options, step_flops, memory, open_s, unigram, tokens_per_s } = *summary;
     let parameters = model.parameter_count().map_err(|e| Failure::new(exit::BAD_INPUT, e.to_string()))?;
-    let summary = json!({
+    let plan = &trainer.report().plan;
+    let (totals, alpha, swaps) = (plan.totals, plan.provenance.alpha, plan.provenance.swap_summary());
+    let setup = trainer.setup_times();
+    let line = json!({
         "summary": true, "steps": trainer.steps_taken(), "parameters": parameters, "final_loss": last_loss, "unigram_entropy": unigram,
-        "tokens_per_s": taken as f64 * tokens_per_step / elapsed.max(1e-9), "strategy": args.strategy.name(),
+        "tokens_per_s": tokens_per_s, "strategy": args.strategy.name(),
         "task": args.task.as_deref().unwrap_or("text"),
-        "alpha": alpha, "swaps": swaps, "device_bytes": device_bytes, "host_bytes": host_bytes,
+        "alpha": alpha, "swaps": swaps, "device_bytes": totals.arena_bytes, "host_bytes": totals.host_bytes,
         "device": args.device.label(), "machine": options.hardware.name, "peak_flops": step_flops.peak_flops,
         "allocated_device_bytes": memory.device_bytes, "allocated_host_bytes": memory.host_bytes,
         "scratch_device_bytes": trainer.memory().scratch_bytes,
@@ -342,7 +453,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
                     "initialise": setup.initialise_s},
     });
     if args.json {
-        writeln!(out, "{summary}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;
+        writeln!(out, "{line}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;
     } else {
         if interactive {
             eprintln!();
@@ -351,7 +462,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
             "done: {} steps, final loss {last_loss:.4}{}, {:.0} tokens/s",
             trainer.steps_taken(),
             unigram.map(|u| format!(" (unigram entropy {u:.4})")).unwrap_or_default(),
-            summary["tokens_per_s"].as_f64().unwrap_or(0.0)
+            line["tokens_per_s"].as_f64().unwrap_or(0.0)
         );
     }
     Ok(())
@@ -382,6 +493,14 @@ impl Source {
         match self {
             Source::Text(text) => text.seek(position),
             Source::Recall(task) => task.seek(position),
+        }
+    }
+
+    /// A unigram entropy is a property of a text; the recall task has none to report.
+    fn unigram_entropy(&self) -> Option<f64> {
+        match self {
+            Source::Text(text) => Some(text.unigram_entropy()),
+            Source::Recall(_) => None,
         }
     }
 }

@@ -45,45 +45,53 @@ fn described(table: &str, code: i32) -> String {
 #[test]
 fn each_error_path_exits_with_the_code_of_its_kind() {
     let table = exit_table(&String::from_utf8(memo(&["--help"], None).stdout).unwrap());
-    let binary = scratch("exit-binary.bin", &[0x4d, 0x45, 0xff, 0xfe, 0x00, 0x9c, 0x0a, 0x80]);
-    let binary = binary.to_str().unwrap();
-    let broken_toml = scratch("exit-broken.toml", b"[model]\npreset = \"7b\"\n[machine\n");
-    let broken_toml = broken_toml.to_str().unwrap();
-    let typo_toml = scratch("exit-typo.toml", b"[model]\npreset = \"7b\"\nlayers = \"x\"\n");
-    let typo_toml = typo_toml.to_str().unwrap();
-    let missing = "/nonexistent/memo-exit-test.toml";
-    let plan = ["plan", "--model", "7b", "--seq", "32K", "--machine", "a800x8", "--tp", "8"];
-    let with = |extra: &[&'static str]| -> Vec<&'static str> { [&plan[..], extra].concat() };
-    let leak = |s: &str| -> &'static str { Box::leak(s.to_string().into_boxed_str()) };
-    let (binary, broken_toml, typo_toml) = (leak(binary), leak(broken_toml), leak(typo_toml));
-    // (arguments, expected code, words the message must hold)
-    let cases: Vec<(Vec<&str>, i32, Vec<&str>)> = vec![
-        (vec!["plan", "--config", binary], 2, vec![binary, "not a text file", "--config takes a TOML file"]),
-        (vec!["plan", "--config", missing], 1, vec![missing, "cannot read"]),
-        (vec!["plan", "--config", broken_toml], 2, vec![&*leak(&format!("{broken_toml}:3:9: unclosed table"))]),
-        (vec!["plan", "--config", typo_toml], 2, vec![&*leak(&format!("{typo_toml}:3:10: invalid type"))]),
-        (with(&["--machine-file", binary]), 2, vec![binary, "--machine-file takes a TOML file"]),
-        (with(&["--machine-file", missing]), 1, vec![missing, "cannot read"]),
-        (vec!["train", "--model", binary, "--steps", "1"], 2, vec![binary, "--model takes a TOML file"]),
-        (vec!["train", "--model", "no-such-model", "--steps", "1"], 2, vec!["no such model or file"]),
-        (vec!["profile", "--device", "cpu", "--model", binary], 2, vec![binary, "--model takes a TOML file"]),
-        (vec!["train", "--machine-file", binary, "--steps", "1"], 2, vec!["--machine-file takes a TOML file"]),
-        (vec!["solve", binary], 2, vec![binary, "not UTF-8"]),
-        (vec!["solve", missing], 1, vec![missing, "cannot read"]),
-        (vec!["check", binary], 2, vec![binary]),
-        (vec!["show", binary], 2, vec![binary]),
-        (vec!["check", missing], 1, vec![missing]),
-        (vec!["train", "--steps", "0"], 2, vec!["--steps"]),
-        (vec!["plan", "--model", "7b", "--seq", "99999999999999999M"], 2, vec!["too large"]),
-        (vec!["solve", "--capacity", "99999999999TiB", binary], 2, vec!["too large", "2^64 - 1"]),
-        (
-            vec!["plan", "--model", "7b", "--seq", "1M", "--machine", "a800x8", "--strategy", "keep-all"],
-            5,
-            vec!["does not fit", "fewer tokens"],
-        ),
-        (vec!["train", "--device", "cuda", "--steps", "1"], 7, vec![]),
+    let path = |name: &str, contents: &[u8]| scratch(name, contents).to_str().unwrap().to_string();
+    let binary = path("exit-binary.bin", &[0x4d, 0x45, 0xff, 0xfe, 0x00, 0x9c, 0x0a, 0x80]);
+    let broken_toml = path("exit-broken.toml", b"[model]\npreset = \"7b\"\n[machine\n");
+    let typo_toml = path("exit-typo.toml", b"[model]\npreset = \"7b\"\nlayers = \"x\"\n");
+    let missing = "/nonexistent/memo-exit-test.toml".to_string();
+    let plan = "plan --model 7b --seq 32K --machine a800x8 --tp 8";
+    // (arguments, expected code, words the message must hold); {b} {m} {t} {y}: the files above.
+    let table_of_cases = [
+        ("plan --config {b}", 2, "{b}|not a text file|--config takes a TOML file"),
+        ("plan --config {m}", 1, "{m}|cannot read"),
+        ("plan --config {t}", 2, "{t}:3:9: unclosed table"),
+        ("plan --config {y}", 2, "{y}:3:10: invalid type"),
+        ("{plan} --machine-file {b}", 2, "{b}|--machine-file takes a TOML file"),
+        ("{plan} --machine-file {m}", 1, "{m}|cannot read"),
+        ("train --model {b} --steps 1", 2, "{b}|--model takes a TOML file"),
+        ("train --model no-such-model --steps 1", 2, "no such model or file"),
+        ("profile --device cpu --model {b}", 2, "{b}|--model takes a TOML file"),
+        ("train --machine-file {b} --steps 1", 2, "--machine-file takes a TOML file"),
+        ("solve {b}", 2, "{b}|not UTF-8"),
+        ("solve {m}", 1, "{m}|cannot read"),
+        ("check {b}", 2, "{b}"),
+        ("show {b}", 2, "{b}"),
+        ("check {m}", 1, "{m}"),
+        ("train --steps 0", 2, "--steps"),
+        ("plan --model 7b --seq 99999999999999999M", 2, "too large"),
+        ("solve --capacity 99999999999TiB {b}", 2, "too large|2^64 - 1"),
+        ("plan --model 7b --seq 1M --machine a800x8 --strategy keep-all", 5, "does not fit|fewer tokens"),
+        ("train --device cuda --steps 1", 7, ""),
     ];
+    let fill = |text: &str| {
+        text.replace("{plan}", plan)
+            .replace("{b}", &binary)
+            .replace("{m}", &missing)
+            .replace("{t}", &broken_toml)
+            .replace("{y}", &typo_toml)
+    };
+    let cases = table_of_cases.iter().map(|&(args, code, words)| {
+        // Split the template, then fill: a path with a space stays one argument.
+        let args: Vec<String> = args
+            .split(' ')
+            .flat_map(|a| if a == "{plan}" { plan.split(' ').map(str::to_string).collect() } else { vec![fill(a)] })
+            .collect();
+        let words: Vec<String> = words.split('|').filter(|w| !w.is_empty()).map(fill).collect();
+        (args, code, words)
+    });
     for (args, expected, words) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let output = memo(&args, None);
         if expected == 7 && code(&output) == 0 {
             continue; // a machine with a working CUDA device trains; nothing to check here
@@ -96,7 +104,7 @@ fn each_error_path_exits_with_the_code_of_its_kind() {
             assert_fails(&output, expected)
         };
         for word in words {
-            assert!(message.contains(word), "memo {}: {message:?} lacks {word:?}", args.join(" "));
+            assert!(message.contains(&word), "memo {}: {message:?} lacks {word:?}", args.join(" "));
         }
         assert!(!described(&table, expected).is_empty(), "code {expected} is not in the table");
         // A message starts with the failure, never with a doubled `memo: ` prefix.

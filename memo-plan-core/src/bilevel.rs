@@ -1,4 +1,4 @@
-//! Bi-level placement (`MEMO.md` section 2): every device buffer of a schedule gets an offset in
+//! Bi-level placement (`docs/technique.md` section 2): every device buffer of a schedule gets an offset in
 //! ONE arena, every host slot an offset in the pinned host slab.
 //!
 //! - Lifetimes come from the instruction stream: a buffer is live from the first instruction
@@ -12,16 +12,20 @@
 //!   buffer as one request (its eleven tensors back to back), the model state as one request,
 //!   and every other device buffer as itself.
 //!
-//! Offsets are multiples of [`ALIGNMENT`].
+//! Offsets are multiples of [`ALIGNMENT`]. The two levels themselves are [`place_two_level`]
+//! (module `levels`), which the C ABI's record/replay allocator uses too.
 
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::arena::{self, SolveError, SolveOptions};
+use crate::arena::{SolveError, SolveOptions};
 use crate::lifetime::BufferLifetime;
 use crate::plan::{Action, Buffer, BufferKind, Instruction, Place, PlacementSummary, Totals};
 use crate::schedule::{Block, Phase, Schedule};
+
+mod levels;
+pub use levels::{place_two_level, Level2Request, TwoLevelPlacement};
 
 /// Every offset, device or host, is a multiple of this: 256 bytes, the alignment `cudaMalloc`
 /// and `hipMalloc` guarantee and vectorised kernels assume.
@@ -127,59 +131,31 @@ pub fn live_ranges(
     Ok(ranges)
 }
 
-/// What level 2 places: a group of buffers laid out back to back, or one level-1 block.
-enum Request {
-    /// Buffers at consecutive aligned offsets (one buffer, a rounding buffer, the model state).
-    Group(Vec<usize>),
-    /// A level-1 block: its buffers and their offsets inside it.
-    Block(Vec<(usize, u64)>),
-}
-
 /// Places `schedule`'s buffers with a node budget per solve.
 pub fn place(schedule: &Schedule, budget_nodes: u64) -> Result<Placement, PlacementError> {
     let buffers = &schedule.buffers;
     let ranges = live_ranges(buffers, &schedule.instructions)?;
-    let aligned = |b: &Buffer| b.bytes().and_then(|bytes| crate::lifetime::footprint(bytes, ALIGNMENT));
     let options = SolveOptions { alignment: ALIGNMENT, budget_nodes, ..SolveOptions::default() };
+    // The two levels see every device buffer as a lifetime; host slots and untouched buffers
+    // take no part (an untouched device buffer is refused below).
+    let mut lifetimes = Vec::with_capacity(buffers.len());
+    for (index, (buffer, range)) in buffers.iter().zip(&ranges).enumerate() {
+        let (lower, upper) = range.unwrap_or((0, 0));
+        let size = buffer.bytes().ok_or(PlacementError::Overflow)?;
+        lifetimes.push(BufferLifetime { id: index as u64, lower, upper, size });
+    }
+    let live = |index: usize| ranges[index].map(|_| index).ok_or(PlacementError::Unused { buffer: index });
 
-    // Level 1: group each block's transients.
+    // Level 1: each block's transients; level 2: the blocks, then single buffers, then the model
+    // state and each rounding buffer as groups laid back to back.
     let mut blocks: BTreeMap<Block, Vec<usize>> = BTreeMap::new();
     for (index, block) in schedule.blocks.iter().enumerate() {
         if let Some(block) = block {
-            blocks.entry(*block).or_default().push(index);
+            blocks.entry(*block).or_default().push(live(index)?);
         }
     }
-    type Signature = Vec<(u32, u32, u64)>;
-    let mut solved: BTreeMap<Signature, (Vec<u64>, PlacementSummary)> = BTreeMap::new();
-    let mut requests: Vec<(u32, u32, u64, Request)> = Vec::new();
-    let mut level1 = [PlacementSummary::default(); 2];
-    for (block, members) in &blocks {
-        let mut span = (u32::MAX, 0);
-        for &m in members {
-            let (first, end) = ranges[m].ok_or(PlacementError::Unused { buffer: m })?;
-            span = (span.0.min(first), span.1.max(end));
-        }
-        let signature: Signature = members
-            .iter()
-            .map(|&m| {
-                let (first, end) = ranges[m].unwrap_or((span.0, span.0 + 1));
-                Ok((first - span.0, end - span.0, buffers[m].bytes().ok_or(PlacementError::Overflow)?))
-            })
-            .collect::<Result<_, PlacementError>>()?;
-        if !solved.contains_key(&signature) {
-            let solved_block = solve_requests(signature.iter().copied(), &options)?;
-            solved.insert(signature.clone(), solved_block);
-        }
-        let (offsets, summary) = &solved[&signature];
-        let slot = &mut level1[usize::from(block.phase == Phase::Backward)];
-        if summary.peak_bytes > slot.peak_bytes {
-            *slot = *summary;
-        }
-        let placed = members.iter().copied().zip(offsets.iter().copied()).collect();
-        requests.push((span.0, span.1, summary.peak_bytes, Request::Block(placed)));
-    }
-
-    // Level 2: groups (model state, each rounding buffer) and single buffers.
+    let mut requests: Vec<Level2Request<()>> =
+        blocks.values().map(|members| Level2Request::Block { key: (), members: members.clone() }).collect();
     let mut model_state = Vec::new();
     let mut rounding: [Vec<usize>; 2] = [Vec::new(), Vec::new()];
     for (index, buffer) in buffers.iter().enumerate() {
@@ -187,54 +163,34 @@ pub fn place(schedule: &Schedule, budget_nodes: u64) -> Result<Placement, Placem
             continue;
         }
         match buffer.kind {
-            kind if persists_across_steps(kind) => model_state.push(index),
-            BufferKind::RoundingBuffer => rounding[usize::from(buffer.slot.min(1))].push(index),
-            _ => {
-                let (first, end) = ranges[index].ok_or(PlacementError::Unused { buffer: index })?;
-                let size = aligned(buffer).ok_or(PlacementError::Overflow)?;
-                requests.push((first, end, size, Request::Group(alloc::vec![index])));
-            }
+            kind if persists_across_steps(kind) => model_state.push(live(index)?),
+            BufferKind::RoundingBuffer => rounding[usize::from(buffer.slot.min(1))].push(live(index)?),
+            _ => requests.push(Level2Request::Group(alloc::vec![live(index)?])),
         }
     }
-    for group in [model_state].into_iter().chain(rounding) {
-        if group.is_empty() {
-            continue;
-        }
-        let (mut span, mut size) = ((u32::MAX, 0), 0u64);
-        for &m in &group {
-            let (first, end) = ranges[m].ok_or(PlacementError::Unused { buffer: m })?;
-            span = (span.0.min(first), span.1.max(end));
-            size = size
-                .checked_add(aligned(&buffers[m]).ok_or(PlacementError::Overflow)?)
-                .ok_or(PlacementError::Overflow)?;
-        }
-        requests.push((span.0, span.1, size, Request::Group(group)));
-    }
-    let (offsets, level2) =
-        solve_requests(requests.iter().map(|&(lower, upper, size, _)| (lower, upper, size)), &options)?;
+    requests.extend([model_state].into_iter().chain(rounding).filter(|g| !g.is_empty()).map(Level2Request::Group));
+    let two_level = levels::place_two_level(&lifetimes, &requests, &options, &options)?;
 
+    // The largest level-1 block of each phase is the one a plan reports.
+    let mut level1 = [PlacementSummary::default(); 2];
+    for (block, problem) in blocks.keys().zip(&two_level.problem_of) {
+        let Some(summary) = problem.map(|p| two_level.level1[p]) else { continue };
+        let slot = &mut level1[usize::from(block.phase == Phase::Backward)];
+        if summary.peak_bytes > slot.peak_bytes {
+            *slot = summary;
+        }
+    }
     let mut placed = buffers.clone();
-    for ((_, _, _, request), &base) in requests.iter().zip(&offsets) {
-        match request {
-            Request::Group(members) => {
-                let mut offset = base;
-                for &m in members {
-                    placed[m].place = Place::Device { offset };
-                    offset += aligned(&buffers[m]).ok_or(PlacementError::Overflow)?;
-                }
-            }
-            Request::Block(members) => {
-                for &(m, inner) in members {
-                    placed[m].place = Place::Device { offset: base + inner };
-                }
-            }
+    for (buffer, offset) in placed.iter_mut().zip(&two_level.offsets) {
+        if let Some(offset) = *offset {
+            buffer.place = Place::Device { offset };
         }
     }
     let mut host_end = 0u64;
     for buffer in placed.iter_mut().filter(|b| b.kind == BufferKind::HostSlot) {
         buffer.place = Place::Host { offset: host_end };
-        host_end =
-            host_end.checked_add(aligned(buffer).ok_or(PlacementError::Overflow)?).ok_or(PlacementError::Overflow)?;
+        let aligned = buffer.bytes().and_then(|bytes| crate::lifetime::footprint(bytes, ALIGNMENT));
+        host_end = host_end.checked_add(aligned.ok_or(PlacementError::Overflow)?).ok_or(PlacementError::Overflow)?;
     }
     let totals = totals(&placed, &ranges)?;
     Ok(Placement {
@@ -242,30 +198,9 @@ pub fn place(schedule: &Schedule, budget_nodes: u64) -> Result<Placement, Placem
         totals,
         level1_forward: level1[0],
         level1_backward: level1[1],
-        level2,
-        level1_problems: solved.len() as u32,
+        level2: two_level.level2,
+        level1_problems: two_level.level1.len() as u32,
     })
-}
-
-/// Places `(lower, upper, bytes)` requests with the arena solver: their offsets and the summary a
-/// plan reports.
-fn solve_requests(
-    requests: impl Iterator<Item = (u32, u32, u64)>,
-    options: &SolveOptions,
-) -> Result<(Vec<u64>, PlacementSummary), PlacementError> {
-    let lifetimes: Vec<BufferLifetime> = requests
-        .enumerate()
-        .map(|(i, (lower, upper, size))| BufferLifetime { id: i as u64, lower, upper, size })
-        .collect();
-    let solution = arena::solve(&lifetimes, options)?;
-    let summary = PlacementSummary {
-        buffers: lifetimes.len() as u32,
-        peak_bytes: solution.peak,
-        lower_bound_bytes: solution.lower_bound,
-        optimal: solution.optimal,
-        nodes: solution.stats.nodes,
-    };
-    Ok((solution.offsets, summary))
 }
 
 /// The plan's totals from placed buffers and their live ranges.

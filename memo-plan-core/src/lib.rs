@@ -21,6 +21,43 @@
 //! - with the `fuzzing` feature, `fuzzing`: the harnesses behind the cargo-fuzz targets in `fuzz/`.
 //!
 //! Placement is integer arithmetic and deterministic: same input, same output, on every platform.
+//!
+//! # The entry points, run
+//!
+//! Place a memory request trace in one arena and check the answer independently:
+//!
+//! ```
+//! use memo_plan_core::{check::check_placement, parse_trace, solve, SolveOptions};
+//!
+//! // Three requests: 0 and 1 overlap in time, 2 comes after 0 is freed.
+//! let trace = parse_trace(b"malloc 0 4096\nmalloc 1 1024\nfree 0 4096\nmalloc 2 4096\nfree 1 1024\nfree 2 4096\n")?;
+//! let options = SolveOptions::default();
+//! let solution = solve(&trace.buffers, &options)?;
+//! assert_eq!((solution.peak, solution.lower_bound, solution.optimal), (5120, 5120, true));
+//! check_placement(&trace.buffers, &solution.offsets, options.alignment, solution.peak, None).unwrap();
+//! # Ok::<(), Box<dyn core::error::Error>>(())
+//! ```
+//!
+//! Plan one GPU's training step with MEMO's swap and recompute, check the plan with the
+//! independent checker, and round-trip it through the plan file format:
+//!
+//! ```
+//! use memo_plan_core::check::check_plan;
+//! use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
+//! use memo_plan_core::plan::{Plan, Strategy};
+//! use memo_plan_core::planner::{plan, PlanRequest};
+//!
+//! // The 7B model's layer shape, four layers of it, 32K tokens on 8 A800 with t = 8.
+//! let mut model = ModelConfig::preset("7b", 32 << 10, 1)?;
+//! model.layers = 4;
+//! let request = PlanRequest::new(model, Parallelism::new(8, 1), Hardware::preset("a800x8")?, Strategy::Memo);
+//! let report = plan(&request)?;
+//! assert!(report.fits());
+//! check_plan(&report.plan).expect("the planner's plans pass the checker");
+//! let bytes = report.plan.encode();
+//! assert_eq!(Plan::decode(&bytes)?, report.plan);
+//! # Ok::<(), Box<dyn core::error::Error>>(())
+//! ```
 #![no_std]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

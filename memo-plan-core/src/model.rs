@@ -1,6 +1,6 @@
 //! The model, its parallel layout and the machine, and what follows from them alone: parameter
 //! counts, the bytes of model state per GPU, and one layer's skeletal tensors per GPU
-//! (`MEMO.md` section 1; `spec/cost-model.md`).
+//! (`docs/technique.md` section 1; `spec/cost-model.md`).
 //!
 //! Conventions, all per GPU:
 //! - `t` ([`Parallelism::tensor`]) is the tensor- and sequence-parallel degree (Megatron-LM TP + SP).
@@ -334,7 +334,7 @@ impl ModelConfig {
         Ok(ModelStateBytes { parameters_per_gpu: per_gpu, parameters, gradients, optimizer, total })
     }
 
-    /// One layer's skeletal tensors on one GPU, as in `MEMO.md` section 1.
+    /// One layer's skeletal tensors on one GPU, as in `docs/technique.md` section 1.
     pub fn skeletal_set(&self, parallel: &Parallelism) -> Result<SkeletalSet, ModelError> {
         self.validate()?;
         parallel.validate_for(self)?;

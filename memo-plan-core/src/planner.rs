@@ -1,5 +1,5 @@
 //! The planner's front door: model + layout + machine + strategy -> a placed [`Plan`] and what it
-//! costs (`DESIGN.md` data flow). Each strategy goes through the same machinery: α (`swap`), the
+//! costs (`ARCHITECTURE.md`, "The data path"). Each strategy goes through the same machinery: α (`swap`), the
 //! instruction stream (`schedule`), bi-level placement (`bilevel`), the timeline (`simulate`).
 //!
 //! A plan is made whether or not it fits; [`PlanReport::fits`] says, and [`Misfit`] says by how

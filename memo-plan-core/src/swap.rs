@@ -1,4 +1,4 @@
-//! MEMO's swap fraction alpha (`MEMO.md` section 1; `spec/cost-model.md`): the share of each
+//! MEMO's swap fraction alpha (`docs/technique.md` section 1; `spec/cost-model.md`): the share of each
 //! token-split skeletal tensor that is copied to host after a layer's forward (tokens
 //! `[0, alpha*s)`); the rest, tokens `[alpha*s, s)`, is recomputed before the layer's backward.
 //!
@@ -15,7 +15,7 @@
 //!
 //! Closed form: `alpha* = min((B*T - F) / O, (M/(n-2) - F) / O)`, `alpha = clamp(alpha*, 0, 1)`.
 //! When `alpha* < 0` the input and the attention output (with its LSE) are still swapped whole
-//! (`MEMO.md` section 4): the report gives the forward stall this causes when bandwidth is short,
+//! (`docs/technique.md` section 4): the report gives the forward stall this causes when bandwidth is short,
 //! and the host-memory shortfall when host memory is, with what would remove each.
 
 use core::fmt;

@@ -1,9 +1,19 @@
-//! The `Backend` trait: what a device must offer to replay a plan (`DESIGN.md` "Backends").
+//! The `Backend` trait: what a device must offer to replay a plan (`spec/backends.md`).
 //!
 //! A backend owns one device arena and one pinned host slab, runs three streams, and has events.
 //! Calls enqueue work on a stream and return; [`Backend::synchronize`] waits for every stream
 //! and reports the first error any of them hit. The backend decides nothing: the interpreter
 //! hands it byte spans computed from the plan.
+//!
+//! [`Backend::launch`] and [`Backend::copy`] are `unsafe`: a backend runs its streams
+//! concurrently on shared memory (threads on the CPU, GPU streams on a device) and does not
+//! order them by itself, so two calls on different streams that touch the same bytes, one of
+//! them writing, with no event between them, race (on the CPU backend, two threads holding
+//! `&mut [u8]` to one span). What rules that out is the plan: the independent checker proves
+//! that every such pair is ordered (`spec/validity.md`, rules 3 to 5), and
+//! [`crate::Replay`], built from a [`memo_plan_core::check::CheckedPlan`], is the caller that
+//! keeps the promise. Everything else a backend is handed (a span outside its memory, arguments
+//! of one call that overlap a written one, an unknown event) it refuses with an error, safely.
 
 use std::fmt;
 
@@ -181,6 +191,8 @@ pub struct MemoryReport {
 }
 
 /// A device that replays plans. Work is enqueued per stream; [`Backend::synchronize`] waits.
+// Its two unsafe methods are where the workspace's memory safety rests on the plan checker.
+#[allow(unsafe_code)]
 pub trait Backend {
     /// A name for reports (`cpu`, `cuda:0`, ...).
     fn name(&self) -> String;
@@ -195,7 +207,19 @@ pub trait Backend {
     fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError>;
 
     /// Enqueues a kernel on `stream`. `instruction` is its index in the plan, for errors.
-    fn launch(
+    ///
+    /// # Safety
+    ///
+    /// Every access of this launch (its arguments' spans, read or written as their
+    /// [`Access`] says) must be ordered with every conflicting access of the work enqueued on
+    /// the other streams (a conflict: overlapping bytes, one of the two a write), before and
+    /// after it until the next [`Backend::synchronize`]: by a [`Backend::record`] on one stream
+    /// and a [`Backend::wait`] for that event on the other, as the plan checker requires
+    /// (`spec/validity.md`, rules 3 to 5). Replaying a
+    /// [`memo_plan_core::check::CheckedPlan`] in list order, as [`crate::Replay`] does, meets
+    /// this. Spans outside the allocated memory and arguments that overlap a written one are
+    /// not the caller's to avoid: the backend refuses them.
+    unsafe fn launch(
         &mut self,
         instruction: usize,
         stream: Stream,
@@ -205,12 +229,21 @@ pub trait Backend {
     ) -> Result<(), BackendError>;
 
     /// Enqueues a copy of `src` into `dst` (equal lengths) on `stream`.
-    fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError>;
+    ///
+    /// # Safety
+    ///
+    /// As for [`Backend::launch`]: reading `src` and writing `dst` must be ordered with every
+    /// conflicting access of the other streams' work by events, as a checked plan orders them.
+    unsafe fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError>;
 
-    /// Enqueues the recording of `event` on `stream` (plan instruction `instruction`).
+    /// Enqueues the recording of `event` on `stream` (plan instruction `instruction`). An event
+    /// beyond those allocated is refused with an error, never ignored: launches and copies rely
+    /// on the ordering events give.
     fn record(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError>;
 
-    /// Makes `stream` wait for `event` (plan instruction `instruction`).
+    /// Makes `stream` wait for `event` (plan instruction `instruction`). An event beyond those
+    /// allocated is refused with an error: a wait that falls through would leave unordered what
+    /// the plan ordered.
     fn wait(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError>;
 
     /// Waits for every stream; the first error any of them hit.
@@ -229,6 +262,7 @@ pub trait Backend {
 
 /// A boxed backend is a backend: `Trainer<Box<dyn Backend>>` serves whichever device was chosen
 /// at run time (the `memo` command line, the cross-backend tests).
+#[allow(unsafe_code)]
 impl<B: Backend + ?Sized> Backend for Box<B> {
     fn name(&self) -> String {
         (**self).name()
@@ -242,7 +276,7 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError> {
         (**self).download(span)
     }
-    fn launch(
+    unsafe fn launch(
         &mut self,
         instruction: usize,
         stream: Stream,
@@ -250,10 +284,12 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
         args: &[KernelArg],
         context: &KernelContext,
     ) -> Result<(), BackendError> {
-        (**self).launch(instruction, stream, op, args, context)
+        // Safety: the caller keeps `launch`'s contract; the boxed backend is the same backend.
+        unsafe { (**self).launch(instruction, stream, op, args, context) }
     }
-    fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
-        (**self).copy(instruction, stream, src, dst)
+    unsafe fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
+        // Safety: the caller keeps `copy`'s contract; the boxed backend is the same backend.
+        unsafe { (**self).copy(instruction, stream, src, dst) }
     }
     fn record(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
         (**self).record(instruction, stream, event)

@@ -1,73 +1,49 @@
-//! The plan interpreter: check the plan, allocate its memory on a backend, and replay its
+//! The plan interpreter: allocate a checked plan's memory on a backend and replay its
 //! instructions. It decides nothing: each buffer becomes a span at its planned offset, each
 //! instruction one backend call.
+//!
+//! It is the one caller of the backends' unsafe [`Backend::launch`] and [`Backend::copy`]: a
+//! [`Replay`] is made from a [`CheckedPlan`], whose instructions order every conflicting access
+//! (the checker proved it), and replays them in list order, so the calls keep those methods'
+//! contract. Only the `unsafe` [`Replay::new_unchecked`] makes one from a plan that was not
+//! checked, and its caller takes over the proof.
 
-use std::fmt;
-
-use memo_plan_core::check::{check_plan, PlanViolation};
+use memo_plan_core::check::CheckedPlan;
 use memo_plan_core::plan::{Action, BufferId, Place, Plan, Region};
 
-use crate::backend::{Backend, BackendError, KernelArg, KernelContext, Space, Span};
-
-/// Why a plan cannot be replayed.
-#[derive(Debug)]
-pub enum RuntimeError {
-    /// The plan violates the rules (`spec/validity.md`).
-    Invalid(Vec<PlanViolation>),
-    /// A buffer's bytes do not fit in 64 bits.
-    BufferTooLarge {
-        /// Its index.
-        buffer: usize,
-    },
-    /// The backend failed.
-    Backend(BackendError),
-    /// The trainer's own error (data, checkpoints, configuration).
-    Trainer(String),
-}
-
-impl fmt::Display for RuntimeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RuntimeError::Invalid(violations) => {
-                write!(f, "the plan violates {} rule(s); first: ", violations.len())?;
-                match violations.first() {
-                    Some(v) => v.fmt(f),
-                    None => Ok(()),
-                }
-            }
-            RuntimeError::BufferTooLarge { buffer } => write!(f, "buffer #{buffer} is larger than 2^64 bytes"),
-            RuntimeError::Backend(error) => error.fmt(f),
-            RuntimeError::Trainer(message) => f.write_str(message),
-        }
-    }
-}
-
-impl std::error::Error for RuntimeError {}
-
-impl From<BackendError> for RuntimeError {
-    fn from(error: BackendError) -> Self {
-        RuntimeError::Backend(error)
-    }
-}
+use crate::backend::{Backend, KernelArg, KernelContext, Space, Span};
+pub use crate::error::RuntimeError;
 
 /// A checked plan, ready to replay: every buffer's span.
 #[derive(Debug)]
 pub struct Replay {
+    /// Checked (or taken under [`Replay::new_unchecked`]'s contract), and never changed after.
     plan: Plan,
     spans: Vec<Span>,
 }
 
 impl Replay {
-    /// Checks `plan` with the independent checker and resolves its buffers' spans.
-    pub fn new(plan: Plan) -> Result<Self, RuntimeError> {
-        check_plan(&plan).map_err(RuntimeError::Invalid)?;
+    /// Resolves the buffers' spans of a plan the independent checker accepted.
+    pub fn new(plan: CheckedPlan) -> Result<Self, RuntimeError> {
+        let plan = plan.into_plan();
         let spans = spans(&plan)?;
         Ok(Replay { plan, spans })
     }
 
-    /// Resolves the spans of a plan WITHOUT checking it: only for testing that a backend's
-    /// checked mode catches what the checker would (a real run always uses [`Replay::new`]).
-    pub fn new_unchecked(plan: Plan) -> Result<Self, RuntimeError> {
+    /// Resolves the spans of a plan WITHOUT checking it: for testing that a backend's checked
+    /// mode traps at run time what the checker would have refused. A real run always goes
+    /// through [`Replay::new`].
+    ///
+    /// # Safety
+    ///
+    /// Every backend this replay runs on must keep the streams' accesses from racing although
+    /// the plan may not order them: either `plan` orders every conflicting access as
+    /// [`CheckedPlan::check`] would prove (rules 3 to 5 of `spec/validity.md`), or the backend
+    /// traps an unordered access before making it (the CPU backend's checked mode,
+    /// `CpuBackend::checked`, does: of two conflicting accesses the second is refused before it
+    /// touches memory, and the step fails).
+    #[allow(unsafe_code)]
+    pub unsafe fn new_unchecked(plan: Plan) -> Result<Self, RuntimeError> {
         let spans = spans(&plan)?;
         Ok(Replay { plan, spans })
     }
@@ -110,7 +86,30 @@ impl Replay {
     /// a checked plan is safe on its own: happens-before involves only instructions earlier in
     /// list order, so every read in the prefix is still ordered after its last write
     /// (`spec/validity.md`, rules 3 and 4). The evaluation runs the forward up to the logits so.
+    ///
+    /// It returns only once the streams are idle, on an error too: what a failed replay left
+    /// enqueued could otherwise still run beside the next replay's work, which the plan does
+    /// not order against it.
     pub fn run_range(
+        &self,
+        backend: &mut dyn Backend,
+        context: &KernelContext,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), RuntimeError> {
+        match self.enqueue(backend, context, range) {
+            Ok(()) => backend.synchronize()?,
+            Err(error) => {
+                // The enqueue error is the one to report; the streams' own is secondary.
+                let _ = backend.synchronize();
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Enqueues instructions `range` (clamped) on `backend`'s streams, without waiting.
+    #[allow(unsafe_code)]
+    fn enqueue(
         &self,
         backend: &mut dyn Backend,
         context: &KernelContext,
@@ -134,16 +133,21 @@ impl Replay {
                             access: arg.access,
                         });
                     }
-                    backend.launch(index, stream, launch.op, &args, context)?;
+                    // Safety: `self.plan` orders every conflicting access (a checked plan, or
+                    // `new_unchecked`'s caller vouched for the backend). Its instructions are
+                    // issued in list order onto idle streams (every replay ends with them idle),
+                    // and a contiguous range is ordered on its own: a happens-before path between
+                    // two of its instructions runs only through the instructions between them.
+                    unsafe { backend.launch(index, stream, launch.op, &args, context) }?;
                 }
                 Action::Copy { src, dst, .. } => {
-                    backend.copy(index, stream, self.region_span(src), self.region_span(dst))?;
+                    // Safety: as for the launch above.
+                    unsafe { backend.copy(index, stream, self.region_span(src), self.region_span(dst)) }?;
                 }
                 Action::Record(event) => backend.record(index, stream, *event)?,
                 Action::Wait(event) => backend.wait(index, stream, *event)?,
             }
         }
-        backend.synchronize()?;
         Ok(())
     }
 }

@@ -2,18 +2,22 @@
 //! ([`Replay`]) and the GPT trainer loop ([`Trainer`]).
 //!
 //! The runtime decides nothing: a plan from `memo-plan-core` is checked by the independent
-//! checker, its buffers become spans of ONE device arena and one pinned host slab, and its
+//! checker (a [`memo_plan_core::check::CheckedPlan`], the only plan [`Replay::new`] takes), its buffers become spans of ONE device arena and one pinned host slab, and its
 //! instructions become backend calls, in order, on three streams.
-#![forbid(unsafe_code)]
+// Unsafe code is denied but for the backend's two unsafe methods (`backend.rs`) and the
+// interpreter that calls them (`interpret.rs`).
+#![deny(unsafe_code)]
 #![deny(missing_docs)]
 
 pub mod backend;
 pub mod checkpoint;
 pub mod data;
+pub mod error;
 pub mod interpret;
 pub mod recall;
 pub mod trainer;
 
 pub use backend::{AdamW, Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
-pub use interpret::{Replay, RuntimeError};
-pub use trainer::{cpu_hardware, training_model, NamedBytes, SetupTimes, TrainOptions, Trainer};
+pub use error::{CheckpointMismatch, PlanMismatch, RuntimeError, TokenError};
+pub use interpret::Replay;
+pub use trainer::{cpu_hardware, training_model, NamedBytes, PlannedStep, SetupTimes, TrainOptions, Trainer};

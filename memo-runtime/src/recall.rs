@@ -24,7 +24,7 @@
 use memo_plan_core::generate::SplitMix64;
 
 use crate::backend::Backend;
-use crate::interpret::RuntimeError;
+use crate::error::{PlanMismatch, RuntimeError};
 use crate::trainer::Trainer;
 
 /// How many different keys the task draws from: chance accuracy is `1 / RECALL_KEYS`.
@@ -368,7 +368,7 @@ pub fn evaluate<B: Backend>(
     while sequences.peek().is_some() {
         batch.clear();
         for sequence in sequences.by_ref().take(micro_batch) {
-            batch.push(sequence.map_err(RuntimeError::Trainer)?);
+            batch.push(sequence.map_err(RuntimeError::Recall)?);
         }
         let mut tokens = Vec::with_capacity(micro_batch * seq_len);
         for i in 0..micro_batch {
@@ -380,9 +380,9 @@ pub fn evaluate<B: Backend>(
         let logits = trainer.logits(&tokens)?;
         for (i, sequence) in batch.iter().enumerate() {
             let row = i * seq_len + seq_len - 1;
-            let row_logits = logits.get(row * vocab..(row + 1) * vocab).ok_or_else(|| {
-                RuntimeError::Trainer(format!("the logits hold {} values, fewer than row {row} needs", logits.len()))
-            })?;
+            let row_logits = logits
+                .get(row * vocab..(row + 1) * vocab)
+                .ok_or(PlanMismatch::LogitsTooShort { values: logits.len(), row })?;
             tally.add(sequence, row_logits);
         }
     }

@@ -10,6 +10,7 @@
 use std::sync::mpsc;
 
 use half::bf16;
+use memo_plan_core::check::CheckedPlan;
 use memo_plan_core::generate::SplitMix64;
 use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
 use memo_plan_core::plan::{Buffer, BufferId, BufferKind, Strategy, TensorRole};
@@ -17,7 +18,8 @@ use memo_plan_core::planner::{self, PlanReport, PlanRequest};
 
 use crate::backend::{AdamW, Backend, KernelContext, MemoryReport};
 use crate::checkpoint::{Checkpoint, SavedTensor, StateKind};
-use crate::interpret::{Replay, RuntimeError};
+use crate::error::{CheckpointMismatch, PlanMismatch, RuntimeError, TokenError};
+use crate::interpret::Replay;
 
 mod logits;
 
@@ -67,6 +69,44 @@ pub struct TrainOptions {
     pub adamw: AdamW,
 }
 
+impl TrainOptions {
+    /// What the planner is asked for: this model on one GPU of the machine, with this strategy.
+    pub fn plan_request(&self) -> PlanRequest {
+        let mut request =
+            PlanRequest::new(self.model.clone(), Parallelism::single(), self.hardware.clone(), self.strategy);
+        request.forced_alpha = self.forced_alpha;
+        request
+    }
+}
+
+/// The step planned for [`TrainOptions`], before anything is allocated: what a caller inspects
+/// (does it fit the machine?) and then trains with, so that the step is planned once.
+#[derive(Clone, Debug)]
+pub struct PlannedStep {
+    options: TrainOptions,
+    report: PlanReport,
+    plan_s: f64,
+}
+
+impl PlannedStep {
+    /// Plans the step of `options`.
+    pub fn new(options: &TrainOptions) -> Result<Self, RuntimeError> {
+        let started = std::time::Instant::now();
+        let report = planner::plan(&options.plan_request())?;
+        Ok(PlannedStep { options: options.clone(), report, plan_s: started.elapsed().as_secs_f64() })
+    }
+
+    /// The planner's report: the plan, its fit on the machine, its timeline.
+    pub fn report(&self) -> &PlanReport {
+        &self.report
+    }
+
+    /// What was planned for.
+    pub fn options(&self) -> &TrainOptions {
+        &self.options
+    }
+}
+
 /// A parameter's (role, layer) and its bytes.
 pub type NamedBytes = ((TensorRole, Option<u32>), Vec<u8>);
 
@@ -102,19 +142,20 @@ fn find(report: &PlanReport, role: TensorRole) -> Result<BufferId, RuntimeError>
         .iter()
         .position(|b| b.role == role && b.layer.is_none())
         .map(|i| BufferId(i as u32))
-        .ok_or_else(|| RuntimeError::Trainer(format!("the plan has no {} buffer", role.name())))
+        .ok_or(RuntimeError::Plan(PlanMismatch::NoBuffer(role)))
 }
 
 impl<B: Backend> Trainer<B> {
     /// Plans the step, checks the plan, allocates it on `backend` and initialises the model.
-    pub fn new(mut backend: B, options: &TrainOptions) -> Result<Self, RuntimeError> {
-        let started = std::time::Instant::now();
-        let mut request =
-            PlanRequest::new(options.model.clone(), Parallelism::single(), options.hardware.clone(), options.strategy);
-        request.forced_alpha = options.forced_alpha;
-        let report = planner::plan(&request).map_err(|e| RuntimeError::Trainer(format!("planning failed: {e}")))?;
-        let planned = std::time::Instant::now();
-        let replay = Replay::new(report.plan.clone())?;
+    pub fn new(backend: B, options: &TrainOptions) -> Result<Self, RuntimeError> {
+        Self::with_plan(backend, PlannedStep::new(options)?)
+    }
+
+    /// Checks the planned step's plan, allocates it on `backend` and initialises the model.
+    pub fn with_plan(mut backend: B, planned: PlannedStep) -> Result<Self, RuntimeError> {
+        let PlannedStep { options, report, plan_s } = planned;
+        let checking = std::time::Instant::now();
+        let replay = Replay::new(CheckedPlan::check(report.plan.clone()).map_err(RuntimeError::Invalid)?)?;
         replay.allocate(&mut backend)?;
         let allocated = std::time::Instant::now();
         let model = &options.model;
@@ -129,11 +170,7 @@ impl<B: Backend> Trainer<B> {
         let tokens = find(&report, TensorRole::Tokens)?;
         let targets = find(&report, TensorRole::Targets)?;
         let loss = find(&report, TensorRole::Loss)?;
-        let mut setup = SetupTimes {
-            plan_s: (planned - started).as_secs_f64(),
-            allocate_s: (allocated - planned).as_secs_f64(),
-            initialise_s: 0.0,
-        };
+        let mut setup = SetupTimes { plan_s, allocate_s: (allocated - checking).as_secs_f64(), initialise_s: 0.0 };
         let mut trainer = Trainer { backend, replay, report, context, tokens, targets, loss, step: 0, setup };
         trainer.initialise(options.seed)?;
         setup.initialise_s = allocated.elapsed().as_secs_f64();
@@ -159,7 +196,7 @@ impl<B: Backend> Trainer<B> {
             let state = buffers
                 .iter()
                 .position(|b| b.kind == BufferKind::OptimizerState && b.role == buffer.role && b.layer == buffer.layer)
-                .ok_or_else(|| RuntimeError::Trainer(format!("no optimizer state for {buffer}")))?;
+                .ok_or(PlanMismatch::NoOptimizerState(*buffer))?;
             jobs.push((index, state));
         }
         let (buffers, jobs) = (&buffers, &jobs);
@@ -181,9 +218,7 @@ impl<B: Backend> Trainer<B> {
                 }
             });
             for &(index, state) in jobs {
-                let (bytes, state_bytes) = drawn
-                    .recv()
-                    .map_err(|_| RuntimeError::Trainer("the thread drawing the initial parameters stopped".into()))?;
+                let (bytes, state_bytes) = drawn.recv().map_err(|_| RuntimeError::InitialisationStopped)?;
                 self.backend.upload(self.replay.span(BufferId(index as u32)), &bytes)?;
                 self.backend.upload(self.replay.span(BufferId(state as u32)), &state_bytes)?;
                 let _ = spare_sender.send((bytes, state_bytes));
@@ -197,17 +232,10 @@ impl<B: Backend> Trainer<B> {
     pub fn step(&mut self, tokens: &[u32], targets: &[u32]) -> Result<f32, RuntimeError> {
         let expected = (self.context.loss_scale_tokens) as usize;
         if tokens.len() != expected || targets.len() != expected {
-            return Err(RuntimeError::Trainer(format!(
-                "a step takes {expected} tokens and {expected} targets, got {} and {}",
-                tokens.len(),
-                targets.len()
-            )));
+            return Err(TokenError::StepLength { expected, tokens: tokens.len(), targets: targets.len() }.into());
         }
         if let Some(bad) = tokens.iter().chain(targets).find(|&&t| u64::from(t) >= self.context.vocab) {
-            return Err(RuntimeError::Trainer(format!(
-                "token {bad} is outside the vocabulary of {}",
-                self.context.vocab
-            )));
+            return Err(TokenError::OutsideVocabulary { token: *bad, vocab: self.context.vocab }.into());
         }
         let to_bytes = |values: &[u32]| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
         self.backend.upload(self.replay.span(self.tokens), &to_bytes(tokens))?;
@@ -270,11 +298,7 @@ impl<B: Backend> Trainer<B> {
     /// Restores a checkpoint's state; it must hold exactly this model's tensors.
     pub fn restore(&mut self, checkpoint: &Checkpoint, fingerprint: u64) -> Result<(), RuntimeError> {
         if checkpoint.fingerprint != fingerprint {
-            return Err(RuntimeError::Trainer(
-                "the checkpoint belongs to another model, sequence length, micro-batch or seed: \
-                 resume with the same settings, or start a new --checkpoint directory"
-                    .to_string(),
-            ));
+            return Err(CheckpointMismatch::OtherModel.into());
         }
         let buffers = self.replay.plan().buffers.clone();
         let mut restored = 0usize;
@@ -288,20 +312,18 @@ impl<B: Backend> Trainer<B> {
                 .tensors
                 .iter()
                 .find(|t| t.kind == kind && t.role == buffer.role && t.layer == buffer.layer)
-                .ok_or_else(|| RuntimeError::Trainer(format!("the checkpoint has no {buffer}")))?;
+                .ok_or(CheckpointMismatch::Missing(*buffer))?;
             let span = self.replay.span(BufferId(index as u32));
             if saved.bytes.len() as u64 != span.len {
-                return Err(RuntimeError::Trainer(format!(
-                    "the checkpoint's {buffer} has {} bytes, the model needs {}",
-                    saved.bytes.len(),
-                    span.len
-                )));
+                return Err(
+                    CheckpointMismatch::Size { buffer: *buffer, saved: saved.bytes.len(), needed: span.len }.into()
+                );
             }
             self.backend.upload(span, &saved.bytes)?;
             restored += 1;
         }
         if restored != checkpoint.tensors.len() {
-            return Err(RuntimeError::Trainer("the checkpoint holds tensors this model does not have".to_string()));
+            return Err(CheckpointMismatch::Extra.into());
         }
         self.step = checkpoint.step;
         Ok(())

@@ -3,10 +3,12 @@
 //! Copies can be throttled to a bandwidth so that swap overlap is exercised for real.
 //!
 //! Memory is shared by the three stream threads through raw pointers. What makes that sound is the
-//! plan: [`memo_runtime::Replay`] runs the independent checker first, which proves that any two
-//! accesses to overlapping bytes, one of them a write, are ordered by stream order and events,
-//! and this backend honours stream order and events. Inside one launch or copy, arguments that
-//! overlap with a write are refused before any slice is made.
+//! contract of the unsafe [`Backend::launch`] and [`Backend::copy`]: any two accesses to
+//! overlapping bytes, one of them a write, are ordered by stream order and events (the checked
+//! plan that [`memo_runtime::Replay`] replays proves it), and this backend honours stream order
+//! and events, refusing an event it did not allocate rather than passing a wait on it. Inside one
+//! launch or copy, arguments that overlap with a write are refused before any slice is made; in
+//! checked mode, an access the executed events do not order is refused before it is made.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -90,6 +92,8 @@ pub struct CpuBackend {
     shadow: Option<Arc<Shadow>>,
     /// Whether the stream threads time each instruction ([`CpuBackend::measure`]).
     measuring: bool,
+    /// Events of the last allocation: a record or wait of any other is refused.
+    events: u32,
 }
 
 impl CpuBackend {
@@ -104,7 +108,15 @@ impl CpuBackend {
             state: Mutex::new(SharedState { recorded: Vec::new(), error: None, timing: None, last_timing: Vec::new() }),
             changed: Condvar::new(),
         });
-        CpuBackend { memory: None, shared, workers: Vec::new(), copy_bytes_per_s, shadow: None, measuring: false }
+        CpuBackend {
+            memory: None,
+            shared,
+            workers: Vec::new(),
+            copy_bytes_per_s,
+            shadow: None,
+            measuring: false,
+            events: 0,
+        }
     }
 
     /// Measure every instruction's start and end ([`Backend::timings`]). Takes effect from the
@@ -140,6 +152,18 @@ impl CpuBackend {
             .sender
             .send(command)
             .map_err(|_| BackendError::Other(format!("the {} stream's thread has stopped", stream.name())))
+    }
+
+    /// Refuses an event this allocation does not have: its flag would not exist, and a wait on it
+    /// would order nothing.
+    fn known(&self, instruction: usize, event: EventId) -> Result<(), BackendError> {
+        if event.0 < self.events {
+            return Ok(());
+        }
+        Err(BackendError::Kernel {
+            instruction,
+            message: format!("event {} is not one of the {} allocated", event.0, self.events),
+        })
     }
 
     fn stop_workers(&mut self) {
@@ -326,6 +350,7 @@ impl Backend for CpuBackend {
             state.recorded = vec![false; events as usize];
             state.error = None;
         }
+        self.events = events;
         if let Some(shadow) = &self.shadow {
             shadow.reset(events);
         }
@@ -359,7 +384,7 @@ impl Backend for CpuBackend {
         self.memory()?.read(span)
     }
 
-    fn launch(
+    unsafe fn launch(
         &mut self,
         instruction: usize,
         stream: Stream,
@@ -370,15 +395,17 @@ impl Backend for CpuBackend {
         self.send(stream, Command::Launch { instruction, op, args: args.to_vec(), context: *context })
     }
 
-    fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
+    unsafe fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
         self.send(stream, Command::Copy { instruction, src, dst })
     }
 
     fn record(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
+        self.known(instruction, event)?;
         self.send(stream, Command::Record { instruction, event })
     }
 
     fn wait(&mut self, instruction: usize, stream: Stream, event: EventId) -> Result<(), BackendError> {
+        self.known(instruction, event)?;
         self.send(stream, Command::Wait { instruction, event })
     }
 

@@ -6,7 +6,10 @@
 //! one on another stream is trapped: the step fails with a message naming both instructions.
 //!
 //! It catches plans that were never checked (`Replay::new_unchecked`) and a backend that does not
-//! honour its events. It costs a lock per access, so it is for tests and debugging.
+//! honour its events. Of two conflicting accesses it refuses the second before it touches memory
+//! (the shadow is updated under its lock before an access runs), so even an unchecked plan does no
+//! unordered access here: that is what `Replay::new_unchecked`'s safety contract can rest on. It
+//! costs a lock per access, so it is for tests and debugging.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;

@@ -56,9 +56,10 @@ pub struct Memory {
     host: Block,
 }
 
-// Safety: the blocks are plain bytes owned by `Memory`; concurrent access from the stream threads
-// is to byte ranges the checked plan orders (see the module docs of `backend`), and every
-// in-call overlap with a write is refused before slices are made.
+// Safety: the blocks are plain bytes owned by `Memory`; the stream threads access them
+// concurrently only through `copy` and `views`, called for the backend's unsafe `launch` and
+// `copy`, whose contract orders every conflicting access of two streams (see the module docs of
+// `backend`); every in-call overlap with a write is refused before slices are made.
 unsafe impl Send for Memory {}
 // Safety: as above.
 unsafe impl Sync for Memory {}
@@ -119,8 +120,8 @@ impl Memory {
         if src.space == dst.space && from < to + len && to < from + len && len > 0 {
             return Err("copy between overlapping bytes".to_string());
         }
-        // Safety: both ranges are in bounds and do not overlap (checked); the checked plan orders
-        // every other access to them against this copy.
+        // Safety: both ranges are in bounds and do not overlap (checked); the contract of the
+        // unsafe `Backend::copy` this serves orders every other stream's access to them against it.
         unsafe {
             std::ptr::copy_nonoverlapping(
                 self.block(src.space).ptr.as_ptr().add(from),
@@ -138,14 +139,15 @@ impl Memory {
             .map(|a| {
                 let (start, len) = self.block(a.span.space).range(a.span).map_err(|e| e.to_string())?;
                 // Safety: in bounds (checked); written arguments overlap no other argument of this
-                // launch (checked by the caller), and the checked plan orders every access of
-                // other streams to these bytes against this launch.
+                // launch (checked by the caller), and the contract of the unsafe
+                // `Backend::launch` this serves orders every access of other streams to these
+                // bytes against it.
                 let ptr = unsafe { self.block(a.span.space).ptr.as_ptr().add(start) };
                 Ok(View(Some(match a.access {
                     // Safety: as above; the slice lives no longer than the launch.
                     Access::Read => ArgData::Read(unsafe { std::slice::from_raw_parts(ptr, len) }),
-                    // Safety: as above.
                     Access::Write | Access::ReadWrite => {
+                        // Safety: as above; no other slice of this launch overlaps it.
                         ArgData::Write(unsafe { std::slice::from_raw_parts_mut(ptr, len) })
                     }
                 })))

@@ -1,12 +1,15 @@
 //! Checked mode (the runtime twin of the plan checker): no violation on any plan the planner
 //! makes, and a deliberately broken plan is caught while it runs.
 
+use memo_plan_core::check::CheckedPlan;
 use memo_plan_core::generate::SplitMix64;
 use memo_plan_core::model::{ModelConfig, Parallelism};
-use memo_plan_core::plan::{Action, Plan, Strategy, Stream};
+use memo_plan_core::plan::{Action, EventId, Plan, Strategy, Stream};
 use memo_plan_core::planner::{plan, PlanRequest};
 use memo_runtime::data::{TextData, DEFAULT_TEXT};
-use memo_runtime::{cpu_hardware, AdamW, BackendError, KernelContext, Replay, RuntimeError, TrainOptions, Trainer};
+use memo_runtime::{
+    cpu_hardware, AdamW, Backend, BackendError, KernelContext, Replay, RuntimeError, TrainOptions, Trainer,
+};
 use runtime_cpu::CpuBackend;
 
 fn model(layers: u32, hidden: u64, heads: u64, seq: u64, micro_batch: u64) -> ModelConfig {
@@ -70,10 +73,12 @@ fn plan_without_the_first_swap_out_wait() -> Plan {
 #[test]
 fn checked_mode_catches_a_missing_wait_at_run_time() {
     let plan = plan_without_the_first_swap_out_wait();
-    // The static checker refuses it...
-    assert!(matches!(Replay::new(plan.clone()), Err(RuntimeError::Invalid(_))));
+    // The static checker refuses it, so no safe code can replay it...
+    assert!(CheckedPlan::check(plan.clone()).is_err());
     // ...and checked mode catches it while running, whatever the timing.
-    let replay = Replay::new_unchecked(plan).unwrap();
+    // Safety: it runs only on the checked-mode backend below, which refuses an access the
+    // executed events do not order before making it.
+    let replay = unsafe { Replay::new_unchecked(plan) }.unwrap();
     let mut backend = CpuBackend::checked();
     replay.allocate(&mut backend).unwrap();
     let context =
@@ -84,4 +89,20 @@ fn checked_mode_catches_a_missing_wait_at_run_time() {
         }
         other => panic!("expected an unordered access, got {other:?}"),
     }
+}
+
+/// An event beyond those allocated is refused when it is enqueued: a wait on it used to fall
+/// through, ordering nothing the plan ordered.
+#[test]
+fn events_that_were_not_allocated_are_refused() {
+    let mut backend = CpuBackend::new();
+    backend.allocate(1024, 1024, 2).unwrap();
+    assert!(backend.record(0, Stream::Compute, EventId(1)).is_ok());
+    assert!(backend.wait(1, Stream::DeviceToHost, EventId(1)).is_ok());
+    assert!(matches!(backend.record(2, Stream::Compute, EventId(2)), Err(BackendError::Kernel { instruction: 2, .. })));
+    assert!(matches!(
+        backend.wait(3, Stream::HostToDevice, EventId(7)),
+        Err(BackendError::Kernel { instruction: 3, .. })
+    ));
+    backend.synchronize().unwrap();
 }

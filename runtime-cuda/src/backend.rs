@@ -116,7 +116,8 @@ impl CudaBackend {
         let ctx = CudaContext::new(ordinal)
             .map_err(|e| BackendError::Unavailable(format!("device {ordinal}: cannot create a CUDA context: {e}")))?;
         // Safety: called before any allocation or stream exists, so no tracked slice or pending
-        // event is affected; the plan's events order every access (the checker proved it).
+        // event is affected; the plan's events order every access (the contract of the unsafe
+        // `Backend::launch` and `Backend::copy`, which a checked plan meets).
         unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx.compute_capability().map_err(driver_error("compute capability"))?;
         let sm = u32::try_from(major * 10 + minor).unwrap_or(0);
@@ -304,15 +305,16 @@ impl Backend for CudaBackend {
         let address = self.address(span)?;
         self.ctx.synchronize().map_err(driver_error("waiting before an upload"))?;
         match span.space {
-            // Safety: `address` starts `span.len` bytes inside the arena (checked), and every
-            // stream is idle.
             Space::Device => {
+                // Safety: `address` starts `span.len` bytes inside the arena (checked), and every
+                // stream is idle.
                 unsafe { cudarc::driver::result::memcpy_htod_sync(address, bytes) }.map_err(driver_error("upload"))?;
                 // From pageable memory the call may return before the DMA lands, and the streams
                 // are non-blocking (they do not wait for it): wait here.
                 self.ctx.synchronize().map_err(driver_error("upload"))?;
             }
-            // Safety: as above, inside the slab; no GPU work is pending.
+            // Safety: `address` starts `span.len` bytes inside the slab (checked); no GPU work is
+            // pending.
             Space::Host => unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), address as *mut u8, bytes.len()) },
         }
         Ok(())
@@ -335,7 +337,7 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn launch(
+    unsafe fn launch(
         &mut self,
         instruction: usize,
         stream: Stream,
@@ -376,7 +378,7 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
+    unsafe fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {
         self.bind()?;
         if src.len != dst.len {
             return Err(BackendError::Kernel {
@@ -392,20 +394,23 @@ impl Backend for CudaBackend {
         let start = self.mark(stream)?;
         let cu_stream = self.stream(stream).cu_stream();
         let failed = |e| BackendError::Kernel { instruction, message: format!("copy: {e}") };
-        // Safety (all arms): both ranges lie inside their allocations (checked by `address`);
-        // the plan's events order this copy against every other access of those bytes (the
-        // checker proved it), and the host slab is page-locked, so the copy is truly
-        // asynchronous and stays valid until the stream passes it.
+        // Why the copies below are sound: both ranges lie inside their allocations (checked by
+        // `address`); the plan's events order this copy against every other access of those bytes
+        // (the contract of this unsafe method), and the host slab is page-locked, so the copy is
+        // truly asynchronous and stays valid until the stream passes it.
         match (src.space, dst.space) {
+            // Safety: as said above the match.
             (Space::Device, Space::Host) => unsafe {
                 cudarc::driver::sys::cuMemcpyDtoHAsync_v2(to as *mut std::ffi::c_void, from, len, cu_stream).result()
             }
             .map_err(failed)?,
+            // Safety: as said above the match.
             (Space::Host, Space::Device) => unsafe {
                 cudarc::driver::sys::cuMemcpyHtoDAsync_v2(to, from as *const std::ffi::c_void, len, cu_stream).result()
             }
             .map_err(failed)?,
             (Space::Device, Space::Device) => {
+                // Safety: as said above the match.
                 unsafe { cudarc::driver::result::memcpy_dtod_async(to, from, len, cu_stream) }.map_err(failed)?
             }
             (Space::Host, Space::Host) => {

@@ -81,7 +81,8 @@ pub(crate) fn run_step(
                 return Ok(());
             }
             // Safety: `address` starts `len` bytes of the arena (the backend checked the span),
-            // and the plan orders this write against every other access of them.
+            // and the plan orders this write against every other access of them (the contract of
+            // the unsafe `Backend::launch` this serves).
             unsafe { cudarc::driver::result::memset_d8_async(address, 0, len, stream.cu_stream()) }
                 .map_err(|e| format!("zero: {e}"))
         }
@@ -114,7 +115,8 @@ fn kernel(
     // Safety: the parameters match the kernel's C declaration in count, order and type (the
     // recipes' tests check every kernel step against its source); every pointer is inside the
     // arena, the scratch or the status words, with the extents the recipe's shape checks
-    // proved; the plan orders the accesses across streams. `values` outlives the launch call.
+    // proved; the plan orders the accesses across streams (the contract of the unsafe
+    // `Backend::launch` this serves). `values` outlives the launch call.
     unsafe { builder.launch(config) }.map(|_| ()).map_err(|e| format!("kernel `{}`: {e}", launch.kernel))
 }
 

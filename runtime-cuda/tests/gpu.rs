@@ -275,7 +275,9 @@ fn run_gpu(
     for (arg, bytes) in args.iter().zip(data) {
         gpu.upload(arg.span, bytes)?;
     }
-    gpu.launch(7, memo_plan_core::plan::Stream::Compute, op, &args, ctx)?;
+    // Safety: the only work enqueued since `allocate`, on one stream; nothing else runs until
+    // `synchronize` below.
+    unsafe { gpu.launch(7, memo_plan_core::plan::Stream::Compute, op, &args, ctx) }?;
     gpu.synchronize()?;
     args.iter().map(|arg| gpu.download(arg.span)).collect()
 }
@@ -397,7 +399,8 @@ fn spans_outside_the_memory_and_unknown_events_are_errors() {
     let host = Span { space: Space::Host, offset: 0, len: 512 };
     let device = Span { space: Space::Device, offset: 512, len: 512 };
     gpu.upload(host, &[7u8; 512]).expect("upload to the slab");
-    gpu.copy(0, memo_plan_core::plan::Stream::HostToDevice, host, device).expect("copy");
+    // Safety: the only copy, and no other work touches its spans before `synchronize`.
+    unsafe { gpu.copy(0, memo_plan_core::plan::Stream::HostToDevice, host, device) }.expect("copy");
     gpu.record(1, memo_plan_core::plan::Stream::HostToDevice, EventId(0)).expect("record");
     gpu.wait(2, memo_plan_core::plan::Stream::Compute, EventId(0)).expect("wait");
     assert!(gpu.wait(3, memo_plan_core::plan::Stream::Compute, EventId(1)).is_err());

@@ -210,7 +210,8 @@ impl HipBackend {
                 let address = self.address(span)?;
                 if span.len > 0 {
                     // Safety: the span lies in the arena (checked by `address`), which outlives
-                    // the stream's work (the backend synchronises before freeing it).
+                    // the stream's work (the backend synchronises before freeing it); the caller
+                    // of the unsafe `Backend::launch` orders it against the other streams.
                     unsafe {
                         result::memory::set_async(
                             self.device.hip(),
@@ -243,7 +244,8 @@ impl HipBackend {
         let mut pointers: Vec<*mut std::ffi::c_void> = slots.iter_mut().map(|s| s.as_mut_ptr().cast()).collect();
         // Safety: the function belongs to `module`; each pointer points at a slot holding a value
         // of the recipe's parameter type (the recipe and the kernel come from the same crate);
-        // device addresses lie inside the arguments (checked by `operand`).
+        // device addresses lie inside the arguments (checked by `operand`); the caller of the
+        // unsafe `Backend::launch` orders them against the other streams' accesses.
         unsafe {
             module.launch(
                 function,
@@ -468,7 +470,7 @@ impl Backend for HipBackend {
         }
     }
 
-    fn launch(
+    unsafe fn launch(
         &mut self,
         instruction: usize,
         stream: PlanStream,
@@ -482,7 +484,13 @@ impl Backend for HipBackend {
         self.close_mark(instruction, stream, start)
     }
 
-    fn copy(&mut self, instruction: usize, stream: PlanStream, src: Span, dst: Span) -> Result<(), BackendError> {
+    unsafe fn copy(
+        &mut self,
+        instruction: usize,
+        stream: PlanStream,
+        src: Span,
+        dst: Span,
+    ) -> Result<(), BackendError> {
         self.bind()?;
         let start = self.mark(stream)?;
         self.enqueue_copy(instruction, stream, src, dst)?;
@@ -544,6 +552,8 @@ impl Backend for HipBackend {
     }
 }
 
+// The work these enqueue touches memory other streams' work may touch too: they serve only the
+// unsafe `Backend::launch` and `Backend::copy`, whose callers order such accesses by events.
 impl HipBackend {
     fn enqueue_launch(
         &mut self,
@@ -597,7 +607,8 @@ impl HipBackend {
         };
         let raw = self.stream(stream)?.raw();
         // Safety: both spans lie in memory this backend owns (checked by `address`), which
-        // outlives the stream's work.
+        // outlives the stream's work; the caller of the unsafe `Backend::copy` orders them
+        // against the other streams' accesses.
         unsafe {
             result::memory::copy_async(self.device.hip(), to as *mut _, from as *const _, src.len as usize, kind, raw)
         }

@@ -1,4 +1,4 @@
-//! The backend suite, written once and run on every backend (`DESIGN.md` ring 5, in the manner of
+//! The backend suite, written once and run on every backend (`ARCHITECTURE.md` test ring 5, in the manner of
 //! candle's `test_device!`): each test is a function of a [`Case`] (a backend's name and its
 //! factory), and [`test_device!`] instantiates it for `cpu` (always runs), `cuda` and `hip`. A GPU
 //! instance whose backend cannot be opened prints `SKIP: <the constructor's error>` and passes,
@@ -27,6 +27,7 @@ mod skip;
 use std::fmt::Write as _;
 
 use half::bf16;
+use memo_plan_core::check::CheckedPlan;
 use memo_plan_core::model::{ModelConfig, Parallelism};
 use memo_plan_core::plan::{BufferKind, EventId, Plan, Strategy, Stream};
 use memo_plan_core::planner::{plan, PlanRequest};
@@ -126,7 +127,7 @@ fn memo_plan() -> Plan {
 
 fn allocate_equals_the_plans_totals(case: &Case) {
     let Some(mut backend) = case.backend() else { return };
-    let replay = Replay::new(memo_plan()).unwrap();
+    let replay = Replay::new(CheckedPlan::check(memo_plan()).unwrap()).unwrap();
     let totals = replay.plan().totals;
     assert!(totals.host_bytes > 0, "the test plan swaps");
     replay.allocate(&mut backend).unwrap();
@@ -172,10 +173,14 @@ fn copies_through_the_streams_with_events(case: &Case) {
     backend.upload(first, &bytes).unwrap();
     backend.upload(second, &vec![0; n as usize]).unwrap();
     for round in 0..3 {
-        backend.copy(0, Stream::DeviceToHost, first, slab).unwrap();
+        // Safety: the d2h copy reads `first` and writes the slab; the h2d copy reads the slab only
+        // after event 0, recorded after the d2h copy, and writes `second`; no other work runs
+        // (each round ends with the streams idle), and the compute stream touches nothing.
+        unsafe { backend.copy(0, Stream::DeviceToHost, first, slab) }.unwrap();
         backend.record(1, Stream::DeviceToHost, EventId(0)).unwrap();
         backend.wait(2, Stream::HostToDevice, EventId(0)).unwrap();
-        backend.copy(3, Stream::HostToDevice, slab, second).unwrap();
+        // Safety: as above.
+        unsafe { backend.copy(3, Stream::HostToDevice, slab, second) }.unwrap();
         backend.record(4, Stream::HostToDevice, EventId(1)).unwrap();
         backend.wait(5, Stream::Compute, EventId(1)).unwrap();
         backend.synchronize().unwrap();
@@ -328,7 +333,7 @@ fn one_plan_file_is_accepted_by_every_backend_unchanged() {
         let Some(mut backend) = case.backend() else { continue };
         let read = std::fs::read(&path).unwrap();
         assert_eq!(read, bytes, "the file changed");
-        let replay = Replay::new(Plan::decode(&read).unwrap()).unwrap();
+        let replay = Replay::new(CheckedPlan::check(Plan::decode(&read).unwrap()).unwrap()).unwrap();
         replay.allocate(&mut backend).unwrap();
         // Zeroed memory: zero weights, token 0 everywhere; the step must run, not learn.
         let totals = replay.plan().totals;

@@ -1,4 +1,4 @@
-//! Bi-level planning of a recorded iteration (`MEMO.md` section 2) from block markers.
+//! Bi-level planning of a recorded iteration (`docs/technique.md` section 2) from block markers.
 //!
 //! A framework marks the requests of a repeated block (one layer's forward, one layer's backward)
 //! with `memo_block_begin(key)` / `memo_block_end()`. Record mode writes the marks into the trace
@@ -11,7 +11,7 @@
 //! # memo-block end 7
 //! ```
 //!
-//! The plan step then places
+//! The plan step then places, with the planner's own two levels (`memo_plan_core::bilevel`):
 //! 1. **level 1**: each block instance's *own* buffers (malloc'd and freed inside it), once per
 //!    distinct (key, requests) pair: instances with the same key whose own buffers have the same
 //!    sizes and lifetimes relative to the block's start share one solve and one layout;
@@ -19,13 +19,10 @@
 //!    span of its own buffers, and every other buffer (those that cross a block's edge: skeletal
 //!    activations, layer outputs) as itself.
 //!
-//! A buffer's offset is its block's level-2 offset plus its level-1 offset. Inside an instance's
-//! span its region belongs to it alone, and its own buffers never overlap each other (level 1),
-//! so the result is a valid placement; the caller still runs the independent checker on it.
+//! The caller still runs the independent checker on the result.
 
-use std::collections::BTreeMap;
-
-use memo_plan_core::{solve, BufferLifetime, Solution, SolveError, SolveOptions};
+use memo_plan_core::bilevel::{place_two_level, Level2Request, PlacementError};
+use memo_plan_core::{BufferLifetime, SolveOptions};
 
 use crate::status::{CapiError, MemoStatus};
 
@@ -134,93 +131,47 @@ pub struct BiLevel {
     pub level1_problems: u64,
 }
 
-/// The buffers of one level-1 problem: sizes and lifetimes relative to the block's start.
-type Requests = Vec<(u32, u32, u64)>;
-
-/// Places `buffers` bi-level over the block instances `spans` (disjoint, in order). Level-1
-/// solves minimise with `options`' alignment and budget; the level-2 solve uses `options` whole
-/// (capacity included). Fails as the solver does; a level-2 failure under a capacity is not a
+/// Places `buffers` bi-level over the block instances `spans` (disjoint, in order), with the
+/// planner's own two levels ([`memo_plan_core::bilevel::place_two_level`]): each instance's own
+/// buffers are a level-1 block keyed by the framework's key, every other buffer a level-2
+/// request of its own. Level-1 solves minimise with `options`' alignment and budget; the level-2
+/// solve uses `options` whole (capacity included). A level-2 failure under a capacity is not a
 /// proof that no placement fits (the caller may try the flat solve).
 pub fn place_bilevel(
     buffers: &[BufferLifetime],
     spans: &[BlockSpan],
     options: &SolveOptions,
-) -> Result<BiLevel, SolveError> {
+) -> Result<BiLevel, PlacementError> {
     // Each buffer's instance, if it is one of its own (malloc'd and freed inside it: its free,
-    // request `upper`, comes before the block's end), and its position among the instance's own.
+    // request `upper`, comes before the block's end).
     let mut own: Vec<Vec<usize>> = vec![Vec::new(); spans.len()];
-    let mut instance_of: Vec<Option<(usize, usize)>> = vec![None; buffers.len()];
+    let mut in_block = vec![false; buffers.len()];
     for (index, buffer) in buffers.iter().enumerate() {
         let span = spans.partition_point(|s| s.end <= buffer.lower);
         if spans.get(span).is_some_and(|s| s.begin <= buffer.lower && buffer.upper < s.end) {
-            instance_of[index] = Some((span, own[span].len()));
             own[span].push(index);
+            in_block[index] = true;
         }
     }
-    // Level 1: one solve per distinct (key, requests).
-    let mut problems: BTreeMap<(i64, Requests), usize> = BTreeMap::new();
-    let mut solutions: Vec<Solution> = Vec::new();
-    let mut problem_of: Vec<Option<usize>> = vec![None; spans.len()];
-    let level1_options = SolveOptions { capacity: None, ..*options };
-    for (instance, span) in spans.iter().enumerate() {
-        if own[instance].is_empty() {
-            continue;
-        }
-        let requests: Requests = own[instance]
+    // Level 2 in the order the allocator has always used: the buffers of no instance as
+    // themselves, then each instance with buffers of its own.
+    let mut requests: Vec<Level2Request<i64>> =
+        (0..buffers.len()).filter(|&i| !in_block[i]).map(|i| Level2Request::Group(vec![i])).collect();
+    requests.extend(
+        spans
             .iter()
-            .map(|&i| (buffers[i].lower - span.begin, buffers[i].upper - span.begin, buffers[i].size))
-            .collect();
-        let problem = match problems.get(&(span.key, requests.clone())) {
-            Some(&problem) => problem,
-            None => {
-                let relative: Vec<BufferLifetime> = requests
-                    .iter()
-                    .enumerate()
-                    .map(|(id, &(lower, upper, size))| BufferLifetime { id: id as u64, lower, upper, size })
-                    .collect();
-                solutions.push(solve(&relative, &level1_options)?);
-                problems.insert((span.key, requests), solutions.len() - 1);
-                solutions.len() - 1
-            }
-        };
-        problem_of[instance] = Some(problem);
-    }
-    // Level 2: the buffers of no instance as themselves, each instance as one request.
-    let mut level2: Vec<BufferLifetime> = Vec::new();
-    let mut level2_index = vec![0; buffers.len()];
-    for (index, buffer) in buffers.iter().enumerate() {
-        if instance_of[index].is_none() {
-            level2_index[index] = level2.len();
-            level2.push(BufferLifetime { id: level2.len() as u64, ..*buffer });
-        }
-    }
-    let mut instance_index = vec![0; spans.len()];
-    for (instance, problem) in problem_of.iter().enumerate() {
-        let Some(problem) = *problem else { continue };
-        let members = &own[instance];
-        let lower = members.iter().map(|&i| buffers[i].lower).min().unwrap_or(0);
-        let upper = members.iter().map(|&i| buffers[i].upper).max().unwrap_or(0);
-        instance_index[instance] = level2.len();
-        level2.push(BufferLifetime { id: level2.len() as u64, lower, upper, size: solutions[problem].peak });
-    }
-    let top = solve(&level2, options)?;
-    // The solver gives one offset per buffer; `get` keeps a broken answer from panicking (the
-    // independent checker the caller runs would then refuse it). The sum stays below the level-2
-    // peak: a level-1 offset is below the instance's level-1 peak, its level-2 size.
-    let offset = |solution: &Solution, index: usize| solution.offsets.get(index).copied().unwrap_or(u64::MAX);
-    let offsets = (0..buffers.len())
-        .map(|index| match instance_of[index] {
-            None => offset(&top, level2_index[index]),
-            Some((instance, position)) => {
-                let inner = problem_of[instance].map_or(u64::MAX, |problem| offset(&solutions[problem], position));
-                offset(&top, instance_index[instance]).saturating_add(inner)
-            }
-        })
-        .collect();
+            .zip(own)
+            .filter(|(_, members)| !members.is_empty())
+            .map(|(span, members)| Level2Request::Block { key: span.key, members }),
+    );
+    let level1_options = SolveOptions { capacity: None, ..*options };
+    let placed = place_two_level(buffers, &requests, &level1_options, options)?;
     Ok(BiLevel {
-        offsets,
-        peak: top.peak,
-        instances: problem_of.iter().flatten().count() as u64,
-        level1_problems: solutions.len() as u64,
+        // Every buffer is in one request; `u64::MAX` keeps a broken answer from panicking (the
+        // independent checker the caller runs would then refuse it).
+        offsets: placed.offsets.iter().map(|o| o.unwrap_or(u64::MAX)).collect(),
+        peak: placed.level2.peak_bytes,
+        instances: placed.problem_of.iter().flatten().count() as u64,
+        level1_problems: placed.level1.len() as u64,
     })
 }

@@ -21,6 +21,7 @@
 //! buffers by the start of their live range and compares each with those that start before it
 //! ends (quadratic only in buffers live at once).
 
+mod checked;
 mod swap;
 mod violation;
 
@@ -36,6 +37,7 @@ use alloc::vec::Vec;
 
 use crate::plan::{Access, Action, BufferId, BufferKind, EventId, Launch, Place, Plan, Region, Stream};
 
+pub use checked::CheckedPlan;
 pub use violation::{BufferRef, ByteRange, PlanViolation, Space, Total};
 
 /// Checks `plan` against every rule of `spec/validity.md`; returns all violations, sorted by

@@ -99,8 +99,14 @@ fn layer_time_is_flops_over_achieved_or_measured() {
     let expected = 1_178_676_464_975_872.0 / 187_200_000_000_000.0;
     assert!((time - expected).abs() < 1e-9, "{time}");
     assert!((6.2..6.4).contains(&time), "{time}");
+    hardware.measured_layer_forward_s = Some(6.0);
+    assert_eq!(layer_forward_time_s(&model, &parallel, &hardware, AttentionFlops::Full).unwrap(), 6.0);
+    // 3.5 s would run the layer's 1.18e15 FLOPs at 3.4e14 FLOP/s, above the A800's 3.12e14 peak.
     hardware.measured_layer_forward_s = Some(3.5);
-    assert_eq!(layer_forward_time_s(&model, &parallel, &hardware, AttentionFlops::Full).unwrap(), 3.5);
+    assert!(matches!(
+        layer_forward_time_s(&model, &parallel, &hardware, AttentionFlops::Full),
+        Err(CostError::MeasuredAbovePeak { seconds, peak: 312_000_000_000_000, .. }) if seconds == 3.5
+    ));
     hardware.measured_layer_forward_s = Some(f64::NAN);
     assert!(matches!(
         layer_forward_time_s(&model, &parallel, &hardware, AttentionFlops::Full),

@@ -75,7 +75,7 @@ fn skeletal_set_of_7b_at_1m_on_8_gpus() {
     assert_eq!(bf16_bytes, 1 << 34);
     assert_eq!(set.total_bytes, (1 << 34) + 16 * MIB);
     assert_eq!(set.always_swapped_bytes(), 2 * GIB + 16 * MIB);
-    // MEMO.md: 128 GiB per layer over the 8 GPUs, 4 TiB for all 32 layers (bf16 tensors).
+    // docs/technique.md section 3: 128 GiB per layer over the 8 GPUs, 4 TiB for all 32 layers (bf16 tensors).
     assert_eq!(bf16_bytes * 8, 128 * GIB);
     assert_eq!(bf16_bytes * 8 * 32, 4 * TIB);
 }

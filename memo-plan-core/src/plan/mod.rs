@@ -1,4 +1,4 @@
-//! The plan: one training step of one GPU as a program (`DESIGN.md` "The plan is a program";
+//! The plan: one training step of one GPU as a program (`ARCHITECTURE.md` "The data path";
 //! the byte format is `spec/plan-format.md`).
 //!
 //! A plan holds

@@ -1,6 +1,6 @@
 //! One layer's program: its parameters, where its skeletal tensors live under each strategy, and
 //! the ops of its forward, its recompute and its backward (pre-LN GPT layer, GeLU MLP;
-//! `MEMO.md` section 1).
+//! `docs/technique.md` section 1).
 //!
 //! Rows: sequence-sharded tensors (the layer input, norm outputs, the attention residual) have
 //! `r = b*s/t` rows of `h` elements; head-sharded ones (q, k, v, attention output, log-sum-exp,

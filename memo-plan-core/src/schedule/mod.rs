@@ -1,5 +1,5 @@
 //! The schedule: one training step of one GPU as an instruction stream over buffers
-//! (`DESIGN.md` data flow; `MEMO.md` section 1 "Execution"). Buffers come out without places;
+//! (`ARCHITECTURE.md` "The data path"; `docs/technique.md` section 1, "Execution"). Buffers come out without places;
 //! `bilevel` places them.
 //!
 //! The step, in issue order:

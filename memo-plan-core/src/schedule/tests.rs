@@ -14,7 +14,7 @@ fn request(model: ModelConfig, tensor: u64, machine: &str, strategy: Strategy) -
     PlanRequest::new(model, Parallelism::new(tensor, 1), Hardware::preset(machine).unwrap(), strategy)
 }
 
-/// MEMO.md section 3: 7B at 1M tokens on 8 A800 (2 TiB host), t = 8.
+/// docs/technique.md section 3: 7B at 1M tokens on 8 A800 (2 TiB host), t = 8.
 #[test]
 fn seven_b_at_one_million_tokens_matches_the_paper_setting() {
     let model = ModelConfig::preset("7b", 1 << 20, 1).unwrap();
@@ -170,7 +170,7 @@ fn keep_all_pays_only_the_block_reservation() {
     assert!((t.arena_bytes - t.arena_lower_bound_bytes) * 200 < t.arena_lower_bound_bytes);
 }
 
-/// MEMO.md section 3 and the issue: memo fits a longer sequence than full recompute, which
+/// docs/technique.md section 3 and the issue: memo fits a longer sequence than full recompute, which
 /// fits a longer one than keep-all (7B, 8 A800, t = 8).
 #[test]
 fn max_sequence_orders_memo_above_full_recompute_above_keep_all() {

@@ -16,7 +16,7 @@ use memo_plan_core::plan::{Action, Op, TensorRole};
 
 use super::Trainer;
 use crate::backend::{Backend, Space, Span};
-use crate::interpret::RuntimeError;
+use crate::error::{PlanMismatch, RuntimeError, TokenError};
 
 impl<B: Backend> Trainer<B> {
     /// The logits of every row of `tokens` (`micro_batch * seq_len` tokens, as for
@@ -25,13 +25,10 @@ impl<B: Backend> Trainer<B> {
         let rows = self.context.loss_scale_tokens as usize;
         let vocab = self.context.vocab as usize;
         if tokens.len() != rows {
-            return Err(RuntimeError::Trainer(format!(
-                "the logits of a step take {rows} tokens (micro-batch x sequence), got {}",
-                tokens.len()
-            )));
+            return Err(TokenError::LogitsLength { expected: rows, tokens: tokens.len() }.into());
         }
         if let Some(bad) = tokens.iter().find(|&&t| u64::from(t) >= self.context.vocab) {
-            return Err(RuntimeError::Trainer(format!("token {bad} is outside the vocabulary of {vocab}")));
+            return Err(TokenError::OutsideVocabulary { token: *bad, vocab: self.context.vocab }.into());
         }
         let bytes: Vec<u8> = tokens.iter().flat_map(|v| v.to_le_bytes()).collect();
         self.backend.upload(self.replay.span(self.tokens), &bytes)?;
@@ -45,7 +42,7 @@ impl<B: Backend> Trainer<B> {
                 continue;
             }
             let (Some(x), Some(logits)) = (launch.args.first(), launch.args.get(2)) else {
-                return Err(RuntimeError::Trainer(format!("instruction {index}: a classifier without its arguments")));
+                return Err(PlanMismatch::ClassifierWithoutArguments { instruction: index }.into());
             };
             let (x, logits) = (x.region, logits.region);
             let buffers = &self.replay.plan().buffers;
@@ -55,10 +52,7 @@ impl<B: Backend> Trainer<B> {
                 || logits.end - logits.start != x.end - x.start
                 || logits_row_bytes != 2 * vocab as u64
             {
-                return Err(RuntimeError::Trainer(format!(
-                    "instruction {index}: the classifier does not map rows of the final norm's output to \
-                     rows of {vocab} logits (a tensor-parallel plan?): reading logits needs a single-GPU plan"
-                )));
+                return Err(PlanMismatch::ClassifierNotSingleGpu { instruction: index, vocab: vocab as u64 }.into());
             }
             let whole = self.replay.span(logits.buffer);
             let span = Span {
@@ -76,9 +70,7 @@ impl<B: Backend> Trainer<B> {
             self.replay.run_range(&mut self.backend, &self.context, next..index + 1)?;
             next = index + 1;
             if span.space != Space::Device || end > rows {
-                return Err(RuntimeError::Trainer(format!(
-                    "instruction {index}: the classifier writes rows {start}..{end} outside the {rows} token rows"
-                )));
+                return Err(PlanMismatch::ClassifierRowsOutside { instruction: index, start, end, rows }.into());
             }
             let bytes = self.backend.download(span)?;
             for (value, pair) in out[start * vocab..end * vocab].iter_mut().zip(bytes.chunks_exact(2)) {
@@ -87,7 +79,7 @@ impl<B: Backend> Trainer<B> {
             covered[start..end].iter_mut().for_each(|c| *c = true);
         }
         if let Some(missing) = covered.iter().position(|c| !c) {
-            return Err(RuntimeError::Trainer(format!("no classifier launch of the plan covers token row {missing}")));
+            return Err(PlanMismatch::UncoveredTokenRow { row: missing }.into());
         }
         Ok(out)
     }

@@ -5,7 +5,7 @@
 //! [`OpContext`] with what the arguments' shapes cannot say (heads, sequence length, the loss
 //! scale, AdamW's hyperparameters).
 //!
-//! Numerics (the same on every backend, `DESIGN.md` "Backends"): activations, parameters and
+//! Numerics (the same on every backend, `spec/backends.md`): activations, parameters and
 //! their gradients are bf16 (little-endian bytes), every sum is accumulated in f32 and rounded to
 //! bf16 once; the attention log-sum-exp, the optimizer state and the scalars are f32; token ids
 //! and targets are u32.

@@ -153,6 +153,18 @@ fn accepts_the_valid_mini_step() {
     assert_eq!(check_plan(&valid_plan()), Ok(()));
 }
 
+/// A `CheckedPlan` is the checked plan itself, unchanged; a broken plan gets none, only the
+/// violations `check_plan` reports.
+#[test]
+fn a_checked_plan_is_made_only_from_a_plan_that_passes() {
+    let checked = CheckedPlan::check(valid_plan()).expect("the valid mini step passes");
+    assert_eq!(checked.as_plan(), &valid_plan());
+    assert_eq!(checked.into_plan(), valid_plan());
+    let mut broken = valid_plan();
+    broken.instructions.swap(1, 2);
+    assert_eq!(CheckedPlan::check(broken.clone()), Err(violations(&broken)));
+}
+
 #[test]
 fn wrong_arg_count() {
     let mut plan = valid_plan();
