@@ -4,17 +4,17 @@
 //! `(ceil(s / 64), heads, sequences)`, [`THREADS`] threads, static shared memory only (under
 //! 48 KiB, so no opt-in attribute is needed). The forward is one kernel; the backward is two
 //! independent kernels (dk and dv per key tile, dq per query tile) that need no scratch memory and
-//! no atomics. The shape checks mirror `runtime-cpu`'s, so a launch the CPU reference refuses is
-//! refused here too, with the same kind of message; head dims other than [`HEAD_DIMS`] have no
-//! kernel and are refused.
+//! no atomics. The shapes are the op table's (`memo_plan_core::plan::shapes::check`, the CPU
+//! reference's check too), so a launch the CPU reference refuses is refused here with the same
+//! error; head dims other than [`HEAD_DIMS`] have no kernel and are refused.
 //!
 //! Testing without a GPU: `attention_emulation.rs` re-runs the kernels' code on the CPU (both
 //! compute paths, lane by lane for the tensor cores) and the tests compare it with `runtime-cpu`.
 //! On a GPU, `kernels/attention_gpu_check.py` compiles the source with NVRTC, launches these
 //! recipes' grids and compares with a float64 PyTorch reference.
 
+use memo_plan_core::plan::shapes::{OpError, OpErrorKind, OpShape};
 use memo_plan_core::plan::Op;
-use memo_runtime::KernelContext;
 
 use crate::{ArgShape, KernelLaunch, Param, RecipeError, Source, Step};
 
@@ -46,9 +46,6 @@ pub(crate) const OWNER_ROWS: u64 = 64;
 pub(crate) const THREADS: u32 = 128;
 /// CUDA's limit on grid y and z (heads and sequences).
 const GRID_YZ_MAX: u64 = 65_535;
-/// Bytes of a bf16 element and of an f32 element.
-const BF16: u64 = 2;
-const F32: u64 = 4;
 
 /// The shapes of one launch, checked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,121 +54,42 @@ struct Geometry {
     head_dim: u64,
     seq_len: u64,
     sequences: u64,
-    rows: u64,
-    row_bytes: u64,
 }
 
 impl Geometry {
-    /// The geometry implied by `q` and the context, after the CPU reference's checks and the
-    /// kernels' own limits.
-    fn new(op: Op, q: &ArgShape, context: &KernelContext) -> Result<Self, RecipeError> {
-        let error = |message: String| RecipeError { op, message };
-        let (heads, s) = (context.heads, context.seq_len);
-        if heads == 0 {
-            return Err(error("context `heads` is 0; attention needs at least one head".into()));
-        }
-        if s == 0 {
-            return Err(error("context `seq_len` is 0; it must be the rows of one sequence".into()));
-        }
-        let elems = q.row_bytes / BF16;
-        let head_dim = elems / heads;
-        if !q.row_bytes.is_multiple_of(BF16)
-            || !elems.is_multiple_of(heads)
-            || head_dim == 0
-            || !head_dim.is_multiple_of(2)
-        {
-            return Err(error(format!(
-                "argument `q`: expected a row of `heads` ({heads}) heads of an even, positive head dimension (rotary \
-                 positions rotate pairs), found {} bytes per row",
-                q.row_bytes
-            )));
-        }
+    /// The geometry the op table checked, within the kernels' own limits.
+    fn new(shape: &OpShape, q: &ArgShape) -> Result<Self, RecipeError> {
+        let op = shape.op;
+        let unsupported = |argument: Option<&'static str>, reason: String| OpError {
+            op,
+            argument,
+            kind: OpErrorKind::Unsupported { reason },
+        };
+        let a = shape.attention_geometry()?;
+        let (heads, head_dim, s, sequences) = (a.heads, a.head_dim, a.seq_len, a.sequences);
         if !HEAD_DIMS.contains(&head_dim) {
-            return Err(error(format!(
-                "argument `q`: head dimension {head_dim} ({} bytes per row / {heads} heads) has no GPU kernel; the \
-                 supported head dimensions are {HEAD_DIMS:?} (change the model's hidden size or head count)",
+            let reason = format!(
+                "head dimension {head_dim} ({} bytes per row / {heads} heads) has no GPU kernel; the supported head \
+                 dimensions are {HEAD_DIMS:?} (change the model's hidden size or head count)",
                 q.row_bytes
-            )));
+            );
+            return Err(unsupported(Some("q"), reason));
         }
-        if !q.first_row.is_multiple_of(s) || !q.rows.is_multiple_of(s) {
-            return Err(error(format!(
-                "argument `q`: expected whole sequences of `seq_len` = {s} rows (positions are row % seq_len), found \
-                 rows {}..{}",
-                q.first_row,
-                q.first_row.saturating_add(q.rows)
-            )));
-        }
-        let sequences = q.rows / s;
         // The kernels count positions in u32 (a tile may run 63 rows past s) and put heads and
         // sequences on grid y and z.
         if s > u64::from(u32::MAX) - OWNER_ROWS {
-            return Err(error(format!(
-                "context `seq_len` = {s} is too long for the GPU kernels (at most {})",
-                u64::from(u32::MAX) - OWNER_ROWS
-            )));
+            let problem =
+                format!("= {s} is too long for the GPU kernels (at most {})", u64::from(u32::MAX) - OWNER_ROWS);
+            return Err(OpError::context(op, "seq_len", problem));
         }
         if heads > GRID_YZ_MAX || sequences > GRID_YZ_MAX {
-            return Err(error(format!(
+            let reason = format!(
                 "{heads} heads and {sequences} sequences in one launch: the GPU kernels take at most {GRID_YZ_MAX} of \
                  each (split the launch)"
-            )));
+            );
+            return Err(unsupported(None, reason));
         }
-        Ok(Geometry { heads, head_dim, seq_len: s, sequences, rows: q.rows, row_bytes: q.row_bytes })
-    }
-
-    /// Checks an input shaped like `q`: same rows and width, whole sequences.
-    fn check_like_q(&self, op: Op, name: &str, arg: &ArgShape) -> Result<(), RecipeError> {
-        self.check_out_like_q(op, name, arg)?;
-        if !arg.first_row.is_multiple_of(self.seq_len) {
-            return Err(RecipeError {
-                op,
-                message: format!(
-                    "argument `{name}`: expected whole sequences of `seq_len` = {} rows, found first row {}",
-                    self.seq_len, arg.first_row
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    /// Checks an output shaped like `q`: same rows and width.
-    fn check_out_like_q(&self, op: Op, name: &str, arg: &ArgShape) -> Result<(), RecipeError> {
-        if arg.rows != self.rows {
-            return Err(RecipeError {
-                op,
-                message: format!(
-                    "argument `{name}`: expected the rows of `q` ({}), found {} rows",
-                    self.rows, arg.rows
-                ),
-            });
-        }
-        if arg.row_bytes != self.row_bytes {
-            return Err(RecipeError {
-                op,
-                message: format!(
-                    "argument `{name}`: expected the row width of `q` ({} bytes), found {} bytes per row",
-                    self.row_bytes, arg.row_bytes
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    /// Checks the log-sum-exp: the rows of `q`, one f32 per head.
-    fn check_lse(&self, op: Op, arg: &ArgShape) -> Result<(), RecipeError> {
-        if arg.rows != self.rows || arg.row_bytes != self.heads * F32 {
-            return Err(RecipeError {
-                op,
-                message: format!(
-                    "argument `lse`: expected {} rows of one f32 per head ({} bytes per row), found {} rows of {} bytes",
-                    self.rows,
-                    self.heads * F32,
-                    arg.rows,
-                    arg.row_bytes
-                ),
-            });
-        }
-        Ok(())
+        Ok(Geometry { heads, head_dim, seq_len: s, sequences })
     }
 
     /// `(ceil(s / 64), heads, sequences)`.
@@ -213,55 +131,29 @@ fn kernel_name(stage: &str, head_dim: u64) -> Option<&'static str> {
     SOURCE.kernels.iter().copied().find(|&kernel| kernel == name)
 }
 
-/// Exactly `count` arguments, or an error.
-fn want_args(op: Op, args: &[ArgShape], count: usize) -> Result<(), RecipeError> {
-    if args.len() != count {
-        let message = format!("expected {count} arguments (the op's signature), found {}", args.len());
-        return Err(RecipeError { op, message });
-    }
-    Ok(())
-}
-
 /// The kernel for `stage` or an error naming the head dim (Geometry::new already refused others).
 fn kernel(op: Op, stage: &str, head_dim: u64) -> Result<&'static str, RecipeError> {
-    kernel_name(stage, head_dim).ok_or_else(|| RecipeError {
+    kernel_name(stage, head_dim).ok_or_else(|| OpError {
         op,
-        message: format!("no `{stage}` kernel for head dimension {head_dim}; supported: {HEAD_DIMS:?}"),
+        argument: None,
+        kind: OpErrorKind::Unsupported {
+            reason: format!("no `{stage}` kernel for head dimension {head_dim}; supported: {HEAD_DIMS:?}"),
+        },
     })
 }
 
-/// `attention` (arguments q, k, v, out, lse): one kernel.
-pub(crate) fn forward_steps(args: &[ArgShape], context: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    let op = Op::Attention;
-    want_args(op, args, 5)?;
-    let (q, k, v, out, lse) = (&args[0], &args[1], &args[2], &args[3], &args[4]);
-    let g = Geometry::new(op, q, context)?;
-    g.check_like_q(op, "k", k)?;
-    g.check_like_q(op, "v", v)?;
-    g.check_out_like_q(op, "out", out)?;
-    g.check_lse(op, lse)?;
+/// `attention` (arguments q, k, v, out, lse): one kernel; `attention_backward` (arguments q, k,
+/// v, out, lse, dout, dq, dk, dv): the dk/dv kernel, then the dq kernel (independent of each
+/// other; each gets all nine pointers). `shape` is the op table's check of `args`.
+pub(crate) fn steps(shape: &OpShape, args: &[ArgShape]) -> Result<Vec<Step>, RecipeError> {
+    let op = shape.op;
+    let q = args.first().copied().unwrap_or_default();
+    let g = Geometry::new(shape, &q)?;
     if g.sequences == 0 {
         return Ok(Vec::new());
     }
-    Ok(vec![g.launch(kernel(op, "forward", g.head_dim)?, 0..5)])
-}
-
-/// `attention_backward` (arguments q, k, v, out, lse, dout, dq, dk, dv): the dk/dv kernel, then
-/// the dq kernel (independent of each other; each gets all nine pointers).
-pub(crate) fn backward_steps(args: &[ArgShape], context: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    let op = Op::AttentionBackward;
-    want_args(op, args, 9)?;
-    let q = &args[0];
-    let g = Geometry::new(op, q, context)?;
-    for (name, arg) in [("k", &args[1]), ("v", &args[2]), ("out", &args[3]), ("dout", &args[5])] {
-        g.check_like_q(op, name, arg)?;
-    }
-    g.check_lse(op, &args[4])?;
-    for (name, arg) in [("dq", &args[6]), ("dk", &args[7]), ("dv", &args[8])] {
-        g.check_out_like_q(op, name, arg)?;
-    }
-    if g.sequences == 0 {
-        return Ok(Vec::new());
+    if op == Op::Attention {
+        return Ok(vec![g.launch(kernel(op, "forward", g.head_dim)?, 0..5)]);
     }
     Ok(vec![
         g.launch(kernel(op, "backward_dkdv", g.head_dim)?, 0..9),

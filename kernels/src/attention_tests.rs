@@ -3,8 +3,18 @@
 use memo_plan_core::plan::Op;
 use memo_runtime::{AdamW, KernelContext};
 
-use super::{backward_steps, forward_steps, HEAD_DIMS, OWNER_ROWS, SOURCE, THREADS};
-use crate::{ArgShape, KernelLaunch, Param, Step};
+use super::{HEAD_DIMS, OWNER_ROWS, SOURCE, THREADS};
+use crate::{launch_steps, ArgShape, KernelLaunch, Param, RecipeError, Step};
+
+/// The recipe of an `attention` launch.
+fn forward_steps(args: &[ArgShape], ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    launch_steps(Op::Attention, args, ctx)
+}
+
+/// The recipe of an `attention_backward` launch.
+fn backward_steps(args: &[ArgShape], ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    launch_steps(Op::AttentionBackward, args, ctx)
+}
 
 fn context(heads: u64, seq_len: u64) -> KernelContext {
     KernelContext { hidden: 0, heads, seq_len, vocab: 0, loss_scale_tokens: 1, adamw: AdamW::default() }
@@ -168,8 +178,8 @@ fn odd_or_uneven_head_dims_are_refused_like_the_cpu_reference() {
 
 #[test]
 fn empty_context_fields_are_refused() {
-    assert!(forward_error(&forward_args(0, 8, 1, 64), &context(0, 8)).contains("`heads` is 0"));
-    assert!(backward_error(&backward_args(0, 8, 1, 64), &context(1, 0)).contains("`seq_len` is 0"));
+    assert!(forward_error(&forward_args(0, 8, 1, 64), &context(0, 8)).contains("context field `heads`: is 0"));
+    assert!(backward_error(&backward_args(0, 8, 1, 64), &context(1, 0)).contains("context field `seq_len`: is 0"));
 }
 
 #[test]
@@ -190,13 +200,13 @@ fn mismatched_arguments_are_named() {
     let ctx = context(2, 16);
     let mut args = forward_args(0, 32, 2, 64);
     args[2].rows = 16;
-    assert!(forward_error(&args, &ctx).contains("argument `v`: expected the rows of `q` (32)"));
+    assert!(forward_error(&args, &ctx).contains("argument `v`: expected 32 rows (the rows of `q`)"));
     let mut args = forward_args(0, 32, 2, 64);
     args[3].row_bytes = 2 * 32 * 2;
-    assert!(forward_error(&args, &ctx).contains("argument `out`: expected the row width"));
+    assert!(forward_error(&args, &ctx).contains("argument `out`: expected 256 bytes per row (the row width of `q`)"));
     let mut args = forward_args(0, 32, 2, 64);
     args[4].row_bytes = 4;
-    assert!(forward_error(&args, &ctx).contains("argument `lse`: expected 32 rows of one f32 per head (8 bytes"));
+    assert!(forward_error(&args, &ctx).contains("argument `lse`: expected 8 bytes per row (one f32 per head)"));
     for (index, name) in [(3, "out"), (5, "dout"), (6, "dq"), (7, "dk"), (8, "dv")] {
         let mut args = backward_args(0, 32, 2, 64);
         args[index].rows = 48;
@@ -211,10 +221,8 @@ fn mismatched_arguments_are_named() {
 #[test]
 fn wrong_argument_counts_are_refused() {
     let ctx = context(1, 4);
-    assert!(forward_error(&forward_args(0, 4, 1, 16)[..4], &ctx).contains("expected 5 arguments"));
-    assert!(
-        backward_error(&forward_args(0, 4, 1, 16), &ctx).contains("expected 9 arguments (the op's signature), found 5")
-    );
+    assert!(forward_error(&forward_args(0, 4, 1, 16)[..4], &ctx).contains("4 arguments, but the op takes 5"));
+    assert!(backward_error(&forward_args(0, 4, 1, 16), &ctx).contains("5 arguments, but the op takes 9"));
 }
 
 #[test]

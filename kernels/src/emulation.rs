@@ -1,8 +1,8 @@
 //! A host emulation of the steps of every non-attention recipe, to test the recipes end to end on
 //! the CPU: each kernel of `elementwise.cu`, `norm.cu`, `loss.cu` and `optim.cu` is re-stated in
-//! Rust from its source (reading its parameters by position, as the kernel does, with the same
-//! grid-dependent partitions), GEMMs by a column-major reference, `Zero` as a fill. The result is
-//! compared with `runtime-cpu`'s ops on the same inputs.
+//! Rust from its source (reading its parameters by the names its declaration gives them, with the
+//! same grid-dependent partitions), GEMMs by a column-major reference, `Zero` as a fill. The
+//! result is compared with `runtime-cpu`'s ops on the same inputs.
 //!
 //! What it proves: the recipes hand each kernel the right arguments, offsets, scratch layout and
 //! counts, and the kernels' arithmetic (as re-stated) is the CPU's. What it cannot prove: that
@@ -10,7 +10,7 @@
 
 use half::bf16;
 
-use crate::{scratch_bytes, Param, Step, STATUS_WORDS};
+use crate::{scratch_bytes, Param, Step, SOURCES, STATUS_WORDS};
 
 /// Where a pointer parameter points.
 #[derive(Clone, Copy, Debug)]
@@ -86,6 +86,42 @@ impl Machine<'_> {
     }
 }
 
+/// Kernel `name`'s parameters as its source declares them (`const memo_bf16* x`), in order.
+/// The declaration is the one definition of their order: the emulation reads each parameter by
+/// the name it has there, and `tests.rs` checks each launch's parameter kinds against it.
+pub(crate) fn declared_parameters(name: &str) -> Vec<&'static str> {
+    let source = SOURCES.iter().find(|s| s.kernels.contains(&name)).unwrap_or_else(|| panic!("{name} in no source"));
+    let start = source.text.find(&format!("{name}(")).unwrap_or_else(|| panic!("{name} not defined")) + name.len() + 1;
+    let end = start + source.text[start..].find(')').expect("closing parenthesis");
+    source.text[start..end].split(',').map(str::trim).collect()
+}
+
+/// A parameter's name: the last word of its declaration.
+fn parameter_name(declaration: &'static str) -> &'static str {
+    declaration.rsplit(|c: char| c.is_whitespace() || c == '*').next().unwrap_or(declaration)
+}
+
+/// One launch's parameter values, by their names in the kernel's declaration.
+struct Params<'a> {
+    kernel: &'a str,
+    values: Vec<(&'static str, Value)>,
+}
+
+impl Params<'_> {
+    fn get(&self, name: &str) -> Value {
+        let found = self.values.iter().find(|(declared, _)| *declared == name);
+        found.map(|&(_, value)| value).unwrap_or_else(|| panic!("{} has no parameter `{name}`", self.kernel))
+    }
+
+    fn int(&self, name: &str) -> usize {
+        int(self.get(name))
+    }
+
+    fn float(&self, name: &str) -> f32 {
+        float(self.get(name))
+    }
+}
+
 fn int(value: Value) -> usize {
     match value {
         Value::Int(v) => v as usize,
@@ -120,187 +156,195 @@ fn statistics(m: &mut Machine<'_>, x: Value, row: usize, width: usize) -> (f32, 
 }
 
 /// Runs one kernel launch.
-fn kernel(m: &mut Machine<'_>, name: &str, grid: [u32; 3], p: &[Value]) {
+fn kernel(m: &mut Machine<'_>, name: &str, grid: [u32; 3], p: &Params) {
     match name {
         "memo_embedding_forward" => {
-            let (rows, width, vocab) = (int(p[3]), int(p[4]), int(p[5]));
+            let (rows, width, vocab) = (p.int("rows"), p.int("width"), p.int("vocab"));
             for row in 0..rows {
-                let id = m.u32(p[0], row) as usize;
+                let id = m.u32(p.get("tokens"), row) as usize;
                 for j in 0..width {
-                    let value = if id < vocab { m.bf16(p[1], id * width + j) } else { 0.0 };
-                    m.set_bf16(p[2], row * width + j, value);
+                    let value = if id < vocab { m.bf16(p.get("embedding"), id * width + j) } else { 0.0 };
+                    m.set_bf16(p.get("out"), row * width + j, value);
                 }
                 if id >= vocab {
-                    m.report(1, int(p[7]) as u64, row as u64, id as u64);
+                    m.report(1, p.int("instruction") as u64, row as u64, id as u64);
                 }
             }
         }
         "memo_embedding_backward" => {
-            let (rows, width, vocab) = (int(p[3]), int(p[4]), int(p[5]));
-            let ids: Vec<usize> = (0..rows).map(|r| m.u32(p[0], r) as usize).collect();
+            let (rows, width, vocab) = (p.int("rows"), p.int("width"), p.int("vocab"));
+            let ids: Vec<usize> = (0..rows).map(|r| m.u32(p.get("tokens"), r) as usize).collect();
             for (row, &id) in ids.iter().enumerate() {
                 if id >= vocab {
-                    m.report(1, int(p[7]) as u64, row as u64, id as u64);
+                    m.report(1, p.int("instruction") as u64, row as u64, id as u64);
                 }
             }
             assert!(grid[1] as usize * 2048 >= width, "column tiles cover the row");
             for v in 0..vocab {
                 for j in 0..width {
-                    let mut sum = m.bf16(p[2], v * width + j);
+                    let mut sum = m.bf16(p.get("dembedding"), v * width + j);
                     for (row, _) in ids.iter().enumerate().filter(|(_, &id)| id == v) {
-                        sum += m.bf16(p[1], row * width + j);
+                        sum += m.bf16(p.get("dout"), row * width + j);
                     }
-                    m.set_bf16(p[2], v * width + j, sum);
+                    m.set_bf16(p.get("dembedding"), v * width + j, sum);
                 }
             }
         }
         "memo_gelu_forward" => {
-            for i in 0..int(p[2]) {
-                let x = m.bf16(p[0], i);
-                m.set_bf16(p[1], i, gelu(x));
+            for i in 0..p.int("n") {
+                let x = m.bf16(p.get("x"), i);
+                m.set_bf16(p.get("y"), i, gelu(x));
             }
         }
         "memo_gelu_backward" => {
-            for i in 0..int(p[3]) {
-                let (x, dy) = (m.bf16(p[0], i), m.bf16(p[1], i));
-                m.set_bf16(p[2], i, dy * gelu_derivative(x));
+            for i in 0..p.int("n") {
+                let (x, dy) = (m.bf16(p.get("x"), i), m.bf16(p.get("dy"), i));
+                m.set_bf16(p.get("dx"), i, dy * gelu_derivative(x));
             }
         }
         "memo_add" => {
-            for i in 0..int(p[3]) {
-                let sum = m.bf16(p[0], i) + m.bf16(p[1], i);
-                m.set_bf16(p[2], i, sum);
+            for i in 0..p.int("n") {
+                let sum = m.bf16(p.get("a"), i) + m.bf16(p.get("b"), i);
+                m.set_bf16(p.get("y"), i, sum);
             }
         }
         "memo_broadcast_row" => {
-            let (rows, width) = (int(p[2]), int(p[3]));
+            let (rows, width) = (p.int("rows"), p.int("width"));
             for i in 0..rows * width {
-                let value = m.bf16(p[0], i % width);
-                m.set_bf16(p[1], i, value);
+                let value = m.bf16(p.get("row"), i % width);
+                m.set_bf16(p.get("y"), i, value);
             }
         }
         "memo_column_sum_partial" => {
-            let (rows, width, per_chunk) = (int(p[2]), int(p[3]), int(p[4]));
+            let (rows, width, per_chunk) = (p.int("rows"), p.int("width"), p.int("rows_per_chunk"));
             assert!(grid[0] as usize * 256 >= width, "column blocks cover the row");
             for chunk in 0..grid[1] as usize {
                 for j in 0..width {
                     let begin = chunk * per_chunk;
-                    let sum: f32 = (begin..(begin + per_chunk).min(rows)).map(|r| m.bf16(p[0], r * width + j)).sum();
-                    m.set_f32(p[1], chunk * width + j, sum);
+                    let sum: f32 =
+                        (begin..(begin + per_chunk).min(rows)).map(|r| m.bf16(p.get("src"), r * width + j)).sum();
+                    m.set_f32(p.get("partial"), chunk * width + j, sum);
                 }
             }
         }
         "memo_column_sum_finish" => {
-            let (chunks, width) = (int(p[2]), int(p[3]));
+            let (chunks, width) = (p.int("chunks"), p.int("width"));
             for j in 0..width {
-                let sum: f32 = (0..chunks).map(|k| m.f32(p[0], k * width + j)).sum();
-                m.set_bf16(p[1], j, sum);
+                let sum: f32 = (0..chunks).map(|k| m.f32(p.get("partial"), k * width + j)).sum();
+                m.set_bf16(p.get("dst"), j, sum);
             }
         }
         "memo_layer_norm_forward" => {
-            let (rows, width) = (int(p[4]), int(p[5]));
+            let (rows, width) = (p.int("rows"), p.int("width"));
             for row in 0..rows {
-                let (mean, rstd) = statistics(m, p[0], row, width);
+                let (mean, rstd) = statistics(m, p.get("x"), row, width);
                 for j in 0..width {
-                    let v = (m.bf16(p[0], row * width + j) - mean) * rstd;
-                    let y = v * m.bf16(p[1], j) + m.bf16(p[2], j);
-                    m.set_bf16(p[3], row * width + j, y);
+                    let v = (m.bf16(p.get("x"), row * width + j) - mean) * rstd;
+                    let y = v * m.bf16(p.get("scale"), j) + m.bf16(p.get("shift"), j);
+                    m.set_bf16(p.get("y"), row * width + j, y);
                 }
             }
         }
         "memo_layer_norm_backward_rows" => {
-            let (rows, width) = (int(p[5]), int(p[6]));
+            let (rows, width) = (p.int("rows"), p.int("width"));
             for row in 0..rows {
-                let (mean, rstd) = statistics(m, p[0], row, width);
+                let (mean, rstd) = statistics(m, p.get("x"), row, width);
                 let mut xhat = vec![0f32; width];
                 let mut g = vec![0f32; width];
                 for j in 0..width {
-                    xhat[j] = (m.bf16(p[0], row * width + j) - mean) * rstd;
-                    g[j] = m.bf16(p[2], row * width + j) * m.bf16(p[1], j);
+                    xhat[j] = (m.bf16(p.get("x"), row * width + j) - mean) * rstd;
+                    g[j] = m.bf16(p.get("dy"), row * width + j) * m.bf16(p.get("scale"), j);
                 }
                 let mean_g = g.iter().sum::<f32>() / width as f32;
                 let mean_gx = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f32>() / width as f32;
                 for j in 0..width {
-                    m.set_bf16(p[3], row * width + j, rstd * (g[j] - mean_g - xhat[j] * mean_gx));
+                    m.set_bf16(p.get("dx"), row * width + j, rstd * (g[j] - mean_g - xhat[j] * mean_gx));
                 }
-                m.set_f32(p[4], 2 * row, mean);
-                m.set_f32(p[4], 2 * row + 1, rstd);
+                m.set_f32(p.get("stats"), 2 * row, mean);
+                m.set_f32(p.get("stats"), 2 * row + 1, rstd);
             }
         }
         "memo_layer_norm_backward_params" => {
-            let (rows, width, per_chunk) = (int(p[4]), int(p[5]), int(p[6]));
+            let (rows, width, per_chunk) = (p.int("rows"), p.int("width"), p.int("rows_per_chunk"));
             let chunks = grid[1] as usize;
             for chunk in 0..chunks {
                 for j in 0..width {
                     let (mut ds, mut dsh) = (0f32, 0f32);
                     for r in chunk * per_chunk..((chunk + 1) * per_chunk).min(rows) {
-                        let d = m.bf16(p[1], r * width + j);
-                        let xhat = (m.bf16(p[0], r * width + j) - m.f32(p[2], 2 * r)) * m.f32(p[2], 2 * r + 1);
+                        let d = m.bf16(p.get("dy"), r * width + j);
+                        let xhat = (m.bf16(p.get("x"), r * width + j) - m.f32(p.get("stats"), 2 * r))
+                            * m.f32(p.get("stats"), 2 * r + 1);
                         ds += d * xhat;
                         dsh += d;
                     }
-                    m.set_f32(p[3], chunk * width + j, ds);
-                    m.set_f32(p[3], (chunks + chunk) * width + j, dsh);
+                    m.set_f32(p.get("partial"), chunk * width + j, ds);
+                    m.set_f32(p.get("partial"), (chunks + chunk) * width + j, dsh);
                 }
             }
         }
         "memo_cross_entropy" => {
-            let (rows, vocab, tokens) = (int(p[3]), int(p[4]), float(p[5]));
+            let (rows, vocab, tokens) = (p.int("rows"), p.int("vocab"), p.float("tokens"));
             for row in 0..rows {
-                let target = m.u32(p[1], row) as usize;
+                let target = m.u32(p.get("targets"), row) as usize;
                 if target >= vocab {
-                    m.report(2, int(p[7]) as u64, row as u64, target as u64);
-                    m.set_f32(p[2], row, 0.0);
+                    m.report(2, p.int("instruction") as u64, row as u64, target as u64);
+                    m.set_f32(p.get("row_loss"), row, 0.0);
                     continue;
                 }
-                let logits: Vec<f32> = (0..vocab).map(|j| m.bf16(p[0], row * vocab + j)).collect();
+                let logits: Vec<f32> = (0..vocab).map(|j| m.bf16(p.get("logits"), row * vocab + j)).collect();
                 let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let z: f32 = logits.iter().map(|l| (l - max).exp()).sum();
-                m.set_f32(p[2], row, max + z.ln() - logits[target]);
+                m.set_f32(p.get("row_loss"), row, max + z.ln() - logits[target]);
                 for (j, l) in logits.iter().enumerate() {
                     let q = (l - max).exp() / z;
-                    m.set_bf16(p[0], row * vocab + j, if j == target { (q - 1.0) / tokens } else { q / tokens });
+                    m.set_bf16(
+                        p.get("logits"),
+                        row * vocab + j,
+                        if j == target { (q - 1.0) / tokens } else { q / tokens },
+                    );
                 }
             }
         }
         "memo_sum_into_scalar" => {
-            let total: f32 = (0..int(p[1])).map(|i| m.f32(p[0], i)).sum();
-            let old = m.f32(p[2], 0);
-            m.set_f32(p[2], 0, old + total);
+            let total: f32 = (0..p.int("count")).map(|i| m.f32(p.get("values"), i)).sum();
+            let old = m.f32(p.get("scalar"), 0);
+            m.set_f32(p.get("scalar"), 0, old + total);
         }
         "memo_sum_squares_partial" => {
-            let (n, blocks) = (int(p[1]), grid[0] as usize);
+            let (n, blocks) = (p.int("n"), grid[0] as usize);
             for block in 0..blocks {
                 let mut sum = 0f32;
                 for i in (0..n).filter(|i| (i / 256) % blocks == block) {
-                    let g = m.bf16(p[0], i);
+                    let g = m.bf16(p.get("grad"), i);
                     sum += g * g;
                 }
-                m.set_f32(p[2], block, sum);
+                m.set_f32(p.get("partial"), block, sum);
             }
         }
         "memo_adamw" => {
-            let norm_squared = m.f32(p[3], 0);
+            let norm_squared = m.f32(p.get("norm_squared"), 0);
             if !norm_squared.is_finite() {
-                m.report(3, int(p[14]) as u64, u64::from(norm_squared.to_bits()), 0);
+                m.report(3, p.int("instruction") as u64, u64::from(norm_squared.to_bits()), 0);
                 return;
             }
-            let (rows, width) = (int(p[4]), int(p[5]));
-            let [beta1, beta2, eps, max_norm, step_size, decay, c2] = [6, 7, 8, 9, 10, 11, 12].map(|i| float(p[i]));
+            let (rows, width) = (p.int("rows"), p.int("width"));
+            let [beta1, beta2, eps, max_norm, step_size, decay, c2] =
+                ["beta1", "beta2", "eps", "max_grad_norm", "step_size", "decay", "correction2_sqrt"]
+                    .map(|n| p.float(n));
             let norm = norm_squared.sqrt();
             let clip = if max_norm > 0.0 && norm > max_norm { max_norm / norm } else { 1.0 };
             for i in 0..rows * width {
                 let (row, col) = (i / width, i % width);
                 let base = row * 3 * width;
-                let g = m.bf16(p[1], i) * clip;
-                let mut w = m.f32(p[2], base + col) * decay;
-                let first = beta1 * m.f32(p[2], base + width + col) + (1.0 - beta1) * g;
-                let second = beta2 * m.f32(p[2], base + 2 * width + col) + (1.0 - beta2) * g * g;
+                let g = m.bf16(p.get("grad"), i) * clip;
+                let mut w = m.f32(p.get("state"), base + col) * decay;
+                let first = beta1 * m.f32(p.get("state"), base + width + col) + (1.0 - beta1) * g;
+                let second = beta2 * m.f32(p.get("state"), base + 2 * width + col) + (1.0 - beta2) * g * g;
                 w -= step_size * first / (second.sqrt() / c2 + eps);
-                m.set_f32(p[2], base + col, w);
-                m.set_f32(p[2], base + width + col, first);
-                m.set_f32(p[2], base + 2 * width + col, second);
-                m.set_bf16(p[0], i, w);
+                m.set_f32(p.get("state"), base + col, w);
+                m.set_f32(p.get("state"), base + width + col, first);
+                m.set_f32(p.get("state"), base + 2 * width + col, second);
+                m.set_bf16(p.get("parameter"), i, w);
             }
         }
         other => panic!("kernel {other} is not emulated"),
@@ -350,7 +394,9 @@ pub(crate) fn run(steps: &[Step], args: &mut [Vec<u8>], instruction: u32) -> [u3
                         Param::F32(v) => Value::Float(v),
                     })
                     .collect();
-                kernel(&mut m, launch.kernel, launch.grid, &values);
+                let names = declared_parameters(launch.kernel).into_iter().map(parameter_name);
+                let params = Params { kernel: launch.kernel, values: names.zip(values).collect() };
+                kernel(&mut m, launch.kernel, launch.grid, &params);
             }
         }
     }

@@ -308,36 +308,16 @@ pub enum Step {
     },
 }
 
-/// The shape of one launch argument (what the backend knows from the plan).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ArgShape {
-    /// The argument's first row in its buffer.
-    pub first_row: u64,
-    /// Rows in the argument.
-    pub rows: u64,
-    /// Bytes per row.
-    pub row_bytes: u64,
-}
+/// The shape of one launch argument (what the backend knows from the plan): the op table's.
+pub use memo_plan_core::plan::shapes::ArgShape;
 
-/// Why a launch has no recipe: the op, the argument and what is wrong, and how to fix it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RecipeError {
-    /// The op.
-    pub op: Op,
-    /// What is wrong.
-    pub message: String,
-}
-
-impl std::fmt::Display for RecipeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "op `{}`: {}", self.op.name(), self.message)
-    }
-}
-
-impl std::error::Error for RecipeError {}
+/// Why a launch has no recipe: the op, the argument and what is wrong, and how to fix it. It is
+/// the launch error of every backend (`memo_plan_core::plan::shapes::OpError`), so a launch the
+/// CPU reference refuses is refused here with the same error.
+pub type RecipeError = memo_plan_core::plan::shapes::OpError;
 
 /// The steps that run `op` on arguments of these shapes (in signature order). Shapes are
-/// checked as the CPU reference checks them; an op with no GPU kernel (the collectives, which
+/// checked by the op table's rules, the CPU reference's check; an op with no GPU kernel (the collectives, which
 /// need several GPUs) is an error.
 pub fn launch_steps(op: Op, args: &[ArgShape], context: &KernelContext) -> Result<Vec<Step>, RecipeError> {
     recipes::steps(op, args, context)

@@ -1,5 +1,6 @@
-//! One recipe per op: shape checks (the CPU reference's, `runtime-cpu/src/ops`), then the
-//! kernels and GEMMs that compute it.
+//! One recipe per op: the op table's shape checks (`memo_plan_core::plan::shapes::check`, the
+//! same call the CPU reference makes), the kernels' own limits, then the kernels and GEMMs that
+//! compute it, sized from the checked [`OpShape`].
 //!
 //! GEMM layout. Every matrix in the arena is row-major bf16. BLAS is column-major, and a
 //! row-major `r x c` matrix is the column-major `c x r` matrix (its transpose) with leading
@@ -12,13 +13,12 @@
 //! uses `beta = 1`, so `y = round(x W^T + bias)`, one rounding as on the CPU. Only the order of
 //! the f32 sums differs from the CPU (cuBLAS picks it), which the GPU tests' tolerance covers.
 
+use memo_plan_core::plan::shapes::{self, OpError, OpShape, ShapeContext};
 use memo_plan_core::plan::Op;
 use memo_runtime::KernelContext;
 
 use crate::{ArgShape, Gemm, KernelLaunch, Operand, Param, RecipeError, Step};
 
-/// bf16 bytes.
-const BF16: u64 = 2;
 /// f32 and u32 bytes.
 const WORD: u64 = 4;
 /// Threads of the row and element kernels (whole warps on NVIDIA and AMD).
@@ -34,92 +34,15 @@ const EMBEDDING_BACKWARD_COLUMNS: u64 = 256 * 8;
 /// Scratch offsets are rounded up to this (any vector load is aligned).
 const SCRATCH_ALIGN: u64 = 256;
 
-/// The launch's arguments, checked against the op's signature.
-struct Args<'a> {
+/// The launch, for the kernels' own limits (the op table's rules were checked by
+/// [`shapes::check`]): errors name the argument by its index.
+struct Args {
     op: Op,
-    args: &'a [ArgShape],
 }
 
-impl<'a> Args<'a> {
-    fn new(op: Op, args: &'a [ArgShape]) -> Result<Self, RecipeError> {
-        let signature = op.signature();
-        if args.len() != signature.len() {
-            let names: Vec<&str> = signature.iter().map(|(name, _)| *name).collect();
-            return Err(RecipeError {
-                op,
-                message: format!(
-                    "{} arguments, but the op takes {} ({}); the plan or the interpreter is wrong",
-                    args.len(),
-                    signature.len(),
-                    names.join(", ")
-                ),
-            });
-        }
-        Ok(Args { op, args })
-    }
-
-    fn name(&self, index: usize) -> &'static str {
-        self.op.signature().get(index).map_or("?", |(name, _)| *name)
-    }
-
-    fn rows(&self, index: usize) -> u64 {
-        self.args[index].rows
-    }
-
-    fn row_bytes(&self, index: usize) -> u64 {
-        self.args[index].row_bytes
-    }
-
+impl Args {
     fn error(&self, index: usize, expected: String, found: String) -> RecipeError {
-        RecipeError {
-            op: self.op,
-            message: format!("argument `{}`: expected {expected}, found {found}", self.name(index)),
-        }
-    }
-
-    /// Elements per row, for elements of `elem` bytes.
-    fn elems(&self, index: usize, elem: u64, what: &str) -> Result<u64, RecipeError> {
-        let row_bytes = self.row_bytes(index);
-        if !row_bytes.is_multiple_of(elem) {
-            let expected = format!("a row of whole {what} elements (a multiple of {elem} bytes)");
-            return Err(self.error(index, expected, format!("{row_bytes} bytes per row")));
-        }
-        Ok(row_bytes / elem)
-    }
-
-    fn want_rows(&self, index: usize, expected: u64, why: &str) -> Result<(), RecipeError> {
-        if self.rows(index) == expected {
-            return Ok(());
-        }
-        Err(self.error(index, format!("{expected} rows ({why})"), format!("{} rows", self.rows(index))))
-    }
-
-    fn want_row_bytes(&self, index: usize, expected: u64, why: &str) -> Result<(), RecipeError> {
-        if self.row_bytes(index) == expected {
-            return Ok(());
-        }
-        let found = format!("{} bytes per row", self.row_bytes(index));
-        Err(self.error(index, format!("{expected} bytes per row ({why})"), found))
-    }
-
-    /// `count` elements of `elem` bytes per row (the product is checked).
-    fn want_elems(&self, index: usize, count: u64, elem: u64, why: &str) -> Result<(), RecipeError> {
-        match count.checked_mul(elem) {
-            Some(bytes) => self.want_row_bytes(index, bytes, why),
-            None => Err(self.error(
-                index,
-                format!("{count} elements of {elem} bytes per row ({why}), more than memory holds"),
-                format!("{} bytes per row", self.row_bytes(index)),
-            )),
-        }
-    }
-
-    /// Elements in the whole argument.
-    fn total_elems(&self, index: usize, elem: u64) -> Result<u64, RecipeError> {
-        let per_row = self.elems(index, elem, "bf16")?;
-        self.rows(index).checked_mul(per_row).ok_or_else(|| {
-            self.error(index, "fewer than 2^64 elements".into(), format!("{} rows of {per_row}", self.rows(index)))
-        })
+        OpError::shape(self.op, index, expected, found)
     }
 
     /// A count that a kernel takes as `u32` (row widths, the vocabulary).
@@ -142,8 +65,16 @@ impl<'a> Args<'a> {
     }
 }
 
-fn context_error(op: Op, field: &str, problem: &str) -> RecipeError {
-    RecipeError { op, message: format!("context field `{field}`: {problem}") }
+/// What the op table needs of the kernel context.
+pub(crate) fn shape_context(ctx: &KernelContext) -> ShapeContext {
+    ShapeContext {
+        hidden: ctx.hidden,
+        heads: ctx.heads,
+        seq_len: ctx.seq_len,
+        vocab: ctx.vocab,
+        loss_scale_tokens: ctx.loss_scale_tokens,
+        adamw_step: ctx.adamw.step,
+    }
 }
 
 fn ptr(arg: usize) -> Param {
@@ -175,41 +106,30 @@ fn column_chunks(rows: u64) -> (u64, u64) {
 }
 
 /// The recipe of one launch.
-pub(crate) fn steps(op: Op, shapes: &[ArgShape], ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    let a = Args::new(op, shapes)?;
+pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    let s = shapes::check(op, args, &shape_context(ctx))?;
+    let a = Args { op };
     match op {
-        Op::Embedding => embedding(&a, ctx),
-        Op::LayerNorm => layer_norm(&a, ctx),
-        Op::Linear => linear(&a),
-        Op::Gelu => elementwise(&a, "memo_gelu_forward", &[0], 1),
-        Op::GeluBackward => elementwise(&a, "memo_gelu_backward", &[0, 1], 2),
-        Op::Add => elementwise(&a, "memo_add", &[0, 1], 2),
-        Op::LinearBackwardInput => linear_backward_input(&a, false),
-        Op::LinearBackwardInputAccumulate => linear_backward_input(&a, true),
-        Op::LinearBackwardWeight => linear_backward_weight(&a),
-        Op::LayerNormBackward => layer_norm_backward(&a, ctx),
-        Op::Classifier => classifier(&a, ctx),
-        Op::CrossEntropy => cross_entropy(&a, ctx),
-        Op::ClassifierBackwardWeight => classifier_backward_weight(&a, ctx),
-        Op::EmbeddingBackward => embedding_backward(&a, ctx),
+        Op::Embedding => embedding(&a, &s),
+        Op::LayerNorm => layer_norm(&a, &s),
+        Op::Linear => linear(&a, &s),
+        Op::Gelu => elementwise(&s, "memo_gelu_forward", &[0], 1),
+        Op::GeluBackward => elementwise(&s, "memo_gelu_backward", &[0, 1], 2),
+        Op::Add => elementwise(&s, "memo_add", &[0, 1], 2),
+        Op::LinearBackwardInput => linear_backward_input(&a, &s, false),
+        Op::LinearBackwardInputAccumulate => linear_backward_input(&a, &s, true),
+        Op::LinearBackwardWeight => linear_backward_weight(&a, &s),
+        Op::LayerNormBackward => layer_norm_backward(&a, &s),
+        Op::Classifier => classifier(&a, &s),
+        Op::CrossEntropy => cross_entropy(&a, &s, ctx),
+        Op::ClassifierBackwardWeight => classifier_backward_weight(&a, &s),
+        Op::EmbeddingBackward => embedding_backward(&a, &s),
         Op::Zero => Ok(vec![Step::Zero { arg: 0 }]),
-        Op::GradNormSquared => grad_norm_squared(&a),
-        Op::AdamW => adamw(&a, ctx),
-        Op::Attention => crate::attention::forward_steps(shapes, ctx),
-        Op::AttentionBackward => crate::attention::backward_steps(shapes, ctx),
-        Op::AllGather | Op::ReduceScatter => Err(RecipeError {
-            op,
-            message: "needs a multi-GPU backend (t > 1); this backend runs plans made with tensor parallelism t = 1"
-                .into(),
-        }),
+        Op::GradNormSquared => grad_norm_squared(&s),
+        Op::AdamW => adamw(&a, &s, ctx),
+        Op::Attention | Op::AttentionBackward => crate::attention::steps(&s, args),
+        Op::AllGather | Op::ReduceScatter => Err(OpError::needs_multi_gpu(op)),
     }
-}
-
-/// Checks the tied embedding (argument `index`) against the context: `vocab` rows of `hidden`
-/// bf16.
-fn check_embedding(a: &Args<'_>, index: usize, ctx: &KernelContext) -> Result<(), RecipeError> {
-    a.want_rows(index, ctx.vocab, "the vocabulary size `vocab` of the context")?;
-    a.want_elems(index, ctx.hidden, BF16, "`hidden` bf16 of the context")
 }
 
 /// The parameters both embedding kernels take: the three arguments in order, then the shape.
@@ -227,14 +147,10 @@ fn embedding_params(rows: u64, width: u32, vocab: u32) -> Vec<Param> {
 }
 
 /// `embedding` [tokens, embedding, out].
-fn embedding(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    check_embedding(a, 1, ctx)?;
-    a.want_rows(2, a.rows(0), "one row per token")?;
-    a.want_row_bytes(2, a.row_bytes(1), "the row width of `embedding`")?;
-    a.want_row_bytes(0, WORD, "one u32 token id per row")?;
-    let rows = a.rows(0);
-    let width = a.small(1, a.row_bytes(1) / BF16, "a row width")?;
-    let vocab = a.small(1, a.rows(1), "a vocabulary")?;
+fn embedding(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    let rows = s.rows;
+    let width = a.small(1, s.width, "a row width")?;
+    let vocab = a.small(1, s.features, "a vocabulary")?;
     if rows == 0 {
         return Ok(Vec::new());
     }
@@ -243,19 +159,15 @@ fn embedding(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError
 }
 
 /// `embedding_backward` [tokens, dout, dembedding (read-write)].
-fn embedding_backward(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    check_embedding(a, 2, ctx)?;
-    a.want_rows(1, a.rows(0), "one gradient row per token")?;
-    a.want_row_bytes(1, a.row_bytes(2), "the row width of `dembedding`")?;
-    a.want_row_bytes(0, WORD, "one u32 token id per row")?;
-    let rows = a.rows(0);
-    let width = a.small(2, a.row_bytes(2) / BF16, "a row width")?;
-    let vocab = a.small(2, a.rows(2), "a vocabulary")?;
+fn embedding_backward(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    let rows = s.rows;
+    let width = a.small(2, s.width, "a row width")?;
+    let vocab = a.small(2, s.features, "a vocabulary")?;
     if rows == 0 {
         return Ok(Vec::new());
     }
     if vocab == 0 {
-        return Err(context_error(a.op, "vocab", "is 0, so every token id is out of range"));
+        return Err(OpError::context(a.op, "vocab", "is 0, so every token id is out of range".into()));
     }
     let column_tiles = u64::from(width).div_ceil(EMBEDDING_BACKWARD_COLUMNS).max(1);
     let column_tiles = u32::try_from(column_tiles).ok().filter(|&t| t <= 65_535).ok_or_else(|| {
@@ -266,16 +178,8 @@ fn embedding_backward(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, Re
 }
 
 /// An element-wise op: `inputs` have the output's (argument `output`) shape, bf16.
-fn elementwise(a: &Args<'_>, name: &'static str, inputs: &[usize], output: usize) -> Result<Vec<Step>, RecipeError> {
-    let first = inputs[0];
-    a.elems(first, BF16, "bf16")?;
-    for &index in inputs[1..].iter().chain([&output]) {
-        let why = format!("the rows of `{}`", a.name(first));
-        a.want_rows(index, a.rows(first), &why)?;
-        let why = format!("the row width of `{}`", a.name(first));
-        a.want_row_bytes(index, a.row_bytes(first), &why)?;
-    }
-    let n = a.total_elems(first, BF16)?;
+fn elementwise(s: &OpShape, name: &'static str, inputs: &[usize], output: usize) -> Result<Vec<Step>, RecipeError> {
+    let n = s.elements;
     if n == 0 {
         return Ok(Vec::new());
     }
@@ -285,21 +189,9 @@ fn elementwise(a: &Args<'_>, name: &'static str, inputs: &[usize], output: usize
     Ok(vec![kernel(name, [blocks(n, u64::from(BLOCK)), 1, 1], BLOCK, params, 0)])
 }
 
-/// Checks a `1 x hidden` bf16 vector (a norm's scale, shift or their gradients).
-fn check_vector(a: &Args<'_>, index: usize, hidden: u64) -> Result<(), RecipeError> {
-    a.want_rows(index, 1, "a norm's scale and shift are one row")?;
-    a.want_elems(index, hidden, BF16, "`hidden` bf16 of the context")
-}
-
 /// `layer_norm` [x, scale, shift, y].
-fn layer_norm(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    let h = ctx.hidden;
-    a.want_elems(0, h, BF16, "`hidden` bf16 of the context")?;
-    check_vector(a, 1, h)?;
-    check_vector(a, 2, h)?;
-    a.want_rows(3, a.rows(0), "one row per row of `x`")?;
-    a.want_elems(3, h, BF16, "`hidden` bf16 of the context")?;
-    let rows = a.rows(0);
+fn layer_norm(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    let (rows, h) = (s.rows, s.width);
     let width = a.small(0, h, "`hidden`")?;
     if rows == 0 || width == 0 {
         return Ok(Vec::new());
@@ -311,17 +203,8 @@ fn layer_norm(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeErro
 /// `layer_norm_backward` [x, scale, dy, dx, dscale, dshift].
 ///
 /// Scratch: each row's (mean, rstd) at 0, then the row-chunk partial sums of dscale and dshift.
-fn layer_norm_backward(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    let h = ctx.hidden;
-    a.want_elems(0, h, BF16, "`hidden` bf16 of the context")?;
-    check_vector(a, 1, h)?;
-    a.want_rows(2, a.rows(0), "one gradient row per row of `x`")?;
-    a.want_elems(2, h, BF16, "`hidden` bf16 of the context")?;
-    a.want_rows(3, a.rows(0), "one row per row of `x`")?;
-    a.want_elems(3, h, BF16, "`hidden` bf16 of the context")?;
-    check_vector(a, 4, h)?;
-    check_vector(a, 5, h)?;
-    let rows = a.rows(0);
+fn layer_norm_backward(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    let (rows, h) = (s.rows, s.width);
     let width = a.small(0, h, "`hidden`")?;
     if width == 0 {
         return Ok(Vec::new());
@@ -405,15 +288,8 @@ fn gemm_or_empty(gemm: Gemm) -> Vec<Step> {
 }
 
 /// `linear` [x, weight, bias, y]: `y = x W^T + bias`.
-fn linear(a: &Args<'_>) -> Result<Vec<Step>, RecipeError> {
-    let k = a.elems(0, BF16, "bf16")?;
-    let n = a.rows(1);
-    a.want_elems(1, k, BF16, "one bf16 weight per input feature: the row width of `x`")?;
-    a.want_rows(2, 1, "a bias is one row")?;
-    a.want_elems(2, n, BF16, "one bf16 per output feature: the rows of `weight`")?;
-    a.want_rows(3, a.rows(0), "one output row per row of `x`")?;
-    a.want_elems(3, n, BF16, "one bf16 per output feature: the rows of `weight`")?;
-    let rows = a.rows(0);
+fn linear(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    let (rows, k, n) = (s.rows, s.width, s.features);
     if rows == 0 || n == 0 {
         return Ok(Vec::new());
     }
@@ -448,13 +324,8 @@ fn linear(a: &Args<'_>) -> Result<Vec<Step>, RecipeError> {
 }
 
 /// `linear_backward_input(_accumulate)` [dy, weight, dx]: `dx (+)= dy W`.
-fn linear_backward_input(a: &Args<'_>, accumulate: bool) -> Result<Vec<Step>, RecipeError> {
-    let n = a.elems(0, BF16, "bf16")?;
-    a.want_rows(1, n, "one weight row per output feature: the row width of `dy`")?;
-    let k = a.elems(1, BF16, "bf16")?;
-    a.want_rows(2, a.rows(0), "one row per row of `dy`")?;
-    a.want_elems(2, k, BF16, "one bf16 per input feature: the row width of `weight`")?;
-    let rows = a.rows(0);
+fn linear_backward_input(a: &Args, s: &OpShape, accumulate: bool) -> Result<Vec<Step>, RecipeError> {
+    let (rows, k, n) = (s.rows, s.width, s.features);
     // dX^T (k x rows) = W^T (k x n) dY^T (n x rows): A = the weight buffer (k x n column-major,
     // as stored), B = dy (n x rows column-major), C = dx (k x rows column-major).
     Ok(gemm_or_empty(Gemm {
@@ -506,15 +377,8 @@ fn column_sum(src: usize, dst: usize, rows: u64, width: u32) -> Vec<Step> {
 }
 
 /// `linear_backward_weight` [x, dy, dweight, dbias]: `dW = dy^T x`, `dbias = column sums of dy`.
-fn linear_backward_weight(a: &Args<'_>) -> Result<Vec<Step>, RecipeError> {
-    let k = a.elems(0, BF16, "bf16")?;
-    let n = a.elems(1, BF16, "bf16")?;
-    a.want_rows(1, a.rows(0), "one gradient row per row of `x`")?;
-    a.want_rows(2, n, "one row per output feature: the row width of `dy`")?;
-    a.want_elems(2, k, BF16, "one bf16 per input feature: the row width of `x`")?;
-    a.want_rows(3, 1, "a bias gradient is one row")?;
-    a.want_elems(3, n, BF16, "one bf16 per output feature: the row width of `dy`")?;
-    let rows = a.rows(0);
+fn linear_backward_weight(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    let (rows, k, n) = (s.rows, s.width, s.features);
     if n == 0 {
         return Ok(Vec::new());
     }
@@ -543,48 +407,40 @@ fn linear_backward_weight(a: &Args<'_>) -> Result<Vec<Step>, RecipeError> {
 }
 
 /// `classifier` [x, embedding, logits]: `logits = x E^T`.
-fn classifier(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    check_embedding(a, 1, ctx)?;
-    let h = ctx.hidden;
-    a.want_elems(0, h, BF16, "`hidden` bf16 of the context")?;
-    a.want_rows(2, a.rows(0), "one row of logits per row of `x`")?;
-    a.want_elems(2, ctx.vocab, BF16, "one bf16 per vocabulary entry")?;
+fn classifier(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    let (h, vocab) = (s.width, s.features);
     // Logits^T (vocab x rows) = E (vocab x h) X^T (h x rows), as in `linear`.
     Ok(gemm_or_empty(Gemm {
         transpose_a: true,
         transpose_b: false,
-        m: a.dim(1, ctx.vocab, "the vocabulary")?,
-        n: a.dim(0, a.rows(0), "rows")?,
+        m: a.dim(1, vocab, "the vocabulary")?,
+        n: a.dim(0, s.rows, "rows")?,
         k: a.dim(0, h, "`hidden`")?,
         a: operand(1),
         lda: a.dim(0, h.max(1), "`hidden`")?,
         b: operand(0),
         ldb: a.dim(0, h.max(1), "`hidden`")?,
         c: operand(2),
-        ldc: a.dim(1, ctx.vocab.max(1), "the vocabulary")?,
+        ldc: a.dim(1, vocab.max(1), "the vocabulary")?,
         alpha: 1.0,
         beta: 0.0,
     }))
 }
 
 /// `classifier_backward_weight` [x, dlogits, dembedding (read-write)]: `dE += dlogits^T x`.
-fn classifier_backward_weight(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    check_embedding(a, 2, ctx)?;
-    let h = ctx.hidden;
-    a.want_elems(0, h, BF16, "`hidden` bf16 of the context")?;
-    a.want_rows(1, a.rows(0), "one gradient row per row of `x`")?;
-    a.want_elems(1, ctx.vocab, BF16, "one bf16 per vocabulary entry")?;
+fn classifier_backward_weight(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    let (h, vocab) = (s.width, s.features);
     // dE^T (h x vocab) += X^T (h x rows) dLogits (rows x vocab), as in linear_backward_weight.
     Ok(gemm_or_empty(Gemm {
         transpose_a: false,
         transpose_b: true,
         m: a.dim(0, h, "`hidden`")?,
-        n: a.dim(1, ctx.vocab, "the vocabulary")?,
-        k: a.dim(0, a.rows(0), "rows")?,
+        n: a.dim(1, vocab, "the vocabulary")?,
+        k: a.dim(0, s.rows, "rows")?,
         a: operand(0),
         lda: a.dim(0, h.max(1), "`hidden`")?,
         b: operand(1),
-        ldb: a.dim(1, ctx.vocab.max(1), "the vocabulary")?,
+        ldb: a.dim(1, vocab.max(1), "the vocabulary")?,
         c: operand(2),
         ldc: a.dim(0, h.max(1), "`hidden`")?,
         alpha: 1.0,
@@ -594,17 +450,9 @@ fn classifier_backward_weight(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<S
 
 /// `cross_entropy` [logits (read-write), targets, loss (read-write)]. Scratch: one f32 loss per
 /// row, summed into `loss` in a fixed order by `memo_sum_into_scalar`.
-fn cross_entropy(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    a.want_elems(0, ctx.vocab, BF16, "one bf16 per vocabulary entry (`vocab` of the context)")?;
-    a.want_rows(1, a.rows(0), "one target per row of `logits`")?;
-    a.want_row_bytes(1, WORD, "one u32 target per row")?;
-    a.want_rows(2, 1, "the loss is one f32")?;
-    a.want_row_bytes(2, WORD, "the loss is one f32")?;
-    if ctx.loss_scale_tokens == 0 {
-        return Err(context_error(a.op, "loss_scale_tokens", "is 0; it must be the step's token count b*s"));
-    }
-    let rows = a.rows(0);
-    let vocab = a.small(0, ctx.vocab, "a vocabulary")?;
+fn cross_entropy(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    let rows = s.rows;
+    let vocab = a.small(0, s.width, "a vocabulary")?;
     if rows == 0 {
         return Ok(Vec::new());
     }
@@ -637,10 +485,8 @@ fn cross_entropy(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeE
 }
 
 /// `grad_norm_squared` [grad, sum_squares (read-write)]. Scratch: one f32 per first-stage block.
-fn grad_norm_squared(a: &Args<'_>) -> Result<Vec<Step>, RecipeError> {
-    let n = a.total_elems(0, BF16)?;
-    a.want_rows(1, 1, "a scalar is one row")?;
-    a.want_row_bytes(1, WORD, "a scalar is one f32")?;
+fn grad_norm_squared(s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    let n = s.elements;
     if n == 0 {
         return Ok(Vec::new());
     }
@@ -666,25 +512,11 @@ fn grad_norm_squared(a: &Args<'_>) -> Result<Vec<Step>, RecipeError> {
 
 /// `adamw` [parameter (read-write), grad, optimizer_state (read-write), grad_norm_squared].
 /// The host-side constants are computed exactly as the CPU reference computes them.
-fn adamw(a: &Args<'_>, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    let e = a.elems(0, BF16, "bf16")?;
-    a.want_rows(1, a.rows(0), "the rows of `parameter`")?;
-    a.want_row_bytes(1, a.row_bytes(0), "the row width of `parameter`")?;
-    a.want_rows(2, a.rows(0), "one state row per row of `parameter`")?;
-    a.want_elems(2, e, 3 * WORD, "f32 master weight, m and v per element of a `parameter` row")?;
-    a.want_rows(3, 1, "a scalar is one row")?;
-    a.want_row_bytes(3, WORD, "a scalar is one f32")?;
+fn adamw(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
     let hp = ctx.adamw;
-    if hp.step == 0 {
-        return Err(context_error(
-            a.op,
-            "adamw.step",
-            "is 0; steps count from 1 (bias correction divides by 1 - beta^step)",
-        ));
-    }
-    let rows = a.rows(0);
-    let width = a.small(0, e, "a row width")?;
-    let n = a.total_elems(0, BF16)?;
+    let rows = s.rows;
+    let width = a.small(0, s.width, "a row width")?;
+    let n = s.elements;
     let step = hp.step as f64;
     let correction1 = (1.0 - f64::from(hp.beta1).powf(step)) as f32;
     let correction2_sqrt = (1.0 - f64::from(hp.beta2).powf(step)).sqrt() as f32;

@@ -153,13 +153,9 @@ fn words(bytes: &[u8]) -> Vec<f32> {
 
 /// The C parameter kinds of kernel `name`: 'p' pointer, 'q' u64, 'u' u32, 'f' float.
 fn declaration(name: &str) -> Vec<char> {
-    let source = SOURCES.iter().find(|s| s.kernels.contains(&name)).unwrap_or_else(|| panic!("{name} in no source"));
-    let start = source.text.find(&format!("{name}(")).unwrap_or_else(|| panic!("{name} not defined")) + name.len() + 1;
-    let end = start + source.text[start..].find(')').expect("closing parenthesis");
-    source.text[start..end]
-        .split(',')
+    crate::emulation::declared_parameters(name)
+        .into_iter()
         .map(|p| {
-            let p = p.trim();
             if p.contains('*') {
                 'p'
             } else if p.starts_with("memo_u64") {

@@ -41,6 +41,7 @@ use crate::swap::AlphaBound;
 pub mod decode;
 pub mod encode;
 pub mod json;
+pub mod shapes;
 
 pub use decode::PlanDecodeError;
 
@@ -401,7 +402,7 @@ impl Access {
 
 impl Op {
     /// The op's arguments in order: what each is, and how the op accesses it. A launch of this
-    /// op has exactly these arguments.
+    /// op has exactly these arguments; [`shapes::check`] holds the rules for their shapes.
     pub fn signature(self) -> &'static [(&'static str, Access)] {
         use Access::{Read as R, ReadWrite as RW, Write as W};
         match self {

@@ -28,6 +28,7 @@ use core::fmt;
 
 use crate::cost::{self, AttentionFlops};
 use crate::model::{ModelConfig, ModelError, Parallelism, BF16_BYTES, FP32_BYTES};
+use crate::plan::shapes;
 use crate::plan::{
     Action, Arg, Buffer, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, Region, Strategy, Stream,
     TensorRole, TensorRows,
@@ -343,11 +344,12 @@ impl Builder {
     }
 
     /// `2 * rows * in * out` of a linear layer over `rows` rows with `weight` (`out` rows of
-    /// `in` bf16 elements).
+    /// `in` bf16 elements): the op table's count (`plan::shapes::matmul_flops`), which a
+    /// backend's checked launch reports too.
     pub fn linear_flops(&self, rows: u64, weight: BufferId) -> Result<u64, ScheduleError> {
         let w = &self.buffers[weight.index()];
-        let product = u128::from(rows) * u128::from(w.rows) * u128::from(w.row_bytes / BF16_BYTES) * 2;
-        u64::try_from(product).map_err(|_| ScheduleError::FlopsOverflow { op: "linear" })
+        shapes::matmul_flops(rows, w.row_bytes / BF16_BYTES, w.rows)
+            .ok_or(ScheduleError::FlopsOverflow { op: "linear" })
     }
 
     /// For `t > 1`, all-gathers `x`'s rows over the tensor-parallel group into a new transient

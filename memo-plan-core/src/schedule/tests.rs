@@ -239,3 +239,45 @@ fn the_checker_accepts_the_paper_setting() {
         assert_eq!(crate::check::check_plan(&report.plan), Ok(()), "{strategy:?}");
     }
 }
+
+/// Every launch of a `t = 1` schedule passes the op table's shape rules (`plan::shapes`, which
+/// every backend checks before it runs a launch), and each matrix product's FLOPs in the plan are
+/// the op table's count for its shapes.
+#[test]
+fn every_launch_passes_the_op_tables_shape_rules_with_its_flops() {
+    use crate::plan::shapes::{self, ArgShape, ShapeContext};
+    for strategy in Strategy::ALL {
+        let model = tiny(3, 96);
+        let options = ScheduleOptions { strategy, alpha_fixed: ALPHA_ONE / 3 };
+        let schedule = build(&model, &Parallelism::new(1, 1), &options).unwrap();
+        let embedding = schedule.buffers.iter().find(|b| b.role == crate::plan::TensorRole::Embedding).unwrap();
+        let ctx = ShapeContext {
+            hidden: model.hidden,
+            heads: model.heads,
+            seq_len: model.seq_len,
+            vocab: embedding.rows,
+            loss_scale_tokens: model.micro_batch * model.seq_len,
+            adamw_step: 1,
+        };
+        let mut products = 0;
+        for instruction in &schedule.instructions {
+            let Action::Launch(launch) = &instruction.action else { continue };
+            let args: Vec<ArgShape> = launch
+                .args
+                .iter()
+                .map(|arg| {
+                    let buffer = schedule.buffers[arg.region.buffer.index()];
+                    let rows = arg.region.end - arg.region.start;
+                    ArgShape { first_row: arg.region.start, rows, row_bytes: buffer.row_bytes }
+                })
+                .collect();
+            let shape = shapes::check(launch.op, &args, &ctx)
+                .unwrap_or_else(|e| panic!("{} ({}): {e}", launch.op.name(), strategy.name()));
+            if shape.matmul_flops() > 0 {
+                assert_eq!(launch.flops, shape.matmul_flops(), "{}", launch.op.name());
+                products += 1;
+            }
+        }
+        assert!(products > 10, "{products} matrix products");
+    }
+}

@@ -18,7 +18,9 @@
 use memo_plan_core::plan::Op;
 
 use super::parallel::map_tasks;
-use super::tensor::{bf16_bits_to_f32, context_error, f32_to_bf16_bytes, f32_vec, split, In, Out, Shape, BF16, WORD};
+use memo_plan_core::plan::shapes::OpShape;
+
+use super::tensor::{bf16_bits_to_f32, dim, f32_to_bf16_bytes, f32_vec, split, In, BF16, WORD};
 use super::{Arg, OpContext, OpError};
 
 /// Keys per block of the online softmax (the score tile of one query row).
@@ -37,53 +39,16 @@ struct Geometry {
 }
 
 impl Geometry {
-    /// The shapes implied by `q` and the context; checks that they work.
-    fn new(op: Op, q: &In<'_>, ctx: &OpContext) -> Result<Self, OpError> {
-        if ctx.heads == 0 {
-            return Err(context_error(op, "heads", "is 0; attention needs at least one head".into()));
-        }
-        if ctx.seq_len == 0 {
-            return Err(context_error(op, "seq_len", "is 0; it must be the rows of one sequence".into()));
-        }
-        let elems = q.elems(op, BF16, "bf16")?;
-        let head_dim = elems / ctx.heads;
-        if !elems.is_multiple_of(ctx.heads) || head_dim == 0 || !head_dim.is_multiple_of(2) {
-            let expected = format!(
-                "a row of `heads` ({}) heads of an even, positive head dimension (rotary positions rotate pairs)",
-                ctx.heads
-            );
-            return Err(q.shape_error(op, expected, format!("{elems} bf16 per row")));
-        }
-        let s = ctx.seq_len;
-        if !q.first_row.is_multiple_of(s) || !q.rows.is_multiple_of(s) {
-            let expected = format!("whole sequences of `seq_len` = {s} rows (positions are row % seq_len)");
-            let found = format!("rows {}..{}", q.first_row, q.first_row + q.rows);
-            return Err(q.shape_error(op, expected, found));
-        }
-        Ok(Geometry { heads: ctx.heads, head_dim, seq_len: s, sequences: q.rows / s, row_bytes: q.row_bytes })
-    }
-
-    /// Checks an input shaped like `q` (same rows, width, and whole sequences).
-    fn check_like_q(&self, op: Op, q: &In<'_>, arg: &In<'_>) -> Result<(), OpError> {
-        arg.want_rows(op, q.rows, "the rows of `q`")?;
-        arg.want_row_bytes(op, self.row_bytes, "the row width of `q`")?;
-        if !arg.first_row.is_multiple_of(self.seq_len) {
-            let expected = format!("whole sequences of `seq_len` = {} rows", self.seq_len);
-            return Err(arg.shape_error(op, expected, format!("first row {}", arg.first_row)));
-        }
-        Ok(())
-    }
-
-    /// Checks an output shaped like `q`.
-    fn check_out_like_q(&self, op: Op, q: &In<'_>, arg: &Out<'_>) -> Result<(), OpError> {
-        arg.want_rows(op, q.rows, "the rows of `q`")?;
-        arg.want_row_bytes(op, self.row_bytes, "the row width of `q`")
-    }
-
-    /// Checks a log-sum-exp argument: one f32 per head per row.
-    fn check_lse(&self, op: Op, q: &In<'_>, arg: &impl Shape) -> Result<(), OpError> {
-        arg.want_rows(op, q.rows, "the rows of `q`")?;
-        arg.want_elems(op, self.heads, WORD, "one f32 per head")
+    /// The geometry the op table checked (`shape.attention`), with `q`'s row width.
+    fn new(shape: &OpShape, q: &In<'_>) -> Result<Self, OpError> {
+        let a = shape.attention_geometry()?;
+        Ok(Geometry {
+            heads: dim(a.heads),
+            head_dim: dim(a.head_dim),
+            seq_len: dim(a.seq_len),
+            sequences: dim(a.sequences),
+            row_bytes: q.row_bytes,
+        })
     }
 
     fn scale(&self) -> f32 {
@@ -296,12 +261,8 @@ pub(crate) fn forward_blocked(
     key_block: usize,
 ) -> Result<(), OpError> {
     let op = Op::Attention;
-    let ([q, k, v], [out, lse]) = split::<3, 2>(op, args)?;
-    let g = Geometry::new(op, &q, ctx)?;
-    g.check_like_q(op, &q, &k)?;
-    g.check_like_q(op, &q, &v)?;
-    g.check_out_like_q(op, &q, &out)?;
-    g.check_lse(op, &q, &lse)?;
+    let ([q, k, v], [out, lse], shape) = split::<3, 2>(op, args, ctx)?;
+    let g = Geometry::new(&shape, &q)?;
     if g.sequences == 0 {
         return Ok(());
     }
@@ -402,15 +363,8 @@ pub(crate) fn backward_blocked(
     key_block: usize,
 ) -> Result<(), OpError> {
     let op = Op::AttentionBackward;
-    let ([q, k, v, out, lse, dout], [dq, dk, dv]) = split::<6, 3>(op, args)?;
-    let g = Geometry::new(op, &q, ctx)?;
-    for arg in [&k, &v, &out, &dout] {
-        g.check_like_q(op, &q, arg)?;
-    }
-    g.check_lse(op, &q, &lse)?;
-    for arg in [&dq, &dk, &dv] {
-        g.check_out_like_q(op, &q, arg)?;
-    }
+    let ([q, k, v, out, lse, dout], [dq, dk, dv], shape) = split::<6, 3>(op, args, ctx)?;
+    let g = Geometry::new(&shape, &q)?;
     if g.sequences == 0 {
         return Ok(());
     }

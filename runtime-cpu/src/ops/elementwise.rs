@@ -4,8 +4,7 @@
 
 use memo_plan_core::plan::Op;
 
-use super::linear::check_embedding;
-use super::tensor::{bf16_bits_to_f32, f32_to_bf16_bytes, split, u32_vec, Shape, BF16, WORD};
+use super::tensor::{bf16_bits_to_f32, f32_to_bf16_bytes, split, u32_vec, BF16};
 use super::{Arg, OpContext, OpError, OpErrorKind};
 
 /// `sqrt(2 / pi)`, of GeLU's tanh approximation.
@@ -28,9 +27,9 @@ pub(crate) fn gelu_derivative(x: f32) -> f32 {
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
 }
 
-/// Token ids of a `tokens` argument, each checked to be below `limit`.
+/// Token ids of a `tokens` argument (one u32 per row, as the op table checked), each checked
+/// to be below `limit`.
 fn token_ids(op: Op, tokens: &super::tensor::In<'_>, limit: usize) -> Result<Vec<u32>, OpError> {
-    tokens.want_row_bytes(op, WORD, "one u32 token id per row")?;
     let ids = u32_vec(tokens.bytes);
     if let Some((row, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= limit) {
         let kind = OpErrorKind::IdOutOfRange { row, id, limit };
@@ -42,10 +41,7 @@ fn token_ids(op: Op, tokens: &super::tensor::In<'_>, limit: usize) -> Result<Vec
 /// `embedding`: `out[r] = embedding[tokens[r]]`.
 pub(crate) fn embedding(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
     let op = Op::Embedding;
-    let ([tokens, embedding], [out]) = split::<2, 1>(op, args)?;
-    check_embedding(op, &embedding, ctx)?;
-    out.want_rows(op, tokens.rows, "one row per token")?;
-    out.want_row_bytes(op, embedding.row_bytes, "the row width of `embedding`")?;
+    let ([tokens, embedding], [out], _) = split::<2, 1>(op, args, ctx)?;
     let ids = token_ids(op, &tokens, embedding.rows)?;
     let width = embedding.row_bytes;
     if width == 0 {
@@ -64,10 +60,7 @@ pub(crate) fn embedding(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpE
 /// f32 in row order onto the stored bf16 value, which is rounded once.
 pub(crate) fn embedding_backward(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
     let op = Op::EmbeddingBackward;
-    let ([tokens, dout], [dembedding]) = split::<2, 1>(op, args)?;
-    check_embedding(op, &dembedding, ctx)?;
-    dout.want_rows(op, tokens.rows, "one gradient row per token")?;
-    dout.want_row_bytes(op, dembedding.row_bytes, "the row width of `dembedding`")?;
+    let ([tokens, dout], [dembedding], _) = split::<2, 1>(op, args, ctx)?;
     let ids = token_ids(op, &tokens, dembedding.rows)?;
     let width = dembedding.row_bytes;
     if width == 0 || ids.is_empty() {
@@ -101,18 +94,9 @@ pub(crate) fn embedding_backward(args: &mut [Arg<'_>], ctx: &OpContext) -> Resul
     Ok(())
 }
 
-/// Checks that `y` has `x`'s shape (bf16 rows).
-fn same_shape(op: Op, x: &impl Shape, y: &impl Shape) -> Result<(), OpError> {
-    x.elems(op, BF16, "bf16")?;
-    y.want_rows(op, x.rows(), &format!("the rows of `{}`", x.name()))?;
-    y.want_row_bytes(op, x.row_bytes(), &format!("the row width of `{}`", x.name()))
-}
-
 /// `gelu`: `y = gelu(x)`.
-pub(crate) fn gelu(args: &mut [Arg<'_>]) -> Result<(), OpError> {
-    let op = Op::Gelu;
-    let ([x], [y]) = split::<1, 1>(op, args)?;
-    same_shape(op, &x, &y)?;
+pub(crate) fn gelu(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+    let ([x], [y], _) = split::<1, 1>(Op::Gelu, args, ctx)?;
     for (dst, src) in y.bytes.chunks_exact_mut(BF16).zip(x.bytes.chunks_exact(BF16)) {
         dst.copy_from_slice(&f32_to_bf16_bytes(gelu_value(bf16_bits_to_f32(src[0], src[1]))));
     }
@@ -120,11 +104,8 @@ pub(crate) fn gelu(args: &mut [Arg<'_>]) -> Result<(), OpError> {
 }
 
 /// `gelu_backward`: `dx = dy * gelu'(x)`.
-pub(crate) fn gelu_backward(args: &mut [Arg<'_>]) -> Result<(), OpError> {
-    let op = Op::GeluBackward;
-    let ([x, dy], [dx]) = split::<2, 1>(op, args)?;
-    same_shape(op, &x, &dy)?;
-    same_shape(op, &x, &dx)?;
+pub(crate) fn gelu_backward(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+    let ([x, dy], [dx], _) = split::<2, 1>(Op::GeluBackward, args, ctx)?;
     for ((dst, xs), dys) in
         dx.bytes.chunks_exact_mut(BF16).zip(x.bytes.chunks_exact(BF16)).zip(dy.bytes.chunks_exact(BF16))
     {
@@ -135,11 +116,8 @@ pub(crate) fn gelu_backward(args: &mut [Arg<'_>]) -> Result<(), OpError> {
 }
 
 /// `add`: `y = a + b`.
-pub(crate) fn add(args: &mut [Arg<'_>]) -> Result<(), OpError> {
-    let op = Op::Add;
-    let ([a, b], [y]) = split::<2, 1>(op, args)?;
-    same_shape(op, &a, &b)?;
-    same_shape(op, &a, &y)?;
+pub(crate) fn add(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+    let ([a, b], [y], _) = split::<2, 1>(Op::Add, args, ctx)?;
     for ((dst, av), bv) in
         y.bytes.chunks_exact_mut(BF16).zip(a.bytes.chunks_exact(BF16)).zip(b.bytes.chunks_exact(BF16))
     {
@@ -150,8 +128,8 @@ pub(crate) fn add(args: &mut [Arg<'_>]) -> Result<(), OpError> {
 }
 
 /// `zero`: every byte of the rows to 0 (0.0 in bf16 and f32 alike).
-pub(crate) fn zero(args: &mut [Arg<'_>]) -> Result<(), OpError> {
-    let ([], [buffer]) = split::<0, 1>(Op::Zero, args)?;
+pub(crate) fn zero(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+    let ([], [buffer], _) = split::<0, 1>(Op::Zero, args, ctx)?;
     buffer.bytes.fill(0);
     Ok(())
 }

@@ -7,7 +7,7 @@
 use memo_plan_core::plan::Op;
 
 use super::gemm::{gemm, ASource, PackedB};
-use super::tensor::{bf16_bits_to_f32, bf16_vec, f32_to_bf16_bytes, split, store_bf16, Shape, BF16};
+use super::tensor::{bf16_bits_to_f32, bf16_vec, dim, f32_to_bf16_bytes, split, store_bf16, BF16};
 use super::{Arg, OpContext, OpError};
 
 /// What the epilogue does with a row of `C`.
@@ -46,16 +46,9 @@ fn store_rows(c: &[f32], n_pad: usize, n: usize, out: &mut [u8], how: Store<'_>)
 }
 
 /// `linear`: `y = x W^T + bias`.
-pub(crate) fn linear(args: &mut [Arg<'_>], threads: usize) -> Result<(), OpError> {
-    let op = Op::Linear;
-    let ([x, weight, bias], [y]) = split::<3, 1>(op, args)?;
-    let k = x.elems(op, BF16, "bf16")?;
-    let n = weight.rows;
-    weight.want_elems(op, k, BF16, "one bf16 weight per input feature: the row width of `x`")?;
-    bias.want_rows(op, 1, "a bias is one row")?;
-    bias.want_elems(op, n, BF16, "one bf16 per output feature: the rows of `weight`")?;
-    y.want_rows(op, x.rows, "one output row per row of `x`")?;
-    y.want_elems(op, n, BF16, "one bf16 per output feature: the rows of `weight`")?;
+pub(crate) fn linear(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
+    let ([x, weight, bias], [y], shape) = split::<3, 1>(Op::Linear, args, ctx)?;
+    let (k, n) = (dim(shape.width), dim(shape.features));
     let b = PackedB::from_bf16_transposed(weight.bytes, n, k);
     let bias = bf16_vec(bias.bytes);
     let a = ASource::Rows { bytes: x.bytes, k };
@@ -64,14 +57,15 @@ pub(crate) fn linear(args: &mut [Arg<'_>], threads: usize) -> Result<(), OpError
 }
 
 /// `linear_backward_input` (`dx = dy W`) and its accumulating twin (`dx += dy W`).
-pub(crate) fn backward_input(args: &mut [Arg<'_>], accumulate: bool, threads: usize) -> Result<(), OpError> {
+pub(crate) fn backward_input(
+    args: &mut [Arg<'_>],
+    ctx: &OpContext,
+    accumulate: bool,
+    threads: usize,
+) -> Result<(), OpError> {
     let op = if accumulate { Op::LinearBackwardInputAccumulate } else { Op::LinearBackwardInput };
-    let ([dy, weight], [dx]) = split::<2, 1>(op, args)?;
-    let n = dy.elems(op, BF16, "bf16")?;
-    weight.want_rows(op, n, "one weight row per output feature: the row width of `dy`")?;
-    let k = weight.elems(op, BF16, "bf16")?;
-    dx.want_rows(op, dy.rows, "one row per row of `dy`")?;
-    dx.want_elems(op, k, BF16, "one bf16 per input feature: the row width of `weight`")?;
+    let ([dy, weight], [dx], shape) = split::<2, 1>(op, args, ctx)?;
+    let (k, n) = (dim(shape.width), dim(shape.features));
     let b = PackedB::from_bf16(weight.bytes, n, k);
     let how = if accumulate { Store::Accumulate } else { Store::Overwrite };
     let a = ASource::Rows { bytes: dy.bytes, k: n };
@@ -80,16 +74,9 @@ pub(crate) fn backward_input(args: &mut [Arg<'_>], accumulate: bool, threads: us
 }
 
 /// `linear_backward_weight`: `dW = dy^T x` and `dbias = sum over rows of dy` (both overwritten).
-pub(crate) fn backward_weight(args: &mut [Arg<'_>], threads: usize) -> Result<(), OpError> {
-    let op = Op::LinearBackwardWeight;
-    let ([x, dy], [dweight, dbias]) = split::<2, 2>(op, args)?;
-    let k = x.elems(op, BF16, "bf16")?;
-    let n = dy.elems(op, BF16, "bf16")?;
-    dy.want_rows(op, x.rows, "one gradient row per row of `x`")?;
-    dweight.want_rows(op, n, "one row per output feature: the row width of `dy`")?;
-    dweight.want_elems(op, k, BF16, "one bf16 per input feature: the row width of `x`")?;
-    dbias.want_rows(op, 1, "a bias gradient is one row")?;
-    dbias.want_elems(op, n, BF16, "one bf16 per output feature: the row width of `dy`")?;
+pub(crate) fn backward_weight(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
+    let ([x, dy], [dweight, dbias], shape) = split::<2, 2>(Op::LinearBackwardWeight, args, ctx)?;
+    let (k, n) = (dim(shape.width), dim(shape.features));
     let b = PackedB::from_bf16(x.bytes, x.rows, k);
     let a = ASource::Columns { bytes: dy.bytes, width: n };
     gemm(a, &b, dweight.bytes, dweight.row_bytes, threads, |_, c, n_pad, out| {
@@ -107,24 +94,12 @@ pub(crate) fn backward_weight(args: &mut [Arg<'_>], threads: usize) -> Result<()
     Ok(())
 }
 
-/// Checks the tied embedding against the context: `vocab` rows of `hidden` bf16.
-pub(crate) fn check_embedding(op: Op, embedding: &impl Shape, ctx: &OpContext) -> Result<(), OpError> {
-    embedding.want_rows(op, ctx.vocab, "the vocabulary size `vocab` of the context")?;
-    embedding.want_elems(op, ctx.hidden, BF16, "`hidden` bf16 of the context")
-}
-
 /// `classifier`: `logits = x E^T` over a chunk of rows.
 pub(crate) fn classifier(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
-    let op = Op::Classifier;
-    let ([x, embedding], [logits]) = split::<2, 1>(op, args)?;
-    check_embedding(op, &embedding, ctx)?;
-    let h = ctx.hidden;
-    x.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
-    logits.want_rows(op, x.rows, "one row of logits per row of `x`")?;
-    logits.want_elems(op, ctx.vocab, BF16, "one bf16 per vocabulary entry")?;
-    let b = PackedB::from_bf16_transposed(embedding.bytes, ctx.vocab, h);
+    let ([x, embedding], [logits], shape) = split::<2, 1>(Op::Classifier, args, ctx)?;
+    let (h, v) = (dim(shape.width), dim(shape.features));
+    let b = PackedB::from_bf16_transposed(embedding.bytes, v, h);
     let a = ASource::Rows { bytes: x.bytes, k: h };
-    let v = ctx.vocab;
     gemm(a, &b, logits.bytes, logits.row_bytes, threads, |_, c, n_pad, out| {
         store_rows(c, n_pad, v, out, Store::Overwrite)
     });
@@ -133,15 +108,10 @@ pub(crate) fn classifier(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) 
 
 /// `classifier_backward_weight`: `dE += dlogits^T x` over a chunk.
 pub(crate) fn classifier_backward_weight(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
-    let op = Op::ClassifierBackwardWeight;
-    let ([x, dlogits], [dembedding]) = split::<2, 1>(op, args)?;
-    check_embedding(op, &dembedding, ctx)?;
-    let h = ctx.hidden;
-    x.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
-    dlogits.want_rows(op, x.rows, "one gradient row per row of `x`")?;
-    dlogits.want_elems(op, ctx.vocab, BF16, "one bf16 per vocabulary entry")?;
+    let ([x, dlogits], [dembedding], shape) = split::<2, 1>(Op::ClassifierBackwardWeight, args, ctx)?;
+    let (h, v) = (dim(shape.width), dim(shape.features));
     let b = PackedB::from_bf16(x.bytes, x.rows, h);
-    let a = ASource::Columns { bytes: dlogits.bytes, width: ctx.vocab };
+    let a = ASource::Columns { bytes: dlogits.bytes, width: v };
     gemm(a, &b, dembedding.bytes, dembedding.row_bytes, threads, |_, c, n_pad, out| {
         store_rows(c, n_pad, h, out, Store::Accumulate)
     });

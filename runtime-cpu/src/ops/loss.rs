@@ -3,7 +3,7 @@
 use memo_plan_core::plan::Op;
 
 use super::norm::sum_lanes;
-use super::tensor::{context_error, load_bf16, scalar, split, store_bf16, store_f32, u32_vec, Shape, BF16, WORD};
+use super::tensor::{dim, load_bf16, scalar, split, store_bf16, store_f32, u32_vec, BF16};
 use super::{Arg, OpContext, OpError, OpErrorKind};
 
 /// `cross_entropy`: `loss += sum over rows of (logsumexp(logits) - logits[target])`, and
@@ -13,16 +13,8 @@ use super::{Arg, OpContext, OpError, OpErrorKind};
 /// `p = exp(l - m) / z`. The chunk's losses are summed in row order, then added to `loss`.
 pub(crate) fn cross_entropy(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
     let op = Op::CrossEntropy;
-    let ([targets], [logits, loss]) = split::<1, 2>(op, args)?;
-    let v = ctx.vocab;
-    logits.want_elems(op, v, BF16, "one bf16 per vocabulary entry (`vocab` of the context)")?;
-    targets.want_rows(op, logits.rows, "one target per row of `logits`")?;
-    targets.want_row_bytes(op, WORD, "one u32 target per row")?;
-    loss.want_rows(op, 1, "the loss is one f32")?;
-    loss.want_row_bytes(op, WORD, "the loss is one f32")?;
-    if ctx.loss_scale_tokens == 0 {
-        return Err(context_error(op, "loss_scale_tokens", "is 0; it must be the step's token count b*s".into()));
-    }
+    let ([targets], [logits, loss], shape) = split::<1, 2>(op, args, ctx)?;
+    let v = dim(shape.width);
     let ids = u32_vec(targets.bytes);
     if let Some((row, &id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= v) {
         let kind = OpErrorKind::IdOutOfRange { row, id, limit: v };

@@ -25,9 +25,7 @@
 //! backend) come back as [`OpError`].
 #![forbid(unsafe_code)]
 
-use std::fmt;
-
-use memo_plan_core::plan::{Access, Op};
+use memo_plan_core::plan::Op;
 
 mod attention;
 mod elementwise;
@@ -88,119 +86,10 @@ pub struct Arg<'a> {
     pub row_bytes: usize,
 }
 
-/// Why an op could not run. `Display` names the op, the argument and what was expected.
-#[derive(Clone, Debug, PartialEq)]
-pub struct OpError {
-    /// The op launched.
-    pub op: Op,
-    /// The argument at fault (its name in [`Op::signature`]), if one is.
-    pub argument: Option<&'static str>,
-    /// What is wrong.
-    pub kind: OpErrorKind,
-}
-
-/// What is wrong with a launch.
-#[derive(Clone, Debug, PartialEq)]
-pub enum OpErrorKind {
-    /// Another number of arguments than the op's signature has.
-    ArgumentCount {
-        /// The signature's count.
-        expected: usize,
-        /// The launch's.
-        found: usize,
-    },
-    /// An argument passed read-only where the op writes it, or writable where it only reads.
-    ArgumentAccess {
-        /// The signature's access.
-        expected: Access,
-        /// `"read"` or `"write"`: how it was passed.
-        found: &'static str,
-    },
-    /// The bytes passed are not `rows * row_bytes`.
-    ByteCount {
-        /// Rows claimed.
-        rows: usize,
-        /// Bytes per row claimed.
-        row_bytes: usize,
-        /// Bytes passed.
-        bytes: usize,
-    },
-    /// The shape does not fit the op or the other arguments.
-    Shape {
-        /// What the op needs, and why.
-        expected: String,
-        /// What the argument has.
-        found: String,
-    },
-    /// A token id or target that is not below the vocabulary size.
-    IdOutOfRange {
-        /// The row (within the argument) holding it.
-        row: usize,
-        /// The id.
-        id: u32,
-        /// The vocabulary size.
-        limit: usize,
-    },
-    /// A field of [`OpContext`] this op cannot work with.
-    Context {
-        /// The field.
-        field: &'static str,
-        /// What is wrong with it.
-        problem: String,
-    },
-    /// A value that is NaN or infinite where the step cannot continue (the gradient norm).
-    NotFinite {
-        /// The value.
-        value: f32,
-    },
-    /// `all_gather` and `reduce_scatter` need the GPUs of a tensor-parallel group.
-    NeedsMultiGpu,
-}
-
-impl fmt::Display for OpError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "op `{}`", self.op.name())?;
-        if let Some(argument) = self.argument {
-            write!(f, ", argument `{argument}`")?;
-        }
-        f.write_str(": ")?;
-        match &self.kind {
-            OpErrorKind::ArgumentCount { expected, found } => write!(
-                f,
-                "{found} arguments, but the op takes {expected} ({}); the plan or the interpreter is wrong",
-                signature_names(self.op)
-            ),
-            OpErrorKind::ArgumentAccess { expected, found } => write!(
-                f,
-                "passed as {found}, but the op's signature says {}; pass read arguments as ArgData::Read and \
-                 write or read_write ones as ArgData::Write",
-                expected.name()
-            ),
-            OpErrorKind::ByteCount { rows, row_bytes, bytes } => {
-                write!(f, "{bytes} bytes passed for {rows} rows of {row_bytes} bytes; pass exactly those rows' bytes")
-            }
-            OpErrorKind::Shape { expected, found } => write!(f, "expected {expected}, found {found}"),
-            OpErrorKind::IdOutOfRange { row, id, limit } => {
-                write!(f, "row {row} holds id {id}, not below the vocabulary size {limit}; the input data is corrupt")
-            }
-            OpErrorKind::Context { field, problem } => write!(f, "context field `{field}`: {problem}"),
-            OpErrorKind::NotFinite { value } => write!(
-                f,
-                "the value is {value}: the gradients overflowed or hold NaN; lower the learning rate or check the data"
-            ),
-            OpErrorKind::NeedsMultiGpu => f.write_str(
-                "needs a multi-GPU backend (t > 1); the CPU backend runs plans made with tensor parallelism t = 1",
-            ),
-        }
-    }
-}
-
-impl std::error::Error for OpError {}
-
-fn signature_names(op: Op) -> String {
-    let names: Vec<&str> = op.signature().iter().map(|(name, _)| *name).collect();
-    names.join(", ")
-}
+/// Why an op could not run: the one launch error of every backend, defined with the op table's
+/// shape rules (`memo_plan_core::plan::shapes`). `Display` names the op, the argument and what was
+/// expected.
+pub use memo_plan_core::plan::shapes::{OpError, OpErrorKind};
 
 /// Runs `op` on `args` (in [`Op::signature`] order) with the process-wide thread count
 /// ([`threads`]).
@@ -215,27 +104,27 @@ pub fn execute_with_threads(op: Op, args: &mut [Arg<'_>], ctx: &OpContext, threa
     match op {
         Op::Embedding => elementwise::embedding(args, ctx),
         Op::LayerNorm => norm::layer_norm(args, ctx),
-        Op::Linear => linear::linear(args, threads),
+        Op::Linear => linear::linear(args, ctx, threads),
         Op::Attention => attention::forward(args, ctx, threads),
-        Op::Gelu => elementwise::gelu(args),
-        Op::Add => elementwise::add(args),
+        Op::Gelu => elementwise::gelu(args, ctx),
+        Op::Add => elementwise::add(args, ctx),
         Op::AllGather | Op::ReduceScatter => {
             // Check the arguments first so a malformed launch reports that, not the backend.
-            tensor::split::<1, 1>(op, args)?;
-            Err(OpError { op, argument: None, kind: OpErrorKind::NeedsMultiGpu })
+            tensor::split::<1, 1>(op, args, ctx)?;
+            Err(OpError::needs_multi_gpu(op))
         }
-        Op::LinearBackwardInput => linear::backward_input(args, false, threads),
-        Op::LinearBackwardInputAccumulate => linear::backward_input(args, true, threads),
-        Op::LinearBackwardWeight => linear::backward_weight(args, threads),
-        Op::GeluBackward => elementwise::gelu_backward(args),
+        Op::LinearBackwardInput => linear::backward_input(args, ctx, false, threads),
+        Op::LinearBackwardInputAccumulate => linear::backward_input(args, ctx, true, threads),
+        Op::LinearBackwardWeight => linear::backward_weight(args, ctx, threads),
+        Op::GeluBackward => elementwise::gelu_backward(args, ctx),
         Op::LayerNormBackward => norm::layer_norm_backward(args, ctx),
         Op::AttentionBackward => attention::backward(args, ctx, threads),
         Op::Classifier => linear::classifier(args, ctx, threads),
         Op::CrossEntropy => loss::cross_entropy(args, ctx),
         Op::ClassifierBackwardWeight => linear::classifier_backward_weight(args, ctx, threads),
         Op::EmbeddingBackward => elementwise::embedding_backward(args, ctx),
-        Op::Zero => elementwise::zero(args),
-        Op::GradNormSquared => optim::grad_norm_squared(args),
+        Op::Zero => elementwise::zero(args, ctx),
+        Op::GradNormSquared => optim::grad_norm_squared(args, ctx),
         Op::AdamW => optim::adamw(args, ctx),
     }
 }

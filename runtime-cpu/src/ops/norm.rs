@@ -3,7 +3,7 @@
 
 use memo_plan_core::plan::Op;
 
-use super::tensor::{bf16_vec, load_bf16, split, store_bf16, Shape, BF16};
+use super::tensor::{bf16_vec, dim, load_bf16, split, store_bf16, BF16};
 use super::{Arg, OpContext, OpError};
 
 /// Added to the variance (PyTorch's default).
@@ -40,22 +40,10 @@ fn statistics(x: &[f32], centred: &mut [f32]) -> (f32, f32) {
     (mean, 1.0 / (variance + LAYER_NORM_EPS).sqrt())
 }
 
-/// Checks a `1 x hidden` parameter (scale, shift or their gradients).
-fn check_vector(op: Op, arg: &impl Shape, hidden: usize) -> Result<(), OpError> {
-    arg.want_rows(op, 1, "a norm's scale and shift are one row")?;
-    arg.want_elems(op, hidden, BF16, "`hidden` bf16 of the context")
-}
-
 /// `layer_norm`: `y = (x - mean) / sqrt(var + eps) * scale + shift`, per row.
 pub(crate) fn layer_norm(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
-    let op = Op::LayerNorm;
-    let ([x, scale, shift], [y]) = split::<3, 1>(op, args)?;
-    let h = ctx.hidden;
-    x.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
-    check_vector(op, &scale, h)?;
-    check_vector(op, &shift, h)?;
-    y.want_rows(op, x.rows, "one row per row of `x`")?;
-    y.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
+    let ([x, scale, shift], [y], shape) = split::<3, 1>(Op::LayerNorm, args, ctx)?;
+    let h = dim(shape.width);
     if h == 0 {
         return Ok(());
     }
@@ -75,17 +63,8 @@ pub(crate) fn layer_norm(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), Op
 /// `layer_norm_backward`: `dx`, `dscale`, `dshift` (all overwritten), statistics recomputed from
 /// `x`. `dscale` and `dshift` sum over rows in row order.
 pub(crate) fn layer_norm_backward(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
-    let op = Op::LayerNormBackward;
-    let ([x, scale, dy], [dx, dscale, dshift]) = split::<3, 3>(op, args)?;
-    let h = ctx.hidden;
-    x.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
-    check_vector(op, &scale, h)?;
-    dy.want_rows(op, x.rows, "one gradient row per row of `x`")?;
-    dy.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
-    dx.want_rows(op, x.rows, "one row per row of `x`")?;
-    dx.want_elems(op, h, BF16, "`hidden` bf16 of the context")?;
-    check_vector(op, &dscale, h)?;
-    check_vector(op, &dshift, h)?;
+    let ([x, scale, dy], [dx, dscale, dshift], shape) = split::<3, 3>(Op::LayerNormBackward, args, ctx)?;
+    let h = dim(shape.width);
     if h == 0 {
         return Ok(());
     }

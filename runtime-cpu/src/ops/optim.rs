@@ -2,25 +2,16 @@
 
 use memo_plan_core::plan::Op;
 
-use super::tensor::{bf16_bits_to_f32, context_error, f32_to_bf16_bytes, scalar, split, store_f32, Shape, BF16, WORD};
+use super::tensor::{bf16_bits_to_f32, dim, f32_to_bf16_bytes, scalar, split, store_f32, BF16, WORD};
 use super::{Arg, OpContext, OpError, OpErrorKind};
 
 /// Lanes of the sum of squares (a fixed order that vectorises).
 const LANES: usize = 8;
 
-/// Checks a one-f32 scalar argument.
-fn check_scalar(op: Op, arg: &impl Shape) -> Result<(), OpError> {
-    arg.want_rows(op, 1, "a scalar is one row")?;
-    arg.want_row_bytes(op, WORD, "a scalar is one f32")
-}
-
 /// `grad_norm_squared`: `sum_squares += sum of grad^2`. Element `j` of the gradient goes to lane
 /// `j % 8`; the lanes are added pairwise, then to `sum_squares` (all f32).
-pub(crate) fn grad_norm_squared(args: &mut [Arg<'_>]) -> Result<(), OpError> {
-    let op = Op::GradNormSquared;
-    let ([grad], [sum_squares]) = split::<1, 1>(op, args)?;
-    grad.elems(op, BF16, "bf16")?;
-    check_scalar(op, &sum_squares)?;
+pub(crate) fn grad_norm_squared(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+    let ([grad], [sum_squares], _) = split::<1, 1>(Op::GradNormSquared, args, ctx)?;
     let mut lanes = [0.0f32; LANES];
     let (chunks, rest) = grad.bytes.as_chunks::<{ LANES * BF16 }>();
     for chunk in chunks {
@@ -51,21 +42,9 @@ pub(crate) fn grad_norm_squared(args: &mut [Arg<'_>]) -> Result<(), OpError> {
 /// A non-finite squared norm is an error: the step would write NaN into every parameter.
 pub(crate) fn adamw(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
     let op = Op::AdamW;
-    let ([grad, norm], [parameter, state]) = split::<2, 2>(op, args)?;
-    let e = parameter.elems(op, BF16, "bf16")?;
-    grad.want_rows(op, parameter.rows, "the rows of `parameter`")?;
-    grad.want_row_bytes(op, parameter.row_bytes, "the row width of `parameter`")?;
-    state.want_rows(op, parameter.rows, "one state row per row of `parameter`")?;
-    state.want_elems(op, e, 3 * WORD, "f32 master weight, m and v per element of a `parameter` row")?;
-    check_scalar(op, &norm)?;
+    let ([grad, norm], [parameter, state], shape) = split::<2, 2>(op, args, ctx)?;
+    let e = dim(shape.width);
     let hp = ctx.adamw;
-    if hp.step == 0 {
-        return Err(context_error(
-            op,
-            "adamw.step",
-            "is 0; steps count from 1 (bias correction divides by 1 - beta^step)".into(),
-        ));
-    }
     let norm_squared = scalar(norm.bytes);
     if !norm_squared.is_finite() {
         let kind = OpErrorKind::NotFinite { value: norm_squared };

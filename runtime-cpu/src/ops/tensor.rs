@@ -1,15 +1,17 @@
 //! Argument views and element conversions.
 //!
-//! [`split`] checks a launch's arguments against the op's signature (count, access, byte count)
-//! and hands the op its read and written arguments as fixed-size arrays, in signature order. The
-//! shape helpers turn a mismatch into an [`OpError`] naming the op, the argument and why.
+//! [`split`] checks how a launch's arguments were passed (count, access, byte count), then their
+//! shapes against the op table's rules (`memo_plan_core::plan::shapes::check`, shared with the GPU
+//! recipes), and hands the op its read and written arguments as fixed-size arrays, in signature
+//! order, with the launch's checked dimensions.
 //!
 //! Elements are read and written through little-endian byte chunks, so no alignment is assumed.
 
 use half::bf16;
+use memo_plan_core::plan::shapes::{self, check_argument_count, ArgShape, OpShape, ShapeContext};
 use memo_plan_core::plan::{Access, Op};
 
-use super::{Arg, ArgData, OpError, OpErrorKind};
+use super::{Arg, ArgData, OpContext, OpError, OpErrorKind};
 
 /// Bytes of a bf16 element.
 pub(crate) const BF16: usize = 2;
@@ -20,32 +22,53 @@ pub(crate) const WORD: usize = 4;
 pub(crate) struct In<'s> {
     pub name: &'static str,
     pub bytes: &'s [u8],
-    pub first_row: usize,
     pub rows: usize,
     pub row_bytes: usize,
 }
 
 /// A written (or read-and-written) argument.
 pub(crate) struct Out<'s> {
-    pub name: &'static str,
     pub bytes: &'s mut [u8],
     pub rows: usize,
     pub row_bytes: usize,
 }
 
-/// Checks `args` against `op`'s signature and splits them into the `R` read-only and the `W`
-/// written ones, each in signature order.
+/// A count of the host's memory as `u64` (exact on every host this runs on).
+fn to_u64(value: usize) -> u64 {
+    u64::try_from(value).unwrap_or(u64::MAX)
+}
+
+/// A dimension of [`OpShape`] as `usize`. The op table derives each from the arguments' shapes
+/// (which are in memory) or from the [`OpContext`] (a `usize`), so it fits.
+pub(crate) fn dim(value: u64) -> usize {
+    usize::try_from(value).unwrap_or(usize::MAX)
+}
+
+/// What the op table needs of the context.
+fn shape_context(ctx: &OpContext) -> ShapeContext {
+    ShapeContext {
+        hidden: to_u64(ctx.hidden),
+        heads: to_u64(ctx.heads),
+        seq_len: to_u64(ctx.seq_len),
+        vocab: to_u64(ctx.vocab),
+        loss_scale_tokens: to_u64(ctx.loss_scale_tokens),
+        adamw_step: ctx.adamw.step,
+    }
+}
+
+/// Checks `args` against `op`'s signature and the op table's shape rules, and splits them into
+/// the `R` read-only and the `W` written ones, each in signature order, with the launch's
+/// dimensions.
 pub(crate) fn split<'s, const R: usize, const W: usize>(
     op: Op,
     args: &'s mut [Arg<'_>],
-) -> Result<([In<'s>; R], [Out<'s>; W]), OpError> {
+    ctx: &OpContext,
+) -> Result<([In<'s>; R], [Out<'s>; W], OpShape), OpError> {
     let signature = op.signature();
-    if args.len() != signature.len() {
-        let kind = OpErrorKind::ArgumentCount { expected: signature.len(), found: args.len() };
-        return Err(OpError { op, argument: None, kind });
-    }
+    check_argument_count(op, args.len())?;
     let mut reads = Vec::with_capacity(R);
     let mut writes = Vec::with_capacity(W);
+    let mut arg_shapes = Vec::with_capacity(args.len());
     for (arg, &(name, access)) in args.iter_mut().zip(signature) {
         let (rows, row_bytes, first_row) = (arg.rows, arg.row_bytes, arg.first_row);
         let bytes = match &arg.data {
@@ -56,10 +79,11 @@ pub(crate) fn split<'s, const R: usize, const W: usize>(
             let kind = OpErrorKind::ByteCount { rows, row_bytes, bytes };
             return Err(OpError { op, argument: Some(name), kind });
         }
+        arg_shapes.push(ArgShape { first_row: to_u64(first_row), rows: to_u64(rows), row_bytes: to_u64(row_bytes) });
         match (&mut arg.data, access) {
-            (ArgData::Read(data), Access::Read) => reads.push(In { name, bytes: data, first_row, rows, row_bytes }),
+            (ArgData::Read(data), Access::Read) => reads.push(In { name, bytes: data, rows, row_bytes }),
             (ArgData::Write(data), Access::Write | Access::ReadWrite) => {
-                writes.push(Out { name, bytes: data, rows, row_bytes })
+                writes.push(Out { bytes: data, rows, row_bytes })
             }
             (data, expected) => {
                 let found = if matches!(data, ArgData::Read(_)) { "read" } else { "write" };
@@ -68,85 +92,12 @@ pub(crate) fn split<'s, const R: usize, const W: usize>(
             }
         }
     }
+    let shape = shapes::check(op, &arg_shapes, &shape_context(ctx))?;
     // The counts follow from the signature; a mismatch here means `R`/`W` disagree with it.
     let internal = |found| OpError { op, argument: None, kind: OpErrorKind::ArgumentCount { expected: R + W, found } };
     let reads: [In<'s>; R] = reads.try_into().map_err(|v: Vec<In<'s>>| internal(v.len()))?;
     let writes: [Out<'s>; W] = writes.try_into().map_err(|v: Vec<Out<'s>>| internal(v.len()))?;
-    Ok((reads, writes))
-}
-
-/// Shape checks shared by read and written arguments.
-pub(crate) trait Shape {
-    fn name(&self) -> &'static str;
-    fn rows(&self) -> usize;
-    fn row_bytes(&self) -> usize;
-
-    fn shape_error(&self, op: Op, expected: String, found: String) -> OpError {
-        OpError { op, argument: Some(self.name()), kind: OpErrorKind::Shape { expected, found } }
-    }
-
-    /// Elements per row, for elements of `elem_bytes` (`what` names the element type).
-    fn elems(&self, op: Op, elem_bytes: usize, what: &str) -> Result<usize, OpError> {
-        if !self.row_bytes().is_multiple_of(elem_bytes) {
-            let expected = format!("a row of whole {what} elements (a multiple of {elem_bytes} bytes)");
-            return Err(self.shape_error(op, expected, format!("{} bytes per row", self.row_bytes())));
-        }
-        Ok(self.row_bytes() / elem_bytes)
-    }
-
-    /// Checks bytes per row: `expected` bytes, `why` says where the number comes from.
-    fn want_row_bytes(&self, op: Op, expected: usize, why: &str) -> Result<(), OpError> {
-        if self.row_bytes() == expected {
-            return Ok(());
-        }
-        let expected = format!("{expected} bytes per row ({why})");
-        Err(self.shape_error(op, expected, format!("{} bytes per row", self.row_bytes())))
-    }
-
-    /// Checks bytes per row: `count` elements of `elem_bytes` (`count` may come from another
-    /// argument's rows or the context, so the product is checked).
-    fn want_elems(&self, op: Op, count: usize, elem_bytes: usize, why: &str) -> Result<(), OpError> {
-        match count.checked_mul(elem_bytes) {
-            Some(bytes) => self.want_row_bytes(op, bytes, why),
-            None => {
-                let expected =
-                    format!("{count} elements of {elem_bytes} bytes per row ({why}), more than memory holds");
-                Err(self.shape_error(op, expected, format!("{} bytes per row", self.row_bytes())))
-            }
-        }
-    }
-
-    /// Checks the row count.
-    fn want_rows(&self, op: Op, expected: usize, why: &str) -> Result<(), OpError> {
-        if self.rows() == expected {
-            return Ok(());
-        }
-        Err(self.shape_error(op, format!("{expected} rows ({why})"), format!("{} rows", self.rows())))
-    }
-}
-
-impl Shape for In<'_> {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn rows(&self) -> usize {
-        self.rows
-    }
-    fn row_bytes(&self) -> usize {
-        self.row_bytes
-    }
-}
-
-impl Shape for Out<'_> {
-    fn name(&self) -> &'static str {
-        self.name
-    }
-    fn rows(&self) -> usize {
-        self.rows
-    }
-    fn row_bytes(&self) -> usize {
-        self.row_bytes
-    }
+    Ok((reads, writes, shape))
 }
 
 /// The f32 value of little-endian bf16 bytes (exact).
@@ -206,9 +157,4 @@ pub(crate) fn store_f32(values: &[f32], bytes: &mut [u8]) {
 /// The single f32 of a one-row scalar argument (checked by the caller to be 4 bytes).
 pub(crate) fn scalar(bytes: &[u8]) -> f32 {
     f32_vec(bytes).first().copied().unwrap_or(0.0)
-}
-
-/// An error for a context field the op cannot work with.
-pub(crate) fn context_error(op: Op, field: &'static str, problem: String) -> OpError {
-    OpError { op, argument: None, kind: OpErrorKind::Context { field, problem } }
 }

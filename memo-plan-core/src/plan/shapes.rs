@@ -1,0 +1,705 @@
+//! The op table's shape rules: for each [`Op`], what its arguments' shapes must be, and the
+//! dimensions a kernel needs from them ([`OpShape`]), defined once.
+//!
+//! Every executor checks a launch here before it computes: the CPU reference kernels
+//! (`runtime-cpu/src/ops`) and the GPU recipes (`kernels/src/recipes.rs`) call [`check`] with
+//! the launch's argument shapes (rows and bytes per row, in [`Op::signature`] order) and the
+//! [`ShapeContext`] (what shapes cannot say: the hidden size, heads, the sequence length, the
+//! vocabulary, the loss scale, AdamW's step). So a launch one refuses, the other refuses with the
+//! same [`OpError`], and the dimensions both compute with are the same numbers.
+//!
+//! What stays with an executor is what only it can know: the CPU checks that the bytes passed
+//! are `rows * row_bytes` and how each argument is passed, and token ids against the vocabulary;
+//! the GPU recipes check their kernels' limits (32-bit widths, BLAS dimensions, the head
+//! dimensions with a kernel), reported as [`OpError`]s too.
+
+use alloc::format;
+use alloc::string::String;
+use core::fmt;
+
+use super::{Access, Op};
+
+/// Bytes of a bf16 element.
+const BF16: u64 = 2;
+/// Bytes of an f32 or u32 element.
+const WORD: u64 = 4;
+/// Why a width is `hidden` elements.
+const HIDDEN: &str = "`hidden` bf16 of the context";
+
+/// The shape of one launch argument: rows `[first_row, first_row + rows)` of a buffer whose rows
+/// are `row_bytes` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ArgShape {
+    /// The argument's first row in its buffer (attention reads positions from it).
+    pub first_row: u64,
+    /// Rows in the argument.
+    pub rows: u64,
+    /// Bytes per row.
+    pub row_bytes: u64,
+}
+
+/// What a launch's argument shapes cannot say about the model (one GPU's share of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ShapeContext {
+    /// Elements per row of sequence-sharded activations (`h`).
+    pub hidden: u64,
+    /// Attention heads on this GPU.
+    pub heads: u64,
+    /// Rows of one sequence: row `r` is sequence `r / seq_len`, position `r % seq_len`.
+    pub seq_len: u64,
+    /// Rows of the word embedding.
+    pub vocab: u64,
+    /// Tokens of the whole step (`b*s`): cross-entropy divides the loss gradient by it.
+    pub loss_scale_tokens: u64,
+    /// AdamW's step, counted from 1.
+    pub adamw_step: u64,
+}
+
+/// The dimensions of an attention launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Heads (the context's).
+    pub heads: u64,
+    /// Elements of one head in a row of `q` (even: rotary positions rotate pairs).
+    pub head_dim: u64,
+    /// Rows of one sequence.
+    pub seq_len: u64,
+    /// Whole sequences in the launch.
+    pub sequences: u64,
+}
+
+/// The dimensions of a launch whose shapes passed [`check`].
+///
+/// `rows` are the rows the op runs over: tokens for activations (the rows of `x`, `dy`, `q`,
+/// `logits` or `tokens`), the parameter's rows for the optimizer ops, the buffer's for `zero`.
+/// `width` is elements per row of the op's main operand: the input features of a matrix product
+/// (`hidden` for the classifier), the bf16 elements of an element-wise, norm, optimizer or
+/// attention row, `vocab` for cross-entropy, the embedding's row for the embedding ops, bytes for
+/// `zero` (which knows no element type) and 0 for the collectives (which check nothing here).
+/// `features` are the output features of a matrix product (`vocab` for the classifier and the
+/// embedding ops), else 0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpShape {
+    /// The op.
+    pub op: Op,
+    /// Rows the op runs over.
+    pub rows: u64,
+    /// Elements per row of the main operand.
+    pub width: u64,
+    /// Output features of a matrix product.
+    pub features: u64,
+    /// `rows * width`: checked to fit 64 bits for the ops that visit every element (`gelu`,
+    /// `gelu_backward`, `add`, `grad_norm_squared`, `adamw`), saturated for the others.
+    pub elements: u64,
+    /// Heads, head dimension and sequences: `attention` and `attention_backward` only.
+    pub attention: Option<AttentionShape>,
+}
+
+impl OpShape {
+    /// The launch's matrix-product FLOPs, `2 * rows * width * features` (saturated), as
+    /// [`super::Launch::flops`] counts them: the linear layers, their backward and the
+    /// classifier's products; 0 for the rest (attention's are counted per layer by the cost
+    /// model, the other ops are memory-bound).
+    pub fn matmul_flops(&self) -> u64 {
+        match self.op {
+            Op::Linear
+            | Op::LinearBackwardInput
+            | Op::LinearBackwardInputAccumulate
+            | Op::LinearBackwardWeight
+            | Op::Classifier
+            | Op::ClassifierBackwardWeight => matmul_flops(self.rows, self.width, self.features).unwrap_or(u64::MAX),
+            _ => 0,
+        }
+    }
+}
+
+impl OpShape {
+    /// The attention geometry of an `attention` or `attention_backward` launch; an error for any
+    /// other op's shape (a backend that asks for it there has a bug).
+    pub fn attention_geometry(&self) -> Result<AttentionShape, OpError> {
+        self.attention.ok_or_else(|| OpError {
+            op: self.op,
+            argument: None,
+            kind: OpErrorKind::Unsupported {
+                reason: "the op table gave no attention geometry for this launch; please report it".into(),
+            },
+        })
+    }
+}
+
+/// `2 * rows * in_features * out_features`: the FLOPs of one matrix product over `rows` rows,
+/// or `None` when that overflows 64 bits.
+pub fn matmul_flops(rows: u64, in_features: u64, out_features: u64) -> Option<u64> {
+    let product = u128::from(rows) * u128::from(in_features) * u128::from(out_features) * 2;
+    u64::try_from(product).ok()
+}
+
+/// Why a launch cannot run, on any backend. `Display` names the op, the argument and what was
+/// expected.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OpError {
+    /// The op launched.
+    pub op: Op,
+    /// The argument at fault (its name in [`Op::signature`]), if one is.
+    pub argument: Option<&'static str>,
+    /// What is wrong.
+    pub kind: OpErrorKind,
+}
+
+/// What is wrong with a launch: its shapes or context (the rules of [`check`]), how a backend
+/// was handed its arguments, the data, or a backend's limits.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OpErrorKind {
+    /// Another number of arguments than the op's signature has.
+    ArgumentCount {
+        /// The signature's count.
+        expected: usize,
+        /// The launch's.
+        found: usize,
+    },
+    /// An argument passed read-only where the op writes it, or writable where it only reads.
+    ArgumentAccess {
+        /// The signature's access.
+        expected: Access,
+        /// `"read"` or `"write"`: how it was passed.
+        found: &'static str,
+    },
+    /// The bytes passed are not `rows * row_bytes`.
+    ByteCount {
+        /// Rows claimed.
+        rows: usize,
+        /// Bytes per row claimed.
+        row_bytes: usize,
+        /// Bytes passed.
+        bytes: usize,
+    },
+    /// The shape does not fit the op or the other arguments.
+    Shape {
+        /// What the op needs, and why.
+        expected: String,
+        /// What the argument has.
+        found: String,
+    },
+    /// A token id or target that is not below the vocabulary size.
+    IdOutOfRange {
+        /// The row (within the argument) holding it.
+        row: usize,
+        /// The id.
+        id: u32,
+        /// The vocabulary size.
+        limit: usize,
+    },
+    /// A field of the context this op cannot work with.
+    Context {
+        /// The field.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A value that is NaN or infinite where the step cannot continue (the gradient norm).
+    NotFinite {
+        /// The value.
+        value: f32,
+    },
+    /// A launch the rules allow but this backend's kernels cannot run (a limit of theirs).
+    Unsupported {
+        /// What, and what to change.
+        reason: String,
+    },
+    /// `all_gather` and `reduce_scatter` need the GPUs of a tensor-parallel group.
+    NeedsMultiGpu,
+}
+
+impl OpErrorKind {
+    /// Writes what is wrong (the part after the op and the argument) for a launch of `op`.
+    fn write(&self, op: Op, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpErrorKind::ArgumentCount { expected, found } => {
+                write!(f, "{found} arguments, but the op takes {expected} (")?;
+                for (index, (name, _)) in op.signature().iter().enumerate() {
+                    let separator = if index == 0 { "" } else { ", " };
+                    write!(f, "{separator}{name}")?;
+                }
+                f.write_str("); the plan or the interpreter is wrong")
+            }
+            OpErrorKind::ArgumentAccess { expected, found } => write!(
+                f,
+                "passed as {found}, but the op's signature says {}; pass read arguments as ArgData::Read and \
+                 write or read_write ones as ArgData::Write",
+                expected.name()
+            ),
+            OpErrorKind::ByteCount { rows, row_bytes, bytes } => {
+                write!(f, "{bytes} bytes passed for {rows} rows of {row_bytes} bytes; pass exactly those rows' bytes")
+            }
+            OpErrorKind::Shape { expected, found } => write!(f, "expected {expected}, found {found}"),
+            OpErrorKind::IdOutOfRange { row, id, limit } => {
+                write!(f, "row {row} holds id {id}, not below the vocabulary size {limit}; the input data is corrupt")
+            }
+            OpErrorKind::Context { field, problem } => write!(f, "context field `{field}`: {problem}"),
+            OpErrorKind::NotFinite { value } => write!(
+                f,
+                "the value is {value}: the gradients overflowed or hold NaN; lower the learning rate or check the data"
+            ),
+            OpErrorKind::Unsupported { reason } => f.write_str(reason),
+            OpErrorKind::NeedsMultiGpu => f.write_str(
+                "needs a multi-GPU backend (t > 1); this backend runs plans made with tensor parallelism t = 1",
+            ),
+        }
+    }
+}
+
+impl fmt::Display for OpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "op `{}`", self.op.name())?;
+        if let Some(argument) = self.argument {
+            write!(f, ", argument `{argument}`")?;
+        }
+        f.write_str(": ")?;
+        self.kind.write(self.op, f)
+    }
+}
+
+impl core::error::Error for OpError {}
+
+impl OpError {
+    /// A context field `op` cannot work with.
+    pub fn context(op: Op, field: &'static str, problem: String) -> Self {
+        OpError { op, argument: None, kind: OpErrorKind::Context { field, problem } }
+    }
+
+    /// The refusal of a collective by a single-device backend.
+    pub fn needs_multi_gpu(op: Op) -> Self {
+        OpError { op, argument: None, kind: OpErrorKind::NeedsMultiGpu }
+    }
+
+    /// A shape argument `index` of `op` has (`found`) where the op needs `expected`.
+    pub fn shape(op: Op, index: usize, expected: String, found: String) -> Self {
+        OpError { op, argument: argument_name(op, index), kind: OpErrorKind::Shape { expected, found } }
+    }
+}
+
+/// The name of argument `index` of `op` in its signature.
+pub fn argument_name(op: Op, index: usize) -> Option<&'static str> {
+    op.signature().get(index).map(|&(name, _)| name)
+}
+
+/// Checks that a launch of `op` has its signature's number of arguments.
+pub fn check_argument_count(op: Op, found: usize) -> Result<(), OpError> {
+    let expected = op.signature().len();
+    if found == expected {
+        return Ok(());
+    }
+    Err(OpError { op, argument: None, kind: OpErrorKind::ArgumentCount { expected, found } })
+}
+
+/// Checks a launch of `op` with arguments of these shapes (in [`Op::signature`] order) against
+/// the op table's rules (`spec/plan-format.md`, "The ops"), and returns its dimensions. The first
+/// rule broken is the error, in signature order within each op.
+pub fn check(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    match op {
+        Op::Embedding => embedding(args, ctx, Op::Embedding),
+        Op::EmbeddingBackward => embedding(args, ctx, Op::EmbeddingBackward),
+        Op::LayerNorm => layer_norm(args, ctx),
+        Op::LayerNormBackward => layer_norm_backward(args, ctx),
+        Op::Linear => linear(args),
+        Op::LinearBackwardInput | Op::LinearBackwardInputAccumulate => linear_backward_input(op, args),
+        Op::LinearBackwardWeight => linear_backward_weight(args),
+        Op::Classifier | Op::ClassifierBackwardWeight => classifier(op, args, ctx),
+        Op::Gelu | Op::GeluBackward | Op::Add => elementwise(op, args),
+        Op::Attention | Op::AttentionBackward => attention(op, args, ctx),
+        Op::CrossEntropy => cross_entropy(args, ctx),
+        Op::GradNormSquared => grad_norm_squared(args),
+        Op::AdamW => adamw(args, ctx),
+        Op::Zero => {
+            let [buffer] = arguments(op, args)?;
+            Ok(shape(op, buffer.s.rows, buffer.s.row_bytes, 0))
+        }
+        Op::AllGather | Op::ReduceScatter => {
+            // Their layout across the group is the multi-GPU backend's; here only the count.
+            let [x, _] = arguments(op, args)?;
+            Ok(shape(op, x.s.rows, 0, 0))
+        }
+    }
+}
+
+/// One argument, named, for the rules below.
+#[derive(Clone, Copy)]
+struct Arg {
+    op: Op,
+    name: &'static str,
+    s: ArgShape,
+}
+
+/// The `N` arguments of `op`, after the count check.
+fn arguments<const N: usize>(op: Op, args: &[ArgShape]) -> Result<[Arg; N], OpError> {
+    check_argument_count(op, args.len())?;
+    if N != args.len() {
+        // A rule written for another arity than the signature's: the table is wrong.
+        return Err(OpError {
+            op,
+            argument: None,
+            kind: OpErrorKind::ArgumentCount { expected: N, found: args.len() },
+        });
+    }
+    Ok(core::array::from_fn(|index| Arg::at(op, args, index)))
+}
+
+impl Arg {
+    /// Argument `index` of a launch of `op` (after the count check, so it is there).
+    fn at(op: Op, args: &[ArgShape], index: usize) -> Self {
+        Arg { op, name: argument_name(op, index).unwrap_or("?"), s: args.get(index).copied().unwrap_or_default() }
+    }
+
+    fn error(&self, expected: String, found: String) -> OpError {
+        OpError { op: self.op, argument: Some(self.name), kind: OpErrorKind::Shape { expected, found } }
+    }
+
+    /// Elements per row, for elements of `elem` bytes (`what` names the element type).
+    fn elems(&self, elem: u64, what: &str) -> Result<u64, OpError> {
+        if !self.s.row_bytes.is_multiple_of(elem) {
+            let expected = format!("a row of whole {what} elements (a multiple of {elem} bytes)");
+            return Err(self.error(expected, format!("{} bytes per row", self.s.row_bytes)));
+        }
+        Ok(self.s.row_bytes / elem)
+    }
+
+    /// Bytes per row: `expected` bytes, `why` says where the number comes from.
+    fn want_row_bytes(&self, expected: u64, why: &str) -> Result<(), OpError> {
+        if self.s.row_bytes == expected {
+            return Ok(());
+        }
+        Err(self.error(format!("{expected} bytes per row ({why})"), format!("{} bytes per row", self.s.row_bytes)))
+    }
+
+    /// Bytes per row: `count` elements of `elem` bytes (`count` may come from another argument or
+    /// the context, so the product is checked).
+    fn want_elems(&self, count: u64, elem: u64, why: &str) -> Result<(), OpError> {
+        match count.checked_mul(elem) {
+            Some(bytes) => self.want_row_bytes(bytes, why),
+            None => Err(self.error(
+                format!("{count} elements of {elem} bytes per row ({why}), more than memory holds"),
+                format!("{} bytes per row", self.s.row_bytes),
+            )),
+        }
+    }
+
+    /// The row count.
+    fn want_rows(&self, expected: u64, why: &str) -> Result<(), OpError> {
+        if self.s.rows == expected {
+            return Ok(());
+        }
+        Err(self.error(format!("{expected} rows ({why})"), format!("{} rows", self.s.rows)))
+    }
+
+    /// `rows * per_row` elements, checked to fit 64 bits.
+    fn total(&self, per_row: u64) -> Result<u64, OpError> {
+        self.s
+            .rows
+            .checked_mul(per_row)
+            .ok_or_else(|| self.error("fewer than 2^64 elements".into(), format!("{} rows of {per_row}", self.s.rows)))
+    }
+
+    /// A `1 x hidden` bf16 vector: a norm's scale, shift or their gradients.
+    fn norm_vector(&self, hidden: u64) -> Result<(), OpError> {
+        self.want_rows(1, "a norm's scale and shift are one row")?;
+        self.want_elems(hidden, BF16, HIDDEN)
+    }
+
+    /// A one-f32 scalar.
+    fn scalar(&self) -> Result<(), OpError> {
+        self.want_rows(1, "a scalar is one row")?;
+        self.want_row_bytes(WORD, "a scalar is one f32")
+    }
+
+    /// The tied embedding (or its gradient): `vocab` rows of `hidden` bf16.
+    fn tied_embedding(&self, ctx: &ShapeContext) -> Result<(), OpError> {
+        self.want_rows(ctx.vocab, "the vocabulary size `vocab` of the context")?;
+        self.want_elems(ctx.hidden, BF16, HIDDEN)
+    }
+}
+
+fn shape(op: Op, rows: u64, width: u64, features: u64) -> OpShape {
+    OpShape { op, rows, width, features, elements: rows.saturating_mul(width), attention: None }
+}
+
+/// `embedding` [tokens, embedding, out] and `embedding_backward` [tokens, dout, dembedding].
+fn embedding(args: &[ArgShape], ctx: &ShapeContext, op: Op) -> Result<OpShape, OpError> {
+    let [tokens, rows_arg, table] = arguments(op, args)?;
+    // The forward reads the table (argument 1) into `out` (2); the backward scatters `dout` (1)
+    // into the table's gradient (2).
+    let (table, per_token, table_name) = match op {
+        Op::Embedding => (rows_arg, table, "embedding"),
+        _ => (table, rows_arg, "dembedding"),
+    };
+    table.tied_embedding(ctx)?;
+    let why_rows = if op == Op::Embedding { "one row per token" } else { "one gradient row per token" };
+    per_token.want_rows(tokens.s.rows, why_rows)?;
+    per_token.want_row_bytes(table.s.row_bytes, &format!("the row width of `{table_name}`"))?;
+    tokens.want_row_bytes(WORD, "one u32 token id per row")?;
+    Ok(shape(op, tokens.s.rows, table.s.row_bytes / BF16, table.s.rows))
+}
+
+/// `layer_norm` [x, scale, shift, y].
+fn layer_norm(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    let op = Op::LayerNorm;
+    let [x, scale, shift, y] = arguments(op, args)?;
+    let h = ctx.hidden;
+    x.want_elems(h, BF16, HIDDEN)?;
+    scale.norm_vector(h)?;
+    shift.norm_vector(h)?;
+    y.want_rows(x.s.rows, "one row per row of `x`")?;
+    y.want_elems(h, BF16, HIDDEN)?;
+    Ok(shape(op, x.s.rows, h, 0))
+}
+
+/// `layer_norm_backward` [x, scale, dy, dx, dscale, dshift].
+fn layer_norm_backward(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    let op = Op::LayerNormBackward;
+    let [x, scale, dy, dx, dscale, dshift] = arguments(op, args)?;
+    let h = ctx.hidden;
+    x.want_elems(h, BF16, HIDDEN)?;
+    scale.norm_vector(h)?;
+    dy.want_rows(x.s.rows, "one gradient row per row of `x`")?;
+    dy.want_elems(h, BF16, HIDDEN)?;
+    dx.want_rows(x.s.rows, "one row per row of `x`")?;
+    dx.want_elems(h, BF16, HIDDEN)?;
+    dscale.norm_vector(h)?;
+    dshift.norm_vector(h)?;
+    Ok(shape(op, x.s.rows, h, 0))
+}
+
+/// `linear` [x, weight, bias, y]: `k` input features (the width of `x`), `n` output features
+/// (the rows of `weight`).
+fn linear(args: &[ArgShape]) -> Result<OpShape, OpError> {
+    let op = Op::Linear;
+    let [x, weight, bias, y] = arguments(op, args)?;
+    let k = x.elems(BF16, "bf16")?;
+    let n = weight.s.rows;
+    weight.want_elems(k, BF16, "one bf16 weight per input feature: the row width of `x`")?;
+    bias.want_rows(1, "a bias is one row")?;
+    bias.want_elems(n, BF16, "one bf16 per output feature: the rows of `weight`")?;
+    y.want_rows(x.s.rows, "one output row per row of `x`")?;
+    y.want_elems(n, BF16, "one bf16 per output feature: the rows of `weight`")?;
+    Ok(shape(op, x.s.rows, k, n))
+}
+
+/// `linear_backward_input(_accumulate)` [dy, weight, dx].
+fn linear_backward_input(op: Op, args: &[ArgShape]) -> Result<OpShape, OpError> {
+    let [dy, weight, dx] = arguments(op, args)?;
+    let n = dy.elems(BF16, "bf16")?;
+    weight.want_rows(n, "one weight row per output feature: the row width of `dy`")?;
+    let k = weight.elems(BF16, "bf16")?;
+    dx.want_rows(dy.s.rows, "one row per row of `dy`")?;
+    dx.want_elems(k, BF16, "one bf16 per input feature: the row width of `weight`")?;
+    Ok(shape(op, dy.s.rows, k, n))
+}
+
+/// `linear_backward_weight` [x, dy, dweight, dbias].
+fn linear_backward_weight(args: &[ArgShape]) -> Result<OpShape, OpError> {
+    let op = Op::LinearBackwardWeight;
+    let [x, dy, dweight, dbias] = arguments(op, args)?;
+    let k = x.elems(BF16, "bf16")?;
+    let n = dy.elems(BF16, "bf16")?;
+    dy.want_rows(x.s.rows, "one gradient row per row of `x`")?;
+    dweight.want_rows(n, "one row per output feature: the row width of `dy`")?;
+    dweight.want_elems(k, BF16, "one bf16 per input feature: the row width of `x`")?;
+    dbias.want_rows(1, "a bias gradient is one row")?;
+    dbias.want_elems(n, BF16, "one bf16 per output feature: the row width of `dy`")?;
+    Ok(shape(op, x.s.rows, k, n))
+}
+
+/// `classifier` [x, embedding, logits] and `classifier_backward_weight` [x, dlogits,
+/// dembedding]: `hidden` input features, `vocab` output features.
+fn classifier(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    let [x, second, third] = arguments(op, args)?;
+    let (table, logits, why) = match op {
+        Op::Classifier => (second, third, "one row of logits per row of `x`"),
+        _ => (third, second, "one gradient row per row of `x`"),
+    };
+    table.tied_embedding(ctx)?;
+    x.want_elems(ctx.hidden, BF16, HIDDEN)?;
+    logits.want_rows(x.s.rows, why)?;
+    logits.want_elems(ctx.vocab, BF16, "one bf16 per vocabulary entry")?;
+    Ok(shape(op, x.s.rows, ctx.hidden, ctx.vocab))
+}
+
+/// `gelu` [x, y], `gelu_backward` [x, dy, dx], `add` [a, b, y]: every argument has the first's
+/// shape, bf16.
+fn elementwise(op: Op, args: &[ArgShape]) -> Result<OpShape, OpError> {
+    check_argument_count(op, args.len())?;
+    let named = |index: usize| Arg::at(op, args, index);
+    let first = named(0);
+    let width = first.elems(BF16, "bf16")?;
+    for index in 1..args.len() {
+        let other = named(index);
+        other.want_rows(first.s.rows, &format!("the rows of `{}`", first.name))?;
+        other.want_row_bytes(first.s.row_bytes, &format!("the row width of `{}`", first.name))?;
+    }
+    let elements = first.total(width)?;
+    Ok(OpShape { elements, ..shape(op, first.s.rows, width, 0) })
+}
+
+/// `cross_entropy` [logits, targets, loss].
+fn cross_entropy(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    let op = Op::CrossEntropy;
+    let [logits, targets, loss] = arguments(op, args)?;
+    logits.want_elems(ctx.vocab, BF16, "one bf16 per vocabulary entry (`vocab` of the context)")?;
+    targets.want_rows(logits.s.rows, "one target per row of `logits`")?;
+    targets.want_row_bytes(WORD, "one u32 target per row")?;
+    loss.want_rows(1, "the loss is one f32")?;
+    loss.want_row_bytes(WORD, "the loss is one f32")?;
+    if ctx.loss_scale_tokens == 0 {
+        return Err(OpError::context(op, "loss_scale_tokens", "is 0; it must be the step's token count b*s".into()));
+    }
+    Ok(shape(op, logits.s.rows, ctx.vocab, 0))
+}
+
+/// `grad_norm_squared` [grad, sum_squares].
+fn grad_norm_squared(args: &[ArgShape]) -> Result<OpShape, OpError> {
+    let op = Op::GradNormSquared;
+    let [grad, sum_squares] = arguments(op, args)?;
+    let width = grad.elems(BF16, "bf16")?;
+    let elements = grad.total(width)?;
+    sum_squares.scalar()?;
+    Ok(OpShape { elements, ..shape(op, grad.s.rows, width, 0) })
+}
+
+/// `adamw` [parameter, grad, optimizer_state, grad_norm_squared].
+fn adamw(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    let op = Op::AdamW;
+    let [parameter, grad, state, norm] = arguments(op, args)?;
+    let e = parameter.elems(BF16, "bf16")?;
+    grad.want_rows(parameter.s.rows, "the rows of `parameter`")?;
+    grad.want_row_bytes(parameter.s.row_bytes, "the row width of `parameter`")?;
+    state.want_rows(parameter.s.rows, "one state row per row of `parameter`")?;
+    state.want_elems(e, 3 * WORD, "f32 master weight, m and v per element of a `parameter` row")?;
+    norm.scalar()?;
+    if ctx.adamw_step == 0 {
+        let problem = "is 0; steps count from 1 (bias correction divides by 1 - beta^step)";
+        return Err(OpError::context(op, "adamw.step", problem.into()));
+    }
+    let elements = parameter.total(e)?;
+    Ok(OpShape { elements, ..shape(op, parameter.s.rows, e, 0) })
+}
+
+/// `attention` [q, k, v, out, lse] and `attention_backward` [q, k, v, out, lse, dout, dq, dk,
+/// dv]: `q` sets the geometry; inputs are shaped like `q` and start on a sequence, outputs have
+/// its shape, `lse` is one f32 per head per row.
+fn attention(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    check_argument_count(op, args.len())?;
+    let named = |index: usize| Arg::at(op, args, index);
+    let (heads, s) = (ctx.heads, ctx.seq_len);
+    if heads == 0 {
+        return Err(OpError::context(op, "heads", "is 0; attention needs at least one head".into()));
+    }
+    if s == 0 {
+        return Err(OpError::context(op, "seq_len", "is 0; it must be the rows of one sequence".into()));
+    }
+    let q = named(0);
+    let elems = q.elems(BF16, "bf16")?;
+    let head_dim = elems / heads;
+    if !elems.is_multiple_of(heads) || head_dim == 0 || !head_dim.is_multiple_of(2) {
+        let expected = format!(
+            "a row of `heads` ({heads}) heads of an even, positive head dimension (rotary positions rotate pairs)"
+        );
+        return Err(q.error(expected, format!("{elems} bf16 per row")));
+    }
+    if !q.s.first_row.is_multiple_of(s) || !q.s.rows.is_multiple_of(s) {
+        let expected = format!("whole sequences of `seq_len` = {s} rows (positions are row % seq_len)");
+        let found = format!("rows {}..{}", q.s.first_row, q.s.first_row.saturating_add(q.s.rows));
+        return Err(q.error(expected, found));
+    }
+    // Signature positions: the inputs shaped like `q` (they must start on a sequence), `lse`,
+    // and the outputs shaped like `q`.
+    let (inputs, lse, outputs): (&[usize], usize, &[usize]) =
+        if op == Op::Attention { (&[1, 2], 4, &[3]) } else { (&[1, 2, 3, 5], 4, &[6, 7, 8]) };
+    for &index in inputs {
+        let arg = named(index);
+        like_q(&q, &arg)?;
+        if !arg.s.first_row.is_multiple_of(s) {
+            let expected = format!("whole sequences of `seq_len` = {s} rows");
+            return Err(arg.error(expected, format!("first row {}", arg.s.first_row)));
+        }
+    }
+    if op == Op::Attention {
+        for &index in outputs {
+            like_q(&q, &named(index))?;
+        }
+    }
+    let lse = named(lse);
+    lse.want_rows(q.s.rows, "the rows of `q`")?;
+    lse.want_elems(heads, WORD, "one f32 per head")?;
+    if op == Op::AttentionBackward {
+        for &index in outputs {
+            like_q(&q, &named(index))?;
+        }
+    }
+    let geometry = AttentionShape { heads, head_dim, seq_len: s, sequences: q.s.rows / s };
+    Ok(OpShape { attention: Some(geometry), ..shape(op, q.s.rows, elems, 0) })
+}
+
+/// `arg` has the rows and the row width of `q`.
+fn like_q(q: &Arg, arg: &Arg) -> Result<(), OpError> {
+    arg.want_rows(q.s.rows, "the rows of `q`")?;
+    arg.want_row_bytes(q.s.row_bytes, "the row width of `q`")
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::string::ToString;
+
+    use super::*;
+
+    fn arg(rows: u64, row_bytes: u64) -> ArgShape {
+        ArgShape { first_row: 0, rows, row_bytes }
+    }
+
+    fn context() -> ShapeContext {
+        ShapeContext { hidden: 4, heads: 2, seq_len: 3, vocab: 5, loss_scale_tokens: 6, adamw_step: 1 }
+    }
+
+    #[test]
+    fn a_linear_launch_gives_its_dimensions_and_flops() {
+        let shape = check(Op::Linear, &[arg(6, 8), arg(3, 8), arg(1, 6), arg(6, 6)], &context()).unwrap();
+        assert_eq!((shape.rows, shape.width, shape.features), (6, 4, 3));
+        assert_eq!(shape.matmul_flops(), 2 * 6 * 4 * 3);
+        assert_eq!(matmul_flops(u64::MAX, 2, 1), None);
+    }
+
+    #[test]
+    fn errors_name_the_op_the_argument_and_the_rule() {
+        let error = check(Op::Linear, &[arg(6, 8), arg(3, 6), arg(1, 6), arg(6, 6)], &context()).unwrap_err();
+        assert_eq!(error.argument, Some("weight"));
+        assert_eq!(
+            error.to_string(),
+            "op `linear`, argument `weight`: expected 8 bytes per row (one bf16 weight per input feature: the row \
+             width of `x`), found 6 bytes per row"
+        );
+        let error = check(Op::Gelu, &[arg(1, 2)], &context()).unwrap_err();
+        assert_eq!(error.kind, OpErrorKind::ArgumentCount { expected: 2, found: 1 });
+        assert_eq!(
+            error.to_string(),
+            "op `gelu`: 1 arguments, but the op takes 2 (x, y); the plan or the interpreter is wrong"
+        );
+    }
+
+    #[test]
+    fn attention_checks_whole_sequences_and_gives_the_geometry() {
+        let q = ArgShape { first_row: 3, rows: 6, row_bytes: 16 };
+        let lse = ArgShape { first_row: 3, rows: 6, row_bytes: 8 };
+        let shape = check(Op::Attention, &[q, q, q, q, lse], &context()).unwrap();
+        assert_eq!(shape.attention, Some(AttentionShape { heads: 2, head_dim: 4, seq_len: 3, sequences: 2 }));
+        let k = ArgShape { first_row: 1, ..q };
+        let error = check(Op::Attention, &[q, k, q, q, lse], &context()).unwrap_err();
+        assert!(error.to_string().contains("argument `k`: expected whole sequences"), "{error}");
+    }
+
+    #[test]
+    fn every_op_refuses_a_wrong_argument_count_without_panicking() {
+        for &op in Op::ALL {
+            let too_many = [ArgShape::default(); 12];
+            let error = check(op, &too_many, &context()).unwrap_err();
+            assert_eq!(error.kind, OpErrorKind::ArgumentCount { expected: op.signature().len(), found: 12 });
+        }
+    }
+}
