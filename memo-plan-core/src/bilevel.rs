@@ -113,7 +113,7 @@ pub fn live_ranges(
         let step = step as u32;
         match &instruction.action {
             Action::Launch(launch) => launch.args.iter().for_each(|arg| touch(arg.region.buffer.index(), step)),
-            Action::Copy { src, dst } => {
+            Action::Copy { src, dst, .. } => {
                 touch(src.buffer.index(), step);
                 touch(dst.buffer.index(), step);
             }

@@ -140,7 +140,7 @@ impl Replay {
                     // two of its instructions runs only through the instructions between them.
                     unsafe { backend.launch(index, stream, launch.op, &args, context) }?;
                 }
-                Action::Copy { src, dst } => {
+                Action::Copy { src, dst, .. } => {
                     // Safety: as for the launch above.
                     unsafe { backend.copy(index, stream, self.region_span(src), self.region_span(dst)) }?;
                 }

@@ -522,6 +522,7 @@ mod tests {
                 layer: Some(1),
                 slot: 0,
                 rows,
+                first_row: 0,
                 row_bytes,
                 place: Place::Device { offset: 0 },
             };

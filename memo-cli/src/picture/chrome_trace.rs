@@ -185,7 +185,7 @@ fn instruction_events(plan: &Plan, timeline: &Timeline) -> Vec<(u64, Value)> {
                 json!({"name": name, "cat": category, "ph": "X", "ts": ts, "dur": dur, "pid": 0, "tid": tid,
                        "args": {"instruction": index, "op": op, "flops": launch.flops, "bytes": bytes, "writes": writes}})
             }
-            Action::Copy { src, dst } => {
+            Action::Copy { src, dst, .. } => {
                 let row_bytes = plan.buffer(src.buffer).map_or(0, |b| b.row_bytes);
                 let bytes = src.end.saturating_sub(src.start).saturating_mul(row_bytes);
                 // Name the tensor by its host slot, which knows its layer (a rounding buffer does not).

@@ -195,7 +195,7 @@ pub fn time_intervals(
             Action::Launch(launch) => {
                 launch.args.iter().for_each(|arg| touch(arg.region.buffer.index(), span.start_s, span.end_s))
             }
-            Action::Copy { src, dst } => {
+            Action::Copy { src, dst, .. } => {
                 touch(src.buffer.index(), span.start_s, span.end_s);
                 touch(dst.buffer.index(), span.start_s, span.end_s);
             }

@@ -22,10 +22,13 @@
 //! ends (quadratic only in buffers live at once).
 
 mod checked;
+mod swap;
 mod violation;
 
 #[cfg(all(test, feature = "fuzzing"))]
 mod mutations;
+#[cfg(all(test, feature = "fuzzing"))]
+mod swap_mutations;
 #[cfg(test)]
 mod tests;
 
@@ -174,6 +177,7 @@ enum Problem {
     NotReady,
     RaceWithRead,
     RaceWithWrite,
+    SwappedInForOtherLayer,
 }
 
 /// The pass over the instructions: rules 1 (instructions), 2, 3, 4 and 5.
@@ -218,14 +222,15 @@ impl<'p> Simulation<'p> {
             self.clocks[s][s] = self.clocks[s][s].saturating_add(1);
             match &instruction.action {
                 Action::Launch(launch) => self.launch(index, stream, launch, out),
-                Action::Copy { src, dst } => {
-                    let src = self.resolve(index, *src, out);
-                    let dst = self.resolve(index, *dst, out);
+                Action::Copy { src: src_region, dst: dst_region, tensor } => {
+                    let src = self.resolve(index, *src_region, out);
+                    let dst = self.resolve(index, *dst_region, out);
                     if let (Some(src), Some(dst)) = (src, dst) {
                         self.check_copy(index, stream, src, dst, out);
+                        swap::check_copy_identity(index, *tensor, (src, *src_region), (dst, *dst_region), out);
                     }
                     if let Some(src) = src {
-                        self.read(index, stream, src, out);
+                        self.read(index, stream, src, Some(tensor.layer), out);
                     }
                     if let Some(dst) = dst {
                         self.write(index, stream, dst, out);
@@ -324,7 +329,7 @@ impl<'p> Simulation<'p> {
         }
         for &(resolved, access) in &accesses {
             if access.reads() {
-                self.read(index, stream, resolved, out);
+                self.read(index, stream, resolved, launch.layer, out);
             }
         }
         for &(resolved, access) in &accesses {
@@ -412,12 +417,28 @@ impl<'p> Simulation<'p> {
         }
     }
 
-    /// Rule 4: the bytes read hold this buffer's data, written before the read.
-    fn read(&mut self, instruction: usize, stream: Stream, target: Resolved, out: &mut Vec<PlanViolation>) {
+    /// Rule 4: the bytes read hold this buffer's data, written before the read; and rule 8's
+    /// reading side: a reader of layer `layer` does not read rows a swap-in restored for another
+    /// layer.
+    fn read(
+        &mut self,
+        instruction: usize,
+        stream: Stream,
+        target: Resolved,
+        layer: Option<u32>,
+        out: &mut Vec<PlanViolation>,
+    ) {
         let Some(range) = target.bytes.filter(|r| r.start < r.end) else { return };
         let clock = self.clocks[stream.index()];
         let me = Touch { instruction, buffer: target.buffer.id, stream, tick: clock[stream.index()] };
         let initialised = target.buffer.buffer.kind.initialised_before_step();
+        let plan = self.plan;
+        let swapped_in_for_other = |writer: &Touch| match (layer, plan.instructions.get(writer.instruction)) {
+            (Some(layer), Some(i)) if i.stream == Stream::HostToDevice => {
+                matches!(&i.action, Action::Copy { tensor, .. } if tensor.layer != layer)
+            }
+            _ => false,
+        };
         let mut found = Findings::default();
         for (&start, (end, cell)) in self.space(range.space).range_mut(range.start, range.end) {
             match cell.writer {
@@ -427,11 +448,14 @@ impl<'p> Simulation<'p> {
                 Some(writer) if !writer.happens_before(stream, &clock) => {
                     found.add(Problem::NotReady, Some(writer), start, *end)
                 }
+                Some(writer) if swapped_in_for_other(&writer) => {
+                    found.add(Problem::SwappedInForOtherLayer, Some(writer), start, *end)
+                }
                 Some(_) => {}
             }
             cell.readers[stream.index()] = Some(me);
         }
-        found.report(self.plan, me, target.buffer, range.space, out);
+        found.report(self.plan, me, target.buffer, range.space, layer, out);
     }
 
     /// Rule 5: every earlier access of the bytes on another stream happens-before the write.
@@ -449,7 +473,7 @@ impl<'p> Simulation<'p> {
             }
             *cell = Cell { writer: Some(me), readers: [None; 3] };
         }
-        found.report(self.plan, me, target.buffer, range.space, out);
+        found.report(self.plan, me, target.buffer, range.space, None, out);
     }
 }
 
@@ -471,11 +495,28 @@ impl Findings {
         item.2 = item.2.max(end);
     }
 
-    fn report(self, plan: &Plan, me: Touch, buffer: BufferRef, space: Space, out: &mut Vec<PlanViolation>) {
+    /// `layer`: the reader's layer, for [`Problem::SwappedInForOtherLayer`].
+    fn report(
+        self,
+        plan: &Plan,
+        me: Touch,
+        buffer: BufferRef,
+        space: Space,
+        layer: Option<u32>,
+        out: &mut Vec<PlanViolation>,
+    ) {
         let instruction = me.instruction;
         for ((problem, _), (other, start, end)) in self.items {
             let bytes = ByteRange { space, start, end };
             let other_ref = other.and_then(|o| buffer_ref(plan, o.buffer));
+            let swap_in = other.and_then(|o| match plan.instructions.get(o.instruction).map(|i| &i.action) {
+                Some(Action::Copy { tensor, .. }) => Some((o.instruction, *tensor)),
+                _ => None,
+            });
+            if let (Problem::SwappedInForOtherLayer, Some(layer), Some((swap_in, tensor))) = (problem, layer, swap_in) {
+                out.push(PlanViolation::SwappedInForOtherLayer { instruction, layer, buffer, bytes, swap_in, tensor });
+                continue;
+            }
             out.push(match (problem, other, other_ref) {
                 (Problem::Clobbered, Some(w), Some(writer_buffer)) => {
                     PlanViolation::ReadClobbered { instruction, buffer, bytes, writer: w.instruction, writer_buffer }
@@ -519,7 +560,7 @@ fn live_ranges(plan: &Plan) -> Vec<Option<(usize, usize)>> {
     for (index, instruction) in plan.instructions.iter().enumerate() {
         match &instruction.action {
             Action::Launch(launch) => launch.args.iter().for_each(|arg| touch(&arg.region, index)),
-            Action::Copy { src, dst } => {
+            Action::Copy { src, dst, .. } => {
                 touch(src, index);
                 touch(dst, index);
             }

@@ -22,7 +22,7 @@ use crate::model::{Hardware, ModelConfig, Parallelism};
 use crate::plan::encode::{reseal, ALPHA_BOUNDS, HEADER_BYTES};
 use crate::plan::{
     Action, Arg, Buffer, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, PlacementSummary, Plan,
-    PlanDecodeError, Provenance, Region, Strategy, Stream, TensorRole, Totals,
+    PlanDecodeError, Provenance, Region, Strategy, Stream, TensorRole, TensorRows, Totals,
 };
 
 /// The shape of generated plans.
@@ -183,12 +183,15 @@ fn buffer(u: &mut Unstructured<'_>) -> Result<Buffer> {
     // The buffer must end below 2^64.
     let room = u64::MAX - bytes;
     let offset = if u.ratio(1, 8)? { u.int_in_range(0..=room)? } else { u.int_in_range(0..=room.min(1 << 20))? };
+    // Mostly 0 as the planner writes it; the last row of its tensor must stay below 2^64.
+    let first_row = if u.ratio(1, 4)? { u.int_in_range(0..=u64::MAX - rows)? } else { 0 };
     Ok(Buffer {
         kind: *u.choose(&BufferKind::ALL)?,
         role: *u.choose(TensorRole::ALL)?,
         layer: u.arbitrary()?,
         slot: u.arbitrary()?,
         rows,
+        first_row,
         row_bytes,
         place: if u.arbitrary()? { Place::Host { offset } } else { Place::Device { offset } },
     })
@@ -219,7 +222,13 @@ fn instruction(u: &mut Unstructured<'_>, buffers: &[Buffer], events: u32) -> Res
             }
             Action::Launch(Launch { op, args, layer: u.arbitrary()?, flops: u.arbitrary()? })
         }
-        1 => Action::Copy { src: region(u, buffers)?, dst: region(u, buffers)? },
+        1 => {
+            let (src, dst) = (region(u, buffers)?, region(u, buffers)?);
+            let start = mostly_small(u, 64)?;
+            let end = start.saturating_add(mostly_small(u, 64)?);
+            let tensor = TensorRows { layer: u.arbitrary()?, role: *u.choose(TensorRole::ALL)?, start, end };
+            Action::Copy { src, dst, tensor }
+        }
         2 => Action::Record(EventId(u.int_in_range(0..=events - 1)?)),
         _ => Action::Wait(EventId(u.int_in_range(0..=events - 1)?)),
     };

@@ -26,6 +26,11 @@
 //!   buffer: `RowsOutOfBounds` at that launch;
 //! - [`Mutation::ChangeTotal`]: one of the five totals changes by a non-zero amount:
 //!   `TotalMismatch` of that total;
+//! - [`Mutation::SwapInOtherLayer`], [`Mutation::SwapInOtherTensor`],
+//!   [`Mutation::SwapInShiftedRows`], [`Mutation::SwapInRelabelled`]: a swap-in restores other
+//!   rows than its layer's backward needs, every event in place (`swap_identity.rs` says how):
+//!   a `SwapSlotMismatch` or `SwapDeviceMismatch` at the swap-in, or, relabelled, a
+//!   `SwappedInForOtherLayer` at the launch that reads the rows;
 //! - [`Mutation::Malform`]: one of the structural rules broken, each with its own variant: a
 //!   buffer's size overflows, a buffer in the wrong space, an argument naming no buffer, an event
 //!   out of range, a launch with an argument too many or too few, a wrong access mark, a launch
@@ -46,6 +51,8 @@
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
+
+mod swap_identity;
 
 use arbitrary::{Arbitrary, Result, Unstructured};
 
@@ -74,11 +81,19 @@ pub enum Mutation {
     ChangeTotal,
     /// Break one structural rule (rules 1 and 2 of `spec/validity.md`); `detail` picks which.
     Malform,
+    /// A swap-in reads another layer's slot of the same tensor (rule 8).
+    SwapInOtherLayer,
+    /// A swap-in reads a slot of another tensor of the same layer (rule 8).
+    SwapInOtherTensor,
+    /// A swap-in restores its rows shifted (rule 8).
+    SwapInShiftedRows,
+    /// A swap-in reads another layer's slot and names that layer (rule 8, reading side).
+    SwapInRelabelled,
 }
 
 impl Mutation {
     /// Every kind.
-    pub const ALL: [Mutation; 8] = [
+    pub const ALL: [Mutation; 12] = [
         Mutation::ShiftOffset,
         Mutation::DropWait,
         Mutation::MoveRecordAfterWait,
@@ -87,6 +102,18 @@ impl Mutation {
         Mutation::RowsPastEnd,
         Mutation::ChangeTotal,
         Mutation::Malform,
+        Mutation::SwapInOtherLayer,
+        Mutation::SwapInOtherTensor,
+        Mutation::SwapInShiftedRows,
+        Mutation::SwapInRelabelled,
+    ];
+
+    /// The swap-identity kinds (rule 8 of `spec/validity.md`).
+    pub const SWAP_IDENTITY: [Mutation; 4] = [
+        Mutation::SwapInOtherLayer,
+        Mutation::SwapInOtherTensor,
+        Mutation::SwapInShiftedRows,
+        Mutation::SwapInRelabelled,
     ];
 
     /// A short name for reports.
@@ -100,6 +127,10 @@ impl Mutation {
             Mutation::RowsPastEnd => "rows_past_end",
             Mutation::ChangeTotal => "change_total",
             Mutation::Malform => "malform",
+            Mutation::SwapInOtherLayer => "swap_in_other_layer",
+            Mutation::SwapInOtherTensor => "swap_in_other_tensor",
+            Mutation::SwapInShiftedRows => "swap_in_shifted_rows",
+            Mutation::SwapInRelabelled => "swap_in_relabelled",
         }
     }
 }
@@ -125,6 +156,12 @@ impl<'a> Arbitrary<'a> for MutateCase {
         let mut request = request(u)?;
         let needs_events = match mutation {
             Mutation::DropWait | Mutation::MoveRecordAfterWait | Mutation::DropSwapIn => true,
+            // Another layer's slot needs two swapped layers: four layers at least.
+            Mutation::SwapInOtherLayer | Mutation::SwapInRelabelled => {
+                request.model.layers = request.model.layers.max(4);
+                true
+            }
+            Mutation::SwapInOtherTensor | Mutation::SwapInShiftedRows => true,
             // The structural corruptions of events and copies.
             Mutation::Malform => matches!(detail % 13, 3 | 8..=12),
             _ => false,
@@ -165,6 +202,8 @@ pub enum Expected {
     /// A violation of this name ([`PlanViolation::name`]) at this instruction (`None`: one
     /// without an instruction).
     Variant(&'static str, Option<usize>),
+    /// A `SwapSlotMismatch` or `SwapDeviceMismatch` at this copy.
+    SwapIdentity(usize),
 }
 
 impl Expected {
@@ -185,6 +224,11 @@ impl Expected {
             (Expected::RowsOutOfBounds(at), PlanViolation::RowsOutOfBounds { instruction, .. }) => instruction == at,
             (Expected::TotalMismatch(want), PlanViolation::TotalMismatch { total, .. }) => total == want,
             (Expected::Variant(name, at), v) => v.name() == *name && v.instruction() == *at,
+            (
+                Expected::SwapIdentity(at),
+                PlanViolation::SwapSlotMismatch { instruction, .. }
+                | PlanViolation::SwapDeviceMismatch { instruction, .. },
+            ) => instruction == at,
             (
                 Expected::StaleRead(..),
                 PlanViolation::HostWriteNeverRead { .. }
@@ -227,6 +271,10 @@ pub fn mutate(plan: &Plan, mutation: Mutation, target: u32, detail: u64) -> Opti
         Mutation::DropSwapIn => drop_swap_in(&mut out, target)?,
         Mutation::RowsPastEnd => rows_past_end(&mut out, target, detail)?,
         Mutation::Malform => malform(&mut out, target as usize, detail)?,
+        Mutation::SwapInOtherLayer
+        | Mutation::SwapInOtherTensor
+        | Mutation::SwapInShiftedRows
+        | Mutation::SwapInRelabelled => swap_identity::swap_identity(&mut out, mutation, target, detail)?,
         Mutation::ChangeTotal => {
             let totals = &mut out.totals;
             let (total, field) = match target % 5 {
@@ -266,7 +314,7 @@ fn touch_ranges(plan: &Plan) -> Vec<Option<(usize, usize)>> {
 fn regions(action: &Action) -> Vec<Region> {
     match action {
         Action::Launch(launch) => launch.args.iter().map(|arg| arg.region).collect(),
-        Action::Copy { src, dst } => alloc::vec![*src, *dst],
+        Action::Copy { src, dst, .. } => alloc::vec![*src, *dst],
         Action::Record(_) | Action::Wait(_) => Vec::new(),
     }
 }
@@ -493,7 +541,7 @@ fn malform(plan: &mut Plan, target: usize, detail: u64) -> Option<(String, Expec
         8..=10 => {
             let at = one_of(&indices(plan, is_copy))?;
             let instruction = &mut plan.instructions[at];
-            let Action::Copy { src, dst } = &mut instruction.action else { return None };
+            let Action::Copy { src, dst, .. } = &mut instruction.action else { return None };
             let to_host = instruction.stream == Stream::DeviceToHost;
             match detail % 13 {
                 8 => {
@@ -609,7 +657,7 @@ fn accesses(plan: &Plan) -> (Vec<Access>, Vec<[u64; 3]>) {
                     }
                 }
             }
-            Action::Copy { src, dst } => {
+            Action::Copy { src, dst, .. } => {
                 push(src, false);
                 push(dst, true);
             }
@@ -749,84 +797,4 @@ pub fn check(case: MutateCase) {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
-
-    use super::*;
-    use crate::fuzzing::{run_corpus, smoke};
-
-    /// About a second of cases in a debug build. Every kind must be applied a few times (the
-    /// generator reaches plans with targets for each), and every kind but a dropped swap-in must
-    /// be rejected each time (`check_counted` asserts that); the counts are printed.
-    #[test]
-    fn smoke_test() {
-        let counts = core::cell::RefCell::new(BTreeMap::<Mutation, (u32, u32, u32)>::new());
-        smoke(0x6d75_7461, 150, 64, |case: MutateCase| {
-            let kind = case.mutation;
-            let result = check_counted(case);
-            let mut counts = counts.borrow_mut();
-            let (cases, applied, rejected) = counts.entry(kind).or_default();
-            *cases += 1;
-            if let Some((done, was_rejected)) = result {
-                assert_eq!(done, kind);
-                *applied += 1;
-                *rejected += u32::from(was_rejected);
-            }
-        });
-        let counts = counts.into_inner();
-        for kind in Mutation::ALL {
-            let (cases, applied, rejected) = counts.get(&kind).copied().unwrap_or_default();
-            std::println!("{}: {cases} cases, {applied} applied, {rejected} rejected", kind.name());
-            assert!(applied >= 5, "{} applied only {applied} times in {cases} cases", kind.name());
-            assert_eq!(rejected, applied, "{}", kind.name());
-        }
-    }
-
-    #[test]
-    fn the_committed_corpus_passes() {
-        run_corpus("plan_mutate", check);
-    }
-
-    /// Prints, per kind, how many inputs of a corpus folder (`PLAN_MUTATE_CORPUS`, by default
-    /// the committed seeds) chose it, applied it and had it rejected: how a fuzzing run spread
-    /// its corpus over the kinds (`fuzz/README.md`).
-    #[test]
-    #[ignore = "reads a corpus folder; run by hand after a fuzzing run"]
-    fn kinds_in_a_corpus() {
-        let default = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/plan_mutate");
-        let folder = std::env::var_os("PLAN_MUTATE_CORPUS").map_or(default, std::path::PathBuf::from);
-        let mut counts = BTreeMap::<Mutation, (u32, u32, u32)>::new();
-        for entry in std::fs::read_dir(&folder).unwrap() {
-            let bytes = std::fs::read(entry.unwrap().path()).unwrap();
-            let Ok(case) = MutateCase::arbitrary_take_rest(Unstructured::new(&bytes)) else { continue };
-            let (cases, applied, rejected) = counts.entry(case.mutation).or_default();
-            *cases += 1;
-            if let Some((_, was_rejected)) = check_counted(case) {
-                *applied += 1;
-                *rejected += u32::from(was_rejected);
-            }
-        }
-        for (kind, (cases, applied, rejected)) in counts {
-            std::println!("{}: {cases} inputs, {applied} applied, {rejected} rejected", kind.name());
-        }
-    }
-
-    /// Writes the seed corpus: for each kind, the first SplitMix64 byte string (seed 1, 2, ...;
-    /// 64 bytes) whose case applies it, named after it.
-    #[test]
-    #[ignore = "writes fuzz/corpus/plan_mutate/; run by hand after a change to the generator"]
-    fn write_seed_corpus() {
-        let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/plan_mutate");
-        std::fs::create_dir_all(&folder).unwrap();
-        for kind in Mutation::ALL {
-            let bytes = (1..)
-                .map(|seed| super::super::plan::seed_bytes(seed, 64))
-                .find(|bytes| {
-                    let case = MutateCase::arbitrary_take_rest(Unstructured::new(bytes)).unwrap();
-                    case.mutation == kind && check_counted(case).is_some()
-                })
-                .unwrap();
-            std::fs::write(folder.join(kind.name()), bytes).unwrap();
-        }
-    }
-}
+mod tests;

@@ -9,7 +9,9 @@
 //! It checks what a reader can check in one pass: the header, the checksum, every code and tag,
 //! UTF-8 names, floats that must be finite, and the structure instructions rely on (buffer and
 //! event ids in range, row ranges inside their buffer, launches that match their op's
-//! signature, buffer sizes that fit in 64 bits). Whether the program is *safe* (races, overlaps,
+//! signature, buffer sizes that fit in 64 bits, a copy's named tensor rows that do not end
+//! before they start). Whether a copy's sides agree with the rows it names is rule 8 of the
+//! checker. Whether the program is *safe* (races, overlaps,
 //! data read before it is written) is `check::plan`'s question, not the decoder's.
 
 use alloc::string::String;
@@ -22,7 +24,7 @@ use super::encode::{
 };
 use super::{
     Access, Action, Arg, Buffer, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, PlacementSummary, Plan,
-    Provenance, Region, Strategy, Stream, TensorRole, Totals, PLAN_FORMAT_VERSION,
+    Provenance, Region, Strategy, Stream, TensorRole, TensorRows, Totals, PLAN_FORMAT_VERSION,
 };
 use crate::model::{Hardware, ModelConfig, Parallelism};
 
@@ -185,6 +187,24 @@ pub enum PlanDecodeError {
         /// Its offset in the arena or the host slab.
         offset: u64,
     },
+    /// A buffer whose last row of its tensor (`first_row + rows`) does not fit in 64 bits.
+    FirstRowTooLarge {
+        /// The buffer's index.
+        buffer: u32,
+        /// The row of its tensor that its row 0 holds.
+        first_row: u64,
+        /// Its rows.
+        rows: u64,
+    },
+    /// A copy naming tensor rows `[start, end)` with `end < start`.
+    BadTensorRows {
+        /// The instruction's index.
+        instruction: u32,
+        /// First row named.
+        start: u64,
+        /// One past the last row named.
+        end: u64,
+    },
     /// An instruction names a buffer the plan does not have.
     BufferOutOfRange {
         /// The instruction's index.
@@ -257,11 +277,24 @@ impl fmt::Display for PlanDecodeError {
                  (plans are written by `memo plan`)",
                 found.get(..*len).unwrap_or(found).escape_ascii()
             ),
-            PlanDecodeError::UnsupportedVersion { found, supported } => write!(
-                f,
-                "this file was written by plan format version {found}; this build reads version {supported} only: \
-                 re-create the plan with this build's `memo plan`, or read it with a build that reads version {found}"
-            ),
+            PlanDecodeError::UnsupportedVersion { found, supported } => {
+                write!(
+                    f,
+                    "this file was written by plan format version {found}; this build reads version {supported} only"
+                )?;
+                if found < supported {
+                    // Version 1 plans lack what the checker now requires (swap identities).
+                    f.write_str(
+                        " (an older format: version 1 plans do not name the layer, tensor and rows of their host \
+                         slots and swap copies)",
+                    )?;
+                }
+                write!(
+                    f,
+                    ": re-create the plan with this build's `memo plan`, or read it with a build that reads version \
+                     {found}"
+                )
+            }
             PlanDecodeError::Truncated { section, offset, needed, available } => write!(
                 f,
                 "the plan is cut short in {section} at byte {offset}: {needed} bytes needed, {available} left \
@@ -304,6 +337,15 @@ impl fmt::Display for PlanDecodeError {
                 }?;
                 write!(f, "; {RECREATE}")
             }
+            PlanDecodeError::FirstRowTooLarge { buffer, first_row, rows } => write!(
+                f,
+                "buffer {buffer}: {rows} rows from row {first_row} of its tensor end past row 2^64; {RECREATE}"
+            ),
+            PlanDecodeError::BadTensorRows { instruction, start, end } => write!(
+                f,
+                "instruction {instruction}: the copy names tensor rows [{start}, {end}), whose end is before its \
+                 start; {RECREATE}"
+            ),
             PlanDecodeError::BufferOutOfRange { instruction, operand, buffer, buffers } => write!(
                 f,
                 "instruction {instruction}: {operand} names buffer {buffer}, but the plan has {buffers} buffers \
@@ -534,7 +576,7 @@ fn check_header(bytes: &[u8]) -> Result<&[u8]> {
     if version != PLAN_FORMAT_VERSION {
         return Err(PlanDecodeError::UnsupportedVersion { found: version, supported: PLAN_FORMAT_VERSION });
     }
-    r.code16("header flags value (version 1 defines none: 0)", |flags| (flags == 0).then_some(()))?;
+    r.code16("header flags value (this version defines none: 0)", |flags| (flags == 0).then_some(()))?;
     let stored = r.u32()?;
     let length_offset = r.offset();
     let length = r.u64()?;
@@ -626,6 +668,7 @@ fn buffer(r: &mut Reader<'_>, index: u32) -> Result<Buffer> {
     let layer = r.option("layer tag", Reader::u32)?;
     let slot = r.u8()?;
     let rows = r.u64()?;
+    let first_row = r.u64()?;
     let row_bytes = r.u64()?;
     let place_code = r.code8("place code", |code| (code == PLACE_DEVICE || code == PLACE_HOST).then_some(code))?;
     let offset = r.u64()?;
@@ -633,7 +676,10 @@ fn buffer(r: &mut Reader<'_>, index: u32) -> Result<Buffer> {
     if rows.checked_mul(row_bytes).and_then(|bytes| bytes.checked_add(offset)).is_none() {
         return Err(PlanDecodeError::BufferTooLarge { buffer: index, rows, row_bytes, offset });
     }
-    Ok(Buffer { kind, role, layer, slot, rows, row_bytes, place })
+    if first_row.checked_add(rows).is_none() {
+        return Err(PlanDecodeError::FirstRowTooLarge { buffer: index, first_row, rows });
+    }
+    Ok(Buffer { kind, role, layer, slot, rows, first_row, row_bytes, place })
 }
 
 fn region(r: &mut Reader<'_>, instruction: u32, operand: Operand, buffers: &[Buffer]) -> Result<Region> {
@@ -685,7 +731,13 @@ fn instruction(r: &mut Reader<'_>, index: u32, buffers: &[Buffer], events: u32) 
         action::COPY => {
             let src = region(r, index, Operand::Source, buffers)?;
             let dst = region(r, index, Operand::Destination, buffers)?;
-            Action::Copy { src, dst }
+            let layer = r.u32()?;
+            let role = r.code16("tensor role code", TensorRole::from_code)?;
+            let (start, end) = (r.u64()?, r.u64()?);
+            if end < start {
+                return Err(PlanDecodeError::BadTensorRows { instruction: index, start, end });
+            }
+            Action::Copy { src, dst, tensor: TensorRows { layer, role, start, end } }
         }
         code => {
             let wait = code == action::WAIT;

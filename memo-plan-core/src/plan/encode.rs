@@ -21,7 +21,7 @@ pub const HEADER_BYTES: usize = 24;
 pub mod header {
     /// The format version, u16.
     pub const VERSION: usize = 8;
-    /// Flags, u16; 0 in version 1.
+    /// Flags, u16; 0 (no version defines any yet).
     pub const FLAGS: usize = 10;
     /// CRC-32 of bytes `[HEADER_BYTES, length)`, u32.
     pub const CHECKSUM: usize = 12;
@@ -30,9 +30,9 @@ pub mod header {
 }
 
 /// The fewest bytes one buffer record takes (its layer absent): kind 1, role 2, layer tag 1,
-/// slot 1, rows 8, row bytes 8, place 1, offset 8. The decoder checks `count * this` against the
-/// bytes left before it allocates.
-pub const BUFFER_MIN_BYTES: usize = 30;
+/// slot 1, rows 8, first row 8, row bytes 8, place 1, offset 8. The decoder checks
+/// `count * this` against the bytes left before it allocates.
+pub const BUFFER_MIN_BYTES: usize = 38;
 
 /// The fewest bytes one instruction record takes: stream 1, action 1, event 4 (a record or wait;
 /// a launch or copy takes more).
@@ -196,10 +196,14 @@ impl Writer {
                     self.u8(access_code(arg.access));
                 }
             }
-            Action::Copy { src, dst } => {
+            Action::Copy { src, dst, tensor } => {
                 self.u8(action::COPY);
                 self.region(src);
                 self.region(dst);
+                self.u32(tensor.layer);
+                self.u16(tensor.role.code());
+                self.u64(tensor.start);
+                self.u64(tensor.end);
             }
             Action::Record(event) => {
                 self.u8(action::RECORD);
@@ -275,6 +279,7 @@ impl Plan {
             w.option_u32(buffer.layer);
             w.u8(buffer.slot);
             w.u64(buffer.rows);
+            w.u64(buffer.first_row);
             w.u64(buffer.row_bytes);
             let (place, offset) = match buffer.place {
                 Place::Device { offset } => (PLACE_DEVICE, offset),

@@ -114,7 +114,11 @@ fn buffer_json(out: &mut String, index: usize, b: &Buffer) -> core::fmt::Result 
     string(out, &alloc::format!("{b}"));
     write!(out, ", \"kind\": \"{}\", \"role\": \"{}\", \"layer\": ", b.kind.name(), b.role.name())?;
     optional(out, b.layer)?;
-    write!(out, ", \"slot\": {}, \"rows\": {}, \"row_bytes\": {}, \"bytes\": ", b.slot, b.rows, b.row_bytes)?;
+    write!(
+        out,
+        ", \"slot\": {}, \"rows\": {}, \"first_row\": {}, \"row_bytes\": {}, \"bytes\": ",
+        b.slot, b.rows, b.first_row, b.row_bytes
+    )?;
     optional(out, b.bytes())?;
     let (space, offset) = match b.place {
         Place::Device { offset } => ("device", offset),
@@ -143,12 +147,19 @@ fn instruction_json(out: &mut String, index: usize, instruction: &Instruction) -
             }
             out.push_str("]}}");
         }
-        Action::Copy { src, dst } => {
+        Action::Copy { src, dst, tensor } => {
             out.push_str("\"copy\": {\"src\": {");
             region_fields(out, src)?;
             out.push_str("}, \"dst\": {");
             region_fields(out, dst)?;
-            out.push_str("}}}");
+            write!(
+                out,
+                "}}, \"tensor\": {{\"layer\": {}, \"role\": \"{}\", \"start\": {}, \"end\": {}}}}}}}",
+                tensor.layer,
+                tensor.role.name(),
+                tensor.start,
+                tensor.end
+            )?;
         }
         Action::Record(event) => write!(out, "\"record\": {{\"event\": {}}}}}", event.0)?,
         Action::Wait(event) => write!(out, "\"wait\": {{\"event\": {}}}}}", event.0)?,
@@ -226,7 +237,7 @@ mod tests {
         let plan = sample_plan();
         let text = plan.to_json();
         let json = parse(&text);
-        assert_eq!(json["format_version"], 1);
+        assert_eq!(json["format_version"], 2);
         let p = &json["provenance"];
         assert_eq!(p["model"]["name"].as_str(), Some(plan.provenance.model.name.as_str()));
         assert_eq!(p["model"]["layers"], 2);
@@ -250,6 +261,7 @@ mod tests {
             assert_eq!(j["role"].as_str(), Some(b.role.name()));
             assert_eq!(j["bytes"].as_u64(), b.bytes());
             assert_eq!(j["rows"].as_u64(), Some(b.rows));
+            assert_eq!(j["first_row"].as_u64(), Some(b.first_row));
         }
         assert_eq!(buffers[6]["name"], "rounding buffer 1 layer_input");
         assert_eq!(buffers[6]["layer"], Value::Null);
@@ -275,6 +287,7 @@ mod tests {
         assert_eq!(copy["stream"], "h2d");
         assert_eq!(copy["copy"]["src"], parse(r#"{"buffer": 10, "start": 0, "end": 4}"#));
         assert_eq!(copy["copy"]["dst"]["buffer"], 6);
+        assert_eq!(copy["copy"]["tensor"], parse(r#"{"layer": 0, "role": "layer_input", "start": 0, "end": 4}"#));
         assert_eq!(instructions[9]["launch"]["args"][0]["access"], "read_write");
 
         // One line per buffer and per instruction, and the same text every time.

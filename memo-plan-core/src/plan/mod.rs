@@ -23,6 +23,10 @@
 //!   Device buffers whose live ranges meet must not share arena bytes.
 //! - An argument's row range `[start, end)` selects bytes `[start * row_bytes, end * row_bytes)`
 //!   of its buffer.
+//! - A copy names the rows it moves ([`TensorRows`]: layer, tensor, rows); its host slot must
+//!   hold exactly those ([`Buffer::holds`]) and its device side must be that tensor at those
+//!   rows. A rounding buffer holds layer `l`'s and layer `l + 2`'s data in turn under the same
+//!   buffer ids, so without the name a swap-in of the wrong layer's slot would look well ordered.
 //!
 //! The plan format is independent of how plans are made: `check::plan` verifies one without
 //! trusting the planner.
@@ -42,7 +46,8 @@ pub mod shapes;
 pub use decode::PlanDecodeError;
 
 /// The version written into, and required of, encoded plans (`spec/plan-format.md`).
-pub const PLAN_FORMAT_VERSION: u16 = 1;
+/// Version 2 added swap identities: [`Buffer::first_row`] and [`Action::Copy`]'s `tensor`.
+pub const PLAN_FORMAT_VERSION: u16 = 2;
 
 /// Index of a buffer in [`Plan::buffers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -458,6 +463,11 @@ pub struct Buffer {
     pub slot: u8,
     /// Rows (tokens for activations, output features for weights, 1 for scalars).
     pub rows: u64,
+    /// The row of its tensor that its row 0 holds: a host slot of layer `l` holds rows
+    /// `[first_row, first_row + rows)` of layer `l`'s tensor `role` (its identity,
+    /// [`Buffer::holds`]), which the checker holds every copy to. The planner writes 0 for every
+    /// buffer: its host slots hold swapped rows from row 0 (the token split swaps `[0, a)`).
+    pub first_row: u64,
     /// Bytes of one row.
     pub row_bytes: u64,
     /// Its place in the arena or the host slab.
@@ -468,6 +478,37 @@ impl Buffer {
     /// `rows * row_bytes`, or `None` when that overflows.
     pub fn bytes(&self) -> Option<u64> {
         self.rows.checked_mul(self.row_bytes)
+    }
+
+    /// Which rows of which layer's tensor the buffer holds: `[first_row, first_row + rows)` of
+    /// `role` of `layer`. `None` for a buffer without a layer (rounding buffers are shared by
+    /// alternating layers, so a copy into one names the layer itself) or whose last row does not
+    /// fit in 64 bits.
+    pub fn holds(&self) -> Option<TensorRows> {
+        let end = self.first_row.checked_add(self.rows)?;
+        Some(TensorRows { layer: self.layer?, role: self.role, start: self.first_row, end })
+    }
+}
+
+/// Rows `[start, end)` of tensor `role` of layer `layer`: what a swap copy moves, and what a host
+/// slot holds. The checker holds every copy's to both of its sides (`spec/validity.md`, rule 8),
+/// so a swap-in cannot restore another layer's or another tensor's rows, or other rows, unseen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct TensorRows {
+    /// The layer whose tensor it is.
+    pub layer: u32,
+    /// The tensor.
+    pub role: TensorRole,
+    /// First row of the tensor.
+    pub start: u64,
+    /// One past the last row.
+    pub end: u64,
+}
+
+impl fmt::Display for TensorRows {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "layer {} {} rows [{}, {})", self.layer, self.role.name(), self.start, self.end)
     }
 }
 
@@ -529,12 +570,16 @@ pub struct Launch {
 pub enum Action {
     /// Runs a kernel.
     Launch(Launch),
-    /// Copies `src`'s bytes to `dst` (same byte count; one side on the host, one on the device).
+    /// Copies `src`'s bytes to `dst` (same byte count; one side on the host, one on the device):
+    /// a swap-out (device to host slot) or a swap-in (host slot to device).
     Copy {
         /// Read.
         src: Region,
         /// Written.
         dst: Region,
+        /// Whose rows it moves. Its device side may be a rounding buffer, which has no layer of
+        /// its own, so the copy names the layer; both sides must agree with it.
+        tensor: TensorRows,
     },
     /// Completes when every earlier instruction of its stream has.
     Record(EventId),

@@ -15,7 +15,7 @@
 use alloc::vec::Vec;
 
 use super::{Block, Builder, Param, Phase, ScheduleError};
-use crate::plan::{BufferId, BufferKind, EventId, Op, Region, Strategy, Stream, TensorRole};
+use crate::plan::{BufferId, BufferKind, EventId, Op, Region, Strategy, Stream, TensorRole, TensorRows};
 
 /// Which rows a skeletal tensor has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,7 +257,8 @@ impl Storage {
         b.wait(Stream::DeviceToHost, computed);
         for &(index, slot) in slots {
             let rows = b.rows_of(slot);
-            b.copy(Stream::DeviceToHost, Region::rows(set.0[index], 0, rows), Region::rows(slot, 0, rows));
+            let tensor = TensorRows { layer, role: SKELETAL_ROLES[index].0, start: 0, end: rows };
+            b.copy(Stream::DeviceToHost, Region::rows(set.0[index], 0, rows), Region::rows(slot, 0, rows), tensor);
         }
         let done = b.record(Stream::DeviceToHost);
         b.note_swap_out(layer as usize % 2, done);
@@ -283,7 +284,8 @@ impl Storage {
         b.wait(Stream::HostToDevice, released);
         for &(index, slot) in slots {
             let rows = b.rows_of(slot);
-            b.copy(Stream::HostToDevice, Region::rows(slot, 0, rows), Region::rows(set.0[index], 0, rows));
+            let tensor = TensorRows { layer: target, role: SKELETAL_ROLES[index].0, start: 0, end: rows };
+            b.copy(Stream::HostToDevice, Region::rows(slot, 0, rows), Region::rows(set.0[index], 0, rows), tensor);
         }
         self.swapped_in[target as usize] = Some(b.record(Stream::HostToDevice));
     }

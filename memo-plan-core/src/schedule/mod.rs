@@ -31,7 +31,7 @@ use crate::model::{ModelConfig, ModelError, Parallelism, BF16_BYTES, FP32_BYTES}
 use crate::plan::shapes;
 use crate::plan::{
     Action, Arg, Buffer, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, Region, Strategy, Stream,
-    TensorRole,
+    TensorRole, TensorRows,
 };
 
 pub use layer::SKELETAL_ROLES;
@@ -277,7 +277,7 @@ impl Builder {
     ) -> BufferId {
         let place = if kind == BufferKind::HostSlot { Place::Host { offset: 0 } } else { Place::Device { offset: 0 } };
         let id = BufferId(self.buffers.len() as u32);
-        self.buffers.push(Buffer { kind, role, layer, slot, rows, row_bytes, place });
+        self.buffers.push(Buffer { kind, role, layer, slot, rows, first_row: 0, row_bytes, place });
         self.blocks.push(block);
         id
     }
@@ -319,8 +319,8 @@ impl Builder {
         self.push(Stream::Compute, Action::Launch(Launch { op, args, layer, flops }));
     }
 
-    pub fn copy(&mut self, stream: Stream, src: Region, dst: Region) {
-        self.push(stream, Action::Copy { src, dst });
+    pub fn copy(&mut self, stream: Stream, src: Region, dst: Region, tensor: TensorRows) {
+        self.push(stream, Action::Copy { src, dst, tensor });
     }
 
     pub fn record(&mut self, stream: Stream) -> EventId {

@@ -62,7 +62,7 @@ fn schedules_are_well_formed_for_every_strategy_and_layout() {
                             assert_eq!(launch.args.len(), launch.op.signature().len());
                             launch.args.iter().for_each(|a| check(&a.region));
                         }
-                        Action::Copy { src, dst } => {
+                        Action::Copy { src, dst, .. } => {
                             check(src);
                             check(dst);
                         }

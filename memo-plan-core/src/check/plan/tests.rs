@@ -7,7 +7,9 @@ use alloc::vec::Vec;
 use super::*;
 use crate::generate::SplitMix64;
 use crate::model::{Hardware, ModelConfig, Parallelism};
-use crate::plan::{Arg, Buffer, Instruction, Launch, Op, PlacementSummary, Provenance, Strategy, TensorRole, Totals};
+use crate::plan::{
+    Arg, Buffer, Instruction, Launch, Op, PlacementSummary, Provenance, Strategy, TensorRole, TensorRows, Totals,
+};
 use crate::swap::AlphaBound;
 
 use BufferKind as K;
@@ -29,7 +31,7 @@ fn provenance() -> Provenance {
 }
 
 fn buffer(kind: BufferKind, role: TensorRole, layer: Option<u32>, rows: u64, row_bytes: u64, place: Place) -> Buffer {
-    Buffer { kind, role, layer, slot: 0, rows, row_bytes, place }
+    Buffer { kind, role, layer, slot: 0, rows, first_row: 0, row_bytes, place }
 }
 
 fn dev(offset: u64) -> Place {
@@ -50,9 +52,17 @@ fn launch(op: Op, args: &[(u32, u64, u64)]) -> Instruction {
     Instruction { stream: C, action: Action::Launch(Launch { op, args, layer: Some(0), flops: 0 }) }
 }
 
+/// A copy of layer 0's input (every copy of the mini step moves it), naming the device side's
+/// rows (the source on d2h, else the destination).
 fn copy(stream: Stream, src: (u32, u64, u64), dst: (u32, u64, u64)) -> Instruction {
+    let (_, start, end) = if stream == D { src } else { dst };
+    copy_of(stream, src, dst, TensorRows { layer: 0, role: TensorRole::LayerInput, start, end })
+}
+
+/// A copy naming `tensor`.
+fn copy_of(stream: Stream, src: (u32, u64, u64), dst: (u32, u64, u64), tensor: TensorRows) -> Instruction {
     let region = |(b, s, e): (u32, u64, u64)| Region::rows(BufferId(b), s, e);
-    Instruction { stream, action: Action::Copy { src: region(src), dst: region(dst) } }
+    Instruction { stream, action: Action::Copy { src: region(src), dst: region(dst), tensor } }
 }
 
 fn record(stream: Stream, event: u32) -> Instruction {
@@ -183,16 +193,20 @@ fn rows_out_of_bounds() {
     assert!(matches!(violations(&plan)[0], PlanViolation::RowsOutOfBounds { start: 4, end: 9, .. }));
 }
 
-/// The swap-out copies half the rows; the swap-in then reads the other half unwritten.
+/// The swap-out copies half the rows; the swap-in then reads the other half unwritten. The copy
+/// names rows [0, 8) of layer 0's input, which its half of the host slot does not hold.
 #[test]
 fn copy_size_mismatch() {
     let mut plan = valid_plan();
     plan.instructions[3] = copy(D, (4, 0, 8), (6, 0, 4));
-    assert_eq!(found(&plan), [("copy_size_mismatch", Some(3)), ("read_unwritten", Some(10))]);
+    assert_eq!(
+        found(&plan),
+        [("copy_size_mismatch", Some(3)), ("swap_slot_mismatch", Some(3)), ("read_unwritten", Some(10))]
+    );
     let v = violations(&plan);
     assert!(matches!(v[0], PlanViolation::CopySizeMismatch { src_bytes: 64, dst_bytes: 32, .. }));
     let host = ByteRange { space: Space::HostSlab, start: 32, end: 64 };
-    assert!(matches!(v[1], PlanViolation::ReadUnwritten { bytes, .. } if bytes == host));
+    assert!(matches!(v[2], PlanViolation::ReadUnwritten { bytes, .. } if bytes == host));
 }
 
 /// A swap-out issued on the h2d stream: wrong stream, and the streams' order is lost too (the
@@ -314,6 +328,106 @@ fn swap_in_of_a_never_written_host_slot() {
     plan.instructions[3] = wait(D, 0);
     assert_eq!(found(&plan), [("read_unwritten", Some(10))]);
     assert_eq!(violations(&plan)[0].buffer(), Some(BufferId(6)));
+}
+
+/// The rows the copy at `at` names, edited.
+fn rename(plan: &mut Plan, at: usize, edit: impl FnOnce(&mut TensorRows)) {
+    match &mut plan.instructions[at].action {
+        Action::Copy { tensor, .. } => edit(tensor),
+        _ => panic!("instruction {at} is not a copy"),
+    }
+}
+
+/// Rule 8: the swap-in names layer 1's input, which its slot (layer 0's) does not hold; the
+/// recompute, a layer 0 launch, then reads rows restored for layer 1.
+#[test]
+fn swap_in_naming_another_layer() {
+    let mut plan = valid_plan();
+    rename(&mut plan, 10, |t| t.layer = 1);
+    assert_eq!(found(&plan), [("swap_slot_mismatch", Some(10)), ("swapped_in_for_other_layer", Some(13))]);
+    let v = violations(&plan);
+    assert_eq!(
+        v[0].to_string(),
+        "instruction 10: swap-in of layer 1 layer_input rows [0, 8) reads host slot #6 layer 0 layer_input \
+         (host_slot), whose rows there hold layer 0 layer_input rows [0, 8) (another layer's, tensor's or rows' \
+         slot); a swap copies rows only to and from the slot holding them"
+    );
+    assert!(matches!(v[1], PlanViolation::SwappedInForOtherLayer { layer: 0, swap_in: 10, .. }), "{}", v[1]);
+    assert!(v[1].to_string().contains("swap-in instruction 10 restored with layer 1 layer_input rows [0, 8)"));
+}
+
+/// Rule 8: the slot belongs to layer 1, so both the swap-out and the swap-in of layer 0's input
+/// name rows it does not hold.
+#[test]
+fn copies_of_another_layers_slot() {
+    let mut plan = valid_plan();
+    plan.buffers[6].layer = Some(1);
+    assert_eq!(found(&plan), [("swap_slot_mismatch", Some(3)), ("swap_slot_mismatch", Some(10))]);
+    assert!(violations(&plan)[0].to_string().contains("swap-out of layer 0 layer_input rows [0, 8) writes host slot"));
+}
+
+/// Rule 8: a swap-in naming the queries copies the input's slot into the input's buffer: both
+/// sides disagree with the name.
+#[test]
+fn swap_in_naming_another_tensor() {
+    let mut plan = valid_plan();
+    rename(&mut plan, 10, |t| t.role = TensorRole::Query);
+    assert_eq!(found(&plan), [("swap_device_mismatch", Some(10)), ("swap_slot_mismatch", Some(10))]);
+    let v = violations(&plan);
+    assert!(v[0].to_string().contains("swap-in of layer 0 q rows [0, 8) writes rows [0, 8) of #4 rounding buffer 0"));
+}
+
+/// Rule 8: a device buffer of layer 1 (not a rounding buffer) cannot take layer 0's rows.
+#[test]
+fn copies_to_another_layers_device_buffer() {
+    let mut plan = valid_plan();
+    plan.buffers[4].layer = Some(1);
+    assert_eq!(found(&plan), [("swap_device_mismatch", Some(3)), ("swap_device_mismatch", Some(10))]);
+}
+
+/// Rule 8: the slot's first half restored into the buffer's second half, named as such: the slot
+/// holds rows [0, 4), not [4, 8); its second half is never read back.
+#[test]
+fn swap_in_with_shifted_rows() {
+    let mut plan = valid_plan();
+    plan.instructions[10] = copy(H, (6, 0, 4), (4, 4, 8));
+    assert_eq!(found(&plan), [("host_write_never_read", Some(3)), ("swap_slot_mismatch", Some(10))]);
+    let mut plan = valid_plan();
+    plan.instructions[10] = copy(H, (6, 0, 4), (4, 4, 8));
+    rename(&mut plan, 10, |t| (t.start, t.end) = (0, 4));
+    assert_eq!(found(&plan), [("host_write_never_read", Some(3)), ("swap_device_mismatch", Some(10))]);
+}
+
+/// Rule 8, reading side: slot, swap-out and swap-in all say layer 1, consistently, but the
+/// launch that reads the restored rows is layer 0's.
+#[test]
+fn swapped_in_for_another_layer() {
+    let mut plan = valid_plan();
+    plan.buffers[6].layer = Some(1);
+    rename(&mut plan, 3, |t| t.layer = 1);
+    rename(&mut plan, 10, |t| t.layer = 1);
+    assert_eq!(found(&plan), [("swapped_in_for_other_layer", Some(13))]);
+    let v = violations(&plan);
+    let bytes = ByteRange { space: Space::Arena, start: 1088, end: 1120 };
+    assert!(matches!(v[0], PlanViolation::SwappedInForOtherLayer { bytes: b, .. } if b == bytes), "{}", v[0]);
+}
+
+/// A host slot holding rows [4, 8) of its tensor (`first_row` 4): copies naming those rows pass,
+/// and the same copies against a slot that says it holds rows [0, 4) do not.
+#[test]
+fn a_slot_from_its_first_row() {
+    let mut plan = valid_plan();
+    plan.buffers[6].rows = 4;
+    plan.buffers[6].first_row = 4;
+    plan.totals.host_bytes = 32;
+    plan.instructions[3] = copy(D, (4, 4, 8), (6, 0, 4));
+    plan.instructions[10] = copy(H, (6, 0, 4), (4, 4, 8));
+    assert_eq!(found(&plan), []);
+    plan.buffers[6].first_row = 0;
+    assert_eq!(found(&plan), [("swap_slot_mismatch", Some(3)), ("swap_slot_mismatch", Some(10))]);
+    plan.buffers[6].first_row = u64::MAX;
+    assert_eq!(found(&plan), [("swap_slot_mismatch", Some(3)), ("swap_slot_mismatch", Some(10))]);
+    assert!(violations(&plan)[0].to_string().contains("hold no layer's tensor rows"));
 }
 
 #[test]
@@ -470,7 +584,12 @@ fn never_panics_on_garbage() {
                         .collect();
                     Action::Launch(Launch { op, args, layer: None, flops: 0 })
                 }
-                1 => Action::Copy { src: region(&mut rng), dst: region(&mut rng) },
+                1 => {
+                    let (start, end) = (pick(&mut rng, 20), pick(&mut rng, 20));
+                    let tensor =
+                        TensorRows { layer: pick(&mut rng, 3) as u32, role: TensorRole::LayerInput, start, end };
+                    Action::Copy { src: region(&mut rng), dst: region(&mut rng), tensor }
+                }
                 2 => Action::Record(EventId(pick(&mut rng, 6) as u32)),
                 _ => Action::Wait(EventId(pick(&mut rng, 6) as u32)),
             };
@@ -515,7 +634,8 @@ fn long_plan(parameters: u32, pairs: u32) -> Plan {
         instructions.push(launch(Op::Gelu, &[(0, 0, 8), (t, 0, 8)]));
         instructions.push(record(C, events));
         instructions.push(wait(D, events));
-        instructions.push(copy(D, (t, 0, 8), (t + 1, 0, 8)));
+        let tensor = TensorRows { layer, role: TensorRole::Fc1Output, start: 0, end: 8 };
+        instructions.push(copy_of(D, (t, 0, 8), (t + 1, 0, 8), tensor));
         instructions.push(record(D, events + 1));
         events += 2;
     }

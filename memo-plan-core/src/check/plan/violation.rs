@@ -3,7 +3,7 @@
 
 use core::fmt;
 
-use crate::plan::{Access, Buffer, BufferId, EventId, Op, Stream};
+use crate::plan::{Access, Buffer, BufferId, EventId, Op, Stream, TensorRows};
 
 /// A buffer named in a report: its id and a copy of its description, so a violation prints the
 /// tensor ("#7 layer 3 fc1_out (transient)") without the plan at hand.
@@ -233,6 +233,53 @@ pub enum PlanViolation {
         /// Bytes of the destination range.
         dst_bytes: u64,
     },
+    /// A swap copy whose host slot holds other rows than the copy names: another layer's, another
+    /// tensor's, or other rows of the same tensor (rule 8).
+    SwapSlotMismatch {
+        /// The copy.
+        instruction: usize,
+        /// What the copy names.
+        tensor: TensorRows,
+        /// Its host slot.
+        slot: BufferRef,
+        /// Whether the slot is the copy's source (a swap-in) rather than its destination.
+        swap_in: bool,
+        /// The tensor rows the copied range of the slot holds; `None` when the slot names no layer
+        /// or its rows pass 2^64.
+        holds: Option<TensorRows>,
+    },
+    /// A swap copy whose device side is not the tensor rows it names: a buffer of another tensor
+    /// or of another layer, or other rows (rule 8).
+    SwapDeviceMismatch {
+        /// The copy.
+        instruction: usize,
+        /// What the copy names.
+        tensor: TensorRows,
+        /// Its device side.
+        device: BufferRef,
+        /// Whether the device side is the copy's destination (a swap-in).
+        swap_in: bool,
+        /// The device range's first row.
+        start: u64,
+        /// One past its last row.
+        end: u64,
+    },
+    /// A launch of one layer (or a swap-out naming one) reads bytes whose last write was a
+    /// swap-in of another layer's rows (rule 8): the rows restored are not the ones it needs.
+    SwappedInForOtherLayer {
+        /// The reading instruction.
+        instruction: usize,
+        /// Its layer (the launch's, or the layer a copy names).
+        layer: u32,
+        /// The buffer read.
+        buffer: BufferRef,
+        /// The bytes.
+        bytes: ByteRange,
+        /// The swap-in that wrote them.
+        swap_in: usize,
+        /// What that swap-in names.
+        tensor: TensorRows,
+    },
     /// An event recorded a second time.
     DoubleRecord {
         /// The second (or later) Record.
@@ -363,6 +410,9 @@ impl PlanViolation {
             Self::CopyNotHostDevice { .. } => "copy_not_host_device",
             Self::CopyWrongStream { .. } => "copy_wrong_stream",
             Self::CopySizeMismatch { .. } => "copy_size_mismatch",
+            Self::SwapSlotMismatch { .. } => "swap_slot_mismatch",
+            Self::SwapDeviceMismatch { .. } => "swap_device_mismatch",
+            Self::SwappedInForOtherLayer { .. } => "swapped_in_for_other_layer",
             Self::DoubleRecord { .. } => "double_record",
             Self::WaitUnrecorded { .. } => "wait_unrecorded",
             Self::WaitBeforeRecord { .. } => "wait_before_record",
@@ -396,6 +446,9 @@ impl PlanViolation {
             | Self::CopyNotHostDevice { instruction, .. }
             | Self::CopyWrongStream { instruction, .. }
             | Self::CopySizeMismatch { instruction, .. }
+            | Self::SwapSlotMismatch { instruction, .. }
+            | Self::SwapDeviceMismatch { instruction, .. }
+            | Self::SwappedInForOtherLayer { instruction, .. }
             | Self::DoubleRecord { instruction, .. }
             | Self::WaitUnrecorded { instruction, .. }
             | Self::WaitBeforeRecord { instruction, .. }
@@ -417,11 +470,14 @@ impl PlanViolation {
             | Self::RowsOutOfBounds { buffer, .. }
             | Self::LaunchOnHost { buffer, .. }
             | Self::ReadUnwritten { buffer, .. }
+            | Self::SwappedInForOtherLayer { buffer, .. }
             | Self::HostWriteNeverRead { buffer, .. }
             | Self::ReadClobbered { buffer, .. }
             | Self::ReadNotReady { buffer, .. }
             | Self::Race { buffer, .. } => Some(buffer.id),
             Self::Overlap { first, .. } => Some(first.id),
+            Self::SwapSlotMismatch { slot, .. } => Some(slot.id),
+            Self::SwapDeviceMismatch { device, .. } => Some(device.id),
             Self::CopyNotHostDevice { src, .. } | Self::CopySizeMismatch { src, .. } => Some(src.id),
             Self::WrongAccess { buffer, .. } => buffer.map(|b| b.id),
             Self::NoSuchBuffer { buffer, .. } => Some(*buffer),
@@ -519,6 +575,27 @@ impl fmt::Display for PlanViolation {
                 f,
                 "instruction {instruction}: copy reads {src_bytes} bytes of {src} but writes {dst_bytes} bytes of \
                  {dst}; the row ranges must hold the same bytes"
+            ),
+            Self::SwapSlotMismatch { instruction, tensor, slot, swap_in, holds } => {
+                let (what, side) = if *swap_in { ("swap-in", "reads") } else { ("swap-out", "writes") };
+                write!(f, "instruction {instruction}: {what} of {tensor} {side} host slot {slot}, whose rows there ")?;
+                match holds {
+                    Some(holds) => write!(f, "hold {holds}")?,
+                    None => f.write_str("hold no layer's tensor rows")?,
+                }
+                f.write_str(" (another layer's, tensor's or rows' slot); a swap copies rows only to and from the slot holding them")
+            }
+            Self::SwapDeviceMismatch { instruction, tensor, device, swap_in, start, end } => write!(
+                f,
+                "instruction {instruction}: {} of {tensor} {} rows [{start}, {end}) of {device}, which are not those \
+                 rows of that tensor",
+                if *swap_in { "swap-in" } else { "swap-out" },
+                if *swap_in { "writes" } else { "reads" }
+            ),
+            Self::SwappedInForOtherLayer { instruction, layer, buffer, bytes, swap_in, tensor } => write!(
+                f,
+                "instruction {instruction} (layer {layer}): reads {bytes} of buffer {buffer}, which swap-in instruction \
+                 {swap_in} restored with {tensor}: another layer's rows"
             ),
             Self::DoubleRecord { instruction, event, first } => write!(
                 f,

@@ -11,7 +11,8 @@ use super::*;
 use crate::generate::SplitMix64;
 use crate::model::{Hardware, ModelConfig, Parallelism};
 use crate::plan::{
-    Arg, Buffer, BufferId, EventId, Launch, Op, PlanDecodeError, Provenance, Strategy, Stream, TensorRole, Totals,
+    Arg, Buffer, BufferId, EventId, Launch, Op, PlanDecodeError, Provenance, Strategy, Stream, TensorRole, TensorRows,
+    Totals,
 };
 
 fn summary(seed: u64) -> PlacementSummary {
@@ -62,7 +63,7 @@ fn provenance(strategy: Strategy, alpha: f64, measured: Option<f64>) -> Provenan
 
 fn buffer(kind: BufferKind, role: TensorRole, layer: Option<u32>, rows: u64, row_bytes: u64, place: Place) -> Buffer {
     let slot = u8::from(kind == BufferKind::RoundingBuffer);
-    Buffer { kind, role, layer, slot, rows, row_bytes, place }
+    Buffer { kind, role, layer, slot, rows, first_row: 0, row_bytes, place }
 }
 
 fn launch(op: Op, layer: Option<u32>, flops: u64, regions: &[(u32, u64, u64)]) -> Action {
@@ -73,6 +74,11 @@ fn launch(op: Op, layer: Option<u32>, flops: u64, regions: &[(u32, u64, u64)]) -
         .map(|(&(_, access), &(b, start, end))| Arg { region: Region::rows(BufferId(b), start, end), access })
         .collect();
     Action::Launch(Launch { op, args, layer, flops })
+}
+
+/// Rows `[start, end)` of layer 0's input: what the sample plan's copies move.
+fn layer0_input(start: u64, end: u64) -> TensorRows {
+    TensorRows { layer: 0, role: TensorRole::LayerInput, start, end }
 }
 
 fn on(stream: Stream, action: Action) -> Instruction {
@@ -107,13 +113,21 @@ pub(crate) fn sample_plan() -> Plan {
         on(Stream::DeviceToHost, Action::Wait(EventId(0))),
         on(
             Stream::DeviceToHost,
-            Action::Copy { src: Region::rows(BufferId(6), 0, 4), dst: Region::rows(BufferId(10), 0, 4) },
+            Action::Copy {
+                src: Region::rows(BufferId(6), 0, 4),
+                dst: Region::rows(BufferId(10), 0, 4),
+                tensor: layer0_input(0, 4),
+            },
         ),
         on(Stream::DeviceToHost, Action::Record(EventId(1))),
         on(Stream::HostToDevice, Action::Wait(EventId(1))),
         on(
             Stream::HostToDevice,
-            Action::Copy { src: Region::rows(BufferId(10), 0, 4), dst: Region::rows(BufferId(6), 0, 4) },
+            Action::Copy {
+                src: Region::rows(BufferId(10), 0, 4),
+                dst: Region::rows(BufferId(6), 0, 4),
+                tensor: layer0_input(0, 4),
+            },
         ),
         on(Stream::Compute, launch(Op::Zero, None, 0, &[(11, 0, 1)])),
         on(Stream::Compute, launch(Op::CrossEntropy, None, 0, &[(8, 0, 8), (1, 0, 8), (11, 0, 1)])),
@@ -190,7 +204,8 @@ fn layout(plan: &Plan) -> Layout {
         instructions.push(at);
         at += 2 + match &instruction.action {
             Action::Launch(l) => 2 + 1 + if l.layer.is_some() { 4 } else { 0 } + 8 + 1 + 21 * l.args.len(),
-            Action::Copy { .. } => 40,
+            // Two regions, then the tensor rows: layer 4, role 2, start and end 8 each.
+            Action::Copy { .. } => 40 + 22,
             Action::Record(_) | Action::Wait(_) => 4,
         };
     }
@@ -253,9 +268,9 @@ fn header_fields_sit_where_the_spec_says() {
 /// encoding, so such a change fails here first. Bump the version, update `spec/plan-format.md`,
 /// the numbers here and the seeds in `fuzz/corpus/plan_decode/`.
 #[test]
-fn format_version_1_is_pinned() {
+fn format_version_2_is_pinned() {
     let bytes = sample_plan().encode();
-    assert_eq!((bytes.len(), checksum(&bytes[HEADER_BYTES..])), (1172, 0x44bd_2dc8));
+    assert_eq!((bytes.len(), checksum(&bytes[HEADER_BYTES..])), (1320, 0xc58a_0f7a));
 }
 
 #[test]
@@ -319,8 +334,18 @@ fn header_errors() {
     let mut newer = good.clone();
     newer[header::VERSION] += 1;
     let error = decode_err(&newer);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 2, supported: 1 });
-    assert!(error.to_string().contains("written by plan format version 2"), "{error}");
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 3, supported: 2 });
+    assert!(error.to_string().contains("written by plan format version 3"), "{error}");
+    assert!(!error.to_string().contains("older format"), "{error}");
+
+    // Version 1 (before swap identities) is refused whole, saying why.
+    let mut older = good.clone();
+    older[header::VERSION] = 1;
+    let error = decode_err(&older);
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 1, supported: 2 });
+    let message = error.to_string();
+    assert!(message.contains("written by plan format version 1; this build reads version 2 only"), "{message}");
+    assert!(message.contains("an older format") && message.contains("memo plan"), "{message}");
 
     let mut flagged = good.clone();
     flagged[header::FLAGS] = 1;
@@ -402,7 +427,7 @@ type CodeCase = (&'static str, fn(&Layout) -> usize, u8, Section);
 
 #[test]
 fn bad_codes_name_the_field_and_offset() {
-    let cases: [CodeCase; 11] = [
+    let cases: [CodeCase; 12] = [
         ("strategy code", |at| at.strategy, 4, Section::Provenance),
         ("alpha bound code", |at| at.alpha_bound, 4, Section::Provenance),
         ("measured layer time tag", |at| at.measured_tag, 2, Section::Provenance),
@@ -410,10 +435,12 @@ fn bad_codes_name_the_field_and_offset() {
         ("buffer kind code", |at| at.buffers[3], 10, Section::Buffer(3)),
         ("tensor role code", |at| at.buffers[4] + 1, 200, Section::Buffer(4)),
         ("layer tag", |at| at.buffers[5] + 3, 7, Section::Buffer(5)),
-        ("place code", |at| at.buffers[0] + 5 + 16, 2, Section::Buffer(0)),
+        ("place code", |at| at.buffers[0] + 5 + 24, 2, Section::Buffer(0)),
         ("stream code", |at| at.instructions[2], 3, Section::Instruction(2)),
         ("action code", |at| at.instructions[2] + 1, 4, Section::Instruction(2)),
         ("op code", |at| at.instructions[1] + 2, 200, Section::Instruction(1)),
+        // The role a copy names (after its two 20-byte regions and the layer).
+        ("tensor role code", |at| at.instructions[4] + 2 + 40 + 4, 200, Section::Instruction(4)),
     ];
     for (what, offset_of, value, section) in cases {
         let mut offset = 0;
@@ -492,8 +519,11 @@ fn structural_errors() {
     assert!(error.to_string().contains("instruction 1: argument 1 (`weight`) names buffer 13"), "{error}");
 
     let error = mutate(|p| {
-        p.instructions[4].action =
-            Action::Copy { src: Region::rows(BufferId(6), 0, 4), dst: Region::rows(BufferId(u32::MAX), 0, 4) }
+        p.instructions[4].action = Action::Copy {
+            src: Region::rows(BufferId(6), 0, 4),
+            dst: Region::rows(BufferId(u32::MAX), 0, 4),
+            tensor: layer0_input(0, 4),
+        }
     });
     assert!(matches!(error, PlanDecodeError::BufferOutOfRange { instruction: 4, operand: Operand::Destination, .. }));
 
@@ -501,10 +531,30 @@ fn structural_errors() {
     assert!(matches!(error, PlanDecodeError::BadRowRange { instruction: 0, start: 5, end: 4, .. }), "{error:?}");
     assert!(error.to_string().contains("its end is before its start"), "{error}");
     let error = mutate(|p| {
-        p.instructions[7].action =
-            Action::Copy { src: Region::rows(BufferId(10), 0, 9), dst: Region::rows(BufferId(6), 0, 4) }
+        p.instructions[7].action = Action::Copy {
+            src: Region::rows(BufferId(10), 0, 9),
+            dst: Region::rows(BufferId(6), 0, 4),
+            tensor: layer0_input(0, 4),
+        }
     });
     assert!(matches!(error, PlanDecodeError::BadRowRange { instruction: 7, operand: Operand::Source, rows: 8, .. }));
+
+    // Version 2's swap identities: a host slot's rows must end below 2^64, a copy's named rows
+    // must not end before they start.
+    let error = mutate(|p| p.buffers[10].first_row = u64::MAX - 7);
+    assert_eq!(error, PlanDecodeError::FirstRowTooLarge { buffer: 10, first_row: u64::MAX - 7, rows: 8 });
+    assert!(error.to_string().contains("buffer 10: 8 rows from row"), "{error}");
+    let fits = sample_plan();
+    let mut last_row = fits.clone();
+    last_row.buffers[10].first_row = u64::MAX - 8;
+    assert_eq!(Plan::decode(&last_row.encode()).map(|p| p.buffers[10].first_row), Ok(u64::MAX - 8));
+    let error = mutate(|p| {
+        if let Action::Copy { tensor, .. } = &mut p.instructions[7].action {
+            *tensor = layer0_input(5, 4);
+        }
+    });
+    assert_eq!(error, PlanDecodeError::BadTensorRows { instruction: 7, start: 5, end: 4 });
+    assert!(error.to_string().contains("instruction 7: the copy names tensor rows [5, 4)"), "{error}");
 
     let error = mutate(|p| p.instructions[5].action = Action::Record(EventId(2)));
     let expected = PlanDecodeError::EventOutOfRange { instruction: 5, action: "record", event: 2, events: 2 };
@@ -624,13 +674,15 @@ fn the_spec_lists_every_code() {
     }
 }
 
-/// The decoder's memory claim (`spec/plan-format.md`: at most about 11 times the input): what
+/// The decoder's memory claim (`spec/plan-format.md`: at most about 14 times the input): what
 /// it allocates per element, against the fewest bytes that element takes encoded.
 #[test]
-fn decoded_elements_are_at_most_11_times_their_encoding() {
+fn decoded_elements_are_at_most_14_times_their_encoding() {
     use core::mem::size_of;
     assert!(size_of::<Buffer>() <= 11 * BUFFER_MIN_BYTES, "{}", size_of::<Buffer>());
-    assert!(size_of::<Instruction>() <= 11 * INSTRUCTION_MIN_BYTES, "{}", size_of::<Instruction>());
+    // A copy (two regions and the tensor rows it names) is the largest action: 80 bytes against
+    // the 6 of a record, so instructions are the 14 times.
+    assert!(size_of::<Instruction>() <= 14 * INSTRUCTION_MIN_BYTES, "{}", size_of::<Instruction>());
     // A launch's arguments: one `Arg` per 21 encoded bytes.
     assert!(size_of::<Arg>() <= 11 * 21, "{}", size_of::<Arg>());
 }
@@ -641,7 +693,8 @@ fn every_error_says_what_to_do() {
     let operand = Operand::Arg { index: 2, name: "bias" };
     let errors = [
         PlanDecodeError::BadMagic { found: *b"GIF89a\0\0", len: 6 },
-        PlanDecodeError::UnsupportedVersion { found: 2, supported: 1 },
+        PlanDecodeError::UnsupportedVersion { found: 1, supported: 2 },
+        PlanDecodeError::UnsupportedVersion { found: 3, supported: 2 },
         PlanDecodeError::Truncated { section: Section::Buffer(3), offset: 200, needed: 8, available: 2 },
         PlanDecodeError::ChecksumMismatch { stored: 1, computed: 2 },
         PlanDecodeError::BadCode { what: "op code", value: 99, offset: 300, at: Section::Instruction(4) },
@@ -655,6 +708,8 @@ fn every_error_says_what_to_do() {
         PlanDecodeError::TrailingBytes { offset: 1000, count: 3 },
         PlanDecodeError::UnreadBytes { offset: 900, count: 100 },
         PlanDecodeError::BufferTooLarge { buffer: 5, rows: u64::MAX, row_bytes: 2, offset: 0 },
+        PlanDecodeError::FirstRowTooLarge { buffer: 5, first_row: u64::MAX, rows: 2 },
+        PlanDecodeError::BadTensorRows { instruction: 7, start: 4, end: 3 },
         PlanDecodeError::BufferOutOfRange { instruction: 7, operand, buffer: 40, buffers: 12 },
         PlanDecodeError::BadRowRange { instruction: 7, operand, buffer: 3, start: 0, end: 9, rows: 8 },
         PlanDecodeError::EventOutOfRange { instruction: 8, action: "wait", event: 5, events: 2 },
