@@ -41,7 +41,7 @@ fn remedy_and_max_seq_agree_for_every_strategy_on_every_machine() {
             misfits += 1;
             let fits_at = |tokens: u64| {
                 plan(&PlanRequest { model: ModelConfig { seq_len: tokens, ..r.model.clone() }, ..r.clone() })
-                    .map_or(false, |p| p.fits())
+                    .is_ok_and(|p| p.fits())
             };
             match quoted_longest(&remedies) {
                 Some(tokens) => {
