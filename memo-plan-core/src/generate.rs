@@ -79,30 +79,36 @@ fn guillotine(seed: u64, buffers: usize, steps: u32, height: u64) -> Vec<(u32, u
     let mut stuck = 0;
     while pieces.len() < buffers && stuck < 64 * buffers + 64 {
         let index = rng.below(pieces.len() as u64) as usize;
-        let (t0, t1, a0, a1) = pieces[index];
-        let can_time = t1 - t0 >= 2;
-        let can_space = a1 - a0 >= 2;
-        let cut_time = match (can_time, can_space) {
-            (false, false) => {
-                stuck += 1;
-                continue;
-            }
-            (true, false) => true,
-            (false, true) => false,
-            (true, true) => rng.below(2) == 0,
-        };
-        if cut_time {
-            let t = t0 + 1 + rng.below(u64::from(t1 - t0 - 1)) as u32;
-            pieces[index] = (t0, t, a0, a1);
-            pieces.push((t, t1, a0, a1));
-        } else {
-            let a = a0 + 1 + rng.below(a1 - a0 - 1);
-            pieces[index] = (t0, t1, a0, a);
-            pieces.push((t0, t1, a, a1));
+        if !guillotine_cut(&mut rng, &mut pieces, index) {
+            stuck += 1;
         }
     }
     rng.shuffle(&mut pieces);
     pieces
+}
+
+/// Cuts `pieces[index]` in two by a straight line across time or across space (a coin picks when
+/// both fit), the left or lower part in place and the other pushed; `false` when the piece is one
+/// step long and one byte tall. The generators' draws go through here, so a generator's instances
+/// depend on the seed alone.
+fn guillotine_cut(rng: &mut SplitMix64, pieces: &mut Vec<(u32, u32, u64, u64)>, index: usize) -> bool {
+    let (t0, t1, a0, a1) = pieces[index];
+    let cut_time = match (t1 - t0 >= 2, a1 - a0 >= 2) {
+        (false, false) => return false,
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => rng.below(2) == 0,
+    };
+    if cut_time {
+        let t = t0 + 1 + rng.below(u64::from(t1 - t0 - 1)) as u32;
+        pieces[index] = (t0, t, a0, a1);
+        pieces.push((t, t1, a0, a1));
+    } else {
+        let a = a0 + 1 + rng.below(a1 - a0 - 1);
+        pieces[index] = (t0, t1, a0, a);
+        pieces.push((t0, t1, a, a1));
+    }
+    true
 }
 
 /// A perfect packing that no guillotine cut takes apart: the rectangle `steps x height` cut
@@ -113,13 +119,13 @@ fn guillotine(seed: u64, buffers: usize, steps: u32, height: u64) -> Vec<(u32, u
 /// optimum are both `height`; shuffled, ids 0.. in order. Flat splits (horizontal slabs) cannot
 /// settle these: the exact search has to.
 pub fn non_guillotine(seed: u64, buffers: usize, steps: u32, height: u64) -> Vec<BufferLifetime> {
-    pieces_to_buffers(&tiling(seed, buffers, steps, height, true))
+    pieces_to_buffers(&tiling(seed, buffers, steps, height))
 }
 
 /// The tiling's own placement of [`non_guillotine`]`(seed, buffers, steps, height)` (its peak is
 /// `height`).
 pub fn non_guillotine_offsets(seed: u64, buffers: usize, steps: u32, height: u64) -> Vec<u64> {
-    tiling(seed, buffers, steps, height, true).iter().map(|&(_, _, a0, _)| a0).collect()
+    tiling(seed, buffers, steps, height).iter().map(|&(_, _, a0, _)| a0).collect()
 }
 
 /// A packing with holes: [`non_guillotine`] with `buffers + holes` pieces, of which `holes`
@@ -137,7 +143,7 @@ pub fn with_holes_offsets(seed: u64, buffers: usize, holes: usize, steps: u32, h
 }
 
 fn holed(seed: u64, buffers: usize, holes: usize, steps: u32, height: u64) -> Vec<(u32, u32, u64, u64)> {
-    let mut pieces = tiling(seed, buffers + holes, steps, height, true);
+    let mut pieces = tiling(seed, buffers + holes, steps, height);
     // The tiling is shuffled already: deleting its first pieces deletes random ones. Keep at
     // least one.
     let keep_from = holes.min(pieces.len().saturating_sub(1));
@@ -154,9 +160,9 @@ fn pieces_to_buffers(pieces: &[(u32, u32, u64, u64)]) -> Vec<BufferLifetime> {
 }
 
 /// The pieces `(t0, t1, a0, a1)` of a tiling of `steps x height` into about `buffers` pieces (a
-/// pinwheel adds four at once, so the count may pass `buffers` by up to three), shuffled. With
-/// `pinwheels`, half the cuts of pieces at least 3 x 3 are pinwheels.
-fn tiling(seed: u64, buffers: usize, steps: u32, height: u64, pinwheels: bool) -> Vec<(u32, u32, u64, u64)> {
+/// pinwheel adds four at once, so the count may pass `buffers` by up to three), shuffled. Half the
+/// cuts of pieces at least 3 x 3 are pinwheels.
+fn tiling(seed: u64, buffers: usize, steps: u32, height: u64) -> Vec<(u32, u32, u64, u64)> {
     let mut rng = SplitMix64::new(seed ^ 0x7069_6E77_6865_656C);
     let mut pieces: Vec<(u32, u32, u64, u64)> = alloc::vec![(0, steps, 0, height)];
     let mut stuck = 0;
@@ -164,7 +170,7 @@ fn tiling(seed: u64, buffers: usize, steps: u32, height: u64, pinwheels: bool) -
         let index = rng.below(pieces.len() as u64) as usize;
         let (t0, t1, a0, a1) = pieces[index];
         let (long, tall) = (t1 - t0, a1 - a0);
-        if pinwheels && long >= 3 && tall >= 3 && pieces.len() + 4 <= buffers + 3 && rng.below(2) == 0 {
+        if long >= 3 && tall >= 3 && pieces.len() + 4 <= buffers + 3 && rng.below(2) == 0 {
             // Two inner time points and two inner heights; the centre is [x1, x2) x [y1, y2).
             let x1 = t0 + 1 + rng.below(u64::from(long - 2)) as u32;
             let x2 = x1 + 1 + rng.below(u64::from(t1 - x1 - 1)) as u32;
@@ -177,23 +183,8 @@ fn tiling(seed: u64, buffers: usize, steps: u32, height: u64, pinwheels: bool) -
             pieces.push((x1, x2, y1, y2)); // centre
             continue;
         }
-        let cut_time = match (long >= 2, tall >= 2) {
-            (false, false) => {
-                stuck += 1;
-                continue;
-            }
-            (true, false) => true,
-            (false, true) => false,
-            (true, true) => rng.below(2) == 0,
-        };
-        if cut_time {
-            let t = t0 + 1 + rng.below(u64::from(long - 1)) as u32;
-            pieces[index] = (t0, t, a0, a1);
-            pieces.push((t, t1, a0, a1));
-        } else {
-            let a = a0 + 1 + rng.below(tall - 1);
-            pieces[index] = (t0, t1, a0, a);
-            pieces.push((t0, t1, a, a1));
+        if !guillotine_cut(&mut rng, &mut pieces, index) {
+            stuck += 1;
         }
     }
     rng.shuffle(&mut pieces);

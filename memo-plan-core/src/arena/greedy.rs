@@ -316,14 +316,21 @@ fn sweep(items: &[Item], members: &[u32], reversed: bool, fit: Fit) -> Component
     sweep_forward(&mirrored, &identity, fit)
 }
 
-fn sweep_forward(items: &[Item], members: &[u32], fit: Fit) -> ComponentPlacement {
-    use alloc::collections::{BTreeSet, BinaryHeap};
-    use core::cmp::Reverse;
+/// The members' positions by start step, larger first among equal starts, then by position (a
+/// total order: the sweep is deterministic).
+fn start_order(items: &[Item], members: &[u32]) -> Vec<u32> {
     let mut order: Vec<u32> = (0..members.len() as u32).collect();
     order.sort_unstable_by(|&a, &b| {
         let (x, y) = (&items[members[a as usize] as usize], &items[members[b as usize] as usize]);
         x.lower.cmp(&y.lower).then(y.size.cmp(&x.size)).then(a.cmp(&b))
     });
+    order
+}
+
+fn sweep_forward(items: &[Item], members: &[u32], fit: Fit) -> ComponentPlacement {
+    use alloc::collections::{BTreeSet, BinaryHeap};
+    use core::cmp::Reverse;
+    let order = start_order(items, members);
     let mut offsets = vec![0u64; members.len()];
     let mut peak = 0;
     // Live ranges offset -> end; free gaps below the highest end, as (size, offset) for best fit
@@ -390,11 +397,7 @@ mod tests {
     /// equal starts), each buffer at the best-fitting gap among the buffers alive then. Needs no
     /// overlap graph: the live ranges are kept in an ordered map.
     fn by_start_reference(items: &[Item], members: &[u32]) -> ComponentPlacement {
-        let mut order: Vec<u32> = (0..members.len() as u32).collect();
-        order.sort_unstable_by(|&a, &b| {
-            let (x, y) = (&items[members[a as usize] as usize], &items[members[b as usize] as usize]);
-            x.lower.cmp(&y.lower).then(y.size.cmp(&x.size)).then(a.cmp(&b))
-        });
+        let order = start_order(items, members);
         let mut offsets = vec![0u64; members.len()];
         let mut peak = 0;
         // offset -> (end, upper step) of live ranges; expired ones are dropped lazily by step.
