@@ -70,20 +70,50 @@ fn bf16_bits(values: &[f32]) -> Vec<u16> {
     values.iter().map(|&v| bf16::from_f32(v).to_bits()).collect()
 }
 
-/// Runs `collective(send, recv, stream)` with `send` holding `input` and `recv` `recv_len`
-/// zeroed elements; returns `recv`.
+/// A collective and its reduction.
+#[derive(Clone, Copy)]
+enum Call {
+    AllReduce(ReduceOp),
+    AllGather,
+    ReduceScatter(ReduceOp),
+}
+
+/// Runs `call` with `count` (the count NCCL takes: per rank for all-gather and reduce-scatter)
+/// from a device buffer holding `input` into a zeroed one of `recv_len` elements; returns it.
 fn run<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default>(
+    comm: &Communicator,
     stream: &Arc<CudaStream>,
+    call: Call,
+    dtype: DataType,
     input: &[T],
+    count: usize,
     recv_len: usize,
-    collective: impl FnOnce(u64, u64, *mut std::ffi::c_void) -> Result<(), NcclError>,
 ) -> Vec<T> {
+    let world = comm.world_size();
+    let (send_needs, recv_needs) = match call {
+        Call::AllReduce(_) => (count, count),
+        Call::AllGather => (count, count * world),
+        Call::ReduceScatter(_) => (count * world, count),
+    };
+    assert!(input.len() >= send_needs && recv_len >= recv_needs, "the test's buffers are too short");
+    assert_eq!(std::mem::size_of::<T>(), dtype.bytes());
     let send = upload(stream, input);
     let mut recv: CudaSlice<T> = stream.alloc_zeros(recv_len).expect("alloc");
     {
-        let (send_ptr, _s) = send.device_ptr(stream);
-        let (recv_ptr, _r) = recv.device_ptr_mut(stream);
-        collective(send_ptr, recv_ptr, nccl::stream(stream)).expect("collective");
+        let (s, _s) = send.device_ptr(stream);
+        let (r, _r) = recv.device_ptr_mut(stream);
+        let st = nccl::stream(stream);
+        // Safety: the extents were checked against the two buffers' lengths above; both are
+        // distinct device buffers of this communicator's device, alive until the stream is
+        // synchronised below, and nothing else uses them.
+        let result = unsafe {
+            match call {
+                Call::AllReduce(op) => comm.all_reduce(s, r, count, dtype, op, st),
+                Call::AllGather => comm.all_gather(s, r, count, dtype, st),
+                Call::ReduceScatter(op) => comm.reduce_scatter(s, r, count, dtype, op, st),
+            }
+        };
+        result.expect("collective");
     }
     stream.synchronize().expect("synchronize");
     stream.clone_dtoh(&recv).expect("download")
@@ -100,23 +130,27 @@ fn at_one_rank_every_collective_returns_its_input_bit_for_bit() {
     let values: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
     let bits = bf16_bits(&values);
     let n = values.len();
-    // Safety (every call below): `run` hands addresses of `n`-element device buffers of this
-    // device, live until it synchronizes the stream; at one rank every extent is `n` elements.
-    let sum =
-        run(&stream, &values, n, |s, r, st| unsafe { comm.all_reduce(s, r, n, DataType::F32, ReduceOp::Sum, st) });
+    let sum = run(&comm, &stream, Call::AllReduce(ReduceOp::Sum), DataType::F32, &values, n, n);
     assert_eq!(sum, values);
-    let max = run(&stream, &bits, n, |s, r, st| unsafe { comm.all_reduce(s, r, n, DataType::Bf16, ReduceOp::Max, st) });
+    let max = run(&comm, &stream, Call::AllReduce(ReduceOp::Max), DataType::Bf16, &bits, n, n);
     assert_eq!(max, bits);
-    let gathered = run(&stream, &bits, n, |s, r, st| unsafe { comm.all_gather(s, r, n, DataType::Bf16, st) });
+    let gathered = run(&comm, &stream, Call::AllGather, DataType::Bf16, &bits, n, n);
     assert_eq!(gathered, bits);
-    let scattered =
-        run(&stream, &bits, n, |s, r, st| unsafe { comm.reduce_scatter(s, r, n, DataType::Bf16, ReduceOp::Sum, st) });
+    let scattered = run(&comm, &stream, Call::ReduceScatter(ReduceOp::Sum), DataType::Bf16, &bits, n, n);
     assert_eq!(scattered, bits);
     let words: Vec<u32> = (0..n as u32).map(|i| i.wrapping_mul(2_654_435_761)).collect();
-    let copied = run(&stream, &words, n, |s, r, st| unsafe { comm.all_gather(s, r, n, DataType::U32, st) });
+    let copied = run(&comm, &stream, Call::AllGather, DataType::U32, &words, n, n);
     assert_eq!(copied, words);
     comm.check().expect("no asynchronous error");
     comm.destroy().expect("destroy");
+}
+
+/// One rank's outputs (bf16 as bits).
+struct Results {
+    sum: Vec<u16>,
+    gathered: Vec<u16>,
+    scattered: Vec<f32>,
+    max: Vec<u16>,
 }
 
 #[test]
@@ -135,7 +169,7 @@ fn two_ranks_on_one_gpu_compute_what_the_cpu_computes() {
                           // Rank r's input: small integers, exact in bf16 and in any summation order.
     let input =
         |rank: usize, len: usize| -> Vec<f32> { (0..len).map(|i| ((i * 7 + rank * 13) % 31) as f32 - 15.0).collect() };
-    let results: Vec<(Vec<u16>, Vec<u16>, Vec<f32>, Vec<u16>)> = std::thread::scope(|scope| {
+    let results: Vec<Results> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..2)
             .map(|rank| {
                 let ctx = ctx.clone();
@@ -147,23 +181,13 @@ fn two_ranks_on_one_gpu_compute_what_the_cpu_computes() {
                     let stream = ctx.new_stream().expect("stream");
                     let mine = input(rank, 2 * N);
                     let bits = bf16_bits(&mine);
-                    // Safety (each call): device buffers of the lengths given to `run`, which are the
-                    // extents each collective reads and writes at two ranks.
-                    let sum = run(&stream, &bits, 2 * N, |s, r, st| unsafe {
-                        comm.all_reduce(s, r, 2 * N, DataType::Bf16, ReduceOp::Sum, st)
-                    });
-                    let gathered = run(&stream, &bits[..N], 2 * N, |s, r, st| unsafe {
-                        comm.all_gather(s, r, N, DataType::Bf16, st)
-                    });
-                    let scattered = run(&stream, &mine, N, |s, r, st| unsafe {
-                        comm.reduce_scatter(s, r, N, DataType::F32, ReduceOp::Sum, st)
-                    });
-                    let max = run(&stream, &bits, 2 * N, |s, r, st| unsafe {
-                        comm.all_reduce(s, r, 2 * N, DataType::Bf16, ReduceOp::Max, st)
-                    });
+                    let sum = run(&comm, &stream, Call::AllReduce(ReduceOp::Sum), DataType::Bf16, &bits, 2 * N, 2 * N);
+                    let gathered = run(&comm, &stream, Call::AllGather, DataType::Bf16, &bits[..N], N, 2 * N);
+                    let scattered = run(&comm, &stream, Call::ReduceScatter(ReduceOp::Sum), DataType::F32, &mine, N, N);
+                    let max = run(&comm, &stream, Call::AllReduce(ReduceOp::Max), DataType::Bf16, &bits, 2 * N, 2 * N);
                     comm.check().expect("no asynchronous error");
                     comm.destroy().expect("destroy");
-                    (sum, gathered, scattered, max)
+                    Results { sum, gathered, scattered, max }
                 })
             })
             .collect();
@@ -173,10 +197,10 @@ fn two_ranks_on_one_gpu_compute_what_the_cpu_computes() {
     let sum: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
     let max: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x.max(*y)).collect();
     let gathered: Vec<f32> = a[..N].iter().chain(&b[..N]).copied().collect();
-    for (rank, (got_sum, got_gathered, got_scattered, got_max)) in results.iter().enumerate() {
-        assert_eq!(got_sum, &bf16_bits(&sum), "rank {rank}: all-reduce sum");
-        assert_eq!(got_gathered, &bf16_bits(&gathered), "rank {rank}: all-gather (rank-major)");
-        assert_eq!(got_scattered[..], sum[rank * N..(rank + 1) * N], "rank {rank}: reduce-scatter, block {rank}");
-        assert_eq!(got_max, &bf16_bits(&max), "rank {rank}: all-reduce max");
+    for (rank, got) in results.iter().enumerate() {
+        assert_eq!(got.sum, bf16_bits(&sum), "rank {rank}: all-reduce sum");
+        assert_eq!(got.gathered, bf16_bits(&gathered), "rank {rank}: all-gather (rank-major)");
+        assert_eq!(got.scattered[..], sum[rank * N..(rank + 1) * N], "rank {rank}: reduce-scatter, block {rank}");
+        assert_eq!(got.max, bf16_bits(&max), "rank {rank}: all-reduce max");
     }
 }
