@@ -390,7 +390,7 @@ impl Root {
         make_id: impl FnOnce() -> Result<Vec<u8>, String>,
     ) -> Result<Vec<u8>, RendezvousError> {
         let start = Instant::now();
-        let deadline = start + timeout;
+        let deadline = deadline_after(start, timeout);
         let mut ranks: Vec<Option<TcpStream>> = (0..world_size).map(|_| None).collect();
         let mut joined = 1; // rank 0 itself
         let outcome = loop {
@@ -485,7 +485,7 @@ impl Root {
 /// later), says hello, and waits for the reply.
 fn join(address: &str, world_size: usize, rank: usize, timeout: Duration) -> Result<Vec<u8>, RendezvousError> {
     let start = Instant::now();
-    let deadline = start + timeout;
+    let deadline = deadline_after(start, timeout);
     let (Ok(world), Ok(rank32)) = (u32::try_from(world_size), u32::try_from(rank)) else {
         return Err(RendezvousError::RankOutOfRange { rank, world_size });
     };
@@ -557,6 +557,12 @@ fn join(address: &str, world_size: usize, rank: usize, timeout: Duration) -> Res
         STATUS_OK => Ok(payload),
         _ => Err(RendezvousError::Refused { reason: String::from_utf8_lossy(&payload).into_owned() }),
     }
+}
+
+/// `start + timeout`, or about 30 years on for a timeout too long to add (`Duration::MAX`: wait
+/// "forever" without overflowing).
+fn deadline_after(start: Instant, timeout: Duration) -> Instant {
+    start.checked_add(timeout).or_else(|| start.checked_add(Duration::from_secs(1 << 30))).unwrap_or(start)
 }
 
 fn resolve(address: &str) -> Result<Vec<SocketAddr>, RendezvousError> {

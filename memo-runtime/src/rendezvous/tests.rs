@@ -135,6 +135,22 @@ fn a_rank_with_another_world_size_ends_the_rendezvous_on_every_rank() {
 }
 
 #[test]
+fn a_timeout_too_long_to_add_means_wait_without_end_not_a_panic() {
+    let (root, port) = bound_root();
+    let mut a = raw_rank(port, 3, 1);
+    let mut b = raw_rank(port, 3, 1);
+    assert_eq!(root.serve(3, Duration::MAX, || Ok(id())), Err(RendezvousError::DuplicateRank { rank: 1 }));
+    assert!(refused_reason(&mut a).contains("claim rank 1") && refused_reason(&mut b).contains("claim rank 1"));
+    let (root, port) = bound_root();
+    let result = thread::scope(|scope| {
+        let one = scope.spawn(move || exchange("127.0.0.1", port, 2, 1, Duration::MAX, || Err("not rank 0".into())));
+        let served = root.serve(2, Duration::MAX, || Ok(id()));
+        (served, one.join().expect("no panic"))
+    });
+    assert_eq!(result, (Ok(id()), Ok(id())));
+}
+
+#[test]
 fn two_processes_claiming_one_rank_end_the_rendezvous() {
     let (root, port) = bound_root();
     let mut a = raw_rank(port, 3, 1);
