@@ -23,7 +23,9 @@
 //! with `blocking = 0`, NCCL 2.14 or newer) and polled with `ncclCommGetAsyncError` until it is
 //! ready, fails, or the timeout passes, when it is aborted (`ncclCommAbort`): the procedure NCCL
 //! documents for non-blocking communicators. Every later call on it that returns `ncclInProgress`
-//! is polled the same way. Nothing here panics on a missing library, symbol or bad input.
+//! is polled the same way (`NCCL_COMM_BLOCKING=1` in the environment overrides the config inside
+//! NCCL and brings the blocking join back: leave it unset). Nothing here panics on a missing
+//! library, symbol or bad input.
 #![deny(missing_docs)]
 
 mod error;
