@@ -673,6 +673,9 @@ impl Communicator {
         match code {
             SUCCESS => Ok(()),
             IN_PROGRESS => {
+                // Never poll an aborted (freed) communicator: a group may end after one of its
+                // calls failed and aborted it.
+                self.ready(call)?;
                 let result = self.nccl.wait(self.comm, call, self.rank, self.world_size, self.timeout);
                 if let Err(error) = &result {
                     // `wait` aborted it already.
