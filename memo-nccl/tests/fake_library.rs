@@ -86,6 +86,7 @@ const DESTROY: usize = 3;
 const GROUP_START: usize = 4;
 const GROUP_END: usize = 5;
 const COLLECTIVES: usize = 6;
+const POLLS: usize = 7;
 
 #[test]
 fn the_library_is_found_by_its_soname_in_a_folder_and_by_path() {
@@ -271,4 +272,29 @@ fn torchrun_ranks_get_the_id_over_tcp_and_join_with_it() {
         })
     );
     assert_eq!(UniqueId::from_bytes(&[0; 128]).map(|id| id.0[0]), Ok(0));
+}
+
+#[test]
+fn a_group_that_ends_in_progress_is_waited_for_and_an_aborted_member_is_not_polled() {
+    let Some(library) = build("group-in-progress", &["-DFAKE_GROUP_IN_PROGRESS"]) else { return };
+    let nccl = load(&library);
+    let comm = Communicator::init(&nccl, &nccl.unique_id().expect("id"), 2, 0, NEVER).expect("joins");
+    // Safety: the fake reads no memory through these addresses.
+    let grouped = nccl.group(&[&comm], || unsafe {
+        comm.all_reduce(0x1000, 0x1000, 3, DataType::F32, ReduceOp::Sum, std::ptr::null_mut())
+    });
+    assert_eq!(grouped, Ok(()));
+    let polls = counts(&library)[POLLS];
+    // A call that fails inside the group aborts the communicator; a closure that ignores the error
+    // still ends the group, which must then not poll the aborted communicator.
+    let ignored = nccl.group(&[&comm], || {
+        // Safety: the fake refuses a null buffer without reading anything.
+        let _ = unsafe { comm.all_gather(0, 0x2000, 1, DataType::U8, std::ptr::null_mut()) };
+        Ok(())
+    });
+    let Err(NcclError::Aborted { call: "ncclGroupEnd", cause }) = &ignored else { panic!("{ignored:?}") };
+    assert!(cause.starts_with("ncclAllGather failed: ncclInvalidArgument (4)"), "{cause}");
+    let after = counts(&library);
+    assert_eq!(after[POLLS], polls, "the aborted communicator was polled");
+    assert_eq!((after[GROUP_START], after[GROUP_END], after[ABORT]), (2, 2, 1));
 }

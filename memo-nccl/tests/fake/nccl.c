@@ -10,7 +10,8 @@
  * Counters (fake_counts) say how often each communicator call ran.
  *
  * -DFAKE_VERSION=<code> sets ncclGetVersion's code (default 22703); -DFAKE_NO_CONFIG leaves out
- * ncclCommInitRankConfig (as NCCL before 2.14 does). */
+ * ncclCommInitRankConfig (as NCCL before 2.14 does); -DFAKE_GROUP_IN_PROGRESS makes ncclGroupEnd
+ * return ncclInProgress (as on a non-blocking communicator). */
 #include <stdlib.h>
 #include <string.h>
 #include <stddef.h>
@@ -98,7 +99,11 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) { counts[1]++; free(comm); return nc
 ncclResult_t ncclCommFinalize(ncclComm_t comm) { counts[2]++; comm->pending = 1; return ncclInProgress; }
 ncclResult_t ncclCommDestroy(ncclComm_t comm) { counts[3]++; free(comm); return ncclSuccess; }
 ncclResult_t ncclGroupStart(void) { counts[4]++; return ncclSuccess; }
+#ifdef FAKE_GROUP_IN_PROGRESS
+ncclResult_t ncclGroupEnd(void) { counts[5]++; return ncclInProgress; }
+#else
 ncclResult_t ncclGroupEnd(void) { counts[5]++; return ncclSuccess; }
+#endif
 
 static ncclResult_t collective(const void* send, void* recv, size_t count, int datatype, int op, ncclComm_t comm,
                                void* stream) {
