@@ -3,7 +3,8 @@
 # here by scripts/gpu-bundle.sh; no cargo there, no network needed), under 6 minutes:
 #   0  nvidia-smi summary; memo profile --device cuda (copy bandwidth, one layer's forward)
 #   1  correctness: every bundled test executable (the backend suite with MEMO_REQUIRE_GPU=cuda,
-#      runtime-cuda's GPU-vs-CPU tests): pass/fail and their counts
+#      runtime-cuda's GPU-vs-CPU tests, its NCCL tests with the wheel's libnccl.so.2 named in
+#      MEMO_NCCL_LIBRARY and NCCL_MULTI_RANK_GPU_ENABLE=1): pass/fail and their counts
 #   2  measurements: memo train --device cuda --json --timings on the ~1B GPT
 #      (examples/models/gpt-1b.toml) at each of $SEQS for keep-all, full-recompute and memo
 #   3  capacity: the planner's --max-seq on the whole GPU; then, with the plan's device memory
@@ -134,6 +135,19 @@ if ((!dry)); then
         fi
     done
     export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
+    # NCCL for runtime-cuda's tests/nccl.rs: NVIDIA's wheel puts libnccl.so.2 in site-packages,
+    # off the loader's path; name it in MEMO_NCCL_LIBRARY (unless set or on the path), and let
+    # two ranks share the one GPU where NCCL 2.30+ allows it (the test SKIPs on older NCCL).
+    if [[ -z "${MEMO_NCCL_LIBRARY:-}" ]] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 '; then
+        for s in $site; do
+            if [[ -f "$s/nvidia/nccl/lib/libnccl.so.2" ]]; then
+                export MEMO_NCCL_LIBRARY="$s/nvidia/nccl/lib/libnccl.so.2"
+                break
+            fi
+        done
+    fi
+    echo "libnccl: ${MEMO_NCCL_LIBRARY:-by name, through the dynamic linker}" >>"$raw/cuda-libs.txt"
+    export NCCL_MULTI_RANK_GPU_ENABLE="${NCCL_MULTI_RANK_GPU_ENABLE:-1}"
 fi
 if ((dry)); then # memo_runtime::cpu_hardware(64 GiB), as a machine file
     machine_file() { # device_memory (TOML value)
