@@ -11,6 +11,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod collective;
 pub mod data;
 pub mod error;
 pub mod interpret;
@@ -18,6 +19,7 @@ pub mod recall;
 pub mod trainer;
 
 pub use backend::{AdamW, Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
+pub use collective::{Collectives, LocalGroup, LocalRank};
 pub use error::{CheckpointMismatch, PlanMismatch, RuntimeError, TokenError};
 pub use interpret::Replay;
 pub use trainer::{cpu_hardware, training_model, NamedBytes, PlannedStep, SetupTimes, TrainOptions, Trainer};
