@@ -20,6 +20,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use half::bf16;
+use memo_plan_core::plan::Op;
 
 /// The element type of a reduction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -102,6 +103,34 @@ impl fmt::Display for Collective {
             Collective::AllReduce(element, reduction) => {
                 write!(f, "all_reduce ({} {})", element.name(), reduction.name())
             }
+        }
+    }
+}
+
+impl Collective {
+    /// The collective a plan's op performs, if it is one (`spec/tensor-parallel.md` §3):
+    /// `all_gather` of any bytes, `reduce_scatter` summing bf16.
+    pub fn of_op(op: Op) -> Option<Collective> {
+        match op {
+            Op::AllGather => Some(Collective::AllGather),
+            Op::ReduceScatter => Some(Collective::ReduceScatter(Element::Bf16)),
+            _ => None,
+        }
+    }
+
+    /// Whether it works in place on one argument (`x`, read and written) rather than reading `x`
+    /// and writing `y`.
+    pub fn in_place(self) -> bool {
+        matches!(self, Collective::AllReduce(..))
+    }
+
+    /// Runs the collective on `group`: `input` and `output` for the two-argument ones, `output`
+    /// alone (in place) for an all-reduce.
+    pub fn run(self, group: &dyn Collectives, input: &[u8], output: &mut [u8]) -> Result<(), CollectiveError> {
+        match self {
+            Collective::AllGather => group.all_gather(input, output),
+            Collective::ReduceScatter(element) => group.reduce_scatter(element, input, output),
+            Collective::AllReduce(element, reduction) => group.all_reduce(element, reduction, output),
         }
     }
 }

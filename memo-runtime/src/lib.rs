@@ -22,4 +22,6 @@ pub use backend::{AdamW, Backend, BackendError, KernelArg, KernelContext, Memory
 pub use collective::{Collectives, LocalGroup, LocalRank};
 pub use error::{CheckpointMismatch, PlanMismatch, RuntimeError, TokenError};
 pub use interpret::Replay;
-pub use trainer::{cpu_hardware, training_model, NamedBytes, PlannedStep, SetupTimes, TrainOptions, Trainer};
+pub use trainer::{
+    cpu_hardware, training_model, NamedBytes, ParallelTrainer, PlannedStep, SetupTimes, TrainOptions, Trainer,
+};
