@@ -1,0 +1,193 @@
+//! Tensor and sequence parallelism on the CPU (issue 18, `spec/tensor-parallel.md`): `t` ranks,
+//! each a thread with its own CPU backend and arena, joined by an in-process group.
+
+use std::sync::Arc;
+
+use memo_plan_core::model::ModelConfig;
+use memo_plan_core::plan::{Access, Op, Strategy, Stream};
+use memo_runtime::collective::{reduce, Element, Reduction};
+use memo_runtime::data::{TextData, DEFAULT_TEXT};
+use memo_runtime::{
+    cpu_hardware, AdamW, Backend, Collectives, KernelArg, KernelContext, LocalGroup, ParallelTrainer, PlannedStep,
+    Space, Span, TrainOptions,
+};
+use runtime_cpu::CpuBackend;
+
+fn model(layers: u32, hidden: u64, heads: u64, seq: u64, micro_batch: u64) -> ModelConfig {
+    let mut model = ModelConfig::new("test", layers, hidden, heads, seq, micro_batch);
+    model.vocab = 256;
+    model
+}
+
+fn options(model: &ModelConfig, strategy: Strategy, alpha: Option<f64>) -> TrainOptions {
+    TrainOptions {
+        model: model.clone(),
+        strategy,
+        forced_alpha: alpha,
+        hardware: cpu_hardware(1 << 30),
+        seed: 11,
+        adamw: AdamW { lr: 3e-3, ..AdamW::default() },
+    }
+}
+
+fn parallel_trainer(options: &TrainOptions, t: u64, checked: bool) -> ParallelTrainer<CpuBackend> {
+    let planned = PlannedStep::tensor_parallel(options, t).unwrap();
+    let ranks = LocalGroup::new(t as usize)
+        .into_iter()
+        .map(|rank| {
+            let group: Arc<dyn Collectives> = Arc::new(rank);
+            let backend = if checked { CpuBackend::checked() } else { CpuBackend::new() };
+            (backend.with_collectives(Arc::clone(&group)), group)
+        })
+        .collect();
+    ParallelTrainer::with_plan(planned, ranks).unwrap()
+}
+
+/// Runs `f(rank, backend)` for every rank of a group of `t` CPU backends (checked mode when
+/// asked), each on its own thread with `arena` bytes allocated; results in rank order.
+fn on_backends<R: Send>(t: usize, checked: bool, arena: u64, f: impl Fn(usize, &mut CpuBackend) -> R + Sync) -> Vec<R> {
+    let backends: Vec<CpuBackend> = LocalGroup::new(t)
+        .into_iter()
+        .map(|rank| {
+            let backend = if checked { CpuBackend::checked() } else { CpuBackend::new() };
+            let mut backend = backend.with_collectives(Arc::new(rank));
+            backend.allocate(arena, 0, 4).unwrap();
+            backend
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> =
+            backends.into_iter().enumerate().map(|(k, mut b)| scope.spawn(move || f(k, &mut b))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn arg(offset: u64, rows: u64, row_bytes: u64, access: Access) -> KernelArg {
+    KernelArg {
+        span: Span { space: Space::Device, offset, len: rows * row_bytes },
+        first_row: 0,
+        rows,
+        row_bytes,
+        access,
+    }
+}
+
+fn context(t: usize) -> KernelContext {
+    KernelContext {
+        hidden: 3,
+        heads: 1,
+        seq_len: 4,
+        vocab: 256,
+        loss_scale_tokens: 4 * t as u64,
+        adamw: AdamW::default(),
+    }
+}
+
+fn bf16_bytes(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    values.into_iter().flat_map(|v| half::bf16::from_f32(v).to_le_bytes()).collect()
+}
+
+/// The backend's all_gather and reduce_scatter launches give the group's results (rank order,
+/// f32 sums rounded once) on 1 to 4 ranks, with odd row widths, in plain and checked mode.
+#[test]
+fn the_backend_runs_a_plans_collectives_on_its_group() {
+    let (rows, width) = (3u64, 5u64); // r = 3 rows of 5 bf16 elements each
+    let row_bytes = 2 * width;
+    for t in 1..=4usize {
+        for checked in [false, true] {
+            let local = rows * row_bytes;
+            let whole = t as u64 * local;
+            // Arena: x (local) | gathered (whole) | partial (whole) | scattered (local).
+            let results = on_backends(t, checked, 2 * local + 2 * whole, |k, backend| {
+                let x: Vec<f32> = (0..rows * width).map(|i| (k as u64 * 100 + i) as f32 * 0.37).collect();
+                let partial: Vec<f32> =
+                    (0..t as u64 * rows * width).map(|i| ((i * 7 + k as u64 * 3) % 13) as f32 * 0.11 + 1.0).collect();
+                backend.upload(Span { space: Space::Device, offset: 0, len: local }, &bf16_bytes(x)).unwrap();
+                backend
+                    .upload(Span { space: Space::Device, offset: local + whole, len: whole }, &bf16_bytes(partial))
+                    .unwrap();
+                let gather =
+                    [arg(0, rows, row_bytes, Access::Read), arg(local, t as u64 * rows, row_bytes, Access::Write)];
+                let scatter = [
+                    arg(local + whole, t as u64 * rows, row_bytes, Access::Read),
+                    arg(local + 2 * whole, rows, row_bytes, Access::Write),
+                ];
+                // Safety: one stream; the two launches touch disjoint spans and nothing else runs.
+                unsafe {
+                    backend.launch(0, Stream::Compute, Op::AllGather, &gather, &context(t)).unwrap();
+                    backend.launch(1, Stream::Compute, Op::ReduceScatter, &scatter, &context(t)).unwrap();
+                }
+                backend.synchronize().unwrap();
+                let gathered = backend.download(Span { space: Space::Device, offset: local, len: whole }).unwrap();
+                let scattered =
+                    backend.download(Span { space: Space::Device, offset: local + 2 * whole, len: local }).unwrap();
+                (gathered, scattered)
+            });
+            let xs: Vec<Vec<u8>> =
+                (0..t).map(|k| bf16_bytes((0..rows * width).map(|i| (k as u64 * 100 + i) as f32 * 0.37))).collect();
+            let partials: Vec<Vec<u8>> = (0..t)
+                .map(|k| {
+                    bf16_bytes((0..t as u64 * rows * width).map(|i| ((i * 7 + k as u64 * 3) % 13) as f32 * 0.11 + 1.0))
+                })
+                .collect();
+            let refs: Vec<&[u8]> = partials.iter().map(Vec::as_slice).collect();
+            let mut sum = vec![0u8; (t as u64 * local) as usize];
+            reduce(Element::Bf16, Reduction::Sum, &refs, &mut sum);
+            for (k, (gathered, scattered)) in results.into_iter().enumerate() {
+                assert_eq!(gathered, xs.concat(), "t {t} rank {k} checked {checked}: all_gather");
+                let share = &sum[k * local as usize..(k + 1) * local as usize];
+                assert_eq!(scattered, share, "t {t} rank {k} checked {checked}: reduce_scatter");
+            }
+        }
+    }
+}
+
+/// A rank whose kernel fails aborts the group: the other ranks' collectives fail with its
+/// reason instead of waiting for it, and no rank hangs.
+#[test]
+fn a_failing_rank_fails_the_others_collectives() {
+    let results = on_backends(3, false, 4096, |k, backend| {
+        let gather = [arg(0, 1, 8, Access::Read), arg(64, 3, 8, Access::Write)];
+        // Safety: one stream, disjoint spans, nothing else runs.
+        unsafe {
+            if k == 1 {
+                // An embedding whose table is not the vocabulary: the kernel fails.
+                let bad = [arg(0, 1, 4, Access::Read), arg(256, 2, 8, Access::Read), arg(512, 1, 8, Access::Write)];
+                backend.launch(0, Stream::Compute, Op::Embedding, &bad, &context(3)).unwrap();
+            }
+            backend.launch(1, Stream::Compute, Op::AllGather, &gather, &context(3)).unwrap();
+        }
+        backend.synchronize()
+    });
+    let own = results[1].as_ref().unwrap_err().to_string();
+    assert!(own.contains("embedding"), "{own}");
+    for k in [0, 2] {
+        let error = results[k].as_ref().unwrap_err().to_string();
+        assert!(error.contains("rank 1") && error.contains("embedding"), "rank {k}: {error}");
+    }
+}
+
+/// Without a group, a collective is refused (a single GPU), as before.
+#[test]
+fn without_a_group_a_collective_is_refused() {
+    let mut backend = CpuBackend::new();
+    backend.allocate(1024, 0, 1).unwrap();
+    let gather = [arg(0, 1, 8, Access::Read), arg(64, 2, 8, Access::Write)];
+    // Safety: one stream, disjoint spans, nothing else runs.
+    unsafe { backend.launch(0, Stream::Compute, Op::AllGather, &gather, &context(2)).unwrap() };
+    let error = backend.synchronize().unwrap_err().to_string();
+    assert!(error.contains("all_gather"), "{error}");
+}
+
+#[test]
+fn smoke() {
+    let m = model(2, 32, 4, 16, 1);
+    let mut trainer = parallel_trainer(&options(&m, Strategy::KeepAll, None), 2, false);
+    let mut data = TextData::from_bytes(DEFAULT_TEXT.as_bytes()).unwrap();
+    for _ in 0..3 {
+        let (tokens, targets) = data.next_batch(1, 16);
+        let loss = trainer.step(&tokens, &targets);
+        eprintln!("{loss:?}");
+    }
+}
