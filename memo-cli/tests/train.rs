@@ -183,3 +183,23 @@ fn trace_writes_the_measured_timeline() {
         assert!(e["ts"].as_f64().unwrap() >= 0.0 && e["dur"].as_f64().unwrap() >= 0.0, "{e}");
     }
 }
+
+/// `--tensor-parallel T`: a T that does not divide the heads, the FFN width or the sequence is
+/// refused with which and the sizes; on a GPU it says the NCCL path is missing; options only one
+/// rank has are refused.
+#[test]
+fn tensor_parallel_refusals_say_why() {
+    let message = assert_fails(&train(&["--tensor-parallel", "3"]), 2);
+    assert!(message.contains("attention heads (4)") && message.contains("sequence 32"), "{message}");
+    // 4 heads and FFN 256 divide by 2; the sequence 33 does not.
+    let mut args = vec!["train", "--device", "cpu", "--model", "tiny", "--seq", "33", "--tensor-parallel", "2"];
+    args.extend_from_slice(&["--steps", "1"]);
+    let message = assert_fails(&memo(&args, None), 2);
+    assert!(message.contains("does not divide the model's sequence (33)"), "{message}");
+    let message = assert_fails(&memo(&["train", "--device", "cuda", "--tensor-parallel", "2"], None), 2);
+    assert!(message.contains("NCCL"), "{message}");
+    let message = assert_fails(&train(&["--tensor-parallel", "2", "--task", "recall"]), 2);
+    assert!(message.contains("--task") && message.contains("--tensor-parallel 2"), "{message}");
+    let message = assert_fails(&train(&["--tensor-parallel", "0"]), 2);
+    assert!(message.contains("tensor-parallel"), "{message}");
+}
