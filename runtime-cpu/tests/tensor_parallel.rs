@@ -180,6 +180,134 @@ fn without_a_group_a_collective_is_refused() {
     assert!(error.contains("all_gather"), "{error}");
 }
 
+/// bf16's unit roundoff (8 significant bits): a rounding moves a value by at most `U` of it.
+const U: f64 = 1.0 / 256.0;
+/// f32's unit roundoff.
+const U32: f64 = 1.0 / 16_777_216.0;
+
+/// Pseudo-random bf16 values in [-scale, scale).
+fn random_bf16(seed: u64, n: usize, scale: f32) -> Vec<f32> {
+    let mut rng = memo_plan_core::generate::SplitMix64::new(seed);
+    (0..n)
+        .map(|_| {
+            half::bf16::from_f32(((rng.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale).to_f32()
+        })
+        .collect()
+}
+
+fn bf16_of(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(2).map(|p| half::bf16::from_le_bytes([p[0], p[1]]).to_f32()).collect()
+}
+
+/// Runs one CPU op on byte buffers (`(bytes, rows)` per argument, in signature order).
+fn op(op: Op, args: &mut [(Vec<u8>, usize)], threads: usize) {
+    let ctx = runtime_cpu::ops::OpContext {
+        hidden: 1,
+        heads: 1,
+        seq_len: 1,
+        vocab: 1,
+        loss_scale_tokens: 1,
+        adamw: AdamW::default(),
+    };
+    let signature = op.signature();
+    let mut kernel_args: Vec<runtime_cpu::ops::Arg<'_>> = args
+        .iter_mut()
+        .zip(signature)
+        .map(|((bytes, rows), (_, access))| {
+            let row_bytes = bytes.len() / *rows;
+            let data = if *access == Access::Read {
+                runtime_cpu::ops::ArgData::Read(bytes.as_slice())
+            } else {
+                runtime_cpu::ops::ArgData::Write(bytes.as_mut_slice())
+            };
+            runtime_cpu::ops::Arg { data, first_row: 0, rows: *rows, row_bytes }
+        })
+        .collect();
+    runtime_cpu::ops::execute_with_threads(op, &mut kernel_args, &ctx, threads).unwrap();
+}
+
+/// The per-op bound of `spec/tensor-parallel.md` §6 for a row-parallel product, measured: `y = x
+/// W^T + b` at `t = 1` (one f32 sum over the `n` inputs, plus the bias, rounded once) against `t`
+/// ranks (each a bias-free partial over its `n/t` inputs rounded to bf16, the partials summed in
+/// f32 in rank order and rounded, then the bias added and rounded):
+/// `|y_t - y_1| <= 2u|y + b| + u|y| + u sum_k |P_k| + 2 n u32 A`, `A = sum_j |x_j w_j|`, `u =
+/// 2^-8`, `u32 = 2^-24`, to first order in `u` (the test adds 4u of slack for the second order).
+/// The backward reductions (`dx = dy W` of the column-parallel products, the norms' parameter
+/// gradients) have the same form without the bias's rounding.
+#[test]
+fn row_parallel_products_are_within_the_derived_bound() {
+    let (rows, n, out) = (24usize, 96usize, 40usize);
+    for t in [2usize, 3, 4] {
+        let mut worst = 0.0f64;
+        let mut differing = 0usize;
+        for seed in 0..4u64 {
+            let x = random_bf16(seed, rows * n, 2.0);
+            let w = random_bf16(seed + 100, out * n, 0.1);
+            let b = random_bf16(seed + 200, out, 0.5);
+            // t = 1.
+            let mut args = [
+                (bf16_bytes(x.clone()), rows),
+                (bf16_bytes(w.clone()), out),
+                (bf16_bytes(b.clone()), 1),
+                (vec![0; rows * out * 2], rows),
+            ];
+            op(Op::Linear, &mut args, 2);
+            let y1 = bf16_of(&args[3].0);
+            // t ranks: bias-free partials over input columns [k n/t, (k+1) n/t).
+            let share = n / t;
+            let partials: Vec<Vec<u8>> = (0..t)
+                .map(|k| {
+                    let cols = |m: &[f32], r: usize| -> Vec<f32> {
+                        (0..r).flat_map(|i| m[i * n + k * share..i * n + (k + 1) * share].to_vec()).collect()
+                    };
+                    let mut args = [
+                        (bf16_bytes(cols(&x, rows)), rows),
+                        (bf16_bytes(cols(&w, out)), out),
+                        (bf16_bytes(vec![0.0; out]), 1),
+                        (vec![0; rows * out * 2], rows),
+                    ];
+                    op(Op::Linear, &mut args, 1);
+                    std::mem::take(&mut args[3].0)
+                })
+                .collect();
+            let refs: Vec<&[u8]> = partials.iter().map(Vec::as_slice).collect();
+            let mut z = vec![0u8; rows * out * 2];
+            reduce(Element::Bf16, Reduction::Sum, &refs, &mut z);
+            let z = bf16_of(&z);
+            for i in 0..rows {
+                for o in 0..out {
+                    let yt = f64::from(half::bf16::from_f32(z[i * out + o] + b[o]).to_f32());
+                    let (mut y, mut a, mut p_sum) = (0.0f64, 0.0f64, 0.0f64);
+                    for k in 0..t {
+                        let p: f64 = (k * share..(k + 1) * share)
+                            .map(|j| f64::from(x[i * n + j]) * f64::from(w[o * n + j]))
+                            .sum();
+                        p_sum += p.abs();
+                        y += p;
+                    }
+                    for j in 0..n {
+                        a += (f64::from(x[i * n + j]) * f64::from(w[o * n + j])).abs();
+                    }
+                    let bound =
+                        (2.0 * U * (y + f64::from(b[o])).abs() + U * y.abs() + U * p_sum + 2.0 * n as f64 * U32 * a)
+                            * (1.0 + 4.0 * U);
+                    let error = (yt - f64::from(y1[i * out + o])).abs();
+                    assert!(
+                        error <= bound,
+                        "t {t} seed {seed} [{i}, {o}]: |{yt} - {}| = {error:e} > {bound:e}",
+                        y1[i * out + o]
+                    );
+                    worst = worst.max(error / bound);
+                    differing += usize::from(error > 0.0);
+                }
+            }
+        }
+        // The bound is not vacuous: t ranks do differ from t = 1, and use part of it.
+        assert!(differing > 0, "t {t}: no element differs from t = 1");
+        eprintln!("t {t}: {differing} elements differ; the worst used {:.0}% of the bound", 100.0 * worst);
+    }
+}
+
 #[test]
 fn smoke() {
     let m = model(2, 32, 4, 16, 1);
