@@ -4,12 +4,14 @@
 use std::sync::Arc;
 
 use memo_plan_core::model::ModelConfig;
+use memo_plan_core::plan::BufferKind;
 use memo_plan_core::plan::{Access, Op, Strategy, Stream};
+use memo_runtime::checkpoint::Checkpoint;
 use memo_runtime::collective::{reduce, Element, Reduction};
 use memo_runtime::data::{TextData, DEFAULT_TEXT};
 use memo_runtime::{
-    cpu_hardware, AdamW, Backend, Collectives, KernelArg, KernelContext, LocalGroup, ParallelTrainer, PlannedStep,
-    Space, Span, TrainOptions,
+    cpu_hardware, AdamW, Backend, Collectives, KernelArg, KernelContext, LocalGroup, NamedBytes, ParallelTrainer,
+    PlannedStep, Space, Span, TrainOptions, Trainer,
 };
 use runtime_cpu::CpuBackend;
 
@@ -306,6 +308,78 @@ fn row_parallel_products_are_within_the_derived_bound() {
         assert!(differing > 0, "t {t}: no element differs from t = 1");
         eprintln!("t {t}: {differing} elements differ; the worst used {:.0}% of the bound", 100.0 * worst);
     }
+}
+
+/// Per step its loss (bits), then the `t = 1` tensors of the parameters reassembled from the
+/// ranks' shards.
+struct Run {
+    losses: Vec<u32>,
+    parameters: Vec<NamedBytes>,
+}
+
+/// Trains `steps` steps of the shipped text on `t` CPU ranks; checks after the steps that every
+/// replicated parameter and its optimizer state is bit-identical on every rank.
+fn train_parallel(model: &ModelConfig, t: u64, strategy: Strategy, alpha: Option<f64>, steps: usize) -> Run {
+    let mut trainer = parallel_trainer(&options(model, strategy, alpha), t, false);
+    let mut data = TextData::from_bytes(DEFAULT_TEXT.as_bytes()).unwrap();
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        let (tokens, targets) = data.next_batch(model.micro_batch as usize, model.seq_len as usize);
+        let loss = trainer.step(&tokens, &targets).unwrap_or_else(|e| panic!("t {t} {strategy:?} step {step}: {e}"));
+        assert!(loss.is_finite());
+        losses.push(loss.to_bits());
+    }
+    trainer.check_replicated().unwrap();
+    Run { losses, parameters: trainer.reassembled(BufferKind::Parameter).unwrap() }
+}
+
+/// One rank of a group is the single-GPU trainer: the same losses and parameters bit for bit.
+#[test]
+fn one_rank_trains_as_the_single_gpu_trainer() {
+    let m = model(2, 32, 4, 16, 1);
+    let run = train_parallel(&m, 1, Strategy::Memo, Some(0.5), 4);
+    let mut single = Trainer::new(CpuBackend::new(), &options(&m, Strategy::Memo, Some(0.5))).unwrap();
+    let mut data = TextData::from_bytes(DEFAULT_TEXT.as_bytes()).unwrap();
+    for (step, loss) in run.losses.iter().enumerate() {
+        let (tokens, targets) = data.next_batch(1, 16);
+        assert_eq!(single.step(&tokens, &targets).unwrap().to_bits(), *loss, "step {step}");
+    }
+    assert!(single.parameters().unwrap() == run.parameters);
+}
+
+/// A checkpoint of every rank's state, saved and restored into a fresh group, continues
+/// bit-identically; one saved from another number of ranks is refused with the fix.
+fn resume_is_bit_identical(m: &ModelConfig, t: u64) {
+    let opts = options(m, Strategy::Memo, Some(0.5));
+    let mut data = TextData::from_bytes(DEFAULT_TEXT.as_bytes()).unwrap();
+    let batches: Vec<_> = (0..5).map(|_| data.next_batch(m.micro_batch as usize, m.seq_len as usize)).collect();
+    let mut straight = parallel_trainer(&opts, t, false);
+    let mut checkpoint = None;
+    for (step, (tokens, targets)) in batches.iter().enumerate() {
+        straight.step(tokens, targets).unwrap();
+        if step == 2 {
+            checkpoint = Some(straight.checkpoint(7, 0).unwrap());
+        }
+    }
+    let checkpoint = checkpoint.unwrap();
+    assert_eq!(checkpoint.ranks as u64, t);
+    let bytes = checkpoint.encode();
+    let mut resumed = parallel_trainer(&opts, t, false);
+    resumed.restore(&Checkpoint::decode(&bytes).unwrap(), 7).unwrap();
+    assert_eq!(resumed.steps_taken(), 3);
+    for (tokens, targets) in &batches[3..] {
+        resumed.step(tokens, targets).unwrap();
+    }
+    assert!(resumed.checkpoint(7, 0).unwrap() == straight.checkpoint(7, 0).unwrap(), "t {t}: the resumed run differs");
+    let other = if t == 1 { 2 } else { 1 };
+    let foreign = Checkpoint { ranks: other as u32, ..checkpoint.clone() };
+    let error = resumed.restore(&foreign, 7).unwrap_err().to_string();
+    assert!(error.contains(&format!("--tensor-parallel {other}")), "{error}");
+}
+
+#[test]
+fn resuming_one_rank_is_bit_identical() {
+    resume_is_bit_identical(&model(2, 32, 4, 16, 1), 1);
 }
 
 #[test]
