@@ -257,7 +257,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl LocalGroup {
     /// A group of `ranks` ranks (at least 1) with [`DEFAULT_TIMEOUT`]: handle `k` is rank `k`.
-    pub fn new(ranks: usize) -> Vec<LocalRank> {
+    pub fn ranks(ranks: usize) -> Vec<LocalRank> {
         Self::with_timeout(ranks, DEFAULT_TIMEOUT)
     }
 
@@ -574,7 +574,7 @@ mod tests {
                     for order in orders(t) {
                         let ebytes = element.bytes();
                         // all_gather: rank j's bytes land at [j*n, (j+1)*n).
-                        let gathered = on_ranks(LocalGroup::new(t), &order, |rank| {
+                        let gathered = on_ranks(LocalGroup::ranks(t), &order, |rank| {
                             let x = input(element, rank.rank(), elements);
                             let mut y = vec![0xAA; t * x.len()];
                             rank.all_gather(&x, &mut y).map(|()| y)
@@ -584,7 +584,7 @@ mod tests {
                             assert_eq!(y.unwrap(), expected, "all_gather t {t} rank {k} {element:?} {elements}");
                         }
                         // reduce_scatter: the sum of t*n-byte inputs, rank k's share.
-                        let scattered = on_ranks(LocalGroup::new(t), &order, |rank| {
+                        let scattered = on_ranks(LocalGroup::ranks(t), &order, |rank| {
                             let x = input(element, rank.rank(), elements * t);
                             let mut y = vec![0xAA; elements * ebytes];
                             rank.reduce_scatter(element, &x, &mut y).map(|()| y)
@@ -599,7 +599,7 @@ mod tests {
                         }
                         // all_reduce, sum and max: every rank the same bits, the reference's.
                         for reduction in [Reduction::Sum, Reduction::Max] {
-                            let reduced = on_ranks(LocalGroup::new(t), &order, |rank| {
+                            let reduced = on_ranks(LocalGroup::ranks(t), &order, |rank| {
                                 let mut x = input(element, rank.rank(), elements);
                                 rank.all_reduce(element, reduction, &mut x).map(|()| x)
                             });
@@ -620,7 +620,7 @@ mod tests {
     #[test]
     fn calls_follow_each_other_in_order() {
         // Many calls in a row on every rank: each returns its own call's result.
-        let results = on_ranks(LocalGroup::new(3), &[2, 0, 1], |rank| {
+        let results = on_ranks(LocalGroup::ranks(3), &[2, 0, 1], |rank| {
             (0..50u32)
                 .map(|call| {
                     let mut x = f32_bytes(&[(call * 10 + rank.rank() as u32) as f32]);
@@ -640,7 +640,7 @@ mod tests {
     fn a_failed_rank_fails_every_other_rank_instead_of_hanging() {
         for t in 2..=4 {
             let failing = t - 1;
-            let results = on_ranks(LocalGroup::new(t), &(0..t).collect::<Vec<_>>(), |rank| {
+            let results = on_ranks(LocalGroup::ranks(t), &(0..t).collect::<Vec<_>>(), |rank| {
                 if rank.rank() == failing {
                     rank.abort("its kernel failed");
                     return Err(CollectiveError::RankFailed { rank: failing, reason: "self".into() });
@@ -659,7 +659,7 @@ mod tests {
             }
         }
         // A rank whose handle is dropped (its thread ended) while the others wait.
-        let mut ranks = LocalGroup::new(3);
+        let mut ranks = LocalGroup::ranks(3);
         let gone = ranks.pop().unwrap();
         let results = std::thread::scope(|scope| {
             let waiting: Vec<_> = ranks
@@ -702,7 +702,7 @@ mod tests {
 
     #[test]
     fn ranks_that_issue_different_collectives_or_sizes_are_refused() {
-        let results = on_ranks(LocalGroup::new(2), &[0, 1], |rank| {
+        let results = on_ranks(LocalGroup::ranks(2), &[0, 1], |rank| {
             let mut x = f32_bytes(&[1.0, 2.0]);
             if rank.rank() == 0 {
                 rank.all_reduce(Element::F32, Reduction::Sum, &mut x)
@@ -713,7 +713,7 @@ mod tests {
         for result in &results {
             assert!(matches!(result, Err(CollectiveError::Mismatch { call: 0, .. })), "{result:?}");
         }
-        let results = on_ranks(LocalGroup::new(2), &[1, 0], |rank| {
+        let results = on_ranks(LocalGroup::ranks(2), &[1, 0], |rank| {
             let x = vec![0u8; 2 + 2 * rank.rank()];
             let mut y = vec![0u8; 2 * x.len()];
             rank.all_gather(&x, &mut y)
@@ -722,13 +722,13 @@ mod tests {
             assert!(matches!(result, Err(CollectiveError::Mismatch { .. })), "{result:?}");
         }
         // Sizes that do not fit the collective: refused on the rank, and the group fails.
-        let ranks = LocalGroup::new(2);
+        let ranks = LocalGroup::ranks(2);
         let error = ranks[0].reduce_scatter(Element::Bf16, &[0; 6], &mut [0; 2]).unwrap_err();
         assert!(matches!(error, CollectiveError::Shape { rank: 0, .. }), "{error}");
         assert!(ranks[1].all_gather(&[0; 2], &mut [0; 4]).is_err());
-        let ranks = LocalGroup::new(3);
+        let ranks = LocalGroup::ranks(3);
         assert!(matches!(ranks[0].all_gather(&[0; 2], &mut [0; 4]), Err(CollectiveError::Shape { .. })));
-        let ranks = LocalGroup::new(1);
+        let ranks = LocalGroup::ranks(1);
         assert!(matches!(
             ranks[0].all_reduce(Element::Bf16, Reduction::Sum, &mut [0; 3]),
             Err(CollectiveError::Shape { .. })

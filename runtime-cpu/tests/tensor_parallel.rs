@@ -34,7 +34,7 @@ fn options(model: &ModelConfig, strategy: Strategy, alpha: Option<f64>) -> Train
 
 fn parallel_trainer(options: &TrainOptions, t: u64, checked: bool) -> ParallelTrainer<CpuBackend> {
     let planned = PlannedStep::tensor_parallel(options, t).unwrap();
-    let ranks = LocalGroup::new(t as usize)
+    let ranks = LocalGroup::ranks(t as usize)
         .into_iter()
         .map(|rank| {
             let group: Arc<dyn Collectives> = Arc::new(rank);
@@ -48,7 +48,7 @@ fn parallel_trainer(options: &TrainOptions, t: u64, checked: bool) -> ParallelTr
 /// Runs `f(rank, backend)` for every rank of a group of `t` CPU backends (checked mode when
 /// asked), each on its own thread with `arena` bytes allocated; results in rank order.
 fn on_backends<R: Send>(t: usize, checked: bool, arena: u64, f: impl Fn(usize, &mut CpuBackend) -> R + Sync) -> Vec<R> {
-    let backends: Vec<CpuBackend> = LocalGroup::new(t)
+    let backends: Vec<CpuBackend> = LocalGroup::ranks(t)
         .into_iter()
         .map(|rank| {
             let backend = if checked { CpuBackend::checked() } else { CpuBackend::new() };

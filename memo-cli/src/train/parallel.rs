@@ -64,7 +64,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
     let planned = PlannedStep::tensor_parallel(&options, t).map_err(runtime_failure)?;
     check_fits(&planned)?;
     let opening = Instant::now();
-    let ranks = LocalGroup::new(t as usize)
+    let ranks = LocalGroup::ranks(t as usize)
         .into_iter()
         .map(|rank| {
             let group: Arc<dyn Collectives> = Arc::new(rank);
