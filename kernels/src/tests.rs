@@ -24,6 +24,8 @@ fn context_for(hidden: u64, vocab: u64, rows: u64) -> KernelContext {
         vocab,
         loss_scale_tokens: rows,
         adamw: AdamW { step: 3, ..AdamW::default() },
+        rank: 0,
+        ranks: 1,
     }
 }
 

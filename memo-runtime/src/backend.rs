@@ -120,6 +120,10 @@ pub struct KernelContext {
     pub loss_scale_tokens: u64,
     /// The optimizer.
     pub adamw: AdamW,
+    /// This GPU's rank in its tensor-parallel group, `0..ranks` (`spec/tensor-parallel.md`).
+    pub rank: u64,
+    /// GPUs in the tensor-parallel group, `t` (1: a single GPU).
+    pub ranks: u64,
 }
 
 /// What went wrong in a backend. Every variant says what and how to fix it.

@@ -202,6 +202,8 @@ impl<B: Backend> Trainer<B> {
             vocab: model.vocab,
             loss_scale_tokens: model.seq_len * model.micro_batch,
             adamw: options.adamw,
+            rank,
+            ranks,
         };
         let tokens = find(&report, TensorRole::Tokens)?;
         let targets = find(&report, TensorRole::Targets)?;

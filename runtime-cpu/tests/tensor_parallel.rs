@@ -83,6 +83,8 @@ fn context(t: usize) -> KernelContext {
         vocab: 256,
         loss_scale_tokens: 4 * t as u64,
         adamw: AdamW::default(),
+        rank: 0,
+        ranks: 1,
     }
 }
 
