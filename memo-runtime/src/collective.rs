@@ -108,12 +108,16 @@ impl fmt::Display for Collective {
 }
 
 impl Collective {
-    /// The collective a plan's op performs, if it is one (`spec/tensor-parallel.md` §3):
-    /// `all_gather` of any bytes, `reduce_scatter` summing bf16.
+    /// The collective a plan's op performs, if it is one ([`Op::is_collective`];
+    /// `spec/tensor-parallel.md` §3): `all_gather` of any bytes, `reduce_scatter` summing bf16,
+    /// the all-reduces by their names.
     pub fn of_op(op: Op) -> Option<Collective> {
         match op {
             Op::AllGather => Some(Collective::AllGather),
             Op::ReduceScatter => Some(Collective::ReduceScatter(Element::Bf16)),
+            Op::AllReduceSumBf16 => Some(Collective::AllReduce(Element::Bf16, Reduction::Sum)),
+            Op::AllReduceSumF32 => Some(Collective::AllReduce(Element::F32, Reduction::Sum)),
+            Op::AllReduceMaxF32 => Some(Collective::AllReduce(Element::F32, Reduction::Max)),
             _ => None,
         }
     }
@@ -490,6 +494,16 @@ impl fmt::Debug for LocalRank {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every collective op of the plan maps to a call, and nothing else does.
+    #[test]
+    fn every_collective_op_has_its_call() {
+        for &op in Op::ALL {
+            assert_eq!(Collective::of_op(op).is_some(), op.is_collective(), "{op:?}");
+        }
+        assert!(Collective::of_op(Op::AllReduceSumF32).is_some_and(Collective::in_place));
+        assert!(!Collective::AllGather.in_place());
+    }
 
     fn bf16_bytes(values: &[f32]) -> Vec<u8> {
         values.iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect()

@@ -191,7 +191,7 @@ impl<B: Backend> Trainer<B> {
     ) -> Result<Self, RuntimeError> {
         let PlannedStep { options, report, plan_s } = planned;
         let ranks = report.plan.provenance.parallel.tensor.max(1);
-        let replay = Replay::new(checked)?;
+        let replay = Replay::for_rank(checked, u32::try_from(rank).unwrap_or(u32::MAX))?;
         replay.allocate(&mut backend)?;
         let allocated = std::time::Instant::now();
         let model = &options.model;

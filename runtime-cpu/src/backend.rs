@@ -379,7 +379,11 @@ fn launch(
         loss_scale_tokens: context.loss_scale_tokens as usize,
         adamw: context.adamw,
     };
-    ops::execute(op, &mut kernel_args, &ctx).map_err(|e| e.to_string())
+    let group = ops::Group {
+        rank: usize::try_from(context.rank).unwrap_or(usize::MAX),
+        ranks: usize::try_from(context.ranks).unwrap_or(usize::MAX),
+    };
+    ops::execute_on_rank(op, &mut kernel_args, &ctx, group, ops::threads()).map_err(|e| e.to_string())
 }
 
 /// A collective launch on the group: `(x read, y written)`, or `x` read and written in place

@@ -6,7 +6,7 @@
 //! catch their bugs. It reports every violation it finds, sorted by (instruction, buffer).
 //!
 //! The algorithm is one pass over the instructions in list order:
-//! - *happens-before* by vector clocks over the three streams: each instruction ticks its
+//! - *happens-before* by vector clocks over the four streams: each instruction ticks its
 //!   stream's own component; `Record(e)` stores the stream's clock in `e`; `Wait(e)` joins `e`'s
 //!   clock into the waiting stream's. An access `A` happens-before the current instruction iff
 //!   they are on the same stream or `A`'s tick is at most what the current stream knows of `A`'s
@@ -35,7 +35,7 @@ mod tests;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
-use crate::plan::{Access, Action, BufferId, BufferKind, EventId, Launch, Place, Plan, Region, Stream};
+use crate::plan::{Access, Action, BufferId, BufferKind, EventId, Launch, Place, Plan, Region, Stream, STREAMS};
 
 pub use checked::CheckedPlan;
 pub use violation::{BufferRef, ByteRange, PlanViolation, Space, Total};
@@ -119,7 +119,7 @@ struct Touch {
 
 impl Touch {
     /// Whether this access happens-before an instruction on `stream` whose clock is `clock`.
-    fn happens_before(&self, stream: Stream, clock: &[u64; 3]) -> bool {
+    fn happens_before(&self, stream: Stream, clock: &[u64; STREAMS]) -> bool {
         self.stream == stream || self.tick <= clock[self.stream.index()]
     }
 }
@@ -128,7 +128,7 @@ impl Touch {
 #[derive(Clone, Copy, Debug, Default)]
 struct Cell {
     writer: Option<Touch>,
-    readers: [Option<Touch>; 3],
+    readers: [Option<Touch>; STREAMS],
 }
 
 /// One address space: disjoint segments `start -> (end, cell)` covering `[0, u64::MAX)`.
@@ -185,10 +185,10 @@ struct Simulation<'p> {
     plan: &'p Plan,
     extents: &'p [Option<Extent>],
     /// Each stream's vector clock.
-    clocks: [[u64; 3]; 3],
+    clocks: [[u64; STREAMS]; STREAMS],
     /// Event -> (the Record, the recording stream's clock). A map, not a vector: `plan.events`
     /// may be any u32.
-    recorded: BTreeMap<u32, (usize, [u64; 3])>,
+    recorded: BTreeMap<u32, (usize, [u64; STREAMS])>,
     /// Event -> its first Record in list order.
     first_record: BTreeMap<u32, usize>,
     arena: Bytes,
@@ -206,7 +206,7 @@ impl<'p> Simulation<'p> {
         Simulation {
             plan,
             extents,
-            clocks: [[0; 3]; 3],
+            clocks: [[0; STREAMS]; STREAMS],
             recorded: BTreeMap::new(),
             first_record,
             arena: Bytes::new(),
@@ -284,8 +284,9 @@ impl<'p> Simulation<'p> {
 
     /// Rule 1 for a launch, then its reads and its writes (rules 4 and 5).
     fn launch(&mut self, index: usize, stream: Stream, launch: &Launch, out: &mut Vec<PlanViolation>) {
-        if stream != Stream::Compute {
-            out.push(PlanViolation::LaunchOffCompute { instruction: index, op: launch.op, stream });
+        let expected = launch.op.stream();
+        if stream != expected {
+            out.push(PlanViolation::LaunchWrongStream { instruction: index, op: launch.op, stream, expected });
         }
         let signature = launch.op.signature();
         if signature.len() != launch.args.len() {
@@ -471,7 +472,7 @@ impl<'p> Simulation<'p> {
             for reader in cell.readers.iter().flatten().filter(|r| !r.happens_before(stream, &clock)) {
                 found.add(Problem::RaceWithRead, Some(*reader), start, *end);
             }
-            *cell = Cell { writer: Some(me), readers: [None; 3] };
+            *cell = Cell { writer: Some(me), readers: [None; STREAMS] };
         }
         found.report(self.plan, me, target.buffer, range.space, None, out);
     }

@@ -59,7 +59,7 @@ use arbitrary::{Arbitrary, Result, Unstructured};
 use super::plan::{checked_plan, describe, request};
 use crate::check::plan::Total;
 use crate::check::{check_plan, PlanViolation};
-use crate::plan::{Action, BufferId, Place, Plan, Region, Strategy, Stream};
+use crate::plan::{Action, BufferId, Place, Plan, Region, Strategy, Stream, STREAMS};
 use crate::planner::PlanRequest;
 
 /// One kind of corruption (the module docs say what each does and why it is one).
@@ -526,9 +526,14 @@ fn malform(plan: &mut Plan, target: usize, detail: u64) -> Option<(String, Expec
                     (format!("instruction {at} argument {arg} marked {}", access.name()), "wrong_access", Some(at))
                 }
                 6 => {
-                    instruction.stream =
-                        if small.is_multiple_of(2) { Stream::DeviceToHost } else { Stream::HostToDevice };
-                    (format!("instruction {at} moved to {}", instruction.stream.name()), "launch_off_compute", Some(at))
+                    // Any stream but the op's own: a kernel off compute, or a collective off its stream.
+                    let own = launch.op.stream().index();
+                    instruction.stream = Stream::ALL[(own + 1 + small as usize % 3) % Stream::ALL.len()];
+                    (
+                        format!("instruction {at} moved to {}", instruction.stream.name()),
+                        "launch_wrong_stream",
+                        Some(at),
+                    )
                 }
                 _ => {
                     let host = has_host?;
@@ -555,11 +560,11 @@ fn malform(plan: &mut Plan, target: usize, detail: u64) -> Option<(String, Expec
                 }
                 9 => {
                     let others = if to_host {
-                        [Stream::Compute, Stream::HostToDevice]
+                        [Stream::Compute, Stream::HostToDevice, Stream::Collective]
                     } else {
-                        [Stream::Compute, Stream::DeviceToHost]
+                        [Stream::Compute, Stream::DeviceToHost, Stream::Collective]
                     };
-                    instruction.stream = others[small as usize % 2];
+                    instruction.stream = others[small as usize % 3];
                     (format!("copy {at} moved to {}", instruction.stream.name()), "copy_wrong_stream", Some(at))
                 }
                 _ => {
@@ -614,14 +619,14 @@ struct Access {
 }
 
 /// Every non-empty access of `plan` in list order (reads of an instruction before its writes),
-/// and each instruction's knowledge of the three streams (vector clock after its own tick).
+/// and each instruction's knowledge of the four streams (vector clock after its own tick).
 ///
 /// Written from the semantics in `plan/mod.rs` alone: every instruction ticks its stream; a
 /// Record stores its stream's clock in the event (first Record only); a Wait joins the event's
 /// clock into its stream's if the event was recorded earlier in list order.
-fn accesses(plan: &Plan) -> (Vec<Access>, Vec<[u64; 3]>) {
-    let mut clocks = [[0u64; 3]; 3];
-    let mut events: Vec<Option<[u64; 3]>> = alloc::vec![None; plan.events as usize];
+fn accesses(plan: &Plan) -> (Vec<Access>, Vec<[u64; STREAMS]>) {
+    let mut clocks = [[0u64; STREAMS]; STREAMS];
+    let mut events: Vec<Option<[u64; STREAMS]>> = alloc::vec![None; plan.events as usize];
     let mut out = Vec::new();
     let mut knowledge = Vec::with_capacity(plan.instructions.len());
     for (index, instruction) in plan.instructions.iter().enumerate() {
@@ -680,7 +685,7 @@ fn accesses(plan: &Plan) -> (Vec<Access>, Vec<[u64; 3]>) {
 }
 
 /// Whether access `a` happens-before instruction `b` (on its stream, with its knowledge).
-fn happens_before(a: &Access, b_stream: usize, b_knowledge: &[u64; 3]) -> bool {
+fn happens_before(a: &Access, b_stream: usize, b_knowledge: &[u64; STREAMS]) -> bool {
     a.stream == b_stream || a.tick <= b_knowledge[a.stream]
 }
 

@@ -302,8 +302,10 @@ impl Builder {
         Region::rows(id, 0, self.rows_of(id))
     }
 
-    /// Launches `op` on `regions` (in `op.signature()` order) on the compute stream. Waits first
-    /// for the swap-out of a rounding buffer it writes, if that copy was not waited for yet.
+    /// Launches `op` on `regions` (in `op.signature()` order) on its stream ([`Op::stream`]).
+    /// Waits first for the swap-out of a rounding buffer it writes, if that copy was not waited
+    /// for yet. A collective goes on the collective stream between two events: compute records,
+    /// the collective stream waits, runs it and records, compute waits.
     pub fn launch(&mut self, op: Op, layer: Option<u32>, flops: u64, regions: &[Region]) {
         let signature = op.signature();
         debug_assert_eq!(signature.len(), regions.len(), "{op:?}");
@@ -316,7 +318,18 @@ impl Builder {
             }
         }
         let args = regions.iter().zip(signature).map(|(&region, &(_, access))| Arg { region, access }).collect();
-        self.push(Stream::Compute, Action::Launch(Launch { op, args, layer, flops }));
+        let launch = Action::Launch(Launch { op, args, layer, flops });
+        if op.is_collective() {
+            // Events both ways: the collective starts after compute wrote its input, and compute
+            // goes on (reads its output, or overwrites its buffers) after it completed.
+            let ready = self.record(Stream::Compute);
+            self.wait(Stream::Collective, ready);
+            self.push(Stream::Collective, launch);
+            let done = self.record(Stream::Collective);
+            self.wait(Stream::Compute, done);
+        } else {
+            self.push(Stream::Compute, launch);
+        }
     }
 
     pub fn copy(&mut self, stream: Stream, src: Region, dst: Region, tensor: TensorRows) {

@@ -58,7 +58,7 @@ fn schedules_are_well_formed_for_every_strategy_and_layout() {
                 for instruction in &schedule.instructions {
                     match &instruction.action {
                         Action::Launch(launch) => {
-                            assert_eq!(instruction.stream, Stream::Compute);
+                            assert_eq!(instruction.stream, launch.op.stream());
                             assert_eq!(launch.args.len(), launch.op.signature().len());
                             launch.args.iter().for_each(|a| check(&a.region));
                         }
@@ -258,6 +258,8 @@ fn every_launch_passes_the_op_tables_shape_rules_with_its_flops() {
             vocab: embedding.rows,
             loss_scale_tokens: model.micro_batch * model.seq_len,
             adamw_step: 1,
+            rank: 0,
+            ranks: 1,
         };
         let mut products = 0;
         for instruction in &schedule.instructions {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use memo_plan_core::check::CheckedPlan;
-use memo_plan_core::plan::BufferKind;
+use memo_plan_core::plan::{Buffer, BufferKind, TensorRole};
 
 use super::{NamedBytes, PlannedStep, SetupTimes, Shard, Trainer};
 use crate::backend::{Backend, MemoryReport};
@@ -67,6 +67,23 @@ where
             })
             .collect()
     })
+}
+
+/// The layer norms' gradients of a `replicated_gradients` buffer (`spec/tensor-parallel.md` §4:
+/// one row per norm scale or shift, per layer norm 1's scale and shift then norm 2's, then the
+/// final norm's), each under the (role, layer) of its `t = 1` gradient buffer.
+fn split_replicated_gradients(bytes: &[u8], buffer: &Buffer) -> Vec<NamedBytes> {
+    let rows = buffer.rows;
+    let per_layer = [TensorRole::NormScale1, TensorRole::NormShift1, TensorRole::NormScale2, TensorRole::NormShift2];
+    let layers = rows.saturating_sub(2) / 4;
+    let mut names: Vec<(TensorRole, Option<u32>)> =
+        (0..layers).flat_map(|l| per_layer.map(|role| (role, Some(l as u32)))).collect();
+    names.extend([(TensorRole::FinalNormScale, None), (TensorRole::FinalNormShift, None)]);
+    names
+        .into_iter()
+        .zip(bytes.chunks_exact(buffer.row_bytes.max(1) as usize))
+        .map(|(name, row)| (name, row.to_vec()))
+        .collect()
 }
 
 /// The first rank's error, tagged with its rank; else every rank's value.
@@ -180,11 +197,16 @@ impl<B: Backend + Send> ParallelTrainer<B> {
             else {
                 continue;
             };
+            if *role == TensorRole::ReplicatedGradients {
+                out.extend(split_replicated_gradients(&per_rank[0][i].1, buffer));
+                continue;
+            }
             let shards: Vec<Vec<u8>> = per_rank.iter().map(|rank| rank[i].1.clone()).collect();
             if let Some(whole) = Shard::reassemble(*role, buffer, vocab, 2, &shards) {
                 out.push(((*role, *layer), whole));
             }
         }
+        out.sort_by_key(|entry: &NamedBytes| entry.0);
         Ok(out)
     }
 

@@ -276,7 +276,7 @@ fn each_structural_corruption_has_its_variant() {
         "no_such_event",
         "wrong_arg_count",
         "wrong_access",
-        "launch_off_compute",
+        "launch_wrong_stream",
         "launch_on_host",
         "copy_not_host_device",
         "copy_wrong_stream",

@@ -184,14 +184,16 @@ pub enum PlanViolation {
         /// The range's end.
         end: u64,
     },
-    /// A launch on the d2h or h2d stream.
-    LaunchOffCompute {
+    /// A launch on another stream than its op's ([`Op::stream`]).
+    LaunchWrongStream {
         /// The instruction.
         instruction: usize,
         /// The op.
         op: Op,
         /// The stream it is on.
         stream: Stream,
+        /// The op's stream: collective for the collectives, compute for every other op.
+        expected: Stream,
     },
     /// A launch argument in the host slab.
     LaunchOnHost {
@@ -405,7 +407,7 @@ impl PlanViolation {
             Self::WrongArgCount { .. } => "wrong_arg_count",
             Self::WrongAccess { .. } => "wrong_access",
             Self::RowsOutOfBounds { .. } => "rows_out_of_bounds",
-            Self::LaunchOffCompute { .. } => "launch_off_compute",
+            Self::LaunchWrongStream { .. } => "launch_wrong_stream",
             Self::LaunchOnHost { .. } => "launch_on_host",
             Self::CopyNotHostDevice { .. } => "copy_not_host_device",
             Self::CopyWrongStream { .. } => "copy_wrong_stream",
@@ -441,7 +443,7 @@ impl PlanViolation {
             | Self::WrongArgCount { instruction, .. }
             | Self::WrongAccess { instruction, .. }
             | Self::RowsOutOfBounds { instruction, .. }
-            | Self::LaunchOffCompute { instruction, .. }
+            | Self::LaunchWrongStream { instruction, .. }
             | Self::LaunchOnHost { instruction, .. }
             | Self::CopyNotHostDevice { instruction, .. }
             | Self::CopyWrongStream { instruction, .. }
@@ -483,7 +485,7 @@ impl PlanViolation {
             Self::NoSuchBuffer { buffer, .. } => Some(*buffer),
             Self::NoSuchEvent { .. }
             | Self::WrongArgCount { .. }
-            | Self::LaunchOffCompute { .. }
+            | Self::LaunchWrongStream { .. }
             | Self::CopyWrongStream { .. }
             | Self::DoubleRecord { .. }
             | Self::WaitUnrecorded { .. }
@@ -550,11 +552,13 @@ impl fmt::Display for PlanViolation {
                 "instruction {instruction}: rows [{start}, {end}) of buffer {buffer} are not within its {} rows",
                 buffer.buffer.rows
             ),
-            Self::LaunchOffCompute { instruction, op, stream } => write!(
+            Self::LaunchWrongStream { instruction, op, stream, expected } => write!(
                 f,
-                "instruction {instruction}: {} is launched on the {} stream; kernels run on the compute stream",
+                "instruction {instruction}: {} is launched on the {} stream; it runs on the {} stream (collectives \
+                 on the collective stream, every other kernel on the compute stream)",
                 op.name(),
-                stream.name()
+                stream.name(),
+                expected.name()
             ),
             Self::LaunchOnHost { instruction, op, buffer } => write!(
                 f,
