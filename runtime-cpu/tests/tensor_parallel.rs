@@ -3,15 +3,16 @@
 
 use std::sync::Arc;
 
+use memo_plan_core::check::CheckedPlan;
 use memo_plan_core::model::ModelConfig;
 use memo_plan_core::plan::BufferKind;
-use memo_plan_core::plan::{Access, Op, Strategy, Stream};
+use memo_plan_core::plan::{Access, Action, Op, Plan, Strategy, Stream};
 use memo_runtime::checkpoint::Checkpoint;
 use memo_runtime::collective::{reduce, Element, Reduction};
 use memo_runtime::data::{TextData, DEFAULT_TEXT};
 use memo_runtime::{
-    cpu_hardware, AdamW, Backend, Collectives, KernelArg, KernelContext, LocalGroup, NamedBytes, ParallelTrainer,
-    PlannedStep, Space, Span, TrainOptions, Trainer,
+    cpu_hardware, AdamW, Backend, BackendError, Collectives, KernelArg, KernelContext, LocalGroup, NamedBytes,
+    ParallelTrainer, PlannedStep, Replay, RuntimeError, Space, Span, TrainOptions, Trainer,
 };
 use runtime_cpu::CpuBackend;
 
@@ -384,14 +385,112 @@ fn resuming_one_rank_is_bit_identical() {
     resume_is_bit_identical(&model(2, 32, 4, 16, 1), 1);
 }
 
+/// Replays instructions `range` of `plan` (unchecked) on `t` checked-mode CPU ranks of one group,
+/// zeroed memory; each rank's result.
+fn replay_checked_unchecked_plan(plan: &Plan, t: u64, range: std::ops::Range<usize>) -> Vec<Result<(), RuntimeError>> {
+    let m = &plan.provenance.model;
+    on_backends_with(t as usize, |k, backend| {
+        // Safety: every rank runs on a checked-mode backend, which refuses an access the
+        // executed events do not order before making it (`Replay::new_unchecked`'s contract).
+        let replay = unsafe { Replay::new_unchecked(plan.clone()) }.unwrap();
+        replay.allocate(backend).unwrap();
+        let context = KernelContext {
+            hidden: m.hidden,
+            heads: m.heads / t,
+            seq_len: m.seq_len,
+            vocab: m.vocab,
+            loss_scale_tokens: m.seq_len * m.micro_batch,
+            adamw: AdamW::default(),
+            rank: k as u64,
+            ranks: t,
+        };
+        replay.run_range(backend, &context, range.clone())
+    })
+}
+
+/// Like [`on_backends`] but the caller allocates (checked mode, in a group).
+fn on_backends_with<R: Send>(t: usize, f: impl Fn(usize, &mut CpuBackend) -> R + Sync) -> Vec<R> {
+    let backends: Vec<CpuBackend> =
+        LocalGroup::ranks(t).into_iter().map(|rank| CpuBackend::checked().with_collectives(Arc::new(rank))).collect();
+    std::thread::scope(|scope| {
+        let f = &f;
+        let handles: Vec<_> =
+            backends.into_iter().enumerate().map(|(k, mut b)| scope.spawn(move || f(k, &mut b))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Where the first collective of `plan` is read: (the compute stream's wait for its completion,
+/// the first compute launch after it that reads the collective's output, the first instruction
+/// to replay: past any embedding lookup before the collective).
+fn first_collective_read(plan: &Plan) -> (usize, usize, usize) {
+    let instructions = &plan.instructions;
+    let (at, output) = instructions
+        .iter()
+        .enumerate()
+        .find_map(|(i, ins)| match &ins.action {
+            Action::Launch(l) if l.op.is_collective() => Some((i, l.args.last().unwrap().region.buffer)),
+            _ => None,
+        })
+        .expect("a t > 1 plan has collectives");
+    let done = instructions[at..]
+        .iter()
+        .find_map(|ins| match ins.action {
+            Action::Record(e) if ins.stream == Stream::Collective => Some(e),
+            _ => None,
+        })
+        .unwrap();
+    let wait = at
+        + instructions[at..]
+            .iter()
+            .position(|ins| ins.stream == Stream::Compute && ins.action == Action::Wait(done))
+            .expect("the compute stream waits for the collective");
+    let reader = wait
+        + instructions[wait..]
+            .iter()
+            .position(|ins| match &ins.action {
+                Action::Launch(l) => {
+                    ins.stream == Stream::Compute
+                        && l.args.iter().any(|a| a.region.buffer == output && a.access.reads())
+                }
+                _ => false,
+            })
+            .expect("the compute stream reads the collective's output");
+    let start = instructions[..at]
+        .iter()
+        .rposition(|ins| matches!(&ins.action, Action::Launch(l) if l.op == Op::Embedding))
+        .map_or(0, |i| i + 1);
+    (wait, reader, start)
+}
+
+/// `--checked` traps a plan whose compute stream no longer waits for a collective before reading
+/// its output: the checker refuses the plan, and replayed anyway (`Replay::new_unchecked`) on
+/// checked-mode ranks, the read is trapped on a rank (whatever the threads' timing) and every
+/// other rank fails instead of hanging. The same instructions with the wait pass.
 #[test]
-fn smoke() {
-    let m = model(2, 32, 4, 16, 1);
-    let mut trainer = parallel_trainer(&options(&m, Strategy::KeepAll, None), 2, false);
-    let mut data = TextData::from_bytes(DEFAULT_TEXT.as_bytes()).unwrap();
-    for _ in 0..3 {
-        let (tokens, targets) = data.next_batch(1, 16);
-        let loss = trainer.step(&tokens, &targets);
-        eprintln!("{loss:?}");
+fn checked_mode_traps_a_collectives_missing_wait() {
+    for t in [2u64, 4] {
+        let m = model(2, 32, 4, 16, 1);
+        let planned = PlannedStep::tensor_parallel(&options(&m, Strategy::Memo, Some(0.5)), t).unwrap();
+        let plan = planned.report().plan.clone();
+        let (wait, reader, start) = first_collective_read(&plan);
+        for result in replay_checked_unchecked_plan(&plan, t, start..reader + 1) {
+            result.unwrap();
+        }
+        let mut broken = plan.clone();
+        broken.instructions.remove(wait);
+        assert!(CheckedPlan::check(broken.clone()).is_err(), "the checker refuses the plan without the wait");
+        let results = replay_checked_unchecked_plan(&broken, t, start..reader);
+        let messages: Vec<String> = results.iter().map(|r| r.as_ref().unwrap_err().to_string()).collect();
+        assert!(
+            results.iter().any(|r| matches!(r, Err(RuntimeError::Backend(BackendError::Unordered(_))))),
+            "t {t}: no rank trapped the unordered read: {messages:?}"
+        );
+        for message in &messages {
+            assert!(
+                message.contains("no event orders them") || message.contains("with no event ordering them"),
+                "t {t}: {message}"
+            );
+        }
     }
 }
