@@ -203,3 +203,29 @@ fn tensor_parallel_refusals_say_why() {
     let message = assert_fails(&train(&["--tensor-parallel", "0"]), 2);
     assert!(message.contains("tensor-parallel"), "{message}");
 }
+
+/// `--tensor-parallel 2` trains (one JSON line per step, the loss falling), checkpoints every
+/// rank's shards, resumes bit-identically (the first half in checked mode: the same bits), and a
+/// checkpoint of 2 ranks is refused at 4 with the fix.
+#[test]
+fn tensor_parallel_trains_checkpoints_and_resumes_bit_identically() {
+    let straight = fresh_dir("tp-straight");
+    let dir = straight.to_str().unwrap();
+    let output = train(&["--steps", "6", "--tensor-parallel", "2", "--checkpoint", dir, "--json"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&output.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 7);
+    assert_eq!(lines[0]["tensor_parallel"], 2);
+    assert!(lines[5]["loss"].as_f64().unwrap() < lines[0]["loss"].as_f64().unwrap(), "{lines:?}");
+    assert_eq!(lines[6]["summary"], true);
+    let split = fresh_dir("tp-split");
+    let dir = split.to_str().unwrap();
+    let output = train(&["--steps", "3", "--tensor-parallel", "2", "--checkpoint", dir, "--checked"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let output = train(&["--steps", "6", "--tensor-parallel", "2", "--checkpoint", dir, "--resume"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert!(checkpoint_bytes(&straight) == checkpoint_bytes(&split), "the resumed run differs");
+    let message = assert_fails(&train(&["--steps", "8", "--tensor-parallel", "4", "--checkpoint", dir, "--resume"]), 2);
+    assert!(message.contains("resume with --tensor-parallel 2"), "{message}");
+}
