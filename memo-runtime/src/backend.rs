@@ -1,6 +1,7 @@
 //! The `Backend` trait: what a device must offer to replay a plan (`spec/backends.md`).
 //!
-//! A backend owns one device arena and one pinned host slab, runs three streams, and has events.
+//! A backend owns one device arena and one pinned host slab, runs the plan's streams (three, and the
+//! collective stream of a tensor-parallel rank), and has events.
 //! Calls enqueue work on a stream and return; [`Backend::synchronize`] waits for every stream
 //! and reports the first error any of them hit. The backend decides nothing: the interpreter
 //! hands it byte spans computed from the plan.

@@ -3,7 +3,8 @@
 //!
 //! The runtime decides nothing: a plan from `memo-plan-core` is checked by the independent
 //! checker (a [`memo_plan_core::check::CheckedPlan`], the only plan [`Replay::new`] takes), its buffers become spans of ONE device arena and one pinned host slab, and its
-//! instructions become backend calls, in order, on three streams.
+//! instructions become backend calls, in order, on the plan's streams. With tensor parallelism,
+//! [`ParallelTrainer`] runs one [`Trainer`] per rank, joined by [`Collectives`].
 // Unsafe code is denied but for the backend's two unsafe methods (`backend.rs`) and the
 // interpreter that calls them (`interpret.rs`).
 #![deny(unsafe_code)]
