@@ -617,3 +617,20 @@ fn resuming_two_and_four_ranks_is_bit_identical() {
     resume_is_bit_identical(&tp_model(), 2);
     resume_is_bit_identical(&tp_model(), 4);
 }
+
+/// Tokens outside the vocabulary are refused before any rank starts, so the group survives and
+/// the next step trains; a step of another length is refused too.
+#[test]
+fn bad_tokens_are_refused_without_failing_the_group() {
+    let m = tp_model();
+    let mut trainer = parallel_trainer(&options(&m, Strategy::KeepAll, None), 2, false);
+    let (tokens, targets) = TextData::from_bytes(DEFAULT_TEXT.as_bytes()).unwrap().next_batch(1, 16);
+    let mut bad = tokens.clone();
+    bad[9] = 300; // on rank 1's rows
+    let error = trainer.step(&bad, &targets).unwrap_err().to_string();
+    assert!(error.contains("300"), "{error}");
+    let error = trainer.step(&tokens[1..], &targets[1..]).unwrap_err().to_string();
+    assert!(error.contains("16 tokens"), "{error}");
+    assert!(trainer.step(&tokens, &targets).unwrap().is_finite());
+    assert_eq!(trainer.steps_taken(), 1);
+}

@@ -152,12 +152,19 @@ impl<B: Backend + Send> ParallelTrainer<B> {
     /// One training step on the whole micro-batch's `tokens` and `targets` (`micro_batch *
     /// seq_len` each): rank `k` takes rows `[k*r, (k+1)*r)`. Returns the mean loss, which every
     /// rank must have computed bit for bit alike.
+    ///
+    /// Tokens the model does not take are refused before any rank starts. A step that fails on
+    /// a rank aborts the group: the group stays failed, so every later step fails too (restore
+    /// the last checkpoint into a new trainer to go on).
     pub fn step(&mut self, tokens: &[u32], targets: &[u32]) -> Result<f32, RuntimeError> {
         let t = self.ranks.len();
         let context = self.ranks[0].context;
         let expected = context.loss_scale_tokens as usize;
         if tokens.len() != expected || targets.len() != expected {
             return Err(TokenError::StepLength { expected, tokens: tokens.len(), targets: targets.len() }.into());
+        }
+        if let Some(bad) = tokens.iter().chain(targets).find(|&&t| u64::from(t) >= context.vocab) {
+            return Err(TokenError::OutsideVocabulary { token: *bad, vocab: context.vocab }.into());
         }
         let r = expected / t.max(1);
         let losses = first_error(on_every_rank(&mut self.ranks, &self.groups, |k, trainer| {
@@ -188,6 +195,12 @@ impl<B: Backend + Send> ParallelTrainer<B> {
     /// is rank 0's). Buffers that have no `t = 1` counterpart shape (a gradient buffer only
     /// `t > 1` plans have) are left out.
     pub fn reassembled(&mut self, kind: BufferKind) -> Result<Vec<NamedBytes>, RuntimeError> {
+        if !matches!(kind, BufferKind::Parameter | BufferKind::Gradient) {
+            return Err(RuntimeError::Backend(crate::BackendError::Other(format!(
+                "reassembled: {} buffers have no t = 1 layout of bf16 elements; ask for parameters or gradients",
+                kind.name()
+            ))));
+        }
         let per_rank = self.buffers_of_kind(kind)?;
         let plan = self.ranks[0].replay.plan().clone();
         let vocab = self.ranks[0].context.vocab;
