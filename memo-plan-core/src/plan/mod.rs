@@ -544,8 +544,9 @@ pub struct Buffer {
     pub rows: u64,
     /// The row of its tensor that its row 0 holds: a host slot of layer `l` holds rows
     /// `[first_row, first_row + rows)` of layer `l`'s tensor `role` (its identity,
-    /// [`Buffer::holds`]), which the checker holds every copy to. The planner writes 0 for every
-    /// buffer: its host slots hold swapped rows from row 0 (the token split swaps `[0, a)`).
+    /// [`Buffer::holds`]), which the checker holds every copy to. The planner writes 0 but for
+    /// the host slots of head-sharded token-split tensors at `t > 1`, one per rank segment `k`,
+    /// which hold rows `[k*r, k*r + a)`.
     pub first_row: u64,
     /// Bytes of one row.
     pub row_bytes: u64,

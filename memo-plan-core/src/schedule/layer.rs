@@ -8,9 +8,11 @@
 //! is all-gathered before the column-parallel products and row-parallel products are
 //! reduce-scattered (Megatron-LM sequence parallelism); with `t = 1` those collectives vanish.
 //!
-//! The token split: of each token-split tensor, rows `[0, a)` are swapped and rows `[a, rows)`
-//! recomputed, with `a = floor(alpha * r)` for sequence-sharded tensors and `t * a` for
-//! head-sharded ones (the same tokens of every GPU's shard).
+//! The token split: of each sequence-sharded token-split tensor, rows `[0, a)` are swapped and
+//! rows `[a, r)` recomputed, `a = floor(alpha * r)`. A head-sharded one holds every rank's rows in
+//! token order, rank segment `k` at rows `[k*r, (k+1)*r)`: its rows `k*r + [0, a)` are swapped
+//! and `k*r + [a, r)` recomputed, for every `k`, so each row keeps the token it had in the forward
+//! (`spec/tensor-parallel.md` section 4).
 
 use alloc::vec::Vec;
 
