@@ -120,8 +120,8 @@ fn the_backend_runs_a_plans_collectives_on_its_group() {
                 ];
                 // Safety: one stream; the two launches touch disjoint spans and nothing else runs.
                 unsafe {
-                    backend.launch(0, Stream::Compute, Op::AllGather, &gather, &context(t)).unwrap();
-                    backend.launch(1, Stream::Compute, Op::ReduceScatter, &scatter, &context(t)).unwrap();
+                    backend.launch(0, Stream::Collective, Op::AllGather, &gather, &context(t)).unwrap();
+                    backend.launch(1, Stream::Collective, Op::ReduceScatter, &scatter, &context(t)).unwrap();
                 }
                 backend.synchronize().unwrap();
                 let gathered = backend.download(Span { space: Space::Device, offset: local, len: whole }).unwrap();
@@ -148,6 +148,64 @@ fn the_backend_runs_a_plans_collectives_on_its_group() {
     }
 }
 
+/// The all-reduce launches (in place, on the collective stream) give every rank the group's
+/// reduction: bf16 sums, f32 sums and f32 maxima, on 1 to 4 ranks, an odd number of elements.
+#[test]
+fn the_backend_runs_the_all_reduces_in_place() {
+    let elements = 7u64;
+    for t in 1..=4usize {
+        let value = |k: usize, i: u64| ((k as u64 * 5 + i * 3) % 7) as f32 * 0.3 - 1.0 + k as f32 * 1e-3;
+        let results = on_backends(t, true, 4096, |k, backend| {
+            let f32_bytes = |v: Vec<f32>| v.into_iter().flat_map(f32::to_le_bytes).collect::<Vec<u8>>();
+            backend
+                .upload(
+                    Span { space: Space::Device, offset: 0, len: 2 * elements },
+                    &bf16_bytes((0..elements).map(|i| value(k, i))),
+                )
+                .unwrap();
+            let words = f32_bytes((0..elements).map(|i| value(k, i)).collect());
+            backend.upload(Span { space: Space::Device, offset: 256, len: 4 * elements }, &words).unwrap();
+            backend.upload(Span { space: Space::Device, offset: 512, len: 4 * elements }, &words).unwrap();
+            // Safety: one stream, disjoint spans, nothing else runs.
+            unsafe {
+                for (i, (op, offset, size)) in
+                    [(Op::AllReduceSumBf16, 0, 2), (Op::AllReduceSumF32, 256, 4), (Op::AllReduceMaxF32, 512, 4)]
+                        .into_iter()
+                        .enumerate()
+                {
+                    let x = [arg(offset, 1, size * elements, Access::ReadWrite)];
+                    backend.launch(i, Stream::Collective, op, &x, &context(t)).unwrap();
+                }
+            }
+            backend.synchronize().unwrap();
+            [(0, 2), (256, 4), (512, 4)].map(|(offset, size)| {
+                backend.download(Span { space: Space::Device, offset, len: size * elements }).unwrap()
+            })
+        });
+        let inputs = |element: Element| -> Vec<Vec<u8>> {
+            (0..t)
+                .map(|k| match element {
+                    Element::Bf16 => bf16_bytes((0..elements).map(|i| value(k, i))),
+                    Element::F32 => (0..elements).flat_map(|i| value(k, i).to_le_bytes()).collect(),
+                })
+                .collect()
+        };
+        let expected =
+            [(Element::Bf16, Reduction::Sum), (Element::F32, Reduction::Sum), (Element::F32, Reduction::Max)].map(
+                |(element, reduction)| {
+                    let inputs = inputs(element);
+                    let refs: Vec<&[u8]> = inputs.iter().map(Vec::as_slice).collect();
+                    let mut out = vec![0u8; element.bytes() * elements as usize];
+                    reduce(element, reduction, &refs, &mut out);
+                    out
+                },
+            );
+        for (k, result) in results.into_iter().enumerate() {
+            assert_eq!(result, expected, "t {t} rank {k}");
+        }
+    }
+}
+
 /// A rank whose kernel fails aborts the group: the other ranks' collectives fail with its
 /// reason instead of waiting for it, and no rank hangs.
 #[test]
@@ -161,7 +219,7 @@ fn a_failing_rank_fails_the_others_collectives() {
                 let bad = [arg(0, 1, 4, Access::Read), arg(256, 2, 8, Access::Read), arg(512, 1, 8, Access::Write)];
                 backend.launch(0, Stream::Compute, Op::Embedding, &bad, &context(3)).unwrap();
             }
-            backend.launch(1, Stream::Compute, Op::AllGather, &gather, &context(3)).unwrap();
+            backend.launch(1, Stream::Collective, Op::AllGather, &gather, &context(3)).unwrap();
         }
         backend.synchronize()
     });
@@ -553,11 +611,17 @@ const TOLERANCE: f64 = 4.0 / 256.0;
 /// the spec.
 #[test]
 fn the_first_step_agrees_with_t_1_within_the_derived_bound() {
-    let m = tp_model();
-    let opts = options(&m, Strategy::Memo, Some(0.5));
+    // One sequence of 16, and two of 8 (a rank's rows then cross a sequence boundary at t = 4).
+    for m in [tp_model(), model(2, 32, 4, 8, 2)] {
+        first_step_agrees_with_t_1(&m);
+    }
+}
+
+fn first_step_agrees_with_t_1(m: &ModelConfig) {
+    let opts = options(m, Strategy::Memo, Some(0.5));
     let mut single = Trainer::new(CpuBackend::new(), &opts).unwrap();
     let mut data = TextData::from_bytes(DEFAULT_TEXT.as_bytes()).unwrap();
-    let (tokens, targets) = data.next_batch(1, 16);
+    let (tokens, targets) = data.next_batch(m.micro_batch as usize, m.seq_len as usize);
     let loss_1 = single.step(&tokens, &targets).unwrap();
     let gradients_1 = single.buffers_of_kind(BufferKind::Gradient).unwrap();
     for t in [2, 4] {
@@ -583,8 +647,10 @@ fn the_first_step_agrees_with_t_1_within_the_derived_bound() {
             "t {t}: every gradient is bit-identical to t = 1: the test compares nothing"
         );
         eprintln!(
-            "t {t}: loss relative error {loss_error:.2e}; worst gradient relative L2 {worst:.2e} ({worst_key:?}); \
+            "{} x {} tokens, t {t}: loss relative error {loss_error:.2e}; worst gradient relative L2 {worst:.2e} ({worst_key:?}); \
              {identical} of {} gradient tensors bit-identical",
+            m.micro_batch,
+            m.seq_len,
             gradients.len()
         );
     }
