@@ -204,19 +204,36 @@ fn tensor_parallel_refusals_say_why() {
     assert!(message.contains("tensor-parallel"), "{message}");
 }
 
-/// `--tensor-parallel 2` trains (one JSON line per step, the loss falling), checkpoints every
+/// `--tensor-parallel 2` trains (one JSON line per step, the loss falling, rank 0's timings and
+/// trace), checkpoints every
 /// rank's shards, resumes bit-identically (the first half in checked mode: the same bits), and a
 /// checkpoint of 2 ranks is refused at 4 with the fix.
 #[test]
 fn tensor_parallel_trains_checkpoints_and_resumes_bit_identically() {
     let straight = fresh_dir("tp-straight");
     let dir = straight.to_str().unwrap();
-    let output = train(&["--steps", "6", "--tensor-parallel", "2", "--checkpoint", dir, "--json"]);
+    let trace = straight.join("trace.json");
+    let trace_arg = trace.to_str().unwrap();
+    let output = train(&[
+        "--steps",
+        "6",
+        "--tensor-parallel",
+        "2",
+        "--checkpoint",
+        dir,
+        "--json",
+        "--timings",
+        "--trace",
+        trace_arg,
+    ]);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     let lines: Vec<serde_json::Value> =
         String::from_utf8_lossy(&output.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 7);
     assert_eq!(lines[0]["tensor_parallel"], 2);
+    assert!(lines[0]["compute_busy_s"].as_f64().unwrap() > 0.0, "{}", lines[0]);
+    // Rank 0's measured streams, the collective stream among them.
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("collective (tensor-parallel group)"));
     assert!(lines[5]["loss"].as_f64().unwrap() < lines[0]["loss"].as_f64().unwrap(), "{lines:?}");
     assert_eq!(lines[6]["summary"], true);
     let split = fresh_dir("tp-split");

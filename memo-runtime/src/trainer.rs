@@ -413,14 +413,18 @@ impl<B: Backend> Trainer<B> {
             let Some(i) = plan.instructions.get(instruction) else { continue };
             timeline.spans[instruction] = memo_plan_core::simulate::Span { start_s, end_s };
             timeline.step_time_s = timeline.step_time_s.max(end_s);
+            // The timeline's sums cover the compute and copy streams (the collective stream's
+            // spans are in `spans`).
             let s = i.stream.index();
-            match &i.action {
-                memo_plan_core::plan::Action::Wait(_) => timeline.stall_s[s] += end_s - start_s,
-                memo_plan_core::plan::Action::Launch(launch) => {
-                    flops = flops.saturating_add(launch.flops);
-                    timeline.busy_s[s] += end_s - start_s;
-                }
-                _ => timeline.busy_s[s] += end_s - start_s,
+            if let memo_plan_core::plan::Action::Launch(launch) = &i.action {
+                flops = flops.saturating_add(launch.flops);
+            }
+            let sums = match &i.action {
+                memo_plan_core::plan::Action::Wait(_) => &mut timeline.stall_s,
+                _ => &mut timeline.busy_s,
+            };
+            if let Some(sum) = sums.get_mut(s) {
+                *sum += end_s - start_s;
             }
         }
         timeline.flops_per_s = flops as f64 / timeline.busy_s[0].max(f64::MIN_POSITIVE);

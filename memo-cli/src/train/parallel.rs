@@ -1,6 +1,7 @@
 //! `memo train --tensor-parallel T` with `T > 1`: tensor and sequence parallelism on the CPU, `T`
 //! ranks as threads, each with its own CPU backend and arena, joined by an in-process group
-//! (`spec/tensor-parallel.md`, `spec/backends.md` "CPU"). The plan is made once for `T` ranks.
+//! (`spec/tensor-parallel.md`, `spec/backends.md` "CPU"). The plan is made once for `T` ranks;
+//! `--trace` and `--timings` show rank 0's streams.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -18,8 +19,8 @@ use crate::exit::{self, Failure};
 use crate::human;
 
 /// Refuses what `--tensor-parallel T` cannot do, with the reason and the fix: a GPU (the NCCL
-/// path is not there yet), options only one rank has, and a `T` that does not divide the heads,
-/// the FFN width and the sequence.
+/// path is not there yet), the recall task (its evaluation reads one GPU's logits), and a `T`
+/// that does not divide the heads, the FFN width and the sequence.
 pub(super) fn refuse(args: &TrainArgs, model: &ModelConfig) -> Result<(), Failure> {
     let t = args.tensor_parallel;
     if args.device.kind != Kind::Cpu {
@@ -32,11 +33,13 @@ pub(super) fn refuse(args: &TrainArgs, model: &ModelConfig) -> Result<(), Failur
             ),
         ));
     }
-    let unsupported = [("--task", args.task.is_some()), ("--trace", args.trace.is_some()), ("--timings", args.timings)];
-    if let Some((flag, _)) = unsupported.iter().find(|(_, given)| *given) {
+    if args.task.is_some() {
         return Err(Failure::new(
             exit::BAD_INPUT,
-            format!("{flag} is not supported with --tensor-parallel {t} yet; drop it or use --tensor-parallel 1"),
+            format!(
+                "--task is not supported with --tensor-parallel {t} yet (its evaluation reads the logits of one \
+                 GPU); drop it or use --tensor-parallel 1"
+            ),
         ));
     }
     let sizes = [("attention heads", model.heads), ("FFN width", model.ffn_hidden), ("sequence", model.seq_len)];
@@ -70,6 +73,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
             let group: Arc<dyn Collectives> = Arc::new(rank);
             let backend =
                 if args.checked { CpuBackend::checked() } else { CpuBackend::with_copy_bandwidth(args.copy_bandwidth) };
+            let backend = if args.trace.is_some() || args.timings { backend.measure() } else { backend };
             (backend.with_collectives(Arc::clone(&group)), group)
         })
         .collect();
@@ -124,8 +128,13 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
         let tokens_per_s = super::tokens_per_step(&model) / step_time_s;
         let step = trainer.steps_taken();
         if args.json {
-            let line = json!({"step": step, "loss": last_loss, "tokens_per_s": tokens_per_s, "step_time_s": step_time_s,
+            let mut line = json!({"step": step, "loss": last_loss, "tokens_per_s": tokens_per_s, "step_time_s": step_time_s,
                               "tensor_parallel": t, "device_bytes": memory.device_bytes, "host_bytes": memory.host_bytes});
+            if args.timings {
+                // Rank 0's streams (every rank runs the same program).
+                let timeline = trainer.rank(0).and_then(memo_runtime::Trainer::last_step_timeline);
+                crate::device::add_timings(&mut line, timeline.as_ref());
+            }
             writeln!(out, "{line}").map_err(write_error)?;
         } else if step.is_multiple_of(10) || step == args.steps {
             eprintln!("step {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s", args.steps);
@@ -138,6 +147,9 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
                 })?;
             }
         }
+    }
+    if let Some(path) = &args.trace {
+        write_rank_0_trace(&mut trainer, path)?;
     }
     let elapsed = started.elapsed().as_secs_f64();
     let tokens_per_s = (trainer.steps_taken() - first) as f64 * super::tokens_per_step(&model) / elapsed.max(1e-9);
@@ -161,4 +173,24 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// Writes rank 0's measured timeline of the last step (its four streams) to `--trace`.
+fn write_rank_0_trace(trainer: &mut ParallelTrainer<CpuBackend>, path: &std::path::Path) -> Result<(), Failure> {
+    let steps = trainer.steps_taken();
+    let timeline = trainer.rank(0).and_then(memo_runtime::Trainer::last_step_timeline).ok_or_else(|| {
+        Failure::new(
+            exit::BAD_INPUT,
+            "--trace: no step ran (the checkpoint already holds --steps steps: raise --steps)",
+        )
+    })?;
+    let text = crate::picture::chrome_trace::trace_of(
+        &trainer.report().plan,
+        &format!("step {steps}, rank 0"),
+        &timeline,
+        "memo train --trace",
+        "measured on the CPU backend, rank 0: each instruction from when its stream thread took it to when it finished",
+    );
+    crate::checked::write_atomically(path, text.as_bytes())
+        .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write {}: {e}; check the directory", path.display())))
 }
