@@ -128,15 +128,23 @@ impl<B: Backend + Send> ParallelTrainer<B> {
                 .enumerate()
                 .map(|(rank, (backend, _))| {
                     let (planned, checked) = (planned.clone(), checked.clone());
-                    scope.spawn(move || Trainer::for_rank(backend, planned, checked, rank as u64, checking))
+                    std::thread::Builder::new().name(format!("memo-rank-{rank}")).spawn_scoped(scope, move || {
+                        Trainer::for_rank(backend, planned, checked, rank as u64, checking)
+                    })
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(RuntimeError::Backend(crate::BackendError::Other("a rank's setup thread panicked".into())))
-                    })
+                .enumerate()
+                .map(|(rank, handle)| match handle {
+                    Ok(handle) => handle.join().unwrap_or_else(|_| {
+                        Err(RuntimeError::Backend(crate::BackendError::Other(format!(
+                            "rank {rank}'s setup thread panicked"
+                        ))))
+                    }),
+                    Err(error) => Err(RuntimeError::Backend(crate::BackendError::Other(format!(
+                        "cannot start rank {rank}'s thread: {error}"
+                    )))),
                 })
                 .collect()
         });
