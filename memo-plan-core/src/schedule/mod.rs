@@ -675,7 +675,8 @@ fn classifier(
     // t > 1: per gathered row of a chunk, its target, the combined maximum and the two sums (one
     // buffer each, reused by every chunk like the logits).
     let (row_targets, row_max, row_sums) = if shape.tensor > 1 {
-        let targets = b.buffer(BufferKind::Transient, TensorRole::GatheredTargets, None, logits_rows, TOKEN_ID_BYTES, None);
+        let targets =
+            b.buffer(BufferKind::Transient, TensorRole::GatheredTargets, None, logits_rows, TOKEN_ID_BYTES, None);
         let max = b.buffer(BufferKind::Transient, TensorRole::LogitsMax, None, logits_rows, FP32_BYTES, None);
         let sums = b.buffer(BufferKind::Transient, TensorRole::LogitsSums, None, logits_rows, 2 * FP32_BYTES, None);
         (targets, max, sums)
