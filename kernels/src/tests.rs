@@ -329,6 +329,11 @@ fn bad_launches_are_errors_that_say_why() {
     assert!(m.contains("attention") && m.contains("the op takes 5"), "{m}");
     let m = message(Op::AllGather, &[shape(1, 2); 2]);
     assert!(m.contains("multi-GPU"), "{m}");
+    // The t > 1 step's own ops have no GPU kernel yet: refused after their shapes pass.
+    let m = message(Op::LinearNoBias, &[shape(4, 32), shape(8, 32), shape(4, 16)]);
+    assert!(m.contains("op `linear_no_bias`") && m.contains("no GPU kernel yet"), "{m}");
+    let m = message(Op::AllReduceSumF32, &[shape(1, 4)]);
+    assert!(m.contains("multi-GPU"), "{m}");
     let mut zero_step = ctx;
     zero_step.adamw.step = 0;
     let adamw = &valid_launches()[16].1;

@@ -154,8 +154,8 @@ fn heading(config: &Config) -> String {
     let interconnect = if p.tensor > 1 {
         let i = &config.interconnect;
         format!(
-            "; interconnect {} per direction, {:.1} us per ring step",
-            format!("{:.0} GB/s", i.bytes_per_s as f64 / 1e9),
+            "; interconnect {:.0} GB/s per direction, {:.1} us per ring step",
+            i.bytes_per_s as f64 / 1e9,
             i.latency_ns as f64 / 1e3
         )
     } else {

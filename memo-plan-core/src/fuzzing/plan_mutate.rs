@@ -494,7 +494,7 @@ fn rank_program(plan: &mut Plan, mutation: Mutation, target: u32, detail: u64) -
             let Action::Launch(launch) = &mut program[at].action else { return None };
             let region = &mut launch.args.first_mut()?.region;
             let rows = plan.buffers.get(region.buffer.index())?.rows;
-            let grow = detail % 2 == 0 && region.end < rows || region.end == region.start;
+            let grow = (detail.is_multiple_of(2) && region.end < rows) || region.end == region.start;
             if grow {
                 if region.end >= rows {
                     return None;

@@ -542,7 +542,8 @@ impl Arg {
     /// One rank's shard of the tied embedding (or its gradient): `ceil(vocab / ranks)` rows of
     /// `hidden` bf16 (`vocab` rows with one rank).
     fn tied_embedding(&self, ctx: &ShapeContext) -> Result<(), OpError> {
-        self.want_rows(ctx.vocab_shard(), "the rows of one rank's embedding: `ceil(vocab / ranks)` of the context")?;
+        let why = "this rank's share of the vocabulary size `vocab` of the context: `ceil(vocab / ranks)`";
+        self.want_rows(ctx.vocab_shard(), why)?;
         self.want_elems(ctx.hidden, BF16, HIDDEN)
     }
 
@@ -550,7 +551,9 @@ impl Arg {
     /// of `hidden` bf16 (`vocab` rows with one rank).
     fn whole_embedding(&self, ctx: &ShapeContext) -> Result<(), OpError> {
         let rows = ctx.vocab_shard().saturating_mul(ctx.group());
-        self.want_rows(rows, "every rank's embedding rows: `ranks * ceil(vocab / ranks)` of the context")?;
+        let why =
+            "the vocabulary size `vocab` of the context, padded to every rank's rows: `ranks * ceil(vocab / ranks)`";
+        self.want_rows(rows, why)?;
         self.want_elems(ctx.hidden, BF16, HIDDEN)
     }
 }

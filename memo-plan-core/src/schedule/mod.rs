@@ -427,21 +427,13 @@ impl Builder {
     /// For `t > 1`, all-gathers `x`'s rows over the tensor-parallel group into a new transient
     /// (t times the rows); for `t = 1`, `x` itself.
     pub fn gathered(&mut self, x: Region, layer: Option<u32>, block: Option<Block>) -> Region {
-        self.gathered_as(x, TensorRole::GatheredNormOutput, layer, block)
-    }
-
-    /// [`Builder::gathered`] outside the layers, into a transient of role `role`.
-    pub fn gathered_rows(&mut self, x: Region, role: TensorRole) -> Region {
-        self.gathered_as(x, role, None, None)
-    }
-
-    fn gathered_as(&mut self, x: Region, role: TensorRole, layer: Option<u32>, block: Option<Block>) -> Region {
         if self.shape.tensor == 1 {
             return x;
         }
         let row_bytes = self.buffers[x.buffer.index()].row_bytes;
         let rows = (x.end - x.start) * self.shape.tensor;
-        let gathered = self.buffer(BufferKind::Transient, role, layer, rows, row_bytes, block);
+        let gathered =
+            self.buffer(BufferKind::Transient, TensorRole::GatheredNormOutput, layer, rows, row_bytes, block);
         let out = self.all(gathered);
         self.launch(Op::AllGather, layer, 0, &[x, out]);
         out
@@ -680,13 +672,16 @@ fn classifier(
         shape.vocab_rows * BF16_BYTES,
         None,
     );
-    // t > 1: per gathered row of a chunk, the combined maximum and the two sums.
-    let (row_max, row_sums) = if shape.tensor > 1 {
+    // t > 1: per gathered row of a chunk, its target, the combined maximum and the two sums (one
+    // buffer each, reused by every chunk like the logits).
+    let (row_targets, row_max, row_sums) = if shape.tensor > 1 {
+        let targets =
+            b.buffer(BufferKind::Transient, TensorRole::GatheredTargets, None, logits_rows, TOKEN_ID_BYTES, None);
         let max = b.buffer(BufferKind::Transient, TensorRole::LogitsMax, None, logits_rows, FP32_BYTES, None);
         let sums = b.buffer(BufferKind::Transient, TensorRole::LogitsSums, None, logits_rows, 2 * FP32_BYTES, None);
-        (max, sums)
+        (targets, max, sums)
     } else {
-        (logits, logits)
+        (logits, logits, logits)
     };
     let mut start = 0;
     while start < shape.local_rows {
@@ -701,7 +696,9 @@ fn classifier(
         if shape.tensor == 1 {
             b.launch(Op::CrossEntropy, None, 0, &[chunk, t, l]);
         } else {
-            let t = b.gathered_rows(t, TensorRole::GatheredTargets);
+            let gathered = Region::rows(row_targets, 0, rows);
+            b.launch(Op::AllGather, None, 0, &[t, gathered]);
+            let t = gathered;
             let max = Region::rows(row_max, 0, rows);
             let pair = Region::rows(row_sums, 0, rows);
             b.launch(Op::CrossEntropyMax, None, 0, &[chunk, max]);
