@@ -17,7 +17,16 @@ fn backward_steps(args: &[ArgShape], ctx: &KernelContext) -> Result<Vec<Step>, R
 }
 
 fn context(heads: u64, seq_len: u64) -> KernelContext {
-    KernelContext { hidden: 0, heads, seq_len, vocab: 0, loss_scale_tokens: 1, adamw: AdamW::default() }
+    KernelContext {
+        hidden: 0,
+        heads,
+        seq_len,
+        vocab: 0,
+        loss_scale_tokens: 1,
+        adamw: AdamW::default(),
+        rank: 0,
+        ranks: 1,
+    }
 }
 
 /// `rows` rows from `first_row` of `heads * head_dim` bf16.

@@ -13,7 +13,7 @@
 //! uses `beta = 1`, so `y = round(x W^T + bias)`, one rounding as on the CPU. Only the order of
 //! the f32 sums differs from the CPU (cuBLAS picks it), which the GPU tests' tolerance covers.
 
-use memo_plan_core::plan::shapes::{self, OpError, OpShape, ShapeContext};
+use memo_plan_core::plan::shapes::{self, OpError, OpErrorKind, OpShape, ShapeContext};
 use memo_plan_core::plan::Op;
 use memo_runtime::KernelContext;
 
@@ -74,6 +74,9 @@ pub(crate) fn shape_context(ctx: &KernelContext) -> ShapeContext {
         vocab: ctx.vocab,
         loss_scale_tokens: ctx.loss_scale_tokens,
         adamw_step: ctx.adamw.step,
+        // The GPU recipes run one rank (t = 1); the group comes with the collectives.
+        rank: 0,
+        ranks: 1,
     }
 }
 
@@ -128,7 +131,25 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
         Op::GradNormSquared => grad_norm_squared(&s),
         Op::AdamW => adamw(&a, &s, ctx),
         Op::Attention | Op::AttentionBackward => crate::attention::steps(&s, args),
-        Op::AllGather | Op::ReduceScatter => Err(OpError::needs_multi_gpu(op)),
+        Op::AllGather | Op::ReduceScatter | Op::AllReduceSumBf16 | Op::AllReduceSumF32 | Op::AllReduceMaxF32 => {
+            Err(OpError::needs_multi_gpu(op))
+        }
+        Op::LinearNoBias | Op::AddBias | Op::CrossEntropyMax | Op::CrossEntropySums | Op::CrossEntropyFinish => {
+            Err(not_implemented(op))
+        }
+    }
+}
+
+/// The refusal of an op of the tensor-parallel step (`t > 1`) that has no GPU kernel yet.
+fn not_implemented(op: Op) -> RecipeError {
+    OpError {
+        op,
+        argument: None,
+        kind: OpErrorKind::Unsupported {
+            reason: "has no GPU kernel yet (an op of the t > 1 step, `spec/tensor-parallel.md`); this backend runs \
+                     plans made with tensor parallelism t = 1"
+                .into(),
+        },
     }
 }
 

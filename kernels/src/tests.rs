@@ -24,6 +24,8 @@ fn context_for(hidden: u64, vocab: u64, rows: u64) -> KernelContext {
         vocab,
         loss_scale_tokens: rows,
         adamw: AdamW { step: 3, ..AdamW::default() },
+        rank: 0,
+        ranks: 1,
     }
 }
 
@@ -326,6 +328,11 @@ fn bad_launches_are_errors_that_say_why() {
     let m = message(Op::Attention, &[shape(1, 2); 4]);
     assert!(m.contains("attention") && m.contains("the op takes 5"), "{m}");
     let m = message(Op::AllGather, &[shape(1, 2); 2]);
+    assert!(m.contains("multi-GPU"), "{m}");
+    // The t > 1 step's own ops have no GPU kernel yet: refused after their shapes pass.
+    let m = message(Op::LinearNoBias, &[shape(4, 32), shape(8, 32), shape(4, 16)]);
+    assert!(m.contains("op `linear_no_bias`") && m.contains("no GPU kernel yet"), "{m}");
+    let m = message(Op::AllReduceSumF32, &[shape(1, 4)]);
     assert!(m.contains("multi-GPU"), "{m}");
     let mut zero_step = ctx;
     zero_step.adamw.step = 0;

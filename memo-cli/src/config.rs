@@ -29,16 +29,19 @@
 //! peak_flops = "312T"
 //! achieved_flops = "187T"
 //! layer_forward_s = 1.25   # a measured forward time of one layer, replacing the FLOP estimate
+//! interconnect_bandwidth = "200GB/s"  # GPU-to-GPU link of the tensor-parallel group, per direction
+//! interconnect_latency = "5us"        # one ring step of a collective (s, ms, us, ns; an integer is ns)
 //! ```
 //!
 //! `--machine-file FILE` reads only a file's `[machine]` table (what `memo profile` writes) and
 //! replaces `--config`'s. A `[machine]` table without `preset` must give `device_memory`,
 //! `host_memory_per_node`, `d2h`, `h2d` and `peak_flops`; the machine is then named after the
-//! file (`spec/cost-model.md` §10).
+//! file (`spec/cost-model.md` §10). The interconnect defaults to the preset's (none for a machine
+//! without a preset: then `t > 1` needs `interconnect_bandwidth`).
 
 use std::path::{Path, PathBuf};
 
-use memo_plan_core::model::{Hardware, ModelConfig, Parallelism, HARDWARE_PRESETS, MODEL_PRESETS};
+use memo_plan_core::model::{Hardware, Interconnect, ModelConfig, Parallelism, HARDWARE_PRESETS, MODEL_PRESETS};
 use memo_plan_core::trace;
 use serde::Deserialize;
 
@@ -121,6 +124,12 @@ pub struct ConfigArgs {
     /// A measured forward time of one layer, in seconds
     #[arg(long, value_name = "SECONDS", help_heading = "Machine overrides")]
     pub layer_time: Option<f64>,
+    /// GPU-to-GPU bandwidth of the tensor-parallel group, per direction (e.g. 200GB/s)
+    #[arg(long, value_name = "RATE", value_parser = parse_rate, help_heading = "Machine overrides")]
+    pub interconnect_bandwidth: Option<u64>,
+    /// Latency of one ring step of a collective (e.g. 5us; s, ms, us, ns)
+    #[arg(long, value_name = "TIME", value_parser = parse_latency, help_heading = "Machine overrides")]
+    pub interconnect_latency: Option<u64>,
 }
 
 /// A resolved configuration.
@@ -129,6 +138,8 @@ pub struct Config {
     pub model: ModelConfig,
     pub parallel: Parallelism,
     pub hardware: Hardware,
+    /// The links of the tensor-parallel group (the preset's, the file's, the flags').
+    pub interconnect: Interconnect,
 }
 
 /// A number in a TOML file: an integer, or a string with a unit.
@@ -183,6 +194,8 @@ struct MachineTable {
     peak_flops: Option<Quantity>,
     achieved_flops: Option<Quantity>,
     layer_forward_s: Option<f64>,
+    interconnect_bandwidth: Option<Quantity>,
+    interconnect_latency: Option<Quantity>,
 }
 
 /// Tokens: a whole number, or with K or M (binary: 1K = 1024, 1M = 1,048,576).
@@ -223,6 +236,23 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
                 .to_string()
         }
     })
+}
+
+/// A latency in nanoseconds: a number with a unit `s`, `ms`, `us` or `ns` (5us, 0.5ms), or a
+/// whole number of nanoseconds.
+pub fn parse_latency(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let expected = "expected a latency such as 5us, 0.5ms or 2000ns (units s, ms, us, ns; a bare number is ns)";
+    let (number, scale) = [("ns", 1.0), ("us", 1e3), ("ms", 1e6), ("s", 1e9)]
+        .iter()
+        .find_map(|&(unit, scale)| text.strip_suffix(unit).map(|n| (n.trim(), scale)))
+        .unwrap_or((text, 1.0));
+    let value: f64 = number.parse().map_err(|_| expected.to_string())?;
+    let nanoseconds = value * scale;
+    if !nanoseconds.is_finite() || nanoseconds < 0.0 || nanoseconds >= u64::MAX as f64 {
+        return Err(format!("{text}: {expected}"));
+    }
+    Ok(nanoseconds.round() as u64)
 }
 
 /// A rate per second: a byte count or a plain number with a decimal unit, `/s` optional
@@ -312,6 +342,9 @@ impl ConfigArgs {
             None => (file.machine, file_name.to_string()),
         };
         let mut hardware = machine_of_table(&machine_table, self.machine.as_deref(), &machine_file_name)?;
+        let mut interconnect = interconnect_of_table(&machine_table, &hardware, &machine_file_name)?;
+        apply(&mut interconnect.bytes_per_s, [self.interconnect_bandwidth]);
+        apply(&mut interconnect.latency_ns, [self.interconnect_latency]);
         let flags = [
             (&mut hardware.device_memory_bytes, self.device_memory),
             (&mut hardware.host_memory_per_node_bytes, self.host_memory),
@@ -331,7 +364,10 @@ impl ConfigArgs {
         model.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("model: {e}")))?;
         parallel.validate_for(&model).map_err(|e| Failure::new(exit::BAD_INPUT, format!("parallel layout: {e}")))?;
         hardware.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("machine: {e}")))?;
-        Ok(Config { model, parallel, hardware })
+        interconnect
+            .validate_for(parallel.tensor)
+            .map_err(|e| Failure::new(exit::BAD_INPUT, format!("machine: {e}")))?;
+        Ok(Config { model, parallel, hardware, interconnect })
     }
 }
 
@@ -403,6 +439,19 @@ fn machine_of_table(table: &MachineTable, preset_override: Option<&str>, file: &
         hardware.measured_layer_forward_s = Some(seconds);
     }
     Ok(hardware)
+}
+
+/// The interconnect of a `[machine]` table: its `interconnect_bandwidth` and
+/// `interconnect_latency` over those of the machine's preset (`Interconnect::for_hardware`).
+fn interconnect_of_table(table: &MachineTable, hardware: &Hardware, file: &str) -> Result<Interconnect, Failure> {
+    let mut interconnect = Interconnect::for_hardware(hardware);
+    if let Some(value) = &table.interconnect_bandwidth {
+        interconnect.bytes_per_s = quantity(value, parse_rate, file, "machine.interconnect_bandwidth")?;
+    }
+    if let Some(value) = &table.interconnect_latency {
+        interconnect.latency_ns = quantity(value, parse_latency, file, "machine.interconnect_latency")?;
+    }
+    Ok(interconnect)
 }
 
 /// The machine a `memo train` or `memo profile` runs for: `--machine-file FILE` (its `[machine]`
@@ -557,5 +606,69 @@ mod tests {
         let error = ConfigArgs { config: Some(path), ..ConfigArgs::default() }.resolve().unwrap_err();
         assert!(error.message().contains("layerz"), "{}", error.message());
         std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod interconnect_tests {
+    use super::*;
+
+    #[test]
+    fn latencies_parse_with_their_units() {
+        assert_eq!(parse_latency("5us"), Ok(5_000));
+        assert_eq!(parse_latency("0.5ms"), Ok(500_000));
+        assert_eq!(parse_latency("2000ns"), Ok(2_000));
+        assert_eq!(parse_latency("1s"), Ok(1_000_000_000));
+        assert_eq!(parse_latency("750"), Ok(750));
+        for bad in ["", "fast", "-1us", "1e30s", "nan"] {
+            assert!(parse_latency(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// The preset's interconnect, then the machine file's keys, then the flags.
+    #[test]
+    fn the_interconnect_comes_from_the_preset_the_file_and_the_flags() {
+        let base = ConfigArgs {
+            model: Some("7b".into()),
+            seq: Some(1 << 20),
+            machine: Some("a800x8".into()),
+            tp: Some(8),
+            ..ConfigArgs::default()
+        };
+        let config = base.resolve().unwrap();
+        assert_eq!(config.interconnect, Interconnect { bytes_per_s: 200_000_000_000, latency_ns: 5_000 });
+        let dir = std::env::temp_dir().join(format!("memo-interconnect-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("machine.toml");
+        std::fs::write(
+            &path,
+            "[machine]\npreset = \"h100x8\"\ninterconnect_bandwidth = \"100GB/s\"\ninterconnect_latency = \"2us\"\n",
+        )
+        .unwrap();
+        let from_file =
+            ConfigArgs { machine: None, machine_file: Some(path.clone()), ..base.clone() }.resolve().unwrap();
+        assert_eq!(from_file.interconnect, Interconnect { bytes_per_s: 100_000_000_000, latency_ns: 2_000 });
+        let flagged = ConfigArgs {
+            machine: None,
+            machine_file: Some(path),
+            interconnect_bandwidth: Some(50_000_000_000),
+            interconnect_latency: Some(1),
+            ..base.clone()
+        };
+        assert_eq!(
+            flagged.resolve().unwrap().interconnect,
+            Interconnect { bytes_per_s: 50_000_000_000, latency_ns: 1 }
+        );
+        // A machine without a preset has no interconnect: t > 1 asks for one.
+        let custom = dir.join("custom.toml");
+        std::fs::write(
+            &custom,
+            "[machine]\ndevice_memory = \"80GiB\"\nhost_memory_per_node = \"2TiB\"\nd2h = \"25GB/s\"\nh2d = \"25GB/s\"\n\
+             peak_flops = \"312T\"\n",
+        )
+        .unwrap();
+        let error = ConfigArgs { machine: None, machine_file: Some(custom), ..base }.resolve().unwrap_err();
+        assert!(error.message().contains("interconnect_bytes_per_s"), "{}", error.message());
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

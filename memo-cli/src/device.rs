@@ -132,7 +132,8 @@ pub fn runtime_exit_code(error: &RuntimeError) -> u8 {
     match error {
         RuntimeError::Backend(BackendError::OutOfMemory { .. }) => exit::DOES_NOT_FIT,
         RuntimeError::Backend(BackendError::Unavailable(_)) => exit::DEVICE_UNAVAILABLE,
-        RuntimeError::Invalid(_) => exit::INTERNAL_ERROR,
+        RuntimeError::Invalid(_) | RuntimeError::RanksDiverged(_) => exit::INTERNAL_ERROR,
+        RuntimeError::Rank { error, .. } => runtime_exit_code(error),
         RuntimeError::Backend(
             BackendError::OutOfBounds { .. }
             | BackendError::Kernel { .. }

@@ -230,7 +230,7 @@ fn summarise(plan: &Plan) -> Result<Summary, Failure> {
             by_kind.push((kind, count, bytes));
         }
     }
-    let mut per_stream = [[0u64; 4]; 3];
+    let mut per_stream = [[0u64; 4]; Stream::ALL.len()];
     for instruction in &plan.instructions {
         let column = match instruction.action {
             Action::Launch(_) => 0,

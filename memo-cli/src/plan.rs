@@ -128,7 +128,8 @@ fn strategy_failure(strategy: Strategy, error: &planner::PlanError) -> Failure {
 }
 
 fn request(config: &Config, strategy: Strategy) -> PlanRequest {
-    PlanRequest::new(config.model.clone(), config.parallel, config.hardware.clone(), strategy)
+    let request = PlanRequest::new(config.model.clone(), config.parallel, config.hardware.clone(), strategy);
+    PlanRequest { interconnect: config.interconnect, ..request }
 }
 
 fn write_stdout(text: &str) -> Result<(), Failure> {
@@ -150,7 +151,17 @@ fn bound_name(bound: AlphaBound) -> &'static str {
 
 fn heading(config: &Config) -> String {
     let (m, p, h) = (&config.model, &config.parallel, &config.hardware);
-    format!(
+    let interconnect = if p.tensor > 1 {
+        let i = &config.interconnect;
+        format!(
+            "; interconnect {:.0} GB/s per direction, {:.1} us per ring step",
+            i.bytes_per_s as f64 / 1e9,
+            i.latency_ns as f64 / 1e3
+        )
+    } else {
+        String::new()
+    };
+    let line = format!(
         "{} ({} layers, h {}, {} heads), {} tokens x {} sequence(s), t = {}, d = {}, on {}: {} per GPU, {} host per node \
          ({} per GPU)\n",
         m.name,
@@ -165,7 +176,11 @@ fn heading(config: &Config) -> String {
         human::binary_units(h.device_memory_bytes),
         human::binary_units(h.host_memory_per_node_bytes),
         human::binary_units(h.host_memory_per_gpu_bytes()),
-    )
+    );
+    match line.strip_suffix('\n') {
+        Some(body) => format!("{body}{interconnect}\n"),
+        None => line,
+    }
 }
 
 fn table(config: &Config, planned: &[Planned]) -> String {
@@ -179,14 +194,25 @@ fn table(config: &Config, planned: &[Planned]) -> String {
     }
     out.push('\n');
     out.push_str(&format!(
-        "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>10} {:>7} {:>7} {:>9}\n",
-        "strategy", "fits", "device", "arena LB", "params", "rounding", "host/GPU", "step", "MFU-c", "MFU-f", "plan"
+        "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>10} {:>9} {:>7} {:>7} {:>9}\n",
+        "strategy",
+        "fits",
+        "device",
+        "arena LB",
+        "params",
+        "rounding",
+        "host/GPU",
+        "step",
+        "collect.",
+        "MFU-c",
+        "MFU-f",
+        "plan"
     ));
     for p in planned {
         let r = &p.report;
         let t = &r.plan.totals;
         out.push_str(&format!(
-            "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9.1}s {:>6.1}% {:>6.1}% {:>9}\n",
+            "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9.1}s {:>8.1}s {:>6.1}% {:>6.1}% {:>9}\n",
             r.plan.provenance.strategy.name(),
             if r.fits() { "yes" } else { "NO" },
             human::binary_units(r.device_bytes()),
@@ -195,6 +221,7 @@ fn table(config: &Config, planned: &[Planned]) -> String {
             human::binary_units(t.rounding_buffer_bytes),
             human::binary_units(t.host_bytes),
             r.timeline.step_time_s,
+            collective_s(r),
             r.mfu.causal_halved * 100.0,
             r.mfu.full * 100.0,
             human::duration(p.elapsed),
@@ -202,7 +229,8 @@ fn table(config: &Config, planned: &[Planned]) -> String {
     }
     out.push_str(
         "\nMFU-c: attention FLOPs halved for the causal mask; MFU-f: attention counted in full, so it can pass 100% \
-         (it credits work the causal kernel skips). Both exclude the recompute.\n",
+         (it credits work the causal kernel skips). Both exclude the recompute. collect.: seconds the collectives \
+         take on the collective stream (ring time over the interconnect; the compute stream waits for each).\n",
     );
     for p in planned {
         let r = &p.report;
@@ -250,6 +278,11 @@ fn table(config: &Config, planned: &[Planned]) -> String {
     out
 }
 
+/// Seconds the step's collectives take on the collective stream.
+fn collective_s(report: &PlanReport) -> f64 {
+    report.timeline.stream_busy_s(&report.plan, memo_plan_core::plan::Stream::Collective)
+}
+
 /// Bytes lost to rounding device buffers up to the placement alignment.
 fn alignment_padding(plan: &memo_plan_core::plan::Plan) -> u64 {
     let align = memo_plan_core::bilevel::ALIGNMENT;
@@ -291,6 +324,11 @@ pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration
         "skeletal_bytes_per_layer": skeletal,
         "step_time_s": r.timeline.step_time_s,
         "compute_stall_s": r.timeline.compute_stall_s(),
+        "collective_s": collective_s(r),
+        "collectives": r.plan.instructions.iter().filter(|i| i.stream == memo_plan_core::plan::Stream::Collective
+            && matches!(i.action, memo_plan_core::plan::Action::Launch(_))).count(),
+        "interconnect_bytes_per_s": prov.interconnect.bytes_per_s,
+        "interconnect_latency_ns": prov.interconnect.latency_ns,
         "mfu_causal": r.mfu.causal_halved,
         "mfu_full": r.mfu.full,
         "fits": r.fits(),

@@ -19,6 +19,8 @@ use crate::device::{parse_device, runtime_failure, AnyBackend, Device, StepFlops
 use crate::exit::{self, Failure};
 use crate::human;
 
+mod parallel;
+
 /// What `memo train --help` says it does.
 pub const LONG_ABOUT: &str = "\
 Train a GPT through a verified plan: the same instruction stream (launches, copies, events on
@@ -36,6 +38,7 @@ Examples:
   memo train --device cpu --model small --seq 512 --steps 50 --strategy memo --alpha 0.3 --json
   memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1
   memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1 --resume
+  memo train --device cpu --model tiny --seq 256 --steps 200 --tensor-parallel 2
   memo train --device cpu --model tiny --seq 256 --micro-batch 4 --steps 2000 --task recall --lr 1e-2 --eval-every 500
   memo train --device cuda --model examples/models/gpt-1b.toml --seq 16K --steps 5 --json
   memo train --device cuda:1 --machine-file h200.toml --model small --seq 4K";
@@ -143,6 +146,11 @@ pub struct TrainArgs {
     /// Print one JSON line per step and a final summary instead of the progress line
     #[arg(long)]
     json: bool,
+
+    /// Tensor- and sequence-parallel ranks (spec/tensor-parallel.md): on the cpu, T threads, each
+    /// with its own backend and arena; T must divide the heads, the FFN width and the sequence
+    #[arg(long, default_value_t = 1, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
+    tensor_parallel: u64,
 }
 
 fn parse_strategy(text: &str) -> Result<Strategy, String> {
@@ -152,6 +160,9 @@ fn parse_strategy(text: &str) -> Result<Strategy, String> {
 /// Runs `memo train`: options, data, the plan (made once: the fit check and the trainer share
 /// it), the backend, the steps, the trace and the summary, each a function below.
 pub fn run(args: &TrainArgs) -> Result<(), Failure> {
+    if args.tensor_parallel > 1 {
+        return parallel::run(args);
+    }
     let model = model(args)?;
     let mut data = data_source(args, &model)?;
     let options = train_options(args, &model)?;

@@ -261,7 +261,10 @@ fn the_chrome_trace_is_valid_trace_event_json_with_every_instruction() {
     assert_eq!(of_instructions, instructions, "one event per instruction");
     let threads: Vec<&str> =
         events.iter().filter(|e| e["name"] == "thread_name").map(|e| e["args"]["name"].as_str().unwrap()).collect();
-    assert_eq!(threads, ["compute", "d2h (device to host)", "h2d (host to device)"]);
+    assert_eq!(
+        threads,
+        ["compute", "d2h (device to host)", "h2d (host to device)", "collective (tensor-parallel group)"]
+    );
     let names: Vec<&str> = events.iter().filter_map(|e| e["name"].as_str()).collect();
     for prefix in [
         "layer 0 linear",

@@ -160,3 +160,35 @@ fn bad_configuration_is_one_line_naming_the_field() {
     // file:line:column, as compilers write it (toml's own rendering spans lines with `|` gutters).
     assert!(message.contains("bad.toml:3:10: invalid type"), "{message}");
 }
+
+/// The collectives cost time at t = 8: `--json` reports their seconds on the collective stream
+/// and the interconnect the plan was timed with; a slower link (`--interconnect-bandwidth`) makes
+/// them, and the step, slower; at t = 1 there are none.
+#[test]
+fn collectives_cost_time_and_the_interconnect_flags_change_it() {
+    let small = ["plan", "--model", "7b", "--seq", "32K", "--machine", "a800x8", "--strategy", "memo", "--json"];
+    let run = |extra: &[&str]| {
+        let mut args = small.to_vec();
+        args.extend_from_slice(extra);
+        let output = memo(&args, None);
+        // 7B at t = 1 does not fit one A800 (exit 5), but is planned and reported all the same.
+        assert!([0, 5].contains(&code(&output)), "{}", stderr(&output));
+        json(&output)
+    };
+    let preset = run(&["--tp", "8"]);
+    assert_eq!(preset["interconnect_bytes_per_s"], 200_000_000_000u64);
+    assert_eq!(preset["interconnect_latency_ns"], 5_000);
+    let collective = preset["collective_s"].as_f64().unwrap();
+    assert!(collective > 0.0 && preset["collectives"].as_u64().unwrap() > 0, "{preset}");
+    let slow = run(&["--tp", "8", "--interconnect-bandwidth", "20GB/s", "--interconnect-latency", "50us"]);
+    assert_eq!(slow["interconnect_bytes_per_s"], 20_000_000_000u64);
+    assert!(slow["collective_s"].as_f64().unwrap() > 5.0 * collective, "{slow}");
+    assert!(slow["step_time_s"].as_f64().unwrap() > preset["step_time_s"].as_f64().unwrap());
+    let single = run(&["--tp", "1"]);
+    assert_eq!(single["collective_s"], 0.0);
+    assert_eq!(single["collectives"], 0);
+    let bad =
+        memo(&["plan", "--model", "7b", "--seq", "32K", "--machine", "a800x8", "--interconnect-latency", "soon"], None);
+    assert_ne!(code(&bad), 0);
+    assert!(stderr(&bad).contains("expected a latency"), "{}", stderr(&bad));
+}

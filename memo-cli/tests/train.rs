@@ -183,3 +183,66 @@ fn trace_writes_the_measured_timeline() {
         assert!(e["ts"].as_f64().unwrap() >= 0.0 && e["dur"].as_f64().unwrap() >= 0.0, "{e}");
     }
 }
+
+/// `--tensor-parallel T`: a T that does not divide the heads, the FFN width or the sequence is
+/// refused with which and the sizes; on a GPU it says the NCCL path is missing; options only one
+/// rank has are refused.
+#[test]
+fn tensor_parallel_refusals_say_why() {
+    let message = assert_fails(&train(&["--tensor-parallel", "3"]), 2);
+    assert!(message.contains("attention heads (4)") && message.contains("sequence 32"), "{message}");
+    // 4 heads and FFN 256 divide by 2; the sequence 33 does not.
+    let mut args = vec!["train", "--device", "cpu", "--model", "tiny", "--seq", "33", "--tensor-parallel", "2"];
+    args.extend_from_slice(&["--steps", "1"]);
+    let message = assert_fails(&memo(&args, None), 2);
+    assert!(message.contains("does not divide the model's sequence (33)"), "{message}");
+    let message = assert_fails(&memo(&["train", "--device", "cuda", "--tensor-parallel", "2"], None), 2);
+    assert!(message.contains("NCCL"), "{message}");
+    let message = assert_fails(&train(&["--tensor-parallel", "2", "--task", "recall"]), 2);
+    assert!(message.contains("--task") && message.contains("--tensor-parallel 2"), "{message}");
+    let message = assert_fails(&train(&["--tensor-parallel", "0"]), 2);
+    assert!(message.contains("tensor-parallel"), "{message}");
+}
+
+/// `--tensor-parallel 2` trains (one JSON line per step, the loss falling, rank 0's timings and
+/// trace), checkpoints every
+/// rank's shards, resumes bit-identically (the first half in checked mode: the same bits), and a
+/// checkpoint of 2 ranks is refused at 4 with the fix.
+#[test]
+fn tensor_parallel_trains_checkpoints_and_resumes_bit_identically() {
+    let straight = fresh_dir("tp-straight");
+    let dir = straight.to_str().unwrap();
+    let trace = straight.join("trace.json");
+    let trace_arg = trace.to_str().unwrap();
+    let output = train(&[
+        "--steps",
+        "6",
+        "--tensor-parallel",
+        "2",
+        "--checkpoint",
+        dir,
+        "--json",
+        "--timings",
+        "--trace",
+        trace_arg,
+    ]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&output.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 7);
+    assert_eq!(lines[0]["tensor_parallel"], 2);
+    assert!(lines[0]["compute_busy_s"].as_f64().unwrap() > 0.0, "{}", lines[0]);
+    // Rank 0's measured streams, the collective stream among them.
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("collective (tensor-parallel group)"));
+    assert!(lines[5]["loss"].as_f64().unwrap() < lines[0]["loss"].as_f64().unwrap(), "{lines:?}");
+    assert_eq!(lines[6]["summary"], true);
+    let split = fresh_dir("tp-split");
+    let dir = split.to_str().unwrap();
+    let output = train(&["--steps", "3", "--tensor-parallel", "2", "--checkpoint", dir, "--checked"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let output = train(&["--steps", "6", "--tensor-parallel", "2", "--checkpoint", dir, "--resume"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert!(checkpoint_bytes(&straight) == checkpoint_bytes(&split), "the resumed run differs");
+    let message = assert_fails(&train(&["--steps", "8", "--tensor-parallel", "4", "--checkpoint", dir, "--resume"]), 2);
+    assert!(message.contains("resume with --tensor-parallel 2"), "{message}");
+}

@@ -18,7 +18,8 @@
 
 use core::fmt;
 
-use crate::model::{Hardware, ModelConfig, ModelError, Parallelism};
+use crate::model::{Hardware, Interconnect, ModelConfig, ModelError, Parallelism};
+use crate::plan::Op;
 
 /// How the attention products are counted under the causal mask.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -365,6 +366,28 @@ pub fn mfu(
         causal_halved: causal as f64 / capacity,
         full: full as f64 / capacity,
     })
+}
+
+/// Seconds one collective takes on a ring of `ranks` GPUs (`spec/cost-model.md`, "Collectives"),
+/// with `bytes` the bytes of its first argument on one rank (`x`: the all-gather's input, the
+/// reduce-scatter's input, the all-reduce's buffer). With `n` one rank's share, `B` the
+/// bandwidth per direction and `L` the latency of one step: all-gather and reduce-scatter take
+/// `(t-1) (n/B + L)` (`n` is the all-gather's `x`, the reduce-scatter's `x / t`); an all-reduce
+/// is a reduce-scatter then an all-gather of `x / t`: `2 (t-1) (n/B + L)`. 0 for `t = 1`, for
+/// ops that are not collectives, and without a known bandwidth.
+pub fn collective_time_s(op: Op, bytes: u64, ranks: u64, interconnect: &Interconnect) -> f64 {
+    if ranks <= 1 || !op.is_collective() || interconnect.bytes_per_s == 0 {
+        return 0.0;
+    }
+    let steps = (ranks - 1) as f64;
+    let bandwidth = interconnect.bytes_per_s as f64;
+    let latency = interconnect.latency_ns as f64 * 1e-9;
+    let (share, passes) = match op {
+        Op::AllGather => (bytes as f64, 1.0),
+        Op::ReduceScatter => (bytes as f64 / ranks as f64, 1.0),
+        _ => (bytes as f64 / ranks as f64, 2.0),
+    };
+    passes * steps * (share / bandwidth + latency)
 }
 
 #[cfg(test)]

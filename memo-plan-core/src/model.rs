@@ -20,7 +20,10 @@ use core::fmt;
 
 mod presets;
 
-pub use presets::{HardwarePreset, ModelPreset, ACHIEVED_PERCENT_OF_PEAK, HARDWARE_PRESETS, MODEL_PRESETS};
+pub use presets::{
+    HardwarePreset, InterconnectPreset, ModelPreset, ACHIEVED_PERCENT_OF_PEAK, CPU_INTERCONNECT, HARDWARE_PRESETS,
+    INTERCONNECT_PRESETS, MODEL_PRESETS,
+};
 
 /// Bytes of one bf16 element: weights, gradients and activations are stored in bf16.
 pub const BF16_BYTES: u64 = 2;
@@ -85,6 +88,44 @@ pub struct Hardware {
     /// A measured forward time of one layer, in seconds, for this model and sequence. When given,
     /// it replaces `FLOPs / achieved_flops` (MEMO takes T_layer from a profile).
     pub measured_layer_forward_s: Option<f64>,
+}
+
+/// The links between the GPUs of one tensor-parallel group (`spec/cost-model.md`, "Collectives"):
+/// a ring in which every GPU sends to one neighbour while it receives from the other. Part of the
+/// machine description beside [`Hardware`]; [`Interconnect::for_hardware`] gives a preset's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct Interconnect {
+    /// Bytes per second one GPU sends to its ring neighbour (per direction; a "bidirectional"
+    /// datasheet figure is twice this). 0: unknown, and then a plan with `t > 1` is refused.
+    pub bytes_per_s: u64,
+    /// Latency of one ring step, nanoseconds.
+    pub latency_ns: u64,
+}
+
+impl Interconnect {
+    /// No interconnect known: plans with `t = 1` need none.
+    pub const UNKNOWN: Interconnect = Interconnect { bytes_per_s: 0, latency_ns: 0 };
+
+    /// The interconnect of the machine preset named like `hardware` (case-insensitive; `cpu` for
+    /// the CPU backend's ranks, which share host memory), or [`Interconnect::UNKNOWN`].
+    pub fn for_hardware(hardware: &Hardware) -> Self {
+        if hardware.name.eq_ignore_ascii_case("cpu") {
+            return CPU_INTERCONNECT;
+        }
+        INTERCONNECT_PRESETS
+            .iter()
+            .find(|p| p.machine.eq_ignore_ascii_case(&hardware.name))
+            .map_or(Interconnect::UNKNOWN, |p| p.interconnect)
+    }
+
+    /// Checks that a group of `tensor` GPUs has a known bandwidth (`t = 1` needs none).
+    pub fn validate_for(&self, tensor: u64) -> Result<(), ModelError> {
+        if tensor > 1 && self.bytes_per_s == 0 {
+            return Err(zero("interconnect_bytes_per_s"));
+        }
+        Ok(())
+    }
 }
 
 /// What is wrong with a model, parallel layout or machine. Each names the field and what would fix
@@ -226,6 +267,10 @@ fn zero_fix(field: &str) -> &'static str {
             "a model needs at least 1 of each"
         }
         "tensor" | "data" => "a parallel degree is at least 1 (1 = no parallelism)",
+        "interconnect_bytes_per_s" => {
+            "with t > 1 the collectives need the GPUs' link bandwidth per direction: give \
+             --interconnect-bandwidth or `interconnect_bytes_per_s` in the machine file"
+        }
         _ => "give the machine's value (at least 1)",
     }
 }

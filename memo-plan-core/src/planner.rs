@@ -11,7 +11,7 @@ use core::fmt;
 
 use crate::bilevel::{self, PlacementError};
 use crate::cost::{self, CostError, Mfu};
-use crate::model::{Hardware, ModelConfig, ModelError, Parallelism};
+use crate::model::{Hardware, Interconnect, ModelConfig, ModelError, Parallelism};
 use crate::plan::{Plan, Provenance, Strategy};
 use crate::schedule::{self, ScheduleError, ScheduleOptions};
 use crate::simulate::{self, Timeline};
@@ -26,6 +26,9 @@ pub struct PlanRequest {
     pub parallel: Parallelism,
     /// The machine.
     pub hardware: Hardware,
+    /// The links between the GPUs of a tensor-parallel group ([`Interconnect::for_hardware`] by
+    /// default).
+    pub interconnect: Interconnect,
     /// How activations are kept.
     pub strategy: Strategy,
     /// For `memo`: use this α instead of solving MEMO's LP.
@@ -37,7 +40,16 @@ pub struct PlanRequest {
 impl PlanRequest {
     /// A request with the default node budget and α from the LP.
     pub fn new(model: ModelConfig, parallel: Parallelism, hardware: Hardware, strategy: Strategy) -> Self {
-        PlanRequest { model, parallel, hardware, strategy, forced_alpha: None, budget_nodes: PLAN_BUDGET_NODES }
+        let interconnect = Interconnect::for_hardware(&hardware);
+        PlanRequest {
+            model,
+            parallel,
+            hardware,
+            interconnect,
+            strategy,
+            forced_alpha: None,
+            budget_nodes: PLAN_BUDGET_NODES,
+        }
     }
 }
 
@@ -135,10 +147,11 @@ pub struct Misfit {
 
 /// Plans one strategy.
 pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
-    let PlanRequest { model, parallel, hardware, strategy, forced_alpha, budget_nodes } = request;
+    let PlanRequest { model, parallel, hardware, interconnect, strategy, forced_alpha, budget_nodes } = request;
     model.validate()?;
     parallel.validate_for(model)?;
     hardware.validate()?;
+    interconnect.validate_for(parallel.tensor)?;
     let swap = match strategy {
         Strategy::Memo => Some(swap::swap_fraction(
             model,
@@ -159,6 +172,7 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
             model: model.clone(),
             parallel: *parallel,
             hardware: hardware.clone(),
+            interconnect: *interconnect,
             strategy: *strategy,
             alpha,
             alpha_bound,
@@ -170,6 +184,7 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
         buffers: placement.buffers,
         events: schedule.events,
         instructions: schedule.instructions,
+        rank_programs: Vec::new(),
         totals: placement.totals,
     };
     let timeline = simulate::simulate(&plan)?;

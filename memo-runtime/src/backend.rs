@@ -1,6 +1,7 @@
 //! The `Backend` trait: what a device must offer to replay a plan (`spec/backends.md`).
 //!
-//! A backend owns one device arena and one pinned host slab, runs three streams, and has events.
+//! A backend owns one device arena and one pinned host slab, runs the plan's streams (three, and the
+//! collective stream of a tensor-parallel rank), and has events.
 //! Calls enqueue work on a stream and return; [`Backend::synchronize`] waits for every stream
 //! and reports the first error any of them hit. The backend decides nothing: the interpreter
 //! hands it byte spans computed from the plan.
@@ -120,6 +121,10 @@ pub struct KernelContext {
     pub loss_scale_tokens: u64,
     /// The optimizer.
     pub adamw: AdamW,
+    /// This GPU's rank in its tensor-parallel group, `0..ranks` (`spec/tensor-parallel.md`).
+    pub rank: u64,
+    /// GPUs in the tensor-parallel group, `t` (1: a single GPU).
+    pub ranks: u64,
 }
 
 /// What went wrong in a backend. Every variant says what and how to fix it.

@@ -3,9 +3,16 @@
 //! so a crash never leaves half a checkpoint and resuming continues bit-identically.
 //!
 //! Layout (little-endian): magic `MEMOCKPT`, version u16, CRC-32 u32 of everything after it,
-//! then the config fingerprint u64, step u64, data position u64, tensor count u32, and per tensor:
-//! kind u8 (0 parameter, 1 optimizer state), role code u16, layer u32 (`u32::MAX` for none),
-//! byte length u64, the bytes.
+//! then the config fingerprint u64, step u64, data position u64, the tensor-parallel ranks u32,
+//! tensor count u32, and per tensor: kind u8 (0 parameter, 1 optimizer state), role code u16,
+//! layer u32 (`u32::MAX` for none), rank u32 (`u32::MAX`: held whole by every rank), byte length
+//! u64, the bytes. Version 1 (before tensor parallelism) lacks the ranks and the tensors' rank
+//! fields; it is read as one rank.
+//!
+//! With `t > 1` ranks (`spec/tensor-parallel.md` §2) a checkpoint holds every rank's shard of each
+//! sharded parameter and its optimizer state (one tensor per rank, tagged with it), and each
+//! replicated one once: the trainer checks that every rank's copy is bit-identical before saving
+//! it, and restores it on every rank.
 
 use std::io::Write;
 use std::path::Path;
@@ -14,7 +21,7 @@ use memo_plan_core::model::ModelConfig;
 use memo_plan_core::plan::TensorRole;
 
 const MAGIC: &[u8; 8] = b"MEMOCKPT";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 
 /// Which state a tensor is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -34,6 +41,8 @@ pub struct SavedTensor {
     pub role: TensorRole,
     /// Its layer.
     pub layer: Option<u32>,
+    /// The rank whose shard it is; `None`: every rank holds this tensor whole.
+    pub rank: Option<u32>,
     /// Its bytes.
     pub bytes: Vec<u8>,
 }
@@ -47,7 +56,9 @@ pub struct Checkpoint {
     pub step: u64,
     /// Where the data sampler continues.
     pub data_position: u64,
-    /// Parameters and optimizer state, sorted by (kind, role, layer).
+    /// The tensor-parallel ranks it was saved from (1 on one GPU).
+    pub ranks: u32,
+    /// Parameters and optimizer state, sorted by (kind, role, layer, rank).
     pub tensors: Vec<SavedTensor>,
 }
 
@@ -80,6 +91,7 @@ impl Checkpoint {
         body.extend_from_slice(&self.fingerprint.to_le_bytes());
         body.extend_from_slice(&self.step.to_le_bytes());
         body.extend_from_slice(&self.data_position.to_le_bytes());
+        body.extend_from_slice(&self.ranks.to_le_bytes());
         body.extend_from_slice(&(self.tensors.len() as u32).to_le_bytes());
         for t in &self.tensors {
             body.push(match t.kind {
@@ -88,6 +100,7 @@ impl Checkpoint {
             });
             body.extend_from_slice(&t.role.code().to_le_bytes());
             body.extend_from_slice(&t.layer.unwrap_or(u32::MAX).to_le_bytes());
+            body.extend_from_slice(&t.rank.unwrap_or(u32::MAX).to_le_bytes());
             body.extend_from_slice(&(t.bytes.len() as u64).to_le_bytes());
             body.extend_from_slice(&t.bytes);
         }
@@ -105,8 +118,8 @@ impl Checkpoint {
             return Err("not a memo checkpoint (bad magic): point --checkpoint at a directory memo train wrote".into());
         }
         let version = u16::from_le_bytes([bytes[8], bytes[9]]);
-        if version != VERSION {
-            return Err(format!("checkpoint format version {version}; this memo reads version {VERSION}"));
+        if version != VERSION && version != 1 {
+            return Err(format!("checkpoint format version {version}; this memo reads versions 1 and {VERSION}"));
         }
         let stored = u32::from_le_bytes([bytes[10], bytes[11], bytes[12], bytes[13]]);
         let body = &bytes[14..];
@@ -117,6 +130,10 @@ impl Checkpoint {
         let fingerprint = r.u64()?;
         let step = r.u64()?;
         let data_position = r.u64()?;
+        let ranks = if version == 1 { 1 } else { r.u32()? };
+        if ranks == 0 {
+            return Err("the checkpoint says it holds 0 ranks".into());
+        }
         let count = r.u32()?;
         let mut tensors = Vec::new();
         for _ in 0..count {
@@ -131,14 +148,19 @@ impl Checkpoint {
                 u32::MAX => None,
                 layer => Some(layer),
             };
+            let rank = match if version == 1 { u32::MAX } else { r.u32()? } {
+                u32::MAX => None,
+                rank if rank < ranks => Some(rank),
+                rank => return Err(format!("a tensor of rank {rank} in a checkpoint of {ranks} rank(s)")),
+            };
             let len = usize::try_from(r.u64()?).map_err(|_| "a tensor longer than memory".to_string())?;
             let bytes = r.take(len)?.to_vec();
-            tensors.push(SavedTensor { kind, role, layer, bytes });
+            tensors.push(SavedTensor { kind, role, layer, rank, bytes });
         }
         if r.at != body.len() {
             return Err(format!("{} unexpected bytes after the last tensor", body.len() - r.at));
         }
-        Ok(Checkpoint { fingerprint, step, data_position, tensors })
+        Ok(Checkpoint { fingerprint, step, data_position, ranks, tensors })
     }
 
     /// Writes the checkpoint to `dir/checkpoint.memo` atomically.
@@ -207,17 +229,20 @@ mod tests {
             fingerprint: 7,
             step: 3,
             data_position: 99,
+            ranks: 2,
             tensors: vec![
                 SavedTensor {
                     kind: StateKind::Parameter,
                     role: TensorRole::Embedding,
                     layer: None,
+                    rank: Some(1),
                     bytes: vec![1, 2, 3],
                 },
                 SavedTensor {
                     kind: StateKind::OptimizerState,
                     role: TensorRole::Fc1Weight,
                     layer: Some(1),
+                    rank: None,
                     bytes: vec![9; 12],
                 },
             ],
@@ -234,6 +259,29 @@ mod tests {
             assert!(Checkpoint::decode(&bad).is_err(), "flipping byte {i} went unnoticed");
         }
         assert!(Checkpoint::decode(&bytes[..bytes.len() - 1]).unwrap_err().contains("corrupt"));
+    }
+
+    /// A version-1 file (one GPU, before ranks) still reads, as one rank.
+    #[test]
+    fn reads_version_1() {
+        let mut body = Vec::new();
+        for field in [7u64, 3, 99] {
+            body.extend_from_slice(&field.to_le_bytes());
+        }
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.push(0);
+        body.extend_from_slice(&TensorRole::Embedding.code().to_le_bytes());
+        body.extend_from_slice(&u32::MAX.to_le_bytes());
+        body.extend_from_slice(&3u64.to_le_bytes());
+        body.extend_from_slice(&[1, 2, 3]);
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&1u16.to_le_bytes());
+        bytes.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+        bytes.extend_from_slice(&body);
+        let read = Checkpoint::decode(&bytes).unwrap();
+        assert_eq!((read.ranks, read.step, read.data_position), (1, 3, 99));
+        assert_eq!(read.tensors[0].rank, None);
+        assert_eq!(read.tensors[0].bytes, [1, 2, 3]);
     }
 
     #[test]

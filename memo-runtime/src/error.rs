@@ -35,6 +35,17 @@ pub enum RuntimeError {
     Recall(String),
     /// The thread drawing the initial parameters stopped before it drew them all.
     InitialisationStopped,
+    /// Rank `rank` of a tensor-parallel group failed (the other ranks' errors follow from it or
+    /// are the same).
+    Rank {
+        /// The rank.
+        rank: u64,
+        /// Its error.
+        error: Box<RuntimeError>,
+    },
+    /// The ranks of a tensor-parallel group disagree where they must hold the same bits (the
+    /// loss, a replicated parameter): a bug in the plan or a backend.
+    RanksDiverged(String),
 }
 
 /// What the trainer needs of a plan and did not find.
@@ -127,6 +138,13 @@ pub enum CheckpointMismatch {
     },
     /// It holds tensors this model does not have.
     Extra,
+    /// Saved from another number of tensor-parallel ranks.
+    Ranks {
+        /// Ranks it holds.
+        saved: u32,
+        /// Ranks of this run.
+        running: u64,
+    },
 }
 
 impl fmt::Display for RuntimeError {
@@ -147,6 +165,10 @@ impl fmt::Display for RuntimeError {
             RuntimeError::Checkpoint(mismatch) => mismatch.fmt(f),
             RuntimeError::Recall(message) => f.write_str(message),
             RuntimeError::InitialisationStopped => f.write_str("the thread drawing the initial parameters stopped"),
+            RuntimeError::Rank { rank, error } => write!(f, "rank {rank}: {error}"),
+            RuntimeError::RanksDiverged(what) => {
+                write!(f, "the tensor-parallel ranks diverged: {what} (a bug: please report it with the command)")
+            }
         }
     }
 }
@@ -206,6 +228,11 @@ impl fmt::Display for CheckpointMismatch {
                 write!(f, "the checkpoint's {buffer} has {saved} bytes, the model needs {needed}")
             }
             CheckpointMismatch::Extra => f.write_str("the checkpoint holds tensors this model does not have"),
+            CheckpointMismatch::Ranks { saved, running } => write!(
+                f,
+                "the checkpoint holds the shards of {saved} tensor-parallel rank(s), this run has {running}: resume \
+                 with --tensor-parallel {saved}, or start a new --checkpoint directory"
+            ),
         }
     }
 }

@@ -20,14 +20,22 @@ pub struct Replay {
     /// Checked (or taken under [`Replay::new_unchecked`]'s contract), and never changed after.
     plan: Plan,
     spans: Vec<Span>,
+    /// The tensor-parallel rank whose program ([`Plan::program`]) is replayed.
+    rank: u32,
 }
 
 impl Replay {
     /// Resolves the buffers' spans of a plan the independent checker accepted.
     pub fn new(plan: CheckedPlan) -> Result<Self, RuntimeError> {
+        Self::for_rank(plan, 0)
+    }
+
+    /// As [`Replay::new`], replaying rank `rank`'s program of a tensor-parallel plan (the shared
+    /// one unless the plan lists another for it, [`Plan::program`]; the checker checked each).
+    pub fn for_rank(plan: CheckedPlan, rank: u32) -> Result<Self, RuntimeError> {
         let plan = plan.into_plan();
         let spans = spans(&plan)?;
-        Ok(Replay { plan, spans })
+        Ok(Replay { plan, spans, rank })
     }
 
     /// Resolves the spans of a plan WITHOUT checking it: for testing that a backend's checked
@@ -45,7 +53,12 @@ impl Replay {
     #[allow(unsafe_code)]
     pub unsafe fn new_unchecked(plan: Plan) -> Result<Self, RuntimeError> {
         let spans = spans(&plan)?;
-        Ok(Replay { plan, spans })
+        Ok(Replay { plan, spans, rank: 0 })
+    }
+
+    /// The instructions this replay runs: its rank's program.
+    pub fn program(&self) -> &[memo_plan_core::plan::Instruction] {
+        self.plan.program(self.rank)
     }
 
     /// The plan.
@@ -79,7 +92,7 @@ impl Replay {
 
     /// Replays every instruction once on `backend` and waits for the streams.
     pub fn run(&self, backend: &mut dyn Backend, context: &KernelContext) -> Result<(), RuntimeError> {
-        self.run_range(backend, context, 0..self.plan.instructions.len())
+        self.run_range(backend, context, 0..self.program().len())
     }
 
     /// Replays instructions `range` (clamped to the plan) and waits for the streams. A prefix of
@@ -115,10 +128,11 @@ impl Replay {
         context: &KernelContext,
         range: std::ops::Range<usize>,
     ) -> Result<(), RuntimeError> {
-        let end = range.end.min(self.plan.instructions.len());
+        let program = self.program();
+        let end = range.end.min(program.len());
         let start = range.start.min(end);
         let mut args = Vec::new();
-        for (index, instruction) in self.plan.instructions.iter().enumerate().take(end).skip(start) {
+        for (index, instruction) in program.iter().enumerate().take(end).skip(start) {
             let stream = instruction.stream;
             match &instruction.action {
                 Action::Launch(launch) => {

@@ -3,7 +3,8 @@
 //!
 //! The runtime decides nothing: a plan from `memo-plan-core` is checked by the independent
 //! checker (a [`memo_plan_core::check::CheckedPlan`], the only plan [`Replay::new`] takes), its buffers become spans of ONE device arena and one pinned host slab, and its
-//! instructions become backend calls, in order, on three streams.
+//! instructions become backend calls, in order, on the plan's streams. With tensor parallelism,
+//! [`ParallelTrainer`] runs one [`Trainer`] per rank, joined by [`Collectives`].
 // Unsafe code is denied but for the backend's two unsafe methods (`backend.rs`) and the
 // interpreter that calls them (`interpret.rs`).
 #![deny(unsafe_code)]
@@ -11,6 +12,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod collective;
 pub mod data;
 pub mod error;
 pub mod interpret;
@@ -19,6 +21,9 @@ pub mod rendezvous;
 pub mod trainer;
 
 pub use backend::{AdamW, Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
+pub use collective::{Collectives, LocalGroup, LocalRank};
 pub use error::{CheckpointMismatch, PlanMismatch, RuntimeError, TokenError};
 pub use interpret::Replay;
-pub use trainer::{cpu_hardware, training_model, NamedBytes, PlannedStep, SetupTimes, TrainOptions, Trainer};
+pub use trainer::{
+    cpu_hardware, training_model, NamedBytes, ParallelTrainer, PlannedStep, SetupTimes, TrainOptions, Trainer,
+};

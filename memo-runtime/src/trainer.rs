@@ -22,6 +22,11 @@ use crate::error::{CheckpointMismatch, PlanMismatch, RuntimeError, TokenError};
 use crate::interpret::Replay;
 
 mod logits;
+mod parallel;
+pub mod shard;
+
+pub use parallel::ParallelTrainer;
+use shard::Shard;
 
 /// A machine description for planning on the CPU backend: what the host gives one "device".
 /// Copies are modelled at 10 GB/s and kernels at 20 GFLOP/s; only α and the fit depend on them.
@@ -89,11 +94,25 @@ pub struct PlannedStep {
 }
 
 impl PlannedStep {
-    /// Plans the step of `options`.
+    /// Plans the step of `options` (on one GPU).
     pub fn new(options: &TrainOptions) -> Result<Self, RuntimeError> {
+        Self::tensor_parallel(options, 1)
+    }
+
+    /// Plans one rank's step of `options` with `tensor`-way tensor and sequence parallelism
+    /// (`spec/tensor-parallel.md`); the planner refuses a `tensor` that does not divide the
+    /// heads, the FFN width and the sequence.
+    pub fn tensor_parallel(options: &TrainOptions, tensor: u64) -> Result<Self, RuntimeError> {
         let started = std::time::Instant::now();
-        let report = planner::plan(&options.plan_request())?;
+        let mut request = options.plan_request();
+        request.parallel = Parallelism { tensor, ..request.parallel };
+        let report = planner::plan(&request)?;
         Ok(PlannedStep { options: options.clone(), report, plan_s: started.elapsed().as_secs_f64() })
+    }
+
+    /// The tensor-parallel degree the step was planned for.
+    pub fn tensor(&self) -> u64 {
+        self.report.plan.provenance.parallel.tensor
     }
 
     /// The planner's report: the plan, its fit on the machine, its timeline.
@@ -121,6 +140,9 @@ pub struct Trainer<B: Backend> {
     loss: BufferId,
     step: u64,
     setup: SetupTimes,
+    /// This rank and the group's size (0 and 1 on one GPU).
+    rank: u64,
+    ranks: u64,
 }
 
 /// Seconds [`Trainer::new`] spent in each of its stages (on a GPU, allocation pins the host slab
@@ -152,26 +174,43 @@ impl<B: Backend> Trainer<B> {
     }
 
     /// Checks the planned step's plan, allocates it on `backend` and initialises the model.
-    pub fn with_plan(mut backend: B, planned: PlannedStep) -> Result<Self, RuntimeError> {
-        let PlannedStep { options, report, plan_s } = planned;
+    pub fn with_plan(backend: B, planned: PlannedStep) -> Result<Self, RuntimeError> {
         let checking = std::time::Instant::now();
-        let replay = Replay::new(CheckedPlan::check(report.plan.clone()).map_err(RuntimeError::Invalid)?)?;
+        let checked = CheckedPlan::check(planned.report.plan.clone()).map_err(RuntimeError::Invalid)?;
+        Self::for_rank(backend, planned, checked, 0, checking)
+    }
+
+    /// Rank `rank` of a tensor-parallel step ([`ParallelTrainer`]): allocates the checked plan on
+    /// `backend` and initialises this rank's shard of the model.
+    fn for_rank(
+        mut backend: B,
+        planned: PlannedStep,
+        checked: CheckedPlan,
+        rank: u64,
+        checking: std::time::Instant,
+    ) -> Result<Self, RuntimeError> {
+        let PlannedStep { options, report, plan_s } = planned;
+        let ranks = report.plan.provenance.parallel.tensor.max(1);
+        let replay = Replay::for_rank(checked, u32::try_from(rank).unwrap_or(u32::MAX))?;
         replay.allocate(&mut backend)?;
         let allocated = std::time::Instant::now();
         let model = &options.model;
         let context = KernelContext {
             hidden: model.hidden,
-            heads: model.heads,
+            heads: model.heads / ranks,
             seq_len: model.seq_len,
             vocab: model.vocab,
             loss_scale_tokens: model.seq_len * model.micro_batch,
             adamw: options.adamw,
+            rank,
+            ranks,
         };
         let tokens = find(&report, TensorRole::Tokens)?;
         let targets = find(&report, TensorRole::Targets)?;
         let loss = find(&report, TensorRole::Loss)?;
         let mut setup = SetupTimes { plan_s, allocate_s: (allocated - checking).as_secs_f64(), initialise_s: 0.0 };
-        let mut trainer = Trainer { backend, replay, report, context, tokens, targets, loss, step: 0, setup };
+        let mut trainer =
+            Trainer { backend, replay, report, context, tokens, targets, loss, step: 0, setup, rank, ranks };
         trainer.initialise(options.seed)?;
         setup.initialise_s = allocated.elapsed().as_secs_f64();
         trainer.setup = setup;
@@ -190,6 +229,7 @@ impl<B: Backend> Trainer<B> {
     fn initialise(&mut self, seed: u64) -> Result<(), RuntimeError> {
         let buffers: Vec<Buffer> = self.replay.plan().buffers.clone();
         let layers = self.report.plan.provenance.model.layers;
+        let (rank, ranks, vocab) = (self.rank, self.ranks, self.context.vocab);
         let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
         let mut jobs = Vec::new(); // (parameter, its optimizer state)
         for (index, buffer) in buffers.iter().enumerate().filter(|(_, b)| b.kind == BufferKind::Parameter) {
@@ -211,7 +251,9 @@ impl<B: Backend> Trainer<B> {
             scope.spawn(move || {
                 for &(index, _) in jobs {
                     let Ok((mut bytes, mut state_bytes)) = spare.recv() else { return };
-                    draw_parameter_and_state(seed, &buffers[index], layers, threads, &mut bytes, &mut state_bytes);
+                    let buffer = &buffers[index];
+                    let shard = Shard::of(buffer.role, rank, ranks, vocab);
+                    draw_parameter_and_state(seed, buffer, layers, shard, threads, &mut bytes, &mut state_bytes);
                     if drawn_sender.send((bytes, state_bytes)).is_err() {
                         return;
                     }
@@ -227,10 +269,10 @@ impl<B: Backend> Trainer<B> {
         })
     }
 
-    /// One training step on `tokens` with next-token `targets` (`micro_batch * seq_len` each);
-    /// returns the mean loss.
+    /// One training step on `tokens` with next-token `targets` (`micro_batch * seq_len` each;
+    /// on a rank of a tensor-parallel group, its `1/t` of the rows); returns the mean loss.
     pub fn step(&mut self, tokens: &[u32], targets: &[u32]) -> Result<f32, RuntimeError> {
-        let expected = (self.context.loss_scale_tokens) as usize;
+        let expected = (self.replay.span(self.tokens).len / 4) as usize;
         if tokens.len() != expected || targets.len() != expected {
             return Err(TokenError::StepLength { expected, tokens: tokens.len(), targets: targets.len() }.into());
         }
@@ -247,7 +289,7 @@ impl<B: Backend> Trainer<B> {
         self.replay.run(&mut self.backend, &context)?;
         let loss = self.backend.download(self.replay.span(self.loss))?;
         let sum = f32::from_le_bytes([loss[0], loss[1], loss[2], loss[3]]);
-        Ok(sum / expected as f32)
+        Ok(sum / self.context.loss_scale_tokens as f32)
     }
 
     /// Every parameter's bytes, keyed by (role, layer) and sorted by it: comparable across
@@ -281,6 +323,13 @@ impl<B: Backend> Trainer<B> {
 
     /// The model's state (parameters and optimizer state) as a checkpoint.
     pub fn checkpoint(&mut self, fingerprint: u64, data_position: u64) -> Result<Checkpoint, RuntimeError> {
+        let mut tensors = self.state_tensors()?;
+        tensors.sort_by_key(|t| (t.kind, t.role, t.layer, t.rank));
+        Ok(Checkpoint { fingerprint, step: self.step, data_position, ranks: 1, tensors })
+    }
+
+    /// Every parameter and optimizer state of this rank, untagged (`rank: None`).
+    fn state_tensors(&mut self) -> Result<Vec<SavedTensor>, RuntimeError> {
         let mut tensors = Vec::new();
         for (index, buffer) in self.replay.plan().buffers.iter().enumerate() {
             let kind = match buffer.kind {
@@ -289,10 +338,9 @@ impl<B: Backend> Trainer<B> {
                 _ => continue,
             };
             let bytes = self.backend.download(self.replay.span(BufferId(index as u32)))?;
-            tensors.push(SavedTensor { kind, role: buffer.role, layer: buffer.layer, bytes });
+            tensors.push(SavedTensor { kind, role: buffer.role, layer: buffer.layer, rank: None, bytes });
         }
-        tensors.sort_by_key(|t| (t.kind, t.role, t.layer));
-        Ok(Checkpoint { fingerprint, step: self.step, data_position, tensors })
+        Ok(tensors)
     }
 
     /// Restores a checkpoint's state; it must hold exactly this model's tensors.
@@ -300,18 +348,39 @@ impl<B: Backend> Trainer<B> {
         if checkpoint.fingerprint != fingerprint {
             return Err(CheckpointMismatch::OtherModel.into());
         }
+        if u64::from(checkpoint.ranks) != self.ranks {
+            return Err(CheckpointMismatch::Ranks { saved: checkpoint.ranks, running: self.ranks }.into());
+        }
+        let used = self.restore_tensors(checkpoint)?;
+        if used.len() != checkpoint.tensors.len() {
+            return Err(CheckpointMismatch::Extra.into());
+        }
+        self.step = checkpoint.step;
+        Ok(())
+    }
+
+    /// Uploads this rank's tensors of `checkpoint` (its own shards and the whole ones); returns
+    /// the indices of the tensors it used.
+    fn restore_tensors(&mut self, checkpoint: &Checkpoint) -> Result<Vec<usize>, RuntimeError> {
         let buffers = self.replay.plan().buffers.clone();
-        let mut restored = 0usize;
+        let mut used = Vec::new();
         for (index, buffer) in buffers.iter().enumerate() {
             let kind = match buffer.kind {
                 BufferKind::Parameter => StateKind::Parameter,
                 BufferKind::OptimizerState => StateKind::OptimizerState,
                 _ => continue,
             };
-            let saved = checkpoint
+            let rank = u32::try_from(self.rank).ok();
+            let (at, saved) = checkpoint
                 .tensors
                 .iter()
-                .find(|t| t.kind == kind && t.role == buffer.role && t.layer == buffer.layer)
+                .enumerate()
+                .find(|(_, t)| {
+                    t.kind == kind
+                        && t.role == buffer.role
+                        && t.layer == buffer.layer
+                        && (t.rank.is_none() || t.rank == rank)
+                })
                 .ok_or(CheckpointMismatch::Missing(*buffer))?;
             let span = self.replay.span(BufferId(index as u32));
             if saved.bytes.len() as u64 != span.len {
@@ -320,13 +389,10 @@ impl<B: Backend> Trainer<B> {
                 );
             }
             self.backend.upload(span, &saved.bytes)?;
-            restored += 1;
-        }
-        if restored != checkpoint.tensors.len() {
-            return Err(CheckpointMismatch::Extra.into());
+            used.push(at);
         }
         self.step = checkpoint.step;
-        Ok(())
+        Ok(used)
     }
 
     /// The measured timeline of the last step, when the backend measures
@@ -347,14 +413,18 @@ impl<B: Backend> Trainer<B> {
             let Some(i) = plan.instructions.get(instruction) else { continue };
             timeline.spans[instruction] = memo_plan_core::simulate::Span { start_s, end_s };
             timeline.step_time_s = timeline.step_time_s.max(end_s);
+            // The timeline's sums cover the compute and copy streams (the collective stream's
+            // spans are in `spans`).
             let s = i.stream.index();
-            match &i.action {
-                memo_plan_core::plan::Action::Wait(_) => timeline.stall_s[s] += end_s - start_s,
-                memo_plan_core::plan::Action::Launch(launch) => {
-                    flops = flops.saturating_add(launch.flops);
-                    timeline.busy_s[s] += end_s - start_s;
-                }
-                _ => timeline.busy_s[s] += end_s - start_s,
+            if let memo_plan_core::plan::Action::Launch(launch) = &i.action {
+                flops = flops.saturating_add(launch.flops);
+            }
+            let sums = match &i.action {
+                memo_plan_core::plan::Action::Wait(_) => &mut timeline.stall_s,
+                _ => &mut timeline.busy_s,
+            };
+            if let Some(sum) = sums.get_mut(s) {
+                *sum += end_s - start_s;
             }
         }
         timeline.flops_per_s = flops as f64 / timeline.busy_s[0].max(f64::MIN_POSITIVE);
@@ -380,12 +450,15 @@ impl<B: Backend> Trainer<B> {
 /// Elements one thread draws at a time when initialising a parameter (whole rows of them).
 const INITIAL_BLOCK: usize = 1 << 18;
 
-/// One block of a parameter to draw: its first element, its bf16 bytes and its state rows.
-type InitialBlock<'a> = (usize, &'a mut [u8], &'a mut [u8]);
+/// One block of a parameter to draw: the `t = 1` tensor's element its first element is (`None`:
+/// padding, zero), its bf16 bytes and its state rows.
+type InitialBlock<'a> = (Option<usize>, &'a mut [u8], &'a mut [u8]);
 
 /// Writes into `bytes` a parameter's initial bf16 bytes and into `state_bytes` its optimizer
 /// state's: per row, master weights (the bf16 values widened to f32), then m and v (zeros). The
-/// buffers are resized to fit and every byte is written, whatever they held. Drawn in blocks of
+/// buffers are resized to fit and every byte is written, whatever they held. On a rank of a
+/// tensor-parallel group the values are those of `shard`'s slice of the `t = 1` tensor (drawn
+/// from the same generator at the same positions; padding rows are zero). Drawn in blocks of
 /// whole rows on `threads` threads: a 1B-parameter model draws 10^9 normals, tens of seconds on
 /// one core (on the H200 machine's 16 cores, initialising took 19-20 s when each buffer was
 /// drawn on one thread and 6.5-7.5 s drawn in blocks, draw and upload not timed apart;
@@ -395,28 +468,43 @@ fn draw_parameter_and_state(
     seed: u64,
     buffer: &Buffer,
     layers: u32,
+    shard: Shard,
     threads: usize,
     bytes: &mut Vec<u8>,
     state_bytes: &mut Vec<u8>,
 ) {
     let elements = (buffer.rows * buffer.row_bytes / 2) as usize;
     let per_row = ((buffer.row_bytes / 2) as usize).max(1);
-    let block = (INITIAL_BLOCK / per_row).max(1) * per_row;
+    let block_rows = (INITIAL_BLOCK / per_row).max(1);
     let draw = InitialValues::of(seed, buffer, layers);
     // Only a grown tail is zeroed here; `fill` writes every byte of every block.
     bytes.resize(elements * 2, 0);
     state_bytes.resize(elements * 12, 0);
-    let mut jobs: Vec<InitialBlock> = bytes
-        .chunks_mut(block * 2)
-        .zip(state_bytes.chunks_mut(block * 12))
-        .enumerate()
-        .map(|(i, (values, state))| (i * block, values, state))
-        .collect();
+    let mut jobs: Vec<InitialBlock> = Vec::new();
+    let (mut values, mut state) = (bytes.as_mut_slice(), state_bytes.as_mut_slice());
+    for (rows, first) in shard.runs(buffer.rows, per_row as u64) {
+        let mut done = 0;
+        while done < rows as usize {
+            let n = block_rows.min(rows as usize - done);
+            let (value_bytes, state_len) = ((n * per_row * 2).min(values.len()), (n * per_row * 12).min(state.len()));
+            let (block, rest) = std::mem::take(&mut values).split_at_mut(value_bytes);
+            values = rest;
+            let (block_state, rest) = std::mem::take(&mut state).split_at_mut(state_len);
+            state = rest;
+            jobs.push((first.map(|f| f as usize + done * per_row), block, block_state));
+            done += n;
+        }
+    }
+    let run = |(first, values, state): InitialBlock| match first {
+        Some(first) => draw.fill(first, per_row, values, state),
+        None => {
+            values.fill(0);
+            state.fill(0);
+        }
+    };
     let threads = threads.clamp(1, jobs.len().max(1));
     if threads == 1 {
-        for (first, values, state) in jobs {
-            draw.fill(first, per_row, values, state);
-        }
+        jobs.into_iter().for_each(run);
     } else {
         let mut shares: Vec<Vec<InitialBlock>> = (0..threads).map(|_| Vec::new()).collect();
         for (i, job) in jobs.drain(..).enumerate() {
@@ -424,12 +512,8 @@ fn draw_parameter_and_state(
         }
         std::thread::scope(|scope| {
             for share in shares {
-                let draw = &draw;
-                scope.spawn(move || {
-                    for (first, values, state) in share {
-                        draw.fill(first, per_row, values, state);
-                    }
-                });
+                let run = &run;
+                scope.spawn(move || share.into_iter().for_each(run));
             }
         });
     }
@@ -506,6 +590,70 @@ mod tests {
         assert_eq!(AdamW { warmup_steps: 0, ..adamw }.lr_at(1), 8e-4);
     }
 
+    /// Rank-aware initialisation: every rank's shard is the matching slice of the `t = 1`
+    /// tensor (`spec/tensor-parallel.md` §2), padding rows zero, and the optimizer state's master
+    /// weights are its values.
+    #[test]
+    fn every_ranks_shard_is_the_matching_slice_of_the_whole_tensor() {
+        let (layers, vocab) = (2, 10);
+        for (role, full_rows, full_per_row) in [
+            (TensorRole::QueryWeight, 8, 6),
+            (TensorRole::Fc1Bias, 1, 12),
+            (TensorRole::Fc2Weight, 5, 12),
+            (TensorRole::Embedding, vocab, 4),
+            (TensorRole::NormScale2, 1, 6),
+        ] {
+            let buffer = |rows: u64, per_row: u64| Buffer {
+                kind: BufferKind::Parameter,
+                role,
+                layer: Some(1),
+                slot: 0,
+                rows,
+                first_row: 0,
+                row_bytes: 2 * per_row,
+                place: Place::Device { offset: 0 },
+            };
+            let whole = buffer(full_rows, full_per_row);
+            let (mut full, mut full_state) = (Vec::new(), Vec::new());
+            draw_parameter_and_state(3, &whole, layers, Shard::Whole, 2, &mut full, &mut full_state);
+            for t in [2u64, 3, 4] {
+                let (rows, per_row) = match Shard::of(role, 0, t, vocab) {
+                    Shard::Rows { .. } if full_rows % t == 0 => (full_rows / t, full_per_row),
+                    Shard::Columns { .. } if full_per_row % t == 0 => (full_rows, full_per_row / t),
+                    Shard::VocabRows { .. } => (vocab.div_ceil(t), full_per_row),
+                    Shard::Whole => (full_rows, full_per_row),
+                    _ => continue,
+                };
+                let shard_buffer = buffer(rows, per_row);
+                let mut shards = Vec::new();
+                for rank in 0..t {
+                    let (mut bytes, mut state) = (Vec::new(), Vec::new());
+                    let shard = Shard::of(role, rank, t, vocab);
+                    draw_parameter_and_state(3, &shard_buffer, layers, shard, 3, &mut bytes, &mut state);
+                    for (row, row_state) in state.chunks(per_row as usize * 12).enumerate() {
+                        for column in 0..per_row as usize {
+                            let at = (row * per_row as usize + column) * 2;
+                            let value = bf16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32();
+                            let master = f32::from_le_bytes(row_state[4 * column..4 * column + 4].try_into().unwrap());
+                            assert_eq!(master.to_bits(), value.to_bits(), "{role:?} t {t} rank {rank}");
+                        }
+                    }
+                    if let Shard::VocabRows { .. } = shard {
+                        let held = vocab.saturating_sub(rank * rows).min(rows);
+                        let padding = &bytes[(held * per_row * 2) as usize..];
+                        assert!(padding.iter().all(|&b| b == 0), "{role:?} t {t} rank {rank}: padding is zero");
+                    }
+                    shards.push(bytes);
+                }
+                let reassembled = Shard::reassemble(role, &shard_buffer, vocab, 2, &shards).unwrap();
+                assert_eq!(reassembled, full, "{role:?} t {t}");
+                if !matches!(role, TensorRole::NormScale2 | TensorRole::Fc1Bias) && t > 1 {
+                    assert_ne!(shards[0], shards[1], "{role:?} t {t}: ranks hold different slices");
+                }
+            }
+        }
+    }
+
     /// Drawing in blocks on several threads gives the bytes of one generator drawn element by
     /// element (what initialisation did before it was parallel, and what checkpoints hold).
     #[test]
@@ -527,7 +675,7 @@ mod tests {
                 place: Place::Device { offset: 0 },
             };
             let drawn = |threads: usize, reused: &mut (Vec<u8>, Vec<u8>)| {
-                draw_parameter_and_state(7, &buffer, layers, threads, &mut reused.0, &mut reused.1);
+                draw_parameter_and_state(7, &buffer, layers, Shard::Whole, threads, &mut reused.0, &mut reused.1);
                 reused.clone()
             };
             let one_thread = drawn(1, &mut (Vec::new(), Vec::new()));

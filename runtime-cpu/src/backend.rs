@@ -9,6 +9,12 @@
 //! and events, refusing an event it did not allocate rather than passing a wait on it. Inside one
 //! launch or copy, arguments that overlap with a write are refused before any slice is made; in
 //! checked mode, an access the executed events do not order is refused before it is made.
+//!
+//! With a group ([`CpuBackend::with_collectives`]) the backend is one rank of a tensor-parallel
+//! group: the plan's collective launches (`all_gather`, `reduce_scatter`, `all_reduce_*`) go to
+//! the group on the stream the plan puts them on (the collective stream), where they block until
+//! every rank has issued them. A stream error aborts the group, so the other ranks' collectives
+//! fail rather than wait for this one.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
@@ -16,7 +22,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use memo_plan_core::plan::{Access, EventId, Op, Stream};
-use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
+use memo_runtime::collective::Collective;
+use memo_runtime::{Backend, BackendError, Collectives, KernelArg, KernelContext, MemoryReport, Space, Span};
 
 use crate::checked::Shadow;
 use crate::memory::Memory;
@@ -51,6 +58,8 @@ enum Command {
 struct Shared {
     state: Mutex<SharedState>,
     changed: Condvar,
+    /// The tensor-parallel group this backend is a rank of, if any.
+    group: Option<Arc<dyn Collectives>>,
 }
 
 struct SharedState {
@@ -66,8 +75,13 @@ struct SharedState {
 type Timing = (usize, f64, f64);
 
 impl Shared {
+    /// Records the step's first error and wakes every waiting stream; a rank of a group also
+    /// aborts the group, so that no other rank waits for its collectives.
     fn fail(&self, error: BackendError) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(group) = &self.group {
+            group.abort(&error.to_string());
+        }
         state.error.get_or_insert(error);
         self.changed.notify_all();
     }
@@ -107,6 +121,7 @@ impl CpuBackend {
         let shared = Arc::new(Shared {
             state: Mutex::new(SharedState { recorded: Vec::new(), error: None, timing: None, last_timing: Vec::new() }),
             changed: Condvar::new(),
+            group: None,
         });
         CpuBackend {
             memory: None,
@@ -135,6 +150,26 @@ impl CpuBackend {
         let mut backend = Self::new();
         backend.shadow = Some(Arc::new(Shadow::default()));
         backend
+    }
+
+    /// Makes this backend rank `group.rank()` of a tensor-parallel group: the plan's collective
+    /// launches run on `group` (without one they are refused, as on a single GPU). Call before
+    /// [`Backend::allocate`]; it stops any stream threads, so memory must be allocated again.
+    pub fn with_collectives(mut self, group: Arc<dyn Collectives>) -> Self {
+        self.stop_workers();
+        self.memory = None;
+        let timing = self.shared.state.lock().unwrap_or_else(|p| p.into_inner()).timing.take();
+        self.shared = Arc::new(Shared {
+            state: Mutex::new(SharedState { recorded: Vec::new(), error: None, timing, last_timing: Vec::new() }),
+            changed: Condvar::new(),
+            group: Some(group),
+        });
+        self
+    }
+
+    /// The group this backend is a rank of, if any.
+    pub fn collectives(&self) -> Option<&Arc<dyn Collectives>> {
+        self.shared.group.as_ref()
     }
 
     fn memory(&self) -> Result<&Arc<Memory>, BackendError> {
@@ -257,7 +292,7 @@ fn run_command(command: Command, context: &WorkerContext) {
                 if !check_access(context, instruction, &reads, &writes) {
                     return;
                 }
-                if let Err(message) = launch(memory, op, &args, &kernel) {
+                if let Err(message) = launch(memory, op, &args, &kernel, shared.group.as_deref()) {
                     shared.fail(BackendError::Kernel { instruction, message });
                 }
             }
@@ -301,8 +336,15 @@ fn run_command(command: Command, context: &WorkerContext) {
     }
 }
 
-/// Runs one kernel on the arena: checks the arguments, makes the slices, calls the op.
-fn launch(memory: &Memory, op: Op, args: &[KernelArg], context: &KernelContext) -> Result<(), String> {
+/// Runs one kernel on the arena: checks the arguments, makes the slices, calls the op (a
+/// collective: the group's call, when the backend has a group).
+fn launch(
+    memory: &Memory,
+    op: Op,
+    args: &[KernelArg],
+    context: &KernelContext,
+    group: Option<&dyn Collectives>,
+) -> Result<(), String> {
     for (i, a) in args.iter().enumerate() {
         if a.span.space != Space::Device {
             return Err(format!("{}: argument {i} is not in the device arena", op.name()));
@@ -316,6 +358,9 @@ fn launch(memory: &Memory, op: Op, args: &[KernelArg], context: &KernelContext) 
         }
     }
     let mut views = memory.views(args)?;
+    if let (Some(collective), Some(group)) = (Collective::of_op(op), group) {
+        return run_collective(op, collective, group, &mut views);
+    }
     let mut kernel_args: Vec<ops::Arg<'_>> = views
         .iter_mut()
         .zip(args)
@@ -334,7 +379,35 @@ fn launch(memory: &Memory, op: Op, args: &[KernelArg], context: &KernelContext) 
         loss_scale_tokens: context.loss_scale_tokens as usize,
         adamw: context.adamw,
     };
-    ops::execute(op, &mut kernel_args, &ctx).map_err(|e| e.to_string())
+    let group = ops::Group {
+        rank: usize::try_from(context.rank).unwrap_or(usize::MAX),
+        ranks: usize::try_from(context.ranks).unwrap_or(usize::MAX),
+    };
+    ops::execute_on_rank(op, &mut kernel_args, &ctx, group, ops::threads()).map_err(|e| e.to_string())
+}
+
+/// A collective launch on the group: `(x read, y written)`, or `x` read and written in place
+/// for an all-reduce; the accesses must be the signature's.
+fn run_collective(
+    op: Op,
+    collective: Collective,
+    group: &dyn Collectives,
+    views: &mut [crate::memory::View<'_>],
+) -> Result<(), String> {
+    let mut data: Vec<ops::ArgData<'_>> = views.iter_mut().map(crate::memory::View::take).collect();
+    let result = match (collective.in_place(), data.as_mut_slice()) {
+        (true, [ops::ArgData::Write(x)]) => collective.run(group, &[], x),
+        (false, [ops::ArgData::Read(x), ops::ArgData::Write(y)]) => collective.run(group, x, y),
+        _ => {
+            return Err(format!(
+                "{}: a collective launch needs {} (the op's signature), got {} argument(s)",
+                op.name(),
+                if collective.in_place() { "one argument read and written" } else { "x read and y written" },
+                data.len()
+            ))
+        }
+    };
+    result.map_err(|e| format!("{}: {e}", op.name()))
 }
 
 impl Backend for CpuBackend {

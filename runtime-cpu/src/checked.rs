@@ -17,7 +17,10 @@ use std::sync::Mutex;
 use memo_plan_core::plan::{EventId, Stream};
 use memo_runtime::{Space, Span};
 
-type Clock = [u64; 3];
+/// Streams of a plan: one clock entry and one latest read per stream.
+const STREAMS: usize = Stream::ALL.len();
+
+type Clock = [u64; STREAMS];
 
 /// The last write of a byte range and the latest read of each stream since.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,12 +29,12 @@ struct Segment {
     /// (stream, its tick, instruction) of the last write.
     write: Option<(usize, u64, usize)>,
     /// Per stream: (tick, instruction) of its latest read since that write.
-    reads: [Option<(u64, usize)>; 3],
+    reads: [Option<(u64, usize)>; STREAMS],
 }
 
 #[derive(Default)]
 struct State {
-    clocks: [Clock; 3],
+    clocks: [Clock; STREAMS],
     events: Vec<Option<Clock>>,
     /// Per space: segments keyed by their start, disjoint.
     spaces: [BTreeMap<u64, Segment>; 2],
@@ -113,12 +116,12 @@ impl Shadow {
                 let existing: Vec<(u64, Segment)> = map.range(span.offset..end).map(|(&k, &v)| (k, v)).collect();
                 for (start, segment) in &existing {
                     if *start > cursor {
-                        map.insert(cursor, Segment { end: *start, write: None, reads: [None; 3] });
+                        map.insert(cursor, Segment { end: *start, write: None, reads: [None; STREAMS] });
                     }
                     cursor = segment.end;
                 }
                 if cursor < end {
-                    map.insert(cursor, Segment { end, write: None, reads: [None; 3] });
+                    map.insert(cursor, Segment { end, write: None, reads: [None; STREAMS] });
                 }
                 for segment in map.range_mut(span.offset..end).map(|(_, v)| v) {
                     if let Some((other, tick, by)) = segment.write {
@@ -146,7 +149,7 @@ impl Shadow {
                             }
                         }
                         segment.write = Some((s, clock[s], instruction));
-                        segment.reads = [None; 3];
+                        segment.reads = [None; STREAMS];
                     } else {
                         segment.reads[s] = Some((clock[s], instruction));
                     }

@@ -81,8 +81,16 @@ fn checked_mode_catches_a_missing_wait_at_run_time() {
     let replay = unsafe { Replay::new_unchecked(plan) }.unwrap();
     let mut backend = CpuBackend::checked();
     replay.allocate(&mut backend).unwrap();
-    let context =
-        KernelContext { hidden: 32, heads: 2, seq_len: 32, vocab: 256, loss_scale_tokens: 32, adamw: AdamW::default() };
+    let context = KernelContext {
+        hidden: 32,
+        heads: 2,
+        seq_len: 32,
+        vocab: 256,
+        loss_scale_tokens: 32,
+        adamw: AdamW::default(),
+        rank: 0,
+        ranks: 1,
+    };
     match replay.run(&mut backend, &context) {
         Err(RuntimeError::Backend(BackendError::Unordered(message))) => {
             assert!(message.contains("no event"), "{message}");

@@ -164,6 +164,8 @@ fn context() -> KernelContext {
         vocab: VOCAB,
         loss_scale_tokens: ROWS,
         adamw: AdamW { step: 3, ..AdamW::default() },
+        rank: 0,
+        ranks: 1,
     }
 }
 

@@ -327,6 +327,8 @@ fn one_plan_file_is_accepted_by_every_backend_unchanged() {
         vocab: model.vocab,
         loss_scale_tokens: model.seq_len * model.micro_batch,
         adamw: AdamW::default(),
+        rank: 0,
+        ranks: 1,
     };
     let mut ran = Vec::new();
     for case in [&CPU, &CUDA, &HIP] {

@@ -99,7 +99,8 @@ fn is_backward(op: Op) -> bool {
 pub fn chrome_trace(plan: &Plan, name: &str) -> Result<String, String> {
     let timeline = simulate::simulate(plan).map_err(|e| format!("the cost model cannot time {name}: {e}"))?;
     let time_model =
-        "spec/cost-model.md section 7: launches take FLOPs / rate (memory-bound ones 0), copies bytes / bandwidth";
+        "spec/cost-model.md section 7: launches take FLOPs / rate (memory-bound ones 0), copies bytes / bandwidth, \
+         collectives their ring time";
     Ok(trace_of(plan, name, &timeline, "memo show --chrome-trace", time_model))
 }
 
@@ -115,6 +116,7 @@ pub fn trace_of(plan: &Plan, name: &str, timeline: &Timeline, generator: &str, t
             Stream::Compute => "compute",
             Stream::DeviceToHost => "d2h (device to host)",
             Stream::HostToDevice => "h2d (host to device)",
+            Stream::Collective => "collective (tensor-parallel group)",
         };
         let tid = stream.index();
         metadata.push(json!({"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": label}}));

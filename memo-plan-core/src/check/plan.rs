@@ -6,7 +6,7 @@
 //! catch their bugs. It reports every violation it finds, sorted by (instruction, buffer).
 //!
 //! The algorithm is one pass over the instructions in list order:
-//! - *happens-before* by vector clocks over the three streams: each instruction ticks its
+//! - *happens-before* by vector clocks over the four streams: each instruction ticks its
 //!   stream's own component; `Record(e)` stores the stream's clock in `e`; `Wait(e)` joins `e`'s
 //!   clock into the waiting stream's. An access `A` happens-before the current instruction iff
 //!   they are on the same stream or `A`'s tick is at most what the current stream knows of `A`'s
@@ -32,13 +32,16 @@ mod swap_mutations;
 #[cfg(test)]
 mod tests;
 
+use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
-use crate::plan::{Access, Action, BufferId, BufferKind, EventId, Launch, Place, Plan, Region, Stream};
+use crate::plan::{
+    Access, Action, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, Plan, Region, Stream, STREAMS,
+};
 
 pub use checked::CheckedPlan;
-pub use violation::{BufferRef, ByteRange, PlanViolation, Space, Total};
+pub use violation::{BufferRef, ByteRange, CollectiveCall, PlanViolation, Space, Total};
 
 /// Checks `plan` against every rule of `spec/validity.md`; returns all violations, sorted by
 /// [`PlanViolation::sort_key`], or `Ok(())`. Never panics, whatever the plan holds.
@@ -49,6 +52,8 @@ pub fn check_plan(plan: &Plan) -> Result<(), Vec<PlanViolation>> {
     let live = live_ranges(plan);
     check_overlap(plan, &extents, &live, &mut violations);
     check_totals(plan, &extents, &live, &mut violations);
+    check_collective_sizes(plan, &mut violations);
+    check_rank_programs(plan, &extents, &mut violations);
     if violations.is_empty() {
         return Ok(());
     }
@@ -119,7 +124,7 @@ struct Touch {
 
 impl Touch {
     /// Whether this access happens-before an instruction on `stream` whose clock is `clock`.
-    fn happens_before(&self, stream: Stream, clock: &[u64; 3]) -> bool {
+    fn happens_before(&self, stream: Stream, clock: &[u64; STREAMS]) -> bool {
         self.stream == stream || self.tick <= clock[self.stream.index()]
     }
 }
@@ -128,7 +133,7 @@ impl Touch {
 #[derive(Clone, Copy, Debug, Default)]
 struct Cell {
     writer: Option<Touch>,
-    readers: [Option<Touch>; 3],
+    readers: [Option<Touch>; STREAMS],
 }
 
 /// One address space: disjoint segments `start -> (end, cell)` covering `[0, u64::MAX)`.
@@ -185,10 +190,10 @@ struct Simulation<'p> {
     plan: &'p Plan,
     extents: &'p [Option<Extent>],
     /// Each stream's vector clock.
-    clocks: [[u64; 3]; 3],
+    clocks: [[u64; STREAMS]; STREAMS],
     /// Event -> (the Record, the recording stream's clock). A map, not a vector: `plan.events`
     /// may be any u32.
-    recorded: BTreeMap<u32, (usize, [u64; 3])>,
+    recorded: BTreeMap<u32, (usize, [u64; STREAMS])>,
     /// Event -> its first Record in list order.
     first_record: BTreeMap<u32, usize>,
     arena: Bytes,
@@ -206,7 +211,7 @@ impl<'p> Simulation<'p> {
         Simulation {
             plan,
             extents,
-            clocks: [[0; 3]; 3],
+            clocks: [[0; STREAMS]; STREAMS],
             recorded: BTreeMap::new(),
             first_record,
             arena: Bytes::new(),
@@ -284,8 +289,9 @@ impl<'p> Simulation<'p> {
 
     /// Rule 1 for a launch, then its reads and its writes (rules 4 and 5).
     fn launch(&mut self, index: usize, stream: Stream, launch: &Launch, out: &mut Vec<PlanViolation>) {
-        if stream != Stream::Compute {
-            out.push(PlanViolation::LaunchOffCompute { instruction: index, op: launch.op, stream });
+        let expected = launch.op.stream();
+        if stream != expected {
+            out.push(PlanViolation::LaunchWrongStream { instruction: index, op: launch.op, stream, expected });
         }
         let signature = launch.op.signature();
         if signature.len() != launch.args.len() {
@@ -471,7 +477,7 @@ impl<'p> Simulation<'p> {
             for reader in cell.readers.iter().flatten().filter(|r| !r.happens_before(stream, &clock)) {
                 found.add(Problem::RaceWithRead, Some(*reader), start, *end);
             }
-            *cell = Cell { writer: Some(me), readers: [None; 3] };
+            *cell = Cell { writer: Some(me), readers: [None; STREAMS] };
         }
         found.report(self.plan, me, target.buffer, range.space, None, out);
     }
@@ -709,5 +715,110 @@ fn check_totals(
             lower_bound: totals.arena_lower_bound_bytes,
             arena_bytes: totals.arena_bytes,
         });
+    }
+}
+
+/// Bytes of `region` of its buffer (0 when the buffer does not exist, saturated on overflow).
+fn region_bytes(plan: &Plan, region: &Region) -> u64 {
+    plan.buffer(region.buffer).map_or(0, |b| region.end.saturating_sub(region.start).saturating_mul(b.row_bytes))
+}
+
+/// Rule 9, one program: every all-gather's output is `t` times its input, every reduce-scatter's
+/// input `t` times its output (in bytes).
+fn check_collective_sizes(plan: &Plan, out: &mut Vec<PlanViolation>) {
+    let ranks = plan.provenance.parallel.tensor;
+    for (instruction, i) in plan.instructions.iter().enumerate() {
+        let Action::Launch(launch) = &i.action else { continue };
+        let (Some(x), Some(y)) = (launch.args.first(), launch.args.get(1)) else { continue };
+        let (input_bytes, output_bytes) = (region_bytes(plan, &x.region), region_bytes(plan, &y.region));
+        let times = |bytes: u64| u128::from(bytes) * u128::from(ranks);
+        let wrong = match launch.op {
+            Op::AllGather => u128::from(output_bytes) != times(input_bytes),
+            Op::ReduceScatter => u128::from(input_bytes) != times(output_bytes),
+            _ => false,
+        };
+        if wrong {
+            out.push(PlanViolation::CollectiveSize { instruction, op: launch.op, ranks, input_bytes, output_bytes });
+        }
+    }
+}
+
+/// The collectives of `program` in issue order: (instruction, what rule 9 compares).
+fn collectives(plan: &Plan, program: &[Instruction]) -> Vec<(usize, CollectiveCall)> {
+    program
+        .iter()
+        .enumerate()
+        .filter_map(|(index, i)| match &i.action {
+            Action::Launch(launch) if launch.op.is_collective() => {
+                let bytes = launch.args.iter().map(|arg| region_bytes(plan, &arg.region)).collect();
+                Some((index, CollectiveCall { op: launch.op, bytes }))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The rank programs (`Plan::rank_programs`): ranks in `0..t` and increasing; every rule of one
+/// program (1-6, 8 and rule 9's sizes) on each, reported inside [`PlanViolation::InRankProgram`];
+/// and rule 9 across ranks: every rank's sequence of collectives equals rank 0's.
+fn check_rank_programs(plan: &Plan, extents: &[Option<Extent>], out: &mut Vec<PlanViolation>) {
+    if plan.rank_programs.is_empty() {
+        return;
+    }
+    let ranks = plan.provenance.parallel.tensor;
+    let mut previous: Option<u32> = None;
+    for (index, program) in plan.rank_programs.iter().enumerate() {
+        let rank = program.rank;
+        if u64::from(rank) >= ranks {
+            out.push(PlanViolation::BadRank { program: index, rank, ranks, previous: None });
+        } else if let Some(before) = previous.filter(|&before| rank <= before) {
+            out.push(PlanViolation::BadRank { program: index, rank, ranks, previous: Some(before) });
+        }
+        previous = Some(rank);
+        let view = Plan {
+            provenance: plan.provenance.clone(),
+            buffers: plan.buffers.clone(),
+            events: plan.events,
+            instructions: program.instructions.clone(),
+            rank_programs: Vec::new(),
+            totals: plan.totals,
+        };
+        let mut inner = Vec::new();
+        Simulation::new(&view, extents).run(&mut inner);
+        let live = live_ranges(&view);
+        check_overlap(&view, extents, &live, &mut inner);
+        check_collective_sizes(&view, &mut inner);
+        inner.sort_by_key(PlanViolation::sort_key);
+        out.extend(inner.into_iter().map(|v| PlanViolation::InRankProgram { rank, violation: Box::new(v) }));
+    }
+    // Rule 9 across ranks, against rank 0's program: each listed rank's, and the shared program
+    // when rank 0 has its own and some other rank runs the shared one.
+    let reference = collectives(plan, plan.program(0));
+    let listed = |rank: u32| plan.rank_programs.iter().any(|p| p.rank == rank);
+    let mut others: Vec<(u32, &[Instruction])> = plan
+        .rank_programs
+        .iter()
+        .filter(|p| p.rank != 0 && u64::from(p.rank) < ranks)
+        .map(|p| (p.rank, &p.instructions[..]))
+        .collect();
+    if listed(0) {
+        // The first rank that runs the shared program, if any (at most one more than listed).
+        let limit = ranks.min(plan.rank_programs.len() as u64 + 2);
+        if let Some(rank) = (1..limit).filter_map(|k| u32::try_from(k).ok()).find(|&k| !listed(k)) {
+            others.push((rank, &plan.instructions[..]));
+        }
+    }
+    for (rank, program) in others {
+        let found = collectives(plan, program);
+        let length = reference.len().max(found.len());
+        if let Some(position) = (0..length).find(|&n| reference.get(n).map(|c| &c.1) != found.get(n).map(|c| &c.1)) {
+            out.push(PlanViolation::CollectiveMismatch {
+                rank,
+                position,
+                instruction: found.get(position).map(|c| c.0),
+                expected: reference.get(position).map(|c| c.1.clone()),
+                found: found.get(position).map(|c| c.1.clone()),
+            });
+        }
     }
 }

@@ -120,7 +120,15 @@ pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
         None
     };
     let budget_nodes = if u.ratio(1, 4)? { u.int_in_range(0..=OPTIONS.small_budget_max)? } else { PLAN_BUDGET_NODES };
-    Ok(PlanRequest { model, parallel, hardware, strategy, forced_alpha, budget_nodes })
+    let mut interconnect = crate::model::Interconnect::for_hardware(&hardware);
+    if u.ratio(1, 8)? {
+        // Any link: from 1 byte/s (collectives dominate the step) up, any latency to a second.
+        interconnect = crate::model::Interconnect {
+            bytes_per_s: u.int_in_range(1..=u64::MAX)?,
+            latency_ns: u.int_in_range(0..=1_000_000_000)?,
+        };
+    }
+    Ok(PlanRequest { model, parallel, hardware, interconnect, strategy, forced_alpha, budget_nodes })
 }
 
 /// A short description of a request for panic messages (the `Debug` form is long).

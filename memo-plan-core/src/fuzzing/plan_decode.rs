@@ -18,11 +18,11 @@ use core::fmt;
 
 use arbitrary::{Arbitrary, Result, Unstructured};
 
-use crate::model::{Hardware, ModelConfig, Parallelism};
+use crate::model::{Hardware, Interconnect, ModelConfig, Parallelism};
 use crate::plan::encode::{reseal, ALPHA_BOUNDS, HEADER_BYTES};
 use crate::plan::{
     Action, Arg, Buffer, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, PlacementSummary, Plan,
-    PlanDecodeError, Provenance, Region, Strategy, Stream, TensorRole, TensorRows, Totals,
+    PlanDecodeError, Provenance, RankProgram, Region, Strategy, Stream, TensorRole, TensorRows, Totals,
 };
 
 /// The shape of generated plans.
@@ -156,10 +156,12 @@ fn provenance(u: &mut Unstructured<'_>) -> Result<Provenance> {
         2 => -0.0,
         _ => f64::from(u.arbitrary::<u32>()?) / f64::from(u32::MAX),
     };
+    let interconnect = Interconnect { bytes_per_s: u.arbitrary()?, latency_ns: u.arbitrary()? };
     Ok(Provenance {
         model,
         parallel,
         hardware,
+        interconnect,
         strategy: *u.choose(&Strategy::ALL)?,
         alpha,
         alpha_bound: *u.choose(&ALPHA_BOUNDS)?,
@@ -256,11 +258,21 @@ impl<'a> Arbitrary<'a> for GeneratedPlan {
                 instructions.push(instruction(u, &buffers, events)?);
             }
         }
+        let mut rank_programs = Vec::new();
+        if (!buffers.is_empty() || events > 0) && u.ratio(1, 4)? {
+            for _ in 0..u.int_in_range(1..=2u8)? {
+                let mut program = Vec::new();
+                for _ in 0..u.int_in_range(0..=OPTIONS.max_instructions)? {
+                    program.push(instruction(u, &buffers, events)?);
+                }
+                rank_programs.push(RankProgram { rank: u.arbitrary()?, instructions: program });
+            }
+        }
         let mut mutations = Vec::new();
         for _ in 0..u.int_in_range(0..=OPTIONS.max_mutations)? {
             mutations.push((u.arbitrary()?, u.arbitrary()?));
         }
-        let plan = Plan { provenance, buffers, events, instructions, totals };
+        let plan = Plan { provenance, buffers, events, instructions, rank_programs, totals };
         Ok(GeneratedPlan { plan, mutations, reseal: u.arbitrary()? })
     }
 }

@@ -59,7 +59,7 @@ use arbitrary::{Arbitrary, Result, Unstructured};
 use super::plan::{checked_plan, describe, request};
 use crate::check::plan::Total;
 use crate::check::{check_plan, PlanViolation};
-use crate::plan::{Action, BufferId, Place, Plan, Region, Strategy, Stream};
+use crate::plan::{Action, BufferId, Place, Plan, Region, Strategy, Stream, STREAMS};
 use crate::planner::PlanRequest;
 
 /// One kind of corruption (the module docs say what each does and why it is one).
@@ -89,11 +89,24 @@ pub enum Mutation {
     SwapInShiftedRows,
     /// A swap-in reads another layer's slot and names that layer (rule 8, reading side).
     SwapInRelabelled,
+    /// Remove a Wait on the collective stream, or compute's Wait for a collective, that orders
+    /// two conflicting accesses (rules 4 and 5: a collective's input or output unordered).
+    DropCollectiveWait,
+    /// Rank 1 runs its own program: the shared one with two different collectives swapped
+    /// (rule 9).
+    ReorderCollectives,
+    /// Rank 1 runs the shared program with one collective's first argument a row shorter or
+    /// longer (rule 9).
+    ResizeCollective,
+    /// Rank 1 runs the shared program without one of its collectives (rule 9).
+    SkipCollective,
+    /// An all-gather's output or a reduce-scatter's input a row short (rule 9's sizes).
+    MisSizeCollective,
 }
 
 impl Mutation {
     /// Every kind.
-    pub const ALL: [Mutation; 12] = [
+    pub const ALL: [Mutation; 17] = [
         Mutation::ShiftOffset,
         Mutation::DropWait,
         Mutation::MoveRecordAfterWait,
@@ -106,6 +119,20 @@ impl Mutation {
         Mutation::SwapInOtherTensor,
         Mutation::SwapInShiftedRows,
         Mutation::SwapInRelabelled,
+        Mutation::DropCollectiveWait,
+        Mutation::ReorderCollectives,
+        Mutation::ResizeCollective,
+        Mutation::SkipCollective,
+        Mutation::MisSizeCollective,
+    ];
+
+    /// The collective kinds (rules 4, 5 and 9 at `t > 1`).
+    pub const COLLECTIVE: [Mutation; 5] = [
+        Mutation::DropCollectiveWait,
+        Mutation::ReorderCollectives,
+        Mutation::ResizeCollective,
+        Mutation::SkipCollective,
+        Mutation::MisSizeCollective,
     ];
 
     /// The swap-identity kinds (rule 8 of `spec/validity.md`).
@@ -131,6 +158,11 @@ impl Mutation {
             Mutation::SwapInOtherTensor => "swap_in_other_tensor",
             Mutation::SwapInShiftedRows => "swap_in_shifted_rows",
             Mutation::SwapInRelabelled => "swap_in_relabelled",
+            Mutation::DropCollectiveWait => "drop_collective_wait",
+            Mutation::ReorderCollectives => "reorder_collectives",
+            Mutation::ResizeCollective => "resize_collective",
+            Mutation::SkipCollective => "skip_collective",
+            Mutation::MisSizeCollective => "mis_size_collective",
         }
     }
 }
@@ -166,6 +198,14 @@ impl<'a> Arbitrary<'a> for MutateCase {
             Mutation::Malform => matches!(detail % 13, 3 | 8..=12),
             _ => false,
         };
+        if Mutation::COLLECTIVE.contains(&mutation) && request.parallel.tensor == 1 {
+            // Collectives come with t > 1: double what t must divide (hidden stays heads * d).
+            let m = &mut request.model;
+            request.parallel.tensor = 2;
+            (m.heads, m.hidden, m.ffn_hidden, m.seq_len) = (2 * m.heads, 2 * m.hidden, 2 * m.ffn_hidden, 2 * m.seq_len);
+            // A measured layer time was drawn for the other shape.
+            request.hardware.measured_layer_forward_s = None;
+        }
         if needs_events {
             // Events and swap-ins come with swapping: layers 0 .. n-3 of memo and full-swap plans.
             request.model.layers = request.model.layers.max(3);
@@ -275,6 +315,11 @@ pub fn mutate(plan: &Plan, mutation: Mutation, target: u32, detail: u64) -> Opti
         | Mutation::SwapInOtherTensor
         | Mutation::SwapInShiftedRows
         | Mutation::SwapInRelabelled => swap_identity::swap_identity(&mut out, mutation, target, detail)?,
+        Mutation::DropCollectiveWait => drop_collective_wait(&mut out, target)?,
+        Mutation::ReorderCollectives | Mutation::ResizeCollective | Mutation::SkipCollective => {
+            rank_program(&mut out, mutation, target, detail)?
+        }
+        Mutation::MisSizeCollective => mis_size_collective(&mut out, target)?,
         Mutation::ChangeTotal => {
             let totals = &mut out.totals;
             let (total, field) = match target % 5 {
@@ -378,6 +423,118 @@ fn drop_wait(plan: &mut Plan, target: u32) -> Option<(String, Expected)> {
         }
     }
     None
+}
+
+/// A Wait on the collective stream, or a Wait of another stream on an event the collective stream
+/// recorded, whose removal leaves two conflicting accesses unordered.
+fn drop_collective_wait(plan: &mut Plan, target: u32) -> Option<(String, Expected)> {
+    let recorded_on_collective = |event: crate::plan::EventId| {
+        plan.instructions.iter().any(|i| i.stream == Stream::Collective && i.action == Action::Record(event))
+    };
+    let waits: Vec<usize> = (0..plan.instructions.len())
+        .filter(|&i| match plan.instructions[i].action {
+            Action::Wait(event) => plan.instructions[i].stream == Stream::Collective || recorded_on_collective(event),
+            _ => false,
+        })
+        .collect();
+    for step in 0..waits.len() {
+        let at = waits[(target as usize + step) % waits.len()];
+        let mut candidate = plan.clone();
+        let removed = candidate.instructions.remove(at);
+        if let Some((a, b)) = unordered_conflict(&candidate, at) {
+            *plan = candidate;
+            let what = format!("dropped instruction {at} ({:?} on {})", removed.action, removed.stream.name());
+            return Some((what, Expected::Unordered(a, b)));
+        }
+    }
+    None
+}
+
+/// The collective launches of `plan`'s shared program, by instruction index.
+fn collective_launches(plan: &Plan) -> Vec<usize> {
+    indices(plan, |a| matches!(a, Action::Launch(l) if l.op.is_collective()))
+}
+
+/// What rule 9 compares of a collective launch: its op and the bytes of each argument.
+fn collective_call(plan: &Plan, at: usize) -> Option<(crate::plan::Op, Vec<u64>)> {
+    let Action::Launch(launch) = &plan.instructions.get(at)?.action else { return None };
+    let bytes = launch
+        .args
+        .iter()
+        .map(|a| {
+            let row = plan.buffers.get(a.region.buffer.index()).map_or(0, |b| b.row_bytes);
+            (a.region.end - a.region.start).saturating_mul(row)
+        })
+        .collect();
+    Some((launch.op, bytes))
+}
+
+/// Gives rank 1 its own program: the shared one with two different collectives swapped, one
+/// collective's first argument a row shorter (or longer), or a collective left out.
+fn rank_program(plan: &mut Plan, mutation: Mutation, target: u32, detail: u64) -> Option<(String, Expected)> {
+    if plan.provenance.parallel.tensor < 2 {
+        return None;
+    }
+    let launches = collective_launches(plan);
+    if launches.is_empty() {
+        return None;
+    }
+    let first = target as usize % launches.len();
+    let at = launches[first];
+    let mut program = plan.instructions.clone();
+    let what = match mutation {
+        Mutation::ReorderCollectives => {
+            let call = collective_call(plan, at)?;
+            let other =
+                launches[first..].iter().copied().find(|&o| collective_call(plan, o).as_ref() != Some(&call))?;
+            program.swap(at, other);
+            format!("rank 1 runs instructions {at} and {other} (two collectives) in the other order")
+        }
+        Mutation::ResizeCollective => {
+            let Action::Launch(launch) = &mut program[at].action else { return None };
+            let region = &mut launch.args.first_mut()?.region;
+            let rows = plan.buffers.get(region.buffer.index())?.rows;
+            let grow = (detail.is_multiple_of(2) && region.end < rows) || region.end == region.start;
+            if grow {
+                if region.end >= rows {
+                    return None;
+                }
+                region.end += 1;
+            } else {
+                region.end -= 1;
+            }
+            format!("rank 1's collective at instruction {at} a row {}", if grow { "longer" } else { "shorter" })
+        }
+        _ => {
+            program.remove(at);
+            format!("rank 1 skips the collective at instruction {at}")
+        }
+    };
+    plan.rank_programs = alloc::vec![crate::plan::RankProgram { rank: 1, instructions: program }];
+    Some((what, Expected::Variant("collective_mismatch", None)))
+}
+
+/// An all-gather's output, or a reduce-scatter's input, one row short.
+fn mis_size_collective(plan: &mut Plan, target: u32) -> Option<(String, Expected)> {
+    let candidates = indices(
+        plan,
+        |a| matches!(a, Action::Launch(l) if matches!(l.op, crate::plan::Op::AllGather | crate::plan::Op::ReduceScatter)),
+    );
+    if candidates.is_empty() {
+        return None;
+    }
+    let at = candidates[target as usize % candidates.len()];
+    let Action::Launch(launch) = &mut plan.instructions[at].action else { return None };
+    let index = if launch.op == crate::plan::Op::AllGather { 1 } else { 0 };
+    let region = &mut launch.args.get_mut(index)?.region;
+    if region.end == region.start {
+        return None;
+    }
+    region.end -= 1;
+    Some((
+        format!("collective at instruction {at}: argument {index} a row short"),
+        Expected::Variant("collective_size", Some(at)),
+    ))
 }
 
 fn move_record_after_wait(plan: &mut Plan, target: u32, detail: u64) -> Option<(String, Expected)> {
@@ -526,9 +683,14 @@ fn malform(plan: &mut Plan, target: usize, detail: u64) -> Option<(String, Expec
                     (format!("instruction {at} argument {arg} marked {}", access.name()), "wrong_access", Some(at))
                 }
                 6 => {
-                    instruction.stream =
-                        if small.is_multiple_of(2) { Stream::DeviceToHost } else { Stream::HostToDevice };
-                    (format!("instruction {at} moved to {}", instruction.stream.name()), "launch_off_compute", Some(at))
+                    // Any stream but the op's own: a kernel off compute, or a collective off its stream.
+                    let own = launch.op.stream().index();
+                    instruction.stream = Stream::ALL[(own + 1 + small as usize % 3) % Stream::ALL.len()];
+                    (
+                        format!("instruction {at} moved to {}", instruction.stream.name()),
+                        "launch_wrong_stream",
+                        Some(at),
+                    )
                 }
                 _ => {
                     let host = has_host?;
@@ -555,11 +717,11 @@ fn malform(plan: &mut Plan, target: usize, detail: u64) -> Option<(String, Expec
                 }
                 9 => {
                     let others = if to_host {
-                        [Stream::Compute, Stream::HostToDevice]
+                        [Stream::Compute, Stream::HostToDevice, Stream::Collective]
                     } else {
-                        [Stream::Compute, Stream::DeviceToHost]
+                        [Stream::Compute, Stream::DeviceToHost, Stream::Collective]
                     };
-                    instruction.stream = others[small as usize % 2];
+                    instruction.stream = others[small as usize % 3];
                     (format!("copy {at} moved to {}", instruction.stream.name()), "copy_wrong_stream", Some(at))
                 }
                 _ => {
@@ -614,14 +776,14 @@ struct Access {
 }
 
 /// Every non-empty access of `plan` in list order (reads of an instruction before its writes),
-/// and each instruction's knowledge of the three streams (vector clock after its own tick).
+/// and each instruction's knowledge of the four streams (vector clock after its own tick).
 ///
 /// Written from the semantics in `plan/mod.rs` alone: every instruction ticks its stream; a
 /// Record stores its stream's clock in the event (first Record only); a Wait joins the event's
 /// clock into its stream's if the event was recorded earlier in list order.
-fn accesses(plan: &Plan) -> (Vec<Access>, Vec<[u64; 3]>) {
-    let mut clocks = [[0u64; 3]; 3];
-    let mut events: Vec<Option<[u64; 3]>> = alloc::vec![None; plan.events as usize];
+fn accesses(plan: &Plan) -> (Vec<Access>, Vec<[u64; STREAMS]>) {
+    let mut clocks = [[0u64; STREAMS]; STREAMS];
+    let mut events: Vec<Option<[u64; STREAMS]>> = alloc::vec![None; plan.events as usize];
     let mut out = Vec::new();
     let mut knowledge = Vec::with_capacity(plan.instructions.len());
     for (index, instruction) in plan.instructions.iter().enumerate() {
@@ -680,7 +842,7 @@ fn accesses(plan: &Plan) -> (Vec<Access>, Vec<[u64; 3]>) {
 }
 
 /// Whether access `a` happens-before instruction `b` (on its stream, with its knowledge).
-fn happens_before(a: &Access, b_stream: usize, b_knowledge: &[u64; 3]) -> bool {
+fn happens_before(a: &Access, b_stream: usize, b_knowledge: &[u64; STREAMS]) -> bool {
     a.stream == b_stream || a.tick <= b_knowledge[a.stream]
 }
 

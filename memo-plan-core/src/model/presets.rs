@@ -9,7 +9,7 @@
 
 use alloc::string::String;
 
-use super::Hardware;
+use super::{Hardware, Interconnect};
 
 /// `1 << 30` bytes.
 const GIB: u64 = 1 << 30;
@@ -135,3 +135,52 @@ impl HardwarePreset {
         }
     }
 }
+
+/// The interconnect of a machine preset, and where its numbers come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InterconnectPreset {
+    /// The [`HardwarePreset`] it belongs to.
+    pub machine: &'static str,
+    /// Where the numbers come from, and what is assumed.
+    pub source: &'static str,
+    /// The figures.
+    pub interconnect: Interconnect,
+}
+
+/// Microseconds as nanoseconds.
+const US: u64 = 1_000;
+
+/// Every machine preset's interconnect. Bandwidths are per direction (a ring step sends one share
+/// while it receives another); latencies are an assumed per-step figure of a ring collective
+/// (NCCL's and RCCL's small-message latency is a few microseconds per step on NVLink/xGMI).
+pub const INTERCONNECT_PRESETS: &[InterconnectPreset] = &[
+    InterconnectPreset {
+        machine: "a800x8",
+        source: "NVIDIA A800 SXM: NVLink 400 GB/s bidirectional (datasheet; the A100's 600 GB/s cut for export), \
+                 through NVSwitch: 200 GB/s per direction assumed for a ring; 5 us per step assumed",
+        interconnect: Interconnect { bytes_per_s: 200 * GB, latency_ns: 5 * US },
+    },
+    InterconnectPreset {
+        machine: "h100x8",
+        source: "NVIDIA H100 SXM: NVLink 4, 900 GB/s bidirectional (datasheet), through NVSwitch: 450 GB/s per \
+                 direction; 5 us per step assumed",
+        interconnect: Interconnect { bytes_per_s: 450 * GB, latency_ns: 5 * US },
+    },
+    InterconnectPreset {
+        machine: "h200x1",
+        source: "NVIDIA H200 SXM: NVLink 4, 900 GB/s bidirectional (datasheet): 450 GB/s per direction, for \
+                 groups of H200s (this preset has one GPU); 5 us per step assumed",
+        interconnect: Interconnect { bytes_per_s: 450 * GB, latency_ns: 5 * US },
+    },
+    InterconnectPreset {
+        machine: "mi300x8",
+        source: "AMD Instinct MI300X platform: 7 Infinity Fabric links per GPU, 896 GB/s aggregate bidirectional \
+                 peer-to-peer (datasheet), 448 GB/s per direction when RCCL spreads rings over all 7 links \
+                 (one link alone is 64 GB/s); an upper bound; 5 us per step assumed",
+        interconnect: Interconnect { bytes_per_s: 448 * GB, latency_ns: 5 * US },
+    },
+];
+
+/// The CPU backend's ranks (threads over host memory): 10 GB/s per direction and 1 us per step,
+/// round figures like the CPU machine's own (only the timeline depends on them).
+pub const CPU_INTERCONNECT: Interconnect = Interconnect { bytes_per_s: 10 * GB, latency_ns: US };

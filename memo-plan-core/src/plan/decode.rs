@@ -20,13 +20,13 @@ use core::fmt;
 
 use super::encode::{
     action, checksum, ACCESSES, ALPHA_BOUNDS, BUFFER_MIN_BYTES, HEADER_BYTES, INSTRUCTION_MIN_BYTES, PLACE_DEVICE,
-    PLACE_HOST, PLAN_MAGIC,
+    PLACE_HOST, PLAN_MAGIC, RANK_PROGRAM_MIN_BYTES,
 };
 use super::{
     Access, Action, Arg, Buffer, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, PlacementSummary, Plan,
-    Provenance, Region, Strategy, Stream, TensorRole, TensorRows, Totals, PLAN_FORMAT_VERSION,
+    Provenance, RankProgram, Region, Strategy, Stream, TensorRole, TensorRows, Totals, PLAN_FORMAT_VERSION,
 };
-use crate::model::{Hardware, ModelConfig, Parallelism};
+use crate::model::{Hardware, Interconnect, ModelConfig, Parallelism};
 
 /// What to do about a plan that does not decode.
 const RECREATE: &str = "re-create the plan with `memo plan`";
@@ -52,6 +52,17 @@ pub enum Section {
     InstructionCount,
     /// The instruction with this index.
     Instruction(u32),
+    /// The rank-program count.
+    RankProgramCount,
+    /// The rank program with this index (its rank and instruction count).
+    RankProgram(u32),
+    /// Instruction `instruction` of the rank program with index `program`.
+    RankInstruction {
+        /// The rank program's index in the list.
+        program: u32,
+        /// The instruction's index in its program.
+        instruction: u32,
+    },
 }
 
 impl fmt::Display for Section {
@@ -66,6 +77,11 @@ impl fmt::Display for Section {
             Section::Events => f.write_str("the event count"),
             Section::InstructionCount => f.write_str("the instruction count"),
             Section::Instruction(index) => write!(f, "instruction {index}"),
+            Section::RankProgramCount => f.write_str("the rank-program count"),
+            Section::RankProgram(index) => write!(f, "rank program {index}"),
+            Section::RankInstruction { program, instruction } => {
+                write!(f, "instruction {instruction} of rank program {program}")
+            }
         }
     }
 }
@@ -282,11 +298,17 @@ impl fmt::Display for PlanDecodeError {
                     f,
                     "this file was written by plan format version {found}; this build reads version {supported} only"
                 )?;
-                if found < supported {
+                if *found == 1 {
                     // Version 1 plans lack what the checker now requires (swap identities).
                     f.write_str(
                         " (an older format: version 1 plans do not name the layer, tensor and rows of their host \
                          slots and swap copies)",
+                    )?;
+                } else if found < supported {
+                    // Version 2 plans have no collective stream, interconnect or per-rank programs.
+                    f.write_str(
+                        " (an older format: version 2 plans have no collective stream, no interconnect and no \
+                         per-rank programs, and their t > 1 programs are not correct per-rank programs)",
                     )?;
                 }
                 write!(
@@ -553,10 +575,25 @@ impl Plan {
             instructions.push(instruction(&mut r, index, &buffers, events)?);
         }
 
+        r.section = Section::RankProgramCount;
+        let program_count = r.count(RANK_PROGRAM_MIN_BYTES)?;
+        let mut rank_programs = Vec::with_capacity(program_count as usize);
+        for program in 0..program_count {
+            r.section = Section::RankProgram(program);
+            let rank = r.u32()?;
+            let count = r.count(INSTRUCTION_MIN_BYTES)?;
+            let mut program_instructions = Vec::with_capacity(count as usize);
+            for index in 0..count {
+                r.section = Section::RankInstruction { program, instruction: index };
+                program_instructions.push(instruction(&mut r, index, &buffers, events)?);
+            }
+            rank_programs.push(RankProgram { rank, instructions: program_instructions });
+        }
+
         if r.left() > 0 {
             return Err(PlanDecodeError::UnreadBytes { offset: r.offset(), count: r.left() as u64 });
         }
-        Ok(Plan { provenance, buffers, events, instructions, totals })
+        Ok(Plan { provenance, buffers, events, instructions, rank_programs, totals })
     }
 }
 
@@ -632,6 +669,7 @@ fn provenance(r: &mut Reader<'_>) -> Result<Provenance> {
             })
         })?,
     };
+    let interconnect = Interconnect { bytes_per_s: r.u64()?, latency_ns: r.u64()? };
     let strategy = r.code8("strategy code", Strategy::from_code)?;
     let alpha = float(r, "alpha", "a number in [0, 1]", |a| (0.0..=1.0).contains(&a))?;
     let alpha_bound = r.code8("alpha bound code", |code| ALPHA_BOUNDS.get(usize::from(code)).copied())?;
@@ -639,6 +677,7 @@ fn provenance(r: &mut Reader<'_>) -> Result<Provenance> {
         model,
         parallel,
         hardware,
+        interconnect,
         strategy,
         alpha,
         alpha_bound,

@@ -38,6 +38,9 @@ pub const BUFFER_MIN_BYTES: usize = 38;
 /// a launch or copy takes more).
 pub const INSTRUCTION_MIN_BYTES: usize = 6;
 
+/// The fewest bytes one rank program takes: its rank (u32) and its instruction count (u32).
+pub const RANK_PROGRAM_MIN_BYTES: usize = 8;
+
 /// Action codes.
 pub mod action {
     /// [`Action::Launch`](crate::plan::Action::Launch).
@@ -181,7 +184,7 @@ impl Writer {
     }
 
     fn instruction(&mut self, instruction: &Instruction) {
-        // Stream indices are 0..3.
+        // Stream indices are 0..4.
         self.u8(instruction.stream.index() as u8);
         match &instruction.action {
             Action::Launch(launch) => {
@@ -256,6 +259,8 @@ impl Plan {
             w.u64(value);
         }
         w.option_f64(h.measured_layer_forward_s);
+        w.u64(p.interconnect.bytes_per_s);
+        w.u64(p.interconnect.latency_ns);
         w.u8(p.strategy.code());
         w.f64(p.alpha);
         w.u8(alpha_bound_code(p.alpha_bound));
@@ -297,6 +302,17 @@ impl Plan {
             w.instruction(instruction);
         }
 
+        let programs = count(self.rank_programs.len());
+        w.u32(programs);
+        for program in &self.rank_programs[..programs as usize] {
+            w.u32(program.rank);
+            let instructions = count(program.instructions.len());
+            w.u32(instructions);
+            for instruction in &program.instructions[..instructions as usize] {
+                w.instruction(instruction);
+            }
+        }
+
         let mut bytes = w.bytes;
         let length = bytes.len() as u64;
         bytes[header::LENGTH..header::LENGTH + 8].copy_from_slice(&length.to_le_bytes());
@@ -313,6 +329,7 @@ impl Plan {
             .saturating_add(names)
             .saturating_add(self.buffers.len().saturating_mul(BUFFER_MIN_BYTES + 4))
             .saturating_add(self.instructions.len().saturating_mul(60))
+            .saturating_add(self.rank_programs.iter().map(|p| p.instructions.len().saturating_mul(60)).sum::<usize>())
     }
 }
 

@@ -56,7 +56,12 @@ impl Plan {
             Some(seconds) => number(out, seconds),
             None => out.push_str("null"),
         }
-        write!(out, "}}, \"strategy\": \"{}\", \"alpha\": ", p.strategy.name())?;
+        write!(
+            out,
+            "}}, \"interconnect\": {{\"bytes_per_s\": {}, \"latency_ns\": {}}}",
+            p.interconnect.bytes_per_s, p.interconnect.latency_ns
+        )?;
+        write!(out, ", \"strategy\": \"{}\", \"alpha\": ", p.strategy.name())?;
         number(out, p.alpha);
         write!(
             out,
@@ -96,7 +101,21 @@ impl Plan {
             out.push_str(if index == 0 { "\n    " } else { ",\n    " });
             instruction_json(out, index, instruction)?;
         }
-        out.push_str(if self.instructions.is_empty() { "]\n}\n" } else { "\n  ]\n}\n" });
+        out.push_str(if self.instructions.is_empty() {
+            "],\n  \"rank_programs\": ["
+        } else {
+            "\n  ],\n  \"rank_programs\": ["
+        });
+        for (number, program) in self.rank_programs.iter().enumerate() {
+            let separator = if number == 0 { "\n    " } else { ",\n    " };
+            write!(out, "{separator}{{\"rank\": {}, \"instructions\": [", program.rank)?;
+            for (index, instruction) in program.instructions.iter().enumerate() {
+                out.push_str(if index == 0 { "\n      " } else { ",\n      " });
+                instruction_json(out, index, instruction)?;
+            }
+            out.push_str(if program.instructions.is_empty() { "]}" } else { "\n    ]}" });
+        }
+        out.push_str(if self.rank_programs.is_empty() { "]\n}\n" } else { "\n  ]\n}\n" });
         Ok(())
     }
 }
@@ -237,13 +256,14 @@ mod tests {
         let plan = sample_plan();
         let text = plan.to_json();
         let json = parse(&text);
-        assert_eq!(json["format_version"], 2);
+        assert_eq!(json["format_version"], 3);
         let p = &json["provenance"];
         assert_eq!(p["model"]["name"].as_str(), Some(plan.provenance.model.name.as_str()));
         assert_eq!(p["model"]["layers"], 2);
         assert_eq!(p["parallel"]["data"], 2);
         assert_eq!(p["hardware"]["name"], "test-box");
         assert_eq!(p["hardware"]["measured_layer_forward_s"].as_f64(), Some(0.0123));
+        assert_eq!(p["interconnect"], parse(r#"{"bytes_per_s": 200000000000, "latency_ns": 5000}"#));
         assert_eq!(p["strategy"], "memo");
         assert_eq!(p["alpha"].as_f64(), Some(0.47));
         assert_eq!(p["alpha_bound"], "host_memory");
@@ -291,8 +311,25 @@ mod tests {
         assert_eq!(instructions[9]["launch"]["args"][0]["access"], "read_write");
 
         // One line per buffer and per instruction, and the same text every time.
-        assert_eq!(text.lines().count(), 10 + plan.buffers.len() + plan.instructions.len());
+        assert_eq!(text.lines().count(), 11 + plan.buffers.len() + plan.instructions.len());
+        assert_eq!(json["rank_programs"], parse("[]"));
         assert_eq!(text, sample_plan().to_json());
+    }
+
+    #[test]
+    fn rank_programs_list_their_instructions() {
+        let mut plan = sample_plan();
+        let program = plan.instructions[..2].to_vec();
+        plan.rank_programs = alloc::vec![crate::plan::RankProgram { rank: 1, instructions: program }];
+        let text = plan.to_json();
+        let json = parse(&text);
+        let programs = json["rank_programs"].as_array().unwrap();
+        assert_eq!(programs.len(), 1);
+        assert_eq!(programs[0]["rank"], 1);
+        let instructions = programs[0]["instructions"].as_array().unwrap();
+        assert_eq!(instructions.len(), 2);
+        assert_eq!(instructions[0], json["instructions"][0]);
+        assert_eq!(instructions[1], json["instructions"][1]);
     }
 
     #[test]

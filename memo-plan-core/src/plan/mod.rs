@@ -35,7 +35,7 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::model::{Hardware, ModelConfig, Parallelism};
+use crate::model::{Hardware, Interconnect, ModelConfig, Parallelism};
 use crate::swap::AlphaBound;
 
 pub mod decode;
@@ -47,7 +47,10 @@ pub use decode::PlanDecodeError;
 
 /// The version written into, and required of, encoded plans (`spec/plan-format.md`).
 /// Version 2 added swap identities: [`Buffer::first_row`] and [`Action::Copy`]'s `tensor`.
-pub const PLAN_FORMAT_VERSION: u16 = 2;
+/// Version 3 added tensor parallelism that runs: the collective stream, the all-reduces and the
+/// split row-parallel and vocabulary-parallel ops, the interconnect in the provenance, and
+/// per-rank programs ([`Plan::rank_programs`]).
+pub const PLAN_FORMAT_VERSION: u16 = 3;
 
 /// Index of a buffer in [`Plan::buffers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -66,7 +69,7 @@ impl BufferId {
     }
 }
 
-/// The three streams of a device.
+/// The four streams of a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum Stream {
@@ -76,18 +79,26 @@ pub enum Stream {
     DeviceToHost,
     /// Host-to-device copies (swap-in).
     HostToDevice,
+    /// The collectives of the tensor-parallel group ([`Op::is_collective`]), in the same order
+    /// on every rank (`spec/tensor-parallel.md`). Plans with `t = 1` have none.
+    Collective,
 }
+
+/// How many streams a device has: [`Stream::ALL`]'s length.
+pub const STREAMS: usize = 4;
 
 impl Stream {
     /// All streams, in index order.
-    pub const ALL: [Stream; 3] = [Stream::Compute, Stream::DeviceToHost, Stream::HostToDevice];
+    pub const ALL: [Stream; STREAMS] =
+        [Stream::Compute, Stream::DeviceToHost, Stream::HostToDevice, Stream::Collective];
 
-    /// 0, 1, 2: the stream's index (and its code in the byte format).
+    /// 0, 1, 2, 3: the stream's index (and its code in the byte format).
     pub fn index(self) -> usize {
         match self {
             Stream::Compute => 0,
             Stream::DeviceToHost => 1,
             Stream::HostToDevice => 2,
+            Stream::Collective => 3,
         }
     }
 
@@ -97,6 +108,7 @@ impl Stream {
             Stream::Compute => "compute",
             Stream::DeviceToHost => "d2h",
             Stream::HostToDevice => "h2d",
+            Stream::Collective => "collective",
         }
     }
 }
@@ -312,6 +324,25 @@ named_enum! {
         EmbeddingOutputGradient => "d_embedding_out",
         /// A transient over the recomputed rows only (the projection output in the recompute).
         RecomputedProjectionOutput => "recomputed_projection_out",
+        /// Transient (t > 1): the embedding table all-gathered from every rank's shard
+        /// (`t * ceil(V/t)` rows, rank-major).
+        GatheredEmbedding => "gathered_embedding",
+        /// Transient (t > 1): the lookup's gradient over the gathered table, before its
+        /// reduce-scatter to the vocabulary shards.
+        GatheredEmbeddingGradient => "d_gathered_embedding",
+        /// Transient (t > 1): a share of the embedding shard's gradient (the classifier's, or the
+        /// reduce-scattered lookup's) before the two are added into the gradient.
+        EmbeddingGradientPart => "d_embedding_part",
+        /// Transient (t > 1): the targets of a chunk's gathered rows (u32, all-gathered).
+        GatheredTargets => "gathered_targets",
+        /// Transient (t > 1): per row of a logits chunk, the f32 maximum over the vocabulary.
+        LogitsMax => "logits_max",
+        /// Transient (t > 1): per row of a logits chunk, two f32: the sum of `exp(logit - max)`
+        /// and the target's logit.
+        LogitsSums => "logits_sums",
+        /// Gradient (t > 1): every layer-norm scale's and shift's gradient back to back (per layer
+        /// norm 1 scale, shift, norm 2 scale, shift; then the final norm's), one all-reduce.
+        ReplicatedGradients => "replicated_gradients",
     }
 }
 
@@ -364,6 +395,48 @@ named_enum! {
         /// AdamW on fp32 master weights with global-norm gradient clipping; writes the bf16
         /// parameter back.
         AdamW => "adamw",
+        /// In place over the tensor-parallel group: `x = sum over ranks of x` (bf16 elements,
+        /// summed in f32 in rank order, rounded once).
+        AllReduceSumBf16 => "all_reduce_sum_bf16",
+        /// In place over the group: `x = sum over ranks of x` (f32, summed in rank order).
+        AllReduceSumF32 => "all_reduce_sum_f32",
+        /// In place over the group: `x = maximum over ranks of x` (f32).
+        AllReduceMaxF32 => "all_reduce_max_f32",
+        /// `y = x W^T` without a bias: a row-parallel product's partial sum.
+        LinearNoBias => "linear_no_bias",
+        /// `y += bias` on every row (bf16, added in f32 and rounded once).
+        AddBias => "add_bias",
+        /// Per row of a vocabulary-parallel logits chunk: the f32 maximum over this rank's
+        /// columns below the vocabulary.
+        CrossEntropyMax => "cross_entropy_max",
+        /// Per row: `sums = [sum of exp(logit - max) over this rank's columns below the
+        /// vocabulary, the target's logit if this rank holds its column, else 0]` (f32).
+        CrossEntropySums => "cross_entropy_sums",
+        /// Adds the rows' loss from the combined max and sums to `loss` and replaces this rank's
+        /// logits by their gradient (scaled by 1 / tokens of the step).
+        CrossEntropyFinish => "cross_entropy_finish",
+    }
+}
+
+impl Op {
+    /// Whether the op is a collective of the tensor-parallel group: it runs on
+    /// [`Stream::Collective`], every rank issues it in the same order with the same sizes
+    /// (`spec/validity.md`, rule 9), and a single-device backend refuses it.
+    pub fn is_collective(self) -> bool {
+        matches!(
+            self,
+            Op::AllGather | Op::ReduceScatter | Op::AllReduceSumBf16 | Op::AllReduceSumF32 | Op::AllReduceMaxF32
+        )
+    }
+
+    /// The stream a launch of the op runs on: [`Stream::Collective`] for the collectives,
+    /// [`Stream::Compute`] for the rest.
+    pub fn stream(self) -> Stream {
+        if self.is_collective() {
+            Stream::Collective
+        } else {
+            Stream::Compute
+        }
     }
 }
 
@@ -428,6 +501,12 @@ impl Op {
             Op::Zero => &[("buffer", W)],
             Op::GradNormSquared => &[("grad", R), ("sum_squares", RW)],
             Op::AdamW => &[("parameter", RW), ("grad", R), ("optimizer_state", RW), ("grad_norm_squared", R)],
+            Op::AllReduceSumBf16 | Op::AllReduceSumF32 | Op::AllReduceMaxF32 => &[("x", RW)],
+            Op::LinearNoBias => &[("x", R), ("weight", R), ("y", W)],
+            Op::AddBias => &[("bias", R), ("y", RW)],
+            Op::CrossEntropyMax => &[("logits", R), ("max", W)],
+            Op::CrossEntropySums => &[("logits", R), ("targets", R), ("max", R), ("sums", W)],
+            Op::CrossEntropyFinish => &[("logits", RW), ("targets", R), ("max", R), ("sums", R), ("loss", RW)],
         }
     }
 }
@@ -465,8 +544,9 @@ pub struct Buffer {
     pub rows: u64,
     /// The row of its tensor that its row 0 holds: a host slot of layer `l` holds rows
     /// `[first_row, first_row + rows)` of layer `l`'s tensor `role` (its identity,
-    /// [`Buffer::holds`]), which the checker holds every copy to. The planner writes 0 for every
-    /// buffer: its host slots hold swapped rows from row 0 (the token split swaps `[0, a)`).
+    /// [`Buffer::holds`]), which the checker holds every copy to. The planner writes 0 but for
+    /// the host slots of head-sharded token-split tensors at `t > 1`, one per rank segment `k`,
+    /// which hold rows `[k*r, k*r + a)`.
     pub first_row: u64,
     /// Bytes of one row.
     pub row_bytes: u64,
@@ -671,6 +751,8 @@ pub struct Provenance {
     pub parallel: Parallelism,
     /// The machine.
     pub hardware: Hardware,
+    /// The links between the GPUs of the tensor-parallel group.
+    pub interconnect: Interconnect,
     /// The strategy.
     pub strategy: Strategy,
     /// The swap fraction (1 for full-swap; 0 for keep-all and full-recompute, which swap nothing).
@@ -750,7 +832,22 @@ pub struct Totals {
     pub rounding_buffer_bytes: u64,
 }
 
+/// The program of one rank that does not run the shared one ([`Plan::rank_programs`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RankProgram {
+    /// The rank, `0..t`.
+    pub rank: u32,
+    /// Its program, in issue order, over the plan's buffers and events.
+    pub instructions: Vec<Instruction>,
+}
+
 /// One GPU's training step: buffers, instructions, sizes and provenance.
+///
+/// With `t > 1` every rank of the tensor-parallel group runs [`Plan::instructions`] over its own
+/// arena (same buffers, same places, its own data), unless [`Plan::rank_programs`] gives it its
+/// own program. The planner writes no rank programs; the format carries them so that the checker's
+/// cross-rank rule (`spec/validity.md`, rule 9: the same collectives in the same order with the
+/// same sizes on every rank) is a real check for plans made elsewhere.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     /// How it was made.
@@ -759,8 +856,10 @@ pub struct Plan {
     pub buffers: Vec<Buffer>,
     /// The number of events; [`EventId`]s are `0..events`.
     pub events: u32,
-    /// The program, in issue order.
+    /// The program, in issue order: every rank's, but those in [`Plan::rank_programs`].
     pub instructions: Vec<Instruction>,
+    /// Ranks that run another program than [`Plan::instructions`], by increasing rank.
+    pub rank_programs: Vec<RankProgram>,
     /// Sizes.
     pub totals: Totals,
 }
@@ -769,5 +868,10 @@ impl Plan {
     /// The buffer `id`, if it exists.
     pub fn buffer(&self, id: BufferId) -> Option<&Buffer> {
         self.buffers.get(id.index())
+    }
+
+    /// The program rank `rank` runs: its entry in [`Plan::rank_programs`], else the shared one.
+    pub fn program(&self, rank: u32) -> &[Instruction] {
+        self.rank_programs.iter().find(|p| p.rank == rank).map_or(&self.instructions[..], |p| &p.instructions[..])
     }
 }

@@ -47,12 +47,49 @@ pub struct ShapeContext {
     pub heads: u64,
     /// Rows of one sequence: row `r` is sequence `r / seq_len`, position `r % seq_len`.
     pub seq_len: u64,
-    /// Rows of the word embedding.
+    /// The vocabulary `V` (token ids and targets are below it). Each rank holds `V' = ceil(V /
+    /// ranks)` rows of the embedding ([`ShapeContext::vocab_shard`]); with one rank, all `V`.
     pub vocab: u64,
     /// Tokens of the whole step (`b*s`): cross-entropy divides the loss gradient by it.
     pub loss_scale_tokens: u64,
     /// AdamW's step, counted from 1.
     pub adamw_step: u64,
+    /// This GPU's rank in its tensor-parallel group, `0..ranks`.
+    pub rank: u64,
+    /// GPUs in the tensor-parallel group, `t` (0 reads as 1: `Default` is one GPU).
+    pub ranks: u64,
+}
+
+impl ShapeContext {
+    /// `t`: [`ShapeContext::ranks`], at least 1.
+    pub fn group(&self) -> u64 {
+        self.ranks.max(1)
+    }
+
+    /// `V' = ceil(V / t)`: the embedding rows, and the logits columns, of one rank.
+    pub fn vocab_shard(&self) -> u64 {
+        self.vocab.div_ceil(self.group())
+    }
+
+    /// `rank * V'`: the vocabulary id of this rank's first embedding row and logits column.
+    pub fn vocab_offset(&self) -> u64 {
+        self.rank.saturating_mul(self.vocab_shard())
+    }
+
+    /// This rank's logits columns below the vocabulary: `min(V', V - rank * V')` (0 when the
+    /// rank holds padding only).
+    pub fn vocab_columns(&self) -> u64 {
+        self.vocab.saturating_sub(self.vocab_offset()).min(self.vocab_shard())
+    }
+
+    /// Checks `rank < ranks` for an op that depends on the rank.
+    fn check_rank(&self, op: Op) -> Result<(), OpError> {
+        if self.rank >= self.group() {
+            let problem = format!("is {}, but the group has {} rank(s)", self.rank, self.group());
+            return Err(OpError::context(op, "rank", problem));
+        }
+        Ok(())
+    }
 }
 
 /// The dimensions of an attention launch.
@@ -103,6 +140,7 @@ impl OpShape {
     pub fn matmul_flops(&self) -> u64 {
         match self.op {
             Op::Linear
+            | Op::LinearNoBias
             | Op::LinearBackwardInput
             | Op::LinearBackwardInputAccumulate
             | Op::LinearBackwardWeight
@@ -314,12 +352,102 @@ pub fn check(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, O
             let [buffer] = arguments(op, args)?;
             Ok(shape(op, buffer.s.rows, buffer.s.row_bytes, 0))
         }
-        Op::AllGather | Op::ReduceScatter => {
-            // Their layout across the group is the multi-GPU backend's; here only the count.
-            let [x, _] = arguments(op, args)?;
-            Ok(shape(op, x.s.rows, 0, 0))
+        Op::AllGather | Op::ReduceScatter => gather_scatter(op, args, ctx),
+        Op::AllReduceSumBf16 | Op::AllReduceSumF32 | Op::AllReduceMaxF32 => {
+            let [x] = arguments(op, args)?;
+            let (elem, what) = if op == Op::AllReduceSumBf16 { (BF16, "bf16") } else { (WORD, "f32") };
+            let width = x.elems(elem, what)?;
+            let elements = x.total(width)?;
+            Ok(OpShape { elements, ..shape(op, x.s.rows, width, 0) })
+        }
+        Op::LinearNoBias => linear_no_bias(args),
+        Op::AddBias => add_bias(args),
+        Op::CrossEntropyMax | Op::CrossEntropySums | Op::CrossEntropyFinish => cross_entropy_part(op, args, ctx),
+    }
+}
+
+/// `all_gather` [x, y]: `y` is `t` times `x`'s rows, of the same width. `reduce_scatter` [x, y]:
+/// bf16, `x` is `t` times `y`'s rows. `width` is 0 (the op knows no element type for the
+/// all-gather) and `rows` are `x`'s.
+fn gather_scatter(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    let [x, y] = arguments(op, args)?;
+    let t = ctx.group();
+    y.want_row_bytes(x.s.row_bytes, "the row width of `x`")?;
+    if op == Op::AllGather {
+        match x.s.rows.checked_mul(t) {
+            Some(rows) => y.want_rows(rows, "`ranks` times the rows of `x`: every rank's rows, rank-major")?,
+            None => return Err(y.error("fewer than 2^64 rows".into(), format!("{} rows x {t} ranks", x.s.rows))),
+        }
+    } else {
+        x.elems(BF16, "bf16")?;
+        match y.s.rows.checked_mul(t) {
+            Some(rows) => x.want_rows(rows, "`ranks` times the rows of `y`: one share per rank, rank-major")?,
+            None => return Err(x.error("fewer than 2^64 rows".into(), format!("{} rows x {t} ranks", y.s.rows))),
         }
     }
+    Ok(shape(op, x.s.rows, 0, 0))
+}
+
+/// `linear_no_bias` [x, weight, y].
+fn linear_no_bias(args: &[ArgShape]) -> Result<OpShape, OpError> {
+    let op = Op::LinearNoBias;
+    let [x, weight, y] = arguments(op, args)?;
+    let k = x.elems(BF16, "bf16")?;
+    let n = weight.s.rows;
+    weight.want_elems(k, BF16, "one bf16 weight per input feature: the row width of `x`")?;
+    y.want_rows(x.s.rows, "one output row per row of `x`")?;
+    y.want_elems(n, BF16, "one bf16 per output feature: the rows of `weight`")?;
+    Ok(shape(op, x.s.rows, k, n))
+}
+
+/// `add_bias` [bias, y]: one bf16 bias row, as wide as `y`'s rows.
+fn add_bias(args: &[ArgShape]) -> Result<OpShape, OpError> {
+    let op = Op::AddBias;
+    let [bias, y] = arguments(op, args)?;
+    bias.want_rows(1, "a bias is one row")?;
+    let width = bias.elems(BF16, "bf16")?;
+    y.want_row_bytes(bias.s.row_bytes, "the row width of `bias`")?;
+    let elements = y.total(width)?;
+    Ok(OpShape { elements, ..shape(op, y.s.rows, width, 0) })
+}
+
+/// `cross_entropy_max` [logits, max], `cross_entropy_sums` [logits, targets, max, sums],
+/// `cross_entropy_finish` [logits, targets, max, sums, loss]: logits of `V'` bf16 columns, one
+/// u32 target, one f32 max and two f32 sums per row.
+fn cross_entropy_part(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    check_argument_count(op, args.len())?;
+    let named = |index: usize| Arg::at(op, args, index);
+    ctx.check_rank(op)?;
+    let logits = named(0);
+    logits.want_elems(ctx.vocab_shard(), BF16, "one bf16 per column of this rank: `ceil(vocab / ranks)`")?;
+    let rows = logits.s.rows;
+    let (targets, max, sums) = match op {
+        Op::CrossEntropyMax => (None, named(1), None),
+        _ => (Some(named(1)), named(2), Some(named(3))),
+    };
+    if let Some(targets) = targets {
+        targets.want_rows(rows, "one target per row of `logits`")?;
+        targets.want_row_bytes(WORD, "one u32 target per row")?;
+    }
+    max.want_rows(rows, "one maximum per row of `logits`")?;
+    max.want_row_bytes(WORD, "one f32 maximum per row")?;
+    if let Some(sums) = sums {
+        sums.want_rows(rows, "one pair of sums per row of `logits`")?;
+        sums.want_row_bytes(2 * WORD, "two f32 per row: the sum of exponentials and the target's logit")?;
+    }
+    if op == Op::CrossEntropyFinish {
+        let loss = named(4);
+        loss.want_rows(1, "the loss is one f32")?;
+        loss.want_row_bytes(WORD, "the loss is one f32")?;
+        if ctx.loss_scale_tokens == 0 {
+            return Err(OpError::context(
+                op,
+                "loss_scale_tokens",
+                "is 0; it must be the step's token count b*s".into(),
+            ));
+        }
+    }
+    Ok(shape(op, rows, ctx.vocab_shard(), 0))
 }
 
 /// One argument, named, for the rules below.
@@ -411,9 +539,21 @@ impl Arg {
         self.want_row_bytes(WORD, "a scalar is one f32")
     }
 
-    /// The tied embedding (or its gradient): `vocab` rows of `hidden` bf16.
+    /// One rank's shard of the tied embedding (or its gradient): `ceil(vocab / ranks)` rows of
+    /// `hidden` bf16 (`vocab` rows with one rank).
     fn tied_embedding(&self, ctx: &ShapeContext) -> Result<(), OpError> {
-        self.want_rows(ctx.vocab, "the vocabulary size `vocab` of the context")?;
+        let why = "this rank's share of the vocabulary size `vocab` of the context: `ceil(vocab / ranks)`";
+        self.want_rows(ctx.vocab_shard(), why)?;
+        self.want_elems(ctx.hidden, BF16, HIDDEN)
+    }
+
+    /// The whole (gathered) embedding table or its gradient: `ranks * ceil(vocab / ranks)` rows
+    /// of `hidden` bf16 (`vocab` rows with one rank).
+    fn whole_embedding(&self, ctx: &ShapeContext) -> Result<(), OpError> {
+        let rows = ctx.vocab_shard().saturating_mul(ctx.group());
+        let why =
+            "the vocabulary size `vocab` of the context, padded to every rank's rows: `ranks * ceil(vocab / ranks)`";
+        self.want_rows(rows, why)?;
         self.want_elems(ctx.hidden, BF16, HIDDEN)
     }
 }
@@ -431,7 +571,7 @@ fn embedding(args: &[ArgShape], ctx: &ShapeContext, op: Op) -> Result<OpShape, O
         Op::Embedding => (rows_arg, table, "embedding"),
         _ => (table, rows_arg, "dembedding"),
     };
-    table.tied_embedding(ctx)?;
+    table.whole_embedding(ctx)?;
     let why_rows = if op == Op::Embedding { "one row per token" } else { "one gradient row per token" };
     per_token.want_rows(tokens.s.rows, why_rows)?;
     per_token.want_row_bytes(table.s.row_bytes, &format!("the row width of `{table_name}`"))?;
@@ -519,8 +659,8 @@ fn classifier(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, 
     table.tied_embedding(ctx)?;
     x.want_elems(ctx.hidden, BF16, HIDDEN)?;
     logits.want_rows(x.s.rows, why)?;
-    logits.want_elems(ctx.vocab, BF16, "one bf16 per vocabulary entry")?;
-    Ok(shape(op, x.s.rows, ctx.hidden, ctx.vocab))
+    logits.want_elems(ctx.vocab_shard(), BF16, "one bf16 per embedding row of this rank")?;
+    Ok(shape(op, x.s.rows, ctx.hidden, ctx.vocab_shard()))
 }
 
 /// `gelu` [x, y], `gelu_backward` [x, dy, dx], `add` [a, b, y]: every argument has the first's
@@ -543,6 +683,13 @@ fn elementwise(op: Op, args: &[ArgShape]) -> Result<OpShape, OpError> {
 fn cross_entropy(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
     let op = Op::CrossEntropy;
     let [logits, targets, loss] = arguments(op, args)?;
+    if ctx.group() > 1 {
+        let problem = format!(
+            "is {}; the whole-vocabulary cross_entropy needs one rank (use cross_entropy_max, _sums and _finish)",
+            ctx.ranks
+        );
+        return Err(OpError::context(op, "ranks", problem));
+    }
     logits.want_elems(ctx.vocab, BF16, "one bf16 per vocabulary entry (`vocab` of the context)")?;
     targets.want_rows(logits.s.rows, "one target per row of `logits`")?;
     targets.want_row_bytes(WORD, "one u32 target per row")?;
@@ -655,7 +802,16 @@ mod tests {
     }
 
     fn context() -> ShapeContext {
-        ShapeContext { hidden: 4, heads: 2, seq_len: 3, vocab: 5, loss_scale_tokens: 6, adamw_step: 1 }
+        ShapeContext {
+            hidden: 4,
+            heads: 2,
+            seq_len: 3,
+            vocab: 5,
+            loss_scale_tokens: 6,
+            adamw_step: 1,
+            rank: 0,
+            ranks: 1,
+        }
     }
 
     #[test]

@@ -8,9 +8,11 @@
 //! is all-gathered before the column-parallel products and row-parallel products are
 //! reduce-scattered (Megatron-LM sequence parallelism); with `t = 1` those collectives vanish.
 //!
-//! The token split: of each token-split tensor, rows `[0, a)` are swapped and rows `[a, rows)`
-//! recomputed, with `a = floor(alpha * r)` for sequence-sharded tensors and `t * a` for
-//! head-sharded ones (the same tokens of every GPU's shard).
+//! The token split: of each sequence-sharded token-split tensor, rows `[0, a)` are swapped and
+//! rows `[a, r)` recomputed, `a = floor(alpha * r)`. A head-sharded one holds every rank's rows in
+//! token order, rank segment `k` at rows `[k*r, (k+1)*r)`: its rows `k*r + [0, a)` are swapped
+//! and `k*r + [a, r)` recomputed, for every `k`, so each row keeps the token it had in the forward
+//! (`spec/tensor-parallel.md` section 4).
 
 use alloc::vec::Vec;
 
@@ -81,23 +83,27 @@ impl LayerParams {
     pub fn new(b: &mut Builder, layer: u32) -> Self {
         let (h, f, t) = (b.shape.hidden, b.shape.ffn, b.shape.tensor);
         let l = Some(layer);
+        // Column-parallel: this GPU's output rows of the weight and the bias.
         let linear = |b: &mut Builder, weight: TensorRole, bias: TensorRole, out: u64, inp: u64| {
             (b.param(weight, l, out, inp), b.param(bias, l, 1, out))
         };
+        // Row-parallel: every GPU holds all h outputs over its h/t inputs, and the whole bias.
+        let row_parallel = |b: &mut Builder, weight: TensorRole, bias: TensorRole, out: u64, inp: u64| {
+            (b.param(weight, l, out, inp), b.replicated_param(bias, l, 1, out))
+        };
         LayerParams {
-            norm1_scale: b.param(TensorRole::NormScale1, l, 1, h),
-            norm1_shift: b.param(TensorRole::NormShift1, l, 1, h),
+            norm1_scale: b.norm_param(TensorRole::NormScale1, l),
+            norm1_shift: b.norm_param(TensorRole::NormShift1, l),
             qkv: [
                 linear(b, TensorRole::QueryWeight, TensorRole::QueryBias, h / t, h),
                 linear(b, TensorRole::KeyWeight, TensorRole::KeyBias, h / t, h),
                 linear(b, TensorRole::ValueWeight, TensorRole::ValueBias, h / t, h),
             ],
-            // Row-parallel: every GPU holds all h outputs over its h/t inputs.
-            projection: linear(b, TensorRole::ProjectionWeight, TensorRole::ProjectionBias, h, h / t),
-            norm2_scale: b.param(TensorRole::NormScale2, l, 1, h),
-            norm2_shift: b.param(TensorRole::NormShift2, l, 1, h),
+            projection: row_parallel(b, TensorRole::ProjectionWeight, TensorRole::ProjectionBias, h, h / t),
+            norm2_scale: b.norm_param(TensorRole::NormScale2, l),
+            norm2_shift: b.norm_param(TensorRole::NormShift2, l),
             fc1: linear(b, TensorRole::Fc1Weight, TensorRole::Fc1Bias, f / t, h),
-            fc2: linear(b, TensorRole::Fc2Weight, TensorRole::Fc2Bias, h, f / t),
+            fc2: row_parallel(b, TensorRole::Fc2Weight, TensorRole::Fc2Bias, h, f / t),
         }
     }
 }
@@ -196,9 +202,13 @@ impl Storage {
             // The last two layers keep their data in the rounding buffers.
             if swaps && l + 2 < shape.layers {
                 for (index, (role, rows, split)) in SKELETAL_ROLES.into_iter().enumerate() {
-                    let count = if split { swapped * (rows_of(rows) / shape.local_rows) } else { rows_of(rows) };
-                    if count > 0 {
-                        let slot = b.buffer(BufferKind::HostSlot, role, Some(l), count, row_bytes(role, rows), None);
+                    // One slot per run of swapped rows: a sequence-sharded tensor swaps rows
+                    // [0, a); a head-sharded one rows k*r + [0, a) of every rank segment k (all
+                    // rows, one run, when a = r), so each row keeps its token.
+                    for (first, end) in swapped_runs(&shape, rows, split, swapped) {
+                        let slot =
+                            b.buffer(BufferKind::HostSlot, role, Some(l), end - first, row_bytes(role, rows), None);
+                        b.set_first_row(slot, first);
                         slots.push((index, slot));
                     }
                 }
@@ -256,9 +266,10 @@ impl Storage {
         let computed = b.record(Stream::Compute);
         b.wait(Stream::DeviceToHost, computed);
         for &(index, slot) in slots {
-            let rows = b.rows_of(slot);
-            let tensor = TensorRows { layer, role: SKELETAL_ROLES[index].0, start: 0, end: rows };
-            b.copy(Stream::DeviceToHost, Region::rows(set.0[index], 0, rows), Region::rows(slot, 0, rows), tensor);
+            let (first, rows) = (b.first_row_of(slot), b.rows_of(slot));
+            let tensor = TensorRows { layer, role: SKELETAL_ROLES[index].0, start: first, end: first + rows };
+            let device = Region::rows(set.0[index], first, first + rows);
+            b.copy(Stream::DeviceToHost, device, Region::rows(slot, 0, rows), tensor);
         }
         let done = b.record(Stream::DeviceToHost);
         b.note_swap_out(layer as usize % 2, done);
@@ -283,9 +294,10 @@ impl Storage {
         let released = b.record(Stream::Compute);
         b.wait(Stream::HostToDevice, released);
         for &(index, slot) in slots {
-            let rows = b.rows_of(slot);
-            let tensor = TensorRows { layer: target, role: SKELETAL_ROLES[index].0, start: 0, end: rows };
-            b.copy(Stream::HostToDevice, Region::rows(slot, 0, rows), Region::rows(set.0[index], 0, rows), tensor);
+            let (first, rows) = (b.first_row_of(slot), b.rows_of(slot));
+            let tensor = TensorRows { layer: target, role: SKELETAL_ROLES[index].0, start: first, end: first + rows };
+            let device = Region::rows(set.0[index], first, first + rows);
+            b.copy(Stream::HostToDevice, Region::rows(slot, 0, rows), device, tensor);
         }
         self.swapped_in[target as usize] = Some(b.record(Stream::HostToDevice));
     }
@@ -314,8 +326,14 @@ pub(crate) fn recompute(
     forward_ops(b, layer, p, set, what, None, Block { layer, phase: Phase::Backward })
 }
 
-/// The forward's ops over rows `[start, rows)` (the whole forward when `start` is 0); attention
-/// only if `what.attention`, FC2 and the residual only when there is an `output` to write.
+/// The forward's ops over the rows not swapped (the whole forward when `what.local_start` is 0);
+/// attention only if `what.attention`, FC2 and the residual only when there is an `output` to
+/// write.
+///
+/// Rows: sequence-sharded tensors `[a, r)`; head-sharded ones hold every rank's rows in token
+/// order, so their recomputed rows are the rank segments `k*r + [a, r)` for every `k`
+/// ([`head_segments`]), written one launch per segment from the matching share of the gathered
+/// input (`spec/tensor-parallel.md` section 4). With `t = 1` or `a = 0` that is one launch.
 fn forward_ops(
     b: &mut Builder,
     layer: u32,
@@ -327,20 +345,21 @@ fn forward_ops(
 ) -> Result<(), ScheduleError> {
     let shape = b.shape;
     let (l, blk) = (Some(layer), Some(block));
-    let (r, full) = (shape.local_rows, shape.full_rows);
+    let r = shape.local_rows;
     let start = what.local_start;
-    let full_start = start * shape.tensor;
     let s = set.0;
     let local = |i: usize| Region::rows(s[i], start, r);
-    let head = |i: usize| Region::rows(s[i], full_start, full);
+    let segments = |i: usize| head_segments(&shape, s[i], start);
 
     let (scale, shift) = (b.all(p.norm1_scale.value), b.all(p.norm1_shift.value));
     b.launch(Op::LayerNorm, l, 0, &[local(X), scale, shift, local(N1)]);
     let n1 = b.gathered(local(N1), l, blk);
     for (i, (weight, bias)) in [Q, K, V].into_iter().zip(p.qkv) {
-        let flops = b.linear_flops(full - full_start, weight.value)?;
         let (w, bi) = (b.all(weight.value), b.all(bias.value));
-        b.launch(Op::Linear, l, flops, &[n1, w, bi, head(i)]);
+        for (x, y) in shares(n1, &segments(i)) {
+            let flops = b.linear_flops(y.end - y.start, weight.value)?;
+            b.launch(Op::Linear, l, flops, &[x, w, bi, y]);
+        }
     }
     if what.attention {
         let (q, k, v, o, lse) = (b.all(s[Q]), b.all(s[K]), b.all(s[V]), b.all(s[O]), b.all(s[LSE]));
@@ -348,42 +367,72 @@ fn forward_ops(
     }
     let role = if output.is_some() { TensorRole::ProjectionOutput } else { TensorRole::RecomputedProjectionOutput };
     let projected = b.buffer(BufferKind::Transient, role, l, r - start, shape.hidden_row, blk);
-    linear_into(b, layer, block, head(O), p.projection, b.all(projected))?;
     let projected = b.all(projected);
+    b.row_parallel(l, blk, &segments(O), p.projection, projected)?;
     b.launch(Op::Add, l, 0, &[local(X), projected, local(RES)]);
     let (scale, shift) = (b.all(p.norm2_scale.value), b.all(p.norm2_shift.value));
     b.launch(Op::LayerNorm, l, 0, &[local(RES), scale, shift, local(N2)]);
     let n2 = b.gathered(local(N2), l, blk);
-    let flops = b.linear_flops(full - full_start, p.fc1.0.value)?;
     let (w, bi) = (b.all(p.fc1.0.value), b.all(p.fc1.1.value));
-    b.launch(Op::Linear, l, flops, &[n2, w, bi, head(F1)]);
-    b.launch(Op::Gelu, l, 0, &[head(F1), head(G)]);
+    for (x, y) in shares(n2, &segments(F1)) {
+        let flops = b.linear_flops(y.end - y.start, p.fc1.0.value)?;
+        b.launch(Op::Linear, l, flops, &[x, w, bi, y]);
+    }
+    for (f1, g) in segments(F1).into_iter().zip(segments(G)) {
+        b.launch(Op::Gelu, l, 0, &[f1, g]);
+    }
     if let Some(output) = output {
         let mlp = b.buffer(BufferKind::Transient, TensorRole::Fc2Output, l, r, shape.hidden_row, blk);
-        linear_into(b, layer, block, head(G), p.fc2, b.all(mlp))?;
-        let (res, mlp, out) = (b.all(s[RES]), b.all(mlp), b.all(output));
+        let mlp = b.all(mlp);
+        b.row_parallel(l, blk, &segments(G), p.fc2, mlp)?;
+        let (res, out) = (b.all(s[RES]), b.all(output));
         b.launch(Op::Add, l, 0, &[res, mlp, out]);
     }
     Ok(())
 }
 
-/// A row-parallel linear layer from head-sharded `x` into sequence-sharded `dest` (through a
-/// partial sum and a reduce-scatter when `t > 1`).
-fn linear_into(
-    b: &mut Builder,
-    layer: u32,
-    block: Block,
-    x: Region,
-    (weight, bias): (Param, Param),
-    dest: Region,
-) -> Result<(), ScheduleError> {
-    let l = Some(layer);
-    let partial = b.partial_for(dest, l, Some(block));
-    let flops = b.linear_flops(x.end - x.start, weight.value)?;
-    let (w, bi) = (b.all(weight.value), b.all(bias.value));
-    b.launch(Op::Linear, l, flops, &[x, w, bi, partial]);
-    b.scatter(partial, dest, l);
-    Ok(())
+/// The rows of head-sharded tensor `buffer` that hold the tokens of sequence-sharded rows
+/// `[start, r)` of every rank: the segments `k*r + [start, r)`, `k` in rank order, or one region
+/// `[0, R)` when `start` is 0 (the segments then meet).
+pub(crate) fn head_segments(shape: &super::Shape, buffer: BufferId, start: u64) -> Vec<Region> {
+    let r = shape.local_rows;
+    if start == 0 || shape.tensor == 1 {
+        return alloc::vec![Region::rows(buffer, start * shape.tensor, shape.full_rows)];
+    }
+    (0..shape.tensor).map(|k| Region::rows(buffer, k * r + start, (k + 1) * r)).collect()
+}
+
+/// Rows `[first, end)` of each run of swapped rows of a skeletal tensor (`a = swapped` rows of
+/// each sequence-sharded shard): `[0, rows)` for a tensor swapped whole, `[0, a)` for a
+/// sequence-sharded token-split one, `k*r + [0, a)` for every rank segment `k` of a head-sharded
+/// one (one run `[0, R)` when `a = r`). Empty runs are left out.
+pub(crate) fn swapped_runs(shape: &super::Shape, rows: Rows, split: bool, swapped: u64) -> Vec<(u64, u64)> {
+    let r = shape.local_rows;
+    let runs = match (split, rows) {
+        (false, Rows::SequenceSharded) => alloc::vec![(0, r)],
+        (false, Rows::HeadSharded) => alloc::vec![(0, shape.full_rows)],
+        (true, Rows::SequenceSharded) => alloc::vec![(0, swapped)],
+        (true, Rows::HeadSharded) if swapped >= r || shape.tensor == 1 => {
+            alloc::vec![(0, swapped.min(r) * shape.tensor)]
+        }
+        (true, Rows::HeadSharded) => (0..shape.tensor).map(|k| (k * r, k * r + swapped)).collect(),
+    };
+    runs.into_iter().filter(|(first, end)| end > first).collect()
+}
+
+/// Pairs each head-sharded segment with its share of the gathered input `x` (the segments' rows
+/// back to back, rank-major, as the all-gather lays them out).
+fn shares(x: Region, segments: &[Region]) -> Vec<(Region, Region)> {
+    let mut at = x.start;
+    segments
+        .iter()
+        .map(|&y| {
+            let rows = y.end - y.start;
+            let share = Region::rows(x.buffer, at, at + rows);
+            at += rows;
+            (share, y)
+        })
+        .collect()
 }
 
 /// Layer `layer`'s backward: from the gradient of its output `d_out` to the gradient of its
@@ -478,12 +527,12 @@ fn backward_weight(
     dy: Region,
 ) -> Result<(), ScheduleError> {
     let flops = b.linear_flops(dy.end - dy.start, weight.value)?;
-    let (dw, db) = (b.all(weight.grad), b.all(bias.grad));
+    let (dw, db) = (weight.grad, bias.grad);
     b.launch(Op::LinearBackwardWeight, Some(layer), flops, &[x, dy, dw, db]);
     Ok(())
 }
 
 fn layer_norm_backward(b: &mut Builder, layer: u32, x: Region, (scale, shift): (Param, Param), dy: Region, dx: Region) {
-    let (s, ds, dsh) = (b.all(scale.value), b.all(scale.grad), b.all(shift.grad));
+    let (s, ds, dsh) = (b.all(scale.value), scale.grad, shift.grad);
     b.launch(Op::LayerNormBackward, Some(layer), 0, &[x, s, dy, dx, ds, dsh]);
 }

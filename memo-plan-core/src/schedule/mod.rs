@@ -220,8 +220,13 @@ impl Shape {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Param {
     pub value: BufferId,
-    pub grad: BufferId,
+    /// Its gradient: a whole buffer, or (`t > 1`, a replicated norm parameter) one row of the
+    /// replicated-gradients buffer.
+    pub grad: Region,
     pub state: BufferId,
+    /// Whether every rank holds all of it (norms, the row-parallel biases): its gradient's squares
+    /// are added once, after the all-reduce of the sharded ones.
+    pub replicated: bool,
 }
 
 /// Builds buffers and instructions; the one place that emits instructions, so the rounding-buffer
@@ -236,6 +241,8 @@ pub(crate) struct Builder {
     pending_swap_out: [Option<EventId>; 2],
     /// Every parameter, in creation order (the optimizer walks it).
     pub params: Vec<Param>,
+    /// With `t > 1`: the buffer of every layer-norm gradient (one row each) and its next free row.
+    replicated_grads: Option<(BufferId, u64)>,
 }
 
 impl Builder {
@@ -248,6 +255,7 @@ impl Builder {
             events: 0,
             pending_swap_out: [None, None],
             params: Vec::new(),
+            replicated_grads: None,
         }
     }
 
@@ -284,17 +292,68 @@ impl Builder {
 
     /// A parameter of `rows` x `row_elements` with its gradient and optimizer state.
     pub fn param(&mut self, role: TensorRole, layer: Option<u32>, rows: u64, row_elements: u64) -> Param {
-        let value = self.buffer(BufferKind::Parameter, role, layer, rows, row_elements * BF16_BYTES, None);
-        let grad = self.buffer(BufferKind::Gradient, role, layer, rows, row_elements * BF16_BYTES, None);
-        // fp32 master weights, AdamW m and v.
-        let state = self.buffer(BufferKind::OptimizerState, role, layer, rows, row_elements * 3 * FP32_BYTES, None);
-        let param = Param { value, grad, state };
+        self.param_of(role, layer, rows, row_elements, false)
+    }
+
+    /// A parameter every rank holds whole (its gradient is whole on every rank too).
+    pub fn replicated_param(&mut self, role: TensorRole, layer: Option<u32>, rows: u64, row_elements: u64) -> Param {
+        self.param_of(role, layer, rows, row_elements, true)
+    }
+
+    /// A layer norm's scale or shift (`1 x h`, replicated). With `t > 1` its gradient is the next
+    /// row of the replicated-gradients buffer ([`Builder::replicated_gradients`]), which one
+    /// all-reduce sums over the ranks.
+    pub fn norm_param(&mut self, role: TensorRole, layer: Option<u32>) -> Param {
+        let h = self.shape.hidden;
+        let Some((grads, next)) = self.replicated_grads else { return self.replicated_param(role, layer, 1, h) };
+        self.replicated_grads = Some((grads, next + 1));
+        let value = self.buffer(BufferKind::Parameter, role, layer, 1, h * BF16_BYTES, None);
+        let state = self.buffer(BufferKind::OptimizerState, role, layer, 1, h * 3 * FP32_BYTES, None);
+        let param = Param { value, grad: Region::rows(grads, next, next + 1), state, replicated: true };
         self.params.push(param);
         param
     }
 
+    fn param_of(&mut self, role: TensorRole, layer: Option<u32>, rows: u64, row_elements: u64, rep: bool) -> Param {
+        let value = self.buffer(BufferKind::Parameter, role, layer, rows, row_elements * BF16_BYTES, None);
+        let grad = self.buffer(BufferKind::Gradient, role, layer, rows, row_elements * BF16_BYTES, None);
+        // fp32 master weights, AdamW m and v.
+        let state = self.buffer(BufferKind::OptimizerState, role, layer, rows, row_elements * 3 * FP32_BYTES, None);
+        let param = Param { value, grad: self.all(grad), state, replicated: rep };
+        self.params.push(param);
+        param
+    }
+
+    /// With `t > 1`: the buffer holding every layer-norm gradient (4 rows per layer and 2 for the
+    /// final norm), made before any norm parameter.
+    fn reserve_replicated_gradients(&mut self) {
+        if self.shape.tensor == 1 {
+            return;
+        }
+        let rows = u64::from(self.shape.layers) * 4 + 2;
+        let id =
+            self.buffer(BufferKind::Gradient, TensorRole::ReplicatedGradients, None, rows, self.shape.hidden_row, None);
+        self.replicated_grads = Some((id, 0));
+    }
+
+    /// The replicated-gradients buffer, if there is one.
+    fn replicated_gradients(&self) -> Option<Region> {
+        self.replicated_grads.map(|(id, _)| self.all(id))
+    }
+
     pub fn rows_of(&self, id: BufferId) -> u64 {
         self.buffers[id.index()].rows
+    }
+
+    /// The row of its tensor that row 0 of `id` holds.
+    pub fn first_row_of(&self, id: BufferId) -> u64 {
+        self.buffers[id.index()].first_row
+    }
+
+    /// Says that row 0 of `id` holds row `first_row` of its tensor (a host slot of a rank
+    /// segment).
+    pub fn set_first_row(&mut self, id: BufferId, first_row: u64) {
+        self.buffers[id.index()].first_row = first_row;
     }
 
     /// All rows of `id`.
@@ -302,8 +361,10 @@ impl Builder {
         Region::rows(id, 0, self.rows_of(id))
     }
 
-    /// Launches `op` on `regions` (in `op.signature()` order) on the compute stream. Waits first
-    /// for the swap-out of a rounding buffer it writes, if that copy was not waited for yet.
+    /// Launches `op` on `regions` (in `op.signature()` order) on its stream ([`Op::stream`]).
+    /// Waits first for the swap-out of a rounding buffer it writes, if that copy was not waited
+    /// for yet. A collective goes on the collective stream between two events: compute records,
+    /// the collective stream waits, runs it and records, compute waits.
     pub fn launch(&mut self, op: Op, layer: Option<u32>, flops: u64, regions: &[Region]) {
         let signature = op.signature();
         debug_assert_eq!(signature.len(), regions.len(), "{op:?}");
@@ -316,7 +377,18 @@ impl Builder {
             }
         }
         let args = regions.iter().zip(signature).map(|(&region, &(_, access))| Arg { region, access }).collect();
-        self.push(Stream::Compute, Action::Launch(Launch { op, args, layer, flops }));
+        let launch = Action::Launch(Launch { op, args, layer, flops });
+        if op.is_collective() {
+            // Events both ways: the collective starts after compute wrote its input, and compute
+            // goes on (reads its output, or overwrites its buffers) after it completed.
+            let ready = self.record(Stream::Compute);
+            self.wait(Stream::Collective, ready);
+            self.push(Stream::Collective, launch);
+            let done = self.record(Stream::Collective);
+            self.wait(Stream::Compute, done);
+        } else {
+            self.push(Stream::Compute, launch);
+        }
     }
 
     pub fn copy(&mut self, stream: Stream, src: Region, dst: Region, tensor: TensorRows) {
@@ -387,6 +459,41 @@ impl Builder {
         }
     }
 
+    /// A row-parallel linear layer from head-sharded `segments` (one region per rank segment, or
+    /// one for all rows) into sequence-sharded `dest`. With `t = 1`: `linear` with its bias. With
+    /// `t > 1`: `linear_no_bias` of each segment into its share of a partial sum, the
+    /// reduce-scatter into `dest`, then `add_bias` once (`spec/tensor-parallel.md` section 4).
+    pub fn row_parallel(
+        &mut self,
+        layer: Option<u32>,
+        block: Option<Block>,
+        segments: &[Region],
+        (weight, bias): (Param, Param),
+        dest: Region,
+    ) -> Result<(), ScheduleError> {
+        let w = self.all(weight.value);
+        let bi = self.all(bias.value);
+        if self.shape.tensor == 1 {
+            for &x in segments {
+                let flops = self.linear_flops(x.end - x.start, weight.value)?;
+                self.launch(Op::Linear, layer, flops, &[x, w, bi, dest]);
+            }
+            return Ok(());
+        }
+        let partial = self.partial_for(dest, layer, block);
+        let mut at = partial.start;
+        for &x in segments {
+            let rows = x.end - x.start;
+            let flops = self.linear_flops(rows, weight.value)?;
+            let share = Region::rows(partial.buffer, at, at + rows);
+            self.launch(Op::LinearNoBias, layer, flops, &[x, w, share]);
+            at += rows;
+        }
+        self.scatter(partial, dest, layer);
+        self.launch(Op::AddBias, layer, 0, &[bi, dest]);
+        Ok(())
+    }
+
     fn finish(self, swapped_rows: u64) -> Schedule {
         Schedule {
             buffers: self.buffers,
@@ -411,9 +518,10 @@ pub fn build(
     let tokens = b.buffer(BufferKind::Input, TensorRole::Tokens, None, r, TOKEN_ID_BYTES, None);
     let targets = b.buffer(BufferKind::Input, TensorRole::Targets, None, r, TOKEN_ID_BYTES, None);
     let embedding = b.param(TensorRole::Embedding, None, shape.vocab_rows, shape.hidden);
+    b.reserve_replicated_gradients();
     let layer_params: Vec<layer::LayerParams> = (0..layers).map(|l| layer::LayerParams::new(&mut b, l)).collect();
-    let final_scale = b.param(TensorRole::FinalNormScale, None, 1, shape.hidden);
-    let final_shift = b.param(TensorRole::FinalNormShift, None, 1, shape.hidden);
+    let final_scale = b.norm_param(TensorRole::FinalNormScale, None);
+    let final_shift = b.norm_param(TensorRole::FinalNormShift, None);
     let loss = b.buffer(BufferKind::Scalar, TensorRole::Loss, None, 1, FP32_BYTES, None);
     let grad_norm = b.buffer(BufferKind::Scalar, TensorRole::GradNormSquared, None, 1, FP32_BYTES, None);
 
@@ -421,11 +529,21 @@ pub fn build(
     let mut storage = layer::Storage::new(&mut b, options.strategy, options.alpha_fixed);
     let final_hidden = b.buffer(BufferKind::CrossLayer, TensorRole::LayerOutput, None, r, shape.hidden_row, None);
 
-    // 1. Embedding into layer 0's input.
+    // 1. Embedding into layer 0's input (t > 1: from the gathered table).
     let first_input = storage.forward_set(0).input();
     let out = b.all(first_input);
-    let (tok, emb) = (b.all(tokens), b.all(embedding.value));
-    b.launch(Op::Embedding, None, 0, &[tok, emb, out]);
+    let tok = b.all(tokens);
+    let emb = b.all(embedding.value);
+    let table = if shape.tensor == 1 {
+        emb
+    } else {
+        let rows = shape.vocab_rows * shape.tensor;
+        let id = b.buffer(BufferKind::Transient, TensorRole::GatheredEmbedding, None, rows, shape.hidden_row, None);
+        let table = b.all(id);
+        b.launch(Op::AllGather, None, 0, &[emb, table]);
+        table
+    };
+    b.launch(Op::Embedding, None, 0, &[tok, table, out]);
 
     // 2. Forward.
     for l in 0..layers {
@@ -442,13 +560,22 @@ pub fn build(
     let (x, scale, shift, y) =
         (b.all(final_hidden), b.all(final_scale.value), b.all(final_shift.value), b.all(final_norm));
     b.launch(Op::LayerNorm, None, 0, &[x, scale, shift, y]);
-    let (loss_all, d_embedding) = (b.all(loss), b.all(embedding.grad));
+    // The classifier's share of the embedding gradient: the gradient itself with t = 1, a
+    // transient added to the lookup's share at the end with t > 1.
+    let d_classifier = if shape.tensor == 1 {
+        embedding.grad
+    } else {
+        let rows = shape.vocab_rows;
+        let id = b.buffer(BufferKind::Transient, TensorRole::EmbeddingGradientPart, None, rows, shape.hidden_row, None);
+        b.all(id)
+    };
+    let loss_all = b.all(loss);
     b.launch(Op::Zero, None, 0, &[loss_all]);
-    b.launch(Op::Zero, None, 0, &[d_embedding]);
-    classifier(&mut b, embedding, final_norm, d_final_norm, targets, loss)?;
+    b.launch(Op::Zero, None, 0, &[d_classifier]);
+    classifier(&mut b, embedding, d_classifier, final_norm, d_final_norm, targets, loss)?;
     let d_output = storage.new_output_gradient(&mut b, layers - 1);
     let (x, scale, dy, dx) = (b.all(final_hidden), b.all(final_scale.value), b.all(d_final_norm), b.all(d_output));
-    let (dscale, dshift) = (b.all(final_scale.grad), b.all(final_shift.grad));
+    let (dscale, dshift) = (final_scale.grad, final_shift.grad);
     b.launch(Op::LayerNormBackward, None, 0, &[x, scale, dy, dx, dscale, dshift]);
 
     // 4. Backward, last layer first.
@@ -470,29 +597,65 @@ pub fn build(
         d_out = d_in;
     }
 
-    // 5. Embedding backward, gradient norm, AdamW.
+    // 5. (t > 1: the layer norms' gradients summed over the ranks.) Embedding backward,
+    // gradient norm, AdamW.
+    if let Some(replicated) = b.replicated_gradients() {
+        b.launch(Op::AllReduceSumBf16, None, 0, &[replicated]);
+    }
     let (tok, dy) = (b.all(tokens), b.all(d_out));
-    b.launch(Op::EmbeddingBackward, None, 0, &[tok, dy, d_embedding]);
+    if shape.tensor == 1 {
+        b.launch(Op::EmbeddingBackward, None, 0, &[tok, dy, embedding.grad]);
+    } else {
+        // The lookup's gradient over the gathered table, reduce-scattered to the shards.
+        let rows = shape.vocab_rows * shape.tensor;
+        let whole =
+            b.buffer(BufferKind::Transient, TensorRole::GatheredEmbeddingGradient, None, rows, shape.hidden_row, None);
+        let whole = b.all(whole);
+        b.launch(Op::Zero, None, 0, &[whole]);
+        b.launch(Op::EmbeddingBackward, None, 0, &[tok, dy, whole]);
+        let part = b.buffer(
+            BufferKind::Transient,
+            TensorRole::EmbeddingGradientPart,
+            None,
+            shape.vocab_rows,
+            shape.hidden_row,
+            None,
+        );
+        let part = b.all(part);
+        b.launch(Op::ReduceScatter, None, 0, &[whole, part]);
+        b.launch(Op::Add, None, 0, &[d_classifier, part, embedding.grad]);
+    }
     let norm = b.all(grad_norm);
     b.launch(Op::Zero, None, 0, &[norm]);
     let params = b.params.clone();
-    for p in &params {
-        let grad = b.all(p.grad);
-        b.launch(Op::GradNormSquared, None, 0, &[grad, norm]);
+    // With t > 1: the sharded gradients' squares, summed over the ranks, then the replicated
+    // ones' (equal on every rank) once.
+    let sharded = shape.tensor > 1;
+    for p in params.iter().filter(|p| !(sharded && p.replicated)) {
+        b.launch(Op::GradNormSquared, None, 0, &[p.grad, norm]);
+    }
+    if sharded {
+        b.launch(Op::AllReduceSumF32, None, 0, &[norm]);
+        for p in params.iter().filter(|p| p.replicated) {
+            b.launch(Op::GradNormSquared, None, 0, &[p.grad, norm]);
+        }
     }
     for p in &params {
-        let (value, grad, state) = (b.all(p.value), b.all(p.grad), b.all(p.state));
-        b.launch(Op::AdamW, None, 0, &[value, grad, state, norm]);
+        let (value, state) = (b.all(p.value), b.all(p.state));
+        b.launch(Op::AdamW, None, 0, &[value, p.grad, state, norm]);
     }
     Ok(b.finish(storage.swapped_rows()))
 }
 
 /// The classifier in chunks of rows: logits of one chunk, its cross-entropy (loss added, logits
 /// replaced by their gradient), the gradient of the final norm's output for those rows, and the
-/// embedding gradient's share. One logits buffer serves every chunk.
+/// embedding gradient's share (into `d_embedding`). One logits buffer serves every chunk. With
+/// `t > 1` the chunk's rows are gathered from every rank, the logits are this rank's vocabulary
+/// columns, and the cross-entropy is split around two all-reduces (`spec/tensor-parallel.md`).
 fn classifier(
     b: &mut Builder,
     embedding: Param,
+    d_embedding: Region,
     final_norm: BufferId,
     d_final_norm: BufferId,
     targets: BufferId,
@@ -509,6 +672,17 @@ fn classifier(
         shape.vocab_rows * BF16_BYTES,
         None,
     );
+    // t > 1: per gathered row of a chunk, its target, the combined maximum and the two sums (one
+    // buffer each, reused by every chunk like the logits).
+    let (row_targets, row_max, row_sums) = if shape.tensor > 1 {
+        let targets =
+            b.buffer(BufferKind::Transient, TensorRole::GatheredTargets, None, logits_rows, TOKEN_ID_BYTES, None);
+        let max = b.buffer(BufferKind::Transient, TensorRole::LogitsMax, None, logits_rows, FP32_BYTES, None);
+        let sums = b.buffer(BufferKind::Transient, TensorRole::LogitsSums, None, logits_rows, 2 * FP32_BYTES, None);
+        (targets, max, sums)
+    } else {
+        (logits, logits, logits)
+    };
     let mut start = 0;
     while start < shape.local_rows {
         let end = (start + chunk_rows).min(shape.local_rows);
@@ -519,13 +693,25 @@ fn classifier(
         let emb = b.all(embedding.value);
         b.launch(Op::Classifier, None, flops, &[x, emb, chunk]);
         let (t, l) = (Region::rows(targets, start, end), b.all(loss));
-        b.launch(Op::CrossEntropy, None, 0, &[chunk, t, l]);
+        if shape.tensor == 1 {
+            b.launch(Op::CrossEntropy, None, 0, &[chunk, t, l]);
+        } else {
+            let gathered = Region::rows(row_targets, 0, rows);
+            b.launch(Op::AllGather, None, 0, &[t, gathered]);
+            let t = gathered;
+            let max = Region::rows(row_max, 0, rows);
+            let pair = Region::rows(row_sums, 0, rows);
+            b.launch(Op::CrossEntropyMax, None, 0, &[chunk, max]);
+            b.launch(Op::AllReduceMaxF32, None, 0, &[max]);
+            b.launch(Op::CrossEntropySums, None, 0, &[chunk, t, max, pair]);
+            b.launch(Op::AllReduceSumF32, None, 0, &[pair]);
+            b.launch(Op::CrossEntropyFinish, None, 0, &[chunk, t, max, pair, l]);
+        }
         let dx = Region::rows(d_final_norm, start, end);
         let partial = b.partial_for(dx, None, None);
         b.launch(Op::LinearBackwardInput, None, flops, &[chunk, emb, partial]);
         b.scatter(partial, dx, None);
-        let d_emb = b.all(embedding.grad);
-        b.launch(Op::ClassifierBackwardWeight, None, flops, &[x, chunk, d_emb]);
+        b.launch(Op::ClassifierBackwardWeight, None, flops, &[x, chunk, d_embedding]);
         start = end;
     }
     Ok(())

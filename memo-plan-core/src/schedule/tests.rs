@@ -58,7 +58,7 @@ fn schedules_are_well_formed_for_every_strategy_and_layout() {
                 for instruction in &schedule.instructions {
                     match &instruction.action {
                         Action::Launch(launch) => {
-                            assert_eq!(instruction.stream, Stream::Compute);
+                            assert_eq!(instruction.stream, launch.op.stream());
                             assert_eq!(launch.args.len(), launch.op.signature().len());
                             launch.args.iter().for_each(|a| check(&a.region));
                         }
@@ -240,44 +240,177 @@ fn the_checker_accepts_the_paper_setting() {
     }
 }
 
-/// Every launch of a `t = 1` schedule passes the op table's shape rules (`plan::shapes`, which
-/// every backend checks before it runs a launch), and each matrix product's FLOPs in the plan are
-/// the op table's count for its shapes.
+/// Every launch of a schedule passes the op table's shape rules (`plan::shapes`, which every
+/// backend checks before it runs a launch) on every rank of the group (`t` = 1, 2, 4, with a
+/// vocabulary `t` does not divide), and each matrix product's FLOPs in the plan are the op
+/// table's count for its shapes.
 #[test]
 fn every_launch_passes_the_op_tables_shape_rules_with_its_flops() {
     use crate::plan::shapes::{self, ArgShape, ShapeContext};
-    for strategy in Strategy::ALL {
-        let model = tiny(3, 96);
-        let options = ScheduleOptions { strategy, alpha_fixed: ALPHA_ONE / 3 };
-        let schedule = build(&model, &Parallelism::new(1, 1), &options).unwrap();
-        let embedding = schedule.buffers.iter().find(|b| b.role == crate::plan::TensorRole::Embedding).unwrap();
-        let ctx = ShapeContext {
-            hidden: model.hidden,
-            heads: model.heads,
-            seq_len: model.seq_len,
-            vocab: embedding.rows,
-            loss_scale_tokens: model.micro_batch * model.seq_len,
-            adamw_step: 1,
-        };
-        let mut products = 0;
-        for instruction in &schedule.instructions {
-            let Action::Launch(launch) = &instruction.action else { continue };
-            let args: Vec<ArgShape> = launch
-                .args
+    for (strategy, tensor) in Strategy::ALL.into_iter().flat_map(|s| [(s, 1u64), (s, 2), (s, 4)]) {
+        for rank in 0..tensor {
+            let mut model = tiny(3, 96);
+            model.vocab = 101;
+            let options = ScheduleOptions { strategy, alpha_fixed: ALPHA_ONE / 3 };
+            let schedule = build(&model, &Parallelism::new(tensor, 1), &options).unwrap();
+            let ctx = ShapeContext {
+                hidden: model.hidden,
+                heads: model.heads / tensor,
+                seq_len: model.seq_len,
+                vocab: model.vocab,
+                loss_scale_tokens: model.micro_batch * model.seq_len,
+                adamw_step: 1,
+                rank,
+                ranks: tensor,
+            };
+            let mut products = 0;
+            for instruction in &schedule.instructions {
+                let Action::Launch(launch) = &instruction.action else { continue };
+                let args: Vec<ArgShape> = launch
+                    .args
+                    .iter()
+                    .map(|arg| {
+                        let buffer = schedule.buffers[arg.region.buffer.index()];
+                        let rows = arg.region.end - arg.region.start;
+                        ArgShape { first_row: arg.region.start, rows, row_bytes: buffer.row_bytes }
+                    })
+                    .collect();
+                let shape = shapes::check(launch.op, &args, &ctx)
+                    .unwrap_or_else(|e| panic!("{} ({}, t = {tensor}): {e}", launch.op.name(), strategy.name()));
+                if shape.matmul_flops() > 0 {
+                    assert_eq!(launch.flops, shape.matmul_flops(), "{}", launch.op.name());
+                    products += 1;
+                }
+            }
+            assert!(products > 10, "{products} matrix products");
+        }
+    }
+}
+
+/// With `t > 1`, every row of a head-sharded token-split tensor that the backward reads holds the
+/// token it held in the forward: its swapped rows are `k*r + [0, a)` (one host slot each, whose
+/// copies name those rows) and its recomputed rows `k*r + [a, r)`, each written from share `k`
+/// of the gathered input (the rows rank `k` holds); together they cover every row once.
+#[test]
+fn head_sharded_rows_keep_their_tokens_at_t_above_1() {
+    use crate::plan::Launch;
+    for tensor in [2u64, 4] {
+        let model = tiny(5, 96);
+        let alpha_fixed = ALPHA_ONE / 3;
+        let schedule =
+            build(&model, &Parallelism::new(tensor, 1), &ScheduleOptions { strategy: Strategy::Memo, alpha_fixed })
+                .unwrap();
+        let r = 96 / tensor;
+        let a = swapped_rows(r, alpha_fixed);
+        assert!(0 < a && a < r);
+        for role in
+            [TensorRole::Query, TensorRole::Key, TensorRole::Value, TensorRole::Fc1Output, TensorRole::GeluOutput]
+        {
+            // Layer 0's host slots of this tensor: one per rank segment.
+            let mut slots: Vec<(u64, u64)> = schedule
+                .buffers
                 .iter()
-                .map(|arg| {
-                    let buffer = schedule.buffers[arg.region.buffer.index()];
-                    let rows = arg.region.end - arg.region.start;
-                    ArgShape { first_row: arg.region.start, rows, row_bytes: buffer.row_bytes }
-                })
+                .filter(|b| b.kind == BufferKind::HostSlot && b.role == role && b.layer == Some(0))
+                .map(|b| (b.first_row, b.rows))
                 .collect();
-            let shape = shapes::check(launch.op, &args, &ctx)
-                .unwrap_or_else(|e| panic!("{} ({}): {e}", launch.op.name(), strategy.name()));
-            if shape.matmul_flops() > 0 {
-                assert_eq!(launch.flops, shape.matmul_flops(), "{}", launch.op.name());
-                products += 1;
+            slots.sort_unstable();
+            let expected: Vec<(u64, u64)> = (0..tensor).map(|k| (k * r, a)).collect();
+            assert_eq!(slots, expected, "t = {tensor} {role:?}");
+            // The recompute of layer 0 writes the other rows of every segment, once each.
+            let rounding = schedule
+                .buffers
+                .iter()
+                .position(|b| b.kind == BufferKind::RoundingBuffer && b.role == role && b.slot == 0)
+                .unwrap();
+            let backward_start = schedule
+                .instructions
+                .iter()
+                .position(|i| matches!(&i.action, Action::Launch(Launch { op: Op::LayerNormBackward, .. })))
+                .unwrap();
+            let mut written: Vec<(u64, u64)> = Vec::new();
+            let mut layer0_recompute = Vec::new();
+            for (index, instruction) in schedule.instructions.iter().enumerate().skip(backward_start) {
+                let Action::Launch(launch) = &instruction.action else { continue };
+                if launch.layer != Some(0) || !matches!(launch.op, Op::Linear | Op::Gelu) {
+                    continue;
+                }
+                let out = launch.args.last().unwrap().region;
+                if out.buffer.index() == rounding {
+                    written.push((out.start, out.end));
+                    layer0_recompute.push((index, launch.args[0].region));
+                }
+            }
+            written.sort_unstable();
+            let expected: Vec<(u64, u64)> = (0..tensor).map(|k| (k * r + a, (k + 1) * r)).collect();
+            assert_eq!(written, expected, "t = {tensor} {role:?}: recomputed rows");
+            // The linear layers read share k of the gathered input for segment k.
+            if role != TensorRole::GeluOutput {
+                for (k, (_, input)) in layer0_recompute.iter().enumerate() {
+                    let share = r - a;
+                    assert_eq!((input.start, input.end), (k as u64 * share, (k as u64 + 1) * share), "{role:?}");
+                }
             }
         }
-        assert!(products > 10, "{products} matrix products");
+    }
+}
+
+/// With `t > 1` the row-parallel products write a bias-free partial sum, reduce-scatter it, and
+/// add the bias once after; every collective runs on the collective stream between a compute
+/// Record it waits for and a Record compute waits for. With `t = 1` there is no collective and no
+/// split op.
+#[test]
+fn t_above_1_adds_the_bias_after_the_reduce_scatter_and_brackets_collectives() {
+    for strategy in Strategy::ALL {
+        let model = tiny(4, 64);
+        let options = ScheduleOptions { strategy, alpha_fixed: ALPHA_ONE / 2 };
+        let single = build(&model, &Parallelism::single(), &options).unwrap();
+        let split_ops =
+            [Op::LinearNoBias, Op::AddBias, Op::CrossEntropyMax, Op::CrossEntropySums, Op::CrossEntropyFinish];
+        for i in &single.instructions {
+            assert_ne!(i.stream, Stream::Collective);
+            if let Action::Launch(l) = &i.action {
+                assert!(!l.op.is_collective() && !split_ops.contains(&l.op), "{:?} at t = 1", l.op);
+            }
+        }
+        let schedule = build(&model, &Parallelism::new(2, 1), &options).unwrap();
+        let ins = &schedule.instructions;
+        let mut adds = 0;
+        for (index, i) in ins.iter().enumerate() {
+            let Action::Launch(l) = &i.action else { continue };
+            if l.op == Op::Linear {
+                let out = schedule.buffers[l.args[3].region.buffer.index()];
+                assert_ne!(out.role, TensorRole::PartialSum, "a biased linear into a partial sum");
+            }
+            if l.op.is_collective() {
+                assert_eq!(i.stream, Stream::Collective);
+                let (Action::Record(before), Action::Wait(waited)) = (&ins[index - 2].action, &ins[index - 1].action)
+                else {
+                    panic!("collective {index} is not after a record and a wait")
+                };
+                assert_eq!(
+                    (ins[index - 2].stream, ins[index - 1].stream, before),
+                    (Stream::Compute, Stream::Collective, waited)
+                );
+                let (Action::Record(after), Action::Wait(resumed)) = (&ins[index + 1].action, &ins[index + 2].action)
+                else {
+                    panic!("collective {index} is not before a record and a wait")
+                };
+                assert_eq!(
+                    (ins[index + 1].stream, ins[index + 2].stream, after),
+                    (Stream::Collective, Stream::Compute, resumed)
+                );
+            }
+            if l.op == Op::AddBias {
+                // The reduce-scatter into the same rows is the launch before (its events between).
+                let Action::Launch(scatter) = &ins[index - 3].action else { panic!("no launch before add_bias") };
+                assert_eq!(scatter.op, Op::ReduceScatter);
+                assert_eq!(scatter.args[1].region, l.args[1].region);
+                let bias = schedule.buffers[l.args[0].region.buffer.index()];
+                assert!(matches!(bias.role, TensorRole::ProjectionBias | TensorRole::Fc2Bias), "{bias}");
+                adds += 1;
+            }
+        }
+        // Per layer: the projection and FC2 in the forward, the projection again in a recompute.
+        assert!(adds >= 2 * 4, "{strategy:?}: {adds} bias adds");
     }
 }

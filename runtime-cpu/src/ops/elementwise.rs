@@ -4,8 +4,8 @@
 
 use memo_plan_core::plan::Op;
 
-use super::tensor::{bf16_bits_to_f32, f32_to_bf16_bytes, split, u32_vec, BF16};
-use super::{Arg, OpContext, OpError, OpErrorKind};
+use super::tensor::{bf16_bits_to_f32, f32_to_bf16_bytes, split, split_in, u32_vec, BF16};
+use super::{Arg, Group, OpContext, OpError, OpErrorKind};
 
 /// `sqrt(2 / pi)`, of GeLU's tanh approximation.
 const GELU_C: f32 = 0.797_884_6;
@@ -38,11 +38,12 @@ fn token_ids(op: Op, tokens: &super::tensor::In<'_>, limit: usize) -> Result<Vec
     Ok(ids)
 }
 
-/// `embedding`: `out[r] = embedding[tokens[r]]`.
-pub(crate) fn embedding(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+/// `embedding`: `out[r] = embedding[tokens[r]]` (the whole table: with `t > 1`, the gathered
+/// one, whose row `i` is vocabulary id `i`). Ids must be below the vocabulary.
+pub(crate) fn embedding(args: &mut [Arg<'_>], ctx: &OpContext, group: Group) -> Result<(), OpError> {
     let op = Op::Embedding;
-    let ([tokens, embedding], [out], _) = split::<2, 1>(op, args, ctx)?;
-    let ids = token_ids(op, &tokens, embedding.rows)?;
+    let ([tokens, embedding], [out], _) = split_in::<2, 1>(op, args, ctx, group)?;
+    let ids = token_ids(op, &tokens, embedding.rows.min(ctx.vocab))?;
     let width = embedding.row_bytes;
     if width == 0 {
         return Ok(());
@@ -58,10 +59,10 @@ pub(crate) fn embedding(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpE
 
 /// `embedding_backward`: `dembedding[tokens[r]] += dout[r]`. The rows of one token are summed in
 /// f32 in row order onto the stored bf16 value, which is rounded once.
-pub(crate) fn embedding_backward(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+pub(crate) fn embedding_backward(args: &mut [Arg<'_>], ctx: &OpContext, group: Group) -> Result<(), OpError> {
     let op = Op::EmbeddingBackward;
-    let ([tokens, dout], [dembedding], _) = split::<2, 1>(op, args, ctx)?;
-    let ids = token_ids(op, &tokens, dembedding.rows)?;
+    let ([tokens, dout], [dembedding], _) = split_in::<2, 1>(op, args, ctx, group)?;
+    let ids = token_ids(op, &tokens, dembedding.rows.min(ctx.vocab))?;
     let width = dembedding.row_bytes;
     if width == 0 || ids.is_empty() {
         return Ok(());
@@ -123,6 +124,21 @@ pub(crate) fn add(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> 
     {
         let sum = bf16_bits_to_f32(av[0], av[1]) + bf16_bits_to_f32(bv[0], bv[1]);
         dst.copy_from_slice(&f32_to_bf16_bytes(sum));
+    }
+    Ok(())
+}
+
+/// `add_bias`: `y[r] += bias` on every row, each element added in f32 and rounded once.
+pub(crate) fn add_bias(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+    let ([bias], [y], _) = split::<1, 1>(Op::AddBias, args, ctx)?;
+    if bias.row_bytes == 0 {
+        return Ok(());
+    }
+    for row in y.bytes.chunks_exact_mut(bias.row_bytes) {
+        for (dst, b) in row.chunks_exact_mut(BF16).zip(bias.bytes.chunks_exact(BF16)) {
+            let sum = bf16_bits_to_f32(dst[0], dst[1]) + bf16_bits_to_f32(b[0], b[1]);
+            dst.copy_from_slice(&f32_to_bf16_bytes(sum));
+        }
     }
     Ok(())
 }

@@ -7,8 +7,8 @@
 use memo_plan_core::plan::Op;
 
 use super::gemm::{gemm, ASource, PackedB};
-use super::tensor::{bf16_bits_to_f32, bf16_vec, dim, f32_to_bf16_bytes, split, store_bf16, BF16};
-use super::{Arg, OpContext, OpError};
+use super::tensor::{bf16_bits_to_f32, bf16_vec, dim, f32_to_bf16_bytes, split, split_in, store_bf16, BF16};
+use super::{Arg, Group, OpContext, OpError};
 
 /// What the epilogue does with a row of `C`.
 #[derive(Clone, Copy)]
@@ -56,6 +56,17 @@ pub(crate) fn linear(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> R
     Ok(())
 }
 
+/// `linear_no_bias`: `y = x W^T` (a row-parallel product's partial sum; each element the same
+/// sequential f32 sum as `linear`'s, rounded once, without the bias).
+pub(crate) fn linear_no_bias(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
+    let ([x, weight], [y], shape) = split::<2, 1>(Op::LinearNoBias, args, ctx)?;
+    let (k, n) = (dim(shape.width), dim(shape.features));
+    let b = PackedB::from_bf16_transposed(weight.bytes, n, k);
+    let a = ASource::Rows { bytes: x.bytes, k };
+    gemm(a, &b, y.bytes, y.row_bytes, threads, |_, c, n_pad, out| store_rows(c, n_pad, n, out, Store::Overwrite));
+    Ok(())
+}
+
 /// `linear_backward_input` (`dx = dy W`) and its accumulating twin (`dx += dy W`).
 pub(crate) fn backward_input(
     args: &mut [Arg<'_>],
@@ -95,8 +106,8 @@ pub(crate) fn backward_weight(args: &mut [Arg<'_>], ctx: &OpContext, threads: us
 }
 
 /// `classifier`: `logits = x E^T` over a chunk of rows.
-pub(crate) fn classifier(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
-    let ([x, embedding], [logits], shape) = split::<2, 1>(Op::Classifier, args, ctx)?;
+pub(crate) fn classifier(args: &mut [Arg<'_>], ctx: &OpContext, group: Group, threads: usize) -> Result<(), OpError> {
+    let ([x, embedding], [logits], shape) = split_in::<2, 1>(Op::Classifier, args, ctx, group)?;
     let (h, v) = (dim(shape.width), dim(shape.features));
     let b = PackedB::from_bf16_transposed(embedding.bytes, v, h);
     let a = ASource::Rows { bytes: x.bytes, k: h };
@@ -107,8 +118,13 @@ pub(crate) fn classifier(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) 
 }
 
 /// `classifier_backward_weight`: `dE += dlogits^T x` over a chunk.
-pub(crate) fn classifier_backward_weight(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
-    let ([x, dlogits], [dembedding], shape) = split::<2, 1>(Op::ClassifierBackwardWeight, args, ctx)?;
+pub(crate) fn classifier_backward_weight(
+    args: &mut [Arg<'_>],
+    ctx: &OpContext,
+    group: Group,
+    threads: usize,
+) -> Result<(), OpError> {
+    let ([x, dlogits], [dembedding], shape) = split_in::<2, 1>(Op::ClassifierBackwardWeight, args, ctx, group)?;
     let (h, v) = (dim(shape.width), dim(shape.features));
     let b = PackedB::from_bf16(x.bytes, x.rows, h);
     let a = ASource::Columns { bytes: dlogits.bytes, width: v };

@@ -47,7 +47,8 @@ pub use parallel::{set_threads, threads};
 /// the runtime's own type, so the interpreter passes it through unchanged.
 pub use memo_runtime::AdamW;
 
-/// What a launch's arguments cannot say about the model (`t = 1`).
+/// What a launch's arguments cannot say about the model (the rank's place in a tensor-parallel
+/// group comes apart, as a [`Group`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OpContext {
     /// Elements per row of sequence-sharded activations (the model's `h` when `t = 1`).
@@ -56,12 +57,28 @@ pub struct OpContext {
     pub heads: usize,
     /// Rows of one sequence: rows are `b*s`, row `r` is sequence `r / s`, position `r % s`.
     pub seq_len: usize,
-    /// Rows of the word embedding (the vocabulary).
+    /// The vocabulary `V` (each of `t` ranks holds `ceil(V / t)` embedding rows).
     pub vocab: usize,
     /// Tokens of the whole step (`b*s`): cross-entropy divides the loss gradient by it.
     pub loss_scale_tokens: usize,
     /// The optimizer's hyperparameters.
     pub adamw: AdamW,
+}
+
+/// A rank's place in its tensor-parallel group: what the vocabulary-parallel ops (the embedding
+/// and classifier shards, the split cross-entropy) need beyond [`OpContext`]. The runtime's
+/// kernel context gives it (`rank`, `ranks`); [`Group::SINGLE`] is one GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// This rank, `0..ranks`.
+    pub rank: usize,
+    /// GPUs in the group, `t`.
+    pub ranks: usize,
+}
+
+impl Group {
+    /// One GPU: rank 0 of 1.
+    pub const SINGLE: Group = Group { rank: 0, ranks: 1 };
 }
 
 /// An argument's bytes, read-only or writable. `ReadWrite` arguments come as `Write`.
@@ -100,9 +117,22 @@ pub fn execute(op: Op, args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpEr
 /// Runs `op` on `args` with at most `threads` threads (0 or 1: the calling thread only). The
 /// result's bits do not depend on `threads`.
 pub fn execute_with_threads(op: Op, args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
+    execute_on_rank(op, args, ctx, Group::SINGLE, threads)
+}
+
+/// Runs `op` on `args` as rank `group.rank` of a tensor-parallel group of `group.ranks` (the
+/// non-collective ops only: a collective needs the other ranks, and this reference refuses it
+/// after checking its arguments), with at most `threads` threads.
+pub fn execute_on_rank(
+    op: Op,
+    args: &mut [Arg<'_>],
+    ctx: &OpContext,
+    group: Group,
+    threads: usize,
+) -> Result<(), OpError> {
     let threads = threads.max(1);
     match op {
-        Op::Embedding => elementwise::embedding(args, ctx),
+        Op::Embedding => elementwise::embedding(args, ctx, group),
         Op::LayerNorm => norm::layer_norm(args, ctx),
         Op::Linear => linear::linear(args, ctx, threads),
         Op::Attention => attention::forward(args, ctx, threads),
@@ -110,19 +140,28 @@ pub fn execute_with_threads(op: Op, args: &mut [Arg<'_>], ctx: &OpContext, threa
         Op::Add => elementwise::add(args, ctx),
         Op::AllGather | Op::ReduceScatter => {
             // Check the arguments first so a malformed launch reports that, not the backend.
-            tensor::split::<1, 1>(op, args, ctx)?;
+            tensor::split_in::<1, 1>(op, args, ctx, group)?;
             Err(OpError::needs_multi_gpu(op))
         }
+        Op::AllReduceSumBf16 | Op::AllReduceSumF32 | Op::AllReduceMaxF32 => {
+            tensor::split_in::<0, 1>(op, args, ctx, group)?;
+            Err(OpError::needs_multi_gpu(op))
+        }
+        Op::LinearNoBias => linear::linear_no_bias(args, ctx, threads),
+        Op::AddBias => elementwise::add_bias(args, ctx),
+        Op::CrossEntropyMax => loss::cross_entropy_max(args, ctx, group),
+        Op::CrossEntropySums => loss::cross_entropy_sums(args, ctx, group),
+        Op::CrossEntropyFinish => loss::cross_entropy_finish(args, ctx, group),
         Op::LinearBackwardInput => linear::backward_input(args, ctx, false, threads),
         Op::LinearBackwardInputAccumulate => linear::backward_input(args, ctx, true, threads),
         Op::LinearBackwardWeight => linear::backward_weight(args, ctx, threads),
         Op::GeluBackward => elementwise::gelu_backward(args, ctx),
         Op::LayerNormBackward => norm::layer_norm_backward(args, ctx),
         Op::AttentionBackward => attention::backward(args, ctx, threads),
-        Op::Classifier => linear::classifier(args, ctx, threads),
+        Op::Classifier => linear::classifier(args, ctx, group, threads),
         Op::CrossEntropy => loss::cross_entropy(args, ctx),
-        Op::ClassifierBackwardWeight => linear::classifier_backward_weight(args, ctx, threads),
-        Op::EmbeddingBackward => elementwise::embedding_backward(args, ctx),
+        Op::ClassifierBackwardWeight => linear::classifier_backward_weight(args, ctx, group, threads),
+        Op::EmbeddingBackward => elementwise::embedding_backward(args, ctx, group),
         Op::Zero => elementwise::zero(args, ctx),
         Op::GradNormSquared => optim::grad_norm_squared(args, ctx),
         Op::AdamW => optim::adamw(args, ctx),

@@ -11,7 +11,7 @@ use half::bf16;
 use memo_plan_core::plan::shapes::{self, check_argument_count, ArgShape, OpShape, ShapeContext};
 use memo_plan_core::plan::{Access, Op};
 
-use super::{Arg, ArgData, OpContext, OpError, OpErrorKind};
+use super::{Arg, ArgData, Group, OpContext, OpError, OpErrorKind};
 
 /// Bytes of a bf16 element.
 pub(crate) const BF16: usize = 2;
@@ -44,8 +44,8 @@ pub(crate) fn dim(value: u64) -> usize {
     usize::try_from(value).unwrap_or(usize::MAX)
 }
 
-/// What the op table needs of the context.
-fn shape_context(ctx: &OpContext) -> ShapeContext {
+/// What the op table needs of the context and of the rank's place in its group.
+fn shape_context(ctx: &OpContext, group: Group) -> ShapeContext {
     ShapeContext {
         hidden: to_u64(ctx.hidden),
         heads: to_u64(ctx.heads),
@@ -53,6 +53,8 @@ fn shape_context(ctx: &OpContext) -> ShapeContext {
         vocab: to_u64(ctx.vocab),
         loss_scale_tokens: to_u64(ctx.loss_scale_tokens),
         adamw_step: ctx.adamw.step,
+        rank: to_u64(group.rank),
+        ranks: to_u64(group.ranks),
     }
 }
 
@@ -63,6 +65,17 @@ pub(crate) fn split<'s, const R: usize, const W: usize>(
     op: Op,
     args: &'s mut [Arg<'_>],
     ctx: &OpContext,
+) -> Result<([In<'s>; R], [Out<'s>; W], OpShape), OpError> {
+    split_in(op, args, ctx, Group::SINGLE)
+}
+
+/// [`split`] for a rank of a tensor-parallel group: the op table's rules for vocabulary shards
+/// and collectives depend on the group.
+pub(crate) fn split_in<'s, const R: usize, const W: usize>(
+    op: Op,
+    args: &'s mut [Arg<'_>],
+    ctx: &OpContext,
+    group: Group,
 ) -> Result<([In<'s>; R], [Out<'s>; W], OpShape), OpError> {
     let signature = op.signature();
     check_argument_count(op, args.len())?;
@@ -92,7 +105,7 @@ pub(crate) fn split<'s, const R: usize, const W: usize>(
             }
         }
     }
-    let shape = shapes::check(op, &arg_shapes, &shape_context(ctx))?;
+    let shape = shapes::check(op, &arg_shapes, &shape_context(ctx, group))?;
     // The counts follow from the signature; a mismatch here means `R`/`W` disagree with it.
     let internal = |found| OpError { op, argument: None, kind: OpErrorKind::ArgumentCount { expected: R + W, found } };
     let reads: [In<'s>; R] = reads.try_into().map_err(|v: Vec<In<'s>>| internal(v.len()))?;

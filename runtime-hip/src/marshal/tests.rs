@@ -32,6 +32,8 @@ fn every_launch_of_the_tiny_model_marshals_inside_its_arguments() {
             vocab: model.vocab,
             loss_scale_tokens: model.seq_len * model.micro_batch,
             adamw: AdamW::default(),
+            rank: 0,
+            ranks: 1,
         };
         let mut layout = Layout {
             arena: (ARENA_BASE, plan.totals.arena_bytes),

@@ -276,7 +276,7 @@ fn each_structural_corruption_has_its_variant() {
         "no_such_event",
         "wrong_arg_count",
         "wrong_access",
-        "launch_off_compute",
+        "launch_wrong_stream",
         "launch_on_host",
         "copy_not_host_device",
         "copy_wrong_stream",
@@ -331,4 +331,113 @@ fn a_dropped_swap_in_leaves_a_host_write_never_read() {
             );
         }
     }
+}
+
+use Stream::Collective as K;
+
+/// Without the compute stream's Wait for the collective stream (after the first all-gather), the
+/// first launch that reads the gathered rows reads them before the collective is known to have
+/// written them: `ReadNotReady` at that launch, the writer on the collective stream.
+#[test]
+fn a_collective_output_read_without_its_wait_is_not_ready() {
+    let (name, plan) = ("7b 32k memo", seven_b_32k());
+    let (at, violations) = without_wait(name, plan, C, K);
+    // The next compute launch after the removed Wait reads the all-gather's output.
+    let reader = (at..plan.instructions.len() - 1)
+        .find(|&i| plan.instructions[i + 1].stream == C && matches!(plan.instructions[i + 1].action, Action::Launch(_)))
+        .expect("a reader");
+    assert!(
+        violations
+            .iter()
+            .any(|v| matches!(v, PlanViolation::ReadNotReady { instruction, stream: C, writer_stream: K, .. }
+            if *instruction == reader)),
+        "{name}: {violations:?}"
+    );
+}
+
+/// Without the collective stream's Wait for compute, an all-gather of a norm output reads its
+/// input before the layer norm is known to have written it: `ReadNotReady` at the all-gather.
+/// (The first such Wait, before the embedding table's all-gather, orders nothing: the table is a
+/// parameter, written before the step.)
+#[test]
+fn a_collective_input_read_without_its_wait_is_not_ready() {
+    let plan = seven_b_32k();
+    let waits = (0..plan.instructions.len())
+        .filter(|&i| plan.instructions[i].stream == K && matches!(plan.instructions[i].action, Action::Wait(_)));
+    let mut caught = 0;
+    for at in waits.take(4) {
+        let mut mutated = plan.clone();
+        mutated.instructions.remove(at);
+        let Err(violations) = check_plan(&mutated) else { continue };
+        // The collective now sits at `at`.
+        assert!(
+            violations
+                .iter()
+                .any(|v| matches!(v, PlanViolation::ReadNotReady { instruction, stream: K, writer_stream: C, .. }
+                if *instruction == at)),
+            "{violations:?}"
+        );
+        caught += 1;
+    }
+    assert!(caught >= 3, "{caught} of the first 4 collective Waits were needed");
+}
+
+/// Every collective kind is rejected on the t = 8 plan at several targets, with its variant; on
+/// the t = 1 plan there is nothing to apply it to.
+#[test]
+fn every_collective_corruption_is_rejected() {
+    for mutation in Mutation::COLLECTIVE {
+        for (target, detail) in [(0, 0), (1, 1), (7, 2), (33, 3), (1000, 5)] {
+            let (mutated, applied, violations) = rejected("7b 32k memo", seven_b_32k(), mutation, target, detail);
+            if mutation != Mutation::DropCollectiveWait && mutation != Mutation::MisSizeCollective {
+                assert_eq!(mutated.rank_programs.len(), 1, "{}", applied.what);
+                assert!(
+                    violations.iter().any(|v| matches!(v, PlanViolation::CollectiveMismatch { rank: 1, .. })),
+                    "{}: {violations:?}",
+                    applied.what
+                );
+            }
+        }
+        assert!(
+            mutate(tiny_memo(), mutation, 0, 0).is_none(),
+            "{}: the t = 1 plan has no collectives",
+            mutation.name()
+        );
+    }
+}
+
+/// A rank program that is the shared program unchanged passes; one for a rank outside the group,
+/// or two for the same rank, do not.
+#[test]
+fn rank_programs_are_checked() {
+    let plan = seven_b_32k();
+    let mut same = plan.clone();
+    same.rank_programs = alloc::vec![crate::plan::RankProgram { rank: 3, instructions: plan.instructions.clone() }];
+    assert_eq!(check_plan(&same), Ok(()));
+    let mut outside = same.clone();
+    outside.rank_programs[0].rank = 8;
+    let violations = check_plan(&outside).unwrap_err();
+    assert!(violations.iter().any(|v| matches!(v, PlanViolation::BadRank { rank: 8, ranks: 8, previous: None, .. })));
+    let mut twice = same.clone();
+    twice.rank_programs.push(twice.rank_programs[0].clone());
+    let violations = check_plan(&twice).unwrap_err();
+    assert!(violations.iter().any(|v| matches!(v, PlanViolation::BadRank { rank: 3, previous: Some(3), .. })));
+    // A rank program's own races are reported inside it: rank 3 without its first collective Wait.
+    let (_, index) = first_wait(plan, C, K);
+    let mut racy = same.clone();
+    racy.rank_programs[0].instructions.remove(index);
+    let violations = check_plan(&racy).unwrap_err();
+    assert!(
+        violations.iter().any(|v| matches!(v, PlanViolation::InRankProgram { rank: 3, violation }
+            if matches!(**violation, PlanViolation::ReadNotReady { .. }))),
+        "{violations:?}"
+    );
+    // Rank 0 with its own program is compared with the shared program that the others run.
+    let mut rank0 = plan.clone();
+    let mut program = plan.instructions.clone();
+    let collective = program.iter().position(|i| i.stream == K && matches!(i.action, Action::Launch(_))).unwrap();
+    program.remove(collective);
+    rank0.rank_programs = alloc::vec![crate::plan::RankProgram { rank: 0, instructions: program }];
+    let violations = check_plan(&rank0).unwrap_err();
+    assert!(violations.iter().any(|v| matches!(v, PlanViolation::CollectiveMismatch { rank: 1, position: 0, .. })));
 }

@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 
 use super::*;
 use crate::generate::SplitMix64;
-use crate::model::{Hardware, ModelConfig, Parallelism};
+use crate::model::{Hardware, Interconnect, ModelConfig, Parallelism};
 use crate::plan::{
     Arg, Buffer, Instruction, Launch, Op, PlacementSummary, Provenance, Strategy, TensorRole, TensorRows, Totals,
 };
@@ -20,6 +20,7 @@ fn provenance() -> Provenance {
         model: ModelConfig::new("mini", 2, 8, 2, 8, 1),
         parallel: Parallelism::single(),
         hardware: Hardware::preset("h200x1").expect("a preset"),
+        interconnect: Interconnect::UNKNOWN,
         strategy: Strategy::Memo,
         alpha: 0.5,
         alpha_bound: AlphaBound::Forced,
@@ -119,6 +120,7 @@ fn valid_plan() -> Plan {
         buffers,
         events: 4,
         instructions,
+        rank_programs: Vec::new(),
         totals: Totals {
             arena_bytes: 1184,
             arena_lower_bound_bytes: 1184,
@@ -484,10 +486,10 @@ fn each_total_mismatch() {
 }
 
 #[test]
-fn launch_off_compute() {
+fn launch_wrong_stream() {
     let mut plan = valid_plan();
     plan.instructions[14].stream = D;
-    assert_eq!(found(&plan), [("launch_off_compute", Some(14)), ("read_not_ready", Some(15)), ("race", Some(15))]);
+    assert_eq!(found(&plan), [("launch_wrong_stream", Some(14)), ("read_not_ready", Some(15)), ("race", Some(15))]);
 }
 
 #[test]
@@ -646,6 +648,7 @@ fn long_plan(parameters: u32, pairs: u32) -> Plan {
         buffers,
         events,
         instructions,
+        rank_programs: Vec::new(),
         totals: Totals {
             arena_bytes,
             // Each transient is live from its launch to its swap-out, so one at a time.

@@ -1,9 +1,31 @@
 //! What [`super::check_plan`] reports: [`PlanViolation`], one variant per rule of
 //! `spec/validity.md`, each carrying the ids (instruction, buffer, event, byte range) that find it.
 
+use alloc::boxed::Box;
+use alloc::vec::Vec;
 use core::fmt;
 
 use crate::plan::{Access, Buffer, BufferId, EventId, Op, Stream, TensorRows};
+
+/// One collective as rule 9 compares it across ranks: the op and the bytes of each argument.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CollectiveCall {
+    /// The op.
+    pub op: Op,
+    /// Bytes of each argument, in signature order.
+    pub bytes: Vec<u64>,
+}
+
+impl fmt::Display for CollectiveCall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} of", self.op.name())?;
+        for (index, bytes) in self.bytes.iter().enumerate() {
+            let separator = if index == 0 { " " } else { " and " };
+            write!(f, "{separator}{bytes}")?;
+        }
+        f.write_str(" bytes")
+    }
+}
 
 /// A buffer named in a report: its id and a copy of its description, so a violation prints the
 /// tensor ("#7 layer 3 fc1_out (transient)") without the plan at hand.
@@ -184,14 +206,16 @@ pub enum PlanViolation {
         /// The range's end.
         end: u64,
     },
-    /// A launch on the d2h or h2d stream.
-    LaunchOffCompute {
+    /// A launch on another stream than its op's ([`Op::stream`]).
+    LaunchWrongStream {
         /// The instruction.
         instruction: usize,
         /// The op.
         op: Op,
         /// The stream it is on.
         stream: Stream,
+        /// The op's stream: collective for the collectives, compute for every other op.
+        expected: Stream,
     },
     /// A launch argument in the host slab.
     LaunchOnHost {
@@ -389,6 +413,53 @@ pub enum PlanViolation {
         /// `totals.arena_bytes`.
         arena_bytes: u64,
     },
+    /// A rank program for a rank outside `0..t`, or not after the previous one's rank.
+    BadRank {
+        /// Its index in `Plan::rank_programs`.
+        program: usize,
+        /// Its rank.
+        rank: u32,
+        /// `t`.
+        ranks: u64,
+        /// The previous program's rank, when this one does not come after it.
+        previous: Option<u32>,
+    },
+    /// A violation of rank `rank`'s own program (its instruction indices are that program's).
+    InRankProgram {
+        /// The rank.
+        rank: u32,
+        /// What is wrong there.
+        violation: Box<PlanViolation>,
+    },
+    /// A collective whose sizes disagree with the group size: an all-gather's output is not `t`
+    /// times its input, a reduce-scatter's input not `t` times its output (rule 9).
+    CollectiveSize {
+        /// The instruction.
+        instruction: usize,
+        /// The op.
+        op: Op,
+        /// `t`.
+        ranks: u64,
+        /// Bytes of its input `x`.
+        input_bytes: u64,
+        /// Bytes of its output `y`.
+        output_bytes: u64,
+    },
+    /// Rank `rank` issues another collective than rank 0 at position `position` of their
+    /// collective sequences (another op or other sizes), or one of them has no collective there
+    /// (rule 9: every rank issues the same collectives in the same order with the same sizes).
+    CollectiveMismatch {
+        /// The rank whose program differs from rank 0's.
+        rank: u32,
+        /// The position in the sequence of collectives, from 0.
+        position: usize,
+        /// The instruction in rank `rank`'s program, if it has a collective there.
+        instruction: Option<usize>,
+        /// Rank 0's collective there.
+        expected: Option<CollectiveCall>,
+        /// Rank `rank`'s.
+        found: Option<CollectiveCall>,
+    },
 }
 
 impl PlanViolation {
@@ -405,7 +476,7 @@ impl PlanViolation {
             Self::WrongArgCount { .. } => "wrong_arg_count",
             Self::WrongAccess { .. } => "wrong_access",
             Self::RowsOutOfBounds { .. } => "rows_out_of_bounds",
-            Self::LaunchOffCompute { .. } => "launch_off_compute",
+            Self::LaunchWrongStream { .. } => "launch_wrong_stream",
             Self::LaunchOnHost { .. } => "launch_on_host",
             Self::CopyNotHostDevice { .. } => "copy_not_host_device",
             Self::CopyWrongStream { .. } => "copy_wrong_stream",
@@ -423,6 +494,10 @@ impl PlanViolation {
             Self::Race { .. } => "race",
             Self::TotalMismatch { .. } => "total_mismatch",
             Self::LowerBoundAboveArena { .. } => "lower_bound_above_arena",
+            Self::BadRank { .. } => "bad_rank",
+            Self::InRankProgram { .. } => "in_rank_program",
+            Self::CollectiveSize { .. } => "collective_size",
+            Self::CollectiveMismatch { .. } => "collective_mismatch",
         }
     }
 
@@ -434,14 +509,18 @@ impl PlanViolation {
             | Self::OutsideArena { .. }
             | Self::OutsideHostSlab { .. }
             | Self::TotalMismatch { .. }
-            | Self::LowerBoundAboveArena { .. } => None,
-            Self::Overlap { instruction, .. }
+            | Self::LowerBoundAboveArena { .. }
+            | Self::BadRank { .. }
+            | Self::InRankProgram { .. }
+            | Self::CollectiveMismatch { .. } => None,
+            Self::CollectiveSize { instruction, .. }
+            | Self::Overlap { instruction, .. }
             | Self::NoSuchBuffer { instruction, .. }
             | Self::NoSuchEvent { instruction, .. }
             | Self::WrongArgCount { instruction, .. }
             | Self::WrongAccess { instruction, .. }
             | Self::RowsOutOfBounds { instruction, .. }
-            | Self::LaunchOffCompute { instruction, .. }
+            | Self::LaunchWrongStream { instruction, .. }
             | Self::LaunchOnHost { instruction, .. }
             | Self::CopyNotHostDevice { instruction, .. }
             | Self::CopyWrongStream { instruction, .. }
@@ -483,13 +562,25 @@ impl PlanViolation {
             Self::NoSuchBuffer { buffer, .. } => Some(*buffer),
             Self::NoSuchEvent { .. }
             | Self::WrongArgCount { .. }
-            | Self::LaunchOffCompute { .. }
+            | Self::LaunchWrongStream { .. }
             | Self::CopyWrongStream { .. }
             | Self::DoubleRecord { .. }
             | Self::WaitUnrecorded { .. }
             | Self::WaitBeforeRecord { .. }
             | Self::TotalMismatch { .. }
-            | Self::LowerBoundAboveArena { .. } => None,
+            | Self::LowerBoundAboveArena { .. }
+            | Self::BadRank { .. }
+            | Self::InRankProgram { .. }
+            | Self::CollectiveSize { .. }
+            | Self::CollectiveMismatch { .. } => None,
+        }
+    }
+
+    /// The violation itself: inside [`PlanViolation::InRankProgram`], the one it wraps.
+    pub fn innermost(&self) -> &PlanViolation {
+        match self {
+            Self::InRankProgram { violation, .. } => violation.innermost(),
+            other => other,
         }
     }
 
@@ -550,11 +641,13 @@ impl fmt::Display for PlanViolation {
                 "instruction {instruction}: rows [{start}, {end}) of buffer {buffer} are not within its {} rows",
                 buffer.buffer.rows
             ),
-            Self::LaunchOffCompute { instruction, op, stream } => write!(
+            Self::LaunchWrongStream { instruction, op, stream, expected } => write!(
                 f,
-                "instruction {instruction}: {} is launched on the {} stream; kernels run on the compute stream",
+                "instruction {instruction}: {} is launched on the {} stream; it runs on the {} stream (collectives \
+                 on the collective stream, every other kernel on the compute stream)",
                 op.name(),
-                stream.name()
+                stream.name(),
+                expected.name()
             ),
             Self::LaunchOnHost { instruction, op, buffer } => write!(
                 f,
@@ -652,6 +745,46 @@ impl fmt::Display for PlanViolation {
             }
             Self::LowerBoundAboveArena { lower_bound, arena_bytes } => {
                 write!(f, "totals.arena_lower_bound_bytes {lower_bound} is above totals.arena_bytes {arena_bytes}")
+            }
+            Self::BadRank { program, rank, ranks, previous } => match previous {
+                Some(previous) => write!(
+                    f,
+                    "rank program {program} is for rank {rank}, not after the previous program's rank {previous}; \
+                     list each rank once, in increasing order"
+                ),
+                None => write!(
+                    f,
+                    "rank program {program} is for rank {rank}, but the group has {ranks} rank(s) (t = {ranks})"
+                ),
+            },
+            Self::InRankProgram { rank, violation } => write!(f, "in rank {rank}'s own program: {violation}"),
+            Self::CollectiveSize { instruction, op, ranks, input_bytes, output_bytes } => {
+                let (expected, what) = match op {
+                    Op::AllGather => ("its output t times its input", "output"),
+                    _ => ("its input t times its output", "input"),
+                };
+                write!(
+                    f,
+                    "instruction {instruction}: {} takes {input_bytes} bytes in and gives {output_bytes} bytes out; \
+                     with t = {ranks} ranks it needs {expected} (its {what} is wrong)",
+                    op.name()
+                )
+            }
+            Self::CollectiveMismatch { rank, position, instruction, expected, found } => {
+                write!(f, "collective {position} of rank {rank}")?;
+                if let Some(instruction) = instruction {
+                    write!(f, " (its instruction {instruction})")?;
+                }
+                match (expected, found) {
+                    (Some(e), Some(x)) => write!(f, " is {x}, but rank 0's is {e}"),
+                    (Some(e), None) => write!(f, " is missing: rank 0 issues {e} there"),
+                    (None, Some(x)) => write!(f, " is {x}, but rank 0 issues no collective there"),
+                    (None, None) => f.write_str(" differs from rank 0's"),
+                }?;
+                f.write_str(
+                    "; every rank must issue the same collectives in the same order with the same sizes, or the \
+                     group deadlocks or mixes data",
+                )
             }
         }
     }

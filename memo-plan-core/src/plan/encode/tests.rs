@@ -9,10 +9,10 @@ use alloc::{format, string::ToString};
 use super::super::decode::{Operand, Section};
 use super::*;
 use crate::generate::SplitMix64;
-use crate::model::{Hardware, ModelConfig, Parallelism};
+use crate::model::{Hardware, Interconnect, ModelConfig, Parallelism};
 use crate::plan::{
-    Arg, Buffer, BufferId, EventId, Launch, Op, PlanDecodeError, Provenance, Strategy, Stream, TensorRole, TensorRows,
-    Totals,
+    Arg, Buffer, BufferId, EventId, Instruction, Launch, Op, PlanDecodeError, Provenance, RankProgram, Strategy,
+    Stream, TensorRole, TensorRows, Totals,
 };
 
 fn summary(seed: u64) -> PlacementSummary {
@@ -39,6 +39,7 @@ fn provenance(strategy: Strategy, alpha: f64, measured: Option<f64>) -> Provenan
             micro_batch: 1,
         },
         parallel: Parallelism { tensor: 1, data: 2 },
+        interconnect: Interconnect { bytes_per_s: 200_000_000_000, latency_ns: 5_000 },
         hardware: Hardware {
             name: String::from("test-box"),
             device_memory_bytes: 1 << 30,
@@ -137,6 +138,7 @@ pub(crate) fn sample_plan() -> Plan {
         buffers,
         events: 2,
         instructions,
+        rank_programs: Vec::new(),
         totals: Totals {
             arena_bytes: 1604,
             arena_lower_bound_bytes: 1500,
@@ -158,6 +160,7 @@ pub(crate) fn edge_plan() -> Plan {
     plan.provenance.level2 = PlacementSummary { buffers: u32::MAX, peak_bytes: u64::MAX, optimal: true, ..summary(0) };
     plan.buffers.clear();
     plan.instructions.clear();
+    plan.rank_programs = vec![RankProgram { rank: u32::MAX, instructions: Vec::new() }];
     plan.events = u32::MAX;
     plan.totals.arena_bytes = u64::MAX;
     plan
@@ -177,6 +180,7 @@ struct Layout {
     buffers: Vec<usize>,
     events: usize,
     instructions: Vec<usize>,
+    rank_programs: usize,
     end: usize,
 }
 
@@ -185,7 +189,8 @@ fn layout(plan: &Plan) -> Layout {
     let model_name = HEADER_BYTES;
     let hardware_name = model_name + 4 + p.model.name.len() + 4 + 6 * 8 + 2 * 8;
     let measured_tag = hardware_name + 4 + p.hardware.name.len() + 8 * 8;
-    let strategy = measured_tag + 1 + if p.hardware.measured_layer_forward_s.is_some() { 8 } else { 0 };
+    // The measured time, then the interconnect (bandwidth and latency, u64 each).
+    let strategy = measured_tag + 1 + if p.hardware.measured_layer_forward_s.is_some() { 8 } else { 0 } + 16;
     let alpha = strategy + 1;
     let alpha_bound = alpha + 8;
     let summaries = alpha_bound + 1 + 8;
@@ -199,15 +204,24 @@ fn layout(plan: &Plan) -> Layout {
     }
     let events = at;
     at += 8;
-    let mut instructions = Vec::new();
-    for instruction in &plan.instructions {
-        instructions.push(at);
-        at += 2 + match &instruction.action {
+    let size = |instruction: &Instruction| {
+        2 + match &instruction.action {
             Action::Launch(l) => 2 + 1 + if l.layer.is_some() { 4 } else { 0 } + 8 + 1 + 21 * l.args.len(),
             // Two regions, then the tensor rows: layer 4, role 2, start and end 8 each.
             Action::Copy { .. } => 40 + 22,
             Action::Record(_) | Action::Wait(_) => 4,
-        };
+        }
+    };
+    let mut instructions = Vec::new();
+    for instruction in &plan.instructions {
+        instructions.push(at);
+        at += size(instruction);
+    }
+    // The rank programs: a count, then per program its rank, a count and its instructions.
+    let rank_programs = at;
+    at += 4;
+    for program in &plan.rank_programs {
+        at += 8 + program.instructions.iter().map(size).sum::<usize>();
     }
     Layout {
         model_name,
@@ -221,6 +235,7 @@ fn layout(plan: &Plan) -> Layout {
         buffers,
         events,
         instructions,
+        rank_programs,
         end: at,
     }
 }
@@ -241,6 +256,42 @@ fn round_trips() {
     assert_eq!(layout(&edge_plan()).end, edge.len());
     let decoded = Plan::decode(&edge).unwrap();
     assert_eq!(decoded.provenance.alpha.to_bits(), (-0.0f64).to_bits(), "floats keep their bits");
+}
+
+/// Per-rank programs round-trip, sit where the spec says, and a count that announces more than
+/// there are is refused naming the rank program.
+#[test]
+fn rank_programs_round_trip() {
+    let mut plan = sample_plan();
+    // Rank 1 runs its own program (here: the first two instructions of the shared one).
+    plan.rank_programs = vec![RankProgram { rank: 1, instructions: plan.instructions[..2].to_vec() }];
+    let bytes = round_trip(&plan);
+    let at = layout(&plan);
+    assert_eq!(at.end, bytes.len(), "spec layout vs encoder");
+    assert_eq!(plan.program(1), &plan.instructions[..2]);
+    assert_eq!(plan.program(0), &plan.instructions[..]);
+    let mut more = bytes.clone();
+    put_u32(&mut more, at.rank_programs, 2);
+    reseal(&mut more);
+    let error = decode_err(&more);
+    assert!(matches!(error, PlanDecodeError::Truncated { section: Section::RankProgram(1), .. }), "{error:?}");
+    // One fewer announced than there are: bytes left over inside the checksummed body.
+    let mut fewer = bytes.clone();
+    put_u32(&mut fewer, at.rank_programs, 0);
+    reseal(&mut fewer);
+    let offset = at.rank_programs as u64 + 4;
+    assert!(matches!(decode_err(&fewer), PlanDecodeError::UnreadBytes { offset: o, .. } if o == offset));
+    // A rank program's instruction naming a buffer that does not exist names the program.
+    let mut bad = bytes.clone();
+    let first = at.rank_programs + 4 + 8;
+    // The program's first instruction is the sample's first: a launch whose first region's buffer
+    // id sits after stream, action, op, layer tag (+ layer), flops and the argument count.
+    let Action::Launch(launch) = &plan.instructions[0].action else { panic!("the sample starts with a launch") };
+    let region = first + 2 + 2 + 1 + if launch.layer.is_some() { 4 } else { 0 } + 8 + 1;
+    put_u32(&mut bad, region, 999);
+    reseal(&mut bad);
+    let error = decode_err(&bad);
+    assert!(matches!(error, PlanDecodeError::BufferOutOfRange { instruction: 0, buffer: 999, .. }), "{error:?}");
 }
 
 #[test]
@@ -268,9 +319,9 @@ fn header_fields_sit_where_the_spec_says() {
 /// encoding, so such a change fails here first. Bump the version, update `spec/plan-format.md`,
 /// the numbers here and the seeds in `fuzz/corpus/plan_decode/`.
 #[test]
-fn format_version_2_is_pinned() {
+fn format_version_3_is_pinned() {
     let bytes = sample_plan().encode();
-    assert_eq!((bytes.len(), checksum(&bytes[HEADER_BYTES..])), (1320, 0xc58a_0f7a));
+    assert_eq!((bytes.len(), checksum(&bytes[HEADER_BYTES..])), (1340, 0x99d4_a192));
 }
 
 #[test]
@@ -334,17 +385,26 @@ fn header_errors() {
     let mut newer = good.clone();
     newer[header::VERSION] += 1;
     let error = decode_err(&newer);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 3, supported: 2 });
-    assert!(error.to_string().contains("written by plan format version 3"), "{error}");
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 4, supported: 3 });
+    assert!(error.to_string().contains("written by plan format version 4"), "{error}");
     assert!(!error.to_string().contains("older format"), "{error}");
+
+    // Version 2 (before the collective stream and per-rank programs) is refused whole, saying why.
+    let mut older = good.clone();
+    older[header::VERSION] = 2;
+    let error = decode_err(&older);
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 2, supported: 3 });
+    let message = error.to_string();
+    assert!(message.contains("written by plan format version 2; this build reads version 3 only"), "{message}");
+    assert!(message.contains("no collective stream") && message.contains("memo plan"), "{message}");
 
     // Version 1 (before swap identities) is refused whole, saying why.
     let mut older = good.clone();
     older[header::VERSION] = 1;
     let error = decode_err(&older);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 1, supported: 2 });
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 1, supported: 3 });
     let message = error.to_string();
-    assert!(message.contains("written by plan format version 1; this build reads version 2 only"), "{message}");
+    assert!(message.contains("written by plan format version 1; this build reads version 3 only"), "{message}");
     assert!(message.contains("an older format") && message.contains("memo plan"), "{message}");
 
     let mut flagged = good.clone();
@@ -416,10 +476,11 @@ fn truncated_sections_name_where() {
     // One instruction fewer than announced: the body ends after its last one, resealed.
     let bytes = patched(|b, at| put_u32(b, at.events + 4, 11));
     assert!(matches!(decode_err(&bytes), PlanDecodeError::Truncated { section: Section::Instruction(10), .. }));
-    // One fewer announced than there are: bytes left over inside the checksummed body.
+    // No rank program announced where there is one: bytes left over inside the checksummed body
+    // (`rank_programs_round_trip`); here, an instruction fewer announced than there are leaves
+    // the last one to be read as the rank programs, which it is not.
     let bytes = patched(|b, at| put_u32(b, at.events + 4, 9));
-    let offset = layout(&plan).instructions[9] as u64;
-    assert!(matches!(decode_err(&bytes), PlanDecodeError::UnreadBytes { offset: o, .. } if o == offset));
+    assert!(Plan::decode(&bytes).is_err());
 }
 
 /// A field's name, where it is, a value outside its table, and the section the error names.
@@ -436,7 +497,7 @@ fn bad_codes_name_the_field_and_offset() {
         ("tensor role code", |at| at.buffers[4] + 1, 200, Section::Buffer(4)),
         ("layer tag", |at| at.buffers[5] + 3, 7, Section::Buffer(5)),
         ("place code", |at| at.buffers[0] + 5 + 24, 2, Section::Buffer(0)),
-        ("stream code", |at| at.instructions[2], 3, Section::Instruction(2)),
+        ("stream code", |at| at.instructions[2], 4, Section::Instruction(2)),
         ("action code", |at| at.instructions[2] + 1, 4, Section::Instruction(2)),
         ("op code", |at| at.instructions[1] + 2, 200, Section::Instruction(1)),
         // The role a copy names (after its two 20-byte regions and the layer).

@@ -71,6 +71,10 @@ fn collectives_need_a_multi_gpu_backend() {
         assert_eq!(kind, OpErrorKind::NeedsMultiGpu);
         assert!(message.contains("needs a multi-GPU backend (t > 1)"), "{message}");
     }
+    for op in [Op::AllReduceSumBf16, Op::AllReduceSumF32, Op::AllReduceMaxF32] {
+        let (kind, _) = error_of(op, &context(4, 1, 2, 3), &mut [T::zeros(2, 8)]);
+        assert_eq!(kind, OpErrorKind::NeedsMultiGpu);
+    }
 }
 
 /// Small dimensions of a launch.
@@ -117,6 +121,22 @@ fn valid_launch(op: Op, d: &Dims, rng: &mut Rng) -> Vec<T> {
         Op::Zero => vec![bf(m, h)],
         Op::GradNormSquared => vec![bf(m, h), T::f32s(&[0.0], 1)],
         Op::AdamW => vec![bf(m, h), bf(m, h), T::zeros(m, 12 * h), T::f32s(&[1.0], 1)],
+        Op::AllReduceSumBf16 => vec![bf(m, h)],
+        Op::AllReduceSumF32 | Op::AllReduceMaxF32 => vec![T::zeros(m, 4 * h)],
+        Op::LinearNoBias => vec![bf(m, h), bf(f, h), bf(m, f)],
+        Op::AddBias => vec![bf(1, h), bf(m, h)],
+        Op::CrossEntropyMax => vec![bf(m, v), T::zeros(m, 4)],
+        Op::CrossEntropySums => vec![bf(m, v), ids(&mut Rng::new(0)), T::zeros(m, 4), T::zeros(m, 8)],
+        Op::CrossEntropyFinish => {
+            let sums: Vec<f32> = (0..m).flat_map(|_| [2.0, 0.5]).collect();
+            vec![
+                bf(m, v),
+                ids(&mut Rng::new(0)),
+                T::zeros(m, 4),
+                T { row_bytes: 8, ..T::f32s(&sums, m) },
+                T::f32s(&[0.0], 1),
+            ]
+        }
     }
 }
 
@@ -189,7 +209,7 @@ fn random_launches_never_panic() {
         }
         let threads = 1 + rng.below(3);
         let result = run_threads(op, &ctx, &mut tensors, threads);
-        if !perturbed && !matches!(op, Op::AllGather | Op::ReduceScatter) {
+        if !perturbed && !op.is_collective() {
             if let Err(error) = result {
                 panic!("a valid launch failed: {error}");
             }

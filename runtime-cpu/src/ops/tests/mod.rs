@@ -16,6 +16,7 @@ mod forward;
 mod gradients;
 mod invariance;
 mod reference;
+mod tensor_parallel;
 
 /// splitmix64: the same numbers on every platform.
 pub(super) struct Rng(u64);

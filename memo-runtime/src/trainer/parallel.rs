@@ -1,0 +1,319 @@
+//! [`ParallelTrainer`]: `t` ranks of a tensor-parallel group, each a [`Trainer`] replaying the
+//! same checked plan on its own backend (its own arena), joined by a group of [`Collectives`].
+//! Each step runs every rank on a thread of its own; rank `k` trains on rows `[k*r, (k+1)*r)`
+//! of the step's tokens and targets (`r = R / t`, `spec/tensor-parallel.md` §1), and every rank
+//! computes the same loss (checked bit for bit; rank 0's is returned).
+
+use std::sync::Arc;
+
+use memo_plan_core::check::CheckedPlan;
+use memo_plan_core::plan::{Buffer, BufferKind, TensorRole};
+
+use super::{NamedBytes, PlannedStep, SetupTimes, Shard, Trainer};
+use crate::backend::{Backend, MemoryReport};
+use crate::checkpoint::{Checkpoint, StateKind};
+use crate::collective::Collectives;
+use crate::error::{CheckpointMismatch, RuntimeError, TokenError};
+
+/// A model trained with tensor and sequence parallelism over `t` ranks in this process.
+pub struct ParallelTrainer<B: Backend + Send> {
+    ranks: Vec<Trainer<B>>,
+    groups: Vec<Arc<dyn Collectives>>,
+}
+
+/// Runs `f(rank, trainer)` on one thread per rank; a rank that fails aborts the group, so no
+/// other rank waits for it. The results in rank order.
+fn on_every_rank<B, R, F>(
+    ranks: &mut [Trainer<B>],
+    groups: &[Arc<dyn Collectives>],
+    f: F,
+) -> Vec<Result<R, RuntimeError>>
+where
+    B: Backend + Send,
+    R: Send,
+    F: Fn(usize, &mut Trainer<B>) -> Result<R, RuntimeError> + Sync,
+{
+    let f = &f;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = ranks
+            .iter_mut()
+            .zip(groups)
+            .enumerate()
+            .map(|(rank, (trainer, group))| {
+                let spawned =
+                    std::thread::Builder::new().name(format!("memo-rank-{rank}")).spawn_scoped(scope, move || {
+                        let result = f(rank, trainer);
+                        if let Err(error) = &result {
+                            group.abort(&error.to_string());
+                        }
+                        result
+                    });
+                if spawned.is_err() {
+                    group.abort("its thread could not be started");
+                }
+                spawned
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, handle)| match handle {
+                Ok(handle) => handle.join().unwrap_or_else(|_| {
+                    Err(RuntimeError::Backend(crate::BackendError::Other(format!("rank {rank}'s thread panicked"))))
+                }),
+                Err(error) => Err(RuntimeError::Backend(crate::BackendError::Other(format!(
+                    "cannot start rank {rank}'s thread: {error}"
+                )))),
+            })
+            .collect()
+    })
+}
+
+/// The layer norms' gradients of a `replicated_gradients` buffer (`spec/tensor-parallel.md` §4:
+/// one row per norm scale or shift, per layer norm 1's scale and shift then norm 2's, then the
+/// final norm's), each under the (role, layer) of its `t = 1` gradient buffer.
+fn split_replicated_gradients(bytes: &[u8], buffer: &Buffer) -> Vec<NamedBytes> {
+    let rows = buffer.rows;
+    let per_layer = [TensorRole::NormScale1, TensorRole::NormShift1, TensorRole::NormScale2, TensorRole::NormShift2];
+    let layers = rows.saturating_sub(2) / 4;
+    let mut names: Vec<(TensorRole, Option<u32>)> =
+        (0..layers).flat_map(|l| per_layer.map(|role| (role, Some(l as u32)))).collect();
+    names.extend([(TensorRole::FinalNormScale, None), (TensorRole::FinalNormShift, None)]);
+    names
+        .into_iter()
+        .zip(bytes.chunks_exact(buffer.row_bytes.max(1) as usize))
+        .map(|(name, row)| (name, row.to_vec()))
+        .collect()
+}
+
+/// The first rank's error, tagged with its rank; else every rank's value.
+fn first_error<R>(results: Vec<Result<R, RuntimeError>>) -> Result<Vec<R>, RuntimeError> {
+    let mut values = Vec::with_capacity(results.len());
+    for (rank, result) in results.into_iter().enumerate() {
+        match result {
+            Ok(value) => values.push(value),
+            Err(error) => return Err(RuntimeError::Rank { rank: rank as u64, error: Box::new(error) }),
+        }
+    }
+    Ok(values)
+}
+
+impl<B: Backend + Send> ParallelTrainer<B> {
+    /// Checks the planned step's plan once and starts one rank per backend: `ranks[k]` is rank
+    /// `k`'s backend, built as a member of the group `ranks[k].1` (whose `rank()` must be `k`);
+    /// each allocates the plan and initialises its shard of the model (on its own thread).
+    pub fn with_plan(planned: PlannedStep, ranks: Vec<(B, Arc<dyn Collectives>)>) -> Result<Self, RuntimeError> {
+        let tensor = planned.tensor().max(1);
+        let checking = std::time::Instant::now();
+        if ranks.len() as u64 != tensor {
+            return Err(RuntimeError::Backend(crate::BackendError::Other(format!(
+                "the step is planned for {tensor} tensor-parallel rank(s) but {} backend(s) were given: give one per rank",
+                ranks.len()
+            ))));
+        }
+        if let Some((k, (_, group))) =
+            ranks.iter().enumerate().find(|(k, (_, g))| g.rank() != *k || g.ranks() as u64 != tensor)
+        {
+            return Err(RuntimeError::Backend(crate::BackendError::Other(format!(
+                "backend {k} is rank {} of a group of {}: it must be rank {k} of {tensor}",
+                group.rank(),
+                group.ranks()
+            ))));
+        }
+        let checked = CheckedPlan::check(planned.report.plan.clone()).map_err(RuntimeError::Invalid)?;
+        let groups: Vec<Arc<dyn Collectives>> = ranks.iter().map(|(_, g)| Arc::clone(g)).collect();
+        let started: Vec<Result<Trainer<B>, RuntimeError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ranks
+                .into_iter()
+                .enumerate()
+                .map(|(rank, (backend, _))| {
+                    let (planned, checked) = (planned.clone(), checked.clone());
+                    std::thread::Builder::new().name(format!("memo-rank-{rank}")).spawn_scoped(scope, move || {
+                        Trainer::for_rank(backend, planned, checked, rank as u64, checking)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(rank, handle)| match handle {
+                    Ok(handle) => handle.join().unwrap_or_else(|_| {
+                        Err(RuntimeError::Backend(crate::BackendError::Other(format!(
+                            "rank {rank}'s setup thread panicked"
+                        ))))
+                    }),
+                    Err(error) => Err(RuntimeError::Backend(crate::BackendError::Other(format!(
+                        "cannot start rank {rank}'s thread: {error}"
+                    )))),
+                })
+                .collect()
+        });
+        let ranks = first_error(started)?;
+        Ok(ParallelTrainer { ranks, groups })
+    }
+
+    /// The group's size `t`.
+    pub fn tensor(&self) -> usize {
+        self.ranks.len()
+    }
+
+    /// One training step on the whole micro-batch's `tokens` and `targets` (`micro_batch *
+    /// seq_len` each): rank `k` takes rows `[k*r, (k+1)*r)`. Returns the mean loss, which every
+    /// rank must have computed bit for bit alike.
+    ///
+    /// Tokens the model does not take are refused before any rank starts. A step that fails on
+    /// a rank aborts the group: the group stays failed, so every later step fails too (restore
+    /// the last checkpoint into a new trainer to go on).
+    pub fn step(&mut self, tokens: &[u32], targets: &[u32]) -> Result<f32, RuntimeError> {
+        let t = self.ranks.len();
+        let context = self.ranks[0].context;
+        let expected = context.loss_scale_tokens as usize;
+        if tokens.len() != expected || targets.len() != expected {
+            return Err(TokenError::StepLength { expected, tokens: tokens.len(), targets: targets.len() }.into());
+        }
+        if let Some(bad) = tokens.iter().chain(targets).find(|&&t| u64::from(t) >= context.vocab) {
+            return Err(TokenError::OutsideVocabulary { token: *bad, vocab: context.vocab }.into());
+        }
+        let r = expected / t.max(1);
+        let losses = first_error(on_every_rank(&mut self.ranks, &self.groups, |k, trainer| {
+            trainer.step(&tokens[k * r..(k + 1) * r], &targets[k * r..(k + 1) * r])
+        }))?;
+        if let Some((k, loss)) = losses.iter().enumerate().find(|(_, l)| l.to_bits() != losses[0].to_bits()) {
+            return Err(RuntimeError::RanksDiverged(format!(
+                "rank {k}'s loss {loss} differs from rank 0's {}",
+                losses[0]
+            )));
+        }
+        Ok(losses[0])
+    }
+
+    /// Rank `rank`'s trainer (its plan, its buffers, its backend).
+    pub fn rank(&mut self, rank: usize) -> Option<&mut Trainer<B>> {
+        self.ranks.get_mut(rank)
+    }
+
+    /// Every buffer of `kind` of every rank (`[rank][(role, layer), bytes]`, as
+    /// [`Trainer::buffers_of_kind`]).
+    pub fn buffers_of_kind(&mut self, kind: BufferKind) -> Result<Vec<Vec<NamedBytes>>, RuntimeError> {
+        self.ranks.iter_mut().map(|trainer| trainer.buffers_of_kind(kind)).collect()
+    }
+
+    /// The `t = 1` tensors of every parameter-shaped buffer of `kind` (parameters, their
+    /// gradients), reassembled from every rank's shard ([`Shard::reassemble`]; a replicated one
+    /// is rank 0's). Buffers that have no `t = 1` counterpart shape (a gradient buffer only
+    /// `t > 1` plans have) are left out.
+    pub fn reassembled(&mut self, kind: BufferKind) -> Result<Vec<NamedBytes>, RuntimeError> {
+        if !matches!(kind, BufferKind::Parameter | BufferKind::Gradient) {
+            return Err(RuntimeError::Backend(crate::BackendError::Other(format!(
+                "reassembled: {} buffers have no t = 1 layout of bf16 elements; ask for parameters or gradients",
+                kind.name()
+            ))));
+        }
+        let per_rank = self.buffers_of_kind(kind)?;
+        let plan = self.ranks[0].replay.plan().clone();
+        let vocab = self.ranks[0].context.vocab;
+        let mut out = Vec::new();
+        for (i, ((role, layer), _)) in per_rank[0].iter().enumerate() {
+            let Some(buffer) = plan.buffers.iter().find(|b| b.kind == kind && b.role == *role && b.layer == *layer)
+            else {
+                continue;
+            };
+            if *role == TensorRole::ReplicatedGradients {
+                out.extend(split_replicated_gradients(&per_rank[0][i].1, buffer));
+                continue;
+            }
+            let shards: Vec<Vec<u8>> = per_rank.iter().map(|rank| rank[i].1.clone()).collect();
+            if let Some(whole) = Shard::reassemble(*role, buffer, vocab, 2, &shards) {
+                out.push(((*role, *layer), whole));
+            }
+        }
+        out.sort_by_key(|entry: &NamedBytes| entry.0);
+        Ok(out)
+    }
+
+    /// Checks that every replicated parameter (and its optimizer state) is bit-identical on every
+    /// rank; the first that is not is a [`RuntimeError::RanksDiverged`].
+    pub fn check_replicated(&mut self) -> Result<(), RuntimeError> {
+        self.checkpoint(0, 0).map(|_| ())
+    }
+
+    /// Every rank's state as one checkpoint: each sharded tensor per rank (tagged with it), each
+    /// replicated one once, after checking it is bit-identical on every rank.
+    pub fn checkpoint(&mut self, fingerprint: u64, data_position: u64) -> Result<Checkpoint, RuntimeError> {
+        let vocab = self.ranks[0].context.vocab;
+        let t = self.ranks.len() as u64;
+        let step = self.ranks[0].step;
+        let mut tensors = Vec::new();
+        let per_rank: Vec<_> = self.ranks.iter_mut().map(Trainer::state_tensors).collect::<Result<_, _>>()?;
+        for (rank, rank_tensors) in per_rank.iter().enumerate() {
+            for tensor in rank_tensors {
+                if !Shard::of(tensor.role, rank as u64, t, vocab).is_whole() {
+                    tensors.push(super::SavedTensor { rank: Some(rank as u32), ..tensor.clone() });
+                } else if rank == 0 {
+                    for (other, theirs) in per_rank.iter().enumerate().skip(1) {
+                        let same = theirs
+                            .iter()
+                            .find(|x| (x.kind, x.role, x.layer) == (tensor.kind, tensor.role, tensor.layer));
+                        if same.map(|x| &x.bytes) != Some(&tensor.bytes) {
+                            let what = match tensor.kind {
+                                StateKind::Parameter => "parameter",
+                                StateKind::OptimizerState => "optimizer state",
+                            };
+                            return Err(RuntimeError::RanksDiverged(format!(
+                                "the replicated {what} {} of layer {:?} differs between rank 0 and rank {other}",
+                                tensor.role.name(),
+                                tensor.layer
+                            )));
+                        }
+                    }
+                    tensors.push(tensor.clone());
+                }
+            }
+        }
+        tensors.sort_by_key(|t| (t.kind, t.role, t.layer, t.rank));
+        Ok(Checkpoint { fingerprint, step, data_position, ranks: t as u32, tensors })
+    }
+
+    /// Restores a checkpoint of as many ranks: each rank its own shards and the replicated
+    /// tensors.
+    pub fn restore(&mut self, checkpoint: &Checkpoint, fingerprint: u64) -> Result<(), RuntimeError> {
+        if checkpoint.fingerprint != fingerprint {
+            return Err(CheckpointMismatch::OtherModel.into());
+        }
+        let t = self.ranks.len() as u64;
+        if u64::from(checkpoint.ranks) != t {
+            return Err(CheckpointMismatch::Ranks { saved: checkpoint.ranks, running: t }.into());
+        }
+        let mut used = vec![false; checkpoint.tensors.len()];
+        for (rank, trainer) in self.ranks.iter_mut().enumerate() {
+            let indices = trainer
+                .restore_tensors(checkpoint)
+                .map_err(|e| RuntimeError::Rank { rank: rank as u64, error: Box::new(e) })?;
+            indices.into_iter().for_each(|i| used[i] = true);
+        }
+        if used.iter().any(|u| !u) {
+            return Err(CheckpointMismatch::Extra.into());
+        }
+        Ok(())
+    }
+
+    /// Steps taken.
+    pub fn steps_taken(&self) -> u64 {
+        self.ranks[0].step
+    }
+
+    /// What each rank's backend holds (they are equal: the same plan).
+    pub fn memory(&self) -> MemoryReport {
+        self.ranks[0].memory()
+    }
+
+    /// Rank 0's setup times (every rank set up at once, on its own thread).
+    pub fn setup_times(&self) -> SetupTimes {
+        self.ranks[0].setup
+    }
+
+    /// The plan every rank replays, and its report.
+    pub fn report(&self) -> &memo_plan_core::planner::PlanReport {
+        &self.ranks[0].report
+    }
+}
