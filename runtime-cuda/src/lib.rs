@@ -26,6 +26,7 @@
 //! machines without a GPU.
 #![deny(missing_docs)]
 
+pub mod attention;
 mod backend;
 mod compile;
 mod exec;

@@ -1,0 +1,1 @@
+//! cuDNN's backend API through cudarc's `cudnn` sys layer.
