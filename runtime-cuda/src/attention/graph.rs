@@ -264,7 +264,7 @@ pub trait GraphBuilder {
 }
 
 /// How the statistics (LSE) are laid out in memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StatsLayout {
     /// The plan's: `[tokens, heads]` f32, strides (S*H, 1, H, 1).
     TokenMajor,
@@ -273,7 +273,7 @@ pub enum StatsLayout {
 }
 
 /// The backward's form.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BackwardForm {
     /// dQ accumulated in an f32 buffer (atomics on Hopper: not bit-reproducible), then cast.
     Accumulate,
@@ -282,7 +282,7 @@ pub enum BackwardForm {
 }
 
 /// One attention launch's geometry and memory layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Shape {
     /// Sequences.
     pub batch: i64,
