@@ -34,4 +34,5 @@ pub mod nvrtc_check;
 mod probe;
 mod timing;
 
+pub use attention::{AttentionChoice, AttentionScratch};
 pub use backend::{CudaBackend, ATTENTION_VARIABLE};

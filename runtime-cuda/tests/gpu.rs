@@ -490,3 +490,83 @@ fn a_measured_step_has_a_timeline() {
         timeline.busy_s[2] * 1e3
     );
 }
+
+/// Attention on every choice of `MEMO_CUDA_ATTENTION` (cuDNN in both backward forms, our
+/// baseline kernels) against the CPU reference, on two sequences of 65 tokens, 2 heads of 64 and
+/// one of 200 tokens, 2 heads of 128, within the attention bounds above (spec/backends.md gives
+/// the same for each choice: cuDNN too rounds the rotated q and k and P to bf16); the
+/// deterministic backward twice gives the same bits. With `MEMO_REQUIRE_CUDNN=1` (set by
+/// scripts/gpu-check.sh) a cuDNN choice that fell back to our kernels fails instead of passing.
+#[test]
+fn attention_matches_the_cpu_reference_under_every_choice() {
+    use runtime_cuda::AttentionChoice;
+    if CudaBackend::new(0).is_err() {
+        skip::skip("no CUDA device");
+        return;
+    }
+    let require_cudnn = std::env::var_os("MEMO_REQUIRE_CUDNN").is_some();
+    let wide = KernelContext { hidden: 256, heads: 2, seq_len: 200, ..context() };
+    let mut failures = Vec::new();
+    for choice in ["cudnn", "cudnn-deterministic", "baseline"] {
+        let choice = AttentionChoice::parse(choice).expect("a choice");
+        let mut gpu = CudaBackend::with_attention(0, Some(choice)).expect("the device opened once already");
+        println!("{}: {}", choice.name(), gpu.describe());
+        let mut cases: Vec<(Case, KernelContext)> = attention_cases().into_iter().map(|c| (c, attention_context())).collect();
+        let b = Fill::Bf16(1.0);
+        let (r, w) = (200, 512);
+        cases.push(((Op::Attention, vec![(r, w, b), (r, w, b), (r, w, b), (r, w, b), (r, 8, Fill::F32)]), wide));
+        cases.push((
+            (
+                Op::AttentionBackward,
+                vec![(r, w, b), (r, w, b), (r, w, b), (r, w, b), (r, 8, Fill::F32), (r, w, b), (r, w, b), (r, w, b), (r, w, b)],
+            ),
+            wide,
+        ));
+        for (case, ((op, shapes), ctx)) in cases.into_iter().enumerate() {
+            let mut rng = Rng(0xa77e_0000 + case as u64);
+            let mut inputs: Vec<Vec<u8>> = shapes.iter().map(|&(rows, rb, how)| fill(rows, rb, how, &mut rng)).collect();
+            if op == Op::AttentionBackward {
+                let mut forward: Vec<Vec<u8>> = inputs[..5].to_vec();
+                run_cpu(Op::Attention, &shapes[..5], &mut forward, &ctx).expect("the CPU attention forward");
+                inputs[3] = forward[3].clone();
+                inputs[4] = forward[4].clone();
+            }
+            let mut cpu = inputs.clone();
+            run_cpu(op, &shapes, &mut cpu, &ctx).expect("the CPU reference");
+            let label = format!("{} {} s={}", choice.name(), op.name(), ctx.seq_len);
+            let out = match run_gpu(&mut gpu, op, &shapes, &inputs, &ctx) {
+                Ok(out) => out,
+                Err(error) => {
+                    failures.push(format!("{label}: {error}"));
+                    continue;
+                }
+            };
+            let (relative, of_max) = if op == Op::AttentionBackward {
+                (ATTENTION_BACKWARD_RELATIVE, ATTENTION_BACKWARD_OF_MAX)
+            } else {
+                (BF16_RELATIVE, BF16_OF_MAX)
+            };
+            for (index, ((&(_, _, how), g), c)) in shapes.iter().zip(&out).zip(&cpu).enumerate() {
+                let verdict = match how {
+                    Fill::F32 => close(&f32s(g), &f32s(c), LSE_RELATIVE, LSE_OF_MAX),
+                    _ => close(&bf16s(g), &bf16s(c), relative, of_max),
+                };
+                if let Err(why) = verdict {
+                    failures.push(format!("{label} `{}`: {why}", op.signature()[index].0));
+                }
+            }
+            if choice == (AttentionChoice::Cudnn { deterministic: true }) && op == Op::AttentionBackward {
+                match run_gpu(&mut gpu, op, &shapes, &inputs, &ctx) {
+                    Ok(again) if again == out => {}
+                    Ok(_) => failures.push(format!("{label}: the deterministic backward gave other bits the second time")),
+                    Err(error) => failures.push(format!("{label} (again): {error}")),
+                }
+            }
+            println!("{label}: compared");
+        }
+        if require_cudnn && matches!(choice, AttentionChoice::Cudnn { .. }) && !gpu.attention().starts_with("cuDNN") {
+            failures.push(format!("{}: MEMO_REQUIRE_CUDNN is set but attention ran as: {}", choice.name(), gpu.attention()));
+        }
+    }
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+}

@@ -574,11 +574,23 @@ impl Cudnn {
         self.plans.get(&(pass, *shape)).ok_or_else(|| "the plan vanished".into())
     }
 
+    /// Binds the handle to `stream` (the launch's).
+    pub(crate) fn set_stream(&mut self, stream: sys::cudaStream_t) -> Result<(), String> {
+        // Safety: a live handle and a live stream of the handle's context.
+        check(unsafe { sys::cudnnSetStream(self.handle, stream) }, || "binding the handle to the launch's stream".into())
+    }
+
     /// The handle (for [`Plan::execute`]).
     pub(crate) fn handle(&self) -> sys::cudnnHandle_t {
         self.handle
     }
 }
+
+// Safety: the handle and the descriptors are host objects of cuDNN that may be used from any
+// thread, one thread at a time (cuDNN's rule for handles); `Cudnn` is owned by one backend and
+// used only through `&mut` (no sharing), and the backend makes its CUDA context current on the
+// calling thread before every use.
+unsafe impl Send for Cudnn {}
 
 impl Drop for Cudnn {
     fn drop(&mut self) {
