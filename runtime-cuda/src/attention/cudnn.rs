@@ -600,3 +600,28 @@ impl Drop for Cudnn {
         let _ = unsafe { sys::cudnnDestroy(self.handle) };
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_read_as_cudnn_writes_them() {
+        assert_eq!(version_text(92100), "9.21.0");
+        assert_eq!(version_text(90501), "9.5.1");
+        assert!(MIN_VERSION < FUSED_VERSION);
+    }
+
+    /// Without cuDNN (this machine in CI) or without a device (cudnnCreate fails), opening is
+    /// one line saying why, never a panic; with both it opens.
+    #[test]
+    fn opening_says_why_not_in_one_line() {
+        match Cudnn::open(std::ptr::null_mut()) {
+            Ok(cudnn) => println!("cuDNN {} opened (fused forward: {})", version_text(cudnn.version), cudnn.fused),
+            Err(why) => {
+                println!("{why}");
+                assert!(why.contains("cuDNN") && !why.contains('\n'), "{why}");
+            }
+        }
+    }
+}
