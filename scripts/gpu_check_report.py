@@ -272,15 +272,35 @@ def capacity(raw, config):
 
 
 def peers(raw):
-    code, seconds, _ = rc_of(raw, "torch-peer")
     records = []
-    for line in json_lines(read(os.path.join(raw, "torch-peer.out"))):
-        line["kind"] = "peer"
-        records.append(line)
-    if not records:
-        records.append({"kind": "peer", "status": status_of(code), "exit": code,
-                        "error": last_error(raw, "torch-peer")})
+    for path in sorted(glob.glob(os.path.join(raw, "torch-peer*.rc"))):
+        name = os.path.basename(path)[:-3]
+        code, seconds, _ = rc_of(raw, name)
+        found = False
+        for line in json_lines(read(os.path.join(raw, f"{name}.out"))):
+            line["kind"] = "peer"
+            records.append(line)
+            found = True
+        if not found:
+            records.append({"kind": "peer", "status": status_of(code), "exit": code,
+                            "error": last_error(raw, name)})
     return records
+
+
+def cudnn_attention(raw, config):
+    """The cuDNN attention path: the library found, which attention each process ran, the check
+    against float64 PyTorch, attention alone's TFLOP/s, and the replay allocator's run."""
+    check_code = rc_of(raw, "cudnn-attention-check")[0]
+    check = read(os.path.join(raw, "cudnn-attention-check.out"))
+    throughput = [line.strip() for line in read(os.path.join(raw, "attention-throughput.out")).splitlines()
+                  if "attention throughput" in line]
+    ran = [line.strip() for line in read(os.path.join(raw, "attention-ran.txt")).splitlines() if line.strip()]
+    replay_code = rc_of(raw, "replay-allocator")[0]
+    return {"kind": "cudnn_attention", "cudnn": config.get("cudnn"), "attention_ran": ran,
+            "check_exit": check_code, "check_status": status_of(check_code),
+            "check_lines": [l for l in check.splitlines() if "|error|" in l or l.startswith("cudnn_attention_check")],
+            "throughput": throughput, "replay_allocator_exit": replay_code,
+            "replay_allocator": read(os.path.join(raw, "replay-allocator.out")).strip().splitlines()[-12:]}
 
 
 def phases(raw):
@@ -327,12 +347,13 @@ def main(out_dir):
     variant = variant_trial(raw, config, measured)
     kernels = attention_kernels(raw)
     peer = peers(raw)
+    cudnn = cudnn_attention(raw, config)
     phase_records = phases(raw)
 
     records = [{"kind": "settings", **config, "nvidia_smi": smi},
                {"kind": "profile", "exit": profile_code, "status": status_of(profile_code),
                 "error": None if profile_code == 0 else last_error(raw, "profile"), **profile}]
-    records += test_records + [kernels] + measured + ([variant] if variant else []) + capped_runs + longest
+    records += test_records + [kernels, cudnn] + measured + ([variant] if variant else []) + capped_runs + longest
     records += [verdict]
     records += peer + phase_records
     with open(os.path.join(out_dir, "gpu-check.jsonl"), "w", encoding="utf-8") as handle:
@@ -359,6 +380,17 @@ def main(out_dir):
     if not test_records:
         p("  none ran")
 
+    p(f"\ncuDNN: {cudnn['cudnn'] or 'not looked for'}; attention ran as:")
+    for line in cudnn["attention_ran"] or ["(no GPU process said)"]:
+        p(f"  {line}")
+    p(f"cuDNN path vs float64 PyTorch (scripts/cudnn_attention_check.py): {cudnn['check_status']}")
+    for line in cudnn["check_lines"][-4:]:
+        p(f"  {line}")
+    for line in cudnn["throughput"]:
+        p(f"  {line}")
+    p(f"replay allocator (examples/python/replay_allocator.py): exit {cudnn['replay_allocator_exit']}")
+    for line in cudnn["replay_allocator"]:
+        p(f"  {line}")
     p(f"\nattention kernels alone (kernels/attention_gpu_check.py --time): {kernels['status']}"
       + (", every path within bounds" if kernels["all_ok"] else "")
       + (f": {kernels['error']}" if kernels.get("error") else ""))
