@@ -157,9 +157,10 @@ fn statistics(m: &mut Machine<'_>, x: Value, row: usize, width: usize) -> (f32, 
 
 /// `memo_rope_cos_sin` (rope.cu): the angle reduced modulo 2 pi in f64, sin and cos in f32.
 pub(crate) fn rope_cos_sin(pos: u32, inv_freq: f64) -> (f32, f32) {
-    let (hi, lo) = (6.283_185_307_179_586_f64, 2.449_293_598_294_706_4e-16_f64);
+    // 2 pi as the source's double pair: TAU and the remainder below its last bit.
+    let (hi, lo) = (std::f64::consts::TAU, 2.449_293_598_294_706_4e-16_f64);
     let angle = f64::from(pos) * inv_freq;
-    let turns = (angle * (1.0 / 6.283_185_307_179_586)).round_ties_even();
+    let turns = (angle * (1.0 / std::f64::consts::TAU)).round_ties_even();
     let reduced = (-turns).mul_add(lo, (-turns).mul_add(hi, angle));
     let (sn, c) = (reduced as f32).sin_cos();
     (c, sn)

@@ -369,13 +369,15 @@ fn the_rope_kernel_rotates_by_the_definition_and_back() {
     let shape = AttentionShape { heads: 3, head_dim: 64, seq_len: 77, sequences: 2 };
     let (rows, width) = (2 * 77, 3 * 64);
     let x = bf16_bytes(rows * width, 5);
-    let forward = crate::rope_step(Param::Ptr { arg: 0, byte_offset: 0 }, Param::Ptr { arg: 1, byte_offset: 0 }, &shape, false);
+    let forward =
+        crate::rope_step(Param::Ptr { arg: 0, byte_offset: 0 }, Param::Ptr { arg: 1, byte_offset: 0 }, &shape, false);
     let Step::Kernel(launch) = &forward else { panic!("not a kernel") };
     assert_eq!(launch.params.iter().map(kind).collect::<Vec<_>>(), declaration("memo_rope"));
     assert_eq!(launch.block, [crate::ROPE_THREADS, 1, 1]);
     let mut data = vec![x.clone(), vec![0u8; x.len()]];
     crate::emulation::run(&[forward], &mut data, 0);
-    let value = |bytes: &[u8], i: usize| f64::from(half::bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32());
+    let value =
+        |bytes: &[u8], i: usize| f64::from(half::bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32());
     let mut worst = 0.0f64;
     for row in 0..rows {
         let pos = (row % 77) as f64;
@@ -396,7 +398,8 @@ fn the_rope_kernel_rotates_by_the_definition_and_back() {
     }
     assert!(worst > 0.0, "the rotation changed nothing");
     // Back, in place.
-    let inverse = crate::rope_step(Param::Ptr { arg: 1, byte_offset: 0 }, Param::Ptr { arg: 1, byte_offset: 0 }, &shape, true);
+    let inverse =
+        crate::rope_step(Param::Ptr { arg: 1, byte_offset: 0 }, Param::Ptr { arg: 1, byte_offset: 0 }, &shape, true);
     crate::emulation::run(&[inverse], &mut data, 0);
     for i in 0..rows * width {
         let (got, want) = (value(&data[1], i), value(&x, i));
@@ -410,13 +413,17 @@ fn the_rope_grid_covers_every_pair() {
     use memo_plan_core::plan::shapes::AttentionShape;
     for (seq_len, sequences) in [(1u64, 1u64), (77, 2), (1 << 20, 1)] {
         let shape = AttentionShape { heads: 16, head_dim: 128, seq_len, sequences };
-        let Step::Kernel(launch) = crate::rope_step(Param::Ptr { arg: 0, byte_offset: 0 }, Param::Ptr { arg: 0, byte_offset: 0 }, &shape, false)
-        else {
+        let Step::Kernel(launch) = crate::rope_step(
+            Param::Ptr { arg: 0, byte_offset: 0 },
+            Param::Ptr { arg: 0, byte_offset: 0 },
+            &shape,
+            false,
+        ) else {
             panic!("not a kernel")
         };
         let pairs = seq_len * sequences * 16 * 64;
         let blocks = u64::from(launch.grid[0]);
-        assert!(blocks >= 1 && blocks <= 1 << 20);
+        assert!((1..=1 << 20).contains(&blocks));
         assert!(blocks * 256 >= pairs || blocks == 1 << 20, "{blocks} blocks for {pairs} pairs");
     }
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
-use memo_kernels::{launch_steps, rope_step, scratch_bytes, status_error, ArgShape, AttentionVariant, Param, STATUS_WORDS};
+use memo_kernels::{
+    launch_steps, rope_step, scratch_bytes, status_error, ArgShape, AttentionVariant, Param, STATUS_WORDS,
+};
 use memo_plan_core::plan::shapes::AttentionShape;
 use memo_plan_core::plan::{EventId, Op, Stream};
 use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
@@ -320,7 +322,12 @@ impl CudaBackend {
     /// The pass and graph shape of an attention launch of `geometry` under the current choice.
     fn cudnn_pass(&self, op: Op, geometry: &AttentionShape) -> Result<(Pass, Shape), String> {
         let int = |v: u64| i64::try_from(v).map_err(|_| format!("attention dimension {v} above 2^63"));
-        let shape = Shape::plan(int(geometry.sequences)?, int(geometry.heads)?, int(geometry.seq_len)?, int(geometry.head_dim)?);
+        let shape = Shape::plan(
+            int(geometry.sequences)?,
+            int(geometry.heads)?,
+            int(geometry.seq_len)?,
+            int(geometry.head_dim)?,
+        );
         let deterministic = matches!(self.attention, AttentionChoice::Cudnn { deterministic: true });
         let pass = match op {
             Op::Attention => Pass::Forward { fused: self.cudnn.as_ref().is_some_and(|c| c.fused) },
@@ -376,8 +383,12 @@ impl CudaBackend {
         // demand like the kernels' partial sums.
         let base = self.ensure_scratch(stream, total)?;
         let status = self.status.device_ptr(&self.streams[0]).0;
-        let resolved =
-            Resolved { args: spans, scratch: Some((base, total)), status, instruction: u32::try_from(instruction).unwrap_or(u32::MAX) };
+        let resolved = Resolved {
+            args: spans,
+            scratch: Some((base, total)),
+            status,
+            instruction: u32::try_from(instruction).unwrap_or(u32::MAX),
+        };
         let cuda_stream = self.streams[stream.index()].clone();
         let run = |step: &memo_kernels::Step, backend: &Self| {
             exec::run_step(step, &resolved, &backend.functions, &cuda_stream, &backend.blas[stream.index()])
@@ -386,7 +397,8 @@ impl CudaBackend {
         let ptr = |arg: usize| Param::Ptr { arg, byte_offset: 0 };
         run(&rope_step(ptr(0), Param::Scratch { byte_offset: rotated_q }, &geometry, false), self)?;
         run(&rope_step(ptr(1), Param::Scratch { byte_offset: rotated_k }, &geometry, false), self)?;
-        let address = |arg: usize| spans.get(arg).map(|s| s.0).ok_or_else(|| kernel_error(format!("no argument {arg}")));
+        let address =
+            |arg: usize| spans.get(arg).map(|s| s.0).ok_or_else(|| kernel_error(format!("no argument {arg}")));
         let mut pointers = vec![
             (uid::Q, base + rotated_q),
             (uid::K, base + rotated_k),
@@ -404,11 +416,14 @@ impl CudaBackend {
             ]);
             if !deterministic {
                 pointers.push((uid::DQ_ACCUM, base + accumulator));
-                let bytes = usize::try_from(needs.dq_accumulator).map_err(|_| kernel_error("dQ accumulator above usize".into()))?;
+                let bytes = usize::try_from(needs.dq_accumulator)
+                    .map_err(|_| kernel_error("dQ accumulator above usize".into()))?;
                 // Safety: `bytes` from `accumulator` lie inside the scratch just ensured; the
                 // stream orders this memset before the plan that accumulates into them.
-                unsafe { cudarc::driver::result::memset_d8_async(base + accumulator, 0, bytes, cuda_stream.cu_stream()) }
-                    .map_err(|e| kernel_error(format!("zeroing the dQ accumulator: {e}")))?;
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(base + accumulator, 0, bytes, cuda_stream.cu_stream())
+                }
+                .map_err(|e| kernel_error(format!("zeroing the dQ accumulator: {e}")))?;
             }
         }
         let scale = 1.0 / (geometry.head_dim as f32).sqrt();
@@ -713,10 +728,17 @@ mod tests {
     fn the_attention_variable_names_a_choice_or_is_refused() {
         assert_eq!(attention_choice(None).unwrap(), AttentionChoice::Cudnn { deterministic: false });
         assert_eq!(attention_choice(Some("")).unwrap(), AttentionChoice::Cudnn { deterministic: false });
-        assert_eq!(attention_choice(Some("cudnn-deterministic")).unwrap(), AttentionChoice::Cudnn { deterministic: true });
+        assert_eq!(
+            attention_choice(Some("cudnn-deterministic")).unwrap(),
+            AttentionChoice::Cudnn { deterministic: true }
+        );
         assert_eq!(attention_choice(Some("baseline")).unwrap(), AttentionChoice::Kernels(AttentionVariant::Baseline));
         assert_eq!(attention_choice(Some("pipelined")).unwrap(), AttentionChoice::Kernels(AttentionVariant::Pipelined));
         let error = attention_choice(Some("fast")).unwrap_err().to_string();
-        assert!(error.contains("MEMO_CUDA_ATTENTION=fast") && error.contains("cudnn, cudnn-deterministic, baseline, pipelined"), "{error}");
+        assert!(
+            error.contains("MEMO_CUDA_ATTENTION=fast")
+                && error.contains("cudnn, cudnn-deterministic, baseline, pipelined"),
+            "{error}"
+        );
     }
 }

@@ -515,20 +515,32 @@ fn attention_matches_the_cpu_reference_under_every_choice() {
         let choice = AttentionChoice::parse(choice).expect("a choice");
         let mut gpu = CudaBackend::with_attention(0, Some(choice)).expect("the device opened once already");
         println!("{}: {}", choice.name(), gpu.describe());
-        let mut cases: Vec<(Case, KernelContext)> = attention_cases().into_iter().map(|c| (c, attention_context())).collect();
+        let mut cases: Vec<(Case, KernelContext)> =
+            attention_cases().into_iter().map(|c| (c, attention_context())).collect();
         let b = Fill::Bf16(1.0);
         let (r, w) = (200, 512);
         cases.push(((Op::Attention, vec![(r, w, b), (r, w, b), (r, w, b), (r, w, b), (r, 8, Fill::F32)]), wide));
         cases.push((
             (
                 Op::AttentionBackward,
-                vec![(r, w, b), (r, w, b), (r, w, b), (r, w, b), (r, 8, Fill::F32), (r, w, b), (r, w, b), (r, w, b), (r, w, b)],
+                vec![
+                    (r, w, b),
+                    (r, w, b),
+                    (r, w, b),
+                    (r, w, b),
+                    (r, 8, Fill::F32),
+                    (r, w, b),
+                    (r, w, b),
+                    (r, w, b),
+                    (r, w, b),
+                ],
             ),
             wide,
         ));
         for (case, ((op, shapes), ctx)) in cases.into_iter().enumerate() {
             let mut rng = Rng(0xa77e_0000 + case as u64);
-            let mut inputs: Vec<Vec<u8>> = shapes.iter().map(|&(rows, rb, how)| fill(rows, rb, how, &mut rng)).collect();
+            let mut inputs: Vec<Vec<u8>> =
+                shapes.iter().map(|&(rows, rb, how)| fill(rows, rb, how, &mut rng)).collect();
             if op == Op::AttentionBackward {
                 let mut forward: Vec<Vec<u8>> = inputs[..5].to_vec();
                 run_cpu(Op::Attention, &shapes[..5], &mut forward, &ctx).expect("the CPU attention forward");
@@ -552,9 +564,14 @@ fn attention_matches_the_cpu_reference_under_every_choice() {
                     for (index, bytes) in out.iter().enumerate() {
                         std::fs::write(dir.join(format!("{stem}-{}.bin", op.signature()[index].0)), bytes)?;
                     }
-                    let line = format!("{stem} {} {} {} {} {}\n", op.name(), shapes[0].0, shapes[0].1, ctx.heads, ctx.seq_len);
+                    let line =
+                        format!("{stem} {} {} {} {} {}\n", op.name(), shapes[0].0, shapes[0].1, ctx.heads, ctx.seq_len);
                     use std::io::Write;
-                    std::fs::OpenOptions::new().create(true).append(true).open(dir.join("cases.txt"))?.write_all(line.as_bytes())
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(dir.join("cases.txt"))?
+                        .write_all(line.as_bytes())
                 });
                 if let Err(error) = written {
                     failures.push(format!("{label}: writing MEMO_ATTENTION_DUMP: {error}"));
@@ -577,14 +594,20 @@ fn attention_matches_the_cpu_reference_under_every_choice() {
             if choice == (AttentionChoice::Cudnn { deterministic: true }) && op == Op::AttentionBackward {
                 match run_gpu(&mut gpu, op, &shapes, &inputs, &ctx) {
                     Ok(again) if again == out => {}
-                    Ok(_) => failures.push(format!("{label}: the deterministic backward gave other bits the second time")),
+                    Ok(_) => {
+                        failures.push(format!("{label}: the deterministic backward gave other bits the second time"))
+                    }
                     Err(error) => failures.push(format!("{label} (again): {error}")),
                 }
             }
             println!("{label}: compared");
         }
         if require_cudnn && matches!(choice, AttentionChoice::Cudnn { .. }) && !gpu.attention().starts_with("cuDNN") {
-            failures.push(format!("{}: MEMO_REQUIRE_CUDNN is set but attention ran as: {}", choice.name(), gpu.attention()));
+            failures.push(format!(
+                "{}: MEMO_REQUIRE_CUDNN is set but attention ran as: {}",
+                choice.name(),
+                gpu.attention()
+            ));
         }
     }
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
@@ -625,12 +648,20 @@ fn attention_throughput() {
             .iter()
             .zip(&spans)
             .zip(op.signature())
-            .map(|((&(rows, row_bytes), &(span, _, _)), &(_, access))| KernelArg { span, first_row: 0, rows, row_bytes, access })
+            .map(|((&(rows, row_bytes), &(span, _, _)), &(_, access))| KernelArg {
+                span,
+                first_row: 0,
+                rows,
+                row_bytes,
+                access,
+            })
             .collect()
     };
     let (forward, backward) = (args(Op::Attention, &shapes_f), args(Op::AttentionBackward, &shapes_b));
     let flops_forward = 2.0 * 2.0 * (s * s / 2) as f64 * (heads * d) as f64;
-    for (op, launch_args, flops) in [(Op::Attention, &forward, flops_forward), (Op::AttentionBackward, &backward, 2.5 * flops_forward)] {
+    for (op, launch_args, flops) in
+        [(Op::Attention, &forward, flops_forward), (Op::AttentionBackward, &backward, 2.5 * flops_forward)]
+    {
         let mut seconds = Vec::new();
         for round in 0..4 {
             // Safety: one launch at a time on one stream, synchronized before the next.

@@ -154,7 +154,14 @@ impl Descriptor {
         let (mut value, mut count) = (0i64, 0i64);
         // Safety: one i64 requested into `value`; `count` is a valid out-pointer.
         let status = unsafe {
-            sys::cudnnBackendGetAttribute(self.raw, attr, Type::CUDNN_TYPE_INT64, 1, &mut count, (&mut value as *mut i64).cast())
+            sys::cudnnBackendGetAttribute(
+                self.raw,
+                attr,
+                Type::CUDNN_TYPE_INT64,
+                1,
+                &mut count,
+                (&mut value as *mut i64).cast(),
+            )
         };
         check(status, || format!("reading {attr:?} of {}", self.name))?;
         Ok(value)
@@ -197,7 +204,12 @@ impl Builder {
         Ok(())
     }
 
-    fn mode(&mut self, kind: Kind, name: &str, set: impl FnOnce(&Descriptor) -> Result<(), String>) -> Result<usize, String> {
+    fn mode(
+        &mut self,
+        kind: Kind,
+        name: &str,
+        set: impl FnOnce(&Descriptor) -> Result<(), String>,
+    ) -> Result<usize, String> {
         let descriptor = Descriptor::new(kind, name)?;
         set(&descriptor)?;
         descriptor.finalize()?;
@@ -241,14 +253,15 @@ impl GraphBuilder for Builder {
         let index = self.operations.len();
         let descriptor = match *op {
             Operation::Pointwise { mode, x, b, t, y, axis, precision } => {
-                let pw = self.mode(Kind::CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &format!("pointwise {}", mode.name()), |d| {
-                    d.set_pointwise_mode(Attr::CUDNN_ATTR_POINTWISE_MODE, mode)?;
-                    d.set_data_type(Attr::CUDNN_ATTR_POINTWISE_MATH_PREC, precision)?;
-                    if let Some(axis) = axis {
-                        d.set_i64(Attr::CUDNN_ATTR_POINTWISE_AXIS, &[axis])?;
-                    }
-                    Ok(())
-                })?;
+                let pw =
+                    self.mode(Kind::CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &format!("pointwise {}", mode.name()), |d| {
+                        d.set_pointwise_mode(Attr::CUDNN_ATTR_POINTWISE_MODE, mode)?;
+                        d.set_data_type(Attr::CUDNN_ATTR_POINTWISE_MATH_PREC, precision)?;
+                        if let Some(axis) = axis {
+                            d.set_i64(Attr::CUDNN_ATTR_POINTWISE_AXIS, &[axis])?;
+                        }
+                        Ok(())
+                    })?;
                 let d = Descriptor::new(
                     Kind::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR,
                     format!("operation {index} (pointwise {})", mode.name()),
@@ -270,7 +283,10 @@ impl GraphBuilder for Builder {
                 let mm = self.mode(Kind::CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul", |d| {
                     d.set_data_type(Attr::CUDNN_ATTR_MATMUL_COMP_TYPE, DataType::F32)
                 })?;
-                let d = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, format!("operation {index} (matmul)"))?;
+                let d = Descriptor::new(
+                    Kind::CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR,
+                    format!("operation {index} (matmul)"),
+                )?;
                 self.set_tensors(
                     &d,
                     &[
@@ -290,7 +306,9 @@ impl GraphBuilder for Builder {
                         ReduceOp::Add => sys::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_ADD,
                     };
                     // Safety: REDUCTION_OPERATOR_TYPE is read as cudnnReduceTensorOp_t.
-                    unsafe { d.set(Attr::CUDNN_ATTR_REDUCTION_OPERATOR, Type::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, &[value]) }
+                    unsafe {
+                        d.set(Attr::CUDNN_ATTR_REDUCTION_OPERATOR, Type::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, &[value])
+                    }
                 })?;
                 let d = Descriptor::new(
                     Kind::CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR,
@@ -304,7 +322,10 @@ impl GraphBuilder for Builder {
                 d
             }
             Operation::Reshape { x, y } => {
-                let d = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, format!("operation {index} (reshape)"))?;
+                let d = Descriptor::new(
+                    Kind::CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR,
+                    format!("operation {index} (reshape)"),
+                )?;
                 self.set_tensors(
                     &d,
                     &[(Attr::CUDNN_ATTR_OPERATION_RESHAPE_XDESC, x), (Attr::CUDNN_ATTR_OPERATION_RESHAPE_YDESC, y)],
@@ -324,11 +345,17 @@ impl GraphBuilder for Builder {
                         (Attr::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_YDESC, y),
                     ],
                 )?;
-                d.set_pointwise_mode(Attr::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_COMPARISON_MODE, PointwiseMode::CmpGe)?;
+                d.set_pointwise_mode(
+                    Attr::CUDNN_ATTR_OPERATION_DIAGONAL_BAND_MASK_COMPARISON_MODE,
+                    PointwiseMode::CmpGe,
+                )?;
                 d
             }
             Operation::Softmax { x, y, stats } => {
-                let d = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_SOFTMAX_DESCRIPTOR, format!("operation {index} (softmax)"))?;
+                let d = Descriptor::new(
+                    Kind::CUDNN_BACKEND_OPERATION_SOFTMAX_DESCRIPTOR,
+                    format!("operation {index} (softmax)"),
+                )?;
                 self.set_tensors(
                     &d,
                     &[
@@ -340,7 +367,10 @@ impl GraphBuilder for Builder {
                 d
             }
             Operation::SdpaForward { q, k, v, o, scale, softmax, mask, mask_input, mask_output } => {
-                let d = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR, format!("operation {index} (SDPA forward)"))?;
+                let d = Descriptor::new(
+                    Kind::CUDNN_BACKEND_OPERATION_SDPA_FWD_DESCRIPTOR,
+                    format!("operation {index} (SDPA forward)"),
+                )?;
                 self.set_tensors(
                     &d,
                     &[
@@ -369,8 +399,10 @@ impl GraphBuilder for Builder {
         let index = self.graphs.len();
         let kind = if main { "graph" } else { "subgraph" };
         let d = Descriptor::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, format!("operation {kind} {index}"))?;
-        let members: Vec<&Descriptor> =
-            ops.iter().map(|o| self.operations.get(o.0).ok_or("graph of an unknown operation")).collect::<Result<_, _>>()?;
+        let members: Vec<&Descriptor> = ops
+            .iter()
+            .map(|o| self.operations.get(o.0).ok_or("graph of an unknown operation"))
+            .collect::<Result<_, _>>()?;
         d.set_descriptors(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, &members)?;
         if main {
             d.set_handle(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, self.handle)?;
@@ -460,7 +492,8 @@ impl Plan {
         let mut failures = Vec::new();
         for (engine, config) in configs.iter().enumerate().take(usize::try_from(returned).unwrap_or(0)) {
             let attempt = (|| {
-                let plan = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, format!("execution plan {engine}"))?;
+                let plan =
+                    Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, format!("execution plan {engine}"))?;
                 plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
                 plan.set_descriptors(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
                 plan.finalize()?;
@@ -493,8 +526,11 @@ impl Plan {
         scale: f32,
     ) -> Result<(), String> {
         // The by-value scalars live on this frame until cudnnBackendExecute returns.
-        let scalars: [(Uid, f32); 3] =
-            [(super::graph::uid::SCALE, scale), (super::graph::uid::NEG_INF, f32::NEG_INFINITY), (super::graph::uid::ONE, 1.0)];
+        let scalars: [(Uid, f32); 3] = [
+            (super::graph::uid::SCALE, scale),
+            (super::graph::uid::NEG_INF, f32::NEG_INFINITY),
+            (super::graph::uid::ONE, 1.0),
+        ];
         let mut uids = Vec::new();
         let mut data: Vec<*mut c_void> = Vec::new();
         for tensor in self.builder.pack_tensors() {
@@ -547,7 +583,10 @@ impl Cudnn {
         // every cuDNN.
         let version = unsafe { sys::cudnnGetVersion() };
         if version < MIN_VERSION {
-            return Err(format!("cuDNN {} is too old: the attention graphs need cuDNN 9 or newer", version_text(version)));
+            return Err(format!(
+                "cuDNN {} is too old: the attention graphs need cuDNN 9 or newer",
+                version_text(version)
+            ));
         }
         let mut handle: sys::cudnnHandle_t = std::ptr::null_mut();
         // Safety: `handle` is a valid out-pointer; the library is cuDNN 9.
@@ -577,7 +616,9 @@ impl Cudnn {
     /// Binds the handle to `stream` (the launch's).
     pub(crate) fn set_stream(&mut self, stream: sys::cudaStream_t) -> Result<(), String> {
         // Safety: a live handle and a live stream of the handle's context.
-        check(unsafe { sys::cudnnSetStream(self.handle, stream) }, || "binding the handle to the launch's stream".into())
+        check(unsafe { sys::cudnnSetStream(self.handle, stream) }, || {
+            "binding the handle to the launch's stream".into()
+        })
     }
 
     /// The handle (for [`Plan::execute`]).
@@ -609,7 +650,7 @@ mod tests {
     fn versions_read_as_cudnn_writes_them() {
         assert_eq!(version_text(92100), "9.21.0");
         assert_eq!(version_text(90501), "9.5.1");
-        assert!(MIN_VERSION < FUSED_VERSION);
+        const { assert!(MIN_VERSION < FUSED_VERSION) };
     }
 
     /// Without cuDNN (this machine in CI) or without a device (cudnnCreate fails), opening is

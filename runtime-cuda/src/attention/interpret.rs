@@ -34,7 +34,8 @@ fn indices(dims: [i64; 4]) -> impl Iterator<Item = [usize; 4]> {
 
 /// Whether distinct indices of `t` have distinct offsets (strides describe a memory layout).
 fn injective(t: &Tensor) -> bool {
-    let mut axes: Vec<(i64, i64)> = t.dims.iter().zip(t.strides).filter(|(&d, _)| d > 1).map(|(&d, s)| (s, d)).collect();
+    let mut axes: Vec<(i64, i64)> =
+        t.dims.iter().zip(t.strides).filter(|(&d, _)| d > 1).map(|(&d, s)| (s, d)).collect();
     axes.sort_unstable();
     let mut extent = 1;
     for (stride, dim) in axes {
@@ -81,7 +82,12 @@ impl Machine<'_> {
         let memory = if t.is_virtual { self.virtuals.get(&uid) } else { self.bound.get(&uid) };
         let memory = memory.ok_or_else(|| format!("tensor {uid} ({}) read before it is written or bound", t.name))?;
         if memory.len() < span(&t) {
-            return Err(format!("tensor {uid} ({}) has {} elements of memory, its strides span {}", t.name, memory.len(), span(&t)));
+            return Err(format!(
+                "tensor {uid} ({}) has {} elements of memory, its strides span {}",
+                t.name,
+                memory.len(),
+                span(&t)
+            ));
         }
         Ok(memory)
     }
@@ -89,16 +95,16 @@ impl Machine<'_> {
     /// `uid` broadcast to `dims`, row-major (one lookup of its memory, then strided reads).
     fn gather(&self, uid: Uid, dims: [i64; 4]) -> Result<Vec<f64>, String> {
         let t = self.tensor(uid)?;
-        for axis in 0..4 {
-            if t.dims[axis] != 1 && t.dims[axis] != dims[axis] {
-                return Err(format!("tensor {uid} ({}) dim {axis} is {}, not 1 or {}", t.name, t.dims[axis], dims[axis]));
+        for (axis, (&have, &want)) in t.dims.iter().zip(&dims).enumerate() {
+            if have != 1 && have != want {
+                return Err(format!("tensor {uid} ({}) dim {axis} is {have}, not 1 or {want}", t.name));
             }
         }
         let memory = self.memory(uid)?;
         let mut strides = t.strides;
-        for axis in 0..4 {
-            if t.dims[axis] == 1 {
-                strides[axis] = 0;
+        for (stride, &dim) in strides.iter_mut().zip(&t.dims) {
+            if dim == 1 {
+                *stride = 0;
             }
         }
         let view = Tensor { strides, ..t };
@@ -120,7 +126,12 @@ impl Machine<'_> {
             self.bound.get_mut(&uid).ok_or_else(|| format!("output {uid} ({}) is not bound", t.name))?
         };
         if memory.len() < span(&t) {
-            return Err(format!("output {uid} ({}) has {} elements of memory, needs {}", t.name, memory.len(), span(&t)));
+            return Err(format!(
+                "output {uid} ({}) has {} elements of memory, needs {}",
+                t.name,
+                memory.len(),
+                span(&t)
+            ));
         }
         for (index, value) in indices(t.dims).zip(values) {
             memory[offset(&t, index)] = value;
@@ -169,10 +180,8 @@ impl Machine<'_> {
                 if ta.dims[2] != m || tb.dims[2] != k || tb.dims[3] != n {
                     return Err(format!("matmul {:?} x {:?} -> {:?}", ta.dims, tb.dims, tc.dims));
                 }
-                let (ga, gb) = (
-                    self.gather(a, [tc.dims[0], tc.dims[1], m, k])?,
-                    self.gather(b, [tc.dims[0], tc.dims[1], k, n])?,
-                );
+                let (ga, gb) =
+                    (self.gather(a, [tc.dims[0], tc.dims[1], m, k])?, self.gather(b, [tc.dims[0], tc.dims[1], k, n])?);
                 let (m, k, n) = (m as usize, k as usize, n as usize);
                 let mut values = Vec::new();
                 for index in indices(tc.dims) {
@@ -224,7 +233,8 @@ impl Machine<'_> {
             Operation::DiagonalBandMask { x, fill, y } => {
                 let dims = self.tensor(y)?.dims;
                 let (vx, vf) = (self.gather(x, dims)?, self.gather(fill, dims)?);
-                let values = indices(dims).zip(vx.into_iter().zip(vf)).map(|(i, (x, f))| if i[2] >= i[3] { x } else { f });
+                let values =
+                    indices(dims).zip(vx.into_iter().zip(vf)).map(|(i, (x, f))| if i[2] >= i[3] { x } else { f });
                 self.write(y, values.collect())
             }
             Operation::Softmax { x, y, stats } => {

@@ -97,9 +97,13 @@ impl AttentionScratch {
     pub fn layout(&self) -> ([u64; 5], u64) {
         let mut offsets = [0u64; 5];
         let mut end = 0u64;
-        for (slot, bytes) in
-            offsets.iter_mut().zip([self.rotated_q, self.rotated_k, self.dq_accumulator, self.softmax_sum, self.workspace])
-        {
+        for (slot, bytes) in offsets.iter_mut().zip([
+            self.rotated_q,
+            self.rotated_k,
+            self.dq_accumulator,
+            self.softmax_sum,
+            self.workspace,
+        ]) {
             *slot = end.next_multiple_of(SCRATCH_ALIGNMENT);
             end = *slot + bytes;
         }

@@ -60,13 +60,15 @@ struct Results {
 /// Causal attention and its gradients from the definition, in f64: `S = scale q k^T` over keys
 /// `j <= i`, `lse_i = ln sum_j exp(S_ij)`, `P = exp(S - lse)`, `O = P v`; `dV = P^T dO`,
 /// `dP = dO v^T`, `dS = P (dP - rowsum(P dP))`, `dQ = scale dS k`, `dK = scale dS^T q`.
+#[allow(clippy::needless_range_loop)] // the definition's indices, as written
 fn reference(shape: &Shape, x: &Inputs) -> Results {
     let (b, h, s, d, r) =
         (shape.batch as usize, shape.heads as usize, shape.seq as usize, shape.head_dim as usize, shape.row as usize);
     let scale = 1.0 / (d as f64).sqrt();
     let at = |seq: usize, pos: usize, head: usize, c: usize| (seq * s + pos) * r + head * d + c;
     let n = b * s * r;
-    let mut out = Results { o: vec![0.0; n], lse: vec![0.0; b * s * h], dq: vec![0.0; n], dk: vec![0.0; n], dv: vec![0.0; n] };
+    let mut out =
+        Results { o: vec![0.0; n], lse: vec![0.0; b * s * h], dq: vec![0.0; n], dk: vec![0.0; n], dv: vec![0.0; n] };
     for seq in 0..b {
         for head in 0..h {
             let dot = |a: &[f64], i: usize, bb: &[f64], j: usize| -> f64 {
@@ -183,7 +185,10 @@ fn max_error(a: &[f64], b: &[f64]) -> f64 {
     if a.len() != b.len() {
         return f64::NAN;
     }
-    a.iter().zip(b).map(|(x, y)| if x.is_finite() && y.is_finite() { (x - y).abs() } else { f64::NAN }).fold(0.0, f64::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| if x.is_finite() && y.is_finite() { (x - y).abs() } else { f64::NAN })
+        .fold(0.0, f64::max)
 }
 
 fn compare(label: &str, got: &Results, want: &Results, tolerance: f64) {
@@ -400,7 +405,8 @@ fn the_graphs_with_rope_match_the_cpu_backend() {
             ];
             ops::execute_with_threads(Op::Attention, &mut args, &context, 1).unwrap();
         }
-        let (mut dq, mut dk, mut dv) = (vec![0u8; rows * row_bytes], vec![0u8; rows * row_bytes], vec![0u8; rows * row_bytes]);
+        let (mut dq, mut dk, mut dv) =
+            (vec![0u8; rows * row_bytes], vec![0u8; rows * row_bytes], vec![0u8; rows * row_bytes]);
         {
             let mut args = vec![
                 arg(ArgData::Read(&q), rows, row_bytes),
@@ -424,9 +430,13 @@ fn the_graphs_with_rope_match_the_cpu_backend() {
         };
         // The CPU rounds its outputs to bf16 (2^-9 relative) and computes in f32; the backward
         // starts from its own bf16 output: 2^-7 of the largest magnitude covers both here.
-        for (name, g, c) in
-            [("o", &got.o, &cpu.o), ("lse", &got.lse, &cpu.lse), ("dq", &got.dq, &cpu.dq), ("dk", &got.dk, &cpu.dk), ("dv", &got.dv, &cpu.dv)]
-        {
+        for (name, g, c) in [
+            ("o", &got.o, &cpu.o),
+            ("lse", &got.lse, &cpu.lse),
+            ("dq", &got.dq, &cpu.dq),
+            ("dk", &got.dk, &cpu.dk),
+            ("dv", &got.dv, &cpu.dv),
+        ] {
             let largest = c.iter().fold(0.0f64, |m, v| m.max(v.abs()));
             let error = max_error(g, c);
             println!("cpu b={b} h={h} s={s} d={d} {name}: max |error| {error:.3e} (largest {largest:.3})");
@@ -440,7 +450,10 @@ fn scratch_is_a_function_of_the_shape() {
     let shape = AttentionShape { heads: 16, head_dim: 128, seq_len: 16384, sequences: 1 };
     let elements = 16 * 128 * 16384u64;
     let forward = scratch(Op::Attention, &shape, false, 1000);
-    assert_eq!((forward.rotated_q, forward.rotated_k, forward.dq_accumulator, forward.softmax_sum), (elements * 2, elements * 2, 0, 0));
+    assert_eq!(
+        (forward.rotated_q, forward.rotated_k, forward.dq_accumulator, forward.softmax_sum),
+        (elements * 2, elements * 2, 0, 0)
+    );
     let backward = scratch(Op::AttentionBackward, &shape, false, 0);
     assert_eq!(backward.dq_accumulator, elements * 4);
     assert_eq!(backward.softmax_sum, 16 * 16384 * 4);
