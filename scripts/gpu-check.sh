@@ -27,7 +27,7 @@
 #                                    lengths (exercises the control flow, the parsing, the table)
 # Environment overrides: OUT, BUNDLE, MODEL, SEQS, STEPS, CAP, LONG_FACTOR, CAP_LONG_STEPS,
 # CAP_TIMEOUT, CAP_LONGEST (0: skip memo's and full-recompute's own longest under the cap),
-# VARIANT, VARIANT_SEQ, CAP_ATTENTION, RUN_TIMEOUT, PEER_SEQS, KERNELS_CHECK (1: also time our attention
+# VARIANT, VARIANT_SEQ, CAP_ATTENTION, RUN_TIMEOUT, PEER_SEQS (PEER_SEQ: one), KERNELS_CHECK (1: also time our attention
 # kernels with kernels/attention_gpu_check.py), REPLAY_TIMEOUT, PROFILE_SEQ, PROFILE_REPEATS, LR, WARMUP, PHASE{0..4}_S (each phase's deadline in seconds),
 # PACK=1 (pack raw/ into raw.tgz and remove it: the device tool brings back at most 8 files).
 set -u
@@ -50,7 +50,7 @@ if ((dry)); then
     CAP_LONG_STEPS="${CAP_LONG_STEPS:-2}"
     CAP_TIMEOUT="${CAP_TIMEOUT:-60}"
     RUN_TIMEOUT="${RUN_TIMEOUT:-60}"
-    PEER_SEQS="${PEER_SEQS:-64}"
+    PEER_SEQS="${PEER_SEQS:-${PEER_SEQ:-64}}"
     PEER_MODEL=(--layers 4 --hidden 128 --heads 4 --vocab 256)
     LR="${LR:-3e-3}"                    # memo train's default
     WARMUP="${WARMUP:-0}"
@@ -72,7 +72,7 @@ else
     CAP_LONG_STEPS="${CAP_LONG_STEPS:-2}"
     CAP_TIMEOUT="${CAP_TIMEOUT:-60}"
     RUN_TIMEOUT="${RUN_TIMEOUT:-60}"
-    PEER_SEQS="${PEER_SEQS:-8192 16384 32768}"
+    PEER_SEQS="${PEER_SEQS:-${PEER_SEQ:-8192 16384 32768}}"
     PEER_MODEL=(--model "$MODEL")
     LR="${LR:-3e-4}"                    # the PyTorch peer's: 3e-3 (memo's default) diverges on 1B
     WARMUP="${WARMUP:-100}"             # and so does 3e-4 without a warm-up (loss 5.5 -> 13.5 in 3 steps)

@@ -271,18 +271,22 @@ def capacity(raw, config):
     return runs, longest, record
 
 
-def peers(raw):
+def peers(raw, seqs):
+    """The peer's runs: `torch-peer` at the first of `seqs`, `torch-peer-N` at the others."""
     records = []
     for path in sorted(glob.glob(os.path.join(raw, "torch-peer*.rc"))):
         name = os.path.basename(path)[:-3]
+        suffix = name[len("torch-peer-"):]
+        seq = int(suffix) if suffix.isdigit() else (seqs[0] if seqs else 0)
         code, seconds, _ = rc_of(raw, name)
         found = False
         for line in json_lines(read(os.path.join(raw, f"{name}.out"))):
             line["kind"] = "peer"
+            line["peer_seq"] = seq
             records.append(line)
             found = True
         if not found:
-            records.append({"kind": "peer", "status": status_of(code), "exit": code,
+            records.append({"kind": "peer", "peer_seq": seq, "status": status_of(code), "exit": code,
                             "error": last_error(raw, name)})
     return records
 
@@ -346,7 +350,8 @@ def main(out_dir):
     capped_runs, longest, verdict = capacity(raw, config)
     variant = variant_trial(raw, config, measured)
     kernels = attention_kernels(raw)
-    peer = peers(raw)
+    peer_seqs = [int(x) for x in (config.get("peer_seqs") or config.get("peer_seq") or "").split() if x.isdigit()]
+    peer = peers(raw, peer_seqs)
     cudnn = cudnn_attention(raw, config)
     phase_records = phases(raw)
 
@@ -456,19 +461,21 @@ def main(out_dir):
       f"memo faster {verdict_word(v['memo_faster_than_full_recompute'])}")
     p(f"  longest memo trained over longest keep-all trained: {fmt(v['memo_over_keep_all_trained'], '.1f')}x")
 
-    peer_seq = int(config.get("peer_seq", "0") or 0)
-    p(f"\npeer at {peer_seq} tokens (tokens/s, peak device memory):")
-    for r in peer:
-        if r.get("mode"):
-            p(f"  torch {r['mode']:<14}{fmt(r.get('tokens_per_s'), '.0f'):>11} tok/s"
-              f"{fmt(r.get('peak_bytes'), '.2f', GIB):>9} GiB  {r.get('status')}"
-              + (f": {r['error']}" if r.get("error") else ""))
-        else:
-            p(f"  torch: {r.get('status')}" + (f": {r['error']}" if r.get("error") else ""))
-    for r in measured:
-        if r["seq_len"] == peer_seq:
-            p(f"  memo  {r['strategy']:<14}{fmt(r['tokens_per_s'], '.0f'):>11} tok/s"
-              f"{fmt(r['device_bytes'], '.2f', GIB):>9} GiB  {r['status']}")
+    for peer_seq in peer_seqs or [0]:
+        p(f"\npeer at {peer_seq} tokens (tokens/s, peak device memory):")
+        for r in peer:
+            if r.get("peer_seq") != peer_seq:
+                continue
+            if r.get("mode"):
+                p(f"  torch {r['mode']:<14}{fmt(r.get('tokens_per_s'), '.0f'):>11} tok/s"
+                  f"{fmt(r.get('peak_bytes'), '.2f', GIB):>9} GiB  {r.get('status')}"
+                  + (f": {r['error']}" if r.get("error") else ""))
+            else:
+                p(f"  torch: {r.get('status')}" + (f": {r['error']}" if r.get("error") else ""))
+        for r in measured:
+            if r["seq_len"] == peer_seq:
+                p(f"  memo  {r['strategy']:<14}{fmt(r['tokens_per_s'], '.0f'):>11} tok/s"
+                  f"{fmt(r['device_bytes'], '.2f', GIB):>9} GiB  {r['status']}")
 
     p("\nphases: " + ", ".join(f"{r['phase']}: {fmt(r['seconds'], 'd')} s{'' if r['finished'] else ' (unfinished)'}"
                              for r in phase_records))
