@@ -154,6 +154,13 @@ if ((!dry)); then
         if [[ -n "$cudnn_lib" ]]; then
             LD_LIBRARY_PATH="$(dirname "$cudnn_lib"):${LD_LIBRARY_PATH:-}"
             echo "libcudnn: $cudnn_lib (its folder put on LD_LIBRARY_PATH)" >>"$raw/cuda-libs.txt"
+            # cuDNN opens the cuBLASLt of its own CUDA major (libcublasLt.so.12 for a cu12 wheel):
+            # the wheel's sibling nvidia/cublas/lib, last on the path (the GEMMs keep the toolkit's).
+            cublas_sibling="$(dirname "$(dirname "$(dirname "$cudnn_lib")")")/cublas/lib"
+            if [[ -d "$cublas_sibling" ]]; then
+                LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$cublas_sibling"
+                echo "libcublasLt for cuDNN: $cublas_sibling appended to LD_LIBRARY_PATH" >>"$raw/cuda-libs.txt"
+            fi
         else
             echo "libcudnn: not found (attention runs on our kernels; the backend says so)" >>"$raw/cuda-libs.txt"
         fi
