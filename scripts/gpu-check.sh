@@ -274,6 +274,12 @@ if [[ -x "$BUNDLE/test-runtime-cuda-test-gpu" ]]; then
         --exact --nocapture
     grep -h "attention throughput" "$raw/attention-throughput.out" >&2
 fi
+# Which cuDNN plans build (every pass, the plan's token-major LSE and cuDNN's head-major one):
+# whether cuDNN takes the plan's LSE layout (runtime-cuda's lib test, printed).
+if [[ -x "$BUNDLE/test-runtime-cuda-lib-runtime_cuda" ]]; then
+    run cudnn-plans 30 "$BUNDLE/test-runtime-cuda-lib-runtime_cuda" plans_build_on_a_gpu --nocapture
+    grep -hE "^(cuDNN|b=)" "$raw/cudnn-plans.out" >&2
+fi
 # Our attention kernels on their own, every path, against float64 PyTorch and timed (optional).
 if [[ "${KERNELS_CHECK:-0}" == 1 ]] && ((!dry)); then
     run attention-kernels 60 python3 kernels/attention_gpu_check.py --time

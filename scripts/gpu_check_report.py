@@ -300,7 +300,9 @@ def cudnn_attention(raw, config):
                   if "attention throughput" in line]
     ran = [line.strip() for line in read(os.path.join(raw, "attention-ran.txt")).splitlines() if line.strip()]
     replay_code = rc_of(raw, "replay-allocator")[0]
-    return {"kind": "cudnn_attention", "cudnn": config.get("cudnn"), "attention_ran": ran,
+    plans = [line.strip() for line in read(os.path.join(raw, "cudnn-plans.out")).splitlines()
+             if line.startswith("cuDNN") or line.startswith("b=")]
+    return {"kind": "cudnn_attention", "cudnn": config.get("cudnn"), "attention_ran": ran, "plans": plans,
             "check_exit": check_code, "check_status": status_of(check_code),
             "check_lines": [l for l in check.splitlines() if "|error|" in l or l.startswith("cudnn_attention_check")],
             "throughput": throughput, "replay_allocator_exit": replay_code,
@@ -388,6 +390,8 @@ def main(out_dir):
     p(f"\ncuDNN: {cudnn['cudnn'] or 'not looked for'}; attention ran as:")
     for line in cudnn["attention_ran"] or ["(no GPU process said)"]:
         p(f"  {line}")
+    for line in cudnn["plans"]:
+        p(f"  plan {line}")
     p(f"cuDNN path vs float64 PyTorch (scripts/cudnn_attention_check.py): {cudnn['check_status']}")
     for line in cudnn["check_lines"][-4:]:
         p(f"  {line}")

@@ -434,6 +434,64 @@ pub(crate) enum Pass {
     Backward(BackwardForm),
 }
 
+/// The engine configurations the heuristics in `mode` rank for `graph`, best first.
+fn engine_configs(graph: &Descriptor, mode: sys::cudnnBackendHeurMode_t) -> Result<Vec<Descriptor>, String> {
+    let heuristics =
+        Descriptor::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, format!("engine heuristics ({mode:?})"))?;
+    heuristics.set_descriptors(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[graph])?;
+    // Safety: HEUR_MODE is read as cudnnBackendHeurMode_t.
+    unsafe { heuristics.set(Attr::CUDNN_ATTR_ENGINEHEUR_MODE, Type::CUDNN_TYPE_HEUR_MODE, &[mode]) }?;
+    heuristics.finalize()?;
+    let mut count = 0i64;
+    // Safety: a count query (no elements requested, a null array).
+    let status = unsafe {
+        sys::cudnnBackendGetAttribute(
+            heuristics.raw,
+            Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            0,
+            &mut count,
+            std::ptr::null_mut(),
+        )
+    };
+    check(status, || format!("counting the results of {}", heuristics.name))?;
+    if count <= 0 {
+        return Err(format!("cuDNN: {} found no engine for this graph", heuristics.name));
+    }
+    let configs: Vec<Descriptor> = (0..count)
+        .map(|i| {
+            Descriptor::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, format!("engine configuration {i} ({mode:?})"))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut raw: Vec<sys::cudnnBackendDescriptor_t> = configs.iter().map(|c| c.raw).collect();
+    let mut returned = 0i64;
+    // Safety: `raw` holds `count` created engine-configuration descriptors for cuDNN to fill.
+    let status = unsafe {
+        sys::cudnnBackendGetAttribute(
+            heuristics.raw,
+            Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            count,
+            &mut returned,
+            raw.as_mut_ptr().cast(),
+        )
+    };
+    check(status, || format!("reading the results of {}", heuristics.name))?;
+    let mut configs = configs;
+    configs.truncate(usize::try_from(returned).unwrap_or(0));
+    Ok(configs)
+}
+
+/// The execution plan of one engine configuration, finalized, and its workspace bytes.
+fn execution_plan(handle: sys::cudnnHandle_t, config: &Descriptor, engine: usize) -> Result<(Descriptor, u64), String> {
+    let plan = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, format!("execution plan {engine}"))?;
+    plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
+    plan.set_descriptors(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
+    plan.finalize()?;
+    let workspace = plan.get_i64(Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?;
+    Ok((plan, u64::try_from(workspace).unwrap_or(0)))
+}
+
 impl Plan {
     /// Builds `pass` for `shape`: the graph, the heuristics (mode A), then execution plans of the
     /// engine configurations in order until one finalizes.
@@ -445,72 +503,34 @@ impl Plan {
             Pass::Backward(form) => backward_composite(&mut builder, shape, form)?,
         };
         let graph = builder.graphs.get(graph.0).ok_or("the main graph is missing")?;
-        let heuristics = Descriptor::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics")?;
-        heuristics.set_descriptors(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[graph])?;
-        // Safety: HEUR_MODE is read as cudnnBackendHeurMode_t.
-        unsafe {
-            heuristics.set(
-                Attr::CUDNN_ATTR_ENGINEHEUR_MODE,
-                Type::CUDNN_TYPE_HEUR_MODE,
-                &[sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A],
-            )
-        }?;
-        heuristics.finalize()?;
-        let mut count = 0i64;
-        // Safety: a count query (no elements requested, a null array).
-        let status = unsafe {
-            sys::cudnnBackendGetAttribute(
-                heuristics.raw,
-                Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                0,
-                &mut count,
-                std::ptr::null_mut(),
-            )
-        };
-        check(status, || "counting the engine heuristics' results".into())?;
-        if count <= 0 {
-            return Err("cuDNN: the engine heuristics found no engine for this graph".into());
-        }
-        let configs: Vec<Descriptor> = (0..count)
-            .map(|i| Descriptor::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, format!("engine configuration {i}")))
-            .collect::<Result<_, _>>()?;
-        let mut raw: Vec<sys::cudnnBackendDescriptor_t> = configs.iter().map(|c| c.raw).collect();
-        let mut returned = 0i64;
-        // Safety: `raw` holds `count` created engine-configuration descriptors for cuDNN to fill.
-        let status = unsafe {
-            sys::cudnnBackendGetAttribute(
-                heuristics.raw,
-                Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                count,
-                &mut returned,
-                raw.as_mut_ptr().cast(),
-            )
-        };
-        check(status, || "reading the engine heuristics' results".into())?;
+        // Mode A's ranking first (the frontend's samples), then cuDNN's fallback list.
         let mut failures = Vec::new();
-        for (engine, config) in configs.iter().enumerate().take(usize::try_from(returned).unwrap_or(0)) {
-            let attempt = (|| {
-                let plan =
-                    Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, format!("execution plan {engine}"))?;
-                plan.set_handle(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, handle)?;
-                plan.set_descriptors(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
-                plan.finalize()?;
-                let workspace = plan.get_i64(Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE)?;
-                Ok::<_, String>((plan, u64::try_from(workspace).unwrap_or(0)))
-            })();
-            match attempt {
-                Ok((plan, workspace)) => return Ok(Plan { builder, plan, engine, workspace }),
-                Err(e) => failures.push(e),
+        let mut tried = 0usize;
+        for mode in
+            [sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A, sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_FALLBACK]
+        {
+            let configs = match engine_configs(graph, mode) {
+                Ok(configs) => configs,
+                Err(why) => {
+                    failures.push(why);
+                    continue;
+                }
+            };
+            for config in &configs {
+                let engine = tried;
+                tried += 1;
+                match execution_plan(handle, config, engine) {
+                    Ok((plan, workspace)) => return Ok(Plan { builder, plan, engine, workspace }),
+                    Err(why) => failures.push(why),
+                }
             }
         }
         Err(format!(
-            "cuDNN: none of the {returned} engine configurations finalized a plan; the first: {}",
+            "cuDNN: none of the {tried} engine configurations (heuristics mode A, then the fallback list) finalized a \
+             plan; the first failure: {}",
             failures.first().map_or("none returned", String::as_str)
         ))
     }
-
     /// Runs the plan on the handle's stream: `pointers` are the device addresses of the
     /// non-virtual tensors in memory by uid; `scale` the by-value scale.
     ///
@@ -664,5 +684,59 @@ mod tests {
                 assert!(why.contains("cuDNN") && !why.contains('\n'), "{why}");
             }
         }
+    }
+
+    /// On a GPU with cuDNN (scripts/gpu-check.sh; elsewhere SKIP, or a failure when
+    /// `MEMO_REQUIRE_CUDNN` is set): the plan of every pass, with the plan's token-major
+    /// statistics and with cuDNN's head-major ones, at 16K tokens x 16 heads of 128 and at 200
+    /// tokens x 2 heads of 64 (two sequences), each printed with its engine and workspace or why
+    /// it did not build. Whether cuDNN takes the plan's LSE layout is the question this answers
+    /// (issue 17, item 2). Asserts that the composite forward and the backward build in one of
+    /// the layouts for each shape: else the cuDNN path cannot run at all.
+    #[test]
+    fn plans_build_on_a_gpu_for_every_pass_and_statistics_layout() {
+        use crate::attention::graph::StatsLayout;
+        let mut cudnn = match Cudnn::open(std::ptr::null_mut()) {
+            Ok(cudnn) => cudnn,
+            Err(why) => {
+                assert!(std::env::var_os("MEMO_REQUIRE_CUDNN").is_none(), "MEMO_REQUIRE_CUDNN is set: {why}");
+                println!("SKIP plans_build_on_a_gpu_for_every_pass_and_statistics_layout: {why}");
+                return;
+            }
+        };
+        println!("cuDNN {} (fused forward: {})", version_text(cudnn.version), cudnn.fused);
+        let mut passes = vec![
+            Pass::Forward { fused: false },
+            Pass::Backward(BackwardForm::Accumulate),
+            Pass::Backward(BackwardForm::Deterministic),
+        ];
+        if cudnn.fused {
+            passes.insert(0, Pass::Forward { fused: true });
+        }
+        let mut unusable = Vec::new();
+        for (b, h, s, d) in [(1, 16, 16384, 128), (2, 2, 200, 64)] {
+            for pass in &passes {
+                let mut built = false;
+                for stats in [StatsLayout::TokenMajor, StatsLayout::HeadMajor] {
+                    let shape = Shape { stats, ..Shape::plan(b, h, s, d) };
+                    match cudnn.plan(*pass, &shape) {
+                        Ok(plan) => {
+                            built = true;
+                            println!(
+                                "b={b} h={h} s={s} d={d} {pass:?} {stats:?}: engine configuration {}, workspace {} bytes",
+                                plan.engine, plan.workspace
+                            );
+                        }
+                        Err(why) => println!("b={b} h={h} s={s} d={d} {pass:?} {stats:?}: NOT BUILT: {why}"),
+                    }
+                }
+                if !built
+                    && !matches!(pass, Pass::Forward { fused: true } | Pass::Backward(BackwardForm::Deterministic))
+                {
+                    unusable.push(format!("b={b} h={h} s={s} d={d} {pass:?}"));
+                }
+            }
+        }
+        assert!(unusable.is_empty(), "no statistics layout builds: {unusable:?}");
     }
 }
