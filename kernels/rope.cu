@@ -44,3 +44,25 @@ memo_rope(const memo_bf16* x, memo_bf16* y, memo_u64 rows, memo_u32 heads, memo_
         y[at + 1] = memo_f32_to_bf16(a * sn + b * c);
     }
 }
+
+// The log-sum-exp between the plan's layout ([rows, heads] f32, token-major) and cuDNN's
+// head-major (sequence, head, position) statistics, for a cuDNN that refuses the plan's strided
+// view: to_head_major != 0 copies token-major x into head-major y, else the reverse. One thread
+// per element, grid-stride.
+extern "C" __global__ void MEMO_LAUNCH_BOUNDS(256)
+memo_lse_transpose(const float* x, float* y, memo_u64 sequences, memo_u32 seq_len, memo_u32 heads, memo_u32 to_head_major) {
+    const memo_u64 n = sequences * seq_len * heads;
+    for (memo_u64 i = (memo_u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (memo_u64)gridDim.x * blockDim.x) {
+        // i indexes the token-major layout: ((seq * seq_len) + pos) * heads + head.
+        const memo_u32 head = (memo_u32)(i % heads);
+        const memo_u64 row = i / heads;
+        const memo_u32 pos = (memo_u32)(row % seq_len);
+        const memo_u64 seq = row / seq_len;
+        const memo_u64 j = (seq * heads + head) * seq_len + pos;
+        if (to_head_major) {
+            y[j] = x[i];
+        } else {
+            y[i] = x[j];
+        }
+    }
+}

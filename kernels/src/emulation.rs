@@ -375,6 +375,22 @@ fn kernel(m: &mut Machine<'_>, name: &str, grid: [u32; 3], p: &Params) {
                 m.set_bf16(p.get("y"), at + 1, a * sn + b * c);
             }
         }
+        "memo_lse_transpose" => {
+            let (sequences, seq_len, heads) = (p.int("sequences"), p.int("seq_len"), p.int("heads"));
+            let to_head_major = p.int("to_head_major") != 0;
+            for i in 0..sequences * seq_len * heads {
+                let (head, row) = (i % heads, i / heads);
+                let (pos, seq) = (row % seq_len, row / seq_len);
+                let j = (seq * heads + head) * seq_len + pos;
+                if to_head_major {
+                    let value = m.f32(p.get("x"), i);
+                    m.set_f32(p.get("y"), j, value);
+                } else {
+                    let value = m.f32(p.get("x"), j);
+                    m.set_f32(p.get("y"), i, value);
+                }
+            }
+        }
         other => panic!("kernel {other} is not emulated"),
     }
 }

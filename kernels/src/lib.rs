@@ -93,7 +93,7 @@ pub const SOURCES: &[Source] = &[
         kernels: &["memo_sum_squares_partial", "memo_adamw"],
     },
     attention::SOURCE,
-    Source { name: "rope.cu", text: include_str!("../rope.cu"), kernels: &["memo_rope"] },
+    Source { name: "rope.cu", text: include_str!("../rope.cu"), kernels: &["memo_rope", "memo_lse_transpose"] },
 ];
 
 /// The compiler a source is built for.
@@ -362,6 +362,35 @@ pub fn rope_step(x: Param, y: Param, shape: &memo_plan_core::plan::shapes::Atten
             Param::U32(narrow(shape.head_dim)),
             Param::U32(narrow(shape.seq_len)),
             Param::U32(u32::from(inverse)),
+        ],
+        scratch_bytes: 0,
+    })
+}
+
+/// One launch of `memo_lse_transpose` (`rope.cu`): the log-sum-exp of `shape` between the plan's
+/// token-major `[rows, heads]` f32 and cuDNN's head-major (sequence, head, position) layout
+/// (`to_head_major`: from the plan's to cuDNN's; else back). `x` and `y` must not overlap.
+pub fn lse_transpose_step(
+    x: Param,
+    y: Param,
+    shape: &memo_plan_core::plan::shapes::AttentionShape,
+    to_head_major: bool,
+) -> Step {
+    let elements = shape.sequences.saturating_mul(shape.seq_len).saturating_mul(shape.heads);
+    let blocks = elements.div_ceil(u64::from(ROPE_THREADS)).clamp(1, ROPE_MAX_BLOCKS);
+    let narrow = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    Step::Kernel(KernelLaunch {
+        kernel: "memo_lse_transpose",
+        grid: [narrow(blocks), 1, 1],
+        block: [ROPE_THREADS, 1, 1],
+        shared_bytes: 0,
+        params: vec![
+            x,
+            y,
+            Param::U64(shape.sequences),
+            Param::U32(narrow(shape.seq_len)),
+            Param::U32(narrow(shape.heads)),
+            Param::U32(u32::from(to_head_major)),
         ],
         scratch_bytes: 0,
     })

@@ -427,3 +427,37 @@ fn the_rope_grid_covers_every_pair() {
         assert!(blocks * 256 >= pairs || blocks == 1 << 20, "{blocks} blocks for {pairs} pairs");
     }
 }
+
+/// `memo_lse_transpose` (rope.cu) in its emulation: token-major to head-major puts element
+/// (sequence, position, head) at ((sequence * heads + head) * seq_len + position), and back
+/// gives the input again.
+#[test]
+fn the_lse_transpose_kernel_moves_each_element_and_back() {
+    use memo_plan_core::plan::shapes::AttentionShape;
+    let shape = AttentionShape { heads: 3, head_dim: 64, seq_len: 5, sequences: 2 };
+    let n = 2 * 5 * 3;
+    let token_major: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let there = crate::lse_transpose_step(
+        Param::Ptr { arg: 0, byte_offset: 0 },
+        Param::Ptr { arg: 1, byte_offset: 0 },
+        &shape,
+        true,
+    );
+    let Step::Kernel(launch) = &there else { panic!("not a kernel") };
+    assert_eq!(launch.params.iter().map(kind).collect::<Vec<_>>(), declaration("memo_lse_transpose"));
+    let mut data = vec![token_major.clone(), vec![0u8; n * 4], vec![0u8; n * 4]];
+    crate::emulation::run(&[there], &mut data, 0);
+    let head_major = words(&data[1]);
+    for (seq, pos, head) in [(0, 0, 0), (0, 4, 2), (1, 2, 1), (1, 4, 2)] {
+        let token = ((seq * 5 + pos) * 3 + head) as f32;
+        assert_eq!(head_major[(seq * 3 + head) * 5 + pos], token, "sequence {seq} position {pos} head {head}");
+    }
+    let back = crate::lse_transpose_step(
+        Param::Ptr { arg: 1, byte_offset: 0 },
+        Param::Ptr { arg: 2, byte_offset: 0 },
+        &shape,
+        false,
+    );
+    crate::emulation::run(&[back], &mut data, 0);
+    assert_eq!(data[2], token_major);
+}

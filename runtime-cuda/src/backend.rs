@@ -8,14 +8,15 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
 use memo_kernels::{
-    launch_steps, rope_step, scratch_bytes, status_error, ArgShape, AttentionVariant, Param, STATUS_WORDS,
+    launch_steps, lse_transpose_step, rope_step, scratch_bytes, status_error, ArgShape, AttentionVariant, Param,
+    STATUS_WORDS,
 };
 use memo_plan_core::plan::shapes::AttentionShape;
 use memo_plan_core::plan::{EventId, Op, Stream};
 use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
 
 use crate::attention::cudnn::{version_text, Cudnn, Pass};
-use crate::attention::graph::{uid, BackwardForm, Shape};
+use crate::attention::graph::{uid, BackwardForm, Shape, StatsLayout};
 use crate::attention::{self, AttentionChoice, AttentionScratch};
 use crate::exec::{self, Resolved};
 use crate::timing::Timing;
@@ -73,6 +74,8 @@ pub struct CudaBackend {
     variant: AttentionVariant,
     /// How attention runs now, for [`CudaBackend::describe`] (the line printed at construction).
     attention_note: String,
+    /// Whether the head-major statistics fallback was announced.
+    head_major_noted: bool,
     device_name: String,
     /// The NVRTC that compiled the kernels, for [`CudaBackend::describe`].
     nvrtc: String,
@@ -193,6 +196,7 @@ impl CudaBackend {
             attention,
             variant,
             attention_note,
+            head_major_noted: false,
             device_name,
             nvrtc,
             sm,
@@ -298,24 +302,38 @@ impl CudaBackend {
         eprintln!("attention: {}", self.attention_note);
     }
 
-    /// The cuDNN plan's workspace for `pass` on `shape`, built (and cached) now. A fused forward
-    /// that does not build falls back to the composite one (one line); any other failure leaves
-    /// cuDNN ([`CudaBackend::leave_cudnn`]) and is `None`.
-    fn cudnn_workspace(&mut self, pass: Pass, shape: &Shape) -> Option<(Pass, u64)> {
+    /// The cuDNN plan for `pass` on `shape` (built and cached now): the pass and the shape that
+    /// built (a fused forward that does not build falls back to the composite one; statistics
+    /// the plan's token-major view cuDNN refuses fall back to its head-major layout with a
+    /// transpose each launch; each with one line) and the plan's workspace. Any other failure
+    /// leaves cuDNN ([`CudaBackend::leave_cudnn`]) and is `None`.
+    fn cudnn_workspace(&mut self, pass: Pass, shape: &Shape) -> Option<(Pass, Shape, u64)> {
         let cudnn = self.cudnn.as_mut()?;
-        let failure = match cudnn.plan(pass, shape) {
-            Ok(plan) => return Some((pass, plan.workspace)),
+        let token_major = match cudnn.plan(pass, shape) {
+            Ok(plan) => return Some((pass, *shape, plan.workspace)),
             Err(why) => why,
         };
+        let head_major = Shape { stats: StatsLayout::HeadMajor, ..*shape };
+        if let Ok(plan) = cudnn.plan(pass, &head_major) {
+            let workspace = plan.workspace;
+            if !self.head_major_noted {
+                self.head_major_noted = true;
+                eprintln!(
+                    "attention: cuDNN refused the plan's token-major LSE view ({token_major}); its head-major layout \
+                     runs instead, transposed on every launch (interim: the plan's LSE layout should change)"
+                );
+            }
+            return Some((pass, head_major, workspace));
+        }
         if pass == (Pass::Forward { fused: true }) {
             eprintln!(
-                "attention: cuDNN {}: the fused forward did not build ({failure}); the composite forward runs instead",
+                "attention: cuDNN {}: the fused forward did not build ({token_major}); the composite forward runs instead",
                 version_text(cudnn.version)
             );
             cudnn.fused = false;
             return self.cudnn_workspace(Pass::Forward { fused: false }, shape);
         }
-        self.leave_cudnn(&format!("cuDNN could not build the attention plan for {shape:?}: {failure}"));
+        self.leave_cudnn(&format!("cuDNN could not build the attention plan for {shape:?}: {token_major}"));
         None
     }
 
@@ -347,11 +365,12 @@ impl CudaBackend {
         }
         self.bind()?;
         let (pass, shape) = self.cudnn_pass(op, geometry).map_err(BackendError::Other)?;
-        let Some((pass, workspace)) = self.cudnn_workspace(pass, &shape) else {
+        let Some((pass, built, workspace)) = self.cudnn_workspace(pass, &shape) else {
             return Ok(AttentionScratch::default());
         };
         let deterministic = pass == Pass::Backward(BackwardForm::Deterministic);
-        Ok(attention::scratch(op, geometry, deterministic, workspace))
+        let head_major = built.stats == StatsLayout::HeadMajor;
+        Ok(attention::scratch(op, geometry, deterministic, head_major, workspace))
     }
 
     /// Runs an attention launch on cuDNN: rotates q and k into the scratch (`memo_rope`), runs
@@ -375,10 +394,11 @@ impl CudaBackend {
             return Ok(true);
         }
         let (pass, shape) = self.cudnn_pass(op, &geometry).map_err(kernel_error)?;
-        let Some((pass, workspace)) = self.cudnn_workspace(pass, &shape) else { return Ok(false) };
+        let Some((pass, shape, workspace)) = self.cudnn_workspace(pass, &shape) else { return Ok(false) };
         let deterministic = pass == Pass::Backward(BackwardForm::Deterministic);
-        let needs = attention::scratch(op, &geometry, deterministic, workspace);
-        let ([rotated_q, rotated_k, accumulator, sums, work], total) = needs.layout();
+        let head_major = shape.stats == StatsLayout::HeadMajor;
+        let needs = attention::scratch(op, &geometry, deterministic, head_major, workspace);
+        let ([rotated_q, rotated_k, accumulator, sums, statistics, work], total) = needs.layout();
         // Interim until the plan carries it (spec/backends.md): the stream's scratch, grown on
         // demand like the kernels' partial sums.
         let base = self.ensure_scratch(stream, total)?;
@@ -399,12 +419,16 @@ impl CudaBackend {
         run(&rope_step(ptr(1), Param::Scratch { byte_offset: rotated_k }, &geometry, false), self)?;
         let address =
             |arg: usize| spans.get(arg).map(|s| s.0).ok_or_else(|| kernel_error(format!("no argument {arg}")));
+        let stats = Param::Scratch { byte_offset: statistics };
+        if head_major && op == Op::AttentionBackward {
+            run(&lse_transpose_step(ptr(4), stats, &geometry, true), self)?;
+        }
         let mut pointers = vec![
             (uid::Q, base + rotated_q),
             (uid::K, base + rotated_k),
             (uid::V, address(2)?),
             (uid::O, address(3)?),
-            (uid::STATS, address(4)?),
+            (uid::STATS, if head_major { base + statistics } else { address(4)? }),
         ];
         if op == Op::AttentionBackward {
             pointers.extend([
@@ -437,6 +461,9 @@ impl CudaBackend {
         // op table checked (`rows * heads * head_dim` bf16, `rows * heads` f32); the stream
         // orders the rotations before and the rotations back after; the plan orders the rest.
         unsafe { plan.execute(handle, &pointers, base + work, scale) }.map_err(kernel_error)?;
+        if head_major && op == Op::Attention {
+            run(&lse_transpose_step(stats, ptr(4), &geometry, false), self)?;
+        }
         if op == Op::AttentionBackward {
             run(&rope_step(ptr(6), ptr(6), &geometry, true), self)?;
             run(&rope_step(ptr(7), ptr(7), &geometry, true), self)?;

@@ -83,6 +83,10 @@ pub struct AttentionScratch {
     pub dq_accumulator: u64,
     /// Backward only: the f32 softmax sums `rowsum(dO * O)`, B*H*S*4.
     pub softmax_sum: u64,
+    /// Only when cuDNN refuses the plan's token-major LSE view: the LSE in cuDNN's head-major
+    /// layout (f32, B*H*S*4), transposed from or to the plan's on every launch (interim: the
+    /// plan's layout should change instead, issue 17 item 2).
+    pub statistics: u64,
     /// cuDNN's own workspace for the chosen execution plan (known only once the plan is built
     /// on the device: [`scratch`] takes it as an argument).
     pub workspace: u64,
@@ -92,18 +96,15 @@ pub struct AttentionScratch {
 pub const SCRATCH_ALIGNMENT: u64 = 256;
 
 impl AttentionScratch {
-    /// The parts' byte offsets (rotated q, rotated k, dQ accumulator, softmax sums, workspace)
-    /// and the total, each part starting at a multiple of [`SCRATCH_ALIGNMENT`].
-    pub fn layout(&self) -> ([u64; 5], u64) {
-        let mut offsets = [0u64; 5];
+    /// The parts' byte offsets (rotated q, rotated k, dQ accumulator, softmax sums, head-major
+    /// statistics, workspace) and the total, each part starting at a multiple of
+    /// [`SCRATCH_ALIGNMENT`].
+    pub fn layout(&self) -> ([u64; 6], u64) {
+        let mut offsets = [0u64; 6];
         let mut end = 0u64;
-        for (slot, bytes) in offsets.iter_mut().zip([
-            self.rotated_q,
-            self.rotated_k,
-            self.dq_accumulator,
-            self.softmax_sum,
-            self.workspace,
-        ]) {
+        let parts =
+            [self.rotated_q, self.rotated_k, self.dq_accumulator, self.softmax_sum, self.statistics, self.workspace];
+        for (slot, bytes) in offsets.iter_mut().zip(parts) {
             *slot = end.next_multiple_of(SCRATCH_ALIGNMENT);
             end = *slot + bytes;
         }
@@ -118,20 +119,31 @@ impl AttentionScratch {
 
 /// What attention launch `op` ([`Op::Attention`] or [`Op::AttentionBackward`]) of `shape` needs
 /// on the cuDNN path besides its arguments; `workspace` is the execution plan's workspace bytes
-/// (`CudaBackend::attention_workspace` builds the plan and reads it), `deterministic` the
-/// backward's form. Other ops need nothing. Saturates rather than overflows.
-pub fn scratch(op: Op, shape: &AttentionShape, deterministic: bool, workspace: u64) -> AttentionScratch {
+/// (`CudaBackend::attention_scratch` builds the plan and reads it), `deterministic` the
+/// backward's form, `head_major_statistics` whether cuDNN took the plan's LSE layout (false) or
+/// needs its own (true). Other ops need nothing. Saturates rather than overflows.
+pub fn scratch(
+    op: Op,
+    shape: &AttentionShape,
+    deterministic: bool,
+    head_major_statistics: bool,
+    workspace: u64,
+) -> AttentionScratch {
     let rows = shape.sequences.saturating_mul(shape.seq_len);
     let heads_rows = rows.saturating_mul(shape.heads);
     let elements = heads_rows.saturating_mul(shape.head_dim);
     let rotated = elements.saturating_mul(2);
+    let statistics = if head_major_statistics { heads_rows.saturating_mul(4) } else { 0 };
     match op {
-        Op::Attention => AttentionScratch { rotated_q: rotated, rotated_k: rotated, workspace, ..Default::default() },
+        Op::Attention => {
+            AttentionScratch { rotated_q: rotated, rotated_k: rotated, statistics, workspace, ..Default::default() }
+        }
         Op::AttentionBackward => AttentionScratch {
             rotated_q: rotated,
             rotated_k: rotated,
             dq_accumulator: if deterministic { 0 } else { elements.saturating_mul(4) },
             softmax_sum: heads_rows.saturating_mul(4),
+            statistics,
             workspace,
         },
         _ => AttentionScratch::default(),

@@ -449,19 +449,21 @@ fn the_graphs_with_rope_match_the_cpu_backend() {
 fn scratch_is_a_function_of_the_shape() {
     let shape = AttentionShape { heads: 16, head_dim: 128, seq_len: 16384, sequences: 1 };
     let elements = 16 * 128 * 16384u64;
-    let forward = scratch(Op::Attention, &shape, false, 1000);
+    let forward = scratch(Op::Attention, &shape, false, false, 1000);
     assert_eq!(
         (forward.rotated_q, forward.rotated_k, forward.dq_accumulator, forward.softmax_sum),
         (elements * 2, elements * 2, 0, 0)
     );
-    let backward = scratch(Op::AttentionBackward, &shape, false, 0);
+    let backward = scratch(Op::AttentionBackward, &shape, false, false, 0);
     assert_eq!(backward.dq_accumulator, elements * 4);
     assert_eq!(backward.softmax_sum, 16 * 16384 * 4);
-    assert_eq!(scratch(Op::AttentionBackward, &shape, true, 0).dq_accumulator, 0);
+    assert_eq!(scratch(Op::AttentionBackward, &shape, true, false, 0).dq_accumulator, 0);
     let (offsets, total) = backward.layout();
     assert!(offsets.iter().all(|o| o % 256 == 0) && offsets.windows(2).all(|w| w[0] <= w[1]));
     assert_eq!(total, elements * 2 * 2 + elements * 4 + 16 * 16384 * 4);
-    assert_eq!(scratch(Op::Linear, &shape, false, 5).total(), 0);
+    let head_major = scratch(Op::Attention, &shape, false, true, 0);
+    assert_eq!(head_major.statistics, 16 * 16384 * 4);
+    assert_eq!(scratch(Op::Linear, &shape, false, true, 5).total(), 0);
 }
 
 #[test]
