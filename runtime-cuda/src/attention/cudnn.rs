@@ -30,9 +30,14 @@ pub(crate) const MIN_VERSION: usize = 9_00_00;
 /// The first cuDNN whose fused forward takes a causal mask.
 pub(crate) const FUSED_VERSION: usize = 9_21_00;
 
-/// `9.21.0` from `92100`.
+/// `9.21.0` from `92100` (cuDNN 9 encodes major * 10000 + minor * 100 + patch); `8.9.7` from
+/// `8907` (cuDNN 8 and older: major * 1000 + minor * 100 + patch).
 pub(crate) fn version_text(version: usize) -> String {
-    format!("{}.{}.{}", version / 10_000, version / 100 % 100, version % 100)
+    if version < 10_000 {
+        format!("{}.{}.{}", version / 1000, version / 100 % 10, version % 100)
+    } else {
+        format!("{}.{}.{}", version / 10_000, version / 100 % 100, version % 100)
+    }
 }
 
 /// cuDNN's last error message (cuDNN 9 keeps one per thread), or nothing.
@@ -670,6 +675,7 @@ mod tests {
     fn versions_read_as_cudnn_writes_them() {
         assert_eq!(version_text(92100), "9.21.0");
         assert_eq!(version_text(90501), "9.5.1");
+        assert_eq!(version_text(8907), "8.9.7");
         const { assert!(MIN_VERSION < FUSED_VERSION) };
     }
 

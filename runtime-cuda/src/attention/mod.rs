@@ -70,6 +70,18 @@ impl AttentionChoice {
     }
 }
 
+/// Opens cuDNN as the backend does (probe, version, `cudnnCreate`; on the default stream) and
+/// closes it again: the line that says what the cuDNN path would run, or why it cannot. Never
+/// panics, whatever library is (or is not) found.
+pub fn probe_cudnn() -> Result<String, String> {
+    let opened = cudnn::Cudnn::open(std::ptr::null_mut())?;
+    Ok(format!(
+        "cuDNN {} {} forward",
+        cudnn::version_text(opened.version),
+        if opened.fused { "fused" } else { "composite" }
+    ))
+}
+
 /// Bytes of device memory one attention launch on the cuDNN path needs besides its arguments,
 /// in the order [`AttentionScratch::layout`] places them (each start aligned to
 /// [`SCRATCH_ALIGNMENT`]).
