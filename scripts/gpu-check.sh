@@ -243,7 +243,7 @@ else
     run nvidia-smi-full 10 nvidia-smi
 fi
 ((dry)) || say "cuDNN: ${cudnn_lib:-not found} (version ${cudnn_version:-unknown})"
-run profile "${PROFILE_TIMEOUT:-30}" "$MEMO" profile --device "$DEVICE" "${PROFILE_ARGS[@]}" --out "$raw/machine.toml" --json
+run profile "${PROFILE_TIMEOUT:-35}" "$MEMO" profile --device "$DEVICE" "${PROFILE_ARGS[@]}" --out "$raw/machine.toml" --json
 end_phase 0 done
 
 # Phase 1: correctness.
