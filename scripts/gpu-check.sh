@@ -5,9 +5,11 @@
 #      version; memo profile --device cuda (copy bandwidth, one layer's forward)
 #   1  correctness: every bundled test executable (the backend suite with MEMO_REQUIRE_GPU=cuda,
 #      runtime-cuda's GPU-vs-CPU tests with MEMO_REQUIRE_CUDNN=1: attention on cuDNN in both
-#      backward forms and on our kernels against the CPU): pass/fail and their counts; the cuDNN
-#      path's outputs against float64 PyTorch (scripts/cudnn_attention_check.py, with PyTorch's
-#      own cuDNN SDPA graph logged beside); attention alone at 16K tokens (TFLOP/s)
+#      backward forms and on our kernels against the CPU; its NCCL tests with the wheel's
+#      libnccl.so.2 named in MEMO_NCCL_LIBRARY and NCCL_MULTI_RANK_GPU_ENABLE=1): pass/fail and
+#      their counts; the cuDNN path's outputs against float64 PyTorch
+#      (scripts/cudnn_attention_check.py, with PyTorch's own cuDNN SDPA graph logged beside);
+#      which cuDNN plans build; attention alone at 16K tokens (TFLOP/s)
 #   2  measurements: memo train --device cuda --json --timings on the ~1B GPT
 #      (examples/models/gpt-1b.toml) at each of $SEQS for keep-all, full-recompute and memo,
 #      attention on cuDNN (the default; each run's stderr says which attention ran)
@@ -172,6 +174,19 @@ v = ctypes.CDLL(sys.argv[1]).cudnnGetVersion()
 print("%d.%d.%d" % (v // 10000, v // 100 % 100, v % 100))' "$cudnn_lib" 2>/dev/null)
     echo "cudnn=${cudnn_lib:-none} version=${cudnn_version:-unknown}" >>"$raw/cuda-libs.txt"
     export MEMO_REQUIRE_CUDNN=1         # runtime-cuda's GPU test fails if a cuDNN choice fell back
+    # NCCL for runtime-cuda's tests/nccl.rs: NVIDIA's wheel puts libnccl.so.2 in site-packages,
+    # off the loader's path; name it in MEMO_NCCL_LIBRARY (unless set or on the path), and let
+    # two ranks share the one GPU where NCCL 2.30+ allows it (the test SKIPs on older NCCL).
+    if [[ -z "${MEMO_NCCL_LIBRARY:-}" ]] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 '; then
+        for s in $site; do
+            if [[ -f "$s/nvidia/nccl/lib/libnccl.so.2" ]]; then
+                export MEMO_NCCL_LIBRARY="$s/nvidia/nccl/lib/libnccl.so.2"
+                break
+            fi
+        done
+    fi
+    echo "libnccl: ${MEMO_NCCL_LIBRARY:-by name, through the dynamic linker}" >>"$raw/cuda-libs.txt"
+    export NCCL_MULTI_RANK_GPU_ENABLE="${NCCL_MULTI_RANK_GPU_ENABLE:-1}"
 fi
 if ((dry)); then # memo_runtime::cpu_hardware(64 GiB), as a machine file
     machine_file() { # device_memory (TOML value)

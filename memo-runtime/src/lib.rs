@@ -15,6 +15,7 @@ pub mod data;
 pub mod error;
 pub mod interpret;
 pub mod recall;
+pub mod rendezvous;
 pub mod trainer;
 
 pub use backend::{AdamW, Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};

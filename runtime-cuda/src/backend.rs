@@ -251,6 +251,22 @@ impl CudaBackend {
         self.sm
     }
 
+    /// Joins the NCCL communicator of `id` as `rank` of `world_size` on this backend's device
+    /// (its context made current on the calling thread first), waiting at most `timeout` for
+    /// every rank (`memo_nccl::Communicator::init`). Drop the communicator before the backend:
+    /// it lives in this device's context.
+    pub fn join_collectives(
+        &self,
+        nccl: &crate::nccl::Nccl,
+        id: &crate::nccl::UniqueId,
+        world_size: usize,
+        rank: usize,
+        timeout: std::time::Duration,
+    ) -> Result<crate::nccl::Communicator, BackendError> {
+        self.bind()?;
+        crate::nccl::Communicator::init(nccl, id, world_size, rank, timeout).map_err(BackendError::from)
+    }
+
     /// Makes the context current on the calling thread: the backend is `Send`, and the raw
     /// driver calls (copies, memsets) use the thread's current context.
     fn bind(&self) -> Result<(), BackendError> {

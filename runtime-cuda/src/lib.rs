@@ -22,6 +22,10 @@
 //! - **Timing** (optional, [`CudaBackend::measure`]): CUDA events around every launch and copy,
 //!   read at synchronize into [`memo_runtime::Backend::timings`].
 //!
+//! - **Collectives** ([`nccl`]): NCCL loaded at run time through `memo-nccl`; a communicator per
+//!   rank joined with a timeout ([`CudaBackend::join_collectives`]), all-gather, reduce-scatter and
+//!   all-reduce on arena addresses and a CUDA stream. Plans do not launch them yet.
+//!
 //! [`nvrtc_check`] compiles the kernels with an NVRTC library at an explicit path, for CI
 //! machines without a GPU.
 #![deny(missing_docs)]
@@ -30,6 +34,7 @@ pub mod attention;
 mod backend;
 mod compile;
 mod exec;
+pub mod nccl;
 pub mod nvrtc_check;
 mod probe;
 mod timing;

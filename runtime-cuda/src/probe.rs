@@ -28,7 +28,7 @@ fn folders() -> Vec<String> {
 }
 
 /// Files in the usual folders whose names start with `prefix` (for the hint).
-fn found_elsewhere(prefix: &str) -> Vec<String> {
+pub(crate) fn found_elsewhere(prefix: &str) -> Vec<String> {
     let mut found = Vec::new();
     for folder in folders() {
         let Ok(entries) = std::fs::read_dir(&folder) else { continue };

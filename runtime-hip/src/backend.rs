@@ -149,6 +149,21 @@ impl HipBackend {
         self.blas.convention()
     }
 
+    /// Joins the RCCL communicator of `id` as `rank` of `world_size` on this backend's device
+    /// (set on the calling thread first), waiting at most `timeout` for every rank
+    /// (`memo_nccl::Communicator::init`). Drop the communicator before the backend.
+    pub fn join_collectives(
+        &self,
+        rccl: &crate::rccl::Nccl,
+        id: &crate::rccl::UniqueId,
+        world_size: usize,
+        rank: usize,
+        timeout: std::time::Duration,
+    ) -> Result<crate::rccl::Communicator, BackendError> {
+        self.bind()?;
+        crate::rccl::Communicator::init(rccl, id, world_size, rank, timeout).map_err(BackendError::from)
+    }
+
     fn bind(&self) -> Result<(), BackendError> {
         self.device.bind().map_err(BackendError::from)
     }

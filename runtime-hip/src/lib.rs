@@ -18,6 +18,10 @@
 //!               timing (measure) with timed events around each launch and copy
 //! ```
 //!
+//! Collectives ([`rccl`]): RCCL loaded at run time through `memo-nccl` (the binding the CUDA
+//! backend uses for NCCL: RCCL exports the same C API), a communicator per rank joined with a
+//! timeout ([`HipBackend::join_collectives`]). Plans do not launch them yet.
+//!
 //! Library search ([`LibrarySearch::from_env`]): `$ROCM_PATH/lib`, `$HIP_PATH/lib`,
 //! `/opt/rocm/lib`, then the dynamic linker by name (versions 7, 6, 5). Nothing here panics or
 //! unwinds across `extern "C"` (no callbacks are registered); a missing library, symbol or GPU
@@ -32,6 +36,7 @@
 mod backend;
 mod error;
 pub mod marshal;
+pub mod rccl;
 pub mod result;
 pub mod safe;
 pub mod sys;

@@ -143,3 +143,22 @@ fn measuring_times_every_copy_of_the_step() {
     assert!(timings.iter().all(|&(_, start, end)| start <= end));
     assert!(timings[1].1 >= timings[0].2, "the h2d copy waited for the d2h copy's event");
 }
+
+#[test]
+fn rccl_joins_at_one_rank_on_the_backends_device() {
+    let Some(backend) = backend_or_skip() else {
+        return;
+    };
+    let rccl = match runtime_hip::rccl::load(&runtime_hip::LibrarySearch::from_env()) {
+        Ok(rccl) => rccl,
+        Err(error) => {
+            skip::skip(format!("no usable RCCL: {error}"));
+            return;
+        }
+    };
+    let id = rccl.unique_id().expect("unique id");
+    let comm = backend.join_collectives(&rccl, &id, 1, 0, std::time::Duration::from_secs(60)).expect("one rank joins");
+    assert_eq!((comm.rank(), comm.world_size()), (0, 1));
+    comm.check().expect("no asynchronous error");
+    comm.destroy().expect("destroy");
+}

@@ -259,3 +259,23 @@ fn missing_hipblas_is_library_not_found_saying_every_plan_needs_it() {
         Ok(lib) => skip::skip(format!("hipBLAS found at {}", lib.origin)),
     }
 }
+
+#[test]
+fn without_rccl_the_error_names_every_file_tried_and_the_variable() {
+    if std::env::var_os(runtime_hip::rccl::RCCL.variable).is_some() {
+        skip::skip("MEMO_RCCL_LIBRARY is set here: the folder search does not run");
+        return;
+    }
+    let dir = empty_dir("no-rccl");
+    let error = runtime_hip::rccl::load(&LibrarySearch::only([&dir])).expect_err("an empty folder has no RCCL");
+    assert_eq!(
+        error,
+        runtime_hip::rccl::NcclError::LibraryNotFound {
+            flavour: runtime_hip::rccl::RCCL,
+            tried: vec![format!("{}/{{librccl.so.1,librccl.so}} (no such file)", dir.display())],
+        }
+    );
+    let text = BackendError::from(error).to_string();
+    assert!(text.contains("RCCL cannot be loaded") && text.contains("MEMO_RCCL_LIBRARY"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
