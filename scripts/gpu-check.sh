@@ -85,10 +85,10 @@ else
     PROFILE_ARGS=(--model "$MODEL" --seq "${PROFILE_SEQ:-8192}" --repeats "${PROFILE_REPEATS:-3}")
     export MEMO_REQUIRE_GPU=cuda        # a backend suite that cannot open the GPU fails
 fi
-PHASE0_S="${PHASE0_S:-35}"
-PHASE1_S="${PHASE1_S:-75}"
-PHASE2_S="${PHASE2_S:-100}"
-PHASE3_S="${PHASE3_S:-60}"
+PHASE0_S="${PHASE0_S:-30}"
+PHASE1_S="${PHASE1_S:-100}"
+PHASE2_S="${PHASE2_S:-90}"
+PHASE3_S="${PHASE3_S:-55}"
 GRANULE=1024                            # the planner's --max-seq steps
 # An attention choice under trial (runtime-cuda's MEMO_CUDA_ATTENTION: cudnn, the default,
 # cudnn-deterministic, baseline or pipelined): phase 1 runs the GPU-vs-CPU tests with it, phase
@@ -99,8 +99,8 @@ VARIANT_SEQ="${VARIANT_SEQ:-16384}"
 ((dry)) && VARIANT_SEQ="${VARIANT_SEQ_DRY:-64}"
 CAP_ATTENTION="${CAP_ATTENTION:-auto}"
 CAP_MACHINE="$OUT/raw/capped.toml"
-PHASE4_S="${PHASE4_S:-75}"
-REPLAY_TIMEOUT="${REPLAY_TIMEOUT:-35}"
+PHASE4_S="${PHASE4_S:-80}"
+REPLAY_TIMEOUT="${REPLAY_TIMEOUT:-25}"
 MEMO="$BUNDLE/memo"
 raw="$OUT/raw"
 rm -rf "$raw"
@@ -258,11 +258,18 @@ else
     run nvidia-smi-full 10 nvidia-smi
 fi
 ((dry)) || say "cuDNN: ${cudnn_lib:-not found} (version ${cudnn_version:-unknown})"
-run profile "${PROFILE_TIMEOUT:-35}" "$MEMO" profile --device "$DEVICE" "${PROFILE_ARGS[@]}" --out "$raw/machine.toml" --json
+run profile "${PROFILE_TIMEOUT:-28}" "$MEMO" profile --device "$DEVICE" "${PROFILE_ARGS[@]}" --out "$raw/machine.toml" --json
 end_phase 0 done
 
 # Phase 1: correctness.
 begin_phase 1 "$PHASE1_S"
+# First, the quickest answer: which cuDNN plans build (every pass, with the plan's token-major
+# LSE and with cuDNN's head-major one), i.e. whether cuDNN takes the plan's LSE layout
+# (runtime-cuda's lib test, printed).
+if [[ -x "$BUNDLE/test-runtime-cuda-lib-runtime_cuda" ]]; then
+    run cudnn-plans 30 "$BUNDLE/test-runtime-cuda-lib-runtime_cuda" plans_build_on_a_gpu --nocapture
+    grep -hE "^(cuDNN|b=)" "$raw/cudnn-plans.out" >&2
+fi
 tests=0
 for exe in "$BUNDLE"/test-*; do
     [[ -x "$exe" ]] || continue
@@ -288,12 +295,6 @@ if [[ -x "$BUNDLE/test-runtime-cuda-test-gpu" ]]; then
     MEMO_ATTENTION_BENCH=1 run attention-throughput 30 "$BUNDLE/test-runtime-cuda-test-gpu" attention_throughput \
         --exact --nocapture
     grep -h "attention throughput" "$raw/attention-throughput.out" >&2
-fi
-# Which cuDNN plans build (every pass, the plan's token-major LSE and cuDNN's head-major one):
-# whether cuDNN takes the plan's LSE layout (runtime-cuda's lib test, printed).
-if [[ -x "$BUNDLE/test-runtime-cuda-lib-runtime_cuda" ]]; then
-    run cudnn-plans 30 "$BUNDLE/test-runtime-cuda-lib-runtime_cuda" plans_build_on_a_gpu --nocapture
-    grep -hE "^(cuDNN|b=)" "$raw/cudnn-plans.out" >&2
 fi
 # Our attention kernels on their own, every path, against float64 PyTorch and timed (optional).
 if [[ "${KERNELS_CHECK:-0}" == 1 ]] && ((!dry)); then
@@ -382,7 +383,7 @@ begin_phase 4 "$PHASE4_S"
 for peer_seq in $PEER_SEQS; do
     name="torch-peer"
     [[ "$peer_seq" == "${PEER_SEQS%% *}" ]] || name="torch-peer-$peer_seq"
-    run "$name" 25 python3 scripts/torch_peer.py --device "$DEVICE" "${PEER_MODEL[@]}" --seq "$peer_seq" \
+    run "$name" 18 python3 scripts/torch_peer.py --device "$DEVICE" "${PEER_MODEL[@]}" --seq "$peer_seq" \
         --warmup 1 --steps 3 --budget-s 6
     say "torch peer at $peer_seq: exit $(cut -d' ' -f1 "$raw/$name.rc")"
     # Ours at the same length, if phase 2 did not measure it.

@@ -47,9 +47,12 @@ fn the_dry_run_measures_every_strategy_and_prints_one_table() {
         .env("PEER_SEQS", "32")
         .env("VARIANT_SEQ_DRY", "32")
         // A variant under trial (the default is none: attention runs on cuDNN), and phase 3's
-        // deadline of the slow debug build.
+        // deadlines for the slow debug build on a busy machine (the five capped runs took 130 s
+        // at a load of 5 on 2 cores, when full-recompute's was cut at the phase's end): the
+        // script's logic is under test, not its speed.
         .env("VARIANT", "pipelined")
-        .env("PHASE3_S", "130")
+        .env("PHASE3_S", "400")
+        .env("CAP_TIMEOUT", "150")
         // A short profile: on a busy machine it may fail as too noisy, which the script records.
         .env("PROFILE_SEQ", "64")
         .env("PROFILE_REPEATS", "1")
