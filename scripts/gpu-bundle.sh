@@ -3,6 +3,7 @@
 #   memo                          the CLI (memo train --device cuda, memo profile)
 #   test-memo-tests-backends      the backend suite of tests/tests/backends.rs
 #   test-runtime-cuda-*           every test executable of runtime-cuda (its lib and tests/)
+#   libmemo_capi.so               the C ABI, for examples/python/replay_allocator.py
 # and copies them, stripped, into gpu-bundle/ (gitignored) with a MANIFEST (name, bytes, sha256,
 # where it came from, the commit). Prints the total size, which must stay well under the 64 MiB
 # that travels with the working tree. Usage: scripts/gpu-bundle.sh [--out DIR]
@@ -19,6 +20,8 @@ command -v strip >/dev/null || { echo "gpu-bundle: strip (binutils) is needed" >
 
 echo "gpu-bundle: cargo build --release -p memo-cli" >&2
 cargo build --release -p memo-cli >&2
+echo "gpu-bundle: cargo build --release -p memo-capi" >&2
+cargo build --release -p memo-capi >&2
 echo "gpu-bundle: cargo test --release --no-run -p memo-tests -p runtime-cuda" >&2
 artifacts="$(cargo test --release --no-run --message-format=json -p memo-tests -p runtime-cuda)"
 
@@ -32,6 +35,7 @@ copy() { # source, name
         "${1#"$root"/}" >>"$out.tmp/MANIFEST.body"
 }
 copy "$root/target/release/memo" memo
+copy "$root/target/release/libmemo_capi.so" libmemo_capi.so
 # One line per test executable: the crate's directory, target kind, target name, path.
 while IFS=$'\t' read -r dir kind name path; do
     case "$dir/$name" in

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # The one prepared GPU check (scripts/README.md). Runs on the GPU machine from gpu-bundle/ (built
 # here by scripts/gpu-bundle.sh; no cargo there, no network needed), under 6 minutes:
-#   0  nvidia-smi summary; memo profile --device cuda (copy bandwidth, one layer's forward)
+#   0  nvidia-smi summary; the cuDNN found (libcudnn.so.9 from PyTorch's site-packages) and its
+#      version; memo profile --device cuda (copy bandwidth, one layer's forward)
 #   1  correctness: every bundled test executable (the backend suite with MEMO_REQUIRE_GPU=cuda,
-#      runtime-cuda's GPU-vs-CPU tests, its NCCL tests with the wheel's libnccl.so.2 named in
-#      MEMO_NCCL_LIBRARY and NCCL_MULTI_RANK_GPU_ENABLE=1): pass/fail and their counts
+#      runtime-cuda's GPU-vs-CPU tests with MEMO_REQUIRE_CUDNN=1: attention on cuDNN in both
+#      backward forms and on our kernels against the CPU; its NCCL tests with the wheel's
+#      libnccl.so.2 named in MEMO_NCCL_LIBRARY and NCCL_MULTI_RANK_GPU_ENABLE=1): pass/fail and
+#      their counts; the cuDNN path's outputs against float64 PyTorch
+#      (scripts/cudnn_attention_check.py, with PyTorch's own cuDNN SDPA graph logged beside);
+#      which cuDNN plans build; attention alone at 16K tokens (TFLOP/s)
 #   2  measurements: memo train --device cuda --json --timings on the ~1B GPT
-#      (examples/models/gpt-1b.toml) at each of $SEQS for keep-all, full-recompute and memo
+#      (examples/models/gpt-1b.toml) at each of $SEQS for keep-all, full-recompute and memo,
+#      attention on cuDNN (the default; each run's stderr says which attention ran)
 #   3  capacity: the planner's --max-seq on the whole GPU; then, with the plan's device memory
 #      capped at $CAP (a smaller GPU, so that the runs fit the lease): keep-all at its longest
 #      sequence there (KA) and one granule past it, memo at KA, memo and full-recompute at
 #      $LONG_FACTOR x KA, then memo and full-recompute at their own longest (one step each)
-#   4  the PyTorch peer (scripts/torch_peer.py): store, checkpoint, checkpoint + save_on_cpu
+#   4  the PyTorch peer (scripts/torch_peer.py): store, checkpoint, checkpoint + save_on_cpu, at
+#      each of $PEER_SEQS; then examples/python/replay_allocator.py (memo's record/replay
+#      allocator against PyTorch's caching allocator) with the bundled libmemo_capi.so
 #   5  one table on stdout; the raw numbers as JSON lines in $OUT/gpu-check.jsonl
 # Each phase has a hard deadline and each command its own `timeout`; a phase that fails is
 # recorded and the next one runs. Everything is written under ${OUT:-./gpu-check-out}.
@@ -21,7 +29,8 @@
 #                                    lengths (exercises the control flow, the parsing, the table)
 # Environment overrides: OUT, BUNDLE, MODEL, SEQS, STEPS, CAP, LONG_FACTOR, CAP_LONG_STEPS,
 # CAP_TIMEOUT, CAP_LONGEST (0: skip memo's and full-recompute's own longest under the cap),
-# VARIANT, VARIANT_SEQ, CAP_ATTENTION, RUN_TIMEOUT, PEER_SEQ, PROFILE_SEQ, PROFILE_REPEATS, LR, WARMUP, PHASE{0..4}_S (each phase's deadline in seconds),
+# VARIANT, VARIANT_SEQ, CAP_ATTENTION, RUN_TIMEOUT, PEER_SEQS (PEER_SEQ: one), KERNELS_CHECK (1: also time our attention
+# kernels with kernels/attention_gpu_check.py), REPLAY_TIMEOUT, PROFILE_SEQ, PROFILE_REPEATS, LR, WARMUP, PHASE{0..4}_S (each phase's deadline in seconds),
 # PACK=1 (pack raw/ into raw.tgz and remove it: the device tool brings back at most 8 files).
 set -u
 
@@ -43,7 +52,7 @@ if ((dry)); then
     CAP_LONG_STEPS="${CAP_LONG_STEPS:-2}"
     CAP_TIMEOUT="${CAP_TIMEOUT:-60}"
     RUN_TIMEOUT="${RUN_TIMEOUT:-60}"
-    PEER_SEQ="${PEER_SEQ:-64}"
+    PEER_SEQS="${PEER_SEQS:-${PEER_SEQ:-64}}"
     PEER_MODEL=(--layers 4 --hidden 128 --heads 4 --vocab 256)
     LR="${LR:-3e-3}"                    # memo train's default
     WARMUP="${WARMUP:-0}"
@@ -54,7 +63,7 @@ if ((dry)); then
 else
     DEVICE=cuda
     MODEL="${MODEL:-examples/models/gpt-1b.toml}"
-    SEQS="${SEQS:-16384}"               # 8192 and 32768 measured 2026-12-04 (BENCHMARKS.md)
+    SEQS="${SEQS:-8192 16384 32768}"   # with cuDNN attention a 32K step is about a second (estimate)
     STEPS="${STEPS:-3}"                 # the first is the warm-up: its time is not used
     # 24 GiB leaves the 1B model ~9 GiB beside its 15 GiB of weights and optimizer state: the
     # planner's longest there are keep-all 6K, memo 56K, full-recompute 57K tokens, so the 4x runs
@@ -65,7 +74,7 @@ else
     CAP_LONG_STEPS="${CAP_LONG_STEPS:-2}"
     CAP_TIMEOUT="${CAP_TIMEOUT:-60}"
     RUN_TIMEOUT="${RUN_TIMEOUT:-60}"
-    PEER_SEQ="${PEER_SEQ:-16384}"
+    PEER_SEQS="${PEER_SEQS:-${PEER_SEQ:-8192 16384 32768}}"
     PEER_MODEL=(--model "$MODEL")
     LR="${LR:-3e-4}"                    # the PyTorch peer's: 3e-3 (memo's default) diverges on 1B
     WARMUP="${WARMUP:-100}"             # and so does 3e-4 without a warm-up (loss 5.5 -> 13.5 in 3 steps)
@@ -76,21 +85,22 @@ else
     PROFILE_ARGS=(--model "$MODEL" --seq "${PROFILE_SEQ:-8192}" --repeats "${PROFILE_REPEATS:-3}")
     export MEMO_REQUIRE_GPU=cuda        # a backend suite that cannot open the GPU fails
 fi
-PHASE0_S="${PHASE0_S:-35}"
-PHASE1_S="${PHASE1_S:-70}"
-PHASE2_S="${PHASE2_S:-70}"
-PHASE3_S="${PHASE3_S:-130}"
+PHASE0_S="${PHASE0_S:-30}"
+PHASE1_S="${PHASE1_S:-100}"
+PHASE2_S="${PHASE2_S:-90}"
+PHASE3_S="${PHASE3_S:-55}"
 GRANULE=1024                            # the planner's --max-seq steps
-# The attention kernels' variant under trial (runtime-cuda's MEMO_CUDA_ATTENTION; the default is
-# "baseline"): phase 1 runs the GPU-vs-CPU tests with it, phase 2 measures memo with it at
-# $VARIANT_SEQ, and phase 3 uses it (CAP_ATTENTION=auto) when both went well and its step was
-# the shorter. Empty: no trial.
-VARIANT="${VARIANT-pipelined}"
+# An attention choice under trial (runtime-cuda's MEMO_CUDA_ATTENTION: cudnn, the default,
+# cudnn-deterministic, baseline or pipelined): phase 1 runs the GPU-vs-CPU tests with it, phase
+# 2 measures memo with it at $VARIANT_SEQ, and phase 3 uses it (CAP_ATTENTION=auto) when both
+# went well and its step was the shorter than cuDNN's. Empty (the default): no trial.
+VARIANT="${VARIANT-}"
 VARIANT_SEQ="${VARIANT_SEQ:-16384}"
 ((dry)) && VARIANT_SEQ="${VARIANT_SEQ_DRY:-64}"
 CAP_ATTENTION="${CAP_ATTENTION:-auto}"
 CAP_MACHINE="$OUT/raw/capped.toml"
-PHASE4_S="${PHASE4_S:-65}"
+PHASE4_S="${PHASE4_S:-80}"
+REPLAY_TIMEOUT="${REPLAY_TIMEOUT:-25}"
 MEMO="$BUNDLE/memo"
 raw="$OUT/raw"
 rm -rf "$raw"
@@ -134,7 +144,36 @@ if ((!dry)); then
             echo "lib$name: not found (the backend will say so)" >>"$raw/cuda-libs.txt"
         fi
     done
+    # cuDNN: cudarc opens libcudnn.so.9 (or libcudnn.so) from the loader's path; PyTorch's CUDA
+    # wheels ship it in site-packages/nvidia/cudnn/lib, off the path: put that folder on it.
+    cudnn_lib=""
+    if ldconfig -p 2>/dev/null | grep -Eq 'libcudnn\.so(\.9)? '; then
+        cudnn_lib=$(ldconfig -p | grep -E 'libcudnn\.so(\.9)? ' | head -1 | sed 's/.*=> //')
+        echo "libcudnn: found by the loader ($cudnn_lib)" >>"$raw/cuda-libs.txt"
+    else
+        cudnn_lib=$(ls -1 $(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__) if nvidia.cudnn.__file__ else list(nvidia.cudnn.__path__)[0])' 2>/dev/null)/lib/libcudnn.so.9 \
+            $(for s in $site; do echo "$s"/nvidia/cudnn/lib/libcudnn.so.9; done) 2>/dev/null | head -1)
+        if [[ -n "$cudnn_lib" ]]; then
+            LD_LIBRARY_PATH="$(dirname "$cudnn_lib"):${LD_LIBRARY_PATH:-}"
+            echo "libcudnn: $cudnn_lib (its folder put on LD_LIBRARY_PATH)" >>"$raw/cuda-libs.txt"
+            # cuDNN opens the cuBLASLt of its own CUDA major (libcublasLt.so.12 for a cu12 wheel):
+            # the wheel's sibling nvidia/cublas/lib, last on the path (the GEMMs keep the toolkit's).
+            cublas_sibling="$(dirname "$(dirname "$(dirname "$cudnn_lib")")")/cublas/lib"
+            if [[ -d "$cublas_sibling" ]]; then
+                LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$cublas_sibling"
+                echo "libcublasLt for cuDNN: $cublas_sibling appended to LD_LIBRARY_PATH" >>"$raw/cuda-libs.txt"
+            fi
+        else
+            echo "libcudnn: not found (attention runs on our kernels; the backend says so)" >>"$raw/cuda-libs.txt"
+        fi
+    fi
     export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
+    cudnn_version=""
+    [[ -n "$cudnn_lib" ]] && cudnn_version=$(timeout 20 python3 -c 'import ctypes, sys
+v = ctypes.CDLL(sys.argv[1]).cudnnGetVersion()
+print("%d.%d.%d" % (v // 10000, v // 100 % 100, v % 100))' "$cudnn_lib" 2>/dev/null)
+    echo "cudnn=${cudnn_lib:-none} version=${cudnn_version:-unknown}" >>"$raw/cuda-libs.txt"
+    export MEMO_REQUIRE_CUDNN=1         # runtime-cuda's GPU test fails if a cuDNN choice fell back
     # NCCL for runtime-cuda's tests/nccl.rs: NVIDIA's wheel puts libnccl.so.2 in site-packages,
     # off the loader's path; name it in MEMO_NCCL_LIBRARY (unless set or on the path), and let
     # two ranks share the one GPU where NCCL 2.30+ allows it (the test SKIPs on older NCCL).
@@ -159,8 +198,8 @@ machine_file "\"$CAP\"" >"$CAP_MACHINE"
 {
     echo "dry_run=$dry"; echo "device=$DEVICE"; echo "model=$MODEL"; echo "seqs=$SEQS"; echo "steps=$STEPS"
     echo "cap=$CAP"; echo "long_factor=$LONG_FACTOR"; echo "cap_long_steps=$CAP_LONG_STEPS"; echo "cap_timeout=$CAP_TIMEOUT"
-    echo "variant=$VARIANT"; echo "variant_seq=$VARIANT_SEQ"
-    echo "peer_seq=$PEER_SEQ"; echo "lr=$LR"; echo "warmup=$WARMUP"; echo "started=$started"; echo "host=$(hostname)"
+    echo "variant=$VARIANT"; echo "variant_seq=$VARIANT_SEQ"; echo "cudnn=${cudnn_lib:-none} ${cudnn_version:-}"
+    echo "peer_seqs=$PEER_SEQS"; echo "lr=$LR"; echo "warmup=$WARMUP"; echo "started=$started"; echo "host=$(hostname)"
     echo "bundle_commit=$(sed -n 's/^# commit //p' "$BUNDLE/MANIFEST" 2>/dev/null)"
 } >"$raw/settings.txt"
 
@@ -218,28 +257,50 @@ else
         --format=csv
     run nvidia-smi-full 10 nvidia-smi
 fi
-run profile "${PROFILE_TIMEOUT:-40}" "$MEMO" profile --device "$DEVICE" "${PROFILE_ARGS[@]}" --out "$raw/machine.toml" --json
+((dry)) || say "cuDNN: ${cudnn_lib:-not found} (version ${cudnn_version:-unknown})"
+run profile "${PROFILE_TIMEOUT:-28}" "$MEMO" profile --device "$DEVICE" "${PROFILE_ARGS[@]}" --out "$raw/machine.toml" --json
 end_phase 0 done
 
 # Phase 1: correctness.
 begin_phase 1 "$PHASE1_S"
+# First, the quickest answer: which cuDNN plans build (every pass, with the plan's token-major
+# LSE and with cuDNN's head-major one), i.e. whether cuDNN takes the plan's LSE layout
+# (runtime-cuda's lib test, printed).
+if [[ -x "$BUNDLE/test-runtime-cuda-lib-runtime_cuda" ]]; then
+    run cudnn-plans 30 "$BUNDLE/test-runtime-cuda-lib-runtime_cuda" plans_build_on_a_gpu --nocapture
+    grep -hE "^(cuDNN|b=)" "$raw/cudnn-plans.out" >&2
+fi
 tests=0
 for exe in "$BUNDLE"/test-*; do
     [[ -x "$exe" ]] || continue
     tests=$((tests + 1))
     name="$(basename "$exe")"
-    run "$name" 60 "$exe" --test-threads=2
+    MEMO_ATTENTION_DUMP="$raw/attention-dump" run "$name" 60 "$exe" --test-threads=2
     say "$name: exit $(cut -d' ' -f1 "$raw/$name.rc")"
 done
 ((tests == 0)) && say "no test executables in $BUNDLE"
-# The attention kernels on their own, every path (baseline tensor, pipelined, scalar) against a
-# float64 PyTorch reference, and their forward and backward TFLOP/s at 16K tokens.
+# The cuDNN path (and the other choices the GPU test ran) against float64 PyTorch, from the
+# arguments the GPU test dumped; PyTorch's own cuDNN SDPA graph logged beside, for comparison
+# with runtime-cuda/tests/golden/attention-*.txt.
 if ((dry)); then
-    run attention-kernels 10 echo "dry run: no GPU for kernels/attention_gpu_check.py"
+    run cudnn-attention-check 10 echo "dry run: no GPU test dumped attention"
 else
-    run attention-kernels 60 python3 kernels/attention_gpu_check.py --time
+    run cudnn-attention-check 40 python3 scripts/cudnn_attention_check.py "$raw/attention-dump" \
+        --frontend-log "$raw/torch-cudnn-frontend.log"
 fi
-say "attention kernels: exit $(cut -d' ' -f1 "$raw/attention-kernels.rc")"
+say "cuDNN attention vs float64 PyTorch: exit $(cut -d' ' -f1 "$raw/cudnn-attention-check.rc")"
+# Attention alone at 16K tokens, 16 heads of 128: forward and backward TFLOP/s (the default
+# attention, cuDNN), printed by runtime-cuda's GPU test attention_throughput.
+if [[ -x "$BUNDLE/test-runtime-cuda-test-gpu" ]]; then
+    MEMO_ATTENTION_BENCH=1 run attention-throughput 30 "$BUNDLE/test-runtime-cuda-test-gpu" attention_throughput \
+        --exact --nocapture
+    grep -h "attention throughput" "$raw/attention-throughput.out" >&2
+fi
+# Our attention kernels on their own, every path, against float64 PyTorch and timed (optional).
+if [[ "${KERNELS_CHECK:-0}" == 1 ]] && ((!dry)); then
+    run attention-kernels 60 python3 kernels/attention_gpu_check.py --time
+    say "attention kernels: exit $(cut -d' ' -f1 "$raw/attention-kernels.rc")"
+fi
 # The variant under trial: the GPU-vs-CPU tests again with its kernels.
 variant_ok=0
 if [[ -n "$VARIANT" ]]; then
@@ -287,7 +348,7 @@ planned() { # strategy -> the planner's longest sequence under the cap; nothing 
 # $VARIANT_SEQ was shorter than the baseline's (CAP_ATTENTION=auto), else the one named.
 cap_attention="$CAP_ATTENTION"
 if [[ "$cap_attention" == auto ]]; then
-    cap_attention=baseline
+    cap_attention=cudnn
     if ((variant_ok)) && python3 scripts/gpu_check_report.py --shorter "$raw" \
         "variant-$VARIANT-measure-memo-$VARIANT_SEQ" "measure-memo-$VARIANT_SEQ" 2>/dev/null; then
         cap_attention="$VARIANT"
@@ -319,20 +380,37 @@ end_phase 3 done
 
 # Phase 4: the PyTorch peer.
 begin_phase 4 "$PHASE4_S"
-run torch-peer "$PHASE4_S" python3 scripts/torch_peer.py --device "$DEVICE" "${PEER_MODEL[@]}" --seq "$PEER_SEQ" \
-    --warmup 1 --steps 3 --budget-s 12
-say "torch peer: exit $(cut -d' ' -f1 "$raw/torch-peer.rc")"
-# Ours at the same length, if phase 2 did not measure it.
-case " $SEQS " in
-    *" $PEER_SEQ "*) ;;
-    *)
-        for strategy in keep-all full-recompute memo; do
-            train "measure-$strategy-$PEER_SEQ" "$RUN_TIMEOUT" "$TRAIN_MACHINE" "$strategy" "$PEER_SEQ" "$STEPS"
-        done
-        ;;
-esac
+for peer_seq in $PEER_SEQS; do
+    name="torch-peer"
+    [[ "$peer_seq" == "${PEER_SEQS%% *}" ]] || name="torch-peer-$peer_seq"
+    run "$name" 18 python3 scripts/torch_peer.py --device "$DEVICE" "${PEER_MODEL[@]}" --seq "$peer_seq" \
+        --warmup 1 --steps 3 --budget-s 6
+    say "torch peer at $peer_seq: exit $(cut -d' ' -f1 "$raw/$name.rc")"
+    # Ours at the same length, if phase 2 did not measure it.
+    case " $SEQS " in
+        *" $peer_seq "*) ;;
+        *)
+            for strategy in keep-all full-recompute memo; do
+                train "measure-$strategy-$peer_seq" "$RUN_TIMEOUT" "$TRAIN_MACHINE" "$strategy" "$peer_seq" "$STEPS"
+            done
+            ;;
+    esac
+done
+# memo's record/replay allocator against PyTorch's caching allocator (never run on a GPU before).
+if ((dry)); then
+    run replay-allocator 10 echo "dry run: no GPU for examples/python/replay_allocator.py"
+elif [[ -f "$BUNDLE/libmemo_capi.so" ]]; then
+    run replay-allocator "$REPLAY_TIMEOUT" python3 examples/python/replay_allocator.py --lib "$BUNDLE/libmemo_capi.so" \
+        --warmup 1 --record 2 --steps 5 --json "$raw/replay-allocator.json"
+else
+    echo "127 0 no-libmemo_capi" >"$raw/replay-allocator.rc"
+fi
+say "replay allocator: exit $(cut -d' ' -f1 "$raw/replay-allocator.rc")"
 end_phase 4 done
 
+# Which attention each GPU process ran (runtime-cuda prints one line when it opens the device).
+grep -h "^attention: " "$raw"/*.err 2>/dev/null | sort | uniq -c >"$raw/attention-ran.txt"
+[[ -s "$raw/attention-ran.txt" ]] && { say "attention ran as:"; cat "$raw/attention-ran.txt" >&2; }
 # Phase 5: the table and the JSON lines.
 python3 scripts/gpu_check_report.py "$OUT"
 status=$?

@@ -271,16 +271,42 @@ def capacity(raw, config):
     return runs, longest, record
 
 
-def peers(raw):
-    code, seconds, _ = rc_of(raw, "torch-peer")
+def peers(raw, seqs):
+    """The peer's runs: `torch-peer` at the first of `seqs`, `torch-peer-N` at the others."""
     records = []
-    for line in json_lines(read(os.path.join(raw, "torch-peer.out"))):
-        line["kind"] = "peer"
-        records.append(line)
-    if not records:
-        records.append({"kind": "peer", "status": status_of(code), "exit": code,
-                        "error": last_error(raw, "torch-peer")})
+    for path in sorted(glob.glob(os.path.join(raw, "torch-peer*.rc"))):
+        name = os.path.basename(path)[:-3]
+        suffix = name[len("torch-peer-"):]
+        seq = int(suffix) if suffix.isdigit() else (seqs[0] if seqs else 0)
+        code, seconds, _ = rc_of(raw, name)
+        found = False
+        for line in json_lines(read(os.path.join(raw, f"{name}.out"))):
+            line["kind"] = "peer"
+            line["peer_seq"] = seq
+            records.append(line)
+            found = True
+        if not found:
+            records.append({"kind": "peer", "peer_seq": seq, "status": status_of(code), "exit": code,
+                            "error": last_error(raw, name)})
     return records
+
+
+def cudnn_attention(raw, config):
+    """The cuDNN attention path: the library found, which attention each process ran, the check
+    against float64 PyTorch, attention alone's TFLOP/s, and the replay allocator's run."""
+    check_code = rc_of(raw, "cudnn-attention-check")[0]
+    check = read(os.path.join(raw, "cudnn-attention-check.out"))
+    throughput = [line.strip() for line in read(os.path.join(raw, "attention-throughput.out")).splitlines()
+                  if "attention throughput" in line]
+    ran = [line.strip() for line in read(os.path.join(raw, "attention-ran.txt")).splitlines() if line.strip()]
+    replay_code = rc_of(raw, "replay-allocator")[0]
+    plans = [line.strip() for line in read(os.path.join(raw, "cudnn-plans.out")).splitlines()
+             if line.startswith("cuDNN") or line.startswith("b=")]
+    return {"kind": "cudnn_attention", "cudnn": config.get("cudnn"), "attention_ran": ran, "plans": plans,
+            "check_exit": check_code, "check_status": status_of(check_code),
+            "check_lines": [l for l in check.splitlines() if "|error|" in l or l.startswith("cudnn_attention_check")],
+            "throughput": throughput, "replay_allocator_exit": replay_code,
+            "replay_allocator": read(os.path.join(raw, "replay-allocator.out")).strip().splitlines()[-12:]}
 
 
 def phases(raw):
@@ -326,13 +352,15 @@ def main(out_dir):
     capped_runs, longest, verdict = capacity(raw, config)
     variant = variant_trial(raw, config, measured)
     kernels = attention_kernels(raw)
-    peer = peers(raw)
+    peer_seqs = [int(x) for x in (config.get("peer_seqs") or config.get("peer_seq") or "").split() if x.isdigit()]
+    peer = peers(raw, peer_seqs)
+    cudnn = cudnn_attention(raw, config)
     phase_records = phases(raw)
 
     records = [{"kind": "settings", **config, "nvidia_smi": smi},
                {"kind": "profile", "exit": profile_code, "status": status_of(profile_code),
                 "error": None if profile_code == 0 else last_error(raw, "profile"), **profile}]
-    records += test_records + [kernels] + measured + ([variant] if variant else []) + capped_runs + longest
+    records += test_records + [kernels, cudnn] + measured + ([variant] if variant else []) + capped_runs + longest
     records += [verdict]
     records += peer + phase_records
     with open(os.path.join(out_dir, "gpu-check.jsonl"), "w", encoding="utf-8") as handle:
@@ -359,6 +387,19 @@ def main(out_dir):
     if not test_records:
         p("  none ran")
 
+    p(f"\ncuDNN: {cudnn['cudnn'] or 'not looked for'}; attention ran as:")
+    for line in cudnn["attention_ran"] or ["(no GPU process said)"]:
+        p(f"  {line}")
+    for line in cudnn["plans"]:
+        p(f"  plan {line}")
+    p(f"cuDNN path vs float64 PyTorch (scripts/cudnn_attention_check.py): {cudnn['check_status']}")
+    for line in cudnn["check_lines"][-4:]:
+        p(f"  {line}")
+    for line in cudnn["throughput"]:
+        p(f"  {line}")
+    p(f"replay allocator (examples/python/replay_allocator.py): exit {cudnn['replay_allocator_exit']}")
+    for line in cudnn["replay_allocator"]:
+        p(f"  {line}")
     p(f"\nattention kernels alone (kernels/attention_gpu_check.py --time): {kernels['status']}"
       + (", every path within bounds" if kernels["all_ok"] else "")
       + (f": {kernels['error']}" if kernels.get("error") else ""))
@@ -424,19 +465,21 @@ def main(out_dir):
       f"memo faster {verdict_word(v['memo_faster_than_full_recompute'])}")
     p(f"  longest memo trained over longest keep-all trained: {fmt(v['memo_over_keep_all_trained'], '.1f')}x")
 
-    peer_seq = int(config.get("peer_seq", "0") or 0)
-    p(f"\npeer at {peer_seq} tokens (tokens/s, peak device memory):")
-    for r in peer:
-        if r.get("mode"):
-            p(f"  torch {r['mode']:<14}{fmt(r.get('tokens_per_s'), '.0f'):>11} tok/s"
-              f"{fmt(r.get('peak_bytes'), '.2f', GIB):>9} GiB  {r.get('status')}"
-              + (f": {r['error']}" if r.get("error") else ""))
-        else:
-            p(f"  torch: {r.get('status')}" + (f": {r['error']}" if r.get("error") else ""))
-    for r in measured:
-        if r["seq_len"] == peer_seq:
-            p(f"  memo  {r['strategy']:<14}{fmt(r['tokens_per_s'], '.0f'):>11} tok/s"
-              f"{fmt(r['device_bytes'], '.2f', GIB):>9} GiB  {r['status']}")
+    for peer_seq in peer_seqs or [0]:
+        p(f"\npeer at {peer_seq} tokens (tokens/s, peak device memory):")
+        for r in peer:
+            if r.get("peer_seq") != peer_seq:
+                continue
+            if r.get("mode"):
+                p(f"  torch {r['mode']:<14}{fmt(r.get('tokens_per_s'), '.0f'):>11} tok/s"
+                  f"{fmt(r.get('peak_bytes'), '.2f', GIB):>9} GiB  {r.get('status')}"
+                  + (f": {r['error']}" if r.get("error") else ""))
+            else:
+                p(f"  torch: {r.get('status')}" + (f": {r['error']}" if r.get("error") else ""))
+        for r in measured:
+            if r["seq_len"] == peer_seq:
+                p(f"  memo  {r['strategy']:<14}{fmt(r['tokens_per_s'], '.0f'):>11} tok/s"
+                  f"{fmt(r['device_bytes'], '.2f', GIB):>9} GiB  {r['status']}")
 
     p("\nphases: " + ", ".join(f"{r['phase']}: {fmt(r['seconds'], 'd')} s{'' if r['finished'] else ' (unfinished)'}"
                              for r in phase_records))

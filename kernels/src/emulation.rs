@@ -155,6 +155,17 @@ fn statistics(m: &mut Machine<'_>, x: Value, row: usize, width: usize) -> (f32, 
     (mean, 1.0 / (variance + 1e-5).sqrt())
 }
 
+/// `memo_rope_cos_sin` (rope.cu): the angle reduced modulo 2 pi in f64, sin and cos in f32.
+pub(crate) fn rope_cos_sin(pos: u32, inv_freq: f64) -> (f32, f32) {
+    // 2 pi as the source's double pair: TAU and the remainder below its last bit.
+    let (hi, lo) = (std::f64::consts::TAU, 2.449_293_598_294_706_4e-16_f64);
+    let angle = f64::from(pos) * inv_freq;
+    let turns = (angle * (1.0 / std::f64::consts::TAU)).round_ties_even();
+    let reduced = (-turns).mul_add(lo, (-turns).mul_add(hi, angle));
+    let (sn, c) = (reduced as f32).sin_cos();
+    (c, sn)
+}
+
 /// Runs one kernel launch.
 fn kernel(m: &mut Machine<'_>, name: &str, grid: [u32; 3], p: &Params) {
     match name {
@@ -345,6 +356,39 @@ fn kernel(m: &mut Machine<'_>, name: &str, grid: [u32; 3], p: &Params) {
                 m.set_f32(p.get("state"), base + width + col, first);
                 m.set_f32(p.get("state"), base + 2 * width + col, second);
                 m.set_bf16(p.get("parameter"), i, w);
+            }
+        }
+        "memo_rope" => {
+            let (rows, heads, head_dim, seq_len) = (p.int("rows"), p.int("heads"), p.int("head_dim"), p.int("seq_len"));
+            let inverse = p.int("inverse") != 0;
+            let half = head_dim / 2;
+            for i in 0..rows * heads * half {
+                let pair = i % half;
+                let row_head = i / half;
+                let pos = (row_head / heads) % seq_len;
+                let inv_freq = 10_000f64.powf(-2.0 * pair as f64 / head_dim as f64);
+                let (c, sn) = rope_cos_sin(pos as u32, inv_freq);
+                let sn = if inverse { -sn } else { sn };
+                let at = row_head * head_dim + 2 * pair;
+                let (a, b) = (m.bf16(p.get("x"), at), m.bf16(p.get("x"), at + 1));
+                m.set_bf16(p.get("y"), at, a * c - b * sn);
+                m.set_bf16(p.get("y"), at + 1, a * sn + b * c);
+            }
+        }
+        "memo_lse_transpose" => {
+            let (sequences, seq_len, heads) = (p.int("sequences"), p.int("seq_len"), p.int("heads"));
+            let to_head_major = p.int("to_head_major") != 0;
+            for i in 0..sequences * seq_len * heads {
+                let (head, row) = (i % heads, i / heads);
+                let (pos, seq) = (row % seq_len, row / seq_len);
+                let j = (seq * heads + head) * seq_len + pos;
+                if to_head_major {
+                    let value = m.f32(p.get("x"), i);
+                    m.set_f32(p.get("y"), j, value);
+                } else {
+                    let value = m.f32(p.get("x"), j);
+                    m.set_f32(p.get("y"), i, value);
+                }
             }
         }
         other => panic!("kernel {other} is not emulated"),

@@ -93,6 +93,7 @@ pub const SOURCES: &[Source] = &[
         kernels: &["memo_sum_squares_partial", "memo_adamw"],
     },
     attention::SOURCE,
+    Source { name: "rope.cu", text: include_str!("../rope.cu"), kernels: &["memo_rope", "memo_lse_transpose"] },
 ];
 
 /// The compiler a source is built for.
@@ -321,4 +322,76 @@ pub type RecipeError = memo_plan_core::plan::shapes::OpError;
 /// need several GPUs) is an error.
 pub fn launch_steps(op: Op, args: &[ArgShape], context: &KernelContext) -> Result<Vec<Step>, RecipeError> {
     recipes::steps(op, args, context)
+}
+
+/// The dimensions of an attention launch (`op` is [`Op::Attention`] or
+/// [`Op::AttentionBackward`]) after the op table's check of its arguments: what a backend that
+/// runs attention by other means than [`launch_steps`] (runtime-cuda's cuDNN path) needs.
+pub fn attention_shape(
+    op: Op,
+    args: &[ArgShape],
+    context: &KernelContext,
+) -> Result<memo_plan_core::plan::shapes::AttentionShape, RecipeError> {
+    let shape = memo_plan_core::plan::shapes::check(op, args, &recipes::shape_context(context))?;
+    shape.attention_geometry()
+}
+
+/// Threads per block of `memo_rope` (`rope.cu`).
+pub const ROPE_THREADS: u32 = 256;
+/// At most this many blocks of `memo_rope` (it loops over the rest, grid-stride).
+const ROPE_MAX_BLOCKS: u64 = 1 << 20;
+
+/// One launch of `memo_rope` (`rope.cu`): `y = RoPE(x)` (or its inverse, for gradients) over the
+/// rows of `shape` (`sequences * seq_len` rows of `heads * head_dim` bf16). `x` and `y` are
+/// pointer parameters ([`Param::Ptr`] or [`Param::Scratch`]) and may be the same (in place).
+pub fn rope_step(x: Param, y: Param, shape: &memo_plan_core::plan::shapes::AttentionShape, inverse: bool) -> Step {
+    let rows = shape.sequences.saturating_mul(shape.seq_len);
+    let pairs = rows.saturating_mul(shape.heads).saturating_mul(shape.head_dim / 2);
+    let blocks = pairs.div_ceil(u64::from(ROPE_THREADS)).clamp(1, ROPE_MAX_BLOCKS);
+    let narrow = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    Step::Kernel(KernelLaunch {
+        kernel: "memo_rope",
+        grid: [narrow(blocks), 1, 1],
+        block: [ROPE_THREADS, 1, 1],
+        shared_bytes: 0,
+        params: vec![
+            x,
+            y,
+            Param::U64(rows),
+            Param::U32(narrow(shape.heads)),
+            Param::U32(narrow(shape.head_dim)),
+            Param::U32(narrow(shape.seq_len)),
+            Param::U32(u32::from(inverse)),
+        ],
+        scratch_bytes: 0,
+    })
+}
+
+/// One launch of `memo_lse_transpose` (`rope.cu`): the log-sum-exp of `shape` between the plan's
+/// token-major `[rows, heads]` f32 and cuDNN's head-major (sequence, head, position) layout
+/// (`to_head_major`: from the plan's to cuDNN's; else back). `x` and `y` must not overlap.
+pub fn lse_transpose_step(
+    x: Param,
+    y: Param,
+    shape: &memo_plan_core::plan::shapes::AttentionShape,
+    to_head_major: bool,
+) -> Step {
+    let elements = shape.sequences.saturating_mul(shape.seq_len).saturating_mul(shape.heads);
+    let blocks = elements.div_ceil(u64::from(ROPE_THREADS)).clamp(1, ROPE_MAX_BLOCKS);
+    let narrow = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    Step::Kernel(KernelLaunch {
+        kernel: "memo_lse_transpose",
+        grid: [narrow(blocks), 1, 1],
+        block: [ROPE_THREADS, 1, 1],
+        shared_bytes: 0,
+        params: vec![
+            x,
+            y,
+            Param::U64(shape.sequences),
+            Param::U32(narrow(shape.seq_len)),
+            Param::U32(narrow(shape.heads)),
+            Param::U32(u32::from(to_head_major)),
+        ],
+        scratch_bytes: 0,
+    })
 }

@@ -366,3 +366,105 @@ fn status_words_become_messages() {
     let (_, message) = status_error([3, 5, f32::NAN.to_bits(), 0]).expect("an error");
     assert!(message.contains("NaN") && message.contains("adamw"), "{message}");
 }
+
+/// `memo_rope` (rope.cu, the cuDNN attention path's rotation) in its emulation: its step's
+/// parameters against the declaration; the rotation against RoPE's definition in f64 (two
+/// sequences, so positions restart at each); the inverse, in place, gives the input back.
+#[test]
+fn the_rope_kernel_rotates_by_the_definition_and_back() {
+    use memo_plan_core::plan::shapes::AttentionShape;
+    let shape = AttentionShape { heads: 3, head_dim: 64, seq_len: 77, sequences: 2 };
+    let (rows, width) = (2 * 77, 3 * 64);
+    let x = bf16_bytes(rows * width, 5);
+    let forward =
+        crate::rope_step(Param::Ptr { arg: 0, byte_offset: 0 }, Param::Ptr { arg: 1, byte_offset: 0 }, &shape, false);
+    let Step::Kernel(launch) = &forward else { panic!("not a kernel") };
+    assert_eq!(launch.params.iter().map(kind).collect::<Vec<_>>(), declaration("memo_rope"));
+    assert_eq!(launch.block, [crate::ROPE_THREADS, 1, 1]);
+    let mut data = vec![x.clone(), vec![0u8; x.len()]];
+    crate::emulation::run(&[forward], &mut data, 0);
+    let value =
+        |bytes: &[u8], i: usize| f64::from(half::bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32());
+    let mut worst = 0.0f64;
+    for row in 0..rows {
+        let pos = (row % 77) as f64;
+        for head in 0..3 {
+            for pair in 0..32 {
+                let at = row * width + head * 64 + 2 * pair;
+                let (a, b) = (value(&x, at), value(&x, at + 1));
+                let (sin, cos) = (pos * 10_000f64.powf(-2.0 * pair as f64 / 64.0)).sin_cos();
+                let want = [a * cos - b * sin, a * sin + b * cos];
+                for (k, w) in want.iter().enumerate() {
+                    let error = (value(&data[1], at + k) - w).abs();
+                    // One bf16 rounding (2^-9 relative) and f32 ulps of the rotation.
+                    assert!(error <= w.abs() / 256.0 + 1e-6, "row {row} head {head} pair {pair}: {error}");
+                    worst = worst.max(error);
+                }
+            }
+        }
+    }
+    assert!(worst > 0.0, "the rotation changed nothing");
+    // Back, in place.
+    let inverse =
+        crate::rope_step(Param::Ptr { arg: 1, byte_offset: 0 }, Param::Ptr { arg: 1, byte_offset: 0 }, &shape, true);
+    crate::emulation::run(&[inverse], &mut data, 0);
+    for i in 0..rows * width {
+        let (got, want) = (value(&data[1], i), value(&x, i));
+        assert!((got - want).abs() <= 2.0 / 256.0 + 1e-6, "element {i}: {got} after the round trip of {want}");
+    }
+}
+
+/// The rope launch covers every pair with a grid of at most 2^20 blocks.
+#[test]
+fn the_rope_grid_covers_every_pair() {
+    use memo_plan_core::plan::shapes::AttentionShape;
+    for (seq_len, sequences) in [(1u64, 1u64), (77, 2), (1 << 20, 1)] {
+        let shape = AttentionShape { heads: 16, head_dim: 128, seq_len, sequences };
+        let Step::Kernel(launch) = crate::rope_step(
+            Param::Ptr { arg: 0, byte_offset: 0 },
+            Param::Ptr { arg: 0, byte_offset: 0 },
+            &shape,
+            false,
+        ) else {
+            panic!("not a kernel")
+        };
+        let pairs = seq_len * sequences * 16 * 64;
+        let blocks = u64::from(launch.grid[0]);
+        assert!((1..=1 << 20).contains(&blocks));
+        assert!(blocks * 256 >= pairs || blocks == 1 << 20, "{blocks} blocks for {pairs} pairs");
+    }
+}
+
+/// `memo_lse_transpose` (rope.cu) in its emulation: token-major to head-major puts element
+/// (sequence, position, head) at ((sequence * heads + head) * seq_len + position), and back
+/// gives the input again.
+#[test]
+fn the_lse_transpose_kernel_moves_each_element_and_back() {
+    use memo_plan_core::plan::shapes::AttentionShape;
+    let shape = AttentionShape { heads: 3, head_dim: 64, seq_len: 5, sequences: 2 };
+    let n = 2 * 5 * 3;
+    let token_major: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    let there = crate::lse_transpose_step(
+        Param::Ptr { arg: 0, byte_offset: 0 },
+        Param::Ptr { arg: 1, byte_offset: 0 },
+        &shape,
+        true,
+    );
+    let Step::Kernel(launch) = &there else { panic!("not a kernel") };
+    assert_eq!(launch.params.iter().map(kind).collect::<Vec<_>>(), declaration("memo_lse_transpose"));
+    let mut data = vec![token_major.clone(), vec![0u8; n * 4], vec![0u8; n * 4]];
+    crate::emulation::run(&[there], &mut data, 0);
+    let head_major = words(&data[1]);
+    for (seq, pos, head) in [(0, 0, 0), (0, 4, 2), (1, 2, 1), (1, 4, 2)] {
+        let token = ((seq * 5 + pos) * 3 + head) as f32;
+        assert_eq!(head_major[(seq * 3 + head) * 5 + pos], token, "sequence {seq} position {pos} head {head}");
+    }
+    let back = crate::lse_transpose_step(
+        Param::Ptr { arg: 1, byte_offset: 0 },
+        Param::Ptr { arg: 2, byte_offset: 0 },
+        &shape,
+        false,
+    );
+    crate::emulation::run(&[back], &mut data, 0);
+    assert_eq!(data[2], token_major);
+}

@@ -83,6 +83,18 @@ impl Device {
     /// `--trace`: each backend's `measure`). `cpu` configures the CPU backend (copy throttle,
     /// checked mode); GPU backends take no such options (the caller refuses them first).
     pub fn open(&self, measure: bool, cpu: impl FnOnce() -> CpuBackend) -> Result<AnyBackend, Failure> {
+        self.open_with_attention(measure, None, cpu)
+    }
+
+    /// [`Device::open`] with CUDA attention run as `attention` says (`memo train --attention`;
+    /// `None`: as `MEMO_CUDA_ATTENTION` says, cuDNN by default). Other backends ignore it (the
+    /// caller refuses it for them first).
+    pub fn open_with_attention(
+        &self,
+        measure: bool,
+        attention: Option<runtime_cuda::AttentionChoice>,
+        cpu: impl FnOnce() -> CpuBackend,
+    ) -> Result<AnyBackend, Failure> {
         fn boxed<B: Backend + 'static>(backend: B, measure: Option<fn(B) -> B>) -> Box<dyn Backend> {
             match measure {
                 Some(measure) => Box::new(measure(backend)),
@@ -91,7 +103,7 @@ impl Device {
         }
         let opened: Result<Box<dyn Backend>, BackendError> = match self.kind {
             Kind::Cpu => Ok(boxed(cpu(), measure.then_some(CpuBackend::measure))),
-            Kind::Cuda => runtime_cuda::CudaBackend::new(self.ordinal)
+            Kind::Cuda => runtime_cuda::CudaBackend::with_attention(self.ordinal, attention)
                 .map(|b| boxed(b, measure.then_some(runtime_cuda::CudaBackend::measure))),
             Kind::Hip => runtime_hip::HipBackend::new(self.ordinal)
                 .map(|b| boxed(b, measure.then_some(runtime_hip::HipBackend::measure))),

@@ -17,9 +17,10 @@ use std::time::Instant;
 
 use memo_plan_core::cost::{layer_forward_flops, AttentionFlops};
 use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
+use memo_plan_core::plan::Op;
 use memo_plan_core::plan::{EventId, Strategy, Stream};
 use memo_runtime::data::TextData;
-use memo_runtime::{AdamW, Backend, Space, Span, TrainOptions, Trainer};
+use memo_runtime::{AdamW, Backend, KernelArg, KernelContext, Space, Span, TrainOptions, Trainer};
 use runtime_cpu::CpuBackend;
 use serde_json::json;
 
@@ -39,6 +40,10 @@ that `memo plan --machine-file` and `memo train --machine-file` read:
                    difference of their median step times (a layer's backward costs twice its
                    forward, as the cost model assumes);
   achieved_flops   that layer's forward FLOPs (attention halved for the causal mask) over it.
+Also measured and reported (--json, and comments in the file; the cost model does not use them
+yet): attention's forward and backward FLOP/s (causal FLOPs) and one GEMM's (the layer's first
+FFN product) at the profiled shape, one launch each through the backend (on CUDA the attention
+that MEMO_CUDA_ATTENTION picks, cuDNN by default).
 The other fields (device and host memory, peak FLOP/s) come from --machine (default: h200x1 for
 cuda, mi300x8 for hip, a 64 GiB host for cpu). The file gives the measured rate, achieved_flops:
 a plan for any model and sequence times its layers at that rate (the profiled shape gets the
@@ -101,6 +106,18 @@ pub struct Profile {
     pub step_s: [f64; 2],
 }
 
+/// Rates of single ops at the profiled shape (measured, reported; the cost model does not use
+/// them yet).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OpRates {
+    /// Attention forward, FLOP/s (causal FLOPs: 4 s^2/2 h).
+    pub attention_forward_flops: f64,
+    /// Attention backward, FLOP/s (2.5 times the forward's FLOPs).
+    pub attention_backward_flops: f64,
+    /// The layer's first FFN matrix product (`linear`, s x hidden -> s x ffn_hidden), FLOP/s.
+    pub gemm_flops: f64,
+}
+
 /// The layer counts whose step times are differenced.
 const LAYERS: [u32; 2] = [2, 4];
 
@@ -142,7 +159,19 @@ pub fn run(args: &ProfileArgs) -> Result<(), Failure> {
         ));
     }
     let profile = Profile { d2h_bytes_per_s: d2h, h2d_bytes_per_s: h2d, layer_forward_s: per_layer / 3.0, step_s };
-    let text = machine_toml(&args.device, &args.model, &model, &base, &profile, copy_bytes, repeats)?;
+    let rates = op_rates(&args.device, &model, repeats)?;
+    let mut text = machine_toml(&args.device, &args.model, &model, &base, &profile, copy_bytes, repeats)?;
+    text.push_str(&format!(
+        "# Single ops at {} tokens (median of {repeats}, wall clock around launch and synchronize; not\n\
+         # used by the cost model yet): attention_forward_flops = {:.4e}, attention_backward_flops = {:.4e}\n\
+         # (causal FLOPs), gemm_flops = {:.4e} (linear {} -> {}).\n",
+        model.seq_len,
+        rates.attention_forward_flops,
+        rates.attention_backward_flops,
+        rates.gemm_flops,
+        model.hidden,
+        model.ffn_hidden
+    ));
     let mut out = std::io::stdout().lock();
     let write_failed = |e: std::io::Error| Failure::new(exit::IO_ERROR, format!("cannot write: {e}"));
     match &args.out {
@@ -154,14 +183,20 @@ pub fn run(args: &ProfileArgs) -> Result<(), Failure> {
                 let line = json!({"device": args.device.label(), "model": model.name, "seq_len": model.seq_len,
                     "d2h_bytes_per_s": d2h, "h2d_bytes_per_s": h2d, "layer_forward_s": profile.layer_forward_s,
                     "step_s_2_layers": step_s[0], "step_s_4_layers": step_s[1], "copy_bytes": copy_bytes,
+                    "attention_forward_flops": rates.attention_forward_flops,
+                    "attention_backward_flops": rates.attention_backward_flops, "gemm_flops": rates.gemm_flops,
                     "repeats": repeats, "out": path.display().to_string()});
                 writeln!(out, "{line}").map_err(write_failed)?;
             } else {
                 eprintln!(
-                    "d2h {:.2} GB/s, h2d {:.2} GB/s, layer forward {:.6} s; wrote {}",
+                    "d2h {:.2} GB/s, h2d {:.2} GB/s, layer forward {:.6} s, attention {:.3e}/{:.3e} FLOP/s \
+                     (forward/backward), GEMM {:.3e} FLOP/s; wrote {}",
                     d2h / 1e9,
                     h2d / 1e9,
                     profile.layer_forward_s,
+                    rates.attention_forward_flops,
+                    rates.attention_backward_flops,
+                    rates.gemm_flops,
                     path.display()
                 );
             }
@@ -256,6 +291,73 @@ fn median_step_s(
         }
     }
     Ok(median(&mut times))
+}
+
+/// Attention (forward, backward) and one GEMM at the model's shape for `model.seq_len` tokens of
+/// one sequence, each launched on a fresh backend's compute stream: one warm-up, then `repeats`
+/// launches each followed by `synchronize`; the median time gives the rate. Inputs are the
+/// arena's zeros (the time does not depend on the values). One more backend is opened for it.
+fn op_rates(device: &Device, model: &ModelConfig, repeats: usize) -> Result<OpRates, Failure> {
+    let failed = |e: memo_runtime::BackendError| runtime_failure(e.into());
+    let (s, h, heads, ffn) = (model.seq_len, model.hidden, model.heads, model.ffn_hidden);
+    let context = KernelContext {
+        hidden: h,
+        heads,
+        seq_len: s,
+        vocab: model.vocab,
+        loss_scale_tokens: s,
+        adamw: AdamW::default(),
+    };
+    let attention_flops = 4.0 * (s as f64) * (s as f64) / 2.0 * h as f64;
+    let (row, lse) = (h * 2, heads * 4);
+    // (op, each argument's (rows, row bytes), FLOPs of one launch)
+    let launches = [
+        (Op::Attention, vec![(s, row), (s, row), (s, row), (s, row), (s, lse)], attention_flops),
+        (
+            Op::AttentionBackward,
+            vec![(s, row), (s, row), (s, row), (s, row), (s, lse), (s, row), (s, row), (s, row), (s, row)],
+            2.5 * attention_flops,
+        ),
+        (Op::Linear, vec![(s, row), (ffn, row), (1, ffn * 2), (s, ffn * 2)], 2.0 * (s * h * ffn) as f64),
+    ];
+    // One backend (opening compiles the kernels), one arena for the largest launch.
+    let mut planned = Vec::with_capacity(launches.len());
+    let mut arena = 0u64;
+    for (op, shapes, flops) in launches {
+        let mut args = Vec::with_capacity(shapes.len());
+        let mut offset = 0u64;
+        for (&(rows, row_bytes), &(_, access)) in shapes.iter().zip(op.signature()) {
+            let len = rows.saturating_mul(row_bytes);
+            args.push(KernelArg {
+                span: Span { space: Space::Device, offset, len },
+                first_row: 0,
+                rows,
+                row_bytes,
+                access,
+            });
+            offset = offset.saturating_add(len.div_ceil(256).saturating_mul(256));
+        }
+        arena = arena.max(offset);
+        planned.push((op, args, flops));
+    }
+    let mut backend = device.open(false, CpuBackend::new)?;
+    backend.allocate(arena, 0, 0).map_err(failed)?;
+    let mut rates = [0.0f64; 3];
+    for (slot, (op, args, flops)) in rates.iter_mut().zip(planned) {
+        let mut times = Vec::with_capacity(repeats);
+        for repeat in 0..=repeats {
+            let started = Instant::now();
+            // Safety: one launch at a time on one stream, each followed by `synchronize`; its
+            // arguments are disjoint spans of the arena allocated above.
+            unsafe { backend.launch(0, Stream::Compute, op, &args, &context) }.map_err(failed)?;
+            backend.synchronize().map_err(failed)?;
+            if repeat > 0 {
+                times.push(started.elapsed().as_secs_f64());
+            }
+        }
+        *slot = flops / median(&mut times).max(1e-12);
+    }
+    Ok(OpRates { attention_forward_flops: rates[0], attention_backward_flops: rates[1], gemm_flops: rates[2] })
 }
 
 fn median(values: &mut [f64]) -> f64 {

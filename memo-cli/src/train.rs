@@ -130,6 +130,13 @@ pub struct TrainArgs {
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     copy_bandwidth: Option<u64>,
 
+    /// cuda only: how attention runs: cudnn (cuDNN's fused attention; our kernels when cuDNN is
+    /// missing, older than 9 or fails to build a plan, with one line saying why), cudnn-deterministic
+    /// (its deterministic backward), baseline or pipelined (our kernels). Default:
+    /// MEMO_CUDA_ATTENTION, else cudnn
+    #[arg(long, value_name = "NAME", value_parser = parse_attention)]
+    attention: Option<runtime_cuda::AttentionChoice>,
+
     /// Write the measured timeline of the last step (three streams) as a Chrome trace-event file
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
@@ -208,6 +215,12 @@ fn model(args: &TrainArgs) -> Result<ModelConfig, Failure> {
         &args.device,
         &[("--checked", args.checked), ("--copy-bandwidth", args.copy_bandwidth.is_some())],
     )?;
+    if args.attention.is_some() && args.device.kind != crate::device::Kind::Cuda {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!("--attention chooses CUDA attention; drop it for --device {}", args.device.label()),
+        ));
+    }
     let model = crate::config::model_arg(&args.model, args.seq, args.micro_batch)?;
     if args.alpha.is_some() && args.strategy != Strategy::Memo {
         return Err(Failure::new(exit::BAD_INPUT, "--alpha applies to --strategy memo only"));
@@ -251,11 +264,16 @@ fn train_options(args: &TrainArgs, model: &ModelConfig) -> Result<TrainOptions, 
     })
 }
 
+/// `--attention`'s value.
+fn parse_attention(name: &str) -> Result<runtime_cuda::AttentionChoice, String> {
+    runtime_cuda::AttentionChoice::parse(name)
+}
+
 /// Opens `--device` (measuring for `--trace` and `--timings`; the CPU backend in checked mode or
 /// with its copies throttled) and the seconds that took.
 fn open_backend(args: &TrainArgs) -> Result<(AnyBackend, f64), Failure> {
     let opening = Instant::now();
-    let backend = args.device.open(args.trace.is_some() || args.timings, || {
+    let backend = args.device.open_with_attention(args.trace.is_some() || args.timings, args.attention, || {
         if args.checked {
             CpuBackend::checked()
         } else {

@@ -23,13 +23,21 @@ fn the_profile_is_a_machine_file_for_plan_and_train() {
     let output = memo(&[&args[..], &["--copy-size", "1MiB", "--out", file, "--json"]].concat(), None);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     let measured: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    for key in ["d2h_bytes_per_s", "h2d_bytes_per_s", "layer_forward_s"] {
+    for key in [
+        "d2h_bytes_per_s",
+        "h2d_bytes_per_s",
+        "layer_forward_s",
+        "attention_forward_flops",
+        "attention_backward_flops",
+        "gemm_flops",
+    ] {
         assert!(measured[key].as_f64().unwrap() > 0.0, "{key}: {measured}");
     }
     let text = std::fs::read_to_string(&path).unwrap();
     // The layer time holds for the profiled shape only: a comment; the rate is what plans use.
     assert!(text.contains("[machine]") && text.contains("\n# layer_forward_s = "), "{text}");
     assert!(text.contains("\nachieved_flops = "), "{text}");
+    assert!(text.contains("attention_forward_flops = ") && text.contains("gemm_flops = "), "{text}");
     // No temporary sibling is left behind.
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
 

@@ -7,25 +7,34 @@ use std::sync::Arc;
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaFunction, CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
-use memo_kernels::{launch_steps, scratch_bytes, status_error, ArgShape, AttentionVariant, STATUS_WORDS};
+use memo_kernels::{
+    launch_steps, lse_transpose_step, rope_step, scratch_bytes, status_error, ArgShape, AttentionVariant, Param,
+    STATUS_WORDS,
+};
+use memo_plan_core::plan::shapes::AttentionShape;
 use memo_plan_core::plan::{EventId, Op, Stream};
 use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
 
+use crate::attention::cudnn::{version_text, Cudnn, Pass};
+use crate::attention::graph::{uid, BackwardForm, Shape, StatsLayout};
+use crate::attention::{self, AttentionChoice, AttentionScratch};
 use crate::exec::{self, Resolved};
 use crate::timing::Timing;
 use crate::{compile, probe};
 
-/// The environment variable that picks the attention kernels' variant: `baseline` (the default,
-/// verified on an H200) or `pipelined` ([`AttentionVariant`]); any other value is an error.
+/// The environment variable that picks how attention runs ([`AttentionChoice`]): `cudnn` (the
+/// default: cuDNN's fused attention, our kernels when cuDNN cannot run, with one line saying
+/// why), `cudnn-deterministic` (the same with the deterministic backward), or our kernels in the
+/// variant `baseline` (verified on an H200) or `pipelined`; any other value is an error.
 pub const ATTENTION_VARIABLE: &str = "MEMO_CUDA_ATTENTION";
 
-/// The variant that [`ATTENTION_VARIABLE`]'s value names (unset or empty: the default).
-fn attention_variant(value: Option<&str>) -> Result<AttentionVariant, BackendError> {
+/// The choice [`ATTENTION_VARIABLE`]'s value names (unset or empty: the default).
+fn attention_choice(value: Option<&str>) -> Result<AttentionChoice, BackendError> {
     match value {
         Some(name) if !name.is_empty() => {
-            AttentionVariant::parse(name).map_err(|e| BackendError::Other(format!("{ATTENTION_VARIABLE}={name}: {e}")))
+            AttentionChoice::parse(name).map_err(|e| BackendError::Other(format!("{ATTENTION_VARIABLE}={name}: {e}")))
         }
-        _ => Ok(AttentionVariant::default()),
+        _ => Ok(AttentionChoice::default()),
     }
 }
 
@@ -54,9 +63,19 @@ struct Memory {
 /// enqueued and return; [`Backend::synchronize`] waits and reports the first error, including the
 /// status words kernels write on bad input (an out-of-range token, a non-finite gradient norm).
 pub struct CudaBackend {
+    /// cuDNN, when attention runs on it (dropped before the context: its handle and plans belong
+    /// to the context).
+    cudnn: Option<Cudnn>,
     ordinal: usize,
-    /// The attention kernels' variant ([`ATTENTION_VARIABLE`]).
-    attention: AttentionVariant,
+    /// How attention was asked to run ([`ATTENTION_VARIABLE`]).
+    attention: AttentionChoice,
+    /// The variant our attention kernels are compiled in (baseline under a cuDNN choice: the
+    /// fallback).
+    variant: AttentionVariant,
+    /// How attention runs now, for [`CudaBackend::describe`] (the line printed at construction).
+    attention_note: String,
+    /// Whether the head-major statistics fallback was announced.
+    head_major_noted: bool,
     device_name: String,
     /// The NVRTC that compiled the kernels, for [`CudaBackend::describe`].
     nvrtc: String,
@@ -99,7 +118,23 @@ impl CudaBackend {
     /// the attention kernels in the variant [`ATTENTION_VARIABLE`] names (default: baseline).
     /// A missing library or device is [`BackendError::Unavailable`], never a panic.
     pub fn new(ordinal: usize) -> Result<Self, BackendError> {
-        let attention = attention_variant(std::env::var(ATTENTION_VARIABLE).ok().as_deref())?;
+        Self::with_attention(ordinal, None)
+    }
+
+    /// [`CudaBackend::new`] with attention run as `attention` says (`None`: as
+    /// [`ATTENTION_VARIABLE`] says). Under a cuDNN choice, cuDNN is probed after the device is
+    /// open: missing, older than 9, or failing `cudnnCreate` gives one line on stderr saying why
+    /// and our kernels (baseline); otherwise one line names the version and the forward's form
+    /// (fused from cuDNN 9.21, else composite).
+    pub fn with_attention(ordinal: usize, attention: Option<AttentionChoice>) -> Result<Self, BackendError> {
+        let attention = match attention {
+            Some(choice) => choice,
+            None => attention_choice(std::env::var(ATTENTION_VARIABLE).ok().as_deref())?,
+        };
+        let variant = match attention {
+            AttentionChoice::Kernels(variant) => variant,
+            AttentionChoice::Cudnn { .. } => AttentionVariant::default(),
+        };
         probe::libraries()?;
         let count = CudaContext::device_count().map_err(|error| {
             BackendError::Unavailable(format!(
@@ -132,13 +167,36 @@ impl CudaBackend {
             );
             streams.push(created);
         }
-        let functions = compile::kernels(&ctx, sm, attention)?;
+        let functions = compile::kernels(&ctx, sm, variant)?;
         let nvrtc = compile::nvrtc_version().map_or("NVRTC".to_string(), |(a, b)| format!("NVRTC {a}.{b}"));
         let status = streams[0].alloc_zeros::<u32>(STATUS_WORDS).map_err(driver_error("status words"))?;
         ctx.synchronize().map_err(driver_error("initialisation"))?;
+        let (cudnn, attention_note) = match attention {
+            AttentionChoice::Kernels(variant) => (None, format!("our attention kernels ({})", variant.name())),
+            AttentionChoice::Cudnn { deterministic } => {
+                ctx.bind_to_thread().map_err(driver_error("making the context current"))?;
+                match Cudnn::open(streams[Stream::Compute.index()].cu_stream() as cudarc::cudnn::sys::cudaStream_t) {
+                    Ok(cudnn) => {
+                        let note = format!(
+                            "cuDNN {} {} forward, {} backward",
+                            version_text(cudnn.version),
+                            if cudnn.fused { "fused" } else { "composite" },
+                            if deterministic { "deterministic" } else { "atomic-dQ" }
+                        );
+                        (Some(cudnn), note)
+                    }
+                    Err(why) => (None, format!("our attention kernels ({}): {why}", variant.name())),
+                }
+            }
+        };
+        eprintln!("attention: {attention_note}");
         Ok(CudaBackend {
+            cudnn,
             ordinal,
             attention,
+            variant,
+            attention_note,
+            head_major_noted: false,
             device_name,
             nvrtc,
             sm,
@@ -180,11 +238,11 @@ impl CudaBackend {
     /// variant, for logs.
     pub fn describe(&self) -> String {
         format!(
-            "{} (sm_{}), kernels compiled by {}, {} attention",
+            "{} (sm_{}), kernels compiled by {}, attention: {}",
             self.name(),
             self.sm,
             self.nvrtc,
-            self.attention.name()
+            self.attention_note
         )
     }
 
@@ -246,6 +304,187 @@ impl CudaBackend {
             instruction,
             message: format!("event {} is beyond the {} allocated events", event.0 as usize, self.events.len()),
         })
+    }
+
+    /// How attention runs now: the line printed at construction, or the fallback's.
+    pub fn attention(&self) -> &str {
+        &self.attention_note
+    }
+
+    /// Leaves cuDNN for our kernels for the rest of the run, with one line saying why.
+    fn leave_cudnn(&mut self, why: &str) {
+        self.cudnn = None;
+        self.attention_note = format!("our attention kernels ({}): {why}", self.variant.name());
+        eprintln!("attention: {}", self.attention_note);
+    }
+
+    /// The cuDNN plan for `pass` on `shape` (built and cached now): the pass and the shape that
+    /// built (a fused forward that does not build falls back to the composite one; statistics
+    /// the plan's token-major view cuDNN refuses fall back to its head-major layout with a
+    /// transpose each launch; each with one line) and the plan's workspace. Any other failure
+    /// leaves cuDNN ([`CudaBackend::leave_cudnn`]) and is `None`.
+    fn cudnn_workspace(&mut self, pass: Pass, shape: &Shape) -> Option<(Pass, Shape, u64)> {
+        let cudnn = self.cudnn.as_mut()?;
+        let token_major = match cudnn.plan(pass, shape) {
+            Ok(plan) => return Some((pass, *shape, plan.workspace)),
+            Err(why) => why,
+        };
+        let head_major = Shape { stats: StatsLayout::HeadMajor, ..*shape };
+        if let Ok(plan) = cudnn.plan(pass, &head_major) {
+            let workspace = plan.workspace;
+            if !self.head_major_noted {
+                self.head_major_noted = true;
+                eprintln!(
+                    "attention: cuDNN refused the plan's token-major LSE view ({token_major}); its head-major layout \
+                     runs instead, transposed on every launch (interim: the plan's LSE layout should change)"
+                );
+            }
+            return Some((pass, head_major, workspace));
+        }
+        if pass == (Pass::Forward { fused: true }) {
+            eprintln!(
+                "attention: cuDNN {}: the fused forward did not build ({token_major}); the composite forward runs instead",
+                version_text(cudnn.version)
+            );
+            cudnn.fused = false;
+            return self.cudnn_workspace(Pass::Forward { fused: false }, shape);
+        }
+        self.leave_cudnn(&format!("cuDNN could not build the attention plan for {shape:?}: {token_major}"));
+        None
+    }
+
+    /// The pass and graph shape of an attention launch of `geometry` under the current choice.
+    fn cudnn_pass(&self, op: Op, geometry: &AttentionShape) -> Result<(Pass, Shape), String> {
+        let int = |v: u64| i64::try_from(v).map_err(|_| format!("attention dimension {v} above 2^63"));
+        let shape = Shape::plan(
+            int(geometry.sequences)?,
+            int(geometry.heads)?,
+            int(geometry.seq_len)?,
+            int(geometry.head_dim)?,
+        );
+        let deterministic = matches!(self.attention, AttentionChoice::Cudnn { deterministic: true });
+        let pass = match op {
+            Op::Attention => Pass::Forward { fused: self.cudnn.as_ref().is_some_and(|c| c.fused) },
+            _ => Pass::Backward(if deterministic { BackwardForm::Deterministic } else { BackwardForm::Accumulate }),
+        };
+        Ok((pass, shape))
+    }
+
+    /// What attention launch `op` of `geometry` needs on the device besides its arguments, for
+    /// the planner: on the cuDNN path, the rotated q and k, the backward's dQ accumulator and
+    /// softmax sums, and the execution plan's workspace (the plan is built now, and cached for
+    /// the run); nothing when our kernels run attention (they need no scratch). Building the
+    /// plan may leave cuDNN (one line), after which this answers for our kernels.
+    pub fn attention_scratch(&mut self, op: Op, geometry: &AttentionShape) -> Result<AttentionScratch, BackendError> {
+        if !matches!(op, Op::Attention | Op::AttentionBackward) || self.cudnn.is_none() {
+            return Ok(AttentionScratch::default());
+        }
+        self.bind()?;
+        let (pass, shape) = self.cudnn_pass(op, geometry).map_err(BackendError::Other)?;
+        let Some((pass, built, workspace)) = self.cudnn_workspace(pass, &shape) else {
+            return Ok(AttentionScratch::default());
+        };
+        let deterministic = pass == Pass::Backward(BackwardForm::Deterministic);
+        let head_major = built.stats == StatsLayout::HeadMajor;
+        Ok(attention::scratch(op, geometry, deterministic, head_major, workspace))
+    }
+
+    /// Runs an attention launch on cuDNN: rotates q and k into the scratch (`memo_rope`), runs
+    /// the forward or backward plan, and (backward) rotates dq and dk back in place. `Ok(false)`:
+    /// cuDNN was left for our kernels (plan build failure), which then run the launch.
+    ///
+    /// # Safety
+    /// The contract of [`Backend::launch`]: the plan orders every access of the arguments.
+    unsafe fn launch_cudnn(
+        &mut self,
+        instruction: usize,
+        stream: Stream,
+        op: Op,
+        spans: &[(CUdeviceptr, u64)],
+        shapes: &[ArgShape],
+        context: &KernelContext,
+    ) -> Result<bool, BackendError> {
+        let kernel_error = |message: String| BackendError::Kernel { instruction, message };
+        let geometry = memo_kernels::attention_shape(op, shapes, context).map_err(|e| kernel_error(e.to_string()))?;
+        if geometry.sequences == 0 || geometry.seq_len == 0 {
+            return Ok(true);
+        }
+        let (pass, shape) = self.cudnn_pass(op, &geometry).map_err(kernel_error)?;
+        let Some((pass, shape, workspace)) = self.cudnn_workspace(pass, &shape) else { return Ok(false) };
+        let deterministic = pass == Pass::Backward(BackwardForm::Deterministic);
+        let head_major = shape.stats == StatsLayout::HeadMajor;
+        let needs = attention::scratch(op, &geometry, deterministic, head_major, workspace);
+        let ([rotated_q, rotated_k, accumulator, sums, statistics, work], total) = needs.layout();
+        // Interim until the plan carries it (spec/backends.md): the stream's scratch, grown on
+        // demand like the kernels' partial sums.
+        let base = self.ensure_scratch(stream, total)?;
+        let status = self.status.device_ptr(&self.streams[0]).0;
+        let resolved = Resolved {
+            args: spans,
+            scratch: Some((base, total)),
+            status,
+            instruction: u32::try_from(instruction).unwrap_or(u32::MAX),
+        };
+        let cuda_stream = self.streams[stream.index()].clone();
+        let run = |step: &memo_kernels::Step, backend: &Self| {
+            exec::run_step(step, &resolved, &backend.functions, &cuda_stream, &backend.blas[stream.index()])
+                .map_err(|message| kernel_error(format!("op `{}` (cuDNN path): {message}", op.name())))
+        };
+        let ptr = |arg: usize| Param::Ptr { arg, byte_offset: 0 };
+        run(&rope_step(ptr(0), Param::Scratch { byte_offset: rotated_q }, &geometry, false), self)?;
+        run(&rope_step(ptr(1), Param::Scratch { byte_offset: rotated_k }, &geometry, false), self)?;
+        let address =
+            |arg: usize| spans.get(arg).map(|s| s.0).ok_or_else(|| kernel_error(format!("no argument {arg}")));
+        let stats = Param::Scratch { byte_offset: statistics };
+        if head_major && op == Op::AttentionBackward {
+            run(&lse_transpose_step(ptr(4), stats, &geometry, true), self)?;
+        }
+        let mut pointers = vec![
+            (uid::Q, base + rotated_q),
+            (uid::K, base + rotated_k),
+            (uid::V, address(2)?),
+            (uid::O, address(3)?),
+            (uid::STATS, if head_major { base + statistics } else { address(4)? }),
+        ];
+        if op == Op::AttentionBackward {
+            pointers.extend([
+                (uid::DO, address(5)?),
+                (uid::DQ, address(6)?),
+                (uid::DK, address(7)?),
+                (uid::DV, address(8)?),
+                (uid::SOFTMAX_SUM, base + sums),
+            ]);
+            if !deterministic {
+                pointers.push((uid::DQ_ACCUM, base + accumulator));
+                let bytes = usize::try_from(needs.dq_accumulator)
+                    .map_err(|_| kernel_error("dQ accumulator above usize".into()))?;
+                // Safety: `bytes` from `accumulator` lie inside the scratch just ensured; the
+                // stream orders this memset before the plan that accumulates into them.
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(base + accumulator, 0, bytes, cuda_stream.cu_stream())
+                }
+                .map_err(|e| kernel_error(format!("zeroing the dQ accumulator: {e}")))?;
+            }
+        }
+        let scale = 1.0 / (geometry.head_dim as f32).sqrt();
+        let cudnn = self.cudnn.as_mut().ok_or_else(|| kernel_error("cuDNN vanished".into()))?;
+        cudnn.set_stream(cuda_stream.cu_stream() as cudarc::cudnn::sys::cudaStream_t).map_err(kernel_error)?;
+        let handle = cudnn.handle();
+        let plan = cudnn.plan(pass, &shape).map_err(kernel_error)?;
+        // Safety: every pointer addresses the extent its tensor spans: q, k (rotated) and the
+        // accumulator, sums and workspace in the scratch laid out above for this shape; v, o,
+        // lse, dout, dq, dk, dv are the launch's arguments, bounds-checked spans whose rows the
+        // op table checked (`rows * heads * head_dim` bf16, `rows * heads` f32); the stream
+        // orders the rotations before and the rotations back after; the plan orders the rest.
+        unsafe { plan.execute(handle, &pointers, base + work, scale) }.map_err(kernel_error)?;
+        if head_major && op == Op::Attention {
+            run(&lse_transpose_step(stats, ptr(4), &geometry, false), self)?;
+        }
+        if op == Op::AttentionBackward {
+            run(&rope_step(ptr(6), ptr(6), &geometry, true), self)?;
+            run(&rope_step(ptr(7), ptr(7), &geometry, true), self)?;
+        }
+        Ok(true)
     }
 
     /// Grows the scratch memory of `stream` to `bytes` (waits for the device first: the old
@@ -377,6 +616,16 @@ impl Backend for CudaBackend {
         }
         let shapes: Vec<ArgShape> =
             args.iter().map(|a| ArgShape { first_row: a.first_row, rows: a.rows, row_bytes: a.row_bytes }).collect();
+        if matches!(op, Op::Attention | Op::AttentionBackward) && self.cudnn.is_some() {
+            let start = self.mark(stream)?;
+            // Safety: this function's own contract (the plan orders the accesses), passed on.
+            let ran = unsafe { self.launch_cudnn(instruction, stream, op, &spans, &shapes, context) }?;
+            if ran {
+                let end = self.mark(stream)?;
+                self.note(instruction, start, end);
+                return Ok(());
+            }
+        }
         let steps = launch_steps(op, &shapes, context).map_err(|e| kernel_error(e.to_string()))?;
         let needed = scratch_bytes(&steps);
         let scratch = if needed > 0 { Some((self.ensure_scratch(stream, needed)?, needed)) } else { None };
@@ -519,11 +768,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_attention_variable_names_a_variant_or_is_refused() {
-        assert_eq!(attention_variant(None).unwrap(), AttentionVariant::Baseline);
-        assert_eq!(attention_variant(Some("")).unwrap(), AttentionVariant::Baseline);
-        assert_eq!(attention_variant(Some("pipelined")).unwrap(), AttentionVariant::Pipelined);
-        let error = attention_variant(Some("fast")).unwrap_err().to_string();
-        assert!(error.contains("MEMO_CUDA_ATTENTION=fast") && error.contains("baseline, pipelined"), "{error}");
+    fn the_attention_variable_names_a_choice_or_is_refused() {
+        assert_eq!(attention_choice(None).unwrap(), AttentionChoice::Cudnn { deterministic: false });
+        assert_eq!(attention_choice(Some("")).unwrap(), AttentionChoice::Cudnn { deterministic: false });
+        assert_eq!(
+            attention_choice(Some("cudnn-deterministic")).unwrap(),
+            AttentionChoice::Cudnn { deterministic: true }
+        );
+        assert_eq!(attention_choice(Some("baseline")).unwrap(), AttentionChoice::Kernels(AttentionVariant::Baseline));
+        assert_eq!(attention_choice(Some("pipelined")).unwrap(), AttentionChoice::Kernels(AttentionVariant::Pipelined));
+        let error = attention_choice(Some("fast")).unwrap_err().to_string();
+        assert!(
+            error.contains("MEMO_CUDA_ATTENTION=fast")
+                && error.contains("cudnn, cudnn-deterministic, baseline, pipelined"),
+            "{error}"
+        );
     }
 }

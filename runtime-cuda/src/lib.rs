@@ -30,6 +30,7 @@
 //! machines without a GPU.
 #![deny(missing_docs)]
 
+pub mod attention;
 mod backend;
 mod compile;
 mod exec;
@@ -38,4 +39,5 @@ pub mod nvrtc_check;
 mod probe;
 mod timing;
 
+pub use attention::{AttentionChoice, AttentionScratch};
 pub use backend::{CudaBackend, ATTENTION_VARIABLE};

@@ -492,3 +492,196 @@ fn a_measured_step_has_a_timeline() {
         timeline.busy_s[2] * 1e3
     );
 }
+
+/// Attention on every choice of `MEMO_CUDA_ATTENTION` (cuDNN in both backward forms, our
+/// baseline kernels) against the CPU reference, on two sequences of 65 tokens, 2 heads of 64 and
+/// one of 200 tokens, 2 heads of 128, within the attention bounds above (spec/backends.md gives
+/// the same for each choice: cuDNN too rounds the rotated q and k and P to bf16); the
+/// deterministic backward twice gives the same bits. With `MEMO_REQUIRE_CUDNN=1` (set by
+/// scripts/gpu-check.sh) a cuDNN choice that fell back to our kernels fails instead of passing.
+/// With `MEMO_ATTENTION_DUMP=DIR` every launch's arguments after the GPU ran are written to DIR
+/// (`<choice>-<op>-s<seq>-<argument>.bin`, raw little-endian bf16 or f32, one `cases.txt` line
+/// per launch: name, op, rows, row bytes, heads, tokens per sequence), for
+/// scripts/cudnn_attention_check.py to compare with a float64 PyTorch reference.
+#[test]
+fn attention_matches_the_cpu_reference_under_every_choice() {
+    use runtime_cuda::AttentionChoice;
+    if CudaBackend::new(0).is_err() {
+        skip::skip("no CUDA device");
+        return;
+    }
+    let require_cudnn = std::env::var_os("MEMO_REQUIRE_CUDNN").is_some();
+    let wide = KernelContext { hidden: 256, heads: 2, seq_len: 200, ..context() };
+    let mut failures = Vec::new();
+    for choice in ["cudnn", "cudnn-deterministic", "baseline"] {
+        let choice = AttentionChoice::parse(choice).expect("a choice");
+        let mut gpu = CudaBackend::with_attention(0, Some(choice)).expect("the device opened once already");
+        println!("{}: {}", choice.name(), gpu.describe());
+        let mut cases: Vec<(Case, KernelContext)> =
+            attention_cases().into_iter().map(|c| (c, attention_context())).collect();
+        let b = Fill::Bf16(1.0);
+        let (r, w) = (200, 512);
+        cases.push(((Op::Attention, vec![(r, w, b), (r, w, b), (r, w, b), (r, w, b), (r, 8, Fill::F32)]), wide));
+        cases.push((
+            (
+                Op::AttentionBackward,
+                vec![
+                    (r, w, b),
+                    (r, w, b),
+                    (r, w, b),
+                    (r, w, b),
+                    (r, 8, Fill::F32),
+                    (r, w, b),
+                    (r, w, b),
+                    (r, w, b),
+                    (r, w, b),
+                ],
+            ),
+            wide,
+        ));
+        for (case, ((op, shapes), ctx)) in cases.into_iter().enumerate() {
+            let mut rng = Rng(0xa77e_0000 + case as u64);
+            let mut inputs: Vec<Vec<u8>> =
+                shapes.iter().map(|&(rows, rb, how)| fill(rows, rb, how, &mut rng)).collect();
+            if op == Op::AttentionBackward {
+                let mut forward: Vec<Vec<u8>> = inputs[..5].to_vec();
+                run_cpu(Op::Attention, &shapes[..5], &mut forward, &ctx).expect("the CPU attention forward");
+                inputs[3] = forward[3].clone();
+                inputs[4] = forward[4].clone();
+            }
+            let mut cpu = inputs.clone();
+            run_cpu(op, &shapes, &mut cpu, &ctx).expect("the CPU reference");
+            let label = format!("{} {} s={}", choice.name(), op.name(), ctx.seq_len);
+            let dump = std::env::var_os("MEMO_ATTENTION_DUMP").map(std::path::PathBuf::from);
+            let out = match run_gpu(&mut gpu, op, &shapes, &inputs, &ctx) {
+                Ok(out) => out,
+                Err(error) => {
+                    failures.push(format!("{label}: {error}"));
+                    continue;
+                }
+            };
+            if let Some(dir) = &dump {
+                let stem = format!("{}-{}-s{}", choice.name(), op.name(), ctx.seq_len);
+                let written = std::fs::create_dir_all(dir).and_then(|()| {
+                    for (index, bytes) in out.iter().enumerate() {
+                        std::fs::write(dir.join(format!("{stem}-{}.bin", op.signature()[index].0)), bytes)?;
+                    }
+                    let line =
+                        format!("{stem} {} {} {} {} {}\n", op.name(), shapes[0].0, shapes[0].1, ctx.heads, ctx.seq_len);
+                    use std::io::Write;
+                    std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(dir.join("cases.txt"))?
+                        .write_all(line.as_bytes())
+                });
+                if let Err(error) = written {
+                    failures.push(format!("{label}: writing MEMO_ATTENTION_DUMP: {error}"));
+                }
+            }
+            let (relative, of_max) = if op == Op::AttentionBackward {
+                (ATTENTION_BACKWARD_RELATIVE, ATTENTION_BACKWARD_OF_MAX)
+            } else {
+                (BF16_RELATIVE, BF16_OF_MAX)
+            };
+            for (index, ((&(_, _, how), g), c)) in shapes.iter().zip(&out).zip(&cpu).enumerate() {
+                let verdict = match how {
+                    Fill::F32 => close(&f32s(g), &f32s(c), LSE_RELATIVE, LSE_OF_MAX),
+                    _ => close(&bf16s(g), &bf16s(c), relative, of_max),
+                };
+                if let Err(why) = verdict {
+                    failures.push(format!("{label} `{}`: {why}", op.signature()[index].0));
+                }
+            }
+            if choice == (AttentionChoice::Cudnn { deterministic: true }) && op == Op::AttentionBackward {
+                match run_gpu(&mut gpu, op, &shapes, &inputs, &ctx) {
+                    Ok(again) if again == out => {}
+                    Ok(_) => {
+                        failures.push(format!("{label}: the deterministic backward gave other bits the second time"))
+                    }
+                    Err(error) => failures.push(format!("{label} (again): {error}")),
+                }
+            }
+            println!("{label}: compared");
+        }
+        if require_cudnn && matches!(choice, AttentionChoice::Cudnn { .. }) && !gpu.attention().starts_with("cuDNN") {
+            failures.push(format!(
+                "{}: MEMO_REQUIRE_CUDNN is set but attention ran as: {}",
+                choice.name(),
+                gpu.attention()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// Attention's throughput on the device (`MEMO_ATTENTION_BENCH=1`, set by scripts/gpu-check.sh;
+/// otherwise SKIP): forward and backward at 16K tokens, 16 heads of 128, under the attention
+/// `MEMO_CUDA_ATTENTION` names (cuDNN by default), timed by the backend's own events
+/// (`measure`) over 3 launches after one warm-up, printed as TFLOP/s with causal FLOPs (forward
+/// 2 * 2 * s^2/2 * h * d, backward 2.5 times that). Prints, asserts nothing about speed.
+#[test]
+fn attention_throughput() {
+    if std::env::var_os("MEMO_ATTENTION_BENCH").is_none() {
+        skip::skip("MEMO_ATTENTION_BENCH is not set (scripts/gpu-check.sh sets it)");
+        return;
+    }
+    let Some(gpu) = device() else { return };
+    let mut gpu = gpu.measure();
+    let (s, heads, d) = (16384u64, 16u64, 128u64);
+    let ctx = KernelContext { hidden: heads * d, heads, seq_len: s, ..context() };
+    let (w, lse) = (heads * d * 2, heads * 4);
+    let shapes_f: Vec<(u64, u64)> = vec![(s, w), (s, w), (s, w), (s, w), (s, lse)];
+    let shapes_b: Vec<(u64, u64)> = vec![(s, w), (s, w), (s, w), (s, w), (s, lse), (s, w), (s, w), (s, w), (s, w)];
+    let mut offset = 0u64;
+    let mut spans = Vec::new();
+    for &(rows, row_bytes) in &shapes_b {
+        spans.push((Span { space: Space::Device, offset, len: rows * row_bytes }, rows, row_bytes));
+        offset += (rows * row_bytes).div_ceil(256) * 256;
+    }
+    gpu.allocate(offset, 4096, 1).expect("allocate");
+    let mut rng = Rng(11);
+    for (index, &(span, rows, row_bytes)) in spans.iter().enumerate() {
+        let how = if index == 4 { Fill::F32 } else { Fill::Bf16(1.0) };
+        gpu.upload(span, &fill(rows, row_bytes, how, &mut rng)).expect("upload");
+    }
+    let args = |op: Op, shapes: &[(u64, u64)]| -> Vec<KernelArg> {
+        shapes
+            .iter()
+            .zip(&spans)
+            .zip(op.signature())
+            .map(|((&(rows, row_bytes), &(span, _, _)), &(_, access))| KernelArg {
+                span,
+                first_row: 0,
+                rows,
+                row_bytes,
+                access,
+            })
+            .collect()
+    };
+    let (forward, backward) = (args(Op::Attention, &shapes_f), args(Op::AttentionBackward, &shapes_b));
+    let flops_forward = 2.0 * 2.0 * (s * s / 2) as f64 * (heads * d) as f64;
+    for (op, launch_args, flops) in
+        [(Op::Attention, &forward, flops_forward), (Op::AttentionBackward, &backward, 2.5 * flops_forward)]
+    {
+        let mut seconds = Vec::new();
+        for round in 0..4 {
+            // Safety: one launch at a time on one stream, synchronized before the next.
+            unsafe { gpu.launch(round, memo_plan_core::plan::Stream::Compute, op, launch_args, &ctx) }.expect("launch");
+            gpu.synchronize().expect("synchronize");
+            if let Some(timings) = gpu.timings() {
+                if round > 0 {
+                    seconds.extend(timings.iter().map(|&(_, start, end)| end - start));
+                }
+            }
+        }
+        let best = seconds.iter().copied().fold(f64::INFINITY, f64::min);
+        println!(
+            "attention throughput: {} s={s} heads={heads} d={d} [{}]: best {:.3} ms, {:.0} TFLOP/s (causal)",
+            op.name(),
+            gpu.attention(),
+            best * 1e3,
+            flops / best / 1e12
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! Attention on cuDNN's fused kernels (the backend graph API), and what it needs.
+//!
+//! - [`graph`]: the forward and backward graphs, built through a small trait
+//!   ([`graph::GraphBuilder`]) so that exactly what is handed to cuDNN can be recorded
+//!   ([`record::Recorder`]), compared with golden files and run by an f64 interpreter in the
+//!   tests (no GPU needed).
+//! - `cudnn` (private): the trait on cudarc's `cudnn` sys layer; descriptors owned and destroyed,
+//!   every status checked, engine heuristics mode A, execution plans cached per shape.
+//! - [`scratch`]: the device bytes one attention launch needs besides its plan arguments, as a
+//!   function of its shape, for the planner ([`AttentionScratch`]).
+//!
+//! RoPE: cuDNN has no rotary fusion, so the launch first rotates q and k into two transients
+//! (`memo_rope` of `memo-kernels`), runs cuDNN on the rotated copies, and (backward) rotates the
+//! gradients dq and dk back in place (`spec/schedule.md`, "RoPE on the cuDNN path").
+
+pub(crate) mod cudnn;
+pub mod graph;
+#[cfg(test)]
+mod interpret;
+pub mod record;
+#[cfg(test)]
+mod tests;
+
+use memo_kernels::AttentionVariant;
+use memo_plan_core::plan::shapes::AttentionShape;
+use memo_plan_core::plan::Op;
+
+/// How attention runs on the CUDA backend (`MEMO_CUDA_ATTENTION`, `memo train --attention`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionChoice {
+    /// cuDNN's fused attention (the default); our kernels when cuDNN is absent, too old or fails
+    /// to build a plan, with one line saying why.
+    Cudnn {
+        /// The backward's form: dQ accumulated with atomics (false, cuDNN's Hopper default), or
+        /// the deterministic "dP workspace" form (true).
+        deterministic: bool,
+    },
+    /// Our kernels (`kernels/attention.cu`) in a variant.
+    Kernels(AttentionVariant),
+}
+
+impl Default for AttentionChoice {
+    fn default() -> Self {
+        AttentionChoice::Cudnn { deterministic: false }
+    }
+}
+
+impl AttentionChoice {
+    /// Every name [`AttentionChoice::parse`] reads.
+    pub const NAMES: [&'static str; 4] = ["cudnn", "cudnn-deterministic", "baseline", "pipelined"];
+
+    /// The choice named `name`.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "cudnn" => Ok(AttentionChoice::Cudnn { deterministic: false }),
+            "cudnn-deterministic" => Ok(AttentionChoice::Cudnn { deterministic: true }),
+            other => AttentionVariant::parse(other)
+                .map(AttentionChoice::Kernels)
+                .map_err(|_| format!("unknown attention `{other}`; the choices are {}", Self::NAMES.join(", "))),
+        }
+    }
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            AttentionChoice::Cudnn { deterministic: false } => "cudnn",
+            AttentionChoice::Cudnn { deterministic: true } => "cudnn-deterministic",
+            AttentionChoice::Kernels(variant) => variant.name(),
+        }
+    }
+}
+
+/// Opens cuDNN as the backend does (probe, version, `cudnnCreate`; on the default stream) and
+/// closes it again: the line that says what the cuDNN path would run, or why it cannot. Never
+/// panics, whatever library is (or is not) found.
+pub fn probe_cudnn() -> Result<String, String> {
+    let opened = cudnn::Cudnn::open(std::ptr::null_mut())?;
+    Ok(format!(
+        "cuDNN {} {} forward",
+        cudnn::version_text(opened.version),
+        if opened.fused { "fused" } else { "composite" }
+    ))
+}
+
+/// Bytes of device memory one attention launch on the cuDNN path needs besides its arguments,
+/// in the order [`AttentionScratch::layout`] places them (each start aligned to
+/// [`SCRATCH_ALIGNMENT`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AttentionScratch {
+    /// q rotated by RoPE (bf16, tokens x heads x head_dim).
+    pub rotated_q: u64,
+    /// k rotated by RoPE (same size).
+    pub rotated_k: u64,
+    /// Backward, accumulating form only: the f32 dQ accumulator, B*H*S*D*4 (zeroed before use).
+    pub dq_accumulator: u64,
+    /// Backward only: the f32 softmax sums `rowsum(dO * O)`, B*H*S*4.
+    pub softmax_sum: u64,
+    /// Only when cuDNN refuses the plan's token-major LSE view: the LSE in cuDNN's head-major
+    /// layout (f32, B*H*S*4), transposed from or to the plan's on every launch (interim: the
+    /// plan's layout should change instead, issue 17 item 2).
+    pub statistics: u64,
+    /// cuDNN's own workspace for the chosen execution plan (known only once the plan is built
+    /// on the device: [`scratch`] takes it as an argument).
+    pub workspace: u64,
+}
+
+/// Alignment of each part of the scratch (cuDNN is promised 16; 256 is what allocators give).
+pub const SCRATCH_ALIGNMENT: u64 = 256;
+
+impl AttentionScratch {
+    /// The parts' byte offsets (rotated q, rotated k, dQ accumulator, softmax sums, head-major
+    /// statistics, workspace) and the total, each part starting at a multiple of
+    /// [`SCRATCH_ALIGNMENT`].
+    pub fn layout(&self) -> ([u64; 6], u64) {
+        let mut offsets = [0u64; 6];
+        let mut end = 0u64;
+        let parts =
+            [self.rotated_q, self.rotated_k, self.dq_accumulator, self.softmax_sum, self.statistics, self.workspace];
+        for (slot, bytes) in offsets.iter_mut().zip(parts) {
+            *slot = end.next_multiple_of(SCRATCH_ALIGNMENT);
+            end = *slot + bytes;
+        }
+        (offsets, end.next_multiple_of(SCRATCH_ALIGNMENT))
+    }
+
+    /// Total bytes ([`AttentionScratch::layout`]'s).
+    pub fn total(&self) -> u64 {
+        self.layout().1
+    }
+}
+
+/// What attention launch `op` ([`Op::Attention`] or [`Op::AttentionBackward`]) of `shape` needs
+/// on the cuDNN path besides its arguments; `workspace` is the execution plan's workspace bytes
+/// (`CudaBackend::attention_scratch` builds the plan and reads it), `deterministic` the
+/// backward's form, `head_major_statistics` whether cuDNN took the plan's LSE layout (false) or
+/// needs its own (true). Other ops need nothing. Saturates rather than overflows.
+pub fn scratch(
+    op: Op,
+    shape: &AttentionShape,
+    deterministic: bool,
+    head_major_statistics: bool,
+    workspace: u64,
+) -> AttentionScratch {
+    let rows = shape.sequences.saturating_mul(shape.seq_len);
+    let heads_rows = rows.saturating_mul(shape.heads);
+    let elements = heads_rows.saturating_mul(shape.head_dim);
+    let rotated = elements.saturating_mul(2);
+    let statistics = if head_major_statistics { heads_rows.saturating_mul(4) } else { 0 };
+    match op {
+        Op::Attention => {
+            AttentionScratch { rotated_q: rotated, rotated_k: rotated, statistics, workspace, ..Default::default() }
+        }
+        Op::AttentionBackward => AttentionScratch {
+            rotated_q: rotated,
+            rotated_k: rotated,
+            dq_accumulator: if deterministic { 0 } else { elements.saturating_mul(4) },
+            softmax_sum: heads_rows.saturating_mul(4),
+            statistics,
+            workspace,
+        },
+        _ => AttentionScratch::default(),
+    }
+}
