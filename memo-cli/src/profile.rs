@@ -307,6 +307,9 @@ fn op_rates(device: &Device, model: &ModelConfig, repeats: usize) -> Result<OpRa
         vocab: model.vocab,
         loss_scale_tokens: s,
         adamw: AdamW::default(),
+        // One GPU: the profile measures single-device rates.
+        rank: 0,
+        ranks: 1,
     };
     let attention_flops = 4.0 * (s as f64) * (s as f64) / 2.0 * h as f64;
     let (row, lse) = (h * 2, heads * 4);
