@@ -354,7 +354,7 @@ pub unsafe extern "C" fn memo_plan_buffer_count(plan: *const MemoPlan, out: *mut
 }
 
 /// Writes the number of the plan's instructions (launches, copies, event records and waits on
-/// the three streams) to `*out`.
+/// the four streams) to `*out`.
 ///
 /// # Safety
 /// `out` is NULL (refused) or valid for writing one `size_t`.

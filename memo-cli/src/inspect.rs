@@ -281,13 +281,16 @@ fn summarise(plan: &Plan) -> Result<Summary, Failure> {
             if s.optimal { "optimal" } else { "not proven optimal" }
         ));
     }
+    let collective_s = timeline.stream_busy_s(plan, Stream::Collective);
     text.push_str(&format!(
-        "simulated step {:.3} s (compute busy {:.3} s, waiting {:.3} s; d2h busy {:.3} s; h2d busy {:.3} s)\n{}\n",
+        "simulated step {:.3} s (compute busy {:.3} s, waiting {:.3} s; d2h busy {:.3} s; h2d busy {:.3} s; \
+         collective busy {:.3} s)\n{}\n",
         timeline.step_time_s,
         timeline.busy_s[0],
         timeline.compute_stall_s(),
         timeline.busy_s[1],
         timeline.busy_s[2],
+        collective_s,
         mfu
     ));
     let json = json!({
@@ -308,6 +311,7 @@ fn summarise(plan: &Plan) -> Result<Summary, Failure> {
         "bytes_by_kind": by_kind.iter().map(|(k, n, b)| json!({"kind": k.name(), "buffers": n, "bytes": b})).collect::<Vec<_>>(),
         "step_time_s": timeline.step_time_s,
         "compute_stall_s": timeline.compute_stall_s(),
+        "collective_s": collective_s,
         "mfu_causal": mfu.causal_halved,
         "mfu_full": mfu.full,
     });

@@ -10,10 +10,11 @@
 //!   cross-check for small instances;
 //! - [`model`], [`swap`], [`cost`]: model and machine descriptions with presets, MEMO's swap
 //!   fraction α and the constraint that binds it, FLOPs per op and MFU (`spec/cost-model.md`);
-//! - [`plan`]: the plan, one GPU's training step as a program over buffers on three streams;
+//! - [`plan`]: the plan, one GPU's training step as a program over buffers on four streams
+//!   (compute, d2h, h2d, collective);
 //! - [`schedule`]: builds that program for a model under one of four strategies;
 //! - [`bilevel`]: places its buffers in one arena, level 1 per layer block, level 2 for the step;
-//! - [`simulate`]: the three streams' timeline: step time, stalls;
+//! - [`simulate`]: the four streams' timeline: step time, stalls;
 //! - [`planner`]: the front door, model + machine + strategy -> a placed plan and its report;
 //! - [`check`]: independent checkers for placements and for plans, sharing no code with what they
 //!   check;

@@ -173,3 +173,51 @@ fn huge_sequences_overflow_into_errors() {
     let model = ModelConfig::new("deep", u32::MAX, 1 << 20, 1, 1 << 40, 1 << 10);
     assert!(overflow(step_flops(&model, &single, AttentionFlops::Full, 0.0).map(|f| f.hardware_flops)));
 }
+
+/// Ring times (`spec/tensor-parallel.md` section 5): an all-gather of `x` bytes per rank sends
+/// `t - 1` shares of `x`; a reduce-scatter's share is `x / t`; an all-reduce is both; nothing at
+/// `t = 1`, for non-collectives, or without a bandwidth.
+#[test]
+fn collectives_take_ring_time() {
+    use crate::model::Interconnect;
+    use crate::plan::Op;
+    let link = Interconnect { bytes_per_s: 100, latency_ns: 1_000_000_000 };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+    assert!(close(collective_time_s(Op::AllGather, 1000, 4, &link), 3.0 * (10.0 + 1.0)));
+    assert!(close(collective_time_s(Op::ReduceScatter, 4000, 4, &link), 3.0 * (10.0 + 1.0)));
+    assert!(close(collective_time_s(Op::AllReduceSumF32, 4000, 4, &link), 2.0 * 3.0 * (10.0 + 1.0)));
+    assert!(close(collective_time_s(Op::AllReduceMaxF32, 400, 2, &link), 2.0 * (2.0 + 1.0)));
+    assert_eq!(collective_time_s(Op::AllGather, 1000, 1, &link), 0.0);
+    assert_eq!(collective_time_s(Op::Linear, 1000, 4, &link), 0.0);
+    assert_eq!(collective_time_s(Op::AllGather, 1000, 4, &Interconnect::UNKNOWN), 0.0);
+}
+
+/// The paper's setting at t = 8: the collective stream's busy time is the sum of its collectives'
+/// ring times, it is part of the step (compute waits for every collective), and a faster link
+/// shortens the step by exactly the collectives' saving.
+#[test]
+fn the_paper_settings_step_includes_its_collectives() {
+    use crate::model::Interconnect;
+    use crate::plan::{Action, Strategy, Stream};
+    use crate::planner::{plan, PlanRequest};
+    let model = ModelConfig::preset("7b", 1 << 20, 1).unwrap();
+    let request =
+        PlanRequest::new(model, Parallelism::new(8, 1), Hardware::preset("a800x8").unwrap(), Strategy::FullSwap);
+    let report = plan(&request).unwrap();
+    let (plan_, timeline) = (&report.plan, &report.timeline);
+    let mut expected = 0.0;
+    for instruction in plan_.instructions.iter().filter(|i| i.stream == Stream::Collective) {
+        let Action::Launch(launch) = &instruction.action else { continue };
+        let arg = launch.args[0].region;
+        let bytes = (arg.end - arg.start) * plan_.buffers[arg.buffer.index()].row_bytes;
+        expected += collective_time_s(launch.op, bytes, 8, &plan_.provenance.interconnect);
+    }
+    let busy = timeline.stream_busy_s(plan_, Stream::Collective);
+    assert!(busy > 1.0 && (busy - expected).abs() < 1e-6 * expected, "{busy} vs {expected}");
+    let faster =
+        plan(&PlanRequest { interconnect: Interconnect { bytes_per_s: u64::MAX, latency_ns: 0 }, ..request }).unwrap();
+    let saved = report.timeline.step_time_s - faster.timeline.step_time_s;
+    let collectives_saved = busy - faster.timeline.stream_busy_s(&faster.plan, Stream::Collective);
+    // Full swap at this α hides its copies: the step is compute plus the collectives it waits for.
+    assert!((saved - collectives_saved).abs() < 1e-6 * report.timeline.step_time_s, "{saved} vs {collectives_saved}");
+}
