@@ -414,9 +414,15 @@ impl LeafState {
                 return SearchOutcome::Found(placement);
             }
         }
+        let filled = Filled::new(items, members, &self.sections, capacity);
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
         loop {
-            for rank in ranks {
+            if let Some(filled) = &filled {
+                if let Some(placement) = filled.search(capacity, limit, budget) {
+                    return SearchOutcome::Found(placement);
+                }
+            }
+            for (index, rank) in ranks.iter().enumerate() {
                 if *budget.nodes_left == 0 || budget.control.stopped() {
                     return SearchOutcome::BudgetExhausted;
                 }
@@ -427,6 +433,7 @@ impl LeafState {
                     overlaps,
                     &self.sections,
                     rank,
+                    index % 2 == 0,
                     capacity,
                     &mut run_budget,
                     budget.control,
@@ -516,6 +523,94 @@ impl LeafState {
             }
             allowance = allowance.saturating_mul(4);
         }
+    }
+}
+
+/// A component with slack at a capacity, made zero slack by *fillers*: one extra buffer per run of
+/// consecutive sections with the same slack, as tall as that slack, alive over the run. A placement
+/// of the filled component, fillers dropped, is a placement of the component; the zero-slack
+/// machinery (flat splits, the skyline search and its look-ahead) then applies. Not complete: a
+/// section whose free space ends up in two gaps (two holes at once) has no such placement, so
+/// this only ever finds placements; the canonical search keeps every proof.
+struct Filled {
+    items: Vec<Item>,
+    members: Vec<u32>,
+    /// How many of `items` are the component's own (the rest are fillers).
+    own: usize,
+    sections: Sections,
+    overlaps: Overlaps,
+    ranks: Vec<Vec<u32>>,
+}
+
+/// The most fillers, as a share of the component's buffers (1/`FILLERS_PER_BUFFER`): with more,
+/// the capacity is far from zero slack and fillers only add choices.
+const FILLERS_PER_BUFFER: usize = 4;
+
+impl Filled {
+    fn new(items: &[Item], members: &[u32], sections: &Sections, capacity: u64) -> Option<Filled> {
+        let mut filled: Vec<Item> = members.iter().map(|&m| items[m as usize]).collect();
+        let own = filled.len();
+        let slack = |k: usize| capacity.saturating_sub(sections.totals[k]);
+        let mut k = 0;
+        while k < sections.len() {
+            let run = (k..sections.len()).take_while(|&j| slack(j) == slack(k)).count();
+            if slack(k) > 0 {
+                if filled.len() - own >= own / FILLERS_PER_BUFFER + 1 {
+                    return None;
+                }
+                let (lower, upper) = sections.steps(k, run);
+                filled.push(Item { lower, upper, size: slack(k) });
+            }
+            k += run;
+        }
+        if filled.len() == own {
+            return None; // zero slack already: searched as it is
+        }
+        let all: Vec<u32> = (0..filled.len() as u32).collect();
+        let sections = Sections::new(&filled, &all);
+        let overlaps = Overlaps::build(&filled, &all, OVERLAP_PAIR_LIMIT)?;
+        let ranks = search_ranks(&filled, &all, &sections);
+        Some(Filled { items: filled, members: all, own, sections, overlaps, ranks })
+    }
+
+    /// Flat splits, then the skyline search under each tie-break order, each with `limit` nodes;
+    /// the placement of the component's own buffers if one is found.
+    fn search(&self, capacity: u64, limit: u64, budget: &mut Budget) -> Option<ComponentPlacement> {
+        let own = |placement: ComponentPlacement| {
+            let offsets: Vec<u64> = placement.offsets[..self.own].to_vec();
+            let peak = offsets.iter().zip(&self.items).map(|(o, item)| o + item.size).max().unwrap_or(0);
+            ComponentPlacement { offsets, peak }
+        };
+        let mut split_budget = limit.saturating_mul(self.ranks.len() as u64).min(*budget.nodes_left);
+        let (placement, used) = split::place(&self.items, &self.members, capacity, &mut split_budget, budget.control);
+        *budget.nodes_left -= used;
+        *budget.nodes += used;
+        if let Some(placement) = placement {
+            return Some(own(placement));
+        }
+        for (index, rank) in self.ranks.iter().enumerate() {
+            if *budget.nodes_left == 0 || budget.control.stopped() {
+                return None;
+            }
+            let mut run_budget = limit.min(*budget.nodes_left);
+            let (outcome, used) = search::search(
+                &self.items,
+                &self.members,
+                &self.overlaps,
+                &self.sections,
+                rank,
+                index % 2 == 0,
+                capacity,
+                &mut run_budget,
+                budget.control,
+            );
+            *budget.nodes_left -= used;
+            *budget.nodes += used;
+            if let SearchOutcome::Found(placement) = outcome {
+                return Some(own(placement));
+            }
+        }
+        None
     }
 }
 

@@ -62,6 +62,8 @@ struct Search<'a, 'c> {
     section_row: Vec<usize>,
     section_members: Vec<u32>,
     rank: Vec<u32>,
+    /// Zero-slack value order: flush and long buffers first (`fill_skyline`), or the rank alone.
+    guided: bool,
     overlaps: &'a Overlaps,
     /// The caller's stop callback, polled as nodes are counted.
     control: &'a mut Control<'c>,
@@ -97,6 +99,8 @@ struct Search<'a, 'c> {
     lists: Vec<Vec<u32>>,
     candidate_lists: Vec<Vec<(u64, u32, u32)>>,
     undos: Vec<Undo>,
+    /// Scratch of `valley_coverable`: which boundaries of a valley its buffers reach.
+    reach: Vec<bool>,
 }
 
 /// The most entries the failed-placement cache keeps (about 40 bytes each).
@@ -120,6 +124,7 @@ pub(crate) fn search(
     overlaps: &Overlaps,
     sections: &Sections,
     rank: &[u32],
+    guided: bool,
     capacity: u64,
     nodes_left: &mut u64,
     control: &mut Control,
@@ -164,6 +169,7 @@ pub(crate) fn search(
         section_row,
         section_members,
         rank: rank.to_vec(),
+        guided,
         overlaps,
         control,
         offset: alloc::vec![UNPLACED; n],
@@ -185,6 +191,7 @@ pub(crate) fn search(
         lists: Vec::new(),
         candidate_lists: Vec::new(),
         undos: Vec::new(),
+        reach: Vec::new(),
     };
     if state.total.iter().any(|&t| t > capacity) {
         return (SearchOutcome::Infeasible, 0);
@@ -276,16 +283,28 @@ impl Search<'_, '_> {
         let Some((_, fill, section)) = chosen else {
             return Dfs::Found;
         };
-        let mut candidates: Vec<(u32, u32)> = self
+        // Value order: a buffer whose top is flush with the floor next to it first, then longer
+        // ones, then by rank. In the tilings measured (BENCHMARKS.md), the buffer that a solution
+        // puts here was the flush one whenever there was one, and otherwise almost always the
+        // longest; the static rank alone sent restarts astray early.
+        let flush_or_long = |m: u32| {
+            let (ms, me) = self.sections_of[m as usize];
+            let top = fill + self.size[m as usize];
+            let left = (ms as usize > sections.start).then(|| self.floor[ms as usize - 1]);
+            let right = ((me as usize) < sections.end).then(|| self.floor[me as usize]);
+            (left != Some(top) && right != Some(top), u32::MAX - (me - ms))
+        };
+        let flush_or_long = |m: u32| if self.guided { flush_or_long(m) } else { (false, 0) };
+        let mut candidates: Vec<((bool, u32), u32, u32)> = self
             .members_of(section)
             .iter()
             .filter(|&&m| self.offset[m as usize] == UNPLACED && self.min_offset[m as usize] == fill)
-            .map(|&m| (self.rank[m as usize], m))
+            .map(|&m| (flush_or_long(m), self.rank[m as usize], m))
             .collect();
         candidates.sort_unstable();
         let mut undo = Undo::default();
         let mut tried: Vec<(u32, u32, u64)> = Vec::new();
-        for &(_, local) in &candidates {
+        for &(_, _, local) in &candidates {
             let shape =
                 (self.sections_of[local as usize].0, self.sections_of[local as usize].1, self.size[local as usize]);
             if tried.contains(&shape) {
@@ -373,7 +392,8 @@ impl Search<'_, '_> {
         self.place(local, offset, undo);
         let monotonic_from = last.map_or(0, |(offset, _)| offset);
         let fits = self.raised_floors_fit(undo, &sections)
-            && (monotonic_from + max_total <= self.capacity || self.sections_fit(sections.clone(), monotonic_from));
+            && (monotonic_from + max_total <= self.capacity || self.sections_fit(sections.clone(), monotonic_from))
+            && (last.is_some() || self.valleys_coverable(local, &sections));
         let outcome = if fits {
             let mut rest = self.lists.pop().unwrap_or_default();
             rest.clear();
@@ -531,6 +551,70 @@ impl Search<'_, '_> {
             let s = s as usize;
             !sections.contains(&s) || self.total[s] == 0 || self.floor[s] + self.total[s] <= self.capacity
         })
+    }
+
+    /// Zero-slack look-ahead after placing `local`: every *valley* next to or under it (a maximal
+    /// run of sections at one floor whose neighbours are higher, or the partition's edge) must be
+    /// exactly covered at that floor by unplaced buffers lying inside it. At zero slack no gap may
+    /// open, so each section of a valley gets a buffer starting at its floor; such a buffer's
+    /// sections must all be at that floor when it is placed, and floors only rise, so it cannot
+    /// reach past the valley's higher neighbours. The buffers starting at the floor therefore
+    /// tile the valley in time. Only the runs `local` touched can have changed: other runs keep
+    /// their floors, neighbours and buffers (`local` lay inside the lowest run).
+    fn valleys_coverable(&mut self, local: u32, sections: &Range<usize>) -> bool {
+        let (start, end) = self.sections_of[local as usize];
+        let (start, end) = (start as usize, end as usize);
+        let mut runs: [(usize, usize); 3] = [(0, 0); 3];
+        for (k, probe) in [start.wrapping_sub(1), start, end].into_iter().enumerate() {
+            if !sections.contains(&probe)
+                || self.total[probe] == 0
+                || runs[..k].iter().any(|r| (r.0..r.1).contains(&probe))
+            {
+                continue; // outside, filled to the capacity (a wall), or a run checked already
+            }
+            let floor = self.floor[probe];
+            let mut a = probe;
+            while a > sections.start && self.floor[a - 1] == floor {
+                a -= 1;
+            }
+            let mut b = probe + 1;
+            while b < sections.end && self.floor[b] == floor {
+                b += 1;
+            }
+            runs[k] = (a, b);
+            let lower_left = a > sections.start && self.floor[a - 1] < floor;
+            let lower_right = b < sections.end && self.floor[b] < floor;
+            if lower_left || lower_right {
+                continue; // not a valley: a buffer may yet span into the lower neighbour
+            }
+            if !self.valley_coverable(a, b) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Whether sections `[a, b)` are exactly covered in time by unplaced buffers lying inside them
+    /// (a path from boundary `a` to boundary `b` along the buffers' section ranges).
+    fn valley_coverable(&mut self, a: usize, b: usize) -> bool {
+        let mut reach = core::mem::take(&mut self.reach);
+        reach.clear();
+        reach.resize(b - a + 1, false);
+        reach[0] = true;
+        for s in a..b {
+            if !reach[s - a] {
+                continue;
+            }
+            for &m in self.members_of(s) {
+                let (ms, me) = self.sections_of[m as usize];
+                if ms as usize == s && me as usize <= b && self.offset[m as usize] == UNPLACED {
+                    reach[me as usize - a] = true;
+                }
+            }
+        }
+        let covered = reach[b - a];
+        self.reach = reach;
+        covered
     }
 
     /// The section bound over the partition's sections: the unplaced buffers of every section

@@ -614,13 +614,22 @@ impl Splitter<'_, '_> {
         let mut work = PART_SEARCH_WORK.min(self.budget.left);
         let mut limit = 4 * component.len() as u64;
         while work > 0 {
-            for rank in &ranks {
+            for (index, rank) in ranks.iter().enumerate() {
                 if work == 0 {
                     break;
                 }
                 let mut run = limit.min(work);
-                let (outcome, used) =
-                    search(&self.items, component, &overlaps, &sections, rank, height, &mut run, self.budget.control);
+                let (outcome, used) = search(
+                    &self.items,
+                    component,
+                    &overlaps,
+                    &sections,
+                    rank,
+                    index % 2 == 0,
+                    height,
+                    &mut run,
+                    self.budget.control,
+                );
                 work -= used;
                 self.budget.record(used);
                 if self.budget.control.stopped() {
