@@ -19,6 +19,7 @@ mod decompose;
 mod greedy;
 #[cfg(feature = "mip")]
 pub mod mip;
+mod repair;
 mod search;
 mod sections;
 mod split;
@@ -39,8 +40,9 @@ use sections::Sections;
 /// seconds at most. Not every hard instance is settled within it (BENCHMARKS.md has the rates).
 pub const DEFAULT_BUDGET_NODES: u64 = 2_000_000;
 
-/// Components with more buffers than this are placed by the greedy portfolio only: each search
-/// node costs time linear in the component, so larger ones would spend the budget slowly.
+/// Components with more buffers than this are placed by the greedy portfolio and the improvement
+/// search for large components (`repair`): each search node costs time linear in the component,
+/// so larger ones would spend the budget slowly.
 pub const EXACT_SEARCH_MAX_BUFFERS: usize = 600;
 
 /// Components whose overlap graph would have more pairs than this use only the start-order greedy,
@@ -121,7 +123,8 @@ pub struct SolveStats {
     /// found by then).
     pub stopped: bool,
     /// Components above the lower bound that were too large for the exact search
-    /// (`EXACT_SEARCH_MAX_BUFFERS`, `OVERLAP_PAIR_LIMIT`): they keep their greedy placement.
+    /// (`EXACT_SEARCH_MAX_BUFFERS`, `OVERLAP_PAIR_LIMIT`): the improvement search for large
+    /// components (`repair`) lowers their greedy placement instead, without proofs.
     pub unsearched_components: u32,
 }
 
@@ -465,6 +468,15 @@ impl LeafState {
         budget: &mut Budget,
     ) -> Improvement {
         let Some(overlaps) = self.overlaps.as_ref().filter(|_| members.len() <= EXACT_SEARCH_MAX_BUFFERS) else {
+            // Too large for the exact search: window repairs lower the greedy peak instead.
+            let peak = self.best.peak;
+            let spent = repair::repair(items, members, &mut self.best, goal, budget.nodes_left, budget.control);
+            *budget.nodes += spent;
+            if self.best.peak < peak {
+                let shown = budget.shown;
+                budget.control.progress.peak =
+                    shown.others.max(self.base + self.best.peak).min(shown.whole) * shown.alignment;
+            }
             return Improvement::TooLarge;
         };
         let ranks = search_ranks(items, members, &self.sections);
@@ -544,7 +556,7 @@ struct Filled {
 
 /// The most fillers, as a share of the component's buffers (1/`FILLERS_PER_BUFFER`): with more,
 /// the capacity is far from zero slack and fillers only add choices.
-const FILLERS_PER_BUFFER: usize = 4;
+pub const FILLERS_PER_BUFFER: usize = 4;
 
 impl Filled {
     fn new(items: &[Item], members: &[u32], sections: &Sections, capacity: u64) -> Option<Filled> {
