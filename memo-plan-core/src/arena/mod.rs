@@ -538,12 +538,12 @@ impl LeafState {
     }
 }
 
-/// A component with slack at a capacity, made zero slack by *fillers*: one extra buffer per run of
-/// consecutive sections with the same slack, as tall as that slack, alive over the run. A placement
+/// A component with slack at a capacity, made zero slack by *fillers*: extra buffers whose live
+/// totals make up each section's slack exactly (the slack profile cut into intervals, see `new`). A placement
 /// of the filled component, fillers dropped, is a placement of the component; the zero-slack
-/// machinery (flat splits, the skyline search and its look-ahead) then applies. Not complete: a
-/// section whose free space ends up in two gaps (two holes at once) has no such placement, so
-/// this only ever finds placements; the canonical search keeps every proof.
+/// machinery (flat splits, the skyline search and its look-ahead) then applies. Not complete:
+/// where the free space of a placement is not shaped like the fillers there is no such placement,
+/// so this only ever finds placements; the canonical search keeps every proof.
 struct Filled {
     items: Vec<Item>,
     members: Vec<u32>,
@@ -562,18 +562,40 @@ impl Filled {
     fn new(items: &[Item], members: &[u32], sections: &Sections, capacity: u64) -> Option<Filled> {
         let mut filled: Vec<Item> = members.iter().map(|&m| items[m as usize]).collect();
         let own = filled.len();
-        let slack = |k: usize| capacity.saturating_sub(sections.totals[k]);
-        let mut k = 0;
-        while k < sections.len() {
-            let run = (k..sections.len()).take_while(|&j| slack(j) == slack(k)).count();
-            if slack(k) > 0 {
-                if filled.len() - own >= own / FILLERS_PER_BUFFER + 1 {
-                    return None;
-                }
-                let (lower, upper) = sections.steps(k, run);
-                filled.push(Item { lower, upper, size: slack(k) });
+        let slack = |k: usize| capacity.saturating_sub(sections.totals.get(k).copied().unwrap_or(capacity));
+        // The slack profile as intervals: where the slack rises, fillers open (the rise as one);
+        // where it falls, the open filler of exactly that height closes if there is one (a hole
+        // that ends here), else the latest ones close, the last in part. Holes of distinct heights
+        // are recovered exactly, even where they overlap in time (one gap each).
+        let mut open: Vec<(usize, u64)> = Vec::new(); // (first section, height)
+        let fillers_most = own / FILLERS_PER_BUFFER + 1;
+        for k in 0..=sections.len() {
+            let (before, now) = (if k == 0 { 0 } else { slack(k - 1) }, slack(k));
+            if now > before {
+                open.push((k, now - before));
             }
-            k += run;
+            let mut closing = before.saturating_sub(now);
+            if closing > 0 {
+                if let Some(exact) = open.iter().rposition(|&(_, height)| height == closing) {
+                    let (first, height) = open.remove(exact);
+                    let (lower, upper) = sections.steps(first, k - first);
+                    filled.push(Item { lower, upper, size: height });
+                    closing = 0;
+                }
+            }
+            while closing > 0 {
+                let Some((first, height)) = open.pop() else { break };
+                let part = height.min(closing);
+                let (lower, upper) = sections.steps(first, k - first);
+                filled.push(Item { lower, upper, size: part });
+                if part < height {
+                    open.push((first, height - part));
+                }
+                closing -= part;
+            }
+            if filled.len() - own > fillers_most {
+                return None;
+            }
         }
         if filled.len() == own {
             return None; // zero slack already: searched as it is
