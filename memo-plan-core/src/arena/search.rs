@@ -101,7 +101,13 @@ struct Search<'a, 'c> {
     undos: Vec<Undo>,
     /// Scratch of `valley_coverable`: which boundaries of a valley its buffers reach.
     reach: Vec<bool>,
+    /// The buffer placed last in each section (`NONE`: none): in zero-slack mode, the one whose
+    /// top is the section's floor. Kept for the first section of each placed range only (enough
+    /// to tell what lies directly under a buffer about to be placed over the same range).
+    top_piece: Vec<u32>,
 }
+
+const NONE: u32 = u32::MAX;
 
 /// The most entries the failed-placement cache keeps (about 40 bytes each).
 const FAILED_CACHE_LIMIT: usize = 1 << 20;
@@ -111,6 +117,8 @@ const FAILED_CACHE_LIMIT: usize = 1 << 20;
 struct Undo {
     offsets: Vec<(u32, u64)>,
     floors: Vec<(u32, u64)>,
+    /// The first section's previous `top_piece` (the placed buffer's range is one run of them).
+    top_piece: u32,
 }
 
 /// Searches for a placement of `members` with peak at most `capacity` (units), spending at most
@@ -192,6 +200,7 @@ pub(crate) fn search(
         candidate_lists: Vec::new(),
         undos: Vec::new(),
         reach: Vec::new(),
+        top_piece: alloc::vec![NONE; section_count],
     };
     if state.total.iter().any(|&t| t > capacity) {
         return (SearchOutcome::Infeasible, 0);
@@ -312,6 +321,19 @@ impl Search<'_, '_> {
             }
             tried.push(shape);
             if fill + self.size[local as usize] > self.capacity {
+                continue;
+            }
+            // Stacks over one range: a buffer directly on another over the same sections (the
+            // one last placed in its first section, whose top is this floor) can swap places
+            // with it, so only one order is searched: the larger below. Sorting every such
+            // stack so turns any placement into one this allows; equal sizes are identical
+            // shapes, left to the rule above.
+            let below = self.top_piece[shape.0 as usize];
+            if below != NONE
+                && self.sections_of[below as usize] == (shape.0, shape.1)
+                && self.size[below as usize] < shape.2
+                && self.offset[below as usize] + self.size[below as usize] == fill
+            {
                 continue;
             }
             match self.branch(local, fill, unplaced, sections.clone(), None, 0, &mut undo) {
@@ -467,6 +489,8 @@ impl Search<'_, '_> {
         self.solution[l] = offset;
         self.state_key ^= self.keys[l];
         let (start, stop) = self.sections_of[l];
+        undo.top_piece = self.top_piece[start as usize];
+        self.top_piece[start as usize] = local;
         for s in start as usize..stop as usize {
             undo.floors.push((s as u32, self.floor[s]));
             self.set_floor(s, end);
@@ -528,6 +552,7 @@ impl Search<'_, '_> {
         self.state_key ^= self.keys[l];
         self.offset[l] = UNPLACED;
         let (start, stop) = self.sections_of[l];
+        self.top_piece[start as usize] = undo.top_piece;
         for s in start as usize..stop as usize {
             self.total[s] += self.size[l];
         }

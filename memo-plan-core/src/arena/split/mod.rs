@@ -614,7 +614,7 @@ impl Splitter<'_, '_> {
         let mut work = PART_SEARCH_WORK.min(self.budget.left);
         let mut limit = 4 * component.len() as u64;
         while work > 0 {
-            for (index, rank) in ranks.iter().enumerate() {
+            for rank in &ranks {
                 if work == 0 {
                     break;
                 }
@@ -625,7 +625,9 @@ impl Splitter<'_, '_> {
                     &overlaps,
                     &sections,
                     rank,
-                    index % 2 == 0,
+                    // The rank alone: the guided value order (`search`) settled fewer 500-buffer
+                    // pinwheels when the parts' searches used it too (BENCHMARKS.md).
+                    false,
                     height,
                     &mut run,
                     self.budget.control,
