@@ -268,7 +268,8 @@ impl Search<'_, '_> {
         // The sections with the lowest floor: whatever fills one of them at that floor has every
         // buffer below it placed already, so it can be placed now, at its minimum offset, which
         // must equal the floor. Branch on the lowest section with the fewest such buffers (fail
-        // first); if one has none, the partition cannot be completed.
+        // first; stacks out of order not counted); if one has none, the partition cannot be
+        // completed.
         let Some(lowest) = sections.clone().filter(|&s| self.total[s] > 0).map(|s| self.floor[s]).min() else {
             return Dfs::Found;
         };
@@ -280,7 +281,11 @@ impl Search<'_, '_> {
             let count = self
                 .members_of(section)
                 .iter()
-                .filter(|&&m| self.offset[m as usize] == UNPLACED && self.min_offset[m as usize] == lowest)
+                .filter(|&&m| {
+                    self.offset[m as usize] == UNPLACED
+                        && self.min_offset[m as usize] == lowest
+                        && !self.stacked_out_of_order(m, lowest)
+                })
                 .count();
             if count == 0 {
                 return Dfs::Infeasible;
@@ -328,12 +333,7 @@ impl Search<'_, '_> {
             // with it, so only one order is searched: the larger below. Sorting every such
             // stack so turns any placement into one this allows; equal sizes are identical
             // shapes, left to the rule above.
-            let below = self.top_piece[shape.0 as usize];
-            if below != NONE
-                && self.sections_of[below as usize] == (shape.0, shape.1)
-                && self.size[below as usize] < shape.2
-                && self.offset[below as usize] + self.size[below as usize] == fill
-            {
+            if self.stacked_out_of_order(local, fill) {
                 continue;
             }
             match self.branch(local, fill, unplaced, sections.clone(), None, 0, &mut undo) {
@@ -342,6 +342,17 @@ impl Search<'_, '_> {
             }
         }
         Dfs::Infeasible
+    }
+
+    /// Whether placing `local` at `fill` would put it directly on a smaller buffer over exactly
+    /// the same sections (the stack order `fill_skyline` does not search).
+    fn stacked_out_of_order(&self, local: u32, fill: u64) -> bool {
+        let range = self.sections_of[local as usize];
+        let below = self.top_piece[range.0 as usize];
+        below != NONE
+            && self.sections_of[below as usize] == range
+            && self.size[below as usize] < self.size[local as usize]
+            && self.offset[below as usize] + self.size[below as usize] == fill
     }
 
     /// Searches the partition made of the `unplaced` buffers over `sections`, continuing a
