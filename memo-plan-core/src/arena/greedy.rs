@@ -376,6 +376,31 @@ fn sweep_forward(
     let mut gaps: BTreeSet<(u64, u64)> = BTreeSet::new();
     let mut gaps_by_offset: BTreeMap<u64, u64> = BTreeMap::new();
     let mut ending: BinaryHeap<Reverse<(u32, u64)>> = BinaryHeap::new();
+    if let Some((kept, from)) = keep {
+        // The kept buffers at their offsets; those alive at `from` make the live state the sweep
+        // starts from (their ranges, the gaps between them from 0 up, their ends).
+        let mut live: Vec<(u64, u64, u32)> = Vec::new();
+        for &local in order.iter().take_while(|&&l| items[members[l as usize] as usize].lower < from) {
+            let item = &items[members[local as usize] as usize];
+            let offset = kept[local as usize];
+            offsets[local as usize] = offset;
+            peak = peak.max(offset + item.size);
+            if item.upper > from {
+                live.push((offset, offset + item.size, item.upper));
+            }
+        }
+        live.sort_unstable();
+        let mut cursor = 0;
+        for &(offset, end, upper) in &live {
+            if offset > cursor {
+                gaps.insert((offset - cursor, cursor));
+                gaps_by_offset.insert(cursor, offset - cursor);
+            }
+            cursor = cursor.max(end);
+            ranges.insert(offset, end);
+            ending.push(Reverse((upper, offset)));
+        }
+    }
     for &local in &order {
         let item = &items[members[local as usize] as usize];
         while let Some(&Reverse((upper, offset))) = ending.peek() {
@@ -400,33 +425,8 @@ fn sweep_forward(
             }
         }
         let top = ranges.iter().next_back().map_or(0, |(_, &e)| e);
-        if let Some((kept, _)) = keep.filter(|&(_, from)| item.lower < from) {
-            // A kept buffer: at its own offset, in the gap holding it or above the top (the kept
-            // placement is valid, so it overlaps no live range).
-            let offset = kept[local as usize];
-            if offset >= top {
-                if offset > top {
-                    gaps.insert((offset - top, top));
-                    gaps_by_offset.insert(top, offset - top);
-                }
-            } else if let Some((&start, &size)) = gaps_by_offset.range(..=offset).next_back() {
-                gaps.remove(&(size, start));
-                gaps_by_offset.remove(&start);
-                if offset > start {
-                    gaps.insert((offset - start, start));
-                    gaps_by_offset.insert(start, offset - start);
-                }
-                let (end, gap_end) = (offset + item.size, start + size);
-                if gap_end > end {
-                    gaps.insert((gap_end - end, end));
-                    gaps_by_offset.insert(end, gap_end - end);
-                }
-            }
-            offsets[local as usize] = offset;
-            peak = peak.max(offset + item.size);
-            ranges.insert(offset, offset + item.size);
-            ending.push(Reverse((item.upper, offset)));
-            continue;
+        if keep.is_some_and(|(_, from)| item.lower < from) {
+            continue; // kept, and in the live state already
         }
         let chosen = match fit {
             Fit::Best => match noise.as_deref_mut().filter(|_| item.lower <= noise_until) {
