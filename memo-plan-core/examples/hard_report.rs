@@ -8,7 +8,8 @@
 //! 10 s; MEMO_GRAPHS=N and MEMO_PIPELINED=N take the first N sizes of operator graphs and of
 //! pipelined graphs); `... -- csv BLOCKS OPS SEED [MICRO STAGGER]` writes an operator graph (or a
 //! pipelined graph of MICRO micro-batches) as a CSV trace; `... -- one KIND N SEED [SECONDS]` one packing instance (KIND: guillotine, pinwheel,
-//! holes), with the progress the solver reports.
+//! holes), with the progress the solver reports; `... -- trace PATH CAPACITY [SECONDS]` the time an
+//! `id,lower,upper,size` CSV takes to be placed under a capacity.
 
 use memo_plan_core::arena::{solve_with, Progress};
 use memo_plan_core::check::check_placement;
@@ -93,6 +94,39 @@ fn main() {
         for b in buffers {
             println!("{},{},{},{}", b.id, b.lower, b.upper, b.size);
         }
+        return;
+    }
+    if part == "trace" {
+        // `trace PATH CAPACITY [SECONDS]`: an `id,lower,upper,size` CSV solved at a capacity,
+        // stopped as soon as a placement under it is found: the time to reach the capacity.
+        let path = args.get(1).map(String::as_str).unwrap_or("-");
+        let capacity: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(HEIGHT);
+        let text = std::fs::read_to_string(path).expect("readable trace");
+        let buffers: Vec<BufferLifetime> = text
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let f: Vec<u64> = line.split(',').map(|x| x.trim().parse().ok()).collect::<Option<_>>()?;
+                Some(BufferLifetime { id: f[0], lower: f[1] as u32, upper: f[2] as u32, size: f[3] })
+            })
+            .collect();
+        let limit = Duration::from_secs_f64(seconds(3, 10.0));
+        let options = SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: u64::MAX };
+        let start = Instant::now();
+        let mut nodes = 0;
+        let result = solve_with(&buffers, &options, &mut |p: &Progress| {
+            nodes = p.nodes;
+            (p.peak != 0 && p.peak <= capacity) || start.elapsed() >= limit
+        });
+        let secs = start.elapsed().as_secs_f64();
+        let verdict = match result {
+            Ok(s) => {
+                check_placement(&buffers, &s.offsets, 1, s.peak, Some(capacity)).expect("the checker accepts it");
+                format!("placed, peak {}", s.peak)
+            }
+            Err(e) => format!("{e}"),
+        };
+        println!("{path}: {} buffers: {verdict}, {secs:.3} s, {nodes} nodes", buffers.len());
         return;
     }
     if part == "one" {
