@@ -35,7 +35,7 @@ pub(crate) fn repair(
 ) -> u64 {
     let n = members.len();
     let item = |l: usize| &items[members[l] as usize];
-    let mut rng = SplitMix64::new(0x7377_6565_70);
+    let mut rng = SplitMix64::new(0x0073_7765_6570);
     let cost = n as u64;
     let mut spent = 0;
     let at_peak = |p: &ComponentPlacement| (0..n).filter(|&l| p.offsets[l] + item(l).size == p.peak).count();
