@@ -69,7 +69,7 @@ impl Style {
     /// The style of restart `index` of a leaf's search: guided every other one, rightmost every
     /// other pair.
     pub(crate) fn of_restart(index: usize) -> Style {
-        Style { guided: index % 2 == 0, rightmost: index % 4 >= 2 }
+        Style { guided: index.is_multiple_of(2), rightmost: index % 4 >= 2 }
     }
 }
 
