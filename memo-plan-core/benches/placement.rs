@@ -3,7 +3,9 @@
 //! instance, outside the timed loop; `examples/placement_report.rs` prints the full table.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use memo_plan_core::generate::{known_optimum, operator_graph, training_step, GraphShape, StepShape};
+use memo_plan_core::generate::{
+    known_optimum, operator_graph, pipelined_graph, training_step, GraphShape, PipelineShape, StepShape,
+};
 use memo_plan_core::{solve, SolveOptions};
 use std::hint::black_box;
 
@@ -81,5 +83,20 @@ fn operator_graphs(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, known_optimum_300, known_optimum_500, training_steps, operator_graphs);
+/// The 20k-buffer pipelined graph of BENCHMARKS.md's issue-19 section (seed 0), default options:
+/// the large-neighbourhood search spends the default node budget on it (about 100 rounds).
+fn pipelined_graphs(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pipelined_graph");
+    group.sample_size(10);
+    let graph = GraphShape { blocks: 4, ops_per_block: 100, activation_bytes: 1 << 28 };
+    let buffers = pipelined_graph(0, PipelineShape { graph, micro_batches: 16, stagger: 10 });
+    let s = solve(&buffers, &SolveOptions::default()).expect("solvable");
+    eprintln!("pipelined_graph {} buffers: peak/lb {:.5}", buffers.len(), s.peak as f64 / s.lower_bound as f64);
+    group.bench_with_input(BenchmarkId::from_parameter(buffers.len()), &buffers, |b, buffers| {
+        b.iter(|| solve(black_box(buffers), &SolveOptions::default()).expect("solvable"))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, known_optimum_300, known_optimum_500, training_steps, operator_graphs, pipelined_graphs);
 criterion_main!(benches);

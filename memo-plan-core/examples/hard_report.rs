@@ -5,12 +5,17 @@
 //!
 //! `cargo run --release -p memo-plan-core --example hard_report` prints every table;
 //! `... -- packings [SECONDS]` or `... -- graphs [SECONDS]` one part (limits default to 1 s and
-//! 10 s); `... -- csv BLOCKS OPS SEED` writes an operator graph as a CSV trace; `... -- one KIND N SEED [SECONDS]` one packing instance (KIND: guillotine, pinwheel,
-//! holes), with the progress the solver reports.
+//! 10 s; MEMO_GRAPHS=N and MEMO_PIPELINED=N take the first N sizes of operator graphs and of
+//! pipelined graphs); `... -- csv BLOCKS OPS SEED [MICRO STAGGER]` writes an operator graph (or a
+//! pipelined graph of MICRO micro-batches) as a CSV trace; `... -- one KIND N SEED [SECONDS]` one packing instance (KIND: guillotine, pinwheel,
+//! holes), with the progress the solver reports; `... -- trace PATH CAPACITY [SECONDS]` the time an
+//! `id,lower,upper,size` CSV takes to be placed under a capacity.
 
 use memo_plan_core::arena::{solve_with, Progress};
 use memo_plan_core::check::check_placement;
-use memo_plan_core::generate::{known_optimum, non_guillotine, operator_graph, with_holes, GraphShape};
+use memo_plan_core::generate::{
+    known_optimum, non_guillotine, operator_graph, pipelined_graph, with_holes, GraphShape, PipelineShape,
+};
 use memo_plan_core::{lower_bound, BufferLifetime, SolveError, SolveOptions};
 use std::time::{Duration, Instant};
 
@@ -72,14 +77,56 @@ fn main() {
     let part = args.first().map(String::as_str).unwrap_or("all");
     let seconds = |i: usize, default: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
     if part == "csv" {
-        // `csv BLOCKS OPS SEED`: an operator graph as a DSA CSV trace on stdout (for `memo solve`).
+        // `csv BLOCKS OPS SEED [MICRO STAGGER]`: an operator graph (with MICRO: a pipelined graph of
+        // MICRO micro-batches) as a DSA CSV trace on stdout (for `memo solve`).
         let arg = |i: usize, default: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
         let shape =
             GraphShape { blocks: arg(1, 64) as u32, ops_per_block: arg(2, 470) as u32, activation_bytes: 1 << 28 };
+        let buffers = if args.len() > 4 {
+            pipelined_graph(
+                arg(3, 0),
+                PipelineShape { graph: shape, micro_batches: arg(4, 16) as u32, stagger: arg(5, 10) as u32 },
+            )
+        } else {
+            operator_graph(arg(3, 0), shape)
+        };
         println!("id,lower,upper,size");
-        for b in operator_graph(arg(3, 0), shape) {
+        for b in buffers {
             println!("{},{},{},{}", b.id, b.lower, b.upper, b.size);
         }
+        return;
+    }
+    if part == "trace" {
+        // `trace PATH CAPACITY [SECONDS]`: an `id,lower,upper,size` CSV solved at a capacity,
+        // stopped as soon as a placement under it is found: the time to reach the capacity.
+        let path = args.get(1).map(String::as_str).unwrap_or("-");
+        let capacity: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(HEIGHT);
+        let text = std::fs::read_to_string(path).expect("readable trace");
+        let buffers: Vec<BufferLifetime> = text
+            .lines()
+            .skip(1)
+            .filter_map(|line| {
+                let f: Vec<u64> = line.split(',').map(|x| x.trim().parse().ok()).collect::<Option<_>>()?;
+                Some(BufferLifetime { id: f[0], lower: f[1] as u32, upper: f[2] as u32, size: f[3] })
+            })
+            .collect();
+        let limit = Duration::from_secs_f64(seconds(3, 10.0));
+        let options = SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: u64::MAX };
+        let start = Instant::now();
+        let mut nodes = 0;
+        let result = solve_with(&buffers, &options, &mut |p: &Progress| {
+            nodes = p.nodes;
+            (p.peak != 0 && p.peak <= capacity) || start.elapsed() >= limit
+        });
+        let secs = start.elapsed().as_secs_f64();
+        let verdict = match result {
+            Ok(s) => {
+                check_placement(&buffers, &s.offsets, 1, s.peak, Some(capacity)).expect("the checker accepts it");
+                format!("placed, peak {}", s.peak)
+            }
+            Err(e) => format!("{e}"),
+        };
+        println!("{path}: {} buffers: {verdict}, {secs:.3} s, {nodes} nodes", buffers.len());
         return;
     }
     if part == "one" {
@@ -133,16 +180,29 @@ fn main() {
         println!("|---|---|---|---|---|---|");
         // MEMO_GRAPHS=N: only the first N sizes (1: the 20k graphs).
         let sizes: usize = std::env::var("MEMO_GRAPHS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
-        for (blocks, ops) in [(24u32, 250u32), (48, 320), (64, 470)].into_iter().take(sizes) {
+        // Operator graphs, then pipelined graphs (16 micro-batches; the stagger is a tenth of a
+        // micro-batch's blocks x ops), each at about 20k, 50k and 100k buffers.
+        let shapes = [(24u32, 250u32, 0u32), (48, 320, 0), (64, 470, 0), (4, 100, 16), (4, 250, 16), (8, 250, 16)];
+        let pipelined: usize = std::env::var("MEMO_PIPELINED").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+        let chosen = shapes[..3].iter().take(sizes).chain(shapes[3..].iter().take(pipelined));
+        for &(blocks, ops, micro) in chosen {
             for seed in 0..2u64 {
                 let shape = GraphShape { blocks, ops_per_block: ops, activation_bytes: 1 << 28 };
-                let buffers = operator_graph(seed, shape);
+                let buffers = if micro == 0 {
+                    operator_graph(seed, shape)
+                } else {
+                    pipelined_graph(
+                        seed,
+                        PipelineShape { graph: shape, micro_batches: micro, stagger: blocks * ops / 40 },
+                    )
+                };
                 let (outcome, secs, _) = timed(&buffers, None, limit, false);
                 let Outcome::Placed { peak, lower_bound: lb, greedy, optimal } = outcome else { unreachable!() };
                 assert_eq!(lb, lower_bound(&buffers, 1));
                 let gap = |p: u64| (p - lb) as f64 * 100.0 / lb as f64;
                 println!(
-                    "| {blocks}x{ops} seed {seed} | {} | +{:.3}% | +{:.3}% | {optimal} | {secs:.2} |",
+                    "| {blocks}x{ops}{} seed {seed} | {} | +{:.3}% | +{:.3}% | {optimal} | {secs:.2} |",
+                    if micro == 0 { String::new() } else { format!(" x{micro} pipelined") },
                     buffers.len(),
                     gap(greedy),
                     gap(peak)

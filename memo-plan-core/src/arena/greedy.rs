@@ -17,6 +17,7 @@ use alloc::vec::Vec;
 use super::control::Control;
 use super::sections::Sections;
 use super::Item;
+use crate::generate::SplitMix64;
 
 /// The overlap graph of a component, in compressed rows over local indices (positions in the
 /// component's member list).
@@ -266,7 +267,7 @@ pub(crate) fn in_order(
 
 /// The offset for a buffer of `size` among the `taken` ranges (sorted by start): the gap `fit`
 /// chooses, or the top of the highest range when no gap fits.
-fn choose_gap(taken: &[(u64, u64)], size: u64, fit: Fit) -> u64 {
+pub(crate) fn choose_gap(taken: &[(u64, u64)], size: u64, fit: Fit) -> u64 {
     let mut cursor = 0u64;
     let mut chosen: Option<(u64, u64)> = None; // (gap size, offset)
     for &(start, end) in taken {
@@ -301,8 +302,21 @@ pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
 /// The start-order sweep of [`by_start`] with a choice of fit, or over reversed time (buffers by
 /// end, latest first: a placement valid backwards in time is valid forwards).
 fn sweep(items: &[Item], members: &[u32], reversed: bool, fit: Fit) -> ComponentPlacement {
+    sweep_with(items, members, reversed, fit, None)
+}
+
+/// [`sweep`], with `noise`: each best-fit choice passes over the tightest fitting gap for the next
+/// one with probability 1/8 (repeatedly), so every run differs a little (`repair`'s restarts; 1/4
+/// and 1/16 did as well on the pipelined graphs, 1/2 found nothing better than the plain sweep).
+pub(crate) fn sweep_with(
+    items: &[Item],
+    members: &[u32],
+    reversed: bool,
+    fit: Fit,
+    noise: Option<&mut SplitMix64>,
+) -> ComponentPlacement {
     if !reversed {
-        return sweep_forward(items, members, fit);
+        return sweep_forward(items, members, fit, noise, None, u32::MAX);
     }
     // Time t becomes u32::MAX - t: lifetimes [lower, upper) become [MAX - upper, MAX - lower).
     let mirrored: Vec<Item> = members
@@ -313,7 +327,21 @@ fn sweep(items: &[Item], members: &[u32], reversed: bool, fit: Fit) -> Component
         })
         .collect();
     let identity: Vec<u32> = (0..members.len() as u32).collect();
-    sweep_forward(&mirrored, &identity, fit)
+    sweep_forward(&mirrored, &identity, fit, noise, None, u32::MAX)
+}
+
+/// The forward best-fit sweep with `noise` (as [`sweep_with`]) that keeps the offsets `kept` (a
+/// valid placement of `members`) of every buffer starting before step `from`; the noise only
+/// touches the buffers starting up to step `noise_until` (the later ones get the plain best fit).
+pub(crate) fn sweep_from(
+    items: &[Item],
+    members: &[u32],
+    noise: &mut SplitMix64,
+    kept: &[u64],
+    from: u32,
+    noise_until: u32,
+) -> ComponentPlacement {
+    sweep_forward(items, members, Fit::Best, Some(noise), Some((kept, from)), noise_until)
 }
 
 /// The members' positions by start step, larger first among equal starts, then by position (a
@@ -327,7 +355,16 @@ fn start_order(items: &[Item], members: &[u32]) -> Vec<u32> {
     order
 }
 
-fn sweep_forward(items: &[Item], members: &[u32], fit: Fit) -> ComponentPlacement {
+/// The forward sweep; with `keep` = (offsets, step), the buffers starting before that step keep
+/// the given offsets (a valid placement's) and only the later ones are placed by the sweep.
+fn sweep_forward(
+    items: &[Item],
+    members: &[u32],
+    fit: Fit,
+    mut noise: Option<&mut SplitMix64>,
+    keep: Option<(&[u64], u32)>,
+    noise_until: u32,
+) -> ComponentPlacement {
     use alloc::collections::{BTreeSet, BinaryHeap};
     use core::cmp::Reverse;
     let order = start_order(items, members);
@@ -339,6 +376,31 @@ fn sweep_forward(items: &[Item], members: &[u32], fit: Fit) -> ComponentPlacemen
     let mut gaps: BTreeSet<(u64, u64)> = BTreeSet::new();
     let mut gaps_by_offset: BTreeMap<u64, u64> = BTreeMap::new();
     let mut ending: BinaryHeap<Reverse<(u32, u64)>> = BinaryHeap::new();
+    if let Some((kept, from)) = keep {
+        // The kept buffers at their offsets; those alive at `from` make the live state the sweep
+        // starts from (their ranges, the gaps between them from 0 up, their ends).
+        let mut live: Vec<(u64, u64, u32)> = Vec::new();
+        for &local in order.iter().take_while(|&&l| items[members[l as usize] as usize].lower < from) {
+            let item = &items[members[local as usize] as usize];
+            let offset = kept[local as usize];
+            offsets[local as usize] = offset;
+            peak = peak.max(offset + item.size);
+            if item.upper > from {
+                live.push((offset, offset + item.size, item.upper));
+            }
+        }
+        live.sort_unstable();
+        let mut cursor = 0;
+        for &(offset, end, upper) in &live {
+            if offset > cursor {
+                gaps.insert((offset - cursor, cursor));
+                gaps_by_offset.insert(cursor, offset - cursor);
+            }
+            cursor = cursor.max(end);
+            ranges.insert(offset, end);
+            ending.push(Reverse((upper, offset)));
+        }
+    }
     for &local in &order {
         let item = &items[members[local as usize] as usize];
         while let Some(&Reverse((upper, offset))) = ending.peek() {
@@ -363,8 +425,24 @@ fn sweep_forward(items: &[Item], members: &[u32], fit: Fit) -> ComponentPlacemen
             }
         }
         let top = ranges.iter().next_back().map_or(0, |(_, &e)| e);
+        if keep.is_some_and(|(_, from)| item.lower < from) {
+            continue; // kept, and in the live state already
+        }
         let chosen = match fit {
-            Fit::Best => gaps.range((item.size, 0)..).next().copied(),
+            Fit::Best => match noise.as_deref_mut().filter(|_| item.lower <= noise_until) {
+                None => gaps.range((item.size, 0)..).next().copied(),
+                Some(rng) => {
+                    let mut fitting = gaps.range((item.size, 0)..);
+                    let mut chosen = fitting.next().copied();
+                    while chosen.is_some() && rng.below(8) == 0 {
+                        match fitting.next() {
+                            Some(&next) => chosen = Some(next),
+                            None => break,
+                        }
+                    }
+                    chosen
+                }
+            },
             // A scan over the gaps by offset: fine for the sweeps' few gaps, and never needs a graph.
             Fit::First => gaps_by_offset.iter().find(|&(_, &size)| size >= item.size).map(|(&o, &size)| (size, o)),
         };
@@ -450,6 +528,39 @@ mod tests {
                     .collect();
                 crate::check::check_placement(&buffers, &reversed.offsets, 1, reversed.peak, None).unwrap();
             }
+        }
+    }
+
+    #[test]
+    fn sweep_from_keeps_the_earlier_buffers_and_stays_valid() {
+        let mut rng = crate::generate::SplitMix64::new(5);
+        for case in 0..60u64 {
+            let count = 2 + (case % 70) as usize;
+            let items: Vec<Item> = (0..count)
+                .map(|_| {
+                    let lower = rng.below(50) as u32;
+                    Item { lower, upper: lower + 1 + rng.below(20) as u32, size: 1 + rng.below(100) }
+                })
+                .collect();
+            let members: Vec<u32> = (0..count as u32).collect();
+            let buffers: Vec<crate::lifetime::BufferLifetime> = items
+                .iter()
+                .map(|i| crate::lifetime::BufferLifetime { id: 0, lower: i.lower, upper: i.upper, size: i.size })
+                .collect();
+            // Kept: a valid placement that is not the sweep's own (time reversed).
+            let kept = sweep(&items, &members, true, Fit::First);
+            let from = rng.below(60) as u32;
+            let until = rng.below(60) as u32;
+            let placed = sweep_from(&items, &members, &mut rng, &kept.offsets, from, until);
+            crate::check::check_placement(&buffers, &placed.offsets, 1, placed.peak, None).unwrap();
+            for (l, item) in items.iter().enumerate() {
+                if item.lower < from {
+                    assert_eq!(placed.offsets[l], kept.offsets[l], "case {case}: kept buffer {l} moved");
+                }
+            }
+            // Kept from the end of time on: the kept placement itself.
+            let all = sweep_from(&items, &members, &mut rng, &kept.offsets, u32::MAX, 0);
+            assert_eq!(all.offsets, kept.offsets);
         }
     }
 

@@ -19,6 +19,7 @@ mod decompose;
 mod greedy;
 #[cfg(feature = "mip")]
 pub mod mip;
+mod repair;
 mod search;
 mod sections;
 mod split;
@@ -39,8 +40,9 @@ use sections::Sections;
 /// seconds at most. Not every hard instance is settled within it (BENCHMARKS.md has the rates).
 pub const DEFAULT_BUDGET_NODES: u64 = 2_000_000;
 
-/// Components with more buffers than this are placed by the greedy portfolio only: each search
-/// node costs time linear in the component, so larger ones would spend the budget slowly.
+/// Components with more buffers than this are placed by the greedy portfolio and the improvement
+/// search for large components (`repair`): each search node costs time linear in the component,
+/// so larger ones would spend the budget slowly.
 pub const EXACT_SEARCH_MAX_BUFFERS: usize = 600;
 
 /// Components whose overlap graph would have more pairs than this use only the start-order greedy,
@@ -121,7 +123,8 @@ pub struct SolveStats {
     /// found by then).
     pub stopped: bool,
     /// Components above the lower bound that were too large for the exact search
-    /// (`EXACT_SEARCH_MAX_BUFFERS`, `OVERLAP_PAIR_LIMIT`): they keep their greedy placement.
+    /// (`EXACT_SEARCH_MAX_BUFFERS`, `OVERLAP_PAIR_LIMIT`): the improvement search for large
+    /// components (`repair`) lowers their greedy placement instead, without proofs.
     pub unsearched_components: u32,
 }
 
@@ -414,9 +417,15 @@ impl LeafState {
                 return SearchOutcome::Found(placement);
             }
         }
+        let filled = Filled::new(items, members, &self.sections, capacity);
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
         loop {
-            for rank in ranks {
+            if let Some(filled) = &filled {
+                if let Some(placement) = filled.search(capacity, limit, budget) {
+                    return SearchOutcome::Found(placement);
+                }
+            }
+            for (index, rank) in ranks.iter().enumerate() {
                 if *budget.nodes_left == 0 || budget.control.stopped() {
                     return SearchOutcome::BudgetExhausted;
                 }
@@ -427,6 +436,7 @@ impl LeafState {
                     overlaps,
                     &self.sections,
                     rank,
+                    search::Style::of_restart(index),
                     capacity,
                     &mut run_budget,
                     budget.control,
@@ -458,6 +468,15 @@ impl LeafState {
         budget: &mut Budget,
     ) -> Improvement {
         let Some(overlaps) = self.overlaps.as_ref().filter(|_| members.len() <= EXACT_SEARCH_MAX_BUFFERS) else {
+            // Too large for the exact search: window repairs lower the greedy peak instead.
+            let peak = self.best.peak;
+            let spent = repair::repair(items, members, &mut self.best, goal, budget.nodes_left, budget.control);
+            *budget.nodes += spent;
+            if self.best.peak < peak {
+                let shown = budget.shown;
+                budget.control.progress.peak =
+                    shown.others.max(self.base + self.best.peak).min(shown.whole) * shown.alignment;
+            }
             return Improvement::TooLarge;
         };
         let ranks = search_ranks(items, members, &self.sections);
@@ -516,6 +535,116 @@ impl LeafState {
             }
             allowance = allowance.saturating_mul(4);
         }
+    }
+}
+
+/// A component with slack at a capacity, made zero slack by *fillers*: extra buffers whose live
+/// totals make up each section's slack exactly (the slack profile cut into intervals, see `new`). A placement
+/// of the filled component, fillers dropped, is a placement of the component; the zero-slack
+/// machinery (flat splits, the skyline search and its look-ahead) then applies. Not complete:
+/// where the free space of a placement is not shaped like the fillers there is no such placement,
+/// so this only ever finds placements; the canonical search keeps every proof.
+struct Filled {
+    items: Vec<Item>,
+    members: Vec<u32>,
+    /// How many of `items` are the component's own (the rest are fillers).
+    own: usize,
+    sections: Sections,
+    overlaps: Overlaps,
+    ranks: Vec<Vec<u32>>,
+}
+
+/// The most fillers, as a share of the component's buffers (1/`FILLERS_PER_BUFFER`): with more,
+/// the capacity is far from zero slack and fillers only add choices.
+pub const FILLERS_PER_BUFFER: usize = 4;
+
+impl Filled {
+    fn new(items: &[Item], members: &[u32], sections: &Sections, capacity: u64) -> Option<Filled> {
+        let mut filled: Vec<Item> = members.iter().map(|&m| items[m as usize]).collect();
+        let own = filled.len();
+        let slack = |k: usize| capacity.saturating_sub(sections.totals.get(k).copied().unwrap_or(capacity));
+        // The slack profile as intervals: where the slack rises, fillers open (the rise as one);
+        // where it falls, the open filler of exactly that height closes if there is one (a hole
+        // that ends here), else the latest ones close, the last in part. Holes of distinct heights
+        // are recovered exactly, even where they overlap in time (one gap each).
+        let mut open: Vec<(usize, u64)> = Vec::new(); // (first section, height)
+        let fillers_most = own / FILLERS_PER_BUFFER + 1;
+        for k in 0..=sections.len() {
+            let (before, now) = (if k == 0 { 0 } else { slack(k - 1) }, slack(k));
+            if now > before {
+                open.push((k, now - before));
+            }
+            let mut closing = before.saturating_sub(now);
+            if closing > 0 {
+                if let Some(exact) = open.iter().rposition(|&(_, height)| height == closing) {
+                    let (first, height) = open.remove(exact);
+                    let (lower, upper) = sections.steps(first, k - first);
+                    filled.push(Item { lower, upper, size: height });
+                    closing = 0;
+                }
+            }
+            while closing > 0 {
+                let Some((first, height)) = open.pop() else { break };
+                let part = height.min(closing);
+                let (lower, upper) = sections.steps(first, k - first);
+                filled.push(Item { lower, upper, size: part });
+                if part < height {
+                    open.push((first, height - part));
+                }
+                closing -= part;
+            }
+            if filled.len() - own > fillers_most {
+                return None;
+            }
+        }
+        if filled.len() == own {
+            return None; // zero slack already: searched as it is
+        }
+        let all: Vec<u32> = (0..filled.len() as u32).collect();
+        let sections = Sections::new(&filled, &all);
+        let overlaps = Overlaps::build(&filled, &all, OVERLAP_PAIR_LIMIT)?;
+        let ranks = search_ranks(&filled, &all, &sections);
+        Some(Filled { items: filled, members: all, own, sections, overlaps, ranks })
+    }
+
+    /// Flat splits, then the skyline search under each tie-break order, each with `limit` nodes;
+    /// the placement of the component's own buffers if one is found.
+    fn search(&self, capacity: u64, limit: u64, budget: &mut Budget) -> Option<ComponentPlacement> {
+        let own = |placement: ComponentPlacement| {
+            let offsets: Vec<u64> = placement.offsets[..self.own].to_vec();
+            let peak = offsets.iter().zip(&self.items).map(|(o, item)| o + item.size).max().unwrap_or(0);
+            ComponentPlacement { offsets, peak }
+        };
+        let mut split_budget = limit.saturating_mul(self.ranks.len() as u64).min(*budget.nodes_left);
+        let (placement, used) = split::place(&self.items, &self.members, capacity, &mut split_budget, budget.control);
+        *budget.nodes_left -= used;
+        *budget.nodes += used;
+        if let Some(placement) = placement {
+            return Some(own(placement));
+        }
+        for (index, rank) in self.ranks.iter().enumerate() {
+            if *budget.nodes_left == 0 || budget.control.stopped() {
+                return None;
+            }
+            let mut run_budget = limit.min(*budget.nodes_left);
+            let (outcome, used) = search::search(
+                &self.items,
+                &self.members,
+                &self.overlaps,
+                &self.sections,
+                rank,
+                search::Style::of_restart(index),
+                capacity,
+                &mut run_budget,
+                budget.control,
+            );
+            *budget.nodes_left -= used;
+            *budget.nodes += used;
+            if let SearchOutcome::Found(placement) = outcome {
+                return Some(own(placement));
+            }
+        }
+        None
     }
 }
 

@@ -54,6 +54,25 @@ pub(crate) enum SearchOutcome {
 
 const UNPLACED: u64 = u64::MAX;
 
+/// How a zero-slack search breaks its ties; restarts vary it (heavy-tailed searches gain from
+/// diverse runs).
+#[derive(Clone, Copy)]
+pub(crate) struct Style {
+    /// Value order: flush and long buffers first, then the rank (`fill_skyline`); else the rank.
+    pub guided: bool,
+    /// Among equally low sections with equally few candidates, the rightmost (else the
+    /// leftmost). At 1M nodes this settled pinwheel 300 seed 9 and 500 seed 1 besides.
+    pub rightmost: bool,
+}
+
+impl Style {
+    /// The style of restart `index` of a leaf's search: guided every other one, rightmost every
+    /// other pair.
+    pub(crate) fn of_restart(index: usize) -> Style {
+        Style { guided: index.is_multiple_of(2), rightmost: index % 4 >= 2 }
+    }
+}
+
 struct Search<'a, 'c> {
     size: Vec<u64>,
     /// Each buffer's section range `[start, end)`.
@@ -62,6 +81,7 @@ struct Search<'a, 'c> {
     section_row: Vec<usize>,
     section_members: Vec<u32>,
     rank: Vec<u32>,
+    style: Style,
     overlaps: &'a Overlaps,
     /// The caller's stop callback, polled as nodes are counted.
     control: &'a mut Control<'c>,
@@ -97,7 +117,15 @@ struct Search<'a, 'c> {
     lists: Vec<Vec<u32>>,
     candidate_lists: Vec<Vec<(u64, u32, u32)>>,
     undos: Vec<Undo>,
+    /// Scratch of `valley_coverable`: which boundaries of a valley its buffers reach.
+    reach: Vec<bool>,
+    /// The buffer placed last in each section (`NONE`: none): in zero-slack mode, the one whose
+    /// top is the section's floor. Kept for the first section of each placed range only (enough
+    /// to tell what lies directly under a buffer about to be placed over the same range).
+    top_piece: Vec<u32>,
 }
+
+const NONE: u32 = u32::MAX;
 
 /// The most entries the failed-placement cache keeps (about 40 bytes each).
 const FAILED_CACHE_LIMIT: usize = 1 << 20;
@@ -107,6 +135,8 @@ const FAILED_CACHE_LIMIT: usize = 1 << 20;
 struct Undo {
     offsets: Vec<(u32, u64)>,
     floors: Vec<(u32, u64)>,
+    /// The first section's previous `top_piece` (the placed buffer's range is one run of them).
+    top_piece: u32,
 }
 
 /// Searches for a placement of `members` with peak at most `capacity` (units), spending at most
@@ -120,6 +150,7 @@ pub(crate) fn search(
     overlaps: &Overlaps,
     sections: &Sections,
     rank: &[u32],
+    style: Style,
     capacity: u64,
     nodes_left: &mut u64,
     control: &mut Control,
@@ -164,6 +195,7 @@ pub(crate) fn search(
         section_row,
         section_members,
         rank: rank.to_vec(),
+        style,
         overlaps,
         control,
         offset: alloc::vec![UNPLACED; n],
@@ -185,6 +217,8 @@ pub(crate) fn search(
         lists: Vec::new(),
         candidate_lists: Vec::new(),
         undos: Vec::new(),
+        reach: Vec::new(),
+        top_piece: alloc::vec![NONE; section_count],
     };
     if state.total.iter().any(|&t| t > capacity) {
         return (SearchOutcome::Infeasible, 0);
@@ -252,7 +286,8 @@ impl Search<'_, '_> {
         // The sections with the lowest floor: whatever fills one of them at that floor has every
         // buffer below it placed already, so it can be placed now, at its minimum offset, which
         // must equal the floor. Branch on the lowest section with the fewest such buffers (fail
-        // first); if one has none, the partition cannot be completed.
+        // first; stacks out of order not counted); if one has none, the partition cannot be
+        // completed.
         let Some(lowest) = sections.clone().filter(|&s| self.total[s] > 0).map(|s| self.floor[s]).min() else {
             return Dfs::Found;
         };
@@ -264,28 +299,46 @@ impl Search<'_, '_> {
             let count = self
                 .members_of(section)
                 .iter()
-                .filter(|&&m| self.offset[m as usize] == UNPLACED && self.min_offset[m as usize] == lowest)
+                .filter(|&&m| {
+                    self.offset[m as usize] == UNPLACED
+                        && self.min_offset[m as usize] == lowest
+                        && !self.stacked_out_of_order(m, lowest)
+                })
                 .count();
             if count == 0 {
                 return Dfs::Infeasible;
             }
-            if chosen.is_none_or(|best| (count, lowest, section) < best) {
-                chosen = Some((count, lowest, section));
+            let key = if self.style.rightmost { usize::MAX - section } else { section };
+            if chosen.is_none_or(|best| (count, lowest, key) < best) {
+                chosen = Some((count, lowest, key));
             }
         }
-        let Some((_, fill, section)) = chosen else {
+        let Some((_, fill, key)) = chosen else {
             return Dfs::Found;
         };
-        let mut candidates: Vec<(u32, u32)> = self
+        let section = if self.style.rightmost { usize::MAX - key } else { key };
+        // Value order: a buffer whose top is flush with the floor next to it first, then longer
+        // ones, then by rank. In the tilings measured (BENCHMARKS.md), the buffer that a solution
+        // puts here was the flush one whenever there was one, and otherwise almost always the
+        // longest; the static rank alone sent restarts astray early.
+        let flush_or_long = |m: u32| {
+            let (ms, me) = self.sections_of[m as usize];
+            let top = fill + self.size[m as usize];
+            let left = (ms as usize > sections.start).then(|| self.floor[ms as usize - 1]);
+            let right = ((me as usize) < sections.end).then(|| self.floor[me as usize]);
+            (left != Some(top) && right != Some(top), u32::MAX - (me - ms))
+        };
+        let flush_or_long = |m: u32| if self.style.guided { flush_or_long(m) } else { (false, 0) };
+        let mut candidates: Vec<((bool, u32), u32, u32)> = self
             .members_of(section)
             .iter()
             .filter(|&&m| self.offset[m as usize] == UNPLACED && self.min_offset[m as usize] == fill)
-            .map(|&m| (self.rank[m as usize], m))
+            .map(|&m| (flush_or_long(m), self.rank[m as usize], m))
             .collect();
         candidates.sort_unstable();
         let mut undo = Undo::default();
         let mut tried: Vec<(u32, u32, u64)> = Vec::new();
-        for &(_, local) in &candidates {
+        for &(_, _, local) in &candidates {
             let shape =
                 (self.sections_of[local as usize].0, self.sections_of[local as usize].1, self.size[local as usize]);
             if tried.contains(&shape) {
@@ -295,12 +348,31 @@ impl Search<'_, '_> {
             if fill + self.size[local as usize] > self.capacity {
                 continue;
             }
+            // Stacks over one range: a buffer directly on another over the same sections (the
+            // one last placed in its first section, whose top is this floor) can swap places
+            // with it, so only one order is searched: the larger below. Sorting every such
+            // stack so turns any placement into one this allows; equal sizes are identical
+            // shapes, left to the rule above.
+            if self.stacked_out_of_order(local, fill) {
+                continue;
+            }
             match self.branch(local, fill, unplaced, sections.clone(), None, 0, &mut undo) {
                 Dfs::Infeasible => {}
                 found_or_exhausted => return found_or_exhausted,
             }
         }
         Dfs::Infeasible
+    }
+
+    /// Whether placing `local` at `fill` would put it directly on a smaller buffer over exactly
+    /// the same sections (the stack order `fill_skyline` does not search).
+    fn stacked_out_of_order(&self, local: u32, fill: u64) -> bool {
+        let range = self.sections_of[local as usize];
+        let below = self.top_piece[range.0 as usize];
+        below != NONE
+            && self.sections_of[below as usize] == range
+            && self.size[below as usize] < self.size[local as usize]
+            && self.offset[below as usize] + self.size[below as usize] == fill
     }
 
     /// Searches the partition made of the `unplaced` buffers over `sections`, continuing a
@@ -373,7 +445,8 @@ impl Search<'_, '_> {
         self.place(local, offset, undo);
         let monotonic_from = last.map_or(0, |(offset, _)| offset);
         let fits = self.raised_floors_fit(undo, &sections)
-            && (monotonic_from + max_total <= self.capacity || self.sections_fit(sections.clone(), monotonic_from));
+            && (monotonic_from + max_total <= self.capacity || self.sections_fit(sections.clone(), monotonic_from))
+            && (last.is_some() || self.valleys_coverable(local, &sections));
         let outcome = if fits {
             let mut rest = self.lists.pop().unwrap_or_default();
             rest.clear();
@@ -447,6 +520,8 @@ impl Search<'_, '_> {
         self.solution[l] = offset;
         self.state_key ^= self.keys[l];
         let (start, stop) = self.sections_of[l];
+        undo.top_piece = self.top_piece[start as usize];
+        self.top_piece[start as usize] = local;
         for s in start as usize..stop as usize {
             undo.floors.push((s as u32, self.floor[s]));
             self.set_floor(s, end);
@@ -508,6 +583,7 @@ impl Search<'_, '_> {
         self.state_key ^= self.keys[l];
         self.offset[l] = UNPLACED;
         let (start, stop) = self.sections_of[l];
+        self.top_piece[start as usize] = undo.top_piece;
         for s in start as usize..stop as usize {
             self.total[s] += self.size[l];
         }
@@ -531,6 +607,70 @@ impl Search<'_, '_> {
             let s = s as usize;
             !sections.contains(&s) || self.total[s] == 0 || self.floor[s] + self.total[s] <= self.capacity
         })
+    }
+
+    /// Zero-slack look-ahead after placing `local`: every *valley* next to or under it (a maximal
+    /// run of sections at one floor whose neighbours are higher, or the partition's edge) must be
+    /// exactly covered at that floor by unplaced buffers lying inside it. At zero slack no gap may
+    /// open, so each section of a valley gets a buffer starting at its floor; such a buffer's
+    /// sections must all be at that floor when it is placed, and floors only rise, so it cannot
+    /// reach past the valley's higher neighbours. The buffers starting at the floor therefore
+    /// tile the valley in time. Only the runs `local` touched can have changed: other runs keep
+    /// their floors, neighbours and buffers (`local` lay inside the lowest run).
+    fn valleys_coverable(&mut self, local: u32, sections: &Range<usize>) -> bool {
+        let (start, end) = self.sections_of[local as usize];
+        let (start, end) = (start as usize, end as usize);
+        let mut runs: [(usize, usize); 3] = [(0, 0); 3];
+        for (k, probe) in [start.wrapping_sub(1), start, end].into_iter().enumerate() {
+            if !sections.contains(&probe)
+                || self.total[probe] == 0
+                || runs[..k].iter().any(|r| (r.0..r.1).contains(&probe))
+            {
+                continue; // outside, filled to the capacity (a wall), or a run checked already
+            }
+            let floor = self.floor[probe];
+            let mut a = probe;
+            while a > sections.start && self.floor[a - 1] == floor {
+                a -= 1;
+            }
+            let mut b = probe + 1;
+            while b < sections.end && self.floor[b] == floor {
+                b += 1;
+            }
+            runs[k] = (a, b);
+            let lower_left = a > sections.start && self.floor[a - 1] < floor;
+            let lower_right = b < sections.end && self.floor[b] < floor;
+            if lower_left || lower_right {
+                continue; // not a valley: a buffer may yet span into the lower neighbour
+            }
+            if !self.valley_coverable(a, b) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Whether sections `[a, b)` are exactly covered in time by unplaced buffers lying inside them
+    /// (a path from boundary `a` to boundary `b` along the buffers' section ranges).
+    fn valley_coverable(&mut self, a: usize, b: usize) -> bool {
+        let mut reach = core::mem::take(&mut self.reach);
+        reach.clear();
+        reach.resize(b - a + 1, false);
+        reach[0] = true;
+        for s in a..b {
+            if !reach[s - a] {
+                continue;
+            }
+            for &m in self.members_of(s) {
+                let (ms, me) = self.sections_of[m as usize];
+                if ms as usize == s && me as usize <= b && self.offset[m as usize] == UNPLACED {
+                    reach[me as usize - a] = true;
+                }
+            }
+        }
+        let covered = reach[b - a];
+        self.reach = reach;
+        covered
     }
 
     /// The section bound over the partition's sections: the unplaced buffers of every section

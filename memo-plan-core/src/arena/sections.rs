@@ -67,6 +67,11 @@ impl Sections {
         start..end
     }
 
+    /// The first step of section `k` and the step after section `k + count - 1`.
+    pub(crate) fn steps(&self, k: usize, count: usize) -> (u32, u32) {
+        (self.points[k], self.points[k + count])
+    }
+
     /// The largest live total during an item's lifetime (its "contention").
     pub(crate) fn max_total_over(&self, item: &Item) -> u64 {
         let range = self.range_of(item);

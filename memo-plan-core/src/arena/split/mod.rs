@@ -30,7 +30,7 @@ use core::cell::OnceCell;
 use super::control::Control;
 use super::decompose::{peelable, split_components};
 use super::greedy::{ComponentPlacement, Overlaps};
-use super::search::{search, SearchOutcome};
+use super::search::{search, SearchOutcome, Style};
 use super::sections::Sections;
 use super::{search_ranks, Item, OVERLAP_PAIR_LIMIT};
 
@@ -614,13 +614,24 @@ impl Splitter<'_, '_> {
         let mut work = PART_SEARCH_WORK.min(self.budget.left);
         let mut limit = 4 * component.len() as u64;
         while work > 0 {
-            for rank in &ranks {
+            for (index, rank) in ranks.iter().enumerate() {
                 if work == 0 {
                     break;
                 }
                 let mut run = limit.min(work);
-                let (outcome, used) =
-                    search(&self.items, component, &overlaps, &sections, rank, height, &mut run, self.budget.control);
+                let (outcome, used) = search(
+                    &self.items,
+                    component,
+                    &overlaps,
+                    &sections,
+                    rank,
+                    // The rank alone: the guided value order (`search`) settled fewer 500-buffer
+                    // pinwheels when the parts' searches used it too (BENCHMARKS.md).
+                    Style { guided: false, rightmost: index % 2 == 1 },
+                    height,
+                    &mut run,
+                    self.budget.control,
+                );
                 work -= used;
                 self.budget.record(used);
                 if self.budget.control.stopped() {
