@@ -458,7 +458,7 @@ MemoStatus memo_plan_model_name(const struct MemoPlan *plan,
 MemoStatus memo_plan_buffer_count(const struct MemoPlan *plan, size_t *out);
 
 // Writes the number of the plan's instructions (launches, copies, event records and waits on
-// the three streams) to `*out`.
+// the four streams) to `*out`.
 //
 // # Safety
 // `out` is NULL (refused) or valid for writing one `size_t`.

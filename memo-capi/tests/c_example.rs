@@ -73,8 +73,18 @@ fn the_c_example_places_the_memo_layer_trace() {
     let plan_path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("c_example_tiny.memo");
     std::fs::write(&plan_path, tiny.encode()).unwrap();
 
-    let run =
-        Command::new(&program).arg(root.join("examples/traces/memo-layer.trace")).arg(&plan_path).output().unwrap();
+    // The loader searches LD_LIBRARY_PATH before the rpath, and cargo's LD_LIBRARY_PATH names
+    // `<target>/<profile>/` too, where an older `cargo build` may have left an older library: put
+    // the one built with this test first.
+    let search = std::env::var_os("LD_LIBRARY_PATH").unwrap_or_default();
+    let search = std::env::join_paths(std::iter::once(libs.clone()).chain(std::env::split_paths(&search)))
+        .expect("library paths join");
+    let run = Command::new(&program)
+        .arg(root.join("examples/traces/memo-layer.trace"))
+        .arg(&plan_path)
+        .env("LD_LIBRARY_PATH", search)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&run.stdout);
     println!("{stdout}");
     assert!(run.status.success(), "the example failed:\n{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
