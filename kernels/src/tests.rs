@@ -334,6 +334,19 @@ fn bad_launches_are_errors_that_say_why() {
     assert!(m.contains("op `linear_no_bias`") && m.contains("no GPU kernel yet"), "{m}");
     let m = message(Op::AllReduceSumF32, &[shape(1, 4)]);
     assert!(m.contains("multi-GPU"), "{m}");
+    // Without shapes: exactly the t > 1 step's non-collective ops are refused, with the message
+    // the launch gives (what a runner checks before it opens a device).
+    for &op in Op::ALL {
+        let refused = crate::without_gpu_kernel(op).map(|e| e.to_string());
+        let expected = matches!(
+            op,
+            Op::LinearNoBias | Op::AddBias | Op::CrossEntropyMax | Op::CrossEntropySums | Op::CrossEntropyFinish
+        );
+        assert_eq!(refused.is_some(), expected, "{op:?}");
+        if let Some(m) = refused {
+            assert!(m.contains(&format!("op `{}`", op.name())) && m.contains("no GPU kernel yet"), "{m}");
+        }
+    }
     let mut zero_step = ctx;
     zero_step.adamw.step = 0;
     let adamw = &valid_launches()[16].1;
