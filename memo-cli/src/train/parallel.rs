@@ -172,11 +172,14 @@ impl Collectives for DeviceRank {
     }
 }
 
+/// One rank as `ParallelTrainer::with_plan` takes it: its backend and its place in the group.
+type Rank<B> = (B, Arc<dyn Collectives>);
+
 /// Opens devices `N..N+T` (`--device cuda:N`), one CUDA backend each, and joins them to one NCCL
 /// communicator (one unique id, each rank joining on a thread of its own, within
 /// [`JOIN_TIMEOUT`]). Every backend is opened before any joins, so a missing device is its own
 /// error, not a join that times out.
-fn cuda_ranks(args: &TrainArgs) -> Result<Vec<(CudaBackend, Arc<dyn Collectives>)>, Failure> {
+fn cuda_ranks(args: &TrainArgs) -> Result<Vec<Rank<CudaBackend>>, Failure> {
     let t = args.tensor_parallel as usize;
     let label = format!("--device {} --tensor-parallel {t}", args.device.label());
     let nccl =
