@@ -480,4 +480,20 @@ fn the_lse_transpose_kernel_moves_each_element_and_back() {
     );
     crate::emulation::run(&[back], &mut data, 0);
     assert_eq!(data[2], token_major);
+/// A limit the GPU path of `t > 1` must lift besides the split ops' kernels: the recipes check
+/// and run every op as rank 0 of 1, so a rank's vocabulary shard (`V' = ceil(V/t)` rows of the
+/// embedding table, `V'` logits columns) is refused by the shape check rather than indexed with
+/// the rank's offset (`spec/backends.md`, "The CUDA backend's collective launches").
+#[test]
+fn the_recipes_run_one_rank_so_a_vocabulary_shard_is_refused() {
+    let mut ctx = context();
+    ctx.rank = 1;
+    ctx.ranks = 2;
+    let shard = VOCAB.div_ceil(2);
+    let h = H * 2;
+    let embedding = [shape(ROWS, 4), shape(shard, h), shape(ROWS, h)];
+    let e = launch_steps(Op::Embedding, &embedding, &ctx).expect_err("a shard of the table");
+    assert!(e.to_string().contains("embedding"), "{e}");
+    let classifier = [shape(ROWS, h), shape(shard, h), shape(ROWS, shard * 2)];
+    assert!(launch_steps(Op::Classifier, &classifier, &ctx).is_err());
 }
