@@ -480,6 +480,8 @@ fn the_lse_transpose_kernel_moves_each_element_and_back() {
     );
     crate::emulation::run(&[back], &mut data, 0);
     assert_eq!(data[2], token_major);
+}
+
 /// A limit the GPU path of `t > 1` must lift besides the split ops' kernels: the recipes check
 /// and run every op as rank 0 of 1, so a rank's vocabulary shard (`V' = ceil(V/t)` rows of the
 /// embedding table, `V'` logits columns) is refused by the shape check rather than indexed with

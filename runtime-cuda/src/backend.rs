@@ -62,8 +62,8 @@ struct Memory {
 ///
 /// Streams: [`Stream::Compute`], [`Stream::DeviceToHost`], [`Stream::HostToDevice`] and
 /// [`Stream::Collective`] are four non-blocking CUDA streams; the plan's events are CUDA events
-/// and are the only synchronisation between them (cudarc's per-allocation event tracking is off). Kernel launches and copies are
-/// enqueued and return; [`Backend::synchronize`] waits and reports the first error, including the
+/// and are the only synchronisation between them (cudarc's per-allocation event tracking is
+/// off). Kernel launches and copies are enqueued and return; [`Backend::synchronize`] waits and reports the first error, including the
 /// status words kernels write on bad input (an out-of-range token, a non-finite gradient norm).
 pub struct CudaBackend {
     /// cuDNN, when attention runs on it (dropped before the context: its handle and plans belong
