@@ -6,7 +6,10 @@
 #   1  correctness: every bundled test executable (the backend suite with MEMO_REQUIRE_GPU=cuda,
 #      runtime-cuda's GPU-vs-CPU tests with MEMO_REQUIRE_CUDNN=1: attention on cuDNN in both
 #      backward forms and on our kernels against the CPU; its NCCL tests with the wheel's
-#      libnccl.so.2 named in MEMO_NCCL_LIBRARY and NCCL_MULTI_RANK_GPU_ENABLE=1): pass/fail and
+#      libnccl.so.2 named in MEMO_NCCL_LIBRARY and NCCL_MULTI_RANK_GPU_ENABLE=1: the binding, the
+#      backend's collective launches at t = 1 and t = 2 on the one GPU against the CPU's group,
+#      a t = 1 plan with NCCL joined against without, about 6 backends of 0.6 s and a few NCCL
+#      joins more than before, within the executable's 60 s): pass/fail and
 #      their counts; the cuDNN path's outputs against float64 PyTorch
 #      (scripts/cudnn_attention_check.py, with PyTorch's own cuDNN SDPA graph logged beside);
 #      which cuDNN plans build; attention alone at 16K tokens (TFLOP/s)

@@ -395,3 +395,11 @@ pub fn lse_transpose_step(
         scratch_bytes: 0,
     })
 }
+
+/// Why `op` cannot run on a GPU at all, whatever its shapes: the ops of the `t > 1` step that
+/// have no GPU kernel yet ("has no GPU kernel yet"). `None` for every other op, the collectives
+/// included (the GPU backends run them on NCCL or RCCL). A runner checks a plan's ops with this
+/// before it opens devices, so that such a plan is refused before anything runs.
+pub fn without_gpu_kernel(op: Op) -> Option<RecipeError> {
+    recipes::without_kernel(op)
+}

@@ -140,6 +140,17 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
     }
 }
 
+/// The refusal [`steps`] gives `op` whatever its shapes, when it has no GPU kernel yet; `None`
+/// for the ops with kernels and for the collectives (the backends run those on NCCL or RCCL).
+pub(crate) fn without_kernel(op: Op) -> Option<RecipeError> {
+    match op {
+        Op::LinearNoBias | Op::AddBias | Op::CrossEntropyMax | Op::CrossEntropySums | Op::CrossEntropyFinish => {
+            Some(not_implemented(op))
+        }
+        _ => None,
+    }
+}
+
 /// The refusal of an op of the tensor-parallel step (`t > 1`) that has no GPU kernel yet.
 fn not_implemented(op: Op) -> RecipeError {
     OpError {

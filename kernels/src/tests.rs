@@ -334,6 +334,19 @@ fn bad_launches_are_errors_that_say_why() {
     assert!(m.contains("op `linear_no_bias`") && m.contains("no GPU kernel yet"), "{m}");
     let m = message(Op::AllReduceSumF32, &[shape(1, 4)]);
     assert!(m.contains("multi-GPU"), "{m}");
+    // Without shapes: exactly the t > 1 step's non-collective ops are refused, with the message
+    // the launch gives (what a runner checks before it opens a device).
+    for &op in Op::ALL {
+        let refused = crate::without_gpu_kernel(op).map(|e| e.to_string());
+        let expected = matches!(
+            op,
+            Op::LinearNoBias | Op::AddBias | Op::CrossEntropyMax | Op::CrossEntropySums | Op::CrossEntropyFinish
+        );
+        assert_eq!(refused.is_some(), expected, "{op:?}");
+        if let Some(m) = refused {
+            assert!(m.contains(&format!("op `{}`", op.name())) && m.contains("no GPU kernel yet"), "{m}");
+        }
+    }
     let mut zero_step = ctx;
     zero_step.adamw.step = 0;
     let adamw = &valid_launches()[16].1;
@@ -467,4 +480,22 @@ fn the_lse_transpose_kernel_moves_each_element_and_back() {
     );
     crate::emulation::run(&[back], &mut data, 0);
     assert_eq!(data[2], token_major);
+}
+
+/// A limit the GPU path of `t > 1` must lift besides the split ops' kernels: the recipes check
+/// and run every op as rank 0 of 1, so a rank's vocabulary shard (`V' = ceil(V/t)` rows of the
+/// embedding table, `V'` logits columns) is refused by the shape check rather than indexed with
+/// the rank's offset (`spec/backends.md`, "The CUDA backend's collective launches").
+#[test]
+fn the_recipes_run_one_rank_so_a_vocabulary_shard_is_refused() {
+    let mut ctx = context();
+    ctx.rank = 1;
+    ctx.ranks = 2;
+    let shard = VOCAB.div_ceil(2);
+    let h = H * 2;
+    let embedding = [shape(ROWS, 4), shape(shard, h), shape(ROWS, h)];
+    let e = launch_steps(Op::Embedding, &embedding, &ctx).expect_err("a shard of the table");
+    assert!(e.to_string().contains("embedding"), "{e}");
+    let classifier = [shape(ROWS, h), shape(shard, h), shape(ROWS, shard * 2)];
+    assert!(launch_steps(Op::Classifier, &classifier, &ctx).is_err());
 }

@@ -154,8 +154,9 @@ pub struct TrainArgs {
     #[arg(long)]
     json: bool,
 
-    /// Tensor- and sequence-parallel ranks (spec/tensor-parallel.md): on the cpu, T threads, each
-    /// with its own backend and arena; T must divide the heads, the FFN width and the sequence
+    /// Tensor- and sequence-parallel ranks (spec/tensor-parallel.md): T threads, each with its own
+    /// backend and arena (cuda:N: devices N..N+T-1 joined by NCCL; refused while the step's ops
+    /// lack GPU kernels); T must divide the heads, the FFN width and the sequence
     #[arg(long, default_value_t = 1, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
     tensor_parallel: u64,
 }

@@ -185,8 +185,7 @@ fn trace_writes_the_measured_timeline() {
 }
 
 /// `--tensor-parallel T`: a T that does not divide the heads, the FFN width or the sequence is
-/// refused with which and the sizes; on a GPU it says the NCCL path is missing; options only one
-/// rank has are refused.
+/// refused with which and the sizes; options only one rank has are refused.
 #[test]
 fn tensor_parallel_refusals_say_why() {
     let message = assert_fails(&train(&["--tensor-parallel", "3"]), 2);
@@ -196,12 +195,50 @@ fn tensor_parallel_refusals_say_why() {
     args.extend_from_slice(&["--steps", "1"]);
     let message = assert_fails(&memo(&args, None), 2);
     assert!(message.contains("does not divide the model's sequence (33)"), "{message}");
-    let message = assert_fails(&memo(&["train", "--device", "cuda", "--tensor-parallel", "2"], None), 2);
-    assert!(message.contains("NCCL"), "{message}");
     let message = assert_fails(&train(&["--tensor-parallel", "2", "--task", "recall"]), 2);
     assert!(message.contains("--task") && message.contains("--tensor-parallel 2"), "{message}");
     let message = assert_fails(&train(&["--tensor-parallel", "0"]), 2);
     assert!(message.contains("tensor-parallel"), "{message}");
+}
+
+/// `memo train` with `args` and the torchrun variables `vars` (every other torchrun variable
+/// removed, so the caller's environment cannot change the outcome).
+fn memo_with_torchrun(args: &[&str], vars: &[(&str, &str)]) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_memo"));
+    command.args(args).stdin(Stdio::null());
+    for name in ["RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MEMO_RENDEZVOUS_PORT"] {
+        command.env_remove(name);
+    }
+    command.envs(vars.iter().copied());
+    command.output().expect("memo runs")
+}
+
+/// `--tensor-parallel T` on a GPU is refused before any device is opened, whether or not this
+/// machine has one, with the reason and the fix: the plan's ops that have no GPU kernel yet
+/// (named), the HIP backend's missing collectives, and under torchrun a malformed variable or a
+/// WORLD_SIZE other than T.
+#[test]
+fn tensor_parallel_on_a_gpu_is_refused_before_anything_runs() {
+    let gpu = ["train", "--model", "tiny", "--seq", "32", "--steps", "1", "--tensor-parallel", "2"];
+    let with = |device: &'static str| -> Vec<&'static str> {
+        let mut args = gpu.to_vec();
+        args.extend_from_slice(&["--device", device]);
+        args
+    };
+    for device in ["cuda", "cuda:1"] {
+        let message = assert_fails(&memo_with_torchrun(&with(device), &[]), 2);
+        assert!(message.contains("no GPU kernel yet") && message.contains("linear_no_bias"), "{message}");
+        assert!(message.contains("Nothing was run") && message.contains("--device cpu"), "{message}");
+    }
+    let message = assert_fails(&memo_with_torchrun(&with("hip"), &[]), 2);
+    assert!(message.contains("HIP backend does not launch collectives"), "{message}");
+    let torchrun = [("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "0"), ("MASTER_ADDR", "127.0.0.1")];
+    let mut vars = torchrun.to_vec();
+    vars.push(("MASTER_PORT", "29511"));
+    let message = assert_fails(&memo_with_torchrun(&with("cuda"), &vars), 2);
+    assert!(message.contains("WORLD_SIZE is 4") && message.contains("--nproc-per-node 2"), "{message}");
+    let message = assert_fails(&memo_with_torchrun(&with("cuda"), &torchrun), 2);
+    assert!(message.contains("MASTER_PORT"), "{message}");
 }
 
 /// `--tensor-parallel 2` trains (one JSON line per step, the loss falling, rank 0's timings and

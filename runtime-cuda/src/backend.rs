@@ -19,6 +19,9 @@ use crate::attention::cudnn::{version_text, Cudnn, Pass};
 use crate::attention::graph::{uid, BackwardForm, Shape, StatsLayout};
 use crate::attention::{self, AttentionChoice, AttentionScratch};
 use crate::exec::{self, Resolved};
+
+#[path = "collectives.rs"]
+mod collectives;
 use crate::timing::Timing;
 use crate::{compile, probe};
 
@@ -57,10 +60,10 @@ struct Memory {
 
 /// The MEMO backend on one NVIDIA GPU.
 ///
-/// Streams: [`Stream::Compute`], [`Stream::DeviceToHost`] and [`Stream::HostToDevice`] are three
-/// non-blocking CUDA streams; the plan's events are CUDA events and are the only synchronisation
-/// between them (cudarc's per-allocation event tracking is off). Kernel launches and copies are
-/// enqueued and return; [`Backend::synchronize`] waits and reports the first error, including the
+/// Streams: [`Stream::Compute`], [`Stream::DeviceToHost`], [`Stream::HostToDevice`] and
+/// [`Stream::Collective`] are four non-blocking CUDA streams; the plan's events are CUDA events
+/// and are the only synchronisation between them (cudarc's per-allocation event tracking is
+/// off). Kernel launches and copies are enqueued and return; [`Backend::synchronize`] waits and reports the first error, including the
 /// status words kernels write on bad input (an out-of-range token, a non-finite gradient norm).
 pub struct CudaBackend {
     /// cuDNN, when attention runs on it (dropped before the context: its handle and plans belong
@@ -95,6 +98,8 @@ pub struct CudaBackend {
     memory: Option<Memory>,
     /// Per-instruction timing, when [`CudaBackend::measure`] turned it on.
     timing: Option<Timing>,
+    /// The NCCL communicator of the plan's collective launches, once joined (`collectives.rs`).
+    collectives: collectives::Joined,
 }
 
 fn driver_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> BackendError + '_ {
@@ -205,10 +210,11 @@ impl CudaBackend {
             blas,
             functions,
             status,
-            scratch: vec![None, None, None],
+            scratch: Stream::ALL.iter().map(|_| None).collect(),
             events: Vec::new(),
             memory: None,
             timing: None,
+            collectives: Default::default(),
         })
     }
 
@@ -614,6 +620,10 @@ impl Backend for CudaBackend {
             }
             spans.push((self.address(arg.span)?, arg.span.len));
         }
+        if let Some(collective) = memo_runtime::collective::Collective::of_op(op) {
+            // Safety: this method's own contract, passed on.
+            return unsafe { self.launch_collective(instruction, stream, op, collective, &spans) };
+        }
         let shapes: Vec<ArgShape> =
             args.iter().map(|a| ArgShape { first_row: a.first_row, rows: a.rows, row_bytes: a.row_bytes }).collect();
         if matches!(op, Op::Attention | Op::AttentionBackward) && self.cudnn.is_some() {
@@ -706,6 +716,7 @@ impl Backend for CudaBackend {
 
     fn synchronize(&mut self) -> Result<(), BackendError> {
         self.bind()?;
+        self.settle_collectives()?;
         for (stream, cuda_stream) in Stream::ALL.iter().zip(&self.streams) {
             cuda_stream.synchronize().map_err(|e| {
                 BackendError::Other(format!("{}: the {} stream failed: {e}", self.name(), stream.name()))
@@ -750,6 +761,8 @@ impl Backend for CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
+        let _ = self.bind();
+        self.release_collectives();
         // Enqueued work may still use the arena, the slab or the scratch: wait before they are
         // freed. An error here has nowhere to go (the next context reports it).
         if self.ctx.synchronize().is_err() {

@@ -8,7 +8,8 @@
 //!   host slab (`cuMemHostAlloc` with flags 0: not write-combined, because the host reads
 //!   swapped-out bytes back), both zeroed at allocation; every span is bounds-checked
 //!   ([`memo_runtime::BackendError::OutOfBounds`]).
-//! - **Streams and events**: three CUDA streams for compute, device-to-host and host-to-device;
+//! - **Streams and events**: a CUDA stream for each plan stream (compute, device-to-host,
+//!   host-to-device, collective);
 //!   the plan's events are CUDA events, the only synchronisation (cudarc's per-allocation event
 //!   tracking is turned off: with one arena it would serialise the streams).
 //! - **Kernels**: every source of [`memo_kernels::SOURCES`] compiled by NVRTC at construction,
@@ -24,7 +25,10 @@
 //!
 //! - **Collectives** ([`nccl`]): NCCL loaded at run time through `memo-nccl`; a communicator per
 //!   rank joined with a timeout ([`CudaBackend::join_collectives`]), all-gather, reduce-scatter and
-//!   all-reduce on arena addresses and a CUDA stream. Plans do not launch them yet.
+//!   all-reduce on arena addresses and a CUDA stream. A backend that has joined
+//!   ([`CudaBackend::join`]) runs the plan's collective launches on it, on the collective
+//!   stream's own CUDA stream, and [`memo_runtime::Backend::synchronize`] waits for that stream
+//!   at most the communicator's timeout (a missing peer is an error, not a hang).
 //!
 //! [`nvrtc_check`] compiles the kernels with an NVRTC library at an explicit path, for CI
 //! machines without a GPU.

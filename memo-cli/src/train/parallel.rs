@@ -1,16 +1,27 @@
-//! `memo train --tensor-parallel T` with `T > 1`: tensor and sequence parallelism on the CPU, `T`
-//! ranks as threads, each with its own CPU backend and arena, joined by an in-process group
-//! (`spec/tensor-parallel.md`, `spec/backends.md` "CPU"). The plan is made once for `T` ranks;
-//! `--trace` and `--timings` show rank 0's streams.
+//! `memo train --tensor-parallel T` with `T > 1`: tensor and sequence parallelism, `T` ranks as
+//! threads, each with its own backend and arena (`spec/tensor-parallel.md`). On the CPU the ranks
+//! are joined by an in-process group (`spec/backends.md` "CPU"); on NVIDIA GPUs (`--device
+//! cuda[:N]`) rank `k` is device `N + k`, joined by NCCL with one unique id shared in the process
+//! (`spec/backends.md` "Collectives on GPUs"). The plan is made once for `T` ranks; `--trace` and
+//! `--timings` show rank 0's streams.
+//!
+//! What is refused, before any device is opened: a plan with ops that have no GPU kernel yet (the
+//! `t > 1` step's split ops: today every such plan), AMD GPUs (the HIP backend does not launch
+//! collectives yet), and under `torchrun` (one rank per process: `ParallelTrainer` runs all ranks
+//! in one process) after the variables and `WORLD_SIZE = T` are checked.
 
 use std::io::Write;
-use std::sync::Arc;
-use std::time::Instant;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use memo_plan_core::model::ModelConfig;
+use memo_plan_core::plan::{Action, Op};
 use memo_runtime::checkpoint::{fingerprint, Checkpoint};
-use memo_runtime::{Collectives, LocalGroup, ParallelTrainer, PlannedStep};
+use memo_runtime::collective::{CollectiveError, Element, Reduction};
+use memo_runtime::rendezvous::TorchrunEnv;
+use memo_runtime::{Backend, Collectives, LocalGroup, ParallelTrainer, PlannedStep};
 use runtime_cpu::CpuBackend;
+use runtime_cuda::CudaBackend;
 use serde_json::json;
 
 use super::TrainArgs;
@@ -18,17 +29,21 @@ use crate::device::{check_fits, runtime_failure, Kind};
 use crate::exit::{self, Failure};
 use crate::human;
 
-/// Refuses what `--tensor-parallel T` cannot do, with the reason and the fix: a GPU (the NCCL
-/// path is not there yet), the recall task (its evaluation reads one GPU's logits), and a `T`
-/// that does not divide the heads, the FFN width and the sequence.
+/// How long the ranks' NCCL join and every later wait for a peer may take in one process (the
+/// multi-process default, `memo_runtime::rendezvous::DEFAULT_TIMEOUT`).
+const JOIN_TIMEOUT: Duration = memo_runtime::rendezvous::DEFAULT_TIMEOUT;
+
+/// Refuses what `--tensor-parallel T` cannot do, with the reason and the fix: an AMD GPU (the HIP
+/// backend does not launch collectives yet), the recall task (its evaluation reads one GPU's
+/// logits), and a `T` that does not divide the heads, the FFN width and the sequence.
 pub(super) fn refuse(args: &TrainArgs, model: &ModelConfig) -> Result<(), Failure> {
     let t = args.tensor_parallel;
-    if args.device.kind != Kind::Cpu {
+    if args.device.kind == Kind::Hip {
         return Err(Failure::new(
             exit::BAD_INPUT,
             format!(
-                "--tensor-parallel {t} on --device {}: ranks on GPUs need the NCCL (or RCCL) path, which is not \
-                 there yet; use --device cpu (one thread per rank) or --tensor-parallel 1",
+                "--tensor-parallel {t} on --device {}: the HIP backend does not launch collectives (RCCL) yet; use \
+                 --device cpu (one thread per rank), --device cuda, or --tensor-parallel 1",
                 args.device.label()
             ),
         ));
@@ -56,29 +71,223 @@ pub(super) fn refuse(args: &TrainArgs, model: &ModelConfig) -> Result<(), Failur
     Ok(())
 }
 
-/// Trains with `--tensor-parallel T` ranks on the CPU: plan once, start the ranks, the steps
-/// (progress or `--json` lines), checkpoints of every rank's shards, the summary.
+/// The `torchrun` variables, when `WORLD_SIZE` is set: read and checked (a malformed one, or a
+/// `WORLD_SIZE` other than `T`, is an error naming it).
+fn torchrun(args: &TrainArgs) -> Result<Option<TorchrunEnv>, Failure> {
+    if std::env::var_os("WORLD_SIZE").is_none() {
+        return Ok(None);
+    }
+    let t = args.tensor_parallel;
+    let env = TorchrunEnv::from_env().map_err(|e| {
+        Failure::new(exit::BAD_INPUT, format!("--tensor-parallel {t} under torchrun (WORLD_SIZE is set): {e}"))
+    })?;
+    if env.world_size as u64 != t {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!(
+                "--tensor-parallel {t} but WORLD_SIZE is {}: each process is one rank of the tensor-parallel group, \
+                 so start T = {t} processes (torchrun --nproc-per-node {t}) or pass --tensor-parallel {}",
+                env.world_size, env.world_size
+            ),
+        ));
+    }
+    Ok(Some(env))
+}
+
+/// Refuses a plan that launches an op with no GPU kernel yet (`memo_kernels::without_gpu_kernel`),
+/// naming every such op, before any device is opened: a GPU step must not half-run.
+fn refuse_ops_without_gpu_kernel(args: &TrainArgs, planned: &PlannedStep) -> Result<(), Failure> {
+    let plan = &planned.report().plan;
+    let mut missing: Vec<Op> = Vec::new();
+    let programs =
+        std::iter::once(&plan.instructions[..]).chain(plan.rank_programs.iter().map(|p| &p.instructions[..]));
+    for instruction in programs.flatten() {
+        if let Action::Launch(launch) = &instruction.action {
+            if memo_kernels::without_gpu_kernel(launch.op).is_some() && !missing.contains(&launch.op) {
+                missing.push(launch.op);
+            }
+        }
+    }
+    let Some(reason) = missing.first().and_then(|&op| memo_kernels::without_gpu_kernel(op)) else {
+        return Ok(());
+    };
+    let names: Vec<&str> = missing.iter().map(|op| op.name()).collect();
+    Err(Failure::new(
+        exit::BAD_INPUT,
+        format!(
+            "--tensor-parallel {} on --device {}: the plan launches {} op(s) with no GPU kernel yet ({}): {reason}. \
+             Nothing was run. Use --device cpu for T > 1 (one thread per rank), or --tensor-parallel 1 on the GPU",
+            args.tensor_parallel,
+            args.device.label(),
+            names.len(),
+            names.join(", ")
+        ),
+    ))
+}
+
+/// One GPU rank's place in the group, for `ParallelTrainer` (its rank, and an abort that only
+/// keeps the reason): the collectives themselves run inside the backend, on NCCL, on device
+/// memory. A failed rank's peers do not hang: their backends wait for a collective at most the
+/// communicator's timeout, then abort it.
+struct DeviceRank {
+    rank: usize,
+    ranks: usize,
+    aborted: Mutex<Option<String>>,
+}
+
+impl DeviceRank {
+    fn host_call(&self) -> CollectiveError {
+        CollectiveError::RankFailed {
+            rank: self.rank,
+            reason: "a GPU rank's collectives run in its backend, on NCCL and device memory, not on host bytes".into(),
+        }
+    }
+}
+
+impl Collectives for DeviceRank {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn ranks(&self) -> usize {
+        self.ranks
+    }
+
+    fn all_gather(&self, _input: &[u8], _output: &mut [u8]) -> Result<(), CollectiveError> {
+        Err(self.host_call())
+    }
+
+    fn reduce_scatter(&self, _element: Element, _input: &[u8], _output: &mut [u8]) -> Result<(), CollectiveError> {
+        Err(self.host_call())
+    }
+
+    fn all_reduce(&self, _element: Element, _reduction: Reduction, _data: &mut [u8]) -> Result<(), CollectiveError> {
+        Err(self.host_call())
+    }
+
+    fn abort(&self, reason: &str) {
+        if let Ok(mut aborted) = self.aborted.lock() {
+            aborted.get_or_insert_with(|| reason.to_string());
+        }
+    }
+}
+
+/// One rank as `ParallelTrainer::with_plan` takes it: its backend and its place in the group.
+type Rank<B> = (B, Arc<dyn Collectives>);
+
+/// Opens devices `N..N+T` (`--device cuda:N`), one CUDA backend each, and joins them to one NCCL
+/// communicator (one unique id, each rank joining on a thread of its own, within
+/// [`JOIN_TIMEOUT`]). Every backend is opened before any joins, so a missing device is its own
+/// error, not a join that times out.
+fn cuda_ranks(args: &TrainArgs) -> Result<Vec<Rank<CudaBackend>>, Failure> {
+    let t = args.tensor_parallel as usize;
+    let label = format!("--device {} --tensor-parallel {t}", args.device.label());
+    let nccl =
+        runtime_cuda::nccl::load().map_err(|e| Failure::new(exit::DEVICE_UNAVAILABLE, format!("{label}: {e}")))?;
+    let measure = args.trace.is_some() || args.timings;
+    let mut backends = Vec::with_capacity(t);
+    for k in 0..t {
+        let device = crate::device::Device { ordinal: args.device.ordinal + k, ..args.device };
+        let backend = CudaBackend::new(device.ordinal).map_err(|e| crate::device::unavailable(&device, &e))?;
+        backends.push(if measure { backend.measure() } else { backend });
+    }
+    let id = nccl.unique_id().map_err(|e| Failure::new(exit::DEVICE_UNAVAILABLE, format!("{label}: {e}")))?;
+    let joined: Vec<Result<CudaBackend, String>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = backends
+            .into_iter()
+            .enumerate()
+            .map(|(k, mut backend)| {
+                let (nccl, id) = (&nccl, &id);
+                std::thread::Builder::new().name(format!("memo-join-{k}")).spawn_scoped(scope, move || {
+                    backend.join(nccl, id, t, k, JOIN_TIMEOUT).map(|()| backend).map_err(|e| format!("rank {k}: {e}"))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(k, handle)| match handle {
+                Ok(handle) => handle.join().unwrap_or_else(|_| Err(format!("rank {k}: its thread panicked"))),
+                Err(e) => Err(format!("rank {k}: cannot start its thread: {e}")),
+            })
+            .collect()
+    });
+    let mut ranks = Vec::with_capacity(t);
+    for (k, backend) in joined.into_iter().enumerate() {
+        let backend = backend.map_err(|e| Failure::new(exit::DEVICE_UNAVAILABLE, format!("{label}: NCCL: {e}")))?;
+        let group: Arc<dyn Collectives> = Arc::new(DeviceRank { rank: k, ranks: t, aborted: Mutex::new(None) });
+        ranks.push((backend, group));
+    }
+    Ok(ranks)
+}
+
+/// Trains with `--tensor-parallel T` ranks: plan once, refuse what cannot run, start the ranks
+/// (CPU threads, or CUDA devices joined by NCCL), then [`train`].
 pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
     let t = args.tensor_parallel;
     let model = super::model(args)?;
     refuse(args, &model)?;
-    let mut data = super::data_source(args, &model)?;
+    let torchrun = if args.device.kind == Kind::Cuda { torchrun(args)? } else { None };
+    let data = super::data_source(args, &model)?;
     let options = super::train_options(args, &model)?;
     let planned = PlannedStep::tensor_parallel(&options, t).map_err(runtime_failure)?;
+    if args.device.kind == Kind::Cuda {
+        refuse_ops_without_gpu_kernel(args, &planned)?;
+    }
     check_fits(&planned)?;
     let opening = Instant::now();
-    let ranks = LocalGroup::ranks(t as usize)
-        .into_iter()
-        .map(|rank| {
-            let group: Arc<dyn Collectives> = Arc::new(rank);
-            let backend =
-                if args.checked { CpuBackend::checked() } else { CpuBackend::with_copy_bandwidth(args.copy_bandwidth) };
-            let backend = if args.trace.is_some() || args.timings { backend.measure() } else { backend };
-            (backend.with_collectives(Arc::clone(&group)), group)
-        })
-        .collect();
-    let mut trainer = ParallelTrainer::with_plan(planned, ranks).map_err(runtime_failure)?;
-    let open_s = opening.elapsed().as_secs_f64();
+    match args.device.kind {
+        Kind::Cuda => {
+            if let Some(env) = torchrun {
+                return Err(Failure::new(
+                    exit::BAD_INPUT,
+                    format!(
+                        "--tensor-parallel {t} under torchrun (rank {} of {}): one rank per process is not there yet \
+                         (the trainer runs every rank of the group in one process); run memo train once, without \
+                         torchrun: the ranks become threads on devices {}..{}",
+                        env.rank,
+                        env.world_size,
+                        args.device.ordinal,
+                        args.device.ordinal + t as usize - 1
+                    ),
+                ));
+            }
+            let ranks = cuda_ranks(args)?;
+            let trainer = ParallelTrainer::with_plan(planned, ranks).map_err(runtime_failure)?;
+            train(args, &model, data, trainer, opening.elapsed().as_secs_f64(), "NVIDIA GPUs, NCCL")
+        }
+        _ => {
+            let ranks = LocalGroup::ranks(t as usize)
+                .into_iter()
+                .map(|rank| {
+                    let group: Arc<dyn Collectives> = Arc::new(rank);
+                    let backend = if args.checked {
+                        CpuBackend::checked()
+                    } else {
+                        CpuBackend::with_copy_bandwidth(args.copy_bandwidth)
+                    };
+                    let backend = if args.trace.is_some() || args.timings { backend.measure() } else { backend };
+                    (backend.with_collectives(Arc::clone(&group)), group)
+                })
+                .collect();
+            let trainer = ParallelTrainer::with_plan(planned, ranks).map_err(runtime_failure)?;
+            train(args, &model, data, trainer, opening.elapsed().as_secs_f64(), "CPU threads")
+        }
+    }
+}
+
+/// The steps (progress or `--json` lines), checkpoints of every rank's shards, the trace and the
+/// summary, on started ranks (`how`: where they run, for the header).
+fn train<B: Backend + Send>(
+    args: &TrainArgs,
+    model: &ModelConfig,
+    mut data: super::Source,
+    mut trainer: ParallelTrainer<B>,
+    open_s: f64,
+    how: &str,
+) -> Result<(), Failure> {
+    let t = args.tensor_parallel;
+    let model = model.clone();
     let print = fingerprint(&model, args.seed);
     if args.resume {
         let dir = args.checkpoint.as_deref().unwrap_or(std::path::Path::new("."));
@@ -102,7 +311,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
     let unigram = data.unigram_entropy();
     if !args.json {
         eprintln!(
-            "memo train: {} ({} layers, h {}), {} tokens x {}, {} plan, tensor-parallel {t} (CPU threads), per rank: \
+            "memo train: {} ({} layers, h {}), {} tokens x {}, {} plan, tensor-parallel {t} ({how}), per rank: \
              arena {}, host slab {}{}",
             model.name,
             model.layers,
@@ -149,7 +358,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
         }
     }
     if let Some(path) = &args.trace {
-        write_rank_0_trace(&mut trainer, path)?;
+        write_rank_0_trace(&mut trainer, path, how)?;
     }
     let elapsed = started.elapsed().as_secs_f64();
     let tokens_per_s = (trainer.steps_taken() - first) as f64 * super::tokens_per_step(&model) / elapsed.max(1e-9);
@@ -160,7 +369,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
             "summary": true, "steps": trainer.steps_taken(), "final_loss": last_loss, "unigram_entropy": unigram,
             "tokens_per_s": tokens_per_s, "strategy": args.strategy.name(), "tensor_parallel": t,
             "alpha": plan.provenance.alpha, "swaps": plan.provenance.swap_summary(),
-            "device_bytes": plan.totals.arena_bytes, "host_bytes": plan.totals.host_bytes, "device": "cpu",
+            "device_bytes": plan.totals.arena_bytes, "host_bytes": plan.totals.host_bytes, "device": args.device.label(),
             "setup_s": {"open_backend": open_s, "plan": setup.plan_s, "allocate": setup.allocate_s,
                         "initialise": setup.initialise_s},
         });
@@ -176,7 +385,11 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
 }
 
 /// Writes rank 0's measured timeline of the last step (its four streams) to `--trace`.
-fn write_rank_0_trace(trainer: &mut ParallelTrainer<CpuBackend>, path: &std::path::Path) -> Result<(), Failure> {
+fn write_rank_0_trace<B: Backend + Send>(
+    trainer: &mut ParallelTrainer<B>,
+    path: &std::path::Path,
+    how: &str,
+) -> Result<(), Failure> {
     let steps = trainer.steps_taken();
     let timeline = trainer.rank(0).and_then(memo_runtime::Trainer::last_step_timeline).ok_or_else(|| {
         Failure::new(
@@ -189,7 +402,7 @@ fn write_rank_0_trace(trainer: &mut ParallelTrainer<CpuBackend>, path: &std::pat
         &format!("step {steps}, rank 0"),
         &timeline,
         "memo train --trace",
-        "measured on the CPU backend, rank 0: each instruction from when its stream thread took it to when it finished",
+        &format!("measured on rank 0 ({how}): each instruction from when its stream took it to when it finished"),
     );
     crate::checked::write_atomically(path, text.as_bytes())
         .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write {}: {e}; check the directory", path.display())))
