@@ -6,7 +6,7 @@ use std::sync::Arc;
 use memo_plan_core::check::CheckedPlan;
 use memo_plan_core::model::ModelConfig;
 use memo_plan_core::plan::BufferKind;
-use memo_plan_core::plan::{Access, Action, Op, Plan, Strategy, Stream, TensorRole};
+use memo_plan_core::plan::{Access, Action, EventId, Op, Plan, Strategy, Stream, TensorRole};
 use memo_runtime::checkpoint::{Checkpoint, StateKind};
 use memo_runtime::collective::{reduce, Element, Reduction};
 use memo_runtime::data::{TextData, DEFAULT_TEXT};
@@ -219,7 +219,11 @@ fn a_failing_rank_fails_the_others_collectives() {
                 let bad = [arg(0, 1, 4, Access::Read), arg(256, 2, 8, Access::Read), arg(512, 1, 8, Access::Write)];
                 backend.launch(0, Stream::Compute, Op::Embedding, &bad, &context(3)).unwrap();
             }
-            backend.launch(1, Stream::Collective, Op::AllGather, &gather, &context(3)).unwrap();
+            // The collective waits for the compute stream, as a plan's do: without it, rank 1's
+            // all-gather could complete with the others' before its embedding fails.
+            backend.record(1, Stream::Compute, EventId(0)).unwrap();
+            backend.wait(2, Stream::Collective, EventId(0)).unwrap();
+            backend.launch(3, Stream::Collective, Op::AllGather, &gather, &context(3)).unwrap();
         }
         backend.synchronize()
     });
