@@ -558,13 +558,14 @@ fn emulated_matches_cpu_on_rank(
 }
 
 /// The ops of the tensor-parallel step (`t > 1`) and the vocabulary-sharded ones, as rank `k`
-/// of `t = 2` and 3, with a vocabulary not divisible by `t` (37) and one that is (40): each
+/// of `t = 2` and 3, with vocabularies not divisible by `t` (37, and 4 at `t = 3`: a rank of
+/// padding only) and one that is (40): each
 /// recipe, emulated, against the CPU reference run as the same rank. The shard shapes are
 /// accepted (the recipes check them with the context's rank and ranks).
 #[test]
 fn the_t_greater_than_one_ops_run_as_a_rank_and_match_the_cpu() {
     let mut worst = 0f32;
-    for (vocab, ranks) in [(37u64, 2u64), (40, 2), (37, 3)] {
+    for (vocab, ranks) in [(37u64, 2u64), (40, 2), (37, 3), (4, 3)] {
         let shard = vocab.div_ceil(ranks);
         let (rows, h) = (ROWS, H * 2);
         for rank in 0..ranks {
@@ -594,12 +595,12 @@ fn the_t_greater_than_one_ops_run_as_a_rank_and_match_the_cpu() {
 
 /// The split cross-entropy over `t` ranks, each rank's three launches emulated and checked
 /// against the CPU reference as that rank, the maxima and sums combined across ranks as the
-/// all-reduces do: the loss equals the one-rank `cross_entropy` of the whole logits, and each
+/// all-reduces do (`V = 4`, `t = 3`: the last rank holds padding only): the loss equals the one-rank `cross_entropy` of the whole logits, and each
 /// rank's gradient columns are the one-rank gradient's columns at the rank's vocabulary offset
 /// (padding columns 0).
 #[test]
 fn the_split_cross_entropy_over_ranks_is_the_whole_cross_entropy() {
-    for (vocab, ranks) in [(37u64, 2u64), (40, 2), (37, 3), (37, 1)] {
+    for (vocab, ranks) in [(37u64, 2u64), (40, 2), (37, 3), (37, 1), (4, 3)] {
         let shard = vocab.div_ceil(ranks);
         let rows = ROWS;
         let whole_logits = bf16_bytes((rows * vocab) as usize, 23);
