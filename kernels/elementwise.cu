@@ -143,6 +143,16 @@ memo_broadcast_row(const memo_bf16* row, memo_bf16* y, memo_u64 rows, memo_u32 w
     }
 }
 
+// y[r][j] = round(y[r][j] + bias[j]) (f32 sum) for `rows` rows of `width` bf16: `add_bias`,
+// after `linear_no_bias` and the all-reduce of its partial sums (t > 1), as on the CPU.
+extern "C" __global__ void MEMO_LAUNCH_BOUNDS(256)
+memo_add_bias(const memo_bf16* bias, memo_bf16* y, memo_u64 rows, memo_u32 width) {
+    const memo_u64 n = rows * width;
+    for (memo_u64 i = (memo_u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (memo_u64)gridDim.x * blockDim.x) {
+        y[i] = memo_f32_to_bf16(memo_bf16_to_f32(y[i]) + memo_bf16_to_f32(bias[i % width]));
+    }
+}
+
 // Column sums, stage 1: block (c, k) sums column j = c * blockDim.x + threadIdx.x of rows
 // [k * rows_per_chunk, min((k + 1) * rows_per_chunk, rows)) in row order into
 // partial[k * width + j] (f32). Threads of a warp read adjacent columns (coalesced).

@@ -226,6 +226,13 @@ fn kernel(m: &mut Machine<'_>, name: &str, grid: [u32; 3], p: &Params) {
                 m.set_bf16(p.get("y"), i, value);
             }
         }
+        "memo_add_bias" => {
+            let (rows, width) = (p.int("rows"), p.int("width"));
+            for i in 0..rows * width {
+                let sum = m.bf16(p.get("y"), i) + m.bf16(p.get("bias"), i % width);
+                m.set_bf16(p.get("y"), i, sum);
+            }
+        }
         "memo_column_sum_partial" => {
             let (rows, width, per_chunk) = (p.int("rows"), p.int("width"), p.int("rows_per_chunk"));
             assert!(grid[0] as usize * 256 >= width, "column blocks cover the row");
@@ -313,6 +320,63 @@ fn kernel(m: &mut Machine<'_>, name: &str, grid: [u32; 3], p: &Params) {
                         row * vocab + j,
                         if j == target { (q - 1.0) / tokens } else { q / tokens },
                     );
+                }
+            }
+        }
+        "memo_cross_entropy_max" => {
+            let (rows, width, valid) = (p.int("rows"), p.int("width"), p.int("valid"));
+            for row in 0..rows {
+                let max =
+                    (0..valid).map(|j| m.bf16(p.get("logits"), row * width + j)).fold(f32::NEG_INFINITY, f32::max);
+                m.set_f32(p.get("max"), row, max);
+            }
+        }
+        "memo_cross_entropy_sums" => {
+            let (rows, width, valid, offset, vocab) =
+                (p.int("rows"), p.int("width"), p.int("valid"), p.int("offset"), p.int("vocab"));
+            for row in 0..rows {
+                let target = m.u32(p.get("targets"), row) as usize;
+                if target >= vocab {
+                    m.report(2, p.int("instruction") as u64, row as u64, target as u64);
+                    m.set_f32(p.get("sums"), 2 * row, 0.0);
+                    m.set_f32(p.get("sums"), 2 * row + 1, 0.0);
+                    continue;
+                }
+                let max = m.f32(p.get("max"), row);
+                let z: f32 = (0..valid).map(|j| (m.bf16(p.get("logits"), row * width + j) - max).exp()).sum();
+                let local = target.checked_sub(offset).filter(|&c| c < valid);
+                let target_logit = local.map_or(0.0, |c| m.bf16(p.get("logits"), row * width + c));
+                m.set_f32(p.get("sums"), 2 * row, z);
+                m.set_f32(p.get("sums"), 2 * row + 1, target_logit);
+            }
+        }
+        "memo_cross_entropy_finish" => {
+            let (rows, width, valid, offset, vocab) =
+                (p.int("rows"), p.int("width"), p.int("valid"), p.int("offset"), p.int("vocab"));
+            let tokens = p.float("tokens");
+            for row in 0..rows {
+                let target = m.u32(p.get("targets"), row) as usize;
+                if target >= vocab {
+                    m.report(2, p.int("instruction") as u64, row as u64, target as u64);
+                    m.set_f32(p.get("row_loss"), row, 0.0);
+                    continue;
+                }
+                let (max, z, target_logit) =
+                    (m.f32(p.get("max"), row), m.f32(p.get("sums"), 2 * row), m.f32(p.get("sums"), 2 * row + 1));
+                m.set_f32(p.get("row_loss"), row, max + z.ln() - target_logit);
+                let local = target.checked_sub(offset).filter(|&c| c < valid);
+                for j in 0..width {
+                    let g = if j < valid {
+                        let q = (m.bf16(p.get("logits"), row * width + j) - max).exp() / z;
+                        if Some(j) == local {
+                            (q - 1.0) / tokens
+                        } else {
+                            q / tokens
+                        }
+                    } else {
+                        0.0
+                    };
+                    m.set_bf16(p.get("logits"), row * width + j, g);
                 }
             }
         }

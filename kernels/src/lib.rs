@@ -73,6 +73,7 @@ pub const SOURCES: &[Source] = &[
             "memo_gelu_backward",
             "memo_add",
             "memo_broadcast_row",
+            "memo_add_bias",
             "memo_column_sum_partial",
             "memo_column_sum_finish",
         ],
@@ -85,7 +86,13 @@ pub const SOURCES: &[Source] = &[
     Source {
         name: "loss.cu",
         text: include_str!("../loss.cu"),
-        kernels: &["memo_cross_entropy", "memo_sum_into_scalar"],
+        kernels: &[
+            "memo_cross_entropy",
+            "memo_sum_into_scalar",
+            "memo_cross_entropy_max",
+            "memo_cross_entropy_sums",
+            "memo_cross_entropy_finish",
+        ],
     },
     Source {
         name: "optim.cu",
@@ -396,10 +403,10 @@ pub fn lse_transpose_step(
     })
 }
 
-/// Why `op` cannot run on a GPU at all, whatever its shapes: the ops of the `t > 1` step that
-/// have no GPU kernel yet ("has no GPU kernel yet"). `None` for every other op, the collectives
-/// included (the GPU backends run them on NCCL or RCCL). A runner checks a plan's ops with this
-/// before it opens devices, so that such a plan is refused before anything runs.
+/// Why `op` cannot run on a GPU at all, whatever its shapes: an op with no GPU kernel. `None`
+/// for every op today (the `t > 1` step's split ops have kernels; the collectives run on NCCL or
+/// RCCL). A runner checks a plan's ops with this before it opens devices, so that a plan with
+/// such an op would be refused before anything runs.
 pub fn without_gpu_kernel(op: Op) -> Option<RecipeError> {
     recipes::without_kernel(op)
 }

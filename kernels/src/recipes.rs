@@ -13,7 +13,7 @@
 //! uses `beta = 1`, so `y = round(x W^T + bias)`, one rounding as on the CPU. Only the order of
 //! the f32 sums differs from the CPU (cuBLAS picks it), which the GPU tests' tolerance covers.
 
-use memo_plan_core::plan::shapes::{self, OpError, OpErrorKind, OpShape, ShapeContext};
+use memo_plan_core::plan::shapes::{self, OpError, OpShape, ShapeContext};
 use memo_plan_core::plan::Op;
 use memo_runtime::KernelContext;
 
@@ -74,9 +74,10 @@ pub(crate) fn shape_context(ctx: &KernelContext) -> ShapeContext {
         vocab: ctx.vocab,
         loss_scale_tokens: ctx.loss_scale_tokens,
         adamw_step: ctx.adamw.step,
-        // The GPU recipes run one rank (t = 1); the group comes with the collectives.
-        rank: 0,
-        ranks: 1,
+        // This GPU's place in its tensor-parallel group: the vocabulary shard of the embedding,
+        // classifier and cross-entropy ops (`spec/tensor-parallel.md`).
+        rank: ctx.rank,
+        ranks: ctx.ranks,
     }
 }
 
@@ -113,7 +114,7 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
     let s = shapes::check(op, args, &shape_context(ctx))?;
     let a = Args { op };
     match op {
-        Op::Embedding => embedding(&a, &s),
+        Op::Embedding => embedding(&a, &s, ctx),
         Op::LayerNorm => layer_norm(&a, &s),
         Op::Linear => linear(&a, &s),
         Op::Gelu => elementwise(&s, "memo_gelu_forward", &[0], 1),
@@ -126,7 +127,7 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
         Op::Classifier => classifier(&a, &s),
         Op::CrossEntropy => cross_entropy(&a, &s, ctx),
         Op::ClassifierBackwardWeight => classifier_backward_weight(&a, &s),
-        Op::EmbeddingBackward => embedding_backward(&a, &s),
+        Op::EmbeddingBackward => embedding_backward(&a, &s, ctx),
         Op::Zero => Ok(vec![Step::Zero { arg: 0 }]),
         Op::GradNormSquared => grad_norm_squared(&s),
         Op::AdamW => adamw(&a, &s, ctx),
@@ -134,34 +135,19 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
         Op::AllGather | Op::ReduceScatter | Op::AllReduceSumBf16 | Op::AllReduceSumF32 | Op::AllReduceMaxF32 => {
             Err(OpError::needs_multi_gpu(op))
         }
-        Op::LinearNoBias | Op::AddBias | Op::CrossEntropyMax | Op::CrossEntropySums | Op::CrossEntropyFinish => {
-            Err(not_implemented(op))
-        }
+        Op::LinearNoBias => linear_no_bias(&a, &s),
+        Op::AddBias => add_bias(&a, &s),
+        Op::CrossEntropyMax => cross_entropy_max(&a, &s, ctx),
+        Op::CrossEntropySums => cross_entropy_sums(&a, &s, ctx),
+        Op::CrossEntropyFinish => cross_entropy_finish(&a, &s, ctx),
     }
 }
 
-/// The refusal [`steps`] gives `op` whatever its shapes, when it has no GPU kernel yet; `None`
-/// for the ops with kernels and for the collectives (the backends run those on NCCL or RCCL).
-pub(crate) fn without_kernel(op: Op) -> Option<RecipeError> {
-    match op {
-        Op::LinearNoBias | Op::AddBias | Op::CrossEntropyMax | Op::CrossEntropySums | Op::CrossEntropyFinish => {
-            Some(not_implemented(op))
-        }
-        _ => None,
-    }
-}
-
-/// The refusal of an op of the tensor-parallel step (`t > 1`) that has no GPU kernel yet.
-fn not_implemented(op: Op) -> RecipeError {
-    OpError {
-        op,
-        argument: None,
-        kind: OpErrorKind::Unsupported {
-            reason: "has no GPU kernel yet (an op of the t > 1 step, `spec/tensor-parallel.md`); this backend runs \
-                     plans made with tensor parallelism t = 1"
-                .into(),
-        },
-    }
+/// The refusal [`steps`] gives `op` whatever its shapes, when it has no GPU kernel yet: `None`
+/// for every op now (the collectives run on NCCL or RCCL). Kept so that a runner's check of a
+/// plan's ops before it opens devices stays in one place.
+pub(crate) fn without_kernel(_op: Op) -> Option<RecipeError> {
+    None
 }
 
 /// The parameters both embedding kernels take: the three arguments in order, then the shape.
@@ -178,11 +164,18 @@ fn embedding_params(rows: u64, width: u32, vocab: u32) -> Vec<Param> {
     ]
 }
 
+/// Token ids below this are valid for the embedding ops: the table's rows, but not its padding
+/// rows past the vocabulary `V` (with `t > 1` the gathered table has `t * ceil(V / t)` rows), as
+/// on the CPU.
+fn token_limit(s: &OpShape, ctx: &KernelContext) -> u64 {
+    s.features.min(ctx.vocab)
+}
+
 /// `embedding` [tokens, embedding, out].
-fn embedding(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+fn embedding(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
     let rows = s.rows;
     let width = a.small(1, s.width, "a row width")?;
-    let vocab = a.small(1, s.features, "a vocabulary")?;
+    let vocab = a.small(1, token_limit(s, ctx), "a vocabulary")?;
     if rows == 0 {
         return Ok(Vec::new());
     }
@@ -191,10 +184,10 @@ fn embedding(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
 }
 
 /// `embedding_backward` [tokens, dout, dembedding (read-write)].
-fn embedding_backward(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+fn embedding_backward(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
     let rows = s.rows;
     let width = a.small(2, s.width, "a row width")?;
-    let vocab = a.small(2, s.features, "a vocabulary")?;
+    let vocab = a.small(2, token_limit(s, ctx), "a vocabulary")?;
     if rows == 0 {
         return Ok(Vec::new());
     }
@@ -355,6 +348,44 @@ fn linear(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
     Ok(steps)
 }
 
+/// `linear_no_bias` [x, weight, y]: `y = x W^T`, one rounding (the GEMM of `linear` with beta 0
+/// and no bias).
+fn linear_no_bias(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    let (rows, k, n) = (s.rows, s.width, s.features);
+    // As in `linear`: Y^T (n x rows) = W (n x k) X^T (k x rows); C = y (argument 2).
+    Ok(gemm_or_empty(Gemm {
+        transpose_a: true,
+        transpose_b: false,
+        m: a.dim(1, n, "output features")?,
+        n: a.dim(0, rows, "rows")?,
+        k: a.dim(0, k, "input features")?,
+        a: operand(1),
+        lda: a.dim(0, k.max(1), "input features")?,
+        b: operand(0),
+        ldb: a.dim(0, k.max(1), "input features")?,
+        c: operand(2),
+        ldc: a.dim(1, n.max(1), "output features")?,
+        alpha: 1.0,
+        beta: 0.0,
+    }))
+}
+
+/// `add_bias` [bias, y (read-write)]: `y = round(y + bias)` per row.
+fn add_bias(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    let n = s.elements;
+    if n == 0 || s.width == 0 {
+        return Ok(Vec::new());
+    }
+    let width = a.small(0, s.width, "a row width")?;
+    Ok(vec![kernel(
+        "memo_add_bias",
+        [blocks(n, u64::from(BLOCK)), 1, 1],
+        BLOCK,
+        vec![ptr(0), ptr(1), Param::U64(s.rows), Param::U32(width)],
+        0,
+    )])
+}
+
 /// `linear_backward_input(_accumulate)` [dy, weight, dx]: `dx (+)= dy W`.
 fn linear_backward_input(a: &Args, s: &OpShape, accumulate: bool) -> Result<Vec<Step>, RecipeError> {
     let (rows, k, n) = (s.rows, s.width, s.features);
@@ -511,6 +542,91 @@ fn cross_entropy(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>
             [1, 1, 1],
             1024,
             vec![Param::Scratch { byte_offset: 0 }, Param::U64(rows), ptr(2)],
+            scratch,
+        ),
+    ])
+}
+
+/// The rank's vocabulary geometry for the split cross-entropy: (`V'` columns, the columns below
+/// the vocabulary, the rank's first vocabulary id, `V`), each checked to fit the kernels.
+fn vocab_geometry(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<(u32, u32, u64, u32), RecipeError> {
+    let shape_ctx = shape_context(ctx);
+    let width = a.small(0, s.width, "a vocabulary shard")?;
+    let valid = a.small(0, shape_ctx.vocab_columns(), "a vocabulary shard")?;
+    let vocab = u32::try_from(ctx.vocab)
+        .map_err(|_| OpError::context(a.op, "vocab", format!("is {}; the kernels take it below 2^32", ctx.vocab)))?;
+    Ok((width, valid, shape_ctx.vocab_offset(), vocab))
+}
+
+/// `cross_entropy_max` [logits, max]: per row, the maximum of this rank's logits below `V`.
+fn cross_entropy_max(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    let (width, valid, _, _) = vocab_geometry(a, s, ctx)?;
+    if s.rows == 0 {
+        return Ok(Vec::new());
+    }
+    let params = vec![ptr(0), ptr(1), Param::U64(s.rows), Param::U32(width), Param::U32(valid)];
+    Ok(vec![kernel("memo_cross_entropy_max", [blocks(s.rows, 1), 1, 1], BLOCK, params, 0)])
+}
+
+/// `cross_entropy_sums` [logits, targets, max, sums]: per row, the sum of exponentials of this
+/// rank's logits and the target's logit if this rank holds it (at the rank's vocabulary offset).
+fn cross_entropy_sums(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    let (width, valid, offset, vocab) = vocab_geometry(a, s, ctx)?;
+    if s.rows == 0 {
+        return Ok(Vec::new());
+    }
+    let params = vec![
+        ptr(0),
+        ptr(1),
+        ptr(2),
+        ptr(3),
+        Param::U64(s.rows),
+        Param::U32(width),
+        Param::U32(valid),
+        Param::U64(offset),
+        Param::U32(vocab),
+        Param::Status,
+        Param::Instruction,
+    ];
+    Ok(vec![kernel("memo_cross_entropy_sums", [blocks(s.rows, 1), 1, 1], BLOCK, params, 0)])
+}
+
+/// `cross_entropy_finish` [logits (read-write), targets, max, sums, loss (read-write)]. Scratch:
+/// one f32 loss per row, summed into `loss` in a fixed order by `memo_sum_into_scalar`.
+fn cross_entropy_finish(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    let (width, valid, offset, vocab) = vocab_geometry(a, s, ctx)?;
+    let rows = s.rows;
+    if rows == 0 {
+        return Ok(Vec::new());
+    }
+    let scratch = rows.checked_mul(WORD).ok_or_else(|| a.error(0, "fewer rows".into(), rows.to_string()))?;
+    Ok(vec![
+        kernel(
+            "memo_cross_entropy_finish",
+            [blocks(rows, 1), 1, 1],
+            BLOCK,
+            vec![
+                ptr(0),
+                ptr(1),
+                ptr(2),
+                ptr(3),
+                Param::Scratch { byte_offset: 0 },
+                Param::U64(rows),
+                Param::U32(width),
+                Param::U32(valid),
+                Param::U64(offset),
+                Param::U32(vocab),
+                Param::F32(ctx.loss_scale_tokens as f32),
+                Param::Status,
+                Param::Instruction,
+            ],
+            scratch,
+        ),
+        kernel(
+            "memo_sum_into_scalar",
+            [1, 1, 1],
+            1024,
+            vec![Param::Scratch { byte_offset: 0 }, Param::U64(rows), ptr(4)],
             scratch,
         ),
     ])

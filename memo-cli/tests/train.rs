@@ -213,10 +213,11 @@ fn memo_with_torchrun(args: &[&str], vars: &[(&str, &str)]) -> std::process::Out
     command.output().expect("memo runs")
 }
 
-/// `--tensor-parallel T` on a GPU is refused before any device is opened, whether or not this
-/// machine has one, with the reason and the fix: the plan's ops that have no GPU kernel yet
-/// (named), the HIP backend's missing collectives, and under torchrun a malformed variable or a
-/// WORLD_SIZE other than T.
+/// `--tensor-parallel T` on a GPU: every op of the `t > 1` plan has a GPU kernel, so the plan is
+/// let through to the devices (which this machine may lack: then the device error, exit 7; with
+/// two GPUs it trains). Refused before any device is opened, with the reason and the fix: the HIP
+/// backend's missing collectives, and under torchrun a malformed variable or a WORLD_SIZE other
+/// than T.
 #[test]
 fn tensor_parallel_on_a_gpu_is_refused_before_anything_runs() {
     let gpu = ["train", "--model", "tiny", "--seq", "32", "--steps", "1", "--tensor-parallel", "2"];
@@ -226,9 +227,13 @@ fn tensor_parallel_on_a_gpu_is_refused_before_anything_runs() {
         args
     };
     for device in ["cuda", "cuda:1"] {
-        let message = assert_fails(&memo_with_torchrun(&with(device), &[]), 2);
-        assert!(message.contains("no GPU kernel yet") && message.contains("linear_no_bias"), "{message}");
-        assert!(message.contains("Nothing was run") && message.contains("--device cpu"), "{message}");
+        let output = memo_with_torchrun(&with(device), &[]);
+        if !output.status.success() {
+            let message = String::from_utf8_lossy(&output.stderr).into_owned();
+            assert!(!message.contains("no GPU kernel"), "{message}");
+            // No GPU, no driver or NCCL here: the devices were opened, and that failed.
+            assert_eq!(output.status.code(), Some(7), "{device}: {message}");
+        }
     }
     let message = assert_fails(&memo_with_torchrun(&with("hip"), &[]), 2);
     assert!(message.contains("HIP backend does not launch collectives"), "{message}");

@@ -5,10 +5,11 @@
 //! (`spec/backends.md` "Collectives on GPUs"). The plan is made once for `T` ranks; `--trace` and
 //! `--timings` show rank 0's streams.
 //!
-//! What is refused, before any device is opened: a plan with ops that have no GPU kernel yet (the
-//! `t > 1` step's split ops: today every such plan), AMD GPUs (the HIP backend does not launch
-//! collectives yet), and under `torchrun` (one rank per process: `ParallelTrainer` runs all ranks
-//! in one process) after the variables and `WORLD_SIZE = T` are checked.
+//! What is refused, before any device is opened: a plan with ops that have no GPU kernel
+//! (`memo_kernels::without_gpu_kernel`: none today, the `t > 1` step's split ops have kernels),
+//! AMD GPUs (the HIP backend does not launch collectives yet), and under `torchrun` (one rank per
+//! process: `ParallelTrainer` runs all ranks in one process) after the variables and
+//! `WORLD_SIZE = T` are checked.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
