@@ -11,6 +11,7 @@
 //! search also walks along plateaus; the best peak seen is kept. Each round is O(n log n) and
 //! needs no overlap graph.
 
+use alloc::vec;
 use alloc::vec::Vec;
 
 use super::control::Control;
@@ -39,6 +40,18 @@ pub(crate) fn repair(
     let cost = n as u64;
     let mut spent = 0;
     let at_peak = |p: &ComponentPlacement| (0..n).filter(|&l| p.offsets[l] + item(l).size == p.peak).count();
+    // Peak-first starts: the buffers alive at a step of most live bytes stacked without holes,
+    // the later ones swept forward and the earlier ones backward from there.
+    if *nodes_left >= 8 * cost && !control.tick(8 * cost) {
+        *nodes_left -= 8 * cost;
+        spent += 8 * cost;
+        for stack in [Stack::LongestAfter, Stack::LongestBefore, Stack::LongestEither, Stack::Current] {
+            let candidate = peak_first(items, members, stack, &placement.offsets);
+            if candidate.peak < placement.peak {
+                *placement = candidate;
+            }
+        }
+    }
     let mut current = placement.clone();
     let mut current_count = at_peak(&current);
     let mut alive: Vec<u32> = Vec::new();
@@ -69,6 +82,83 @@ pub(crate) fn repair(
         }
     }
     spent
+}
+
+/// How [`peak_first`] orders the stack at the step of most live bytes, bottom first.
+#[derive(Clone, Copy, Debug)]
+enum Stack {
+    /// Latest end at the bottom: the space freed after the step is on top.
+    LongestAfter,
+    /// Earliest start at the bottom: the space freed before the step (backwards) is on top.
+    LongestBefore,
+    /// The longest of the two sides' shorter one at the bottom.
+    LongestEither,
+    /// The order of the given offsets (the current placement squeezed at the step).
+    Current,
+}
+
+/// The buffers alive at a step of most live bytes stacked from 0 without holes in `stack`'s
+/// order; the buffers starting after the step placed by the forward best-fit sweep, those ending
+/// by it by the same sweep in reversed time. The two sides share no step, so the result is valid.
+fn peak_first(items: &[Item], members: &[u32], stack: Stack, current: &[u64]) -> ComponentPlacement {
+    let n = members.len();
+    let item = |l: usize| items[members[l] as usize];
+    // The step of most live bytes (the first one).
+    let mut events: Vec<(u32, i128)> = Vec::with_capacity(2 * n);
+    for l in 0..n {
+        events.push((item(l).lower, i128::from(item(l).size)));
+        events.push((item(l).upper, -i128::from(item(l).size)));
+    }
+    events.sort_unstable();
+    let (mut live, mut best, mut step) = (0i128, -1i128, 0u32);
+    for (i, &(at, delta)) in events.iter().enumerate() {
+        live += delta;
+        if events.get(i + 1).is_none_or(|&(next, _)| next != at) && live > best {
+            best = live;
+            step = at;
+        }
+    }
+    let end = (0..n).map(|l| item(l).upper).max().unwrap_or(0);
+    let mut alive: Vec<usize> = (0..n).filter(|&l| item(l).lower <= step && item(l).upper > step).collect();
+    let key = |l: usize| -> (u64, u64) {
+        let (before, after) = (u64::from(step - item(l).lower), u64::from(item(l).upper - step));
+        match stack {
+            Stack::LongestAfter => (u64::MAX - after, 0),
+            Stack::LongestBefore => (u64::MAX - before, 0),
+            Stack::LongestEither => (u64::MAX - before.min(after), u64::MAX - before.max(after)),
+            Stack::Current => (current[l], 0),
+        }
+    };
+    alive.sort_by_key(|&l| (key(l), l));
+    let mut offsets = vec![0u64; n];
+    let mut top = 0;
+    for &l in &alive {
+        offsets[l] = top;
+        top += item(l).size;
+    }
+    let mut rng = SplitMix64::new(0);
+    // Forward: the buffers ending after the step; those starting by it are the stack.
+    let forward: Vec<usize> = (0..n).filter(|&l| item(l).upper > step).collect();
+    let forward_members: Vec<u32> = forward.iter().map(|&l| members[l]).collect();
+    let kept: Vec<u64> = forward.iter().map(|&l| offsets[l]).collect();
+    let ahead = sweep_from(items, &forward_members, &mut rng, &kept, step + 1, 0);
+    // Backward: the buffers starting by the step, in reversed time (steps `end - upper` ..
+    // `end - lower`); those ending after it are the stack.
+    let backward: Vec<usize> = (0..n).filter(|&l| item(l).lower <= step).collect();
+    let mirrored: Vec<Item> = backward
+        .iter()
+        .map(|&l| Item { lower: end - item(l).upper, upper: end - item(l).lower, size: item(l).size })
+        .collect();
+    let backward_members: Vec<u32> = (0..backward.len() as u32).collect();
+    let kept: Vec<u64> = backward.iter().map(|&l| offsets[l]).collect();
+    let behind = sweep_from(&mirrored, &backward_members, &mut rng, &kept, end - step, 0);
+    for (i, &l) in forward.iter().enumerate() {
+        offsets[l] = ahead.offsets[i];
+    }
+    for (i, &l) in backward.iter().enumerate() {
+        offsets[l] = behind.offsets[i];
+    }
+    ComponentPlacement { offsets, peak: ahead.peak.max(behind.peak) }
 }
 
 #[cfg(test)]
