@@ -10,6 +10,12 @@
 //! result replaces the current placement when its (peak, buffers at the peak) is no worse, so the
 //! search also walks along plateaus; the best peak seen is kept. Each round is O(n log n) and
 //! needs no overlap graph.
+//!
+//! Before the rounds, *peak-first* starts ([`peak_first`]): the sweep fills the step of most live
+//! bytes with whatever holes its earlier choices left, so instead the buffers alive there are
+//! stacked from 0 without holes (that step then sits exactly at the lower bound), and the sweep
+//! runs forward from it for the later buffers and backward (in reversed time) for the earlier
+//! ones. Four stack orders; one replaces the placement only if its peak is lower.
 
 use alloc::vec;
 use alloc::vec::Vec;
@@ -41,12 +47,15 @@ pub(crate) fn repair(
     let mut spent = 0;
     let at_peak = |p: &ComponentPlacement| (0..n).filter(|&l| p.offsets[l] + item(l).size == p.peak).count();
     // Peak-first starts: the buffers alive at a step of most live bytes stacked without holes,
-    // the later ones swept forward and the earlier ones backward from there.
-    if *nodes_left >= 8 * cost && !control.tick(8 * cost) {
-        *nodes_left -= 8 * cost;
-        spent += 8 * cost;
+    // the later ones swept forward and the earlier ones backward from there (two sweeps each).
+    'starts: for at in most_live_steps(items, members, PEAK_FIRST_STEPS) {
         for stack in [Stack::LongestAfter, Stack::LongestBefore, Stack::LongestEither, Stack::Current] {
-            let candidate = peak_first(items, members, stack, &placement.offsets);
+            if placement.peak <= goal || *nodes_left < 2 * cost || control.tick(2 * cost) {
+                break 'starts;
+            }
+            *nodes_left -= 2 * cost;
+            spent += 2 * cost;
+            let candidate = peak_first(items, members, stack, &placement.offsets, Some(at));
             if candidate.peak < placement.peak {
                 *placement = candidate;
             }
@@ -84,6 +93,39 @@ pub(crate) fn repair(
     spent
 }
 
+/// Steps tried by the peak-first starts.
+const PEAK_FIRST_STEPS: usize = 8;
+
+/// Up to `count` steps of most live bytes, most first, each at least 64 steps from the others.
+fn most_live_steps(items: &[Item], members: &[u32], count: usize) -> Vec<u32> {
+    let mut events: Vec<(u32, i128)> = Vec::with_capacity(2 * members.len());
+    for &m in members {
+        let item = &items[m as usize];
+        events.push((item.lower, i128::from(item.size)));
+        events.push((item.upper, -i128::from(item.size)));
+    }
+    events.sort_unstable();
+    let mut steps: Vec<(i128, u32)> = Vec::new();
+    let mut live = 0i128;
+    for (i, &(at, delta)) in events.iter().enumerate() {
+        live += delta;
+        if events.get(i + 1).is_none_or(|&(next, _)| next != at) {
+            steps.push((-live, at));
+        }
+    }
+    steps.sort_unstable();
+    let mut chosen: Vec<u32> = Vec::new();
+    for &(_, at) in &steps {
+        if chosen.len() == count {
+            break;
+        }
+        if chosen.iter().all(|&c| c.abs_diff(at) >= 64) {
+            chosen.push(at);
+        }
+    }
+    chosen
+}
+
 /// How [`peak_first`] orders the stack at the step of most live bytes, bottom first.
 #[derive(Clone, Copy, Debug)]
 enum Stack {
@@ -100,7 +142,7 @@ enum Stack {
 /// The buffers alive at a step of most live bytes stacked from 0 without holes in `stack`'s
 /// order; the buffers starting after the step placed by the forward best-fit sweep, those ending
 /// by it by the same sweep in reversed time. The two sides share no step, so the result is valid.
-fn peak_first(items: &[Item], members: &[u32], stack: Stack, current: &[u64]) -> ComponentPlacement {
+fn peak_first(items: &[Item], members: &[u32], stack: Stack, current: &[u64], at: Option<u32>) -> ComponentPlacement {
     let n = members.len();
     let item = |l: usize| items[members[l] as usize];
     // The step of most live bytes (the first one).
@@ -118,6 +160,7 @@ fn peak_first(items: &[Item], members: &[u32], stack: Stack, current: &[u64]) ->
             step = at;
         }
     }
+    let step = at.unwrap_or(step);
     let end = (0..n).map(|l| item(l).upper).max().unwrap_or(0);
     let mut alive: Vec<usize> = (0..n).filter(|&l| item(l).lower <= step && item(l).upper > step).collect();
     let key = |l: usize| -> (u64, u64) {
@@ -184,5 +227,34 @@ mod tests {
         let recomputed = buffers.iter().zip(&placement.offsets).map(|(b, o)| o + b.size).max().unwrap();
         assert_eq!(placement.peak, recomputed);
         assert!(placement.peak < before, "{} buffers: {} not below {before}", items.len(), placement.peak);
+    }
+
+    #[test]
+    fn peak_first_stacks_the_most_live_step_and_stays_valid() {
+        let graph = GraphShape { blocks: 2, ops_per_block: 40, activation_bytes: 1 << 28 };
+        let buffers = pipelined_graph(1, PipelineShape { graph, micro_batches: 6, stagger: 6 });
+        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let members: Vec<u32> = (0..items.len() as u32).collect();
+        let sweep = by_start(&items, &members);
+        let lower = crate::lower_bound(&buffers, 1);
+        let mut best = u64::MAX;
+        for stack in [Stack::LongestAfter, Stack::LongestBefore, Stack::LongestEither, Stack::Current] {
+            let placement = peak_first(&items, &members, stack, &sweep.offsets, None);
+            crate::check::check_placement(&buffers, &placement.offsets, 1, placement.peak, None).unwrap();
+            let recomputed = buffers.iter().zip(&placement.offsets).map(|(b, o)| o + b.size).max().unwrap();
+            assert_eq!(placement.peak, recomputed, "{stack:?}");
+            // The stack has no holes: the buffers alive at the most-live step end at its live bytes.
+            let step = crate::lifetime::live_profile(&buffers, 1).peak_step().unwrap();
+            let top = buffers
+                .iter()
+                .zip(&placement.offsets)
+                .filter(|(b, _)| b.lower <= step && b.upper > step)
+                .map(|(b, o)| o + b.size)
+                .max()
+                .unwrap();
+            assert_eq!(top, lower, "{stack:?}");
+            best = best.min(placement.peak);
+        }
+        assert!(best < sweep.peak, "{} buffers: peak-first {best}, sweep {}", items.len(), sweep.peak);
     }
 }
