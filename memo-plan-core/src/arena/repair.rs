@@ -145,22 +145,11 @@ enum Stack {
 fn peak_first(items: &[Item], members: &[u32], stack: Stack, current: &[u64], at: Option<u32>) -> ComponentPlacement {
     let n = members.len();
     let item = |l: usize| items[members[l] as usize];
-    // The step of most live bytes (the first one).
-    let mut events: Vec<(u32, i128)> = Vec::with_capacity(2 * n);
-    for l in 0..n {
-        events.push((item(l).lower, i128::from(item(l).size)));
-        events.push((item(l).upper, -i128::from(item(l).size)));
-    }
-    events.sort_unstable();
-    let (mut live, mut best, mut step) = (0i128, -1i128, 0u32);
-    for (i, &(at, delta)) in events.iter().enumerate() {
-        live += delta;
-        if events.get(i + 1).is_none_or(|&(next, _)| next != at) && live > best {
-            best = live;
-            step = at;
-        }
-    }
-    let step = at.unwrap_or(step);
+    // The given step, or the first step of most live bytes.
+    let step = match at {
+        Some(step) => step,
+        None => most_live_steps(items, members, 1).first().copied().unwrap_or(0),
+    };
     let end = (0..n).map(|l| item(l).upper).max().unwrap_or(0);
     let mut alive: Vec<usize> = (0..n).filter(|&l| item(l).lower <= step && item(l).upper > step).collect();
     let key = |l: usize| -> (u64, u64) {
