@@ -10,7 +10,14 @@
 //! result replaces the current placement when its (peak, buffers at the peak) is no worse, so the
 //! search also walks along plateaus; the best peak seen is kept. Each round is O(n log n) and
 //! needs no overlap graph.
+//!
+//! Before the rounds, *peak-first* starts ([`peak_first`]): the sweep fills the step of most live
+//! bytes with whatever holes its earlier choices left, so instead the buffers alive there are
+//! stacked from 0 without holes (that step then sits exactly at the lower bound), and the sweep
+//! runs forward from it for the later buffers and backward (in reversed time) for the earlier
+//! ones. Four stack orders; one replaces the placement only if its peak is lower.
 
+use alloc::vec;
 use alloc::vec::Vec;
 
 use super::control::Control;
@@ -39,6 +46,21 @@ pub(crate) fn repair(
     let cost = n as u64;
     let mut spent = 0;
     let at_peak = |p: &ComponentPlacement| (0..n).filter(|&l| p.offsets[l] + item(l).size == p.peak).count();
+    // Peak-first starts: the buffers alive at a step of most live bytes stacked without holes,
+    // the later ones swept forward and the earlier ones backward from there (two sweeps each).
+    'starts: for at in most_live_steps(items, members, PEAK_FIRST_STEPS) {
+        for stack in [Stack::LongestAfter, Stack::LongestBefore, Stack::LongestEither, Stack::Current] {
+            if placement.peak <= goal || *nodes_left < 2 * cost || control.tick(2 * cost) {
+                break 'starts;
+            }
+            *nodes_left -= 2 * cost;
+            spent += 2 * cost;
+            let candidate = peak_first(items, members, stack, &placement.offsets, Some(at));
+            if candidate.peak < placement.peak {
+                *placement = candidate;
+            }
+        }
+    }
     let mut current = placement.clone();
     let mut current_count = at_peak(&current);
     let mut alive: Vec<u32> = Vec::new();
@@ -71,6 +93,106 @@ pub(crate) fn repair(
     spent
 }
 
+/// Steps tried by the peak-first starts.
+const PEAK_FIRST_STEPS: usize = 8;
+
+/// Up to `count` steps of most live bytes, most first, each at least 64 steps from the others.
+fn most_live_steps(items: &[Item], members: &[u32], count: usize) -> Vec<u32> {
+    let mut events: Vec<(u32, i128)> = Vec::with_capacity(2 * members.len());
+    for &m in members {
+        let item = &items[m as usize];
+        events.push((item.lower, i128::from(item.size)));
+        events.push((item.upper, -i128::from(item.size)));
+    }
+    events.sort_unstable();
+    let mut steps: Vec<(i128, u32)> = Vec::new();
+    let mut live = 0i128;
+    for (i, &(at, delta)) in events.iter().enumerate() {
+        live += delta;
+        if events.get(i + 1).is_none_or(|&(next, _)| next != at) {
+            steps.push((-live, at));
+        }
+    }
+    steps.sort_unstable();
+    let mut chosen: Vec<u32> = Vec::new();
+    for &(_, at) in &steps {
+        if chosen.len() == count {
+            break;
+        }
+        if chosen.iter().all(|&c| c.abs_diff(at) >= 64) {
+            chosen.push(at);
+        }
+    }
+    chosen
+}
+
+/// How [`peak_first`] orders the stack at the step of most live bytes, bottom first.
+#[derive(Clone, Copy, Debug)]
+enum Stack {
+    /// Latest end at the bottom: the space freed after the step is on top.
+    LongestAfter,
+    /// Earliest start at the bottom: the space freed before the step (backwards) is on top.
+    LongestBefore,
+    /// The longest of the two sides' shorter one at the bottom.
+    LongestEither,
+    /// The order of the given offsets (the current placement squeezed at the step).
+    Current,
+}
+
+/// The buffers alive at a step of most live bytes stacked from 0 without holes in `stack`'s
+/// order; the buffers starting after the step placed by the forward best-fit sweep, those ending
+/// by it by the same sweep in reversed time. The two sides share no step, so the result is valid.
+fn peak_first(items: &[Item], members: &[u32], stack: Stack, current: &[u64], at: Option<u32>) -> ComponentPlacement {
+    let n = members.len();
+    let item = |l: usize| items[members[l] as usize];
+    // The given step, or the first step of most live bytes.
+    let step = match at {
+        Some(step) => step,
+        None => most_live_steps(items, members, 1).first().copied().unwrap_or(0),
+    };
+    let end = (0..n).map(|l| item(l).upper).max().unwrap_or(0);
+    let mut alive: Vec<usize> = (0..n).filter(|&l| item(l).lower <= step && item(l).upper > step).collect();
+    let key = |l: usize| -> (u64, u64) {
+        let (before, after) = (u64::from(step - item(l).lower), u64::from(item(l).upper - step));
+        match stack {
+            Stack::LongestAfter => (u64::MAX - after, 0),
+            Stack::LongestBefore => (u64::MAX - before, 0),
+            Stack::LongestEither => (u64::MAX - before.min(after), u64::MAX - before.max(after)),
+            Stack::Current => (current[l], 0),
+        }
+    };
+    alive.sort_by_key(|&l| (key(l), l));
+    let mut offsets = vec![0u64; n];
+    let mut top = 0;
+    for &l in &alive {
+        offsets[l] = top;
+        top += item(l).size;
+    }
+    let mut rng = SplitMix64::new(0);
+    // Forward: the buffers ending after the step; those starting by it are the stack.
+    let forward: Vec<usize> = (0..n).filter(|&l| item(l).upper > step).collect();
+    let forward_members: Vec<u32> = forward.iter().map(|&l| members[l]).collect();
+    let kept: Vec<u64> = forward.iter().map(|&l| offsets[l]).collect();
+    let ahead = sweep_from(items, &forward_members, &mut rng, &kept, step + 1, 0);
+    // Backward: the buffers starting by the step, in reversed time (steps `end - upper` ..
+    // `end - lower`); those ending after it are the stack.
+    let backward: Vec<usize> = (0..n).filter(|&l| item(l).lower <= step).collect();
+    let mirrored: Vec<Item> = backward
+        .iter()
+        .map(|&l| Item { lower: end - item(l).upper, upper: end - item(l).lower, size: item(l).size })
+        .collect();
+    let backward_members: Vec<u32> = (0..backward.len() as u32).collect();
+    let kept: Vec<u64> = backward.iter().map(|&l| offsets[l]).collect();
+    let behind = sweep_from(&mirrored, &backward_members, &mut rng, &kept, end - step, 0);
+    for (i, &l) in forward.iter().enumerate() {
+        offsets[l] = ahead.offsets[i];
+    }
+    for (i, &l) in backward.iter().enumerate() {
+        offsets[l] = behind.offsets[i];
+    }
+    ComponentPlacement { offsets, peak: ahead.peak.max(behind.peak) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -87,12 +209,43 @@ mod tests {
         let before = placement.peak;
         let mut never = |_: &crate::arena::Progress| false;
         let mut control = Control::new(&mut never);
-        let mut nodes_left = 64 * items.len() as u64;
+        // The peak-first starts take 64 nodes per buffer (8 steps x 4 orders x 2 sweeps), the
+        // rounds the rest.
+        let mut nodes_left = 256 * items.len() as u64;
         let spent = repair(&items, &members, &mut placement, 0, &mut nodes_left, &mut control);
-        assert!(spent <= 64 * items.len() as u64 && nodes_left + spent == 64 * items.len() as u64);
+        assert!(spent <= 256 * items.len() as u64 && nodes_left + spent == 256 * items.len() as u64);
         crate::check::check_placement(&buffers, &placement.offsets, 1, placement.peak, None).unwrap();
         let recomputed = buffers.iter().zip(&placement.offsets).map(|(b, o)| o + b.size).max().unwrap();
         assert_eq!(placement.peak, recomputed);
         assert!(placement.peak < before, "{} buffers: {} not below {before}", items.len(), placement.peak);
+    }
+
+    #[test]
+    fn peak_first_stacks_the_most_live_step_and_stays_valid() {
+        let graph = GraphShape { blocks: 2, ops_per_block: 40, activation_bytes: 1 << 28 };
+        let buffers = pipelined_graph(1, PipelineShape { graph, micro_batches: 6, stagger: 6 });
+        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let members: Vec<u32> = (0..items.len() as u32).collect();
+        let sweep = by_start(&items, &members);
+        let lower = crate::lower_bound(&buffers, 1);
+        let mut best = u64::MAX;
+        for stack in [Stack::LongestAfter, Stack::LongestBefore, Stack::LongestEither, Stack::Current] {
+            let placement = peak_first(&items, &members, stack, &sweep.offsets, None);
+            crate::check::check_placement(&buffers, &placement.offsets, 1, placement.peak, None).unwrap();
+            let recomputed = buffers.iter().zip(&placement.offsets).map(|(b, o)| o + b.size).max().unwrap();
+            assert_eq!(placement.peak, recomputed, "{stack:?}");
+            // The stack has no holes: the buffers alive at the most-live step end at its live bytes.
+            let step = crate::lifetime::live_profile(&buffers, 1).peak_step().unwrap();
+            let top = buffers
+                .iter()
+                .zip(&placement.offsets)
+                .filter(|(b, _)| b.lower <= step && b.upper > step)
+                .map(|(b, o)| o + b.size)
+                .max()
+                .unwrap();
+            assert_eq!(top, lower, "{stack:?}");
+            best = best.min(placement.peak);
+        }
+        assert!(best < sweep.peak, "{} buffers: peak-first {best}, sweep {}", items.len(), sweep.peak);
     }
 }
