@@ -312,9 +312,10 @@ fn gemm_or_empty(gemm: Gemm) -> Vec<Step> {
     }
 }
 
-/// `linear` [x, weight, bias, y]: `y = x W^T + bias`.
+/// `linear` [x, weight, bias, y]: `y = x W^T + bias`: the bias broadcast into y, then the
+/// product added over it.
 fn linear(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
-    let (rows, k, n) = (s.rows, s.width, s.features);
+    let (rows, n) = (s.rows, s.features);
     if rows == 0 || n == 0 {
         return Ok(Vec::new());
     }
@@ -327,32 +328,21 @@ fn linear(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
         vec![ptr(2), ptr(3), Param::U64(rows), Param::U32(width)],
         0,
     )];
-    // Y^T (n x rows) = W (n x k) X^T (k x rows): A = the weight buffer (k x n column-major,
-    // transposed), B = x (k x rows column-major), C = y (n x rows column-major), beta 1 over
-    // the bias.
-    steps.extend(gemm_or_empty(Gemm {
-        transpose_a: true,
-        transpose_b: false,
-        m: a.dim(1, n, "output features")?,
-        n: a.dim(0, rows, "rows")?,
-        k: a.dim(0, k, "input features")?,
-        a: operand(1),
-        lda: a.dim(0, k.max(1), "input features")?,
-        b: operand(0),
-        ldb: a.dim(0, k.max(1), "input features")?,
-        c: operand(3),
-        ldc: a.dim(1, n, "output features")?,
-        alpha: 1.0,
-        beta: 1.0,
-    }));
+    steps.extend(forward_product(a, s, 3, 1.0)?);
     Ok(steps)
 }
 
 /// `linear_no_bias` [x, weight, y]: `y = x W^T`, one rounding (the GEMM of `linear` with beta 0
 /// and no bias).
 fn linear_no_bias(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    forward_product(a, s, 2, 0.0)
+}
+
+/// The forward product of a linear layer into argument `output`: `y = x W^T + beta * y`.
+fn forward_product(a: &Args, s: &OpShape, output: usize, beta: f32) -> Result<Vec<Step>, RecipeError> {
     let (rows, k, n) = (s.rows, s.width, s.features);
-    // As in `linear`: Y^T (n x rows) = W (n x k) X^T (k x rows); C = y (argument 2).
+    // Y^T (n x rows) = W (n x k) X^T (k x rows): A = the weight buffer (k x n column-major,
+    // transposed), B = x (k x rows column-major), C = y (n x rows column-major).
     Ok(gemm_or_empty(Gemm {
         transpose_a: true,
         transpose_b: false,
@@ -363,10 +353,10 @@ fn linear_no_bias(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
         lda: a.dim(0, k.max(1), "input features")?,
         b: operand(0),
         ldb: a.dim(0, k.max(1), "input features")?,
-        c: operand(2),
+        c: operand(output),
         ldc: a.dim(1, n.max(1), "output features")?,
         alpha: 1.0,
-        beta: 0.0,
+        beta,
     }))
 }
 
