@@ -109,22 +109,9 @@ template <int D> __device__ __forceinline__ void memo_attn_inv_freq(double* inv_
     }
 }
 
-// cos and sin of pos * inv_freq. The CPU takes sin/cos of the f64 angle and rounds to f32; here
-// the angle is reduced modulo 2 pi in double (the angle reaches 1e6 rad at 1M tokens, so an f32
-// angle would be off by 0.06 rad) and sincosf runs on the reduced f32 angle: ~1 ulp of f32.
-__device__ __forceinline__ void memo_attn_rope(memo_u32 pos, double inv_freq, float* c, float* sn) {
-    const double two_pi_hi = 6.283185307179586;
-    const double two_pi_lo = 2.4492935982947064e-16;
-    const double angle = (double)pos * inv_freq;
-    const double turns = rint(angle * (1.0 / 6.283185307179586));
-    double reduced = fma(-turns, two_pi_hi, angle);
-    reduced = fma(-turns, two_pi_lo, reduced);
-    sincosf((float)reduced, sn, c);
-}
-
 // A thread's rows in a tile load (memo_attn_load, memo_attn_commit): thread t moves pair
 // t % (D/2) of rows t / (D/2), + STEP, + 2 STEP, ... (STEP = threads / (D/2)), so the angles of
-// its rows grow by STEP * f at each step: one accurate memo_attn_rope for the first row and one
+// its rows grow by STEP * f at each step: one accurate memo_rope_cos_sin for the first row and one
 // for the step, then each row's (cos, sin) is the previous one rotated by the step (4 FMAs
 // instead of a sincosf per element; about 1 ulp of f32 per step, at most 32 steps, far below the
 // bf16 rounding that follows).
@@ -138,8 +125,8 @@ template <int D> struct MemoAttnRows {
     __device__ __forceinline__ MemoAttnRows(memo_u32 first_pos, const double* inv_freq)
         : pair(threadIdx.x % PAIRS), row0(threadIdx.x / PAIRS), c(1.0f), sn(0.0f), step_c(1.0f), step_s(0.0f) {
         if (inv_freq != nullptr) {
-            memo_attn_rope(first_pos + (memo_u32)row0, inv_freq[pair], &c, &sn);
-            memo_attn_rope((memo_u32)STEP, inv_freq[pair], &step_c, &step_s);
+            memo_rope_cos_sin(first_pos + (memo_u32)row0, inv_freq[pair], &c, &sn);
+            memo_rope_cos_sin((memo_u32)STEP, inv_freq[pair], &step_c, &step_s);
         }
     }
 
@@ -320,7 +307,7 @@ __device__ __forceinline__ void memo_attn_store_pair(memo_bf16* dst, memo_u32 se
                                                      const double* inv_freq) {
     if (inv_freq != nullptr) {
         float c, sn;
-        memo_attn_rope(pos, inv_freq[pair], &c, &sn);
+        memo_rope_cos_sin(pos, inv_freq[pair], &c, &sn);
         const float y0 = x0 * c + x1 * sn;
         const float y1 = x1 * c - x0 * sn;
         x0 = y0;

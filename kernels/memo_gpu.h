@@ -111,6 +111,20 @@ __device__ __forceinline__ float memo_block_max(float v, float* shared) {
 #define MEMO_STATUS_TARGET_OUT_OF_RANGE 2u  // [2] row in the argument, [3] the id
 #define MEMO_STATUS_NOT_FINITE 3u           // [2] the bits of the f32 value, [3] unused
 
+// cos and sin of the rotary angle pos * inv_freq. The CPU takes sin/cos of the f64 angle and
+// rounds to f32; here the angle is reduced modulo 2 pi in double (the angle reaches 1e6 rad at 1M
+// tokens, so an f32 angle would be off by 0.06 rad) and sincosf runs on the reduced f32 angle:
+// ~1 ulp of f32. Used by attention.cu (RoPE fused into the loads) and rope.cu (the cuDNN path).
+__device__ __forceinline__ void memo_rope_cos_sin(memo_u32 pos, double inv_freq, float* c, float* sn) {
+    const double two_pi_hi = 6.283185307179586;
+    const double two_pi_lo = 2.4492935982947064e-16;
+    const double angle = (double)pos * inv_freq;
+    const double turns = rint(angle * (1.0 / 6.283185307179586));
+    double reduced = fma(-turns, two_pi_hi, angle);
+    reduced = fma(-turns, two_pi_lo, reduced);
+    sincosf((float)reduced, sn, c);
+}
+
 __device__ __forceinline__ void memo_report(memo_u32* status, memo_u32 code, memo_u32 instruction, memo_u32 a,
                                             memo_u32 b) {
     if (atomicCAS(status, 0u, code) == 0u) {

@@ -4,21 +4,10 @@
 // (the inverse rotation, in place) after cuDNN's backward. Our own attention kernels rotate while
 // loading tiles (attention.cu) and do not use this.
 //
-// Arithmetic as runtime-cpu's attention and attention.cu's memo_attn_rope: the inverse frequency
+// Arithmetic as runtime-cpu's attention and memo_gpu.h's memo_rope_cos_sin: the inverse frequency
 // 10000^(-2i/D) in double, the angle pos * f reduced modulo 2 pi in double, sincosf of the reduced
 // f32 angle, the rotation in f32, one rounding to bf16.
 #include "memo_gpu.h"
-
-// cos and sin of pos * inv_freq (see attention.cu's memo_attn_rope for why the reduction).
-__device__ __forceinline__ void memo_rope_cos_sin(memo_u32 pos, double inv_freq, float* c, float* sn) {
-    const double two_pi_hi = 6.283185307179586;
-    const double two_pi_lo = 2.4492935982947064e-16;
-    const double angle = (double)pos * inv_freq;
-    const double turns = rint(angle * (1.0 / 6.283185307179586));
-    double reduced = fma(-turns, two_pi_hi, angle);
-    reduced = fma(-turns, two_pi_lo, reduced);
-    sincosf((float)reduced, sn, c);
-}
 
 // y = RoPE(x) (inverse != 0: the inverse rotation, for gradients) over `rows` rows of
 // `heads * head_dim` bf16; row r is position r % seq_len. One thread per pair, grid-stride. x and

@@ -122,7 +122,7 @@ pub(super) fn inv_freq(d: usize) -> Vec<f64> {
     (0..d / 2).map(|i| 10000.0f64.powf(-2.0 * i as f64 / d as f64)).collect()
 }
 
-/// `memo_attn_rope`: (cos, sin).
+/// `memo_rope_cos_sin` (memo_gpu.h): (cos, sin).
 pub(super) fn rope(pos: usize, inv_freq: f64) -> (f32, f32) {
     let two_pi_hi = TAU; // 6.283185307179586 in the source
     let two_pi_lo = 2.4492935982947064e-16f64;
