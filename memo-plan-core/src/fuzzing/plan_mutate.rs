@@ -412,6 +412,12 @@ fn shift_offset(plan: &mut Plan, target: u32, detail: u64) -> Option<(String, Ex
 fn drop_wait(plan: &mut Plan, target: u32) -> Option<(String, Expected)> {
     let waits: Vec<usize> =
         (0..plan.instructions.len()).filter(|&i| matches!(plan.instructions[i].action, Action::Wait(_))).collect();
+    drop_one_of(plan, &waits, target)
+}
+
+/// Removes the first of `waits` from the target on (cyclically) whose removal leaves two
+/// conflicting accesses unordered.
+fn drop_one_of(plan: &mut Plan, waits: &[usize], target: u32) -> Option<(String, Expected)> {
     for step in 0..waits.len() {
         let at = waits[(target as usize + step) % waits.len()];
         let mut candidate = plan.clone();
@@ -437,17 +443,7 @@ fn drop_collective_wait(plan: &mut Plan, target: u32) -> Option<(String, Expecte
             _ => false,
         })
         .collect();
-    for step in 0..waits.len() {
-        let at = waits[(target as usize + step) % waits.len()];
-        let mut candidate = plan.clone();
-        let removed = candidate.instructions.remove(at);
-        if let Some((a, b)) = unordered_conflict(&candidate, at) {
-            *plan = candidate;
-            let what = format!("dropped instruction {at} ({:?} on {})", removed.action, removed.stream.name());
-            return Some((what, Expected::Unordered(a, b)));
-        }
-    }
-    None
+    drop_one_of(plan, &waits, target)
 }
 
 /// The collective launches of `plan`'s shared program, by instruction index.
