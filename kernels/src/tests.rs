@@ -260,7 +260,8 @@ fn run_cpu(op: Op, shapes: &[ArgShape], args: &mut [Vec<u8>]) {
     run_cpu_with(op, shapes, args, &context());
 }
 
-/// The CPU reference with `ctx`.
+/// The CPU reference with `ctx`, as rank `ctx.rank` of `ctx.ranks` (`execute_on_rank`, what the
+/// tensor-parallel CPU backend runs; rank 0 of 1 is the single-GPU reference).
 fn run_cpu_with(op: Op, shapes: &[ArgShape], args: &mut [Vec<u8>], ctx: &KernelContext) {
     let op_ctx = OpContext {
         hidden: ctx.hidden as usize,
@@ -281,7 +282,8 @@ fn run_cpu_with(op: Op, shapes: &[ArgShape], args: &mut [Vec<u8>], ctx: &KernelC
             row_bytes: s.row_bytes as usize,
         })
         .collect();
-    ops::execute_with_threads(op, &mut cpu_args, &op_ctx, 1).unwrap_or_else(|e| panic!("{e}"));
+    let group = ops::Group { rank: ctx.rank as usize, ranks: ctx.ranks as usize };
+    ops::execute_on_rank(op, &mut cpu_args, &op_ctx, group, 1).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -474,32 +476,6 @@ fn the_lse_transpose_kernel_moves_each_element_and_back() {
     assert_eq!(data[2], token_major);
 }
 
-/// `run_cpu_with` as rank `ctx.rank` of `ctx.ranks` (`execute_on_rank`, the reference the
-/// tensor-parallel CPU backend runs).
-fn run_cpu_on_rank(op: Op, shapes: &[ArgShape], args: &mut [Vec<u8>], ctx: &KernelContext) {
-    let op_ctx = OpContext {
-        hidden: ctx.hidden as usize,
-        heads: ctx.heads as usize,
-        seq_len: ctx.seq_len as usize,
-        vocab: ctx.vocab as usize,
-        loss_scale_tokens: ctx.loss_scale_tokens as usize,
-        adamw: ctx.adamw,
-    };
-    let mut cpu_args: Vec<Arg<'_>> = args
-        .iter_mut()
-        .zip(shapes)
-        .zip(op.signature())
-        .map(|((bytes, s), &(_, access))| Arg {
-            data: if access == Access::Read { ArgData::Read(bytes) } else { ArgData::Write(bytes) },
-            first_row: s.first_row as usize,
-            rows: s.rows as usize,
-            row_bytes: s.row_bytes as usize,
-        })
-        .collect();
-    let group = ops::Group { rank: ctx.rank as usize, ranks: ctx.ranks as usize };
-    ops::execute_on_rank(op, &mut cpu_args, &op_ctx, group, 1).unwrap_or_else(|e| panic!("{e}"));
-}
-
 /// The largest difference of `emulated` from `cpu` beyond `relative * |cpu| + absolute` (0 when
 /// within), and the largest plain difference, element by element.
 fn compare(emulated: &[f32], cpu: &[f32], relative: f32, absolute: f32) -> (f32, f32) {
@@ -528,7 +504,7 @@ fn emulated_matches_cpu_on_rank(
     let mut emulated = data.to_vec();
     assert_eq!(crate::emulation::run(&steps, &mut emulated, 5), [0; 4], "{}", op.name());
     let mut cpu = data.to_vec();
-    run_cpu_on_rank(op, shapes, &mut cpu, ctx);
+    run_cpu_with(op, shapes, &mut cpu, ctx);
     let mut worst = 0f32;
     for (index, (e, c)) in emulated.iter().zip(&cpu).enumerate() {
         let name = op.signature()[index].0;
