@@ -54,19 +54,25 @@ where
                 spawned
             })
             .collect();
-        handles
-            .into_iter()
-            .enumerate()
-            .map(|(rank, handle)| match handle {
-                Ok(handle) => handle.join().unwrap_or_else(|_| {
-                    Err(RuntimeError::Backend(crate::BackendError::Other(format!("rank {rank}'s thread panicked"))))
-                }),
-                Err(error) => Err(RuntimeError::Backend(crate::BackendError::Other(format!(
-                    "cannot start rank {rank}'s thread: {error}"
-                )))),
-            })
-            .collect()
+        joined(handles, "thread")
     })
+}
+
+/// The results of the ranks' threads in rank order: a thread that could not start or that
+/// panicked is that rank's error (`what` names the thread in the message).
+fn joined<R>(
+    handles: Vec<std::io::Result<std::thread::ScopedJoinHandle<'_, Result<R, RuntimeError>>>>,
+    what: &str,
+) -> Vec<Result<R, RuntimeError>> {
+    let failed = |message: String| RuntimeError::Backend(crate::BackendError::Other(message));
+    handles
+        .into_iter()
+        .enumerate()
+        .map(|(rank, handle)| match handle {
+            Ok(handle) => handle.join().unwrap_or_else(|_| Err(failed(format!("rank {rank}'s {what} panicked")))),
+            Err(error) => Err(failed(format!("cannot start rank {rank}'s thread: {error}"))),
+        })
+        .collect()
 }
 
 /// The layer norms' gradients of a `replicated_gradients` buffer (`spec/tensor-parallel.md` §4:
@@ -133,20 +139,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
                     })
                 })
                 .collect();
-            handles
-                .into_iter()
-                .enumerate()
-                .map(|(rank, handle)| match handle {
-                    Ok(handle) => handle.join().unwrap_or_else(|_| {
-                        Err(RuntimeError::Backend(crate::BackendError::Other(format!(
-                            "rank {rank}'s setup thread panicked"
-                        ))))
-                    }),
-                    Err(error) => Err(RuntimeError::Backend(crate::BackendError::Other(format!(
-                        "cannot start rank {rank}'s thread: {error}"
-                    )))),
-                })
-                .collect()
+            joined(handles, "setup thread")
         });
         let ranks = first_error(started)?;
         Ok(ParallelTrainer { ranks, groups })
