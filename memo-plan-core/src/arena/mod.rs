@@ -16,6 +16,7 @@
 
 mod control;
 mod decompose;
+mod domains;
 mod greedy;
 #[cfg(feature = "mip")]
 pub mod mip;
@@ -418,6 +419,7 @@ impl LeafState {
             }
         }
         let filled = Filled::new(items, members, &self.sections, capacity);
+        let domains = domains::Domains::of(items, members, &self.sections, capacity);
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
         loop {
             if let Some(filled) = &filled {
@@ -437,6 +439,7 @@ impl LeafState {
                     &self.sections,
                     rank,
                     search::Style::of_restart(index),
+                    domains.as_ref(),
                     capacity,
                     &mut run_budget,
                     budget.control,
@@ -552,6 +555,7 @@ struct Filled {
     sections: Sections,
     overlaps: Overlaps,
     ranks: Vec<Vec<u32>>,
+    domains: Option<domains::Domains>,
 }
 
 /// The most fillers, as a share of the component's buffers (1/`FILLERS_PER_BUFFER`): with more,
@@ -604,7 +608,8 @@ impl Filled {
         let sections = Sections::new(&filled, &all);
         let overlaps = Overlaps::build(&filled, &all, OVERLAP_PAIR_LIMIT)?;
         let ranks = search_ranks(&filled, &all, &sections);
-        Some(Filled { items: filled, members: all, own, sections, overlaps, ranks })
+        let domains = domains::Domains::of(&filled, &all, &sections, capacity);
+        Some(Filled { items: filled, members: all, own, sections, overlaps, ranks, domains })
     }
 
     /// Flat splits, then the skyline search under each tie-break order, each with `limit` nodes;
@@ -634,6 +639,7 @@ impl Filled {
                 &self.sections,
                 rank,
                 search::Style::of_restart(index),
+                self.domains.as_ref(),
                 capacity,
                 &mut run_budget,
                 budget.control,

@@ -38,6 +38,7 @@ use core::ops::Range;
 use crate::generate::SplitMix64;
 
 use super::control::Control;
+use super::domains::Domains;
 use super::greedy::{ComponentPlacement, Overlaps};
 use super::sections::Sections;
 use super::Item;
@@ -63,13 +64,16 @@ pub(crate) struct Style {
     /// Among equally low sections with equally few candidates, the rightmost (else the
     /// leftmost). At 1M nodes this settled pinwheel 300 seed 9 and 500 seed 1 besides.
     pub rightmost: bool,
+    /// In the guided value order, lengths compared by their power of two only, so the rank (a
+    /// shuffle, in later restarts) orders buffers of about the same length.
+    pub coarse: bool,
 }
 
 impl Style {
     /// The style of restart `index` of a leaf's search: guided every other one, rightmost every
     /// other pair.
     pub(crate) fn of_restart(index: usize) -> Style {
-        Style { guided: index.is_multiple_of(2), rightmost: index % 4 >= 2 }
+        Style { guided: index.is_multiple_of(2), rightmost: index % 4 >= 2, coarse: index >= 4 }
     }
 }
 
@@ -119,6 +123,10 @@ struct Search<'a, 'c> {
     undos: Vec<Undo>,
     /// Scratch of `valley_coverable`: which boundaries of a valley its buffers reach.
     reach: Vec<bool>,
+    /// Zero-slack offset domains (`domains`), when the whole search is at zero slack.
+    domains: Option<&'a Domains>,
+    /// Scratch of `dirty_sections_fit`: (minimum offset, size) of a section's unplaced buffers.
+    stack: Vec<(u64, u64)>,
     /// The buffer placed last in each section (`NONE`: none): in zero-slack mode, the one whose
     /// top is the section's floor. Kept for the first section of each placed range only (enough
     /// to tell what lies directly under a buffer about to be placed over the same range).
@@ -151,49 +159,25 @@ pub(crate) fn search(
     sections: &Sections,
     rank: &[u32],
     style: Style,
+    domains: Option<&Domains>,
     capacity: u64,
     nodes_left: &mut u64,
     control: &mut Control,
 ) -> (SearchOutcome, u64) {
     let n = members.len();
     let section_count = sections.len();
-    let sections_of: Vec<(u32, u32)> = members
-        .iter()
-        .map(|&m| {
-            let r = sections.range_of(&items[m as usize]);
-            (r.start as u32, r.end as u32)
-        })
-        .collect();
-    let mut row_count = alloc::vec![0usize; section_count + 1];
+    let rows = sections.rows(items, members);
     let mut cuts = alloc::vec![0u32; section_count.saturating_sub(1)];
-    for &(start, end) in &sections_of {
-        for s in start..end {
-            row_count[s as usize] += 1;
-        }
+    for &(start, end) in &rows.spans {
         for b in start..end.saturating_sub(1) {
             cuts[b as usize] += 1;
         }
     }
-    let mut section_row = Vec::with_capacity(section_count + 1);
-    let mut running = 0;
-    for count in &row_count[..section_count] {
-        section_row.push(running);
-        running += count;
-    }
-    section_row.push(running);
-    let mut fill = section_row.clone();
-    let mut section_members = alloc::vec![0u32; running];
-    for (l, &(start, end)) in sections_of.iter().enumerate() {
-        for s in start as usize..end as usize {
-            section_members[fill[s]] = l as u32;
-            fill[s] += 1;
-        }
-    }
     let mut state = Search {
         size: members.iter().map(|&m| items[m as usize].size).collect(),
-        sections_of,
-        section_row,
-        section_members,
+        sections_of: rows.spans,
+        section_row: rows.row,
+        section_members: rows.held,
         rank: rank.to_vec(),
         style,
         overlaps,
@@ -218,6 +202,8 @@ pub(crate) fn search(
         candidate_lists: Vec::new(),
         undos: Vec::new(),
         reach: Vec::new(),
+        stack: Vec::new(),
+        domains,
         top_piece: alloc::vec![NONE; section_count],
     };
     if state.total.iter().any(|&t| t > capacity) {
@@ -302,6 +288,7 @@ impl Search<'_, '_> {
                 .filter(|&&m| {
                     self.offset[m as usize] == UNPLACED
                         && self.min_offset[m as usize] == lowest
+                        && self.allows(m, lowest)
                         && !self.stacked_out_of_order(m, lowest)
                 })
                 .count();
@@ -326,13 +313,17 @@ impl Search<'_, '_> {
             let top = fill + self.size[m as usize];
             let left = (ms as usize > sections.start).then(|| self.floor[ms as usize - 1]);
             let right = ((me as usize) < sections.end).then(|| self.floor[me as usize]);
-            (left != Some(top) && right != Some(top), u32::MAX - (me - ms))
+            let length = me - ms;
+            let length = if self.style.coarse { 32 - length.leading_zeros() } else { length };
+            (left != Some(top) && right != Some(top), u32::MAX - length)
         };
         let flush_or_long = |m: u32| if self.style.guided { flush_or_long(m) } else { (false, 0) };
         let mut candidates: Vec<((bool, u32), u32, u32)> = self
             .members_of(section)
             .iter()
-            .filter(|&&m| self.offset[m as usize] == UNPLACED && self.min_offset[m as usize] == fill)
+            .filter(|&&m| {
+                self.offset[m as usize] == UNPLACED && self.min_offset[m as usize] == fill && self.allows(m, fill)
+            })
             .map(|&m| (flush_or_long(m), self.rank[m as usize], m))
             .collect();
         candidates.sort_unstable();
@@ -362,6 +353,11 @@ impl Search<'_, '_> {
             }
         }
         Dfs::Infeasible
+    }
+
+    /// Whether buffer `local`'s zero-slack domain has `offset` (always, without domains).
+    fn allows(&self, local: u32, offset: u64) -> bool {
+        self.domains.as_ref().is_none_or(|d| d.allows(local as usize, offset))
     }
 
     /// Whether placing `local` at `fill` would put it directly on a smaller buffer over exactly
@@ -446,7 +442,8 @@ impl Search<'_, '_> {
         let monotonic_from = last.map_or(0, |(offset, _)| offset);
         let fits = self.raised_floors_fit(undo, &sections)
             && (monotonic_from + max_total <= self.capacity || self.sections_fit(sections.clone(), monotonic_from))
-            && (last.is_some() || self.valleys_coverable(local, &sections));
+            && (last.is_some() || self.valleys_coverable(local, &sections))
+            && self.dirty_sections_fit(&sections, monotonic_from);
         let outcome = if fits {
             let mut rest = self.lists.pop().unwrap_or_default();
             rest.clear();
@@ -671,6 +668,40 @@ impl Search<'_, '_> {
         let covered = reach[b - a];
         self.reach = reach;
         covered
+    }
+
+    /// The section bound by levels, on the sections whose buffers' minimum offsets this placement
+    /// raised (`dirty`): in a section, the unplaced buffers whose minimum offset is at least `z`
+    /// all lie above `z`, so for every such level their sizes must fit between `z` and the
+    /// capacity. (The plain bound is the lowest level alone.) `from`: no placement of this
+    /// partition goes below it (the canonical order's last offset; 0 at zero slack).
+    fn dirty_sections_fit(&mut self, sections: &Range<usize>, from: u64) -> bool {
+        let mut stack = core::mem::take(&mut self.stack);
+        let mut fits = true;
+        'sections: for &s in &self.dirty {
+            let s = s as usize;
+            if !sections.contains(&s) || self.total[s] == 0 {
+                continue;
+            }
+            stack.clear();
+            let row = &self.section_members[self.section_row[s]..self.section_row[s + 1]];
+            stack.extend(row.iter().filter(|&&m| self.offset[m as usize] == UNPLACED).map(|&m| {
+                let lowest = self.min_offset[m as usize].max(from);
+                let lowest = self.domains.as_ref().map_or(lowest, |d| d.lowest_from(m as usize, lowest));
+                (lowest.min(self.capacity + 1), self.size[m as usize])
+            }));
+            stack.sort_unstable_by_key(|&(level, _)| core::cmp::Reverse(level));
+            let mut above = 0u64;
+            for &(level, size) in stack.iter() {
+                above += size;
+                if level + above > self.capacity {
+                    fits = false;
+                    break 'sections;
+                }
+            }
+        }
+        self.stack = stack;
+        fits
     }
 
     /// The section bound over the partition's sections: the unplaced buffers of every section

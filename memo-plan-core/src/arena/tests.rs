@@ -371,3 +371,70 @@ fn never_worse_than_any_classic_greedy_order() {
         }
     }
 }
+
+/// The zero-slack domains (`domains`) only drop offsets no perfect placement uses: on small
+/// instances made zero slack by fillers, the skyline search with domains reaches the same verdict
+/// as without them (and as brute force, up to 7 buffers), placed or proven infeasible.
+#[test]
+fn zero_slack_domains_keep_the_search_exact() {
+    let mut rng = SplitMix64::new(23);
+    let mut verdicts = [0; 2]; // placed, infeasible
+    let mut pruned = 0;
+    for case in 0..200 {
+        let mut buffers = random_buffers(&mut rng, 4 + case % 8, 8, 9);
+        // Fill every run of steps with the same slack up to the most live bytes with one filler
+        // (long fillers make some instances unpackable).
+        let capacity = lower_bound(&buffers, 1);
+        let horizon = buffers.iter().map(|b| b.upper).max().unwrap_or(0);
+        let slack = |t: u32| {
+            capacity - buffers.iter().filter(|b| b.lower <= t && t < b.upper).map(|b| b.size).sum::<u64>()
+        };
+        let mut fillers = Vec::new();
+        let mut t = 0;
+        while t < horizon {
+            let mut end = t + 1;
+            while end < horizon && slack(end) == slack(t) {
+                end += 1;
+            }
+            if slack(t) > 0 {
+                fillers.push(buf(t, end, slack(t)));
+            }
+            t = end;
+        }
+        buffers.extend(fillers);
+        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let members: Vec<u32> = (0..items.len() as u32).collect();
+        let sections = Sections::new(&items, &members);
+        let overlaps = Overlaps::build(&items, &members, OVERLAP_PAIR_LIMIT).unwrap();
+        let domains = domains::Domains::of(&items, &members, &sections, capacity).expect("zero slack");
+        let rank: Vec<u32> = (0..items.len() as u32).collect();
+        let style = search::Style { guided: true, rightmost: false, coarse: false };
+        let verdict = |domains: Option<&domains::Domains>| {
+            let mut never = |_: &Progress| false;
+            let mut control = Control::new(&mut never);
+            let mut nodes = u64::MAX;
+            let (outcome, used) = search::search(
+                &items, &members, &overlaps, &sections, &rank, style, domains, capacity, &mut nodes, &mut control,
+            );
+            let found = match outcome {
+                SearchOutcome::Found(placement) => {
+                    assert!(placement.peak <= capacity);
+                    true
+                }
+                SearchOutcome::Infeasible => false,
+                SearchOutcome::BudgetExhausted => panic!("case {case}: unbounded search stopped"),
+            };
+            (found, used)
+        };
+        let (with, with_nodes) = verdict(Some(&domains));
+        let (without, without_nodes) = verdict(None);
+        assert_eq!(with, without, "case {case}: {buffers:?}");
+        if buffers.len() <= 7 {
+            assert_eq!(with, brute_force_optimum(&buffers) == capacity, "case {case}: {buffers:?}");
+        }
+        verdicts[usize::from(!with)] += 1;
+        pruned += usize::from(with_nodes < without_nodes);
+    }
+    assert!(verdicts[0] > 10 && verdicts[1] > 10, "both verdicts exercised: {verdicts:?}");
+    assert!(pruned > 0, "the domains pruned somewhere");
+}
