@@ -23,7 +23,7 @@ use super::Item;
 pub const DOMAIN_SECTIONS: usize = 4;
 
 /// The most other buffers a section may have for its subset sums to be enumerated (2^12 sums).
-pub const DOMAIN_MOST_OTHERS: usize = 16;
+pub const DOMAIN_MOST_OTHERS: usize = 12;
 
 /// Domains with more values than this are dropped (they prune little and cost memory).
 pub const DOMAIN_MOST_VALUES: usize = 1 << 14;

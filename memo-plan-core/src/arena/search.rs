@@ -123,10 +123,11 @@ struct Search<'a, 'c> {
     undos: Vec<Undo>,
     /// Scratch of `valley_coverable`: which boundaries of a valley its buffers reach.
     reach: Vec<bool>,
+    /// Scratch of `dirty_sections_fit`: (lowest offset, size) of a section's buffers above its
+    /// floor.
+    stack: Vec<(u64, u64)>,
     /// Zero-slack offset domains (`domains`), when the whole search is at zero slack.
     domains: Option<&'a Domains>,
-    /// Scratch of `dirty_sections_fit`: (minimum offset, size) of a section's unplaced buffers.
-    stack: Vec<(u64, u64)>,
     /// The buffer placed last in each section (`NONE`: none): in zero-slack mode, the one whose
     /// top is the section's floor. Kept for the first section of each placed range only (enough
     /// to tell what lies directly under a buffer about to be placed over the same range).
@@ -134,6 +135,9 @@ struct Search<'a, 'c> {
 }
 
 const NONE: u32 = u32::MAX;
+
+/// Sections with more buffers than this skip the section bound by levels (`dirty_sections_fit`).
+const LEVELS_MOST_BUFFERS: usize = 48;
 
 /// The most entries the failed-placement cache keeps (about 40 bytes each).
 const FAILED_CACHE_LIMIT: usize = 1 << 20;
@@ -671,33 +675,40 @@ impl Search<'_, '_> {
     }
 
     /// The section bound by levels, on the sections whose buffers' minimum offsets this placement
-    /// raised (`dirty`): in a section, the unplaced buffers whose minimum offset is at least `z`
-    /// all lie above `z`, so for every such level their sizes must fit between `z` and the
-    /// capacity. (The plain bound is the lowest level alone.) `from`: no placement of this
-    /// partition goes below it (the canonical order's last offset; 0 at zero slack).
+    /// raised (`dirty`): in a section, the unplaced buffers that cannot sit below a level `z`
+    /// (their minimum offset, or the lowest offset their domain allows, is at least `z`) all lie
+    /// between `z` and the capacity, so for every such level their sizes must fit there. The
+    /// plain bound is the floor's level, and every level at or below the floor passes with it, so
+    /// only the buffers above the floor are sorted. Sections of more than `LEVELS_MOST_BUFFERS`
+    /// buffers are left to the plain bound (their sort cost more than it pruned: BENCHMARKS.md).
     fn dirty_sections_fit(&mut self, sections: &Range<usize>, from: u64) -> bool {
         let mut stack = core::mem::take(&mut self.stack);
         let mut fits = true;
-        'sections: for &s in &self.dirty {
+        for &s in &self.dirty {
             let s = s as usize;
-            if !sections.contains(&s) || self.total[s] == 0 {
+            let row = &self.section_members[self.section_row[s]..self.section_row[s + 1]];
+            if !sections.contains(&s) || self.total[s] == 0 || row.len() > LEVELS_MOST_BUFFERS {
                 continue;
             }
             stack.clear();
-            let row = &self.section_members[self.section_row[s]..self.section_row[s + 1]];
-            stack.extend(row.iter().filter(|&&m| self.offset[m as usize] == UNPLACED).map(|&m| {
-                let lowest = self.min_offset[m as usize].max(from);
-                let lowest = self.domains.as_ref().map_or(lowest, |d| d.lowest_from(m as usize, lowest));
-                (lowest.min(self.capacity + 1), self.size[m as usize])
-            }));
+            for &m in row {
+                let m = m as usize;
+                if self.offset[m] == UNPLACED {
+                    let lowest = self.min_offset[m].max(from);
+                    let lowest = self.domains.map_or(lowest, |d| d.lowest_from(m, lowest));
+                    if lowest > self.floor[s] {
+                        stack.push((lowest.min(self.capacity + 1), self.size[m]));
+                    }
+                }
+            }
             stack.sort_unstable_by_key(|&(level, _)| core::cmp::Reverse(level));
             let mut above = 0u64;
-            for &(level, size) in stack.iter() {
+            fits = stack.iter().all(|&(level, size)| {
                 above += size;
-                if level + above > self.capacity {
-                    fits = false;
-                    break 'sections;
-                }
+                level + above <= self.capacity
+            });
+            if !fits {
+                break;
             }
         }
         self.stack = stack;

@@ -386,9 +386,8 @@ fn zero_slack_domains_keep_the_search_exact() {
         // (long fillers make some instances unpackable).
         let capacity = lower_bound(&buffers, 1);
         let horizon = buffers.iter().map(|b| b.upper).max().unwrap_or(0);
-        let slack = |t: u32| {
-            capacity - buffers.iter().filter(|b| b.lower <= t && t < b.upper).map(|b| b.size).sum::<u64>()
-        };
+        let slack =
+            |t: u32| capacity - buffers.iter().filter(|b| b.lower <= t && t < b.upper).map(|b| b.size).sum::<u64>();
         let mut fillers = Vec::new();
         let mut t = 0;
         while t < horizon {
@@ -414,7 +413,16 @@ fn zero_slack_domains_keep_the_search_exact() {
             let mut control = Control::new(&mut never);
             let mut nodes = u64::MAX;
             let (outcome, used) = search::search(
-                &items, &members, &overlaps, &sections, &rank, style, domains, capacity, &mut nodes, &mut control,
+                &items,
+                &members,
+                &overlaps,
+                &sections,
+                &rank,
+                style,
+                domains,
+                capacity,
+                &mut nodes,
+                &mut control,
             );
             let found = match outcome {
                 SearchOutcome::Found(placement) => {
