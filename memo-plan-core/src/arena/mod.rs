@@ -418,11 +418,11 @@ impl LeafState {
                 return SearchOutcome::Found(placement);
             }
         }
-        let filled = Filled::new(items, members, &self.sections, capacity);
-        let domains = domains::Domains::of(items, members, &self.sections, capacity);
+        let mut filled = Filled::new(items, members, &self.sections, capacity);
+        let mut shared = search::Shared::new(items, members, &self.sections, capacity);
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
         loop {
-            if let Some(filled) = &filled {
+            if let Some(filled) = &mut filled {
                 if let Some(placement) = filled.search(capacity, limit, budget) {
                     return SearchOutcome::Found(placement);
                 }
@@ -439,7 +439,7 @@ impl LeafState {
                     &self.sections,
                     rank,
                     search::Style::of_restart(index),
-                    domains.as_ref(),
+                    &mut shared,
                     capacity,
                     &mut run_budget,
                     budget.control,
@@ -555,7 +555,7 @@ struct Filled {
     sections: Sections,
     overlaps: Overlaps,
     ranks: Vec<Vec<u32>>,
-    domains: Option<domains::Domains>,
+    shared: search::Shared,
 }
 
 /// The most fillers, as a share of the component's buffers (1/`FILLERS_PER_BUFFER`): with more,
@@ -608,13 +608,13 @@ impl Filled {
         let sections = Sections::new(&filled, &all);
         let overlaps = Overlaps::build(&filled, &all, OVERLAP_PAIR_LIMIT)?;
         let ranks = search_ranks(&filled, &all, &sections);
-        let domains = domains::Domains::of(&filled, &all, &sections, capacity);
-        Some(Filled { items: filled, members: all, own, sections, overlaps, ranks, domains })
+        let shared = search::Shared::new(&filled, &all, &sections, capacity);
+        Some(Filled { items: filled, members: all, own, sections, overlaps, ranks, shared })
     }
 
     /// Flat splits, then the skyline search under each tie-break order, each with `limit` nodes;
     /// the placement of the component's own buffers if one is found.
-    fn search(&self, capacity: u64, limit: u64, budget: &mut Budget) -> Option<ComponentPlacement> {
+    fn search(&mut self, capacity: u64, limit: u64, budget: &mut Budget) -> Option<ComponentPlacement> {
         let own = |placement: ComponentPlacement| {
             let offsets: Vec<u64> = placement.offsets[..self.own].to_vec();
             let peak = offsets.iter().zip(&self.items).map(|(o, item)| o + item.size).max().unwrap_or(0);
@@ -639,7 +639,7 @@ impl Filled {
                 &self.sections,
                 rank,
                 search::Style::of_restart(index),
-                self.domains.as_ref(),
+                &mut self.shared,
                 capacity,
                 &mut run_budget,
                 budget.control,

@@ -43,6 +43,26 @@ use super::greedy::{ComponentPlacement, Overlaps};
 use super::sections::Sections;
 use super::Item;
 
+/// What the restarts of one search (one component, one capacity) share: the zero-slack offset
+/// domains, and the partial placements proven infeasible (a proof in one restart holds in all:
+/// infeasibility is a property of the placement, not of the order that reached it).
+pub(crate) struct Shared {
+    domains: Option<Domains>,
+    failed: BTreeSet<(u128, u32, u32)>,
+}
+
+impl Shared {
+    pub(crate) fn new(items: &[Item], members: &[u32], sections: &Sections, capacity: u64) -> Shared {
+        Shared { domains: Domains::of(items, members, sections, capacity), failed: BTreeSet::new() }
+    }
+
+    /// No domains (tests compare the search with and without them).
+    #[cfg(test)]
+    pub(crate) fn without_domains() -> Shared {
+        Shared { domains: None, failed: BTreeSet::new() }
+    }
+}
+
 /// What a search at one capacity found.
 pub(crate) enum SearchOutcome {
     /// A placement whose peak is at most the capacity.
@@ -64,16 +84,13 @@ pub(crate) struct Style {
     /// Among equally low sections with equally few candidates, the rightmost (else the
     /// leftmost). At 1M nodes this settled pinwheel 300 seed 9 and 500 seed 1 besides.
     pub rightmost: bool,
-    /// In the guided value order, lengths compared by their power of two only, so the rank (a
-    /// shuffle, in later restarts) orders buffers of about the same length.
-    pub coarse: bool,
 }
 
 impl Style {
     /// The style of restart `index` of a leaf's search: guided every other one, rightmost every
     /// other pair.
     pub(crate) fn of_restart(index: usize) -> Style {
-        Style { guided: index.is_multiple_of(2), rightmost: index % 4 >= 2, coarse: index >= 4 }
+        Style { guided: index.is_multiple_of(2), rightmost: index % 4 >= 2 }
     }
 }
 
@@ -109,8 +126,9 @@ struct Search<'a, 'c> {
     section_keys: Vec<u128>,
     state_key: u128,
     /// Partial placements (with the section range searched) proven infeasible: a skyline search
-    /// reaches the same one through many orders. Bounded; a full cache stops growing.
-    failed: BTreeSet<(u128, u32, u32)>,
+    /// reaches the same one through many orders, and every restart at the same capacity reaches
+    /// it again (`Shared`). Bounded; a full cache stops growing.
+    failed: &'a mut BTreeSet<(u128, u32, u32)>,
     /// Sections whose floor a placement must recompute, each once (`section_mark` == `mark`
     /// marks them); kept between placements so no placement allocates.
     dirty: Vec<u32>,
@@ -163,7 +181,7 @@ pub(crate) fn search(
     sections: &Sections,
     rank: &[u32],
     style: Style,
-    domains: Option<&Domains>,
+    shared: &mut Shared,
     capacity: u64,
     nodes_left: &mut u64,
     control: &mut Control,
@@ -198,7 +216,7 @@ pub(crate) fn search(
         keys: random_keys(0x6D65_6D6F, n),
         section_keys: random_keys(0x666C_6F6F, section_count),
         state_key: 0,
-        failed: BTreeSet::new(),
+        failed: &mut shared.failed,
         dirty: Vec::new(),
         section_mark: alloc::vec![0; section_count],
         mark: 0,
@@ -207,7 +225,7 @@ pub(crate) fn search(
         undos: Vec::new(),
         reach: Vec::new(),
         stack: Vec::new(),
-        domains,
+        domains: shared.domains.as_ref(),
         top_piece: alloc::vec![NONE; section_count],
     };
     if state.total.iter().any(|&t| t > capacity) {
@@ -317,9 +335,7 @@ impl Search<'_, '_> {
             let top = fill + self.size[m as usize];
             let left = (ms as usize > sections.start).then(|| self.floor[ms as usize - 1]);
             let right = ((me as usize) < sections.end).then(|| self.floor[me as usize]);
-            let length = me - ms;
-            let length = if self.style.coarse { 32 - length.leading_zeros() } else { length };
-            (left != Some(top) && right != Some(top), u32::MAX - length)
+            (left != Some(top) && right != Some(top), u32::MAX - (me - ms))
         };
         let flush_or_long = |m: u32| if self.style.guided { flush_or_long(m) } else { (false, 0) };
         let mut candidates: Vec<((bool, u32), u32, u32)> = self

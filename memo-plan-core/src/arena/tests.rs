@@ -405,10 +405,10 @@ fn zero_slack_domains_keep_the_search_exact() {
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
         let overlaps = Overlaps::build(&items, &members, OVERLAP_PAIR_LIMIT).unwrap();
-        let domains = domains::Domains::of(&items, &members, &sections, capacity).expect("zero slack");
+        assert!(domains::Domains::of(&items, &members, &sections, capacity).is_some(), "zero slack");
         let rank: Vec<u32> = (0..items.len() as u32).collect();
-        let style = search::Style { guided: true, rightmost: false, coarse: false };
-        let verdict = |domains: Option<&domains::Domains>| {
+        let style = search::Style { guided: true, rightmost: false };
+        let verdict = |mut shared: search::Shared| {
             let mut never = |_: &Progress| false;
             let mut control = Control::new(&mut never);
             let mut nodes = u64::MAX;
@@ -419,7 +419,7 @@ fn zero_slack_domains_keep_the_search_exact() {
                 &sections,
                 &rank,
                 style,
-                domains,
+                &mut shared,
                 capacity,
                 &mut nodes,
                 &mut control,
@@ -434,8 +434,8 @@ fn zero_slack_domains_keep_the_search_exact() {
             };
             (found, used)
         };
-        let (with, with_nodes) = verdict(Some(&domains));
-        let (without, without_nodes) = verdict(None);
+        let (with, with_nodes) = verdict(search::Shared::new(&items, &members, &sections, capacity));
+        let (without, without_nodes) = verdict(search::Shared::without_domains());
         assert_eq!(with, without, "case {case}: {buffers:?}");
         if buffers.len() <= 7 {
             assert_eq!(with, brute_force_optimum(&buffers) == capacity, "case {case}: {buffers:?}");
