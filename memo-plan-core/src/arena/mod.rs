@@ -241,7 +241,7 @@ pub fn solve_with(
         .iter()
         .map(|leaf| {
             let sections = Sections::new(&items, &leaf.items);
-            let overlaps = Overlaps::build(&items, &leaf.items, OVERLAP_PAIR_LIMIT);
+            let overlaps = Overlaps::build_polled(&items, &leaf.items, OVERLAP_PAIR_LIMIT, Some(&mut control));
             let best = greedy::best_greedy(&items, &leaf.items, overlaps.as_ref(), &sections, &mut control);
             let proven_lower = sections.lower_bound();
             LeafState { base: leaf.base, sections, overlaps, best, proven_lower }
@@ -254,7 +254,7 @@ pub fn solve_with(
     // optimum, not every greedy result, so a whole-instance order can beat the per-component
     // portfolio; with them, the answer is never worse than any classic order.
     let all: Vec<u32> = (0..items.len() as u32).collect();
-    let whole = Overlaps::build(&items, &all, WHOLE_GREEDY_PAIR_LIMIT)
+    let whole = Overlaps::build_polled(&items, &all, WHOLE_GREEDY_PAIR_LIMIT, Some(&mut control))
         .and_then(|graph| greedy::best_classic(&items, &all, &graph, &mut control))
         .filter(|placement| placement.peak < greedy_peak_units);
     if let Some(placement) = &whole {
@@ -467,6 +467,9 @@ impl LeafState {
         capacity: Option<u64>,
         budget: &mut Budget,
     ) -> Improvement {
+        if budget.control.stopped() {
+            return Improvement::BudgetExhausted; // a stopped solve improves nothing more
+        }
         let Some(overlaps) = self.overlaps.as_ref().filter(|_| members.len() <= EXACT_SEARCH_MAX_BUFFERS) else {
             // Too large for the exact search: window repairs lower the greedy peak instead.
             let peak = self.best.peak;
