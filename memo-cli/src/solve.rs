@@ -26,7 +26,10 @@ bytes, optionally with a unit: K, M, G, T, KB, MB, GB, TB (powers of 1000) or Ki
 
 The solve is anytime: it stops at --time-limit (default 10 s), at --budget-nodes, or at Ctrl-C,
 and prints the best placement found by then, saying whether it is proven optimal and how far it is
-above the lower bound. A solve that runs past a second reports its progress on standard error
+above the lower bound. The time limit covers the whole command: reading the trace, solving, and
+checking and writing the placement (the solver stops early enough to leave about a microsecond
+per buffer for those). Every solve ends with a checked placement or a verdict: a limit too short
+even for one placement gets the first one the solver makes (a start-order sweep), late. A solve that runs past a second reports its progress on standard error
 once a second (best peak, lower bound, nodes per second). With --capacity, a placement under it,
 or *proven infeasible* (exit 3), or *not found within the limit* (exit 4).
 
@@ -60,7 +63,8 @@ pub struct SolveArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_BUDGET_NODES, value_parser = parse_nodes)]
     budget_nodes: u64,
 
-    /// Stop after this many seconds (e.g. 10, 2.5) and print the best placement found
+    /// Stop after this many seconds (e.g. 10, 2.5), reading and writing included, and print the best
+    /// placement found
     #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = parse_seconds)]
     time_limit: Duration,
 
@@ -104,6 +108,8 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
 
     let interrupted = interrupt_flag();
     let started = Instant::now();
+    // The solver stops early enough to leave the time checking and writing take.
+    let solver_deadline = deadline.checked_sub(reserve(trace.buffers.len(), args.json, args.svg.is_some()));
     let mut reporter = Reporter { started, last: started };
     // What made the callback stop the solve; a solve cut short otherwise ran out of nodes.
     let mut stopped_by = StoppedBy::Budget;
@@ -112,7 +118,7 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
         reporter.report(now, progress);
         if interrupted.load(Ordering::Relaxed) {
             stopped_by = StoppedBy::Interrupt;
-        } else if now >= deadline {
+        } else if solver_deadline.is_none_or(|d| now >= d) {
             stopped_by = StoppedBy::TimeLimit;
         }
         stopped_by != StoppedBy::Budget
@@ -152,6 +158,31 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
     }
     Ok(())
 }
+
+/// The time `memo solve` keeps back from the solver, out of `--time-limit`, for what follows it:
+/// checking the placement and writing it (and drawing it with `--svg`), which cannot be stopped
+/// half-way. Proportional to the buffers: on the 2-core build machine, idle, checking and writing
+/// the CSV took about 0.45 us a buffer, the JSON about 1.2 us more, the SVG about 1 us more
+/// (BENCHMARKS.md, "fourth pass"); twice that is kept back, for a loaded machine. A limit shorter
+/// than the reserve stops the solver at its first poll, after the one placement it always
+/// completes (the start-order sweep).
+fn reserve(buffers: usize, json: bool, svg: bool) -> Duration {
+    let mut nanos_per_buffer = RESERVE_NANOS_PER_BUFFER;
+    if json {
+        nanos_per_buffer += RESERVE_NANOS_PER_BUFFER_JSON;
+    }
+    if svg {
+        nanos_per_buffer += RESERVE_NANOS_PER_BUFFER_SVG;
+    }
+    Duration::from_nanos(nanos_per_buffer.saturating_mul(buffers as u64))
+}
+
+/// Checking and writing the CSV, per buffer (twice the idle cost measured).
+const RESERVE_NANOS_PER_BUFFER: u64 = 1_000;
+/// What `--json` adds per buffer.
+const RESERVE_NANOS_PER_BUFFER_JSON: u64 = 2_500;
+/// What `--svg` adds per buffer.
+const RESERVE_NANOS_PER_BUFFER_SVG: u64 = 2_000;
 
 /// Ctrl-C sets the returned flag, which the solve's stop callback polls: the solve ends and the best
 /// placement so far is printed. A second Ctrl-C (the first not acted on yet) ends the process at
