@@ -86,8 +86,9 @@ const MOST_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
 fn parse_seconds(text: &str) -> Result<Duration, String> {
     match text.trim().parse::<f64>() {
-        Ok(seconds) if seconds > 0.0 && seconds <= MOST_SECONDS => Ok(Duration::from_secs_f64(seconds)),
-        _ => Err("expected a number of seconds above 0, such as 10 or 2.5".to_string()),
+        // At least a nanosecond: a limit that rounds to zero would read back as `--time-limit 0`.
+        Ok(seconds) if seconds >= 1e-9 && seconds <= MOST_SECONDS => Ok(Duration::from_secs_f64(seconds)),
+        _ => Err("expected a number of seconds above 0 (1e-9 at least), such as 10 or 2.5".to_string()),
     }
 }
 
@@ -277,9 +278,9 @@ impl Limits {
     }
 }
 
-/// Seconds as given on the command line: `10`, `2.5`.
+/// Seconds as given on the command line: `10`, `2.5`, `0.000001`.
 fn seconds(duration: Duration) -> String {
-    let text = format!("{:.3}", duration.as_secs_f64());
+    let text = format!("{:.9}", duration.as_secs_f64());
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
@@ -520,6 +521,8 @@ mod tests {
         }
         assert_eq!(seconds(Duration::from_millis(2500)), "2.5");
         assert_eq!(seconds(Duration::from_secs(10)), "10");
+        assert_eq!(parse_seconds("0.000001").map(seconds), Ok("0.000001".to_string()));
+        assert!(parse_seconds("1e-10").is_err());
         assert_eq!(gap(1003, 1000), "+0.30%");
         assert_eq!(gap(0, 0), "+0.00%");
         assert!(parse_nodes("-1").is_err());
