@@ -62,7 +62,8 @@ impl Overlaps {
         let mut stop = |at: usize, every: usize| -> bool {
             control.as_deref_mut().is_some_and(|c| if at % every == every - 1 { c.poll() } else { c.stopped() })
         };
-        if stop(0, usize::MAX) || Self::pair_count(items, members) > pair_limit as u64 {
+        // Polled before anything, so a stopped solve skips even the count.
+        if stop(0, 1) || Self::pair_count(items, members) > pair_limit as u64 {
             return None;
         }
         let mut by_lower: Vec<u32> = (0..members.len() as u32).collect();

@@ -198,10 +198,13 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
     solve_with(buffers, options, &mut |_| false)
 }
 
-/// [`solve`], stopped early when `stop` says so: it is polled every few hundred search nodes (and
-/// between greedy orders) with the progress so far, and once it returns `true` the solve ends with
-/// the best placement found by then (`stats.stopped`), or, with a capacity not met yet, with
-/// [`SolveError::NotFoundWithinBudget`]. A caller puts a time limit or an interrupt here; the
+/// [`solve`], stopped early when `stop` says so: it is polled every 16 search nodes, between greedy
+/// orders, and every 2,048 buffers inside greedy orders, sweeps, overlap-graph builds and the
+/// repair's starts and rounds (a few milliseconds apart on 100k buffers), with the progress so
+/// far, and once it returns `true` the solve ends with the best placement found by then
+/// (`stats.stopped`), or, with a capacity not met yet, with [`SolveError::NotFoundWithinBudget`].
+/// The first placement of each component (the start-order sweep, O(n log n)) always completes, so
+/// there is one however early the stop comes. A caller puts a time limit or an interrupt here; the
 /// library keeps no clock. Deterministic as long as `stop` never returns `true`.
 pub fn solve_with(
     buffers: &[BufferLifetime],
