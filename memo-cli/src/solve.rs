@@ -163,8 +163,9 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
 /// The time `memo solve` keeps back from the solver, out of `--time-limit`, for what follows it:
 /// checking the placement and writing it (and drawing it with `--svg`), which cannot be stopped
 /// half-way. Proportional to the buffers: on the 2-core build machine, idle, checking and writing
-/// the CSV took about 0.45 us a buffer, the JSON about 1.2 us more, the SVG about 1 us more
-/// (BENCHMARKS.md, "fourth pass"); twice that is kept back, for a loaded machine. A limit shorter
+/// the CSV took about 0.45 us a buffer, the JSON about 0.2 us more (streamed; 1.2 us more as a
+/// `serde_json::Value`), the SVG about 1 us more (BENCHMARKS.md, "fourth pass"); twice that is
+/// kept back, for a loaded machine. A limit shorter
 /// than the reserve stops the solver at its first poll, after the one placement it always
 /// completes (the start-order sweep).
 fn reserve(buffers: usize, json: bool, svg: bool) -> Duration {
@@ -181,7 +182,7 @@ fn reserve(buffers: usize, json: bool, svg: bool) -> Duration {
 /// Checking and writing the CSV, per buffer (twice the idle cost measured).
 const RESERVE_NANOS_PER_BUFFER: u64 = 1_000;
 /// What `--json` adds per buffer.
-const RESERVE_NANOS_PER_BUFFER_JSON: u64 = 2_500;
+const RESERVE_NANOS_PER_BUFFER_JSON: u64 = 500;
 /// What `--svg` adds per buffer.
 const RESERVE_NANOS_PER_BUFFER_SVG: u64 = 2_000;
 
@@ -391,40 +392,74 @@ fn write_csv(solved: &Solved) -> io::Result<()> {
 }
 
 fn write_json(solved: &Solved) -> io::Result<()> {
-    let (trace, solution) = (solved.trace, solved.solution);
-    let offsets: Vec<serde_json::Value> = trace
-        .buffers
-        .iter()
-        .zip(&solution.offsets)
-        .map(|(b, &offset)| serde_json::json!({ "id": b.id, "offset": offset }))
-        .collect();
-    let mut object = serde_json::json!({
-        "format": format_name(trace.format),
-        "buffers": trace.buffers.len(),
-        "steps": trace.steps,
-        "never_freed": trace.never_freed,
-        "alignment": solved.options.alignment.max(1),
-        "capacity": solved.options.capacity,
-        "lower_bound": solution.lower_bound,
-        "peak": solution.peak,
-        "greedy_peak": solution.stats.greedy_peak,
-        "optimal": solution.optimal,
-        "components": solution.stats.components,
-        "nodes": solution.stats.nodes,
-        "budget_exhausted": solution.stats.budget_exhausted,
-        "stopped": solved.stopped().map(|_| solved.limits.json_reason()),
-        "time_limit_s": solved.limits.time_limit.as_secs_f64(),
-        "unsearched_components": solution.stats.unsearched_components,
-        "elapsed_ms": human::millis(solved.elapsed),
-        "offsets": offsets,
-    });
-    if let Some(svg) = solved.svg {
-        object["svg"] = serde_json::json!(svg.display().to_string());
-    }
+    let (trace, solution, stats) = (solved.trace, solved.solution, &solved.solution.stats);
+    let object = JsonPlacement {
+        alignment: solved.options.alignment.max(1),
+        budget_exhausted: stats.budget_exhausted,
+        buffers: trace.buffers.len(),
+        capacity: solved.options.capacity,
+        components: stats.components,
+        elapsed_ms: human::millis(solved.elapsed),
+        format: format_name(trace.format),
+        greedy_peak: stats.greedy_peak,
+        lower_bound: solution.lower_bound,
+        never_freed: trace.never_freed,
+        nodes: stats.nodes,
+        offsets: JsonOffsets(solved),
+        optimal: solution.optimal,
+        peak: solution.peak,
+        steps: trace.steps,
+        stopped: solved.stopped().map(|_| solved.limits.json_reason()),
+        svg: solved.svg.map(|svg| svg.display().to_string()),
+        time_limit_s: solved.limits.time_limit.as_secs_f64(),
+        unsearched_components: stats.unsearched_components,
+    };
     let mut out = BufWriter::new(io::stdout().lock());
     serde_json::to_writer(&mut out, &object)?;
     writeln!(out)?;
     out.flush()
+}
+
+/// The `--json` object, its fields in alphabetical order (as a `serde_json::Value` printed them
+/// before); serialised straight to the output: a `Value` per buffer took 1.2 us a buffer, a large
+/// share of a short time limit on 100k buffers.
+#[derive(serde::Serialize)]
+struct JsonPlacement<'a> {
+    alignment: u64,
+    budget_exhausted: bool,
+    buffers: usize,
+    capacity: Option<u64>,
+    components: u32,
+    elapsed_ms: f64,
+    format: &'static str,
+    greedy_peak: u64,
+    lower_bound: u64,
+    never_freed: u32,
+    nodes: u64,
+    offsets: JsonOffsets<'a>,
+    optimal: bool,
+    peak: u64,
+    steps: u32,
+    stopped: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    svg: Option<String>,
+    time_limit_s: f64,
+    unsearched_components: u32,
+}
+
+/// `[{"id","offset"}]` in input order, written as it is read.
+struct JsonOffsets<'a>(&'a Solved<'a>);
+
+impl serde::Serialize for JsonOffsets<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct Row {
+            id: u64,
+            offset: u64,
+        }
+        let (trace, solution) = (self.0.trace, self.0.solution);
+        serializer.collect_seq(trace.buffers.iter().zip(&solution.offsets).map(|(b, &offset)| Row { id: b.id, offset }))
+    }
 }
 
 fn format_name(format: TraceFormat) -> &'static str {
