@@ -87,7 +87,7 @@ const MOST_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 fn parse_seconds(text: &str) -> Result<Duration, String> {
     match text.trim().parse::<f64>() {
         // At least a nanosecond: a limit that rounds to zero would read back as `--time-limit 0`.
-        Ok(seconds) if seconds >= 1e-9 && seconds <= MOST_SECONDS => Ok(Duration::from_secs_f64(seconds)),
+        Ok(seconds) if (1e-9..=MOST_SECONDS).contains(&seconds) => Ok(Duration::from_secs_f64(seconds)),
         _ => Err("expected a number of seconds above 0 (1e-9 at least), such as 10 or 2.5".to_string()),
     }
 }
