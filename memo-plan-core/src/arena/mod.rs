@@ -199,10 +199,13 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
     solve_with(buffers, options, &mut |_| false)
 }
 
-/// [`solve`], stopped early when `stop` says so: it is polled every few hundred search nodes (and
-/// between greedy orders) with the progress so far, and once it returns `true` the solve ends with
-/// the best placement found by then (`stats.stopped`), or, with a capacity not met yet, with
-/// [`SolveError::NotFoundWithinBudget`]. A caller puts a time limit or an interrupt here; the
+/// [`solve`], stopped early when `stop` says so: it is polled every 16 search nodes, between greedy
+/// orders, and every 2,048 buffers inside greedy orders, sweeps, overlap-graph builds and the
+/// repair's starts and rounds (a few milliseconds apart on 100k buffers), with the progress so
+/// far, and once it returns `true` the solve ends with the best placement found by then
+/// (`stats.stopped`), or, with a capacity not met yet, with [`SolveError::NotFoundWithinBudget`].
+/// The first placement of each component (the start-order sweep, O(n log n)) always completes, so
+/// there is one however early the stop comes. A caller puts a time limit or an interrupt here; the
 /// library keeps no clock. Deterministic as long as `stop` never returns `true`.
 pub fn solve_with(
     buffers: &[BufferLifetime],
@@ -242,7 +245,7 @@ pub fn solve_with(
         .iter()
         .map(|leaf| {
             let sections = Sections::new(&items, &leaf.items);
-            let overlaps = Overlaps::build(&items, &leaf.items, OVERLAP_PAIR_LIMIT);
+            let overlaps = Overlaps::build_polled(&items, &leaf.items, OVERLAP_PAIR_LIMIT, Some(&mut control));
             let best = greedy::best_greedy(&items, &leaf.items, overlaps.as_ref(), &sections, &mut control);
             let proven_lower = sections.lower_bound();
             LeafState { base: leaf.base, sections, overlaps, best, proven_lower }
@@ -255,7 +258,7 @@ pub fn solve_with(
     // optimum, not every greedy result, so a whole-instance order can beat the per-component
     // portfolio; with them, the answer is never worse than any classic order.
     let all: Vec<u32> = (0..items.len() as u32).collect();
-    let whole = Overlaps::build(&items, &all, WHOLE_GREEDY_PAIR_LIMIT)
+    let whole = Overlaps::build_polled(&items, &all, WHOLE_GREEDY_PAIR_LIMIT, Some(&mut control))
         .and_then(|graph| greedy::best_classic(&items, &all, &graph, &mut control))
         .filter(|placement| placement.peak < greedy_peak_units);
     if let Some(placement) = &whole {
@@ -470,6 +473,9 @@ impl LeafState {
         capacity: Option<u64>,
         budget: &mut Budget,
     ) -> Improvement {
+        if budget.control.stopped() {
+            return Improvement::BudgetExhausted; // a stopped solve improves nothing more
+        }
         let Some(overlaps) = self.overlaps.as_ref().filter(|_| members.len() <= EXACT_SEARCH_MAX_BUFFERS) else {
             // Too large for the exact search: window repairs lower the greedy peak instead.
             let peak = self.best.peak;

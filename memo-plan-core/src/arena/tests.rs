@@ -446,3 +446,42 @@ fn zero_slack_domains_keep_the_search_exact() {
     assert!(verdicts[0] > 10 && verdicts[1] > 10, "both verdicts exercised: {verdicts:?}");
     assert!(pruned > 0, "the domains pruned somewhere");
 }
+
+/// However early the stop callback says stop (at its first poll, or at its k-th: inside a greedy
+/// sweep, an overlap graph build, a repair start or round), the solve ends with a placement the
+/// checker accepts, marked `stopped`, no worse than the start-order sweep (the one placement
+/// every solve completes); on small instances and on large generated graphs (one leaf of 21k
+/// buffers, too large for the exact search and too dense for an overlap graph, and an operator
+/// graph of 20k).
+#[test]
+fn a_stop_at_any_poll_still_gives_a_checked_placement() {
+    use crate::generate::{operator_graph, pipelined_graph, GraphShape, PipelineShape};
+    let graph = GraphShape { blocks: 4, ops_per_block: 100, activation_bytes: 1 << 28 };
+    let instances = [
+        known_optimum(3, 300, 1200, 1 << 20),
+        random_buffers(&mut SplitMix64::new(8), 60, 100, 1000),
+        pipelined_graph(0, PipelineShape { graph, micro_batches: 16, stagger: 10 }),
+        operator_graph(1, GraphShape { blocks: 24, ops_per_block: 250, activation_bytes: 1 << 28 }),
+    ];
+    for (index, buffers) in instances.iter().enumerate() {
+        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let all: Vec<u32> = (0..items.len() as u32).collect();
+        let sweep = greedy::by_start(&items, &all).peak;
+        for stop_at in [1u32, 2, 5, 13, 40] {
+            let mut polls = 0u32;
+            let solution = solve_with(buffers, &SolveOptions::default(), &mut |_| {
+                polls += 1;
+                polls >= stop_at
+            })
+            .unwrap();
+            let case = alloc::format!("instance {index} ({} buffers), stop at poll {stop_at}", buffers.len());
+            check_placement(buffers, &solution.offsets, 1, solution.peak, None)
+                .unwrap_or_else(|v| panic!("{case}: {v:?}"));
+            assert!(solution.peak <= sweep, "{case}: {} above the sweep's {sweep}", solution.peak);
+            assert!(solution.peak >= solution.lower_bound, "{case}");
+            if polls >= stop_at {
+                assert!(solution.stats.stopped && polls == stop_at, "{case}: asked {polls} times");
+            }
+        }
+    }
+}
