@@ -29,9 +29,10 @@ and prints the best placement found by then, saying whether it is proven optimal
 above the lower bound. The time limit covers the whole command: reading the trace, solving, and
 checking and writing the placement (the solver stops early enough to leave about a microsecond
 per buffer for those). Every solve ends with a checked placement or a verdict: a limit too short
-even for one placement gets the first one the solver makes (a start-order sweep), late. A solve that runs past a second reports its progress on standard error
-once a second (best peak, lower bound, nodes per second). With --capacity, a placement under it,
-or *proven infeasible* (exit 3), or *not found within the limit* (exit 4).
+even for one placement gets the first one the solver makes (a start-order sweep), late. A solve
+that runs past a second reports its progress on standard error once a second (best peak, lower
+bound, nodes per second). With --capacity, a placement under it, or *proven infeasible* (exit 3),
+or *not found within the limit* (exit 4).
 
 The placement is checked by an independent checker before it is printed: as CSV
 `id,lower,upper,size,offset` on standard output (one row per buffer, in trace order), with a
