@@ -26,9 +26,13 @@ bytes, optionally with a unit: K, M, G, T, KB, MB, GB, TB (powers of 1000) or Ki
 
 The solve is anytime: it stops at --time-limit (default 10 s), at --budget-nodes, or at Ctrl-C,
 and prints the best placement found by then, saying whether it is proven optimal and how far it is
-above the lower bound. A solve that runs past a second reports its progress on standard error
-once a second (best peak, lower bound, nodes per second). With --capacity, a placement under it,
-or *proven infeasible* (exit 3), or *not found within the limit* (exit 4).
+above the lower bound. The time limit covers the whole command: reading the trace, solving, and
+checking and writing the placement (the solver stops early enough to leave about a microsecond
+per buffer for those). Every solve ends with a checked placement or a verdict: a limit too short
+even for one placement gets the first one the solver makes (a start-order sweep), late. A solve
+that runs past a second reports its progress on standard error once a second (best peak, lower
+bound, nodes per second). With --capacity, a placement under it, or *proven infeasible* (exit 3),
+or *not found within the limit* (exit 4).
 
 The placement is checked by an independent checker before it is printed: as CSV
 `id,lower,upper,size,offset` on standard output (one row per buffer, in trace order), with a
@@ -60,7 +64,8 @@ pub struct SolveArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_BUDGET_NODES, value_parser = parse_nodes)]
     budget_nodes: u64,
 
-    /// Stop after this many seconds (e.g. 10, 2.5) and print the best placement found
+    /// Stop after this many seconds (e.g. 10, 2.5), reading and writing included, and print the best
+    /// placement found
     #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = parse_seconds)]
     time_limit: Duration,
 
@@ -82,8 +87,9 @@ const MOST_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
 
 fn parse_seconds(text: &str) -> Result<Duration, String> {
     match text.trim().parse::<f64>() {
-        Ok(seconds) if seconds > 0.0 && seconds <= MOST_SECONDS => Ok(Duration::from_secs_f64(seconds)),
-        _ => Err("expected a number of seconds above 0, such as 10 or 2.5".to_string()),
+        // At least a nanosecond: a limit that rounds to zero would read back as `--time-limit 0`.
+        Ok(seconds) if (1e-9..=MOST_SECONDS).contains(&seconds) => Ok(Duration::from_secs_f64(seconds)),
+        _ => Err("expected a number of seconds above 0 (1e-9 at least), such as 10 or 2.5".to_string()),
     }
 }
 
@@ -104,6 +110,8 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
 
     let interrupted = interrupt_flag();
     let started = Instant::now();
+    // The solver stops early enough to leave the time checking and writing take.
+    let solver_deadline = deadline.checked_sub(reserve(trace.buffers.len(), args.json, args.svg.is_some()));
     let mut reporter = Reporter { started, last: started };
     // What made the callback stop the solve; a solve cut short otherwise ran out of nodes.
     let mut stopped_by = StoppedBy::Budget;
@@ -112,7 +120,7 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
         reporter.report(now, progress);
         if interrupted.load(Ordering::Relaxed) {
             stopped_by = StoppedBy::Interrupt;
-        } else if now >= deadline {
+        } else if solver_deadline.is_none_or(|d| now >= d) {
             stopped_by = StoppedBy::TimeLimit;
         }
         stopped_by != StoppedBy::Budget
@@ -152,6 +160,32 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
     }
     Ok(())
 }
+
+/// The time `memo solve` keeps back from the solver, out of `--time-limit`, for what follows it:
+/// checking the placement and writing it (and drawing it with `--svg`), which cannot be stopped
+/// half-way. Proportional to the buffers: on the 2-core build machine, idle, checking and writing
+/// the CSV took about 0.45 us a buffer, the JSON about 0.2 us more (streamed; 1.2 us more as a
+/// `serde_json::Value`), the SVG about 1 us more (BENCHMARKS.md, "fourth pass"); twice that is
+/// kept back, for a loaded machine. A limit shorter
+/// than the reserve stops the solver at its first poll, after the one placement it always
+/// completes (the start-order sweep).
+fn reserve(buffers: usize, json: bool, svg: bool) -> Duration {
+    let mut nanos_per_buffer = RESERVE_NANOS_PER_BUFFER;
+    if json {
+        nanos_per_buffer += RESERVE_NANOS_PER_BUFFER_JSON;
+    }
+    if svg {
+        nanos_per_buffer += RESERVE_NANOS_PER_BUFFER_SVG;
+    }
+    Duration::from_nanos(nanos_per_buffer.saturating_mul(buffers as u64))
+}
+
+/// Checking and writing the CSV, per buffer (twice the idle cost measured).
+const RESERVE_NANOS_PER_BUFFER: u64 = 1_000;
+/// What `--json` adds per buffer.
+const RESERVE_NANOS_PER_BUFFER_JSON: u64 = 500;
+/// What `--svg` adds per buffer.
+const RESERVE_NANOS_PER_BUFFER_SVG: u64 = 2_000;
 
 /// Ctrl-C sets the returned flag, which the solve's stop callback polls: the solve ends and the best
 /// placement so far is printed. A second Ctrl-C (the first not acted on yet) ends the process at
@@ -246,9 +280,9 @@ impl Limits {
     }
 }
 
-/// Seconds as given on the command line: `10`, `2.5`.
+/// Seconds as given on the command line: `10`, `2.5`, `0.000001`.
 fn seconds(duration: Duration) -> String {
-    let text = format!("{:.3}", duration.as_secs_f64());
+    let text = format!("{:.9}", duration.as_secs_f64());
     text.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
@@ -359,40 +393,74 @@ fn write_csv(solved: &Solved) -> io::Result<()> {
 }
 
 fn write_json(solved: &Solved) -> io::Result<()> {
-    let (trace, solution) = (solved.trace, solved.solution);
-    let offsets: Vec<serde_json::Value> = trace
-        .buffers
-        .iter()
-        .zip(&solution.offsets)
-        .map(|(b, &offset)| serde_json::json!({ "id": b.id, "offset": offset }))
-        .collect();
-    let mut object = serde_json::json!({
-        "format": format_name(trace.format),
-        "buffers": trace.buffers.len(),
-        "steps": trace.steps,
-        "never_freed": trace.never_freed,
-        "alignment": solved.options.alignment.max(1),
-        "capacity": solved.options.capacity,
-        "lower_bound": solution.lower_bound,
-        "peak": solution.peak,
-        "greedy_peak": solution.stats.greedy_peak,
-        "optimal": solution.optimal,
-        "components": solution.stats.components,
-        "nodes": solution.stats.nodes,
-        "budget_exhausted": solution.stats.budget_exhausted,
-        "stopped": solved.stopped().map(|_| solved.limits.json_reason()),
-        "time_limit_s": solved.limits.time_limit.as_secs_f64(),
-        "unsearched_components": solution.stats.unsearched_components,
-        "elapsed_ms": human::millis(solved.elapsed),
-        "offsets": offsets,
-    });
-    if let Some(svg) = solved.svg {
-        object["svg"] = serde_json::json!(svg.display().to_string());
-    }
+    let (trace, solution, stats) = (solved.trace, solved.solution, &solved.solution.stats);
+    let object = JsonPlacement {
+        alignment: solved.options.alignment.max(1),
+        budget_exhausted: stats.budget_exhausted,
+        buffers: trace.buffers.len(),
+        capacity: solved.options.capacity,
+        components: stats.components,
+        elapsed_ms: human::millis(solved.elapsed),
+        format: format_name(trace.format),
+        greedy_peak: stats.greedy_peak,
+        lower_bound: solution.lower_bound,
+        never_freed: trace.never_freed,
+        nodes: stats.nodes,
+        offsets: JsonOffsets(solved),
+        optimal: solution.optimal,
+        peak: solution.peak,
+        steps: trace.steps,
+        stopped: solved.stopped().map(|_| solved.limits.json_reason()),
+        svg: solved.svg.map(|svg| svg.display().to_string()),
+        time_limit_s: solved.limits.time_limit.as_secs_f64(),
+        unsearched_components: stats.unsearched_components,
+    };
     let mut out = BufWriter::new(io::stdout().lock());
     serde_json::to_writer(&mut out, &object)?;
     writeln!(out)?;
     out.flush()
+}
+
+/// The `--json` object, its fields in alphabetical order (as a `serde_json::Value` printed them
+/// before); serialised straight to the output: a `Value` per buffer took 1.2 us a buffer, a large
+/// share of a short time limit on 100k buffers.
+#[derive(serde::Serialize)]
+struct JsonPlacement<'a> {
+    alignment: u64,
+    budget_exhausted: bool,
+    buffers: usize,
+    capacity: Option<u64>,
+    components: u32,
+    elapsed_ms: f64,
+    format: &'static str,
+    greedy_peak: u64,
+    lower_bound: u64,
+    never_freed: u32,
+    nodes: u64,
+    offsets: JsonOffsets<'a>,
+    optimal: bool,
+    peak: u64,
+    steps: u32,
+    stopped: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    svg: Option<String>,
+    time_limit_s: f64,
+    unsearched_components: u32,
+}
+
+/// `[{"id","offset"}]` in input order, written as it is read.
+struct JsonOffsets<'a>(&'a Solved<'a>);
+
+impl serde::Serialize for JsonOffsets<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct Row {
+            id: u64,
+            offset: u64,
+        }
+        let (trace, solution) = (self.0.trace, self.0.solution);
+        serializer.collect_seq(trace.buffers.iter().zip(&solution.offsets).map(|(b, &offset)| Row { id: b.id, offset }))
+    }
 }
 
 fn format_name(format: TraceFormat) -> &'static str {
@@ -489,6 +557,8 @@ mod tests {
         }
         assert_eq!(seconds(Duration::from_millis(2500)), "2.5");
         assert_eq!(seconds(Duration::from_secs(10)), "10");
+        assert_eq!(parse_seconds("0.000001").map(seconds), Ok("0.000001".to_string()));
+        assert!(parse_seconds("1e-10").is_err());
         assert_eq!(gap(1003, 1000), "+0.30%");
         assert_eq!(gap(0, 0), "+0.00%");
         assert!(parse_nodes("-1").is_err());

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use common::{assert_fails, code, memo, scratch, stderr};
 
-use memo_plan_core::generate::{known_optimum, SplitMix64};
+use memo_plan_core::generate::{known_optimum, pipelined_graph, GraphShape, PipelineShape, SplitMix64};
 use memo_plan_core::BufferLifetime;
 
 const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/traces/memo-layer.trace");
@@ -464,5 +464,49 @@ fn ctrl_c_prints_the_best_placement_so_far() {
     );
     if summary_value(&summary, "optimality") == "not proven optimal" {
         assert_eq!(summary_value(&summary, "stopped by"), "Ctrl-C");
+    }
+}
+
+/// The shortest time limits still end with a checked placement (the solver always completes its
+/// first one, a start-order sweep) and exit 0, stopped by the time limit, in CSV and in JSON; with
+/// a capacity, a definite verdict (placed under it, proven infeasible, or not found: exit 4 and
+/// nothing on stdout), never nothing at all. How long these take is measured in BENCHMARKS.md, not
+/// asserted here.
+#[test]
+fn the_shortest_time_limits_still_print_a_checked_placement() {
+    let graph = GraphShape { blocks: 2, ops_per_block: 40, activation_bytes: 1 << 28 };
+    let buffers = pipelined_graph(0, PipelineShape { graph, micro_batches: 6, stagger: 6 });
+    let path = scratch("pipelined-shortest-limit.csv", as_csv(&buffers).as_bytes());
+    let path = path.to_str().unwrap();
+    for limit in ["0.000001", "0.01"] {
+        let output = memo(&["solve", "--time-limit", limit, path], None);
+        let summary = stderr(&output);
+        assert_eq!(code(&output), 0, "{summary}");
+        let rows = parse_placement(&output.stdout);
+        assert_eq!(rows.len(), buffers.len());
+        let peak = recheck(&rows, 1);
+        assert_eq!(summary_value(&summary, "peak").split(' ').next(), Some(peak.to_string().as_str()));
+        if summary_value(&summary, "optimality") == "not proven optimal" {
+            assert_eq!(summary_value(&summary, "stopped by"), format!("the time limit (--time-limit {limit})"));
+        }
+    }
+
+    let json = memo(&["solve", "--json", "--time-limit", "0.000001", path], None);
+    assert_eq!(code(&json), 0, "{}", stderr(&json));
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("one JSON object");
+    assert_eq!(json["offsets"].as_array().map(Vec::len), Some(buffers.len()));
+    assert!(json["stopped"] == "time_limit" || json["optimal"] == true, "{}", json["stopped"]);
+
+    let rows: Vec<Row> =
+        buffers.iter().map(|b| Row { id: b.id, lower: b.lower, upper: b.upper, size: b.size, offset: 0 }).collect();
+    let live = max_live(&rows);
+    for capacity in [live - 1, live] {
+        let output = memo(&["solve", "--time-limit", "0.000001", "--capacity", &capacity.to_string(), path], None);
+        match code(&output) {
+            0 => assert!(recheck(&parse_placement(&output.stdout), 1) <= capacity),
+            3 => assert!(assert_fails(&output, 3).contains("proven infeasible")),
+            4 => assert!(assert_fails(&output, 4).contains("not found within the limit")),
+            other => panic!("exit {other}: {}", stderr(&output)),
+        }
     }
 }

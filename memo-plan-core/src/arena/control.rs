@@ -48,7 +48,8 @@ impl<'a> Control<'a> {
         self.stopped
     }
 
-    /// Polls the callback now (between phases that count no nodes, such as greedy orders).
+    /// Polls the callback now (between and inside phases that count no nodes: greedy orders and
+    /// sweeps, overlap-graph builds, every `greedy::GREEDY_POLL_EVERY` buffers).
     pub(crate) fn poll(&mut self) -> bool {
         if !self.stopped {
             self.since_poll = 0;

@@ -16,6 +16,7 @@
 
 mod control;
 mod decompose;
+mod domains;
 mod greedy;
 #[cfg(feature = "mip")]
 pub mod mip;
@@ -198,10 +199,13 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
     solve_with(buffers, options, &mut |_| false)
 }
 
-/// [`solve`], stopped early when `stop` says so: it is polled every few hundred search nodes (and
-/// between greedy orders) with the progress so far, and once it returns `true` the solve ends with
-/// the best placement found by then (`stats.stopped`), or, with a capacity not met yet, with
-/// [`SolveError::NotFoundWithinBudget`]. A caller puts a time limit or an interrupt here; the
+/// [`solve`], stopped early when `stop` says so: it is polled every 16 search nodes, between greedy
+/// orders, and every 2,048 buffers inside greedy orders, sweeps, overlap-graph builds and the
+/// repair's starts and rounds (a few milliseconds apart on 100k buffers), with the progress so
+/// far, and once it returns `true` the solve ends with the best placement found by then
+/// (`stats.stopped`), or, with a capacity not met yet, with [`SolveError::NotFoundWithinBudget`].
+/// The first placement of each component (the start-order sweep, O(n log n)) always completes, so
+/// there is one however early the stop comes. A caller puts a time limit or an interrupt here; the
 /// library keeps no clock. Deterministic as long as `stop` never returns `true`.
 pub fn solve_with(
     buffers: &[BufferLifetime],
@@ -241,7 +245,7 @@ pub fn solve_with(
         .iter()
         .map(|leaf| {
             let sections = Sections::new(&items, &leaf.items);
-            let overlaps = Overlaps::build(&items, &leaf.items, OVERLAP_PAIR_LIMIT);
+            let overlaps = Overlaps::build_polled(&items, &leaf.items, OVERLAP_PAIR_LIMIT, Some(&mut control));
             let best = greedy::best_greedy(&items, &leaf.items, overlaps.as_ref(), &sections, &mut control);
             let proven_lower = sections.lower_bound();
             LeafState { base: leaf.base, sections, overlaps, best, proven_lower }
@@ -254,7 +258,7 @@ pub fn solve_with(
     // optimum, not every greedy result, so a whole-instance order can beat the per-component
     // portfolio; with them, the answer is never worse than any classic order.
     let all: Vec<u32> = (0..items.len() as u32).collect();
-    let whole = Overlaps::build(&items, &all, WHOLE_GREEDY_PAIR_LIMIT)
+    let whole = Overlaps::build_polled(&items, &all, WHOLE_GREEDY_PAIR_LIMIT, Some(&mut control))
         .and_then(|graph| greedy::best_classic(&items, &all, &graph, &mut control))
         .filter(|placement| placement.peak < greedy_peak_units);
     if let Some(placement) = &whole {
@@ -417,10 +421,11 @@ impl LeafState {
                 return SearchOutcome::Found(placement);
             }
         }
-        let filled = Filled::new(items, members, &self.sections, capacity);
+        let mut filled = Filled::new(items, members, &self.sections, capacity);
+        let mut shared = search::Shared::new(items, members, &self.sections, capacity);
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
         loop {
-            if let Some(filled) = &filled {
+            if let Some(filled) = &mut filled {
                 if let Some(placement) = filled.search(capacity, limit, budget) {
                     return SearchOutcome::Found(placement);
                 }
@@ -437,6 +442,7 @@ impl LeafState {
                     &self.sections,
                     rank,
                     search::Style::of_restart(index),
+                    &mut shared,
                     capacity,
                     &mut run_budget,
                     budget.control,
@@ -467,6 +473,9 @@ impl LeafState {
         capacity: Option<u64>,
         budget: &mut Budget,
     ) -> Improvement {
+        if budget.control.stopped() {
+            return Improvement::BudgetExhausted; // a stopped solve improves nothing more
+        }
         let Some(overlaps) = self.overlaps.as_ref().filter(|_| members.len() <= EXACT_SEARCH_MAX_BUFFERS) else {
             // Too large for the exact search: window repairs lower the greedy peak instead.
             let peak = self.best.peak;
@@ -552,6 +561,7 @@ struct Filled {
     sections: Sections,
     overlaps: Overlaps,
     ranks: Vec<Vec<u32>>,
+    shared: search::Shared,
 }
 
 /// The most fillers, as a share of the component's buffers (1/`FILLERS_PER_BUFFER`): with more,
@@ -604,12 +614,13 @@ impl Filled {
         let sections = Sections::new(&filled, &all);
         let overlaps = Overlaps::build(&filled, &all, OVERLAP_PAIR_LIMIT)?;
         let ranks = search_ranks(&filled, &all, &sections);
-        Some(Filled { items: filled, members: all, own, sections, overlaps, ranks })
+        let shared = search::Shared::new(&filled, &all, &sections, capacity);
+        Some(Filled { items: filled, members: all, own, sections, overlaps, ranks, shared })
     }
 
     /// Flat splits, then the skyline search under each tie-break order, each with `limit` nodes;
     /// the placement of the component's own buffers if one is found.
-    fn search(&self, capacity: u64, limit: u64, budget: &mut Budget) -> Option<ComponentPlacement> {
+    fn search(&mut self, capacity: u64, limit: u64, budget: &mut Budget) -> Option<ComponentPlacement> {
         let own = |placement: ComponentPlacement| {
             let offsets: Vec<u64> = placement.offsets[..self.own].to_vec();
             let peak = offsets.iter().zip(&self.items).map(|(o, item)| o + item.size).max().unwrap_or(0);
@@ -634,6 +645,7 @@ impl Filled {
                 &self.sections,
                 rank,
                 search::Style::of_restart(index),
+                &mut self.shared,
                 capacity,
                 &mut run_budget,
                 budget.control,

@@ -30,8 +30,9 @@ use crate::generate::SplitMix64;
 pub const REPAIR_MOST_ROUNDS: u32 = 4096;
 
 /// Lowers `placement`'s peak towards `goal`, spending nodes from `nodes_left` (one per buffer
-/// per round) and polling `control` between rounds. Returns the nodes spent. The placement only
-/// ever changes for a valid one with a lower peak.
+/// per round, two per start) and polling `control` between rounds and starts and inside their
+/// sweeps (every `GREEDY_POLL_EVERY` buffers: a start or round stopped half-way is dropped).
+/// Returns the nodes spent. The placement only ever changes for a valid one with a lower peak.
 pub(crate) fn repair(
     items: &[Item],
     members: &[u32],
@@ -46,6 +47,9 @@ pub(crate) fn repair(
     let cost = n as u64;
     let mut spent = 0;
     let at_peak = |p: &ComponentPlacement| (0..n).filter(|&l| p.offsets[l] + item(l).size == p.peak).count();
+    if control.stopped() {
+        return 0;
+    }
     // Peak-first starts: the buffers alive at a step of most live bytes stacked without holes,
     // the later ones swept forward and the earlier ones backward from there (two sweeps each).
     'starts: for at in most_live_steps(items, members, PEAK_FIRST_STEPS) {
@@ -55,7 +59,9 @@ pub(crate) fn repair(
             }
             *nodes_left -= 2 * cost;
             spent += 2 * cost;
-            let candidate = peak_first(items, members, stack, &placement.offsets, Some(at));
+            let Some(candidate) = peak_first(items, members, stack, &placement.offsets, Some(at), control) else {
+                break 'starts;
+            };
             if candidate.peak < placement.peak {
                 *placement = candidate;
             }
@@ -80,7 +86,9 @@ pub(crate) fn repair(
         alive.clear();
         alive.extend((0..n as u32).filter(|&l| item(l as usize).lower <= start && item(l as usize).upper > start));
         let from = item(alive[rng.below(alive.len() as u64) as usize] as usize).lower;
-        let candidate = sweep_from(items, members, &mut rng, &current.offsets, from, start);
+        let Some(candidate) = sweep_from(items, members, &mut rng, &current.offsets, from, start, control) else {
+            break;
+        };
         let count = at_peak(&candidate);
         if (candidate.peak, count) <= (current.peak, current_count) {
             current = candidate;
@@ -142,7 +150,15 @@ enum Stack {
 /// The buffers alive at a step of most live bytes stacked from 0 without holes in `stack`'s
 /// order; the buffers starting after the step placed by the forward best-fit sweep, those ending
 /// by it by the same sweep in reversed time. The two sides share no step, so the result is valid.
-fn peak_first(items: &[Item], members: &[u32], stack: Stack, current: &[u64], at: Option<u32>) -> ComponentPlacement {
+/// `None` if `control` stopped a sweep.
+fn peak_first(
+    items: &[Item],
+    members: &[u32],
+    stack: Stack,
+    current: &[u64],
+    at: Option<u32>,
+    control: &mut Control,
+) -> Option<ComponentPlacement> {
     let n = members.len();
     let item = |l: usize| items[members[l] as usize];
     // The given step, or the first step of most live bytes.
@@ -173,7 +189,7 @@ fn peak_first(items: &[Item], members: &[u32], stack: Stack, current: &[u64], at
     let forward: Vec<usize> = (0..n).filter(|&l| item(l).upper > step).collect();
     let forward_members: Vec<u32> = forward.iter().map(|&l| members[l]).collect();
     let kept: Vec<u64> = forward.iter().map(|&l| offsets[l]).collect();
-    let ahead = sweep_from(items, &forward_members, &mut rng, &kept, step + 1, 0);
+    let ahead = sweep_from(items, &forward_members, &mut rng, &kept, step + 1, 0, control)?;
     // Backward: the buffers starting by the step, in reversed time (steps `end - upper` ..
     // `end - lower`); those ending after it are the stack.
     let backward: Vec<usize> = (0..n).filter(|&l| item(l).lower <= step).collect();
@@ -183,14 +199,14 @@ fn peak_first(items: &[Item], members: &[u32], stack: Stack, current: &[u64], at
         .collect();
     let backward_members: Vec<u32> = (0..backward.len() as u32).collect();
     let kept: Vec<u64> = backward.iter().map(|&l| offsets[l]).collect();
-    let behind = sweep_from(&mirrored, &backward_members, &mut rng, &kept, end - step, 0);
+    let behind = sweep_from(&mirrored, &backward_members, &mut rng, &kept, end - step, 0, control)?;
     for (i, &l) in forward.iter().enumerate() {
         offsets[l] = ahead.offsets[i];
     }
     for (i, &l) in backward.iter().enumerate() {
         offsets[l] = behind.offsets[i];
     }
-    ComponentPlacement { offsets, peak: ahead.peak.max(behind.peak) }
+    Some(ComponentPlacement { offsets, peak: ahead.peak.max(behind.peak) })
 }
 
 #[cfg(test)]
@@ -229,8 +245,10 @@ mod tests {
         let sweep = by_start(&items, &members);
         let lower = crate::lower_bound(&buffers, 1);
         let mut best = u64::MAX;
+        let mut never = |_: &crate::arena::Progress| false;
+        let mut control = Control::new(&mut never);
         for stack in [Stack::LongestAfter, Stack::LongestBefore, Stack::LongestEither, Stack::Current] {
-            let placement = peak_first(&items, &members, stack, &sweep.offsets, None);
+            let placement = peak_first(&items, &members, stack, &sweep.offsets, None, &mut control).unwrap();
             crate::check::check_placement(&buffers, &placement.offsets, 1, placement.peak, None).unwrap();
             let recomputed = buffers.iter().zip(&placement.offsets).map(|(b, o)| o + b.size).max().unwrap();
             assert_eq!(placement.peak, recomputed, "{stack:?}");

@@ -38,9 +38,30 @@ use core::ops::Range;
 use crate::generate::SplitMix64;
 
 use super::control::Control;
+use super::domains::Domains;
 use super::greedy::{ComponentPlacement, Overlaps};
 use super::sections::Sections;
 use super::Item;
+
+/// What the restarts of one search (one component, one capacity) share: the zero-slack offset
+/// domains, and the partial placements proven infeasible (a proof in one restart holds in all:
+/// infeasibility is a property of the placement, not of the order that reached it).
+pub(crate) struct Shared {
+    domains: Option<Domains>,
+    failed: BTreeSet<(u128, u32, u32)>,
+}
+
+impl Shared {
+    pub(crate) fn new(items: &[Item], members: &[u32], sections: &Sections, capacity: u64) -> Shared {
+        Shared { domains: Domains::of(items, members, sections, capacity), failed: BTreeSet::new() }
+    }
+
+    /// No domains (tests compare the search with and without them).
+    #[cfg(test)]
+    pub(crate) fn without_domains() -> Shared {
+        Shared { domains: None, failed: BTreeSet::new() }
+    }
+}
 
 /// What a search at one capacity found.
 pub(crate) enum SearchOutcome {
@@ -105,8 +126,9 @@ struct Search<'a, 'c> {
     section_keys: Vec<u128>,
     state_key: u128,
     /// Partial placements (with the section range searched) proven infeasible: a skyline search
-    /// reaches the same one through many orders. Bounded; a full cache stops growing.
-    failed: BTreeSet<(u128, u32, u32)>,
+    /// reaches the same one through many orders, and every restart at the same capacity reaches
+    /// it again (`Shared`). Bounded; a full cache stops growing.
+    failed: &'a mut BTreeSet<(u128, u32, u32)>,
     /// Sections whose floor a placement must recompute, each once (`section_mark` == `mark`
     /// marks them); kept between placements so no placement allocates.
     dirty: Vec<u32>,
@@ -119,6 +141,11 @@ struct Search<'a, 'c> {
     undos: Vec<Undo>,
     /// Scratch of `valley_coverable`: which boundaries of a valley its buffers reach.
     reach: Vec<bool>,
+    /// Scratch of `dirty_sections_fit`: (lowest offset, size) of a section's buffers above its
+    /// floor.
+    stack: Vec<(u64, u64)>,
+    /// Zero-slack offset domains (`domains`), when the whole search is at zero slack.
+    domains: Option<&'a Domains>,
     /// The buffer placed last in each section (`NONE`: none): in zero-slack mode, the one whose
     /// top is the section's floor. Kept for the first section of each placed range only (enough
     /// to tell what lies directly under a buffer about to be placed over the same range).
@@ -126,6 +153,9 @@ struct Search<'a, 'c> {
 }
 
 const NONE: u32 = u32::MAX;
+
+/// Sections with more buffers than this skip the section bound by levels (`dirty_sections_fit`).
+const LEVELS_MOST_BUFFERS: usize = 48;
 
 /// The most entries the failed-placement cache keeps (about 40 bytes each).
 const FAILED_CACHE_LIMIT: usize = 1 << 20;
@@ -151,49 +181,25 @@ pub(crate) fn search(
     sections: &Sections,
     rank: &[u32],
     style: Style,
+    shared: &mut Shared,
     capacity: u64,
     nodes_left: &mut u64,
     control: &mut Control,
 ) -> (SearchOutcome, u64) {
     let n = members.len();
     let section_count = sections.len();
-    let sections_of: Vec<(u32, u32)> = members
-        .iter()
-        .map(|&m| {
-            let r = sections.range_of(&items[m as usize]);
-            (r.start as u32, r.end as u32)
-        })
-        .collect();
-    let mut row_count = alloc::vec![0usize; section_count + 1];
+    let rows = sections.rows(items, members);
     let mut cuts = alloc::vec![0u32; section_count.saturating_sub(1)];
-    for &(start, end) in &sections_of {
-        for s in start..end {
-            row_count[s as usize] += 1;
-        }
+    for &(start, end) in &rows.spans {
         for b in start..end.saturating_sub(1) {
             cuts[b as usize] += 1;
         }
     }
-    let mut section_row = Vec::with_capacity(section_count + 1);
-    let mut running = 0;
-    for count in &row_count[..section_count] {
-        section_row.push(running);
-        running += count;
-    }
-    section_row.push(running);
-    let mut fill = section_row.clone();
-    let mut section_members = alloc::vec![0u32; running];
-    for (l, &(start, end)) in sections_of.iter().enumerate() {
-        for s in start as usize..end as usize {
-            section_members[fill[s]] = l as u32;
-            fill[s] += 1;
-        }
-    }
     let mut state = Search {
         size: members.iter().map(|&m| items[m as usize].size).collect(),
-        sections_of,
-        section_row,
-        section_members,
+        sections_of: rows.spans,
+        section_row: rows.row,
+        section_members: rows.held,
         rank: rank.to_vec(),
         style,
         overlaps,
@@ -210,7 +216,7 @@ pub(crate) fn search(
         keys: random_keys(0x6D65_6D6F, n),
         section_keys: random_keys(0x666C_6F6F, section_count),
         state_key: 0,
-        failed: BTreeSet::new(),
+        failed: &mut shared.failed,
         dirty: Vec::new(),
         section_mark: alloc::vec![0; section_count],
         mark: 0,
@@ -218,6 +224,8 @@ pub(crate) fn search(
         candidate_lists: Vec::new(),
         undos: Vec::new(),
         reach: Vec::new(),
+        stack: Vec::new(),
+        domains: shared.domains.as_ref(),
         top_piece: alloc::vec![NONE; section_count],
     };
     if state.total.iter().any(|&t| t > capacity) {
@@ -302,6 +310,7 @@ impl Search<'_, '_> {
                 .filter(|&&m| {
                     self.offset[m as usize] == UNPLACED
                         && self.min_offset[m as usize] == lowest
+                        && self.allows(m, lowest)
                         && !self.stacked_out_of_order(m, lowest)
                 })
                 .count();
@@ -332,7 +341,9 @@ impl Search<'_, '_> {
         let mut candidates: Vec<((bool, u32), u32, u32)> = self
             .members_of(section)
             .iter()
-            .filter(|&&m| self.offset[m as usize] == UNPLACED && self.min_offset[m as usize] == fill)
+            .filter(|&&m| {
+                self.offset[m as usize] == UNPLACED && self.min_offset[m as usize] == fill && self.allows(m, fill)
+            })
             .map(|&m| (flush_or_long(m), self.rank[m as usize], m))
             .collect();
         candidates.sort_unstable();
@@ -362,6 +373,11 @@ impl Search<'_, '_> {
             }
         }
         Dfs::Infeasible
+    }
+
+    /// Whether buffer `local`'s zero-slack domain has `offset` (always, without domains).
+    fn allows(&self, local: u32, offset: u64) -> bool {
+        self.domains.as_ref().is_none_or(|d| d.allows(local as usize, offset))
     }
 
     /// Whether placing `local` at `fill` would put it directly on a smaller buffer over exactly
@@ -446,7 +462,8 @@ impl Search<'_, '_> {
         let monotonic_from = last.map_or(0, |(offset, _)| offset);
         let fits = self.raised_floors_fit(undo, &sections)
             && (monotonic_from + max_total <= self.capacity || self.sections_fit(sections.clone(), monotonic_from))
-            && (last.is_some() || self.valleys_coverable(local, &sections));
+            && (last.is_some() || self.valleys_coverable(local, &sections))
+            && self.dirty_sections_fit(&sections, monotonic_from);
         let outcome = if fits {
             let mut rest = self.lists.pop().unwrap_or_default();
             rest.clear();
@@ -671,6 +688,47 @@ impl Search<'_, '_> {
         let covered = reach[b - a];
         self.reach = reach;
         covered
+    }
+
+    /// The section bound by levels, on the sections whose buffers' minimum offsets this placement
+    /// raised (`dirty`): in a section, the unplaced buffers that cannot sit below a level `z`
+    /// (their minimum offset, or the lowest offset their domain allows, is at least `z`) all lie
+    /// between `z` and the capacity, so for every such level their sizes must fit there. The
+    /// plain bound is the floor's level, and every level at or below the floor passes with it, so
+    /// only the buffers above the floor are sorted. Sections of more than `LEVELS_MOST_BUFFERS`
+    /// buffers are left to the plain bound (their sort cost more than it pruned: BENCHMARKS.md).
+    fn dirty_sections_fit(&mut self, sections: &Range<usize>, from: u64) -> bool {
+        let mut stack = core::mem::take(&mut self.stack);
+        let mut fits = true;
+        for &s in &self.dirty {
+            let s = s as usize;
+            let row = &self.section_members[self.section_row[s]..self.section_row[s + 1]];
+            if !sections.contains(&s) || self.total[s] == 0 || row.len() > LEVELS_MOST_BUFFERS {
+                continue;
+            }
+            stack.clear();
+            for &m in row {
+                let m = m as usize;
+                if self.offset[m] == UNPLACED {
+                    let lowest = self.min_offset[m].max(from);
+                    let lowest = self.domains.map_or(lowest, |d| d.lowest_from(m, lowest));
+                    if lowest > self.floor[s] {
+                        stack.push((lowest.min(self.capacity + 1), self.size[m]));
+                    }
+                }
+            }
+            stack.sort_unstable_by_key(|&(level, _)| core::cmp::Reverse(level));
+            let mut above = 0u64;
+            fits = stack.iter().all(|&(level, size)| {
+                above += size;
+                level + above <= self.capacity
+            });
+            if !fits {
+                break;
+            }
+        }
+        self.stack = stack;
+        fits
     }
 
     /// The section bound over the partition's sections: the unplaced buffers of every section

@@ -83,9 +83,54 @@ impl Sections {
         row[range.start].max(row[range.end - (1 << level)])
     }
 
+    /// Which sections each of `members` spans, and which members each section holds.
+    pub(crate) fn rows(&self, items: &[Item], members: &[u32]) -> Rows {
+        let spans: Vec<(u32, u32)> = members
+            .iter()
+            .map(|&m| {
+                let r = self.range_of(&items[m as usize]);
+                (r.start as u32, r.end as u32)
+            })
+            .collect();
+        let mut row = alloc::vec![0usize; self.len() + 1];
+        for &(start, end) in &spans {
+            for s in start..end {
+                row[s as usize + 1] += 1;
+            }
+        }
+        for s in 0..self.len() {
+            row[s + 1] += row[s];
+        }
+        let mut fill = row.clone();
+        let mut held = alloc::vec![0u32; row[self.len()]];
+        for (l, &(start, end)) in spans.iter().enumerate() {
+            for s in start as usize..end as usize {
+                held[fill[s]] = l as u32;
+                fill[s] += 1;
+            }
+        }
+        Rows { spans, row, held }
+    }
+
     /// The largest total over all sections: the component's lower bound.
     pub(crate) fn lower_bound(&self) -> u64 {
         self.totals.iter().copied().max().unwrap_or(0)
+    }
+}
+
+/// Members against sections, both ways (local indices: positions in the member list).
+pub(crate) struct Rows {
+    /// Each member's section range `[start, end)`.
+    pub spans: Vec<(u32, u32)>,
+    /// Section `s` holds `held[row[s]..row[s + 1]]`, in member order.
+    pub row: Vec<usize>,
+    pub held: Vec<u32>,
+}
+
+impl Rows {
+    /// The members (local indices) alive in section `s`.
+    pub(crate) fn of(&self, s: usize) -> &[u32] {
+        &self.held[self.row[s]..self.row[s + 1]]
     }
 }
 

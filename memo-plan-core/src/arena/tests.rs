@@ -371,3 +371,117 @@ fn never_worse_than_any_classic_greedy_order() {
         }
     }
 }
+
+/// The zero-slack domains (`domains`) only drop offsets no perfect placement uses: on small
+/// instances made zero slack by fillers, the skyline search with domains reaches the same verdict
+/// as without them (and as brute force, up to 7 buffers), placed or proven infeasible.
+#[test]
+fn zero_slack_domains_keep_the_search_exact() {
+    let mut rng = SplitMix64::new(23);
+    let mut verdicts = [0; 2]; // placed, infeasible
+    let mut pruned = 0;
+    for case in 0..200 {
+        let mut buffers = random_buffers(&mut rng, 4 + case % 8, 8, 9);
+        // Fill every run of steps with the same slack up to the most live bytes with one filler
+        // (long fillers make some instances unpackable).
+        let capacity = lower_bound(&buffers, 1);
+        let horizon = buffers.iter().map(|b| b.upper).max().unwrap_or(0);
+        let slack =
+            |t: u32| capacity - buffers.iter().filter(|b| b.lower <= t && t < b.upper).map(|b| b.size).sum::<u64>();
+        let mut fillers = Vec::new();
+        let mut t = 0;
+        while t < horizon {
+            let mut end = t + 1;
+            while end < horizon && slack(end) == slack(t) {
+                end += 1;
+            }
+            if slack(t) > 0 {
+                fillers.push(buf(t, end, slack(t)));
+            }
+            t = end;
+        }
+        buffers.extend(fillers);
+        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let members: Vec<u32> = (0..items.len() as u32).collect();
+        let sections = Sections::new(&items, &members);
+        let overlaps = Overlaps::build(&items, &members, OVERLAP_PAIR_LIMIT).unwrap();
+        assert!(domains::Domains::of(&items, &members, &sections, capacity).is_some(), "zero slack");
+        let rank: Vec<u32> = (0..items.len() as u32).collect();
+        let style = search::Style { guided: true, rightmost: false };
+        let verdict = |mut shared: search::Shared| {
+            let mut never = |_: &Progress| false;
+            let mut control = Control::new(&mut never);
+            let mut nodes = u64::MAX;
+            let (outcome, used) = search::search(
+                &items,
+                &members,
+                &overlaps,
+                &sections,
+                &rank,
+                style,
+                &mut shared,
+                capacity,
+                &mut nodes,
+                &mut control,
+            );
+            let found = match outcome {
+                SearchOutcome::Found(placement) => {
+                    assert!(placement.peak <= capacity);
+                    true
+                }
+                SearchOutcome::Infeasible => false,
+                SearchOutcome::BudgetExhausted => panic!("case {case}: unbounded search stopped"),
+            };
+            (found, used)
+        };
+        let (with, with_nodes) = verdict(search::Shared::new(&items, &members, &sections, capacity));
+        let (without, without_nodes) = verdict(search::Shared::without_domains());
+        assert_eq!(with, without, "case {case}: {buffers:?}");
+        if buffers.len() <= 7 {
+            assert_eq!(with, brute_force_optimum(&buffers) == capacity, "case {case}: {buffers:?}");
+        }
+        verdicts[usize::from(!with)] += 1;
+        pruned += usize::from(with_nodes < without_nodes);
+    }
+    assert!(verdicts[0] > 10 && verdicts[1] > 10, "both verdicts exercised: {verdicts:?}");
+    assert!(pruned > 0, "the domains pruned somewhere");
+}
+
+/// However early the stop callback says stop (at its first poll, or at its k-th: inside a greedy
+/// sweep, an overlap graph build, a repair start or round), the solve ends with a placement the
+/// checker accepts, marked `stopped`, no worse than the start-order sweep (the one placement
+/// every solve completes); on small instances and on large generated graphs (one leaf of 21k
+/// buffers, too large for the exact search and too dense for an overlap graph, and an operator
+/// graph of 20k).
+#[test]
+fn a_stop_at_any_poll_still_gives_a_checked_placement() {
+    use crate::generate::{operator_graph, pipelined_graph, GraphShape, PipelineShape};
+    let graph = GraphShape { blocks: 4, ops_per_block: 100, activation_bytes: 1 << 28 };
+    let instances = [
+        known_optimum(3, 300, 1200, 1 << 20),
+        random_buffers(&mut SplitMix64::new(8), 60, 100, 1000),
+        pipelined_graph(0, PipelineShape { graph, micro_batches: 16, stagger: 10 }),
+        operator_graph(1, GraphShape { blocks: 24, ops_per_block: 250, activation_bytes: 1 << 28 }),
+    ];
+    for (index, buffers) in instances.iter().enumerate() {
+        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let all: Vec<u32> = (0..items.len() as u32).collect();
+        let sweep = greedy::by_start(&items, &all).peak;
+        for stop_at in [1u32, 2, 5, 13, 40] {
+            let mut polls = 0u32;
+            let solution = solve_with(buffers, &SolveOptions::default(), &mut |_| {
+                polls += 1;
+                polls >= stop_at
+            })
+            .unwrap();
+            let case = alloc::format!("instance {index} ({} buffers), stop at poll {stop_at}", buffers.len());
+            check_placement(buffers, &solution.offsets, 1, solution.peak, None)
+                .unwrap_or_else(|v| panic!("{case}: {v:?}"));
+            assert!(solution.peak <= sweep, "{case}: {} above the sweep's {sweep}", solution.peak);
+            assert!(solution.peak >= solution.lower_bound, "{case}");
+            if polls >= stop_at {
+                assert!(solution.stats.stopped && polls == stop_at, "{case}: asked {polls} times");
+            }
+        }
+    }
+}

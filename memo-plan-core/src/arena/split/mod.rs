@@ -30,7 +30,7 @@ use core::cell::OnceCell;
 use super::control::Control;
 use super::decompose::{peelable, split_components};
 use super::greedy::{ComponentPlacement, Overlaps};
-use super::search::{search, SearchOutcome, Style};
+use super::search::{search, SearchOutcome, Shared, Style};
 use super::sections::Sections;
 use super::{search_ranks, Item, OVERLAP_PAIR_LIMIT};
 
@@ -611,6 +611,7 @@ impl Splitter<'_, '_> {
         }
         let Some(overlaps) = Overlaps::build(&self.items, component, OVERLAP_PAIR_LIMIT) else { return false };
         let ranks = search_ranks(&self.items, component, &sections);
+        let mut shared = Shared::new(&self.items, component, &sections, height);
         let mut work = PART_SEARCH_WORK.min(self.budget.left);
         let mut limit = 4 * component.len() as u64;
         while work > 0 {
@@ -628,6 +629,7 @@ impl Splitter<'_, '_> {
                     // The rank alone: the guided value order (`search`) settled fewer 500-buffer
                     // pinwheels when the parts' searches used it too (BENCHMARKS.md).
                     Style { guided: false, rightmost: index % 2 == 1 },
+                    &mut shared,
                     height,
                     &mut run,
                     self.budget.control,
