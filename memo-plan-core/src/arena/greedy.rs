@@ -763,6 +763,32 @@ mod tests {
         }
     }
 
+    /// The gap tree answers first fit as a scan over the gaps by offset does, through random
+    /// inserts and removals (gaps never overlap, as in a sweep).
+    #[test]
+    fn gap_tree_first_fit_matches_a_scan() {
+        let mut rng = SplitMix64::new(77);
+        let mut tree = GapTree::new();
+        let mut reference: BTreeMap<u64, u64> = BTreeMap::new(); // offset -> size
+        for step in 0..20_000 {
+            let slot = rng.below(512) * 16; // gaps live in disjoint 16-byte slots
+            if reference.contains_key(&slot) {
+                if rng.below(2) == 0 {
+                    tree.remove(slot);
+                    reference.remove(&slot);
+                }
+            } else {
+                let size = rng.between(1, 16);
+                tree.insert(slot, size);
+                reference.insert(slot, size);
+            }
+            let want = rng.between(1, 17);
+            let scanned = reference.iter().find(|&(_, &size)| size >= want).map(|(&o, &size)| (size, o));
+            assert_eq!(tree.first_fit(want), scanned, "step {step}, size {want}");
+        }
+        assert!(!reference.is_empty());
+    }
+
     #[test]
     fn pair_count_matches_the_graph() {
         let mut rng = crate::generate::SplitMix64::new(4);
