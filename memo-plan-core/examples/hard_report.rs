@@ -7,8 +7,9 @@
 //! `... -- packings [SECONDS]` or `... -- graphs [SECONDS]` one part (limits default to 1 s and
 //! 10 s; MEMO_GRAPHS=N and MEMO_PIPELINED=N take the first N sizes of operator graphs and of
 //! pipelined graphs); `... -- csv BLOCKS OPS SEED [MICRO STAGGER]` writes an operator graph (or a
-//! pipelined graph of MICRO micro-batches) as a CSV trace; `... -- one KIND N SEED [SECONDS]` one packing instance (KIND: guillotine, pinwheel,
-//! holes), with the progress the solver reports; `... -- trace PATH CAPACITY [SECONDS]` the time an
+//! pipelined graph of MICRO micro-batches) as a CSV trace, `... -- csv KIND N SEED` a packing
+//! instance as one; `... -- one KIND N SEED [SECONDS]` one packing instance (KIND: guillotine,
+//! pinwheel, holes), with the progress the solver reports; `... -- trace PATH CAPACITY [SECONDS]` the time an
 //! `id,lower,upper,size` CSV takes to be placed under a capacity.
 
 use memo_plan_core::arena::{solve_with, Progress};
@@ -78,11 +79,16 @@ fn main() {
     let seconds = |i: usize, default: f64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
     if part == "csv" {
         // `csv BLOCKS OPS SEED [MICRO STAGGER]`: an operator graph (with MICRO: a pipelined graph of
-        // MICRO micro-batches) as a DSA CSV trace on stdout (for `memo solve`).
+        // MICRO micro-batches) as a DSA CSV trace on stdout (for `memo solve`, or for a peer such
+        // as MiniMalloc, which reads the same `id,lower,upper,size` columns); `csv KIND N SEED`
+        // (KIND: guillotine, pinwheel, holes) one packing instance of the hard sets.
         let arg = |i: usize, default: u64| args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default);
         let shape =
             GraphShape { blocks: arg(1, 64) as u32, ops_per_block: arg(2, 470) as u32, activation_bytes: 1 << 28 };
-        let buffers = if args.len() > 4 {
+        let kind = args.get(1).map(String::as_str).unwrap_or("");
+        let buffers = if ["guillotine", "pinwheel", "holes"].contains(&kind) {
+            packing(kind, arg(2, 300) as usize, arg(3, 0))
+        } else if args.len() > 4 {
             pipelined_graph(
                 arg(3, 0),
                 PipelineShape { graph: shape, micro_batches: arg(4, 16) as u32, stagger: arg(5, 10) as u32 },

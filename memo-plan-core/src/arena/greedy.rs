@@ -767,20 +767,24 @@ mod tests {
     /// inserts and removals (gaps never overlap, as in a sweep).
     #[test]
     fn gap_tree_first_fit_matches_a_scan() {
+        use alloc::collections::btree_map::Entry;
         let mut rng = SplitMix64::new(77);
         let mut tree = GapTree::new();
         let mut reference: BTreeMap<u64, u64> = BTreeMap::new(); // offset -> size
         for step in 0..20_000 {
             let slot = rng.below(512) * 16; // gaps live in disjoint 16-byte slots
-            if reference.contains_key(&slot) {
-                if rng.below(2) == 0 {
-                    tree.remove(slot);
-                    reference.remove(&slot);
+            match reference.entry(slot) {
+                Entry::Occupied(gap) => {
+                    if rng.below(2) == 0 {
+                        tree.remove(slot);
+                        gap.remove();
+                    }
                 }
-            } else {
-                let size = rng.between(1, 16);
-                tree.insert(slot, size);
-                reference.insert(slot, size);
+                Entry::Vacant(gap) => {
+                    let size = rng.between(1, 16);
+                    tree.insert(slot, size);
+                    gap.insert(size);
+                }
             }
             let want = rng.between(1, 17);
             let scanned = reference.iter().find(|&(_, &size)| size >= want).map(|(&o, &size)| (size, o));
