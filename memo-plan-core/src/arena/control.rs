@@ -12,6 +12,11 @@ pub struct Progress {
     pub peak: u64,
     /// The best proven lower bound so far, in bytes.
     pub lower_bound: u64,
+    /// Whether a component's first placement (its start-order sweep) is under way. A stop now
+    /// *stacks* that component instead (every buffer at its own offset: valid at once, but with
+    /// the sum of the sizes as its peak), so a caller may hold a soft limit back until it ends and
+    /// stop here only at a hard one.
+    pub first_placement: bool,
 }
 
 /// Nodes between two polls of the callback. A node costs from about a microsecond to milliseconds
@@ -56,6 +61,19 @@ impl<'a> Control<'a> {
             self.stopped = (self.stop)(&self.progress);
         }
         self.stopped
+    }
+
+    /// Runs `first` (a component's first placement) with `progress.first_placement` set, asking
+    /// the callback afresh even after an earlier stop: until the first placement ends it may hold
+    /// a soft limit back (see `Progress::first_placement`). An earlier stop still stands after it.
+    pub(crate) fn first_placement<R>(&mut self, first: impl FnOnce(&mut Self) -> R) -> R {
+        let stopped_before = self.stopped;
+        self.stopped = false;
+        self.progress.first_placement = true;
+        let result = first(self);
+        self.progress.first_placement = false;
+        self.stopped |= stopped_before;
+        result
     }
 
     /// Whether the callback asked to stop.

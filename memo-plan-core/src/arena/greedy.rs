@@ -148,10 +148,10 @@ pub(crate) struct ComponentPlacement {
     pub peak: u64,
 }
 
-/// Runs the portfolio on one component and returns the best placement found. The start-order
-/// sweep always runs to its end (so there is always a placement); `control` is polled before
-/// each further order and every [`GREEDY_POLL_EVERY`] buffers inside it (a large component takes
-/// seconds over all of them), and a stop drops the order under way and keeps the best so far.
+/// Runs the portfolio on one component and returns the best placement found, starting with
+/// [`first_placement`] (so there is always one); `control` is polled before each further order
+/// and every [`GREEDY_POLL_EVERY`] buffers inside it (a large component takes seconds over all of
+/// them), and a stop drops the order under way and keeps the best so far.
 pub(crate) fn best_greedy(
     items: &[Item],
     members: &[u32],
@@ -159,7 +159,7 @@ pub(crate) fn best_greedy(
     sections: &Sections,
     control: &mut Control,
 ) -> ComponentPlacement {
-    let mut best = by_start(items, members);
+    let mut best = first_placement(items, members, control);
     let Some(overlaps) = overlaps else {
         // Too dense for a graph: the other sweeps that need none, time reversed (by end, latest
         // first) and first fit, each O(n log n).
@@ -336,13 +336,24 @@ pub(crate) fn choose_gap(taken: &[(u64, u64)], size: u64, fit: Fit) -> u64 {
     chosen.map_or(cursor, |(_, offset)| offset)
 }
 
-/// The online order: by start step (frees before allocations at the same step, larger first among
-/// equal starts), each buffer at the best-fitting gap among the buffers alive then. Needs no
-/// overlap graph, and no scan of the live buffers: the buffers alive at a start step all share
-/// that step, so their ranges are disjoint, and the free gaps between them are kept in a set by
-/// (size, offset) (best fit: the first of at least the size), updated as buffers end. O(n log n);
-/// it always runs to completion (it polls no stop callback), as the fallback of every component:
-/// the one placement a solve always has, however early it is stopped.
+/// The first placement of a component, the online order: by start step (frees before allocations
+/// at the same step, larger first among equal starts), each buffer at the best-fitting gap among
+/// the buffers alive then. Needs no overlap graph, and no scan of the live buffers: the buffers
+/// alive at a start step all share that step, so their ranges are disjoint, and the free gaps
+/// between them are kept in a set by (size, offset) (best fit: the first of at least the size),
+/// updated as buffers end. O(n log n). Polls `control` every [`GREEDY_POLL_EVERY`] buffers like
+/// every other sweep, with `Progress::first_placement` set (and asking afresh even after an
+/// earlier stop: `Control::first_placement`); stopped before its end (a time limit
+/// shorter than the sweep of a large component), it gives [`stacked`] instead: a poor placement,
+/// but one that costs nothing, so a solve can end when it is told to however large its input.
+pub(crate) fn first_placement(items: &[Item], members: &[u32], control: &mut Control) -> ComponentPlacement {
+    control
+        .first_placement(|control| sweep_forward(items, members, Fit::Best, None, None, u32::MAX, Some(control)))
+        .unwrap_or_else(|| stacked(items, members))
+}
+
+/// The start-order sweep of [`first_placement`], never stopped.
+#[cfg(test)]
 pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
     match sweep_forward(items, members, Fit::Best, None, None, u32::MAX, None) {
         Some(placement) => placement,
@@ -350,7 +361,22 @@ pub(crate) fn by_start(items: &[Item], members: &[u32]) -> ComponentPlacement {
     }
 }
 
-/// The start-order sweep of [`by_start`] with a choice of fit, or over reversed time (buffers by
+/// Every buffer at its own offset, one above the other in member order: valid whatever the
+/// lifetimes (no two buffers share an offset range), with the sum of the sizes as its peak.
+pub(crate) fn stacked(items: &[Item], members: &[u32]) -> ComponentPlacement {
+    let mut peak = 0u64;
+    let offsets = members
+        .iter()
+        .map(|&m| {
+            let offset = peak;
+            peak += items[m as usize].size;
+            offset
+        })
+        .collect();
+    ComponentPlacement { offsets, peak }
+}
+
+/// The start-order sweep of [`first_placement`] with a choice of fit, or over reversed time (buffers by
 /// end, latest first: a placement valid backwards in time is valid forwards); polls `control`
 /// every [`GREEDY_POLL_EVERY`] buffers, `None` if it stopped the sweep.
 fn sweep(
@@ -724,6 +750,61 @@ mod tests {
                     .map(|i| crate::lifetime::BufferLifetime { id: 0, lower: i.lower, upper: i.upper, size: i.size })
                     .collect();
                 crate::check::check_placement(&buffers, &reversed.offsets, 1, reversed.peak, None).unwrap();
+            }
+        }
+    }
+
+    /// A component's first placement is the start-order sweep unless a stop comes inside it; then
+    /// the stacked placement, which the checker accepts. Components of up to `GREEDY_POLL_EVERY`
+    /// buffers are never polled there.
+    #[test]
+    fn the_first_placement_is_the_sweep_or_when_stopped_the_stack() {
+        let mut rng = crate::generate::SplitMix64::new(21);
+        for count in [1usize, 50, GREEDY_POLL_EVERY, GREEDY_POLL_EVERY + 1, 3 * GREEDY_POLL_EVERY] {
+            let items: Vec<Item> = (0..count)
+                .map(|_| {
+                    let lower = rng.below(400) as u32;
+                    Item { lower, upper: lower + 1 + rng.below(60) as u32, size: 1 + rng.below(1000) }
+                })
+                .collect();
+            let members: Vec<u32> = (0..count as u32).collect();
+            let sweep = by_start(&items, &members);
+            let mut never = |_: &super::super::Progress| false;
+            let unstopped = first_placement(&items, &members, &mut Control::new(&mut never));
+            assert!(unstopped.offsets == sweep.offsets && unstopped.peak == sweep.peak, "{count} buffers");
+
+            let mut polls = 0;
+            let mut at_once = |progress: &super::super::Progress| {
+                assert!(progress.first_placement, "polled inside the first sweep");
+                polls += 1;
+                true
+            };
+            let mut control = Control::new(&mut at_once);
+            let stopped = first_placement(&items, &members, &mut control);
+            assert!(!control.progress.first_placement && control.stopped() == (count >= GREEDY_POLL_EVERY));
+            // A stop that came before is asked again inside: answered "go on" there, the sweep
+            // completes, and the earlier stop still stands after it.
+            let mut calls = 0;
+            let mut only_before = |progress: &super::super::Progress| {
+                calls += 1;
+                !progress.first_placement
+            };
+            let mut control = Control::new(&mut only_before);
+            assert!(control.poll());
+            let resumed = first_placement(&items, &members, &mut control);
+            assert!(control.stopped() && !control.progress.first_placement);
+            assert!(resumed.offsets == sweep.offsets, "{count} buffers");
+            assert_eq!(calls, 1 + count / GREEDY_POLL_EVERY, "{count} buffers");
+            let expected = if count >= GREEDY_POLL_EVERY { stacked(&items, &members) } else { sweep };
+            assert!(stopped.offsets == expected.offsets && stopped.peak == expected.peak, "{count} buffers");
+            assert_eq!(polls, usize::from(count >= GREEDY_POLL_EVERY), "{count} buffers");
+            let buffers: Vec<crate::lifetime::BufferLifetime> = items
+                .iter()
+                .map(|i| crate::lifetime::BufferLifetime { id: 0, lower: i.lower, upper: i.upper, size: i.size })
+                .collect();
+            crate::check::check_placement(&buffers, &stopped.offsets, 1, stopped.peak, None).unwrap();
+            if count >= GREEDY_POLL_EVERY {
+                assert_eq!(stopped.peak, buffers.iter().map(|b| b.size).sum::<u64>(), "{count} buffers");
             }
         }
     }

@@ -204,8 +204,12 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
 /// repair's starts and rounds (a few milliseconds apart on 100k buffers), with the progress so
 /// far, and once it returns `true` the solve ends with the best placement found by then
 /// (`stats.stopped`), or, with a capacity not met yet, with [`SolveError::NotFoundWithinBudget`].
-/// The first placement of each component (the start-order sweep, O(n log n)) always completes, so
-/// there is one however early the stop comes. A caller puts a time limit or an interrupt here; the
+/// The first placement of each component (the start-order sweep, O(n log n)) comes before any
+/// other. Inside it the callback is asked afresh even after a stop, with
+/// [`Progress::first_placement`] set (so a caller may let it finish past a soft limit); a stop
+/// there (only a component of 2,048 buffers or more polls there) stacks that component's buffers
+/// one above the other instead, so there is a placement however early the
+/// stop comes, at once, if a poor one then. A caller puts a time limit or an interrupt here; the
 /// library keeps no clock. Deterministic as long as `stop` never returns `true`.
 pub fn solve_with(
     buffers: &[BufferLifetime],

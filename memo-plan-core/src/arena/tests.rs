@@ -450,10 +450,10 @@ fn zero_slack_domains_keep_the_search_exact() {
 
 /// However early the stop callback says stop (at its first poll, or at its k-th: inside a greedy
 /// sweep, an overlap graph build, a repair start or round), the solve ends with a placement the
-/// checker accepts, marked `stopped`, no worse than the start-order sweep (the one placement
-/// every solve completes); on small instances and on large generated graphs (one leaf of 21k
-/// buffers, too large for the exact search and too dense for an overlap graph, and an operator
-/// graph of 20k).
+/// checker accepts, marked `stopped`; on small instances no worse than the start-order sweep (a
+/// component of fewer than 2,048 buffers always completes it), and on large generated graphs (one leaf
+/// of 21k buffers, too large for the exact search and too dense for an overlap graph, and an
+/// operator graph of 20k) a valid placement even when the stop comes inside that sweep.
 #[test]
 fn a_stop_at_any_poll_still_gives_a_checked_placement() {
     use crate::generate::{operator_graph, pipelined_graph, GraphShape, PipelineShape};
@@ -478,10 +478,17 @@ fn a_stop_at_any_poll_still_gives_a_checked_placement() {
             let case = alloc::format!("instance {index} ({} buffers), stop at poll {stop_at}", buffers.len());
             check_placement(buffers, &solution.offsets, 1, solution.peak, None)
                 .unwrap_or_else(|v| panic!("{case}: {v:?}"));
-            assert!(solution.peak <= sweep, "{case}: {} above the sweep's {sweep}", solution.peak);
+            // Stopped inside its first sweep, a component of `GREEDY_POLL_EVERY` buffers or more
+            // is stacked (`greedy::first_placement`); a smaller one completes its sweep unpolled.
+            if buffers.len() < greedy::GREEDY_POLL_EVERY {
+                assert!(solution.peak <= sweep, "{case}: {} above the sweep's {sweep}", solution.peak);
+            }
             assert!(solution.peak >= solution.lower_bound, "{case}");
+            // After the stop, only a first placement asks again (`Control::first_placement`),
+            // once: told to stop, it stacks its component.
             if polls >= stop_at {
-                assert!(solution.stats.stopped && polls == stop_at, "{case}: asked {polls} times");
+                let most = stop_at as usize + solution.stats.components as usize;
+                assert!(solution.stats.stopped && polls as usize <= most, "{case}: asked {polls} times");
             }
         }
     }
