@@ -717,21 +717,23 @@ mod tests {
         ComponentPlacement { offsets, peak }
     }
 
+    /// `count` random items: starts below `steps`, lifetimes of 1 to `longest` steps, sizes of 1
+    /// to `largest`.
+    fn random_items(rng: &mut SplitMix64, count: usize, steps: u64, longest: u64, largest: u64) -> Vec<Item> {
+        (0..count)
+            .map(|_| {
+                let lower = rng.below(steps) as u32;
+                Item { lower, upper: lower + 1 + rng.below(longest) as u32, size: 1 + rng.below(largest) }
+            })
+            .collect()
+    }
+
     #[test]
     fn by_start_matches_the_scan_it_replaced() {
         let mut rng = crate::generate::SplitMix64::new(11);
         for case in 0..300u64 {
             let count = 1 + (case % 80) as usize;
-            let items: Vec<Item> = (0..count)
-                .map(|_| {
-                    let lower = rng.below(60) as u32;
-                    Item {
-                        lower,
-                        upper: lower + 1 + rng.below(25) as u32,
-                        size: 1 + rng.below(if case % 2 == 0 { 8 } else { 1000 }),
-                    }
-                })
-                .collect();
+            let items = random_items(&mut rng, count, 60, 25, if case % 2 == 0 { 8 } else { 1000 });
             let members: Vec<u32> = (0..count as u32).collect();
             let (new, old) = (by_start(&items, &members), by_start_reference(&items, &members));
             assert_eq!((new.offsets, new.peak), (old.offsets, old.peak), "case {case}");
@@ -761,12 +763,7 @@ mod tests {
     fn the_first_placement_is_the_sweep_or_when_stopped_the_stack() {
         let mut rng = crate::generate::SplitMix64::new(21);
         for count in [1usize, 50, GREEDY_POLL_EVERY, GREEDY_POLL_EVERY + 1, 3 * GREEDY_POLL_EVERY] {
-            let items: Vec<Item> = (0..count)
-                .map(|_| {
-                    let lower = rng.below(400) as u32;
-                    Item { lower, upper: lower + 1 + rng.below(60) as u32, size: 1 + rng.below(1000) }
-                })
-                .collect();
+            let items = random_items(&mut rng, count, 400, 60, 1000);
             let members: Vec<u32> = (0..count as u32).collect();
             let sweep = by_start(&items, &members);
             let mut never = |_: &super::super::Progress| false;
@@ -814,12 +811,7 @@ mod tests {
         let mut rng = crate::generate::SplitMix64::new(5);
         for case in 0..60u64 {
             let count = 2 + (case % 70) as usize;
-            let items: Vec<Item> = (0..count)
-                .map(|_| {
-                    let lower = rng.below(50) as u32;
-                    Item { lower, upper: lower + 1 + rng.below(20) as u32, size: 1 + rng.below(100) }
-                })
-                .collect();
+            let items = random_items(&mut rng, count, 50, 20, 100);
             let members: Vec<u32> = (0..count as u32).collect();
             let buffers: Vec<crate::lifetime::BufferLifetime> = items
                 .iter()
@@ -878,12 +870,7 @@ mod tests {
     fn pair_count_matches_the_graph() {
         let mut rng = crate::generate::SplitMix64::new(4);
         for count in [1usize, 2, 10, 200] {
-            let items: Vec<Item> = (0..count)
-                .map(|_| {
-                    let lower = rng.below(50) as u32;
-                    Item { lower, upper: lower + 1 + rng.below(20) as u32, size: 1 }
-                })
-                .collect();
+            let items = random_items(&mut rng, count, 50, 20, 1);
             let members: Vec<u32> = (0..count as u32).collect();
             let graph = Overlaps::build(&items, &members, usize::MAX).unwrap();
             let degrees: usize = (0..count).map(|l| graph.degree(l)).sum();
