@@ -696,8 +696,10 @@ fn record(
 }
 
 /// The tie-break orders the restarts cycle through: buffers in the most contended sections
-/// first, then longer, then larger (MiniMalloc's best-performing preorder); largest first; longest
-/// first; then fixed-seed shuffles. Each is a rank per buffer (lower rank tried first).
+/// first, then longer, then larger (MiniMalloc's best-performing preorder), twice (the second
+/// time, at `search::CONTENTION_RESTART`, each part the search splits off is ranked afresh so);
+/// largest first; longest first; then fixed-seed shuffles. Each is a rank per buffer (lower rank
+/// tried first).
 pub(crate) fn search_ranks(items: &[Item], members: &[u32], sections: &Sections) -> Vec<Vec<u32>> {
     let n = members.len();
     let item = |l: u32| &items[members[l as usize] as usize];
@@ -711,6 +713,7 @@ pub(crate) fn search_ranks(items: &[Item], members: &[u32], sections: &Sections)
         by_key(&|l| (item(l).size, u64::from(item(l).upper - item(l).lower), 0)),
         by_key(&|l| (u64::from(item(l).upper - item(l).lower), item(l).size, 0)),
     ];
+    orders.insert(search::CONTENTION_RESTART, orders[0].clone());
     let mut rng = crate::generate::SplitMix64::new(0x5EED);
     for _ in 0..SEARCH_RESTART_SHUFFLES {
         let mut order: Vec<u32> = (0..n as u32).collect();

@@ -85,18 +85,32 @@ pub(crate) struct Style {
     /// Among equally low sections with equally few candidates, the rightmost (else the
     /// leftmost). At 1M nodes this settled pinwheel 300 seed 9 and 500 seed 1 besides.
     pub rightmost: bool,
+    /// The rank is the contention order (largest unplaced total over a buffer's sections, then
+    /// longer, then larger: `search_ranks`' first): each part a canonical search splits off is
+    /// ranked afresh by it on the totals left then, as MiniMalloc re-sorts each sub-problem.
+    pub contention: bool,
 }
 
+/// The restart that searches the contention order again (`search_ranks` lists it twice), ranking
+/// split-off parts afresh (`Style::contention`). Only a canonical search splits parts that way.
+pub(crate) const CONTENTION_RESTART: usize = 1;
+
 impl Style {
-    /// The style of restart `index` of a leaf's search: guided every other one, rightmost every
-    /// other pair.
+    /// The style of restart `index` of a leaf's search: the contention restart ranks parts afresh;
+    /// the others, counted without it, are guided every other one and rightmost every other pair.
     pub(crate) fn of_restart(index: usize) -> Style {
-        Style { guided: index.is_multiple_of(2), rightmost: index % 4 >= 2 }
+        if index == CONTENTION_RESTART {
+            return Style { guided: false, rightmost: false, contention: true };
+        }
+        let order = if index > CONTENTION_RESTART { index - 1 } else { index };
+        Style { guided: order.is_multiple_of(2), rightmost: order % 4 >= 2, contention: false }
     }
 }
 
 struct Search<'a, 'c> {
     size: Vec<u64>,
+    /// Each buffer's lifetime in steps (the contention order's second key).
+    length: Vec<u32>,
     /// Each buffer's section range `[start, end)`.
     sections_of: Vec<(u32, u32)>,
     /// The buffers of each section, in compressed rows.
@@ -155,6 +169,9 @@ struct Search<'a, 'c> {
 
 const NONE: u32 = u32::MAX;
 
+/// The contention order's key, largest first: (unplaced total, length, size).
+type ContentionKey = core::cmp::Reverse<(u64, u32, u64)>;
+
 /// Sections with more buffers than this skip the section bound by levels (`dirty_sections_fit`)
 /// and, in higher valleys, the count of fills (`fill_skyline`).
 const LEVELS_MOST_BUFFERS: usize = 48;
@@ -199,6 +216,7 @@ pub(crate) fn search(
     }
     let mut state = Search {
         size: members.iter().map(|&m| items[m as usize].size).collect(),
+        length: members.iter().map(|&m| items[m as usize].upper - items[m as usize].lower).collect(),
         sections_of: rows.spans,
         section_row: rows.row,
         section_members: rows.held,
@@ -266,9 +284,40 @@ impl Search<'_, '_> {
         let zero_slack = sections.clone().all(|s| self.total[s] == 0 || self.floor[s] + self.total[s] == self.capacity);
         if zero_slack {
             self.fill_skyline(unplaced, sections)
+        } else if self.style.contention {
+            let saved = self.rank_by_contention(unplaced);
+            let outcome = self.dfs(unplaced, sections, (0, 0));
+            for (&local, rank) in unplaced.iter().zip(saved) {
+                self.rank[local as usize] = rank;
+            }
+            outcome
         } else {
             self.dfs(unplaced, sections, (0, 0))
         }
+    }
+
+    /// Ranks `unplaced` in the contention order on the unplaced totals as they are now, reusing
+    /// their ranks' values (so ranks stay distinct); returns the ranks it replaced, in the same
+    /// order. On the whole instance this is the static order; on a part split off deeper, the
+    /// buffers placed since no longer count, and on MiniMalloc's I that settled it (BENCHMARKS.md).
+    fn rank_by_contention(&mut self, unplaced: &[u32]) -> Vec<u32> {
+        let saved: Vec<u32> = unplaced.iter().map(|&l| self.rank[l as usize]).collect();
+        let mut values = saved.clone();
+        values.sort_unstable();
+        let mut order: Vec<(ContentionKey, u32, u32)> = unplaced
+            .iter()
+            .map(|&l| {
+                let (start, end) = self.sections_of[l as usize];
+                let total = self.total[start as usize..end as usize].iter().copied().max().unwrap_or(0);
+                let key = (total, self.length[l as usize], self.size[l as usize]);
+                (core::cmp::Reverse(key), self.rank[l as usize], l)
+            })
+            .collect();
+        order.sort_unstable();
+        for (&(_, _, local), value) in order.iter().zip(values) {
+            self.rank[local as usize] = value;
+        }
+        saved
     }
 
     /// The zero-slack search: fill a lowest section at its floor.
@@ -308,16 +357,20 @@ impl Search<'_, '_> {
         let mut chosen: Option<(usize, u64, usize)> = None; // (count, floor, section)
         let mut run_start = sections.start;
         while run_start < sections.end {
+            if self.total[run_start] == 0 {
+                run_start += 1; // done: a wall, whatever its floor
+                continue;
+            }
             let floor = self.floor[run_start];
             let mut run_end = run_start + 1;
-            while run_end < sections.end && self.floor[run_end] == floor {
+            while run_end < sections.end && self.total[run_end] > 0 && self.floor[run_end] == floor {
                 run_end += 1;
             }
             let (a, b) = (run_start, run_end);
             run_start = run_end;
-            let higher = |s: usize| self.floor[s] > floor;
-            if self.total[a] == 0 || !(a == sections.start || higher(a - 1)) || !(b == sections.end || higher(b)) {
-                continue; // full, or not a valley
+            let higher = |s: usize| self.total[s] == 0 || self.floor[s] > floor;
+            if !(a == sections.start || higher(a - 1)) || !(b == sections.end || higher(b)) {
+                continue; // not a valley
             }
             for section in a..b {
                 if floor != lowest && self.members_of(section).len() > LEVELS_MOST_BUFFERS {
@@ -666,17 +719,20 @@ impl Search<'_, '_> {
                 continue; // outside, filled to the capacity (a wall), or a run checked already
             }
             let floor = self.floor[probe];
+            // Sections with nothing left to place are walls, whatever their floor (a part split
+            // off a canonical search may hold some below the capacity, left under gaps).
+            let open_at = |s: usize, floor_is: &dyn Fn(u64) -> bool| self.total[s] > 0 && floor_is(self.floor[s]);
             let mut a = probe;
-            while a > sections.start && self.floor[a - 1] == floor {
+            while a > sections.start && open_at(a - 1, &|f| f == floor) {
                 a -= 1;
             }
             let mut b = probe + 1;
-            while b < sections.end && self.floor[b] == floor {
+            while b < sections.end && open_at(b, &|f| f == floor) {
                 b += 1;
             }
             runs[k] = (a, b);
-            let lower_left = a > sections.start && self.floor[a - 1] < floor;
-            let lower_right = b < sections.end && self.floor[b] < floor;
+            let lower_left = a > sections.start && open_at(a - 1, &|f| f < floor);
+            let lower_right = b < sections.end && open_at(b, &|f| f < floor);
             if lower_left || lower_right {
                 continue; // not a valley: a buffer may yet span into the lower neighbour
             }

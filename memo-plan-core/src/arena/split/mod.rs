@@ -30,7 +30,7 @@ use core::cell::OnceCell;
 use super::control::Control;
 use super::decompose::{peelable, split_components};
 use super::greedy::{ComponentPlacement, Overlaps};
-use super::search::{search, SearchOutcome, Shared, Style};
+use super::search::{search, SearchOutcome, Shared, Style, CONTENTION_RESTART};
 use super::sections::Sections;
 use super::{search_ranks, Item, OVERLAP_PAIR_LIMIT};
 
@@ -616,6 +616,10 @@ impl Splitter<'_, '_> {
         let mut limit = 4 * component.len() as u64;
         while work > 0 {
             for (index, rank) in ranks.iter().enumerate() {
+                if index == CONTENTION_RESTART {
+                    continue; // zero slack: no canonical part to rank afresh, the same search again
+                }
+                let order = if index > CONTENTION_RESTART { index - 1 } else { index };
                 if work == 0 {
                     break;
                 }
@@ -628,7 +632,7 @@ impl Splitter<'_, '_> {
                     rank,
                     // The rank alone: the guided value order (`search`) settled fewer 500-buffer
                     // pinwheels when the parts' searches used it too (BENCHMARKS.md).
-                    Style { guided: false, rightmost: index % 2 == 1 },
+                    Style { guided: false, rightmost: order % 2 == 1, contention: false },
                     &mut shared,
                     height,
                     &mut run,
