@@ -468,8 +468,8 @@ fn ctrl_c_prints_the_best_placement_so_far() {
 }
 
 /// The shortest time limits still end with a checked placement (the solver's first one: a
-/// start-order sweep, or stacked where that sweep is stopped) and exit 0, stopped by the time limit, in CSV and in JSON; with
-/// a capacity, a definite verdict (placed under it, proven infeasible, or not found: exit 4 and
+/// start-order sweep, or stacked where that sweep is stopped) and exit 0, stopped by the time
+/// limit, in CSV and in JSON; with a capacity, a definite verdict (placed under it, proven infeasible, or not found: exit 4 and
 /// nothing on stdout), never nothing at all. How long these take is measured in BENCHMARKS.md, not
 /// asserted here.
 #[test]

@@ -757,8 +757,8 @@ mod tests {
     }
 
     /// A component's first placement is the start-order sweep unless a stop comes inside it; then
-    /// the stacked placement, which the checker accepts. Components of up to `GREEDY_POLL_EVERY`
-    /// buffers are never polled there.
+    /// the stacked placement, which the checker accepts. Components of fewer than
+    /// `GREEDY_POLL_EVERY` buffers are never polled there.
     #[test]
     fn the_first_placement_is_the_sweep_or_when_stopped_the_stack() {
         let mut rng = crate::generate::SplitMix64::new(21);

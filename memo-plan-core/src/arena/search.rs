@@ -721,18 +721,18 @@ impl Search<'_, '_> {
             let floor = self.floor[probe];
             // Sections with nothing left to place are walls, whatever their floor (a part split
             // off a canonical search may hold some below the capacity, left under gaps).
-            let open_at = |s: usize, floor_is: &dyn Fn(u64) -> bool| self.total[s] > 0 && floor_is(self.floor[s]);
+            let open = |s: usize| self.total[s] > 0;
             let mut a = probe;
-            while a > sections.start && open_at(a - 1, &|f| f == floor) {
+            while a > sections.start && open(a - 1) && self.floor[a - 1] == floor {
                 a -= 1;
             }
             let mut b = probe + 1;
-            while b < sections.end && open_at(b, &|f| f == floor) {
+            while b < sections.end && open(b) && self.floor[b] == floor {
                 b += 1;
             }
             runs[k] = (a, b);
-            let lower_left = a > sections.start && open_at(a - 1, &|f| f < floor);
-            let lower_right = b < sections.end && open_at(b, &|f| f < floor);
+            let lower_left = a > sections.start && open(a - 1) && self.floor[a - 1] < floor;
+            let lower_right = b < sections.end && open(b) && self.floor[b] < floor;
             if lower_left || lower_right {
                 continue; // not a valley: a buffer may yet span into the lower neighbour
             }

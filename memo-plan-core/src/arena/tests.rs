@@ -405,26 +405,11 @@ fn zero_slack_domains_keep_the_search_exact() {
         let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
-        let overlaps = Overlaps::build(&items, &members, OVERLAP_PAIR_LIMIT).unwrap();
         assert!(domains::Domains::of(&items, &members, &sections, capacity).is_some(), "zero slack");
         let rank: Vec<u32> = (0..items.len() as u32).collect();
         let style = search::Style { guided: true, rightmost: false, contention: false };
         let verdict = |mut shared: search::Shared| {
-            let mut never = |_: &Progress| false;
-            let mut control = Control::new(&mut never);
-            let mut nodes = u64::MAX;
-            let (outcome, used) = search::search(
-                &items,
-                &members,
-                &overlaps,
-                &sections,
-                &rank,
-                style,
-                &mut shared,
-                capacity,
-                &mut nodes,
-                &mut control,
-            );
+            let (outcome, used) = search_unstopped(&items, &rank, style, &mut shared, capacity);
             let found = match outcome {
                 SearchOutcome::Found(placement) => {
                     assert!(placement.peak <= capacity);
@@ -448,11 +433,28 @@ fn zero_slack_domains_keep_the_search_exact() {
     assert!(pruned > 0, "the domains pruned somewhere");
 }
 
+/// One exact search of all of `items` at `capacity`, never stopped: its outcome and nodes.
+fn search_unstopped(
+    items: &[Item],
+    rank: &[u32],
+    style: search::Style,
+    shared: &mut search::Shared,
+    capacity: u64,
+) -> (SearchOutcome, u64) {
+    let members: Vec<u32> = (0..items.len() as u32).collect();
+    let sections = Sections::new(items, &members);
+    let overlaps = Overlaps::build(items, &members, OVERLAP_PAIR_LIMIT).unwrap();
+    let mut never = |_: &Progress| false;
+    let mut control = Control::new(&mut never);
+    let mut nodes = u64::MAX;
+    search::search(items, &members, &overlaps, &sections, rank, style, shared, capacity, &mut nodes, &mut control)
+}
+
 /// However early the stop callback says stop (at its first poll, or at its k-th: inside a greedy
 /// sweep, an overlap graph build, a repair start or round), the solve ends with a placement the
 /// checker accepts, marked `stopped`; on small instances no worse than the start-order sweep (a
-/// component of fewer than 2,048 buffers always completes it), and on large generated graphs (one leaf
-/// of 21k buffers, too large for the exact search and too dense for an overlap graph, and an
+/// component of fewer than 2,048 buffers always completes it), and on large generated graphs (one
+/// leaf of 21k buffers, too large for the exact search and too dense for an overlap graph, and an
 /// operator graph of 20k) a valid placement even when the stop comes inside that sweep.
 #[test]
 fn a_stop_at_any_poll_still_gives_a_checked_placement() {
@@ -513,27 +515,11 @@ fn split_off_parts_keep_the_search_exact() {
         let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
-        let overlaps = Overlaps::build(&items, &members, OVERLAP_PAIR_LIMIT).unwrap();
         let rank = search_ranks(&items, &members, &sections).swap_remove(0);
         let search_at = |capacity: u64, contention: bool| {
-            let mut never = |_: &Progress| false;
-            let mut control = Control::new(&mut never);
-            let mut nodes = u64::MAX;
             let style = search::Style { guided: false, rightmost: false, contention };
             let mut shared = search::Shared::new(&items, &members, &sections, capacity);
-            let (outcome, _) = search::search(
-                &items,
-                &members,
-                &overlaps,
-                &sections,
-                &rank,
-                style,
-                &mut shared,
-                capacity,
-                &mut nodes,
-                &mut control,
-            );
-            outcome
+            search_unstopped(&items, &rank, style, &mut shared, capacity).0
         };
         for contention in [false, true] {
             let case = alloc::format!("case {case}, contention {contention}");
