@@ -186,7 +186,7 @@ impl fmt::Display for SolveError {
 impl core::error::Error for SolveError {}
 
 /// A buffer in units, as the solver sees it (only non-empty buffers).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Item {
     pub lower: u32,
     pub upper: u32,
@@ -425,16 +425,20 @@ impl LeafState {
                 return SearchOutcome::Found(placement);
             }
         }
-        let mut filled = Filled::new(items, members, &self.sections, capacity);
+        // Each shape of fillers once (the two often cut a profile alike).
+        let nested = Filled::new(items, members, &self.sections, capacity, FillerShape::Nested);
+        let runs = Filled::new(items, members, &self.sections, capacity, FillerShape::Runs)
+            .filter(|runs| nested.as_ref().is_none_or(|nested| nested.items != runs.items));
+        let mut filled: Vec<Filled> = nested.into_iter().chain(runs).collect();
         let mut shared = search::Shared::new(items, members, &self.sections, capacity);
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
         loop {
             for (index, rank) in ranks.iter().enumerate() {
-                // The filled search after the first restart of a round: it takes as many nodes
-                // as all the restarts, and searching it first cost MiniMalloc's J and K 40x
-                // their time (which the first canonical restart settles in under 2,000 nodes).
-                if index == 1 {
-                    if let Some(filled) = &mut filled {
+                // The filled searches after the first two restarts of a round: they take as many
+                // nodes as all the restarts, and searching them first cost MiniMalloc's J and K
+                // 40x their time, and I 2x (which those restarts settle).
+                if index == 2 {
+                    for filled in &mut filled {
                         if let Some(placement) = filled.search(capacity, limit, budget) {
                             return SearchOutcome::Found(placement);
                         }
@@ -573,19 +577,32 @@ struct Filled {
     shared: search::Shared,
 }
 
+/// How `Filled` cuts the slack profile into fillers. The same profile comes from holes of many
+/// shapes; each of these recovers some exactly (on the hard sets, each alone missed holes the
+/// other recovered: BENCHMARKS.md).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FillerShape {
+    /// Holes nest: one that opens after another closes before it, so holes of distinct heights
+    /// overlapping in time are recovered (one gap each).
+    Nested,
+    /// Holes end where the slack changes: holes side by side in time, of different heights, are
+    /// recovered.
+    Runs,
+}
+
 /// The most fillers, as a share of the component's buffers (1/`FILLERS_PER_BUFFER`): with more,
 /// the capacity is far from zero slack and fillers only add choices.
 pub const FILLERS_PER_BUFFER: usize = 4;
 
 impl Filled {
-    fn new(items: &[Item], members: &[u32], sections: &Sections, capacity: u64) -> Option<Filled> {
+    fn new(items: &[Item], members: &[u32], sections: &Sections, capacity: u64, shape: FillerShape) -> Option<Filled> {
         let mut filled: Vec<Item> = members.iter().map(|&m| items[m as usize]).collect();
         let own = filled.len();
         let slack = |k: usize| capacity.saturating_sub(sections.totals.get(k).copied().unwrap_or(capacity));
-        // The slack profile as intervals: where the slack rises, fillers open (the rise as one);
-        // where it falls, the open filler of exactly that height closes if there is one (a hole
-        // that ends here), else the latest ones close, the last in part. Holes of distinct heights
-        // are recovered exactly, even where they overlap in time (one gap each).
+        // The slack profile as intervals: where the slack rises, fillers open (the rise as one).
+        // Where it falls, `Nested`: the open filler of exactly that height closes if there is one
+        // (a hole that ends here), else the latest ones close, the last in part; `Runs`: all
+        // close, and the slack left opens again as one.
         let mut open: Vec<(usize, u64)> = Vec::new(); // (first section, height)
         let fillers_most = own / FILLERS_PER_BUFFER + 1;
         for k in 0..=sections.len() {
@@ -594,6 +611,16 @@ impl Filled {
                 open.push((k, now - before));
             }
             let mut closing = before.saturating_sub(now);
+            if shape == FillerShape::Runs && closing > 0 {
+                while let Some((first, height)) = open.pop() {
+                    let (lower, upper) = sections.steps(first, k - first);
+                    filled.push(Item { lower, upper, size: height });
+                }
+                if now > 0 {
+                    open.push((k, now));
+                }
+                closing = 0;
+            }
             if closing > 0 {
                 if let Some(exact) = open.iter().rposition(|&(_, height)| height == closing) {
                     let (first, height) = open.remove(exact);

@@ -15,6 +15,11 @@
 //!   floor and the current offset; if they would pass the capacity, the node is cut. A section's
 //!   floor is the highest end placed in it, raised to the lowest minimum offset of its unplaced
 //!   buffers (space below that can never be used again);
+//! - branching by section (`Style::by_section`, most restarts): the buffers placed at one offset
+//!   share no step, so the set that goes there is decided one section at a time, the section
+//!   with the fewest ways first (one of its buffers there, or none of them, which only its slack
+//!   allows); a section with no slack is filled before any free choice is made. Exact like the
+//!   order above; on MiniMalloc's D and H, 4x fewer nodes and 10x less time (BENCHMARKS.md);
 //! - dynamic decomposition: when the buffers placed so far cut time into ranges that no unplaced
 //!   buffer crosses, the ranges are independent: each is searched on its own, and one failing
 //!   fails the node without re-enumerating the others.
@@ -89,6 +94,9 @@ pub(crate) struct Style {
     /// longer, then larger: `search_ranks`' first): each part a canonical search splits off is
     /// ranked afresh by it on the totals left then, as MiniMalloc re-sorts each sub-problem.
     pub contention: bool,
+    /// A canonical search branches on sections, not buffers (`dfs_by_section`): at the current
+    /// offset, the section with the fewest ways to be filled there (one of its buffers, or none).
+    pub by_section: bool,
 }
 
 /// The restart that searches the contention order again (`search_ranks` lists it twice), ranking
@@ -97,13 +105,15 @@ pub(crate) const CONTENTION_RESTART: usize = 1;
 
 impl Style {
     /// The style of restart `index` of a leaf's search: the contention restart ranks parts afresh;
-    /// the others, counted without it, are guided every other one and rightmost every other pair.
+    /// the others, counted without it, are guided every other one and rightmost every other pair,
+    /// and all but the first two branch by section (those two keep MiniMalloc's branching, which
+    /// settled its F, G, J and K in under 2,000 nodes each, and its I).
     pub(crate) fn of_restart(index: usize) -> Style {
         if index == CONTENTION_RESTART {
-            return Style { guided: false, rightmost: false, contention: true };
+            return Style { guided: false, rightmost: false, contention: true, by_section: false };
         }
         let order = if index > CONTENTION_RESTART { index - 1 } else { index };
-        Style { guided: order.is_multiple_of(2), rightmost: order % 4 >= 2, contention: false }
+        Style { guided: order.is_multiple_of(2), rightmost: order % 4 >= 2, contention: false, by_section: order > 0 }
     }
 }
 
@@ -125,6 +135,13 @@ struct Search<'a, 'c> {
     /// The offset of each buffer on the last path that placed it; on success, the placement.
     solution: Vec<u64>,
     min_offset: Vec<u64>,
+    /// `excluded_at[b] == min_offset[b]`: a section search decided that `b` does not sit at its
+    /// minimum offset (`dfs_by_section`'s last branch), so it sits higher. A placement that
+    /// raises the minimum offset lifts the mark with it.
+    excluded_at: Vec<u64>,
+    /// The lowest offset each buffer can still take: its minimum offset, plus one where that is
+    /// excluded (kept with both, as the skyline search reads it for every buffer it counts).
+    lowest: Vec<u64>,
     floor: Vec<u64>,
     total: Vec<u64>,
     /// `cuts[b]`: unplaced buffers spanning both section `b` and section `b + 1`.
@@ -165,6 +182,10 @@ struct Search<'a, 'c> {
     /// top is the section's floor. Kept for the first section of each placed range only (enough
     /// to tell what lies directly under a buffer about to be placed over the same range).
     top_piece: Vec<u32>,
+    /// Scratch of `dfs_by_section`: candidates per section (zero between nodes), and the sections
+    /// counted.
+    section_candidates: Vec<u32>,
+    counted: Vec<u32>,
 }
 
 const NONE: u32 = u32::MAX;
@@ -184,6 +205,8 @@ const FAILED_CACHE_LIMIT: usize = 1 << 20;
 struct Undo {
     offsets: Vec<(u32, u64)>,
     floors: Vec<(u32, u64)>,
+    /// `excluded_at` values replaced by a section search's exclusion.
+    excluded: Vec<(u32, u64)>,
     /// The first section's previous `top_piece` (the placed buffer's range is one run of them).
     top_piece: u32,
 }
@@ -227,6 +250,8 @@ pub(crate) fn search(
         offset: alloc::vec![UNPLACED; n],
         solution: alloc::vec![0; n],
         min_offset: alloc::vec![0; n],
+        excluded_at: alloc::vec![UNPLACED; n],
+        lowest: alloc::vec![0; n],
         floor: alloc::vec![0; section_count],
         total: sections.totals.clone(),
         cuts,
@@ -247,6 +272,8 @@ pub(crate) fn search(
         stack: Vec::new(),
         domains: shared.domains.as_ref(),
         top_piece: alloc::vec![NONE; section_count],
+        section_candidates: alloc::vec![0; section_count],
+        counted: Vec::new(),
     };
     if state.total.iter().any(|&t| t > capacity) {
         return (SearchOutcome::Infeasible, 0);
@@ -381,7 +408,7 @@ impl Search<'_, '_> {
                     .iter()
                     .filter(|&&m| {
                         self.offset[m as usize] == UNPLACED
-                            && self.min_offset[m as usize] == floor
+                            && self.lowest(m as usize) == floor
                             && self.allows(m, floor)
                             && !self.stacked_out_of_order(m, floor)
                     })
@@ -415,7 +442,7 @@ impl Search<'_, '_> {
             .members_of(section)
             .iter()
             .filter(|&&m| {
-                self.offset[m as usize] == UNPLACED && self.min_offset[m as usize] == fill && self.allows(m, fill)
+                self.offset[m as usize] == UNPLACED && self.lowest(m as usize) == fill && self.allows(m, fill)
             })
             .map(|&m| (flush_or_long(m), self.rank[m as usize], m))
             .collect();
@@ -467,6 +494,9 @@ impl Search<'_, '_> {
     /// Searches the partition made of the `unplaced` buffers over `sections`, continuing a
     /// canonical order whose last placement was `last` (offset, rank). Leaves the state as found.
     fn dfs(&mut self, unplaced: &[u32], sections: Range<usize>, last: (u64, u32)) -> Dfs {
+        if self.style.by_section {
+            return self.dfs_by_section(unplaced, sections, last.0);
+        }
         if unplaced.is_empty() {
             return Dfs::Found;
         }
@@ -514,6 +544,162 @@ impl Search<'_, '_> {
         outcome
     }
 
+    /// The canonical search, branching on sections. A canonical placement puts its buffers in
+    /// rising offsets, each at its minimum offset; the buffers at one offset share no step, so
+    /// which of them go there is a set, decided section by section: at the current offset (the
+    /// lowest minimum offset of the buffers that may still sit at `level` or above), take the
+    /// section whose buffers there (unplaced, not excluded) offer the fewest ways to fill it:
+    /// each of them, or none (excluded from that offset, all of them: the section then waits for
+    /// something higher, which only its slack allows). Each set is reached once. A section whose
+    /// slack is spent has no "none", so fill-first: a forced section is settled before any free
+    /// choice, as the zero-slack skyline search does. Dominance and the section bounds are as in
+    /// `dfs`.
+    fn dfs_by_section(&mut self, unplaced: &[u32], sections: Range<usize>, level: u64) -> Dfs {
+        if unplaced.is_empty() {
+            return Dfs::Found;
+        }
+        if self.nodes_left == 0 || self.control.tick(1) {
+            return Dfs::Exhausted;
+        }
+        self.nodes_left -= 1;
+        self.nodes += 1;
+        let mut min_height = u64::MAX;
+        let mut at = u64::MAX;
+        for &l in unplaced {
+            let l = l as usize;
+            if self.lowest(l) + self.size[l] > self.capacity {
+                return Dfs::Infeasible;
+            }
+            min_height = min_height.min(self.min_offset[l] + self.size[l]);
+            let offset = self.min_offset[l];
+            if offset >= level && self.excluded_at[l] != offset {
+                at = at.min(offset);
+            }
+        }
+        // Dominance: at or above the lowest end some buffer reaches, that buffer fits under (the
+        // branch that puts it there is searched already). No offset left is the same.
+        if at >= min_height {
+            return Dfs::Infeasible;
+        }
+        let max_total = self.total[sections.clone()].iter().copied().max().unwrap_or(0);
+        if at > level && at + max_total > self.capacity && !self.sections_fit(sections.clone(), at) {
+            return Dfs::Infeasible; // everything left goes at `at` or above
+        }
+        // Candidates per section; the section with the fewest ways (ties to the leftmost, or the
+        // rightmost by style).
+        let is_candidate = |search: &Self, l: usize| search.min_offset[l] == at && search.excluded_at[l] != at;
+        let mut counted = core::mem::take(&mut self.counted);
+        counted.clear();
+        for &l in unplaced {
+            if is_candidate(self, l as usize) {
+                let (s0, s1) = self.sections_of[l as usize];
+                for s in s0..s1 {
+                    if self.section_candidates[s as usize] == 0 {
+                        counted.push(s);
+                    }
+                    self.section_candidates[s as usize] += 1;
+                }
+            }
+        }
+        let none_allowed = |search: &Self, s: usize| at + 1 + search.total[s] <= search.capacity;
+        let mut chosen = (usize::MAX, usize::MAX);
+        for &s in &counted {
+            let s = s as usize;
+            let ways = self.section_candidates[s] as usize + usize::from(none_allowed(self, s));
+            let key = if self.style.rightmost { usize::MAX - s } else { s };
+            chosen = chosen.min((ways, key));
+        }
+        for &s in &counted {
+            self.section_candidates[s as usize] = 0;
+        }
+        self.counted = counted;
+        let section = if self.style.rightmost { usize::MAX - chosen.1 } else { chosen.1 };
+        let mut candidates = self.candidate_lists.pop().unwrap_or_default();
+        candidates.clear();
+        candidates.extend(
+            self.members_of(section)
+                .iter()
+                .filter(|&&m| self.offset[m as usize] == UNPLACED && is_candidate(self, m as usize))
+                .map(|&m| (self.rank[m as usize] as u64, m, 0)),
+        );
+        candidates.sort_unstable();
+        let mut undo = self.undos.pop().unwrap_or_default();
+        let mut outcome = Dfs::Infeasible;
+        for k in 0..candidates.len() {
+            let local = candidates[k].1;
+            let shape = |l: u32| (self.sections_of[l as usize], self.size[l as usize]);
+            if candidates[..k].iter().any(|&(_, other, _)| shape(other) == shape(local)) {
+                continue; // an identical buffer was tried here: the same subtree
+            }
+            match self.branch(local, at, unplaced, sections.clone(), Some((at, 0)), max_total, &mut undo) {
+                Dfs::Infeasible => {}
+                found_or_exhausted => {
+                    outcome = found_or_exhausted;
+                    break;
+                }
+            }
+        }
+        if matches!(outcome, Dfs::Infeasible) && none_allowed(self, section) {
+            outcome = self.exclude_and_search(&candidates, at, unplaced, sections, &mut undo);
+        }
+        self.candidate_lists.push(candidates);
+        self.undos.push(undo);
+        outcome
+    }
+
+    /// The last branch of `dfs_by_section`: none of `candidates` (a section's buffers that could
+    /// sit at `at`) sits there. Marks them, raises the floors of their sections, applies the
+    /// section bounds, searches on at the same offset, and undoes the marks.
+    fn exclude_and_search(
+        &mut self,
+        candidates: &[(u64, u32, u32)],
+        at: u64,
+        unplaced: &[u32],
+        sections: Range<usize>,
+        undo: &mut Undo,
+    ) -> Dfs {
+        undo.excluded.clear();
+        undo.floors.clear();
+        for &(_, local, _) in candidates {
+            undo.excluded.push((local, self.excluded_at[local as usize]));
+            self.excluded_at[local as usize] = at;
+            self.lowest[local as usize] = at + 1;
+        }
+        self.mark_dirty(candidates.iter().map(|&(_, local, _)| local));
+        self.raise_dirty_floors(&mut undo.floors);
+        let fits = self.raised_floors_fit(undo, &sections)
+            && self.dirty_level_floors_fit(&sections, at)
+            && self.dirty_sections_fit(&sections, at);
+        let outcome = if fits { self.dfs_by_section(unplaced, sections, at) } else { Dfs::Infeasible };
+        for &(s, previous) in undo.floors.iter().rev() {
+            self.set_floor(s as usize, previous);
+        }
+        for &(local, previous) in undo.excluded.iter().rev() {
+            self.excluded_at[local as usize] = previous;
+            self.lowest[local as usize] = at + u64::from(previous == at);
+        }
+        outcome
+    }
+
+    /// The section bound at offset `at` of a section search, on the `dirty` sections: every
+    /// unplaced buffer of a section sits at `at` (if it may: its minimum offset is `at` and it is
+    /// not excluded there) or above it (a buffer whose minimum offset is below `at` waits for a
+    /// placement at `at` or above to raise it), so a section without such a buffer at `at` has its
+    /// unplaced total above `at`. (A section whose slack is spent needs one.)
+    fn dirty_level_floors_fit(&self, sections: &Range<usize>, at: u64) -> bool {
+        self.dirty.iter().all(|&s| {
+            let s = s as usize;
+            let total = self.total[s];
+            if !sections.contains(&s) || total == 0 || at + 1 + total <= self.capacity {
+                return true;
+            }
+            self.members_of(s).iter().any(|&m| {
+                let m = m as usize;
+                self.offset[m] == UNPLACED && self.min_offset[m] == at && self.excluded_at[m] != at
+            })
+        })
+    }
+
     /// One branch: places `local` at `offset`, applies the section bound, searches on, and undoes
     /// the placement. `last` is the canonical order's new last placement (later placements of the
     /// partition never go below its offset), or `None` in zero-slack mode (no such promise).
@@ -536,6 +722,7 @@ impl Search<'_, '_> {
         let fits = self.raised_floors_fit(undo, &sections)
             && (monotonic_from + max_total <= self.capacity || self.sections_fit(sections.clone(), monotonic_from))
             && (last.is_some() || self.valleys_coverable(local, &sections))
+            && (last.is_none() || !self.style.by_section || self.dirty_level_floors_fit(&sections, monotonic_from))
             && self.dirty_sections_fit(&sections, monotonic_from);
         let outcome = if fits {
             let mut rest = self.lists.pop().unwrap_or_default();
@@ -625,47 +812,64 @@ impl Search<'_, '_> {
             if self.offset[o] == UNPLACED && self.min_offset[o] < end {
                 undo.offsets.push((other, self.min_offset[o]));
                 self.min_offset[o] = end;
+                self.lowest[o] = end; // an exclusion was below `end`: it is lifted
             }
         }
-        // Raise the floor of the sections of every buffer whose minimum offset rose to the lowest
-        // minimum offset of the section's unplaced buffers: each such section once (neighbours
-        // share most of their sections, and recomputing one per neighbour was most of the cost).
+        self.mark_dirty(undo.offsets.iter().map(|&(other, _)| other));
+        self.raise_dirty_floors(&mut undo.floors);
+    }
+
+    /// Lists in `dirty` the sections of `buffers` (whose lowest offsets rose), each once
+    /// (neighbours share most of their sections, and recomputing one per neighbour was most of
+    /// a placement's cost).
+    fn mark_dirty(&mut self, buffers: impl Iterator<Item = u32>) {
         self.mark = self.mark.wrapping_add(1);
         if self.mark == 0 {
             self.section_mark.fill(0);
             self.mark = 1;
         }
-        let mut dirty = core::mem::take(&mut self.dirty);
-        dirty.clear();
-        for &(other, _) in &undo.offsets {
+        self.dirty.clear();
+        for other in buffers {
             let (s0, s1) = self.sections_of[other as usize];
             for s in s0..s1 {
                 if self.section_mark[s as usize] != self.mark {
                     self.section_mark[s as usize] = self.mark;
-                    dirty.push(s);
+                    self.dirty.push(s);
                 }
             }
         }
+    }
+
+    /// Raises the floor of each `dirty` section to the lowest offset its unplaced buffers can
+    /// take, recording the floors replaced in `floors`.
+    fn raise_dirty_floors(&mut self, floors: &mut Vec<(u32, u64)>) {
+        let dirty = core::mem::take(&mut self.dirty);
         for &s in &dirty {
             let s = s as usize;
-            // The lowest minimum offset of the unplaced members, or `None` as soon as one is at or
-            // below the floor (then the floor stays: most sections end the scan early).
+            // The lowest offset of the unplaced members, or `None` as soon as one is at or below
+            // the floor (then the floor stays: most sections end the scan early).
             let floor = self.floor[s];
             let mut lowest = u64::MAX;
             for &m in self.members_of(s) {
                 if self.offset[m as usize] == UNPLACED {
-                    lowest = lowest.min(self.min_offset[m as usize]);
+                    lowest = lowest.min(self.lowest(m as usize));
                     if lowest <= floor {
                         break;
                     }
                 }
             }
             if lowest != u64::MAX && lowest > floor {
-                undo.floors.push((s as u32, floor));
+                floors.push((s as u32, floor));
                 self.set_floor(s, lowest);
             }
         }
         self.dirty = dirty;
+    }
+
+    /// The lowest offset buffer `m` can still take: its minimum offset, or above it where a
+    /// section search excluded that.
+    fn lowest(&self, m: usize) -> u64 {
+        self.lowest[m]
     }
 
     fn unplace(&mut self, local: u32, undo: &Undo) {
@@ -682,6 +886,7 @@ impl Search<'_, '_> {
         }
         for &(other, previous) in undo.offsets.iter().rev() {
             self.min_offset[other as usize] = previous;
+            self.lowest[other as usize] = previous + u64::from(self.excluded_at[other as usize] == previous);
         }
         for &(s, previous) in undo.floors.iter().rev() {
             self.set_floor(s as usize, previous);
@@ -786,7 +991,7 @@ impl Search<'_, '_> {
             for &m in row {
                 let m = m as usize;
                 if self.offset[m] == UNPLACED {
-                    let lowest = self.min_offset[m].max(from);
+                    let lowest = self.lowest(m).max(from);
                     let lowest = self.domains.map_or(lowest, |d| d.lowest_from(m, lowest));
                     if lowest > self.floor[s] {
                         stack.push((lowest.min(self.capacity + 1), self.size[m]));

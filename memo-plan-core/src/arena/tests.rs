@@ -407,7 +407,7 @@ fn zero_slack_domains_keep_the_search_exact() {
         let sections = Sections::new(&items, &members);
         assert!(domains::Domains::of(&items, &members, &sections, capacity).is_some(), "zero slack");
         let rank: Vec<u32> = (0..items.len() as u32).collect();
-        let style = search::Style { guided: true, rightmost: false, contention: false };
+        let style = search::Style { guided: true, rightmost: false, contention: false, by_section: false };
         let verdict = |mut shared: search::Shared| {
             let (outcome, used) = search_unstopped(&items, &rank, style, &mut shared, capacity);
             let found = match outcome {
@@ -516,14 +516,14 @@ fn split_off_parts_keep_the_search_exact() {
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
         let rank = search_ranks(&items, &members, &sections).swap_remove(0);
-        let search_at = |capacity: u64, contention: bool| {
-            let style = search::Style { guided: false, rightmost: false, contention };
+        let search_at = |capacity: u64, contention: bool, by_section: bool| {
+            let style = search::Style { guided: false, rightmost: false, contention, by_section };
             let mut shared = search::Shared::new(&items, &members, &sections, capacity);
             search_unstopped(&items, &rank, style, &mut shared, capacity).0
         };
-        for contention in [false, true] {
-            let case = alloc::format!("case {case}, contention {contention}");
-            match search_at(optimum.peak, contention) {
+        for (contention, by_section) in [(false, false), (true, false), (false, true)] {
+            let case = alloc::format!("case {case}, contention {contention}, by section {by_section}");
+            match search_at(optimum.peak, contention, by_section) {
                 SearchOutcome::Found(placement) => {
                     assert!(placement.peak <= optimum.peak, "{case}");
                     check_placement(&buffers, &placement.offsets, 1, placement.peak, None)
@@ -531,7 +531,7 @@ fn split_off_parts_keep_the_search_exact() {
                 }
                 _ => panic!("{case}: no placement at the optimum {}", optimum.peak),
             }
-            let below = search_at(optimum.peak - 1, contention);
+            let below = search_at(optimum.peak - 1, contention, by_section);
             assert!(matches!(below, SearchOutcome::Infeasible), "{case}: not proven below the optimum");
         }
     }

@@ -632,7 +632,7 @@ impl Splitter<'_, '_> {
                     rank,
                     // The rank alone: the guided value order (`search`) settled fewer 500-buffer
                     // pinwheels when the parts' searches used it too (BENCHMARKS.md).
-                    Style { guided: false, rightmost: order % 2 == 1, contention: false },
+                    Style { guided: false, rightmost: order % 2 == 1, contention: false, by_section: false },
                     &mut shared,
                     height,
                     &mut run,
