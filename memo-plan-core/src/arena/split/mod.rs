@@ -6,7 +6,7 @@
 //! ever needs the other's addresses. Each part is again zero slack, so it splits again: first in
 //! time (temporal components), then by peeling (a buffer alive throughout is a flat subset of one),
 //! then by another flat subset, until the parts are single buffers or admit no flat subset; those
-//! go to the exact search (`search`). Instances cut from a rectangle by guillotine cuts come apart
+//! go to the exact search (`search`), except the whole component itself, left to the caller's. Instances cut from a rectangle by guillotine cuts come apart
 //! entirely this way, each part small; so do other perfect packings made of independent slabs.
 //!
 //! Two searches find flat subsets, taking turns with a work allowance that grows each round (on
@@ -600,6 +600,12 @@ impl Splitter<'_, '_> {
             }
             self.depth -= 1;
         }
+        if component.len() == self.items.len() {
+            // Nothing split off: the caller's exact search takes the whole next, with every
+            // restart (searching it here first cost pinwheels of 500 buffers up to 0.9 s of their
+            // 1 s: BENCHMARKS.md).
+            return false;
+        }
         self.search_component(&component, height, base)
     }
 
@@ -764,11 +770,12 @@ mod tests {
     }
 
     /// The pinwheel: five pieces tiling a 3 x 3 square with no cut through it, so no flat subset
-    /// exists; the split search must report none and leave the component to the exact search,
-    /// which places it at height 3.
+    /// exists; the split search must report none. Alone it is left to the caller's exact search
+    /// (no placement here); under a buffer alive throughout (peeled off), the part left is the
+    /// pinwheel, which the split's own exact search places at height 3.
     #[test]
     fn a_pinwheel_has_no_flat_subset_and_is_still_placed() {
-        let items = [
+        let mut items = alloc::vec![
             Item { lower: 0, upper: 2, size: 1 }, // bottom left, tall in time
             Item { lower: 2, upper: 3, size: 2 }, // bottom right
             Item { lower: 1, upper: 3, size: 1 }, // top right
@@ -781,10 +788,14 @@ mod tests {
         let mut budget = Budget { left: 100_000, spent: 0, control: &mut control };
         let mut finder = Finder::new(&items, &members, 3, &mut budget);
         assert_eq!(finder.next(&items, &mut budget), None);
-        let mut nodes = 100_000;
         let mut never = |_: &Progress| false;
-        let (placement, _) = place(&items, &members, 3, &mut nodes, &mut Control::new(&mut never));
-        assert_eq!(placement.map(|p| p.peak), Some(3));
+        let (placement, _) = place(&items, &members, 3, &mut 100_000, &mut Control::new(&mut never));
+        assert!(placement.is_none(), "the whole component is the caller's to search");
+        items.push(Item { lower: 0, upper: 3, size: 1 });
+        let (placement, _) = place(&items, &[0, 1, 2, 3, 4, 5], 4, &mut 100_000, &mut Control::new(&mut never));
+        let placement = placement.expect("the pinwheel under the peeled buffer is placed");
+        assert_eq!(placement.peak, 4);
+        assert_eq!(placement.offsets[5], 0, "peeled to the bottom");
     }
 
     #[test]
