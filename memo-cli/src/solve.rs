@@ -113,7 +113,7 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
     // The solver stops early enough to leave the time checking and writing take. A component's
     // first placement (its start-order sweep) may run on into what the limit allows past itself
     // (`FIRST_PLACEMENT_GRACE`): stopped inside it, the component would be stacked.
-    let reserve = reserve(trace.buffers.len(), args.json, args.svg.is_some());
+    let reserve = reserve(trace.buffers.len(), args.svg.is_some());
     let solver_deadline = deadline.checked_sub(reserve);
     let first_placement_deadline =
         deadline.checked_add(args.time_limit / 10 + FIRST_PLACEMENT_GRACE).and_then(|d| d.checked_sub(reserve));
@@ -175,17 +175,14 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
 /// The time `memo solve` keeps back from the solver, out of `--time-limit`, for what follows it:
 /// checking the placement and writing it (and drawing it with `--svg`), which cannot be stopped
 /// half-way. Proportional to the buffers: on the 2-core build machine, idle, checking and writing
-/// the CSV took about 0.45 us a buffer, the JSON about 0.2 us more (streamed; 1.2 us more as a
-/// `serde_json::Value`), the SVG about 1 us more (BENCHMARKS.md, "fourth pass"); twice that is
-/// kept back, for a loaded machine. A limit shorter than the reserve stops the solver at its
+/// the CSV took about 0.2 us a buffer, the JSON no more (BENCHMARKS.md, "tenth pass"), and with
+/// what follows a stopped first placement (stacking) 0.3 us; twice that is kept back, for a loaded
+/// machine. The SVG adds about 1 us ("fourth pass"), of which twice is kept back too. A limit shorter than the reserve stops the solver at its
 /// first poll after each component's first placement; the first placement itself is stopped only
 /// at the limit plus its grace (`FIRST_PLACEMENT_GRACE`) less the reserve, and then that
 /// component is stacked (a placement at once, a poor one).
-fn reserve(buffers: usize, json: bool, svg: bool) -> Duration {
+fn reserve(buffers: usize, svg: bool) -> Duration {
     let mut nanos_per_buffer = RESERVE_NANOS_PER_BUFFER;
-    if json {
-        nanos_per_buffer += RESERVE_NANOS_PER_BUFFER_JSON;
-    }
     if svg {
         nanos_per_buffer += RESERVE_NANOS_PER_BUFFER_SVG;
     }
@@ -197,10 +194,8 @@ fn reserve(buffers: usize, json: bool, svg: bool) -> Duration {
 /// (spec/placement.md). On 100k buffers the sweep takes about 0.07 s idle.
 const FIRST_PLACEMENT_GRACE: Duration = Duration::from_millis(100);
 
-/// Checking and writing the CSV, per buffer (twice the idle cost measured).
-const RESERVE_NANOS_PER_BUFFER: u64 = 1_000;
-/// What `--json` adds per buffer.
-const RESERVE_NANOS_PER_BUFFER_JSON: u64 = 500;
+/// Checking and writing the CSV or the JSON, per buffer (twice the idle cost measured).
+const RESERVE_NANOS_PER_BUFFER: u64 = 600;
 /// What `--svg` adds per buffer.
 const RESERVE_NANOS_PER_BUFFER_SVG: u64 = 2_000;
 
@@ -400,13 +395,38 @@ struct Solved<'a> {
     svg: Option<&'a Path>,
 }
 
+/// The placement as CSV on stdout, built in memory first: the digits by hand, as formatting each
+/// line took 0.2 us a buffer, a quarter of a run stopped at once on 100k buffers (BENCHMARKS.md).
 fn write_csv(solved: &Solved) -> io::Result<()> {
-    let mut out = BufWriter::new(io::stdout().lock());
-    writeln!(out, "id,lower,upper,size,offset")?;
-    for (b, offset) in solved.trace.buffers.iter().zip(&solved.solution.offsets) {
-        writeln!(out, "{},{},{},{},{offset}", b.id, b.lower, b.upper, b.size)?;
+    let buffers = &solved.trace.buffers;
+    let mut text: Vec<u8> = Vec::with_capacity(32 + 48 * buffers.len());
+    text.extend_from_slice(b"id,lower,upper,size,offset\n");
+    for (b, &offset) in buffers.iter().zip(&solved.solution.offsets) {
+        for (value, end) in
+            [(b.id, b','), (b.lower.into(), b','), (b.upper.into(), b','), (b.size, b','), (offset, b'\n')]
+        {
+            push_decimal(&mut text, value);
+            text.push(end);
+        }
     }
+    let mut out = io::stdout().lock();
+    out.write_all(&text)?;
     out.flush()
+}
+
+/// Appends `value` in decimal.
+fn push_decimal(text: &mut Vec<u8>, mut value: u64) {
+    let mut digits = [0u8; 20];
+    let mut first = digits.len();
+    loop {
+        first -= 1;
+        digits[first] = b'0' + (value % 10) as u8;
+        value /= 10;
+        if value == 0 {
+            break;
+        }
+    }
+    text.extend_from_slice(&digits[first..]);
 }
 
 fn write_json(solved: &Solved) -> io::Result<()> {

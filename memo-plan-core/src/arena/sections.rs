@@ -3,6 +3,7 @@
 //! section (its "total") and a buffer's section range are all the search needs about time.
 
 use alloc::vec::Vec;
+use core::cell::OnceCell;
 
 use super::Item;
 
@@ -12,8 +13,9 @@ pub(crate) struct Sections {
     points: Vec<u32>,
     /// Live units in each section.
     pub totals: Vec<u64>,
-    /// `range_max[j][k]`: the largest total over sections `k .. k + 2^j` (a sparse table).
-    range_max: Vec<Vec<u64>>,
+    /// `range_max[j][k]`: the largest total over sections `k .. k + 2^j` (a sparse table), built
+    /// when first asked for: a solve stopped early on 100k buffers never needs its 27 MB.
+    range_max: OnceCell<Vec<Vec<u64>>>,
 }
 
 impl Sections {
@@ -28,7 +30,7 @@ impl Sections {
         let count = points.len().saturating_sub(1);
         // Difference array over sections, then a prefix sum.
         let mut delta = alloc::vec![0i128; count + 1];
-        let mut sections = Sections { points, totals: Vec::new(), range_max: Vec::new() };
+        let mut sections = Sections { points, totals: Vec::new(), range_max: OnceCell::new() };
         for &m in members {
             let range = sections.range_of(&items[m as usize]);
             delta[range.start] += i128::from(items[m as usize].size);
@@ -43,16 +45,22 @@ impl Sections {
                 u64::try_from(running).unwrap_or(u64::MAX)
             })
             .collect();
-        let mut table = alloc::vec![sections.totals.clone()];
-        let mut width = 1;
-        while width * 2 <= count {
-            let previous = &table[table.len() - 1];
-            let next: Vec<u64> = (0..=count - width * 2).map(|k| previous[k].max(previous[k + width])).collect();
-            table.push(next);
-            width *= 2;
-        }
-        sections.range_max = table;
         sections
+    }
+
+    fn range_max(&self) -> &[Vec<u64>] {
+        self.range_max.get_or_init(|| {
+            let count = self.totals.len();
+            let mut table = alloc::vec![self.totals.clone()];
+            let mut width = 1;
+            while width * 2 <= count {
+                let previous = &table[table.len() - 1];
+                let next: Vec<u64> = (0..=count - width * 2).map(|k| previous[k].max(previous[k + width])).collect();
+                table.push(next);
+                width *= 2;
+            }
+            table
+        })
     }
 
     /// The number of sections.
@@ -79,7 +87,7 @@ impl Sections {
             return 0;
         }
         let level = (usize::BITS - 1 - range.len().leading_zeros()) as usize;
-        let row = &self.range_max[level];
+        let row = &self.range_max()[level];
         row[range.start].max(row[range.end - (1 << level)])
     }
 
