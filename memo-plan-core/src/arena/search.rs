@@ -347,6 +347,17 @@ impl Search<'_, '_> {
         saved
     }
 
+    /// Counts one node against the budget; `false` when the budget is spent or a stop was asked
+    /// for (the node is not searched).
+    fn count_node(&mut self) -> bool {
+        if self.nodes_left == 0 || self.control.tick(1) {
+            return false;
+        }
+        self.nodes_left -= 1;
+        self.nodes += 1;
+        true
+    }
+
     /// The zero-slack search: fill a lowest section at its floor.
     fn fill_skyline(&mut self, unplaced: &[u32], sections: Range<usize>) -> Dfs {
         if unplaced.is_empty() {
@@ -364,11 +375,9 @@ impl Search<'_, '_> {
     }
 
     fn fill_skyline_uncached(&mut self, unplaced: &[u32], sections: Range<usize>) -> Dfs {
-        if self.nodes_left == 0 || self.control.tick(1) {
+        if !self.count_node() {
             return Dfs::Exhausted;
         }
-        self.nodes_left -= 1;
-        self.nodes += 1;
         // The sections of a *valley* (a run at one floor whose neighbours are higher, or the
         // partition's edge; the lowest run is one): whatever fills one of them at that floor lies
         // inside the valley (past a higher neighbour it would overlap what is placed there), so
@@ -500,11 +509,9 @@ impl Search<'_, '_> {
         if unplaced.is_empty() {
             return Dfs::Found;
         }
-        if self.nodes_left == 0 || self.control.tick(1) {
+        if !self.count_node() {
             return Dfs::Exhausted;
         }
-        self.nodes_left -= 1;
-        self.nodes += 1;
         let mut min_height = u64::MAX;
         for &l in unplaced {
             let end = self.min_offset[l as usize] + self.size[l as usize];
@@ -558,11 +565,9 @@ impl Search<'_, '_> {
         if unplaced.is_empty() {
             return Dfs::Found;
         }
-        if self.nodes_left == 0 || self.control.tick(1) {
+        if !self.count_node() {
             return Dfs::Exhausted;
         }
-        self.nodes_left -= 1;
-        self.nodes += 1;
         let mut min_height = u64::MAX;
         let mut at = u64::MAX;
         for &l in unplaced {
