@@ -175,9 +175,10 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
 /// The time `memo solve` keeps back from the solver, out of `--time-limit`, for what follows it:
 /// checking the placement and writing it (and drawing it with `--svg`), which cannot be stopped
 /// half-way. Proportional to the buffers: on the 2-core build machine, idle, checking and writing
-/// the CSV took about 0.2 us a buffer, the JSON no more (BENCHMARKS.md, "tenth pass"), and with
-/// what follows a stopped first placement (stacking) 0.3 us; twice that is kept back, for a loaded
-/// machine. The SVG adds about 1 us ("fourth pass"), of which twice is kept back too. A limit shorter than the reserve stops the solver at its
+/// the CSV or the JSON took about 0.15-0.2 us a buffer (BENCHMARKS.md, "tenth pass"); three times
+/// that is kept back, for a loaded machine and for stacking after a stopped first placement (0.4
+/// us passed the limit in 3 of 108 runs). The SVG adds about 1 us ("fourth pass"), of which twice
+/// is kept back. A limit shorter than the reserve stops the solver at its
 /// first poll after each component's first placement; the first placement itself is stopped only
 /// at the limit plus its grace (`FIRST_PLACEMENT_GRACE`) less the reserve, and then that
 /// component is stacked (a placement at once, a poor one).
@@ -194,7 +195,7 @@ fn reserve(buffers: usize, svg: bool) -> Duration {
 /// (spec/placement.md). On 100k buffers the sweep takes about 0.07 s idle.
 const FIRST_PLACEMENT_GRACE: Duration = Duration::from_millis(100);
 
-/// Checking and writing the CSV or the JSON, per buffer (twice the idle cost measured).
+/// Checking and writing the CSV or the JSON, per buffer (three times the idle cost measured).
 const RESERVE_NANOS_PER_BUFFER: u64 = 600;
 /// What `--svg` adds per buffer.
 const RESERVE_NANOS_PER_BUFFER_SVG: u64 = 2_000;

@@ -592,11 +592,10 @@ impl Search<'_, '_> {
         }
         // Candidates per section; the section with the fewest ways (ties to the leftmost, or the
         // rightmost by style).
-        let is_candidate = |search: &Self, l: usize| search.min_offset[l] == at && search.excluded_at[l] != at;
         let mut counted = core::mem::take(&mut self.counted);
         counted.clear();
         for &l in unplaced {
-            if is_candidate(self, l as usize) {
+            if self.may_sit_at(l as usize, at) {
                 let (s0, s1) = self.sections_of[l as usize];
                 for s in s0..s1 {
                     if self.section_candidates[s as usize] == 0 {
@@ -624,7 +623,7 @@ impl Search<'_, '_> {
         candidates.extend(
             self.members_of(section)
                 .iter()
-                .filter(|&&m| self.offset[m as usize] == UNPLACED && is_candidate(self, m as usize))
+                .filter(|&&m| self.offset[m as usize] == UNPLACED && self.may_sit_at(m as usize, at))
                 .map(|&m| (self.rank[m as usize] as u64, m, 0)),
         );
         candidates.sort_unstable();
@@ -698,11 +697,14 @@ impl Search<'_, '_> {
             if !sections.contains(&s) || total == 0 || at + 1 + total <= self.capacity {
                 return true;
             }
-            self.members_of(s).iter().any(|&m| {
-                let m = m as usize;
-                self.offset[m] == UNPLACED && self.min_offset[m] == at && self.excluded_at[m] != at
-            })
+            self.members_of(s).iter().any(|&m| self.offset[m as usize] == UNPLACED && self.may_sit_at(m as usize, at))
         })
+    }
+
+    /// Whether buffer `m` may sit at `at` in a section search: its minimum offset is `at` and it
+    /// was not excluded there.
+    fn may_sit_at(&self, m: usize, at: u64) -> bool {
+        self.min_offset[m] == at && self.excluded_at[m] != at
     }
 
     /// One branch: places `local` at `offset`, applies the section bound, searches on, and undoes
