@@ -30,7 +30,9 @@
 //!   the lowest run is one) must be filled at its floor by one of its own buffers whose minimum
 //!   offset is that floor, lying inside the valley; the partition branches only on those, for
 //!   the valley section with the fewest (a skyline search; ties to the lower floor), with
-//!   identical buffers tried once. (Only a valley may be chosen: the buffer filling a section
+//!   identical buffers tried once, and *twins* (buffers over the same sections) stacked directly
+//!   only larger below; the value order tries first buffers with no larger twin left unplaced.
+//!   (Only a valley may be chosen: the buffer filling a section
 //!   next to a lower one may have to wait for buffers below it.) A partition keeps its mode for its whole search,
 //!   so the canonical-order argument is never mixed with this one.
 //!
@@ -178,17 +180,15 @@ struct Search<'a, 'c> {
     stack: Vec<(u64, u64)>,
     /// Zero-slack offset domains (`domains`), when the whole search is at zero slack.
     domains: Option<&'a Domains>,
-    /// The buffer placed last in each section (`NONE`: none): in zero-slack mode, the one whose
-    /// top is the section's floor. Kept for the first section of each placed range only (enough
-    /// to tell what lies directly under a buffer about to be placed over the same range).
-    top_piece: Vec<u32>,
     /// Scratch of `dfs_by_section`: candidates per section (zero between nodes), and the sections
     /// counted.
     section_candidates: Vec<u32>,
     counted: Vec<u32>,
+    /// Each buffer's *twins*, the other buffers over exactly the same sections (compressed
+    /// rows; most buffers have none): `stacked_out_of_order` orders them.
+    twins_row: Vec<u32>,
+    twins: Vec<u32>,
 }
-
-const NONE: u32 = u32::MAX;
 
 /// The contention order's key, largest first: (unplaced total, length, size).
 type ContentionKey = core::cmp::Reverse<(u64, u32, u64)>;
@@ -207,8 +207,6 @@ struct Undo {
     floors: Vec<(u32, u64)>,
     /// `excluded_at` values replaced by a section search's exclusion.
     excluded: Vec<(u32, u64)>,
-    /// The first section's previous `top_piece` (the placed buffer's range is one run of them).
-    top_piece: u32,
 }
 
 /// Searches for a placement of `members` with peak at most `capacity` (units), spending at most
@@ -271,10 +269,12 @@ pub(crate) fn search(
         reach: Vec::new(),
         stack: Vec::new(),
         domains: shared.domains.as_ref(),
-        top_piece: alloc::vec![NONE; section_count],
         section_candidates: alloc::vec![0; section_count],
         counted: Vec::new(),
+        twins_row: Vec::new(),
+        twins: Vec::new(),
     };
+    (state.twins_row, state.twins) = twins(&state.sections_of);
     if state.total.iter().any(|&t| t > capacity) {
         return (SearchOutcome::Infeasible, 0);
     }
@@ -291,6 +291,38 @@ pub(crate) fn search(
         Dfs::Exhausted => SearchOutcome::BudgetExhausted,
     };
     (result, state.nodes)
+}
+
+/// Groups of twins larger than this are left out (each buffer lists the others of its group, so
+/// the lists grow with the square of a group): their stacks are searched in every order, which
+/// is exact, only slower.
+const TWINS_MOST: usize = 64;
+
+/// The twins of each buffer (see `Search::twins_row`), from the buffers' section ranges.
+fn twins(spans: &[(u32, u32)]) -> (Vec<u32>, Vec<u32>) {
+    let mut by_span: Vec<((u32, u32), u32)> = spans.iter().enumerate().map(|(l, &span)| (span, l as u32)).collect();
+    by_span.sort_unstable();
+    let mut count = alloc::vec![0u32; spans.len()];
+    for group in by_span.chunk_by(|a, b| a.0 == b.0).filter(|group| group.len() <= TWINS_MOST) {
+        for &(_, l) in group {
+            count[l as usize] = group.len() as u32 - 1;
+        }
+    }
+    let mut row = Vec::with_capacity(spans.len() + 1);
+    row.push(0u32);
+    for &c in &count {
+        row.push(row.last().copied().unwrap_or(0) + c);
+    }
+    let mut held = alloc::vec![0u32; row.last().copied().unwrap_or(0) as usize];
+    for group in by_span.chunk_by(|a, b| a.0 == b.0).filter(|group| group.len() <= TWINS_MOST) {
+        for &(_, l) in group {
+            let others = group.iter().map(|&(_, other)| other).filter(|&other| other != l);
+            for (slot, other) in held[row[l as usize] as usize..].iter_mut().zip(others) {
+                *slot = other;
+            }
+        }
+    }
+    (row, held)
 }
 
 fn random_keys(seed: u64, count: usize) -> Vec<u128> {
@@ -447,13 +479,26 @@ impl Search<'_, '_> {
             (left != Some(top) && right != Some(top), u32::MAX - (me - ms))
         };
         let flush_or_long = |m: u32| if self.style.guided { flush_or_long(m) } else { (false, 0) };
-        let mut candidates: Vec<((bool, u32), u32, u32)> = self
+        // Before all that, a buffer with no larger twin left unplaced: twins stacked directly go
+        // larger below (`stacked_out_of_order`), so a smaller one placed first waits for
+        // something else to separate it from the larger ones, which often fails far deeper.
+        let larger_twin_left = |m: u32| {
+            let l = m as usize;
+            self.twins_of(l)
+                .iter()
+                .any(|&t| self.offset[t as usize] == UNPLACED && self.size[t as usize] > self.size[l])
+        };
+        let value_order = |m: u32| {
+            let (not_flush, shorter) = flush_or_long(m);
+            (larger_twin_left(m), not_flush, shorter)
+        };
+        let mut candidates: Vec<((bool, bool, u32), u32, u32)> = self
             .members_of(section)
             .iter()
             .filter(|&&m| {
                 self.offset[m as usize] == UNPLACED && self.lowest(m as usize) == fill && self.allows(m, fill)
             })
-            .map(|&m| (flush_or_long(m), self.rank[m as usize], m))
+            .map(|&m| (value_order(m), self.rank[m as usize], m))
             .collect();
         candidates.sort_unstable();
         let mut undo = Undo::default();
@@ -468,10 +513,9 @@ impl Search<'_, '_> {
             if fill + self.size[local as usize] > self.capacity {
                 continue;
             }
-            // Stacks over one range: a buffer directly on another over the same sections (the
-            // one last placed in its first section, whose top is this floor) can swap places
-            // with it, so only one order is searched: the larger below. Sorting every such
-            // stack so turns any placement into one this allows; equal sizes are identical
+            // Stacks over one range: a buffer directly on its twin (a buffer over the same
+            // sections, whose top is this floor) can swap places with it, so only one order is
+            // searched: the larger below. Sorting every such stack so turns any placement into one this allows; equal sizes are identical
             // shapes, left to the rule above.
             if self.stacked_out_of_order(local, fill) {
                 continue;
@@ -489,15 +533,22 @@ impl Search<'_, '_> {
         self.domains.as_ref().is_none_or(|d| d.allows(local as usize, offset))
     }
 
-    /// Whether placing `local` at `fill` would put it directly on a smaller buffer over exactly
-    /// the same sections (the stack order `fill_skyline` does not search).
+    /// Whether placing `local` at `fill` would put it directly on a smaller twin (a buffer over
+    /// exactly the same sections): the stack order `fill_skyline` does not search. With every
+    /// section of its range at the floor `fill`, a placed twin whose top is `fill` lies directly
+    /// under it (and is the highest of its placed twins).
     fn stacked_out_of_order(&self, local: u32, fill: u64) -> bool {
-        let range = self.sections_of[local as usize];
-        let below = self.top_piece[range.0 as usize];
-        below != NONE
-            && self.sections_of[below as usize] == range
-            && self.size[below as usize] < self.size[local as usize]
-            && self.offset[below as usize] + self.size[below as usize] == fill
+        let l = local as usize;
+        self.twins_of(l).iter().any(|&t| {
+            self.offset[t as usize] != UNPLACED
+                && self.size[t as usize] < self.size[l]
+                && self.offset[t as usize] + self.size[t as usize] == fill
+        })
+    }
+
+    /// The twins of buffer `l`.
+    fn twins_of(&self, l: usize) -> &[u32] {
+        &self.twins[self.twins_row[l] as usize..self.twins_row[l + 1] as usize]
     }
 
     /// Searches the partition made of the `unplaced` buffers over `sections`, continuing a
@@ -804,8 +855,6 @@ impl Search<'_, '_> {
         self.solution[l] = offset;
         self.state_key ^= self.keys[l];
         let (start, stop) = self.sections_of[l];
-        undo.top_piece = self.top_piece[start as usize];
-        self.top_piece[start as usize] = local;
         for s in start as usize..stop as usize {
             undo.floors.push((s as u32, self.floor[s]));
             self.set_floor(s, end);
@@ -884,7 +933,6 @@ impl Search<'_, '_> {
         self.state_key ^= self.keys[l];
         self.offset[l] = UNPLACED;
         let (start, stop) = self.sections_of[l];
-        self.top_piece[start as usize] = undo.top_piece;
         for s in start as usize..stop as usize {
             self.total[s] += self.size[l];
         }
@@ -1027,5 +1075,28 @@ impl Search<'_, '_> {
             .iter()
             .zip(&self.total[sections])
             .all(|(&floor, &total)| total == 0 || floor.max(offset) + total <= self.capacity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn twins_are_the_other_buffers_over_the_same_sections() {
+        let spans = [(0, 2), (0, 2), (1, 3), (0, 2), (1, 2)];
+        let (row, held) = twins(&spans);
+        let of = |l: usize| {
+            let mut t = held[row[l] as usize..row[l + 1] as usize].to_vec();
+            t.sort_unstable();
+            t
+        };
+        assert_eq!(of(0), [1, 3]);
+        assert_eq!(of(1), [0, 3]);
+        assert_eq!(of(3), [0, 1]);
+        assert!(of(2).is_empty() && of(4).is_empty());
+        // A group past the limit is left out.
+        let (row, held) = twins(&[(0, 1); TWINS_MOST + 1]);
+        assert!(held.is_empty() && row.iter().all(|&r| r == 0));
     }
 }
