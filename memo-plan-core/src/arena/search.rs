@@ -32,9 +32,9 @@
 //!   the valley section with the fewest (a skyline search; ties to the lower floor), with
 //!   identical buffers tried once, and *twins* (buffers over the same sections) stacked directly
 //!   only larger below; the value order tries first buffers with no larger twin left unplaced.
-//!   (Only a valley may be chosen: the buffer filling a section
-//!   next to a lower one may have to wait for buffers below it.) A partition keeps its mode for its whole search,
-//!   so the canonical-order argument is never mixed with this one.
+//!   (Only a valley may be chosen: the buffer filling a section next to a lower one may have to
+//!   wait for buffers below it.) A partition keeps its mode for its whole search, so the
+//!   canonical-order argument is never mixed with this one.
 //!
 //! The search is exact: "infeasible" is a proof. It counts nodes and stops when its budget is
 //! spent, reporting that honestly rather than guessing.
@@ -515,8 +515,8 @@ impl Search<'_, '_> {
             }
             // Stacks over one range: a buffer directly on its twin (a buffer over the same
             // sections, whose top is this floor) can swap places with it, so only one order is
-            // searched: the larger below. Sorting every such stack so turns any placement into one this allows; equal sizes are identical
-            // shapes, left to the rule above.
+            // searched: the larger below. Sorting every such stack so turns any placement into
+            // one this allows; equal sizes are identical shapes, left to the rule above.
             if self.stacked_out_of_order(local, fill) {
                 continue;
             }
