@@ -24,6 +24,7 @@ mod repair;
 mod search;
 mod sections;
 mod split;
+mod twins;
 
 use alloc::vec;
 use alloc::vec::Vec;

@@ -49,6 +49,7 @@ use super::control::Control;
 use super::domains::Domains;
 use super::greedy::{ComponentPlacement, Overlaps};
 use super::sections::Sections;
+use super::twins::Twins;
 use super::Item;
 
 /// What the restarts of one search (one component, one capacity) share: the zero-slack offset
@@ -184,10 +185,9 @@ struct Search<'a, 'c> {
     /// counted.
     section_candidates: Vec<u32>,
     counted: Vec<u32>,
-    /// Each buffer's *twins*, the other buffers over exactly the same sections (compressed
-    /// rows; most buffers have none): `stacked_out_of_order` orders them.
-    twins_row: Vec<u32>,
-    twins: Vec<u32>,
+    /// The buffers over exactly the same sections as each other, in groups, with each group's
+    /// highest placed member: `stacked_out_of_order` orders them.
+    twins: Twins,
 }
 
 /// The contention order's key, largest first: (unplaced total, length, size).
@@ -235,8 +235,10 @@ pub(crate) fn search(
             cuts[b as usize] += 1;
         }
     }
+    let size: Vec<u64> = members.iter().map(|&m| items[m as usize].size).collect();
+    let twins = Twins::new(&rows.spans, &size);
     let mut state = Search {
-        size: members.iter().map(|&m| items[m as usize].size).collect(),
+        size,
         length: members.iter().map(|&m| items[m as usize].upper - items[m as usize].lower).collect(),
         sections_of: rows.spans,
         section_row: rows.row,
@@ -271,10 +273,8 @@ pub(crate) fn search(
         domains: shared.domains.as_ref(),
         section_candidates: alloc::vec![0; section_count],
         counted: Vec::new(),
-        twins_row: Vec::new(),
-        twins: Vec::new(),
+        twins,
     };
-    (state.twins_row, state.twins) = twins(&state.sections_of);
     if state.total.iter().any(|&t| t > capacity) {
         return (SearchOutcome::Infeasible, 0);
     }
@@ -291,38 +291,6 @@ pub(crate) fn search(
         Dfs::Exhausted => SearchOutcome::BudgetExhausted,
     };
     (result, state.nodes)
-}
-
-/// Groups of twins larger than this are left out (each buffer lists the others of its group, so
-/// the lists grow with the square of a group): their stacks are searched in every order, which
-/// is exact, only slower.
-const TWINS_MOST: usize = 64;
-
-/// The twins of each buffer (see `Search::twins_row`), from the buffers' section ranges.
-fn twins(spans: &[(u32, u32)]) -> (Vec<u32>, Vec<u32>) {
-    let mut by_span: Vec<((u32, u32), u32)> = spans.iter().enumerate().map(|(l, &span)| (span, l as u32)).collect();
-    by_span.sort_unstable();
-    let mut count = alloc::vec![0u32; spans.len()];
-    for group in by_span.chunk_by(|a, b| a.0 == b.0).filter(|group| group.len() <= TWINS_MOST) {
-        for &(_, l) in group {
-            count[l as usize] = group.len() as u32 - 1;
-        }
-    }
-    let mut row = Vec::with_capacity(spans.len() + 1);
-    row.push(0u32);
-    for &c in &count {
-        row.push(row.last().copied().unwrap_or(0) + c);
-    }
-    let mut held = alloc::vec![0u32; row.last().copied().unwrap_or(0) as usize];
-    for group in by_span.chunk_by(|a, b| a.0 == b.0).filter(|group| group.len() <= TWINS_MOST) {
-        for &(_, l) in group {
-            let others = group.iter().map(|&(_, other)| other).filter(|&other| other != l);
-            for (slot, other) in held[row[l as usize] as usize..].iter_mut().zip(others) {
-                *slot = other;
-            }
-        }
-    }
-    (row, held)
 }
 
 fn random_keys(seed: u64, count: usize) -> Vec<u128> {
@@ -467,6 +435,7 @@ impl Search<'_, '_> {
             return Dfs::Found;
         };
         let section = if self.style.rightmost { usize::MAX - key } else { key };
+        let mut candidates = self.candidate_lists.pop().unwrap_or_default();
         // Value order: a buffer whose top is flush with the floor next to it first, then longer
         // ones, then by rank. In the tilings measured (BENCHMARKS.md), the buffer that a solution
         // puts here was the flush one whenever there was one, and otherwise almost always the
@@ -484,32 +453,33 @@ impl Search<'_, '_> {
         // something else to separate it from the larger ones, which often fails far deeper.
         let larger_twin_left = |m: u32| {
             let l = m as usize;
-            self.twins_of(l)
-                .iter()
-                .any(|&t| self.offset[t as usize] == UNPLACED && self.size[t as usize] > self.size[l])
+            self.twins
+                .of(l)
+                .take_while(|&t| self.size[t as usize] > self.size[l])
+                .any(|t| self.offset[t as usize] == UNPLACED)
         };
+        // The three keys packed into one word (most significant first), so the candidates share
+        // the canonical search's pooled lists and a node allocates nothing.
         let value_order = |m: u32| {
             let (not_flush, shorter) = flush_or_long(m);
-            (larger_twin_left(m), not_flush, shorter)
+            u64::from(larger_twin_left(m)) << 33 | u64::from(not_flush) << 32 | u64::from(shorter)
         };
-        let mut candidates: Vec<((bool, bool, u32), u32, u32)> = self
-            .members_of(section)
-            .iter()
-            .filter(|&&m| {
-                self.offset[m as usize] == UNPLACED && self.lowest(m as usize) == fill && self.allows(m, fill)
-            })
-            .map(|&m| (value_order(m), self.rank[m as usize], m))
-            .collect();
+        candidates.clear();
+        candidates.extend(
+            self.members_of(section)
+                .iter()
+                .filter(|&&m| {
+                    self.offset[m as usize] == UNPLACED && self.lowest(m as usize) == fill && self.allows(m, fill)
+                })
+                .map(|&m| (value_order(m), self.rank[m as usize], m)),
+        );
         candidates.sort_unstable();
-        let mut undo = Undo::default();
-        let mut tried: Vec<(u32, u32, u64)> = Vec::new();
-        for &(_, _, local) in &candidates {
-            let shape =
-                (self.sections_of[local as usize].0, self.sections_of[local as usize].1, self.size[local as usize]);
-            if tried.contains(&shape) {
+        let mut undo = self.undos.pop().unwrap_or_default();
+        let mut outcome = Dfs::Infeasible;
+        for (index, &(_, _, local)) in candidates.iter().enumerate() {
+            if candidates[..index].iter().any(|&(_, _, earlier)| self.shape(earlier) == self.shape(local)) {
                 continue; // an identical buffer was tried here: the same subtree
             }
-            tried.push(shape);
             if fill + self.size[local as usize] > self.capacity {
                 continue;
             }
@@ -522,10 +492,20 @@ impl Search<'_, '_> {
             }
             match self.branch(local, fill, unplaced, sections.clone(), None, 0, &mut undo) {
                 Dfs::Infeasible => {}
-                found_or_exhausted => return found_or_exhausted,
+                found_or_exhausted => {
+                    outcome = found_or_exhausted;
+                    break;
+                }
             }
         }
-        Dfs::Infeasible
+        self.candidate_lists.push(candidates);
+        self.undos.push(undo);
+        outcome
+    }
+
+    /// What makes two buffers interchangeable: their section range and size.
+    fn shape(&self, local: u32) -> ((u32, u32), u64) {
+        (self.sections_of[local as usize], self.size[local as usize])
     }
 
     /// Whether buffer `local`'s zero-slack domain has `offset` (always, without domains).
@@ -539,16 +519,10 @@ impl Search<'_, '_> {
     /// under it (and is the highest of its placed twins).
     fn stacked_out_of_order(&self, local: u32, fill: u64) -> bool {
         let l = local as usize;
-        self.twins_of(l).iter().any(|&t| {
-            self.offset[t as usize] != UNPLACED
-                && self.size[t as usize] < self.size[l]
-                && self.offset[t as usize] + self.size[t as usize] == fill
+        self.twins.highest_placed(l).is_some_and(|t| {
+            let t = t as usize;
+            self.size[t] < self.size[l] && self.offset[t] + self.size[t] == fill
         })
-    }
-
-    /// The twins of buffer `l`.
-    fn twins_of(&self, l: usize) -> &[u32] {
-        &self.twins[self.twins_row[l] as usize..self.twins_row[l + 1] as usize]
     }
 
     /// Searches the partition made of the `unplaced` buffers over `sections`, continuing a
@@ -852,6 +826,7 @@ impl Search<'_, '_> {
         let l = local as usize;
         let end = offset + self.size[l];
         self.offset[l] = offset;
+        self.twins.placed(l, &self.offset);
         self.solution[l] = offset;
         self.state_key ^= self.keys[l];
         let (start, stop) = self.sections_of[l];
@@ -931,6 +906,7 @@ impl Search<'_, '_> {
     fn unplace(&mut self, local: u32, undo: &Undo) {
         let l = local as usize;
         self.state_key ^= self.keys[l];
+        self.twins.unplaced(l);
         self.offset[l] = UNPLACED;
         let (start, stop) = self.sections_of[l];
         for s in start as usize..stop as usize {
@@ -1075,28 +1051,5 @@ impl Search<'_, '_> {
             .iter()
             .zip(&self.total[sections])
             .all(|(&floor, &total)| total == 0 || floor.max(offset) + total <= self.capacity)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn twins_are_the_other_buffers_over_the_same_sections() {
-        let spans = [(0, 2), (0, 2), (1, 3), (0, 2), (1, 2)];
-        let (row, held) = twins(&spans);
-        let of = |l: usize| {
-            let mut t = held[row[l] as usize..row[l + 1] as usize].to_vec();
-            t.sort_unstable();
-            t
-        };
-        assert_eq!(of(0), [1, 3]);
-        assert_eq!(of(1), [0, 3]);
-        assert_eq!(of(3), [0, 1]);
-        assert!(of(2).is_empty() && of(4).is_empty());
-        // A group past the limit is left out.
-        let (row, held) = twins(&[(0, 1); TWINS_MOST + 1]);
-        assert!(held.is_empty() && row.iter().all(|&r| r == 0));
     }
 }
