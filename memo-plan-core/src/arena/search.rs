@@ -490,12 +490,9 @@ impl Search<'_, '_> {
             if self.stacked_out_of_order(local, fill) {
                 continue;
             }
-            match self.branch(local, fill, unplaced, sections.clone(), None, 0, &mut undo) {
-                Dfs::Infeasible => {}
-                found_or_exhausted => {
-                    outcome = found_or_exhausted;
-                    break;
-                }
+            outcome = self.branch(local, fill, unplaced, sections.clone(), None, 0, &mut undo);
+            if !matches!(outcome, Dfs::Infeasible) {
+                break; // found, or the budget is spent
             }
         }
         self.candidate_lists.push(candidates);
@@ -563,12 +560,10 @@ impl Search<'_, '_> {
         let mut undo = self.undos.pop().unwrap_or_default();
         let mut outcome = Dfs::Infeasible;
         for &(offset, rank, local) in &candidates {
-            match self.branch(local, offset, unplaced, sections.clone(), Some((offset, rank)), max_total, &mut undo) {
-                Dfs::Infeasible => {}
-                found_or_exhausted => {
-                    outcome = found_or_exhausted;
-                    break;
-                }
+            outcome =
+                self.branch(local, offset, unplaced, sections.clone(), Some((offset, rank)), max_total, &mut undo);
+            if !matches!(outcome, Dfs::Infeasible) {
+                break; // found, or the budget is spent
             }
         }
         self.candidate_lists.push(candidates);
