@@ -164,6 +164,11 @@ struct Search<'a, 'c> {
     /// reaches the same one through many orders, and every restart at the same capacity reaches
     /// it again (`Shared`). Bounded; a full cache stops growing.
     failed: &'a mut BTreeSet<(u128, u32, u32)>,
+    /// Section searches excluding buffers from their minimum offsets (`exclude_and_search`) on
+    /// the current path. Their exclusions are not in `state_key`, so a failure found under one is
+    /// not recorded (it may hinge on the exclusion); failures recorded without them still hold
+    /// under them (an exclusion only takes choices away).
+    exclusions_in_scope: u32,
     /// Sections whose floor a placement must recompute, each once (`section_mark` == `mark`
     /// marks them); kept between placements so no placement allocates.
     dirty: Vec<u32>,
@@ -262,6 +267,7 @@ pub(crate) fn search(
         section_keys: random_keys(0x666C_6F6F, section_count),
         state_key: 0,
         failed: &mut shared.failed,
+        exclusions_in_scope: 0,
         dirty: Vec::new(),
         section_mark: alloc::vec![0; section_count],
         mark: 0,
@@ -368,7 +374,8 @@ impl Search<'_, '_> {
             return Dfs::Infeasible;
         }
         let outcome = self.fill_skyline_uncached(unplaced, sections);
-        if matches!(outcome, Dfs::Infeasible) && self.failed.len() < FAILED_CACHE_LIMIT {
+        if matches!(outcome, Dfs::Infeasible) && self.exclusions_in_scope == 0 && self.failed.len() < FAILED_CACHE_LIMIT
+        {
             self.failed.insert(memo_key);
         }
         outcome
@@ -694,7 +701,14 @@ impl Search<'_, '_> {
         let fits = self.raised_floors_fit(undo, &sections)
             && self.dirty_level_floors_fit(&sections, at)
             && self.dirty_sections_fit(&sections, at);
-        let outcome = if fits { self.dfs_by_section(unplaced, sections, at) } else { Dfs::Infeasible };
+        let outcome = if fits {
+            self.exclusions_in_scope += 1;
+            let outcome = self.dfs_by_section(unplaced, sections, at);
+            self.exclusions_in_scope -= 1;
+            outcome
+        } else {
+            Dfs::Infeasible
+        };
         for &(s, previous) in undo.floors.iter().rev() {
             self.set_floor(s as usize, previous);
         }
