@@ -20,6 +20,7 @@ mod domains;
 mod greedy;
 #[cfg(feature = "mip")]
 pub mod mip;
+mod refuted;
 mod repair;
 mod search;
 mod sections;

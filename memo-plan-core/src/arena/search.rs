@@ -39,7 +39,6 @@
 //! The search is exact: "infeasible" is a proof. It counts nodes and stops when its budget is
 //! spent, reporting that honestly rather than guessing.
 
-use alloc::collections::BTreeSet;
 use alloc::vec::Vec;
 use core::ops::Range;
 
@@ -48,6 +47,7 @@ use crate::generate::SplitMix64;
 use super::control::Control;
 use super::domains::Domains;
 use super::greedy::{ComponentPlacement, Overlaps};
+use super::refuted::Refuted;
 use super::sections::Sections;
 use super::twins::Twins;
 use super::Item;
@@ -57,18 +57,18 @@ use super::Item;
 /// infeasibility is a property of the placement, not of the order that reached it).
 pub(crate) struct Shared {
     domains: Option<Domains>,
-    failed: BTreeSet<(u128, u32, u32)>,
+    failed: Refuted,
 }
 
 impl Shared {
     pub(crate) fn new(items: &[Item], members: &[u32], sections: &Sections, capacity: u64) -> Shared {
-        Shared { domains: Domains::of(items, members, sections, capacity), failed: BTreeSet::new() }
+        Shared { domains: Domains::of(items, members, sections, capacity), failed: Refuted::new() }
     }
 
     /// No domains (tests compare the search with and without them).
     #[cfg(test)]
     pub(crate) fn without_domains() -> Shared {
-        Shared { domains: None, failed: BTreeSet::new() }
+        Shared { domains: None, failed: Refuted::new() }
     }
 }
 
@@ -163,7 +163,7 @@ struct Search<'a, 'c> {
     /// Partial placements (with the section range searched) proven infeasible: a skyline search
     /// reaches the same one through many orders, and every restart at the same capacity reaches
     /// it again (`Shared`). Bounded; a full cache stops growing.
-    failed: &'a mut BTreeSet<(u128, u32, u32)>,
+    failed: &'a mut Refuted,
     /// Section searches excluding buffers from their minimum offsets (`exclude_and_search`) on
     /// the current path. Their exclusions are not in `state_key`, so a failure found under one is
     /// not recorded (it may hinge on the exclusion); failures recorded without them still hold
@@ -201,9 +201,6 @@ type ContentionKey = core::cmp::Reverse<(u64, u32, u64)>;
 /// Sections with more buffers than this skip the section bound by levels (`dirty_sections_fit`)
 /// and, in higher valleys, the count of fills (`fill_skyline`).
 const LEVELS_MOST_BUFFERS: usize = 48;
-
-/// The most entries the failed-placement cache keeps (about 40 bytes each).
-const FAILED_CACHE_LIMIT: usize = 1 << 20;
 
 /// Undo records of one placement.
 #[derive(Default)]
@@ -369,13 +366,12 @@ impl Search<'_, '_> {
         if unplaced.is_empty() {
             return Dfs::Found;
         }
-        let memo_key = (self.state_key, sections.start as u32, sections.end as u32);
-        if self.failed.contains(&memo_key) {
+        let memo_key = Refuted::fingerprint(self.state_key, sections.start as u32, sections.end as u32);
+        if self.failed.contains(memo_key) {
             return Dfs::Infeasible;
         }
         let outcome = self.fill_skyline_uncached(unplaced, sections);
-        if matches!(outcome, Dfs::Infeasible) && self.exclusions_in_scope == 0 && self.failed.len() < FAILED_CACHE_LIMIT
-        {
+        if matches!(outcome, Dfs::Infeasible) && self.exclusions_in_scope == 0 {
             self.failed.insert(memo_key);
         }
         outcome
