@@ -415,6 +415,8 @@ impl Search<'_, '_> {
                 if floor != lowest && self.members_of(section).len() > LEVELS_MOST_BUFFERS {
                     continue;
                 }
+                // Counted only as far as it matters: past the fewest so far, this section loses.
+                let enough = chosen.map_or(usize::MAX, |(fewest, _, _)| fewest + 1);
                 let count = self
                     .members_of(section)
                     .iter()
@@ -424,6 +426,7 @@ impl Search<'_, '_> {
                             && self.allows(m, floor)
                             && !self.stacked_out_of_order(m, floor)
                     })
+                    .take(enough)
                     .count();
                 if count == 0 {
                     return Dfs::Infeasible;
