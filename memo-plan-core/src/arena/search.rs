@@ -313,6 +313,13 @@ impl Search<'_, '_> {
     fn search_partition(&mut self, unplaced: &[u32], sections: Range<usize>) -> Dfs {
         let zero_slack = sections.clone().all(|s| self.total[s] == 0 || self.floor[s] + self.total[s] == self.capacity);
         if zero_slack {
+            // The bound by levels over every section once: from here on each placement rechecks
+            // only the sections where it raised a buffer above the floor (`branch`).
+            self.dirty.clear();
+            self.dirty.extend(sections.clone().map(|s| s as u32));
+            if !self.dirty_sections_fit(&sections, 0) {
+                return Dfs::Infeasible;
+            }
             self.fill_skyline(unplaced, sections)
         } else if self.style.contention {
             let saved = self.rank_by_contention(unplaced);
@@ -763,7 +770,7 @@ impl Search<'_, '_> {
             && (monotonic_from + max_total <= self.capacity || self.sections_fit(sections.clone(), monotonic_from))
             && (last.is_some() || self.valleys_coverable(local, &sections))
             && (last.is_none() || !self.style.by_section || self.dirty_level_floors_fit(&sections, monotonic_from))
-            && self.dirty_sections_fit(&sections, monotonic_from);
+            && self.placement_levels_fit(undo, &sections, last.is_none(), monotonic_from);
         let outcome = if fits {
             let mut rest = self.lists.pop().unwrap_or_default();
             rest.clear();
@@ -1053,6 +1060,41 @@ impl Search<'_, '_> {
         }
         self.stack = stack;
         fits
+    }
+
+    /// The bound by levels after a placement. In zero-slack mode only on the dirty sections where
+    /// the placement raised a buffer's level (its lowest offset, raised to its domain) above the
+    /// floor: in the others the bound sees the levels it passed with before, less any buffer now
+    /// at or below the floor or placed (every section passed when the partition's search began,
+    /// `search_partition`, and every node since). In canonical mode the offset bound `from`
+    /// rises with the order, so every dirty section is checked.
+    fn placement_levels_fit(&mut self, undo: &Undo, sections: &Range<usize>, zero_slack: bool, from: u64) -> bool {
+        if zero_slack {
+            self.keep_dirty_raised_above_floor(undo);
+        }
+        self.dirty_sections_fit(sections, from)
+    }
+
+    /// Keeps in `dirty` the sections where a buffer `undo` raised now has its level above the
+    /// floor.
+    fn keep_dirty_raised_above_floor(&mut self, undo: &Undo) {
+        self.mark = self.mark.wrapping_add(1);
+        if self.mark == 0 {
+            self.section_mark.fill(0);
+            self.mark = 1;
+        }
+        for &(raised, _) in &undo.offsets {
+            let m = raised as usize;
+            let level = self.domains.map_or(self.lowest(m), |d| d.lowest_from(m, self.lowest(m)));
+            let (start, end) = self.sections_of[m];
+            for s in start as usize..end as usize {
+                if level > self.floor[s] {
+                    self.section_mark[s] = self.mark;
+                }
+            }
+        }
+        let (mark, section_mark) = (self.mark, &self.section_mark);
+        self.dirty.retain(|&s| section_mark[s as usize] == mark);
     }
 
     /// The section bound over the partition's sections: the unplaced buffers of every section
