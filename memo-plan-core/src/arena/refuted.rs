@@ -8,7 +8,7 @@ use alloc::vec::Vec;
 
 /// The most fingerprints kept (16 bytes each, in a table at most twice that size: 32 MiB). A
 /// full set stops growing; what it holds stays valid.
-pub(crate) const REFUTED_MOST: usize = 1 << 20;
+const REFUTED_MOST: usize = 1 << 20;
 
 /// Slots in a new table (it doubles when half full).
 const FIRST_SLOTS: usize = 1 << 10;

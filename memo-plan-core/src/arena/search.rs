@@ -664,16 +664,12 @@ impl Search<'_, '_> {
         let mut outcome = Dfs::Infeasible;
         for k in 0..candidates.len() {
             let local = candidates[k].1;
-            let shape = |l: u32| (self.sections_of[l as usize], self.size[l as usize]);
-            if candidates[..k].iter().any(|&(_, other, _)| shape(other) == shape(local)) {
+            if candidates[..k].iter().any(|&(_, other, _)| self.shape(other) == self.shape(local)) {
                 continue; // an identical buffer was tried here: the same subtree
             }
-            match self.branch(local, at, unplaced, sections.clone(), Some((at, 0)), max_total, &mut undo) {
-                Dfs::Infeasible => {}
-                found_or_exhausted => {
-                    outcome = found_or_exhausted;
-                    break;
-                }
+            outcome = self.branch(local, at, unplaced, sections.clone(), Some((at, 0)), max_total, &mut undo);
+            if !matches!(outcome, Dfs::Infeasible) {
+                break; // found, or the budget is spent
             }
         }
         if matches!(outcome, Dfs::Infeasible) && none_allowed(self, section) {
@@ -873,11 +869,7 @@ impl Search<'_, '_> {
     /// (neighbours share most of their sections, and recomputing one per neighbour was most of
     /// a placement's cost).
     fn mark_dirty(&mut self, buffers: impl Iterator<Item = u32>) {
-        self.mark = self.mark.wrapping_add(1);
-        if self.mark == 0 {
-            self.section_mark.fill(0);
-            self.mark = 1;
-        }
+        self.next_mark();
         self.dirty.clear();
         for other in buffers {
             let (s0, s1) = self.sections_of[other as usize];
@@ -887,6 +879,15 @@ impl Search<'_, '_> {
                     self.dirty.push(s);
                 }
             }
+        }
+    }
+
+    /// A fresh value of `mark` (no section holds it yet).
+    fn next_mark(&mut self) {
+        self.mark = self.mark.wrapping_add(1);
+        if self.mark == 0 {
+            self.section_mark.fill(0);
+            self.mark = 1;
         }
     }
 
@@ -1041,8 +1042,7 @@ impl Search<'_, '_> {
             for &m in row {
                 let m = m as usize;
                 if self.offset[m] == UNPLACED {
-                    let lowest = self.lowest(m).max(from);
-                    let lowest = self.domains.map_or(lowest, |d| d.lowest_from(m, lowest));
+                    let lowest = self.level(m, from);
                     if lowest > self.floor[s] {
                         stack.push((lowest.min(self.capacity + 1), self.size[m]));
                     }
@@ -1062,6 +1062,13 @@ impl Search<'_, '_> {
         fits
     }
 
+    /// The level of unplaced buffer `m` in the bound by levels: its lowest offset, at least
+    /// `from`, raised to the next value its domain allows.
+    fn level(&self, m: usize, from: u64) -> u64 {
+        let lowest = self.lowest(m).max(from);
+        self.domains.map_or(lowest, |d| d.lowest_from(m, lowest))
+    }
+
     /// The bound by levels after a placement. In zero-slack mode only on the dirty sections where
     /// the placement raised a buffer's level (its lowest offset, raised to its domain) above the
     /// floor: in the others the bound sees the levels it passed with before, less any buffer now
@@ -1078,14 +1085,10 @@ impl Search<'_, '_> {
     /// Keeps in `dirty` the sections where a buffer `undo` raised now has its level above the
     /// floor.
     fn keep_dirty_raised_above_floor(&mut self, undo: &Undo) {
-        self.mark = self.mark.wrapping_add(1);
-        if self.mark == 0 {
-            self.section_mark.fill(0);
-            self.mark = 1;
-        }
+        self.next_mark();
         for &(raised, _) in &undo.offsets {
             let m = raised as usize;
-            let level = self.domains.map_or(self.lowest(m), |d| d.lowest_from(m, self.lowest(m)));
+            let level = self.level(m, 0);
             let (start, end) = self.sections_of[m];
             for s in start as usize..end as usize {
                 if level > self.floor[s] {
