@@ -29,7 +29,8 @@
 //!   Every section of a *valley* (a run of sections at one floor whose neighbours are higher;
 //!   the lowest run is one) must be filled at its floor by one of its own buffers whose minimum
 //!   offset is that floor, lying inside the valley; the partition branches only on those, for
-//!   the valley section with the fewest (a skyline search; ties to the lower floor), with
+//!   the valley section with the fewest (a skyline search; ties to the section where the
+//!   restarts so far met the most dead ends, then to the lower floor), with
 //!   identical buffers tried once, and *twins* (buffers over the same sections) stacked directly
 //!   only larger below; the value order tries first buffers with no larger twin left unplaced.
 //!   (Only a valley may be chosen: the buffer filling a section next to a lower one may have to
@@ -53,22 +54,34 @@ use super::twins::Twins;
 use super::Item;
 
 /// What the restarts of one search (one component, one capacity) share: the zero-slack offset
-/// domains, and the partial placements proven infeasible (a proof in one restart holds in all:
-/// infeasibility is a property of the placement, not of the order that reached it).
+/// domains, the partial placements proven infeasible (a proof in one restart holds in all:
+/// infeasibility is a property of the placement, not of the order that reached it), and where
+/// the skyline searches met their dead ends (`dead_ends`).
 pub(crate) struct Shared {
     domains: Option<Domains>,
     failed: Refuted,
+    /// Per section, how often a skyline search found it unfillable: no buffer could fill it at
+    /// its floor, or every one that could led to a refuted state. Among the sections with the
+    /// fewest candidates the search fills the one with the most dead ends first, so later nodes
+    /// and later restarts meet a known hard spot early, where a refutation is cheap, rather than
+    /// under many unrelated choices made before it (the weighted-degree heuristic of constraint
+    /// solvers, as a tie-break). Orders only: no proof depends on it.
+    dead_ends: Vec<u32>,
 }
 
 impl Shared {
     pub(crate) fn new(items: &[Item], members: &[u32], sections: &Sections, capacity: u64) -> Shared {
-        Shared { domains: Domains::of(items, members, sections, capacity), failed: Refuted::new() }
+        Shared {
+            domains: Domains::of(items, members, sections, capacity),
+            failed: Refuted::new(),
+            dead_ends: alloc::vec![0; sections.len()],
+        }
     }
 
     /// No domains (tests compare the search with and without them).
     #[cfg(test)]
-    pub(crate) fn without_domains() -> Shared {
-        Shared { domains: None, failed: Refuted::new() }
+    pub(crate) fn without_domains(sections: &Sections) -> Shared {
+        Shared { domains: None, failed: Refuted::new(), dead_ends: alloc::vec![0; sections.len()] }
     }
 }
 
@@ -164,6 +177,8 @@ struct Search<'a, 'c> {
     /// reaches the same one through many orders, and every restart at the same capacity reaches
     /// it again (`Shared`). Bounded; a full cache stops growing.
     failed: &'a mut Refuted,
+    /// Dead ends per section (`Shared::dead_ends`).
+    dead_ends: &'a mut [u32],
     /// Section searches excluding buffers from their minimum offsets (`exclude_and_search`) on
     /// the current path. Their exclusions are not in `state_key`, so a failure found under one is
     /// not recorded (it may hinge on the exclusion); failures recorded without them still hold
@@ -264,6 +279,7 @@ pub(crate) fn search(
         section_keys: random_keys(0x666C_6F6F, section_count),
         state_key: 0,
         failed: &mut shared.failed,
+        dead_ends: &mut shared.dead_ends,
         exclusions_in_scope: 0,
         dirty: Vec::new(),
         section_mark: alloc::vec![0; section_count],
@@ -394,13 +410,16 @@ impl Search<'_, '_> {
         // every buffer below it is placed already and it can be placed now, at its minimum
         // offset, which must equal the floor. Branch on the section with the fewest such buffers
         // over every valley (fail first: a forced fill anywhere is taken before a choice at the
-        // lowest floor; then the lower floor; stacks out of order not counted); if one has none,
+        // lowest floor; then the section with more dead ends, `Shared::dead_ends`; then the
+        // lower floor; stacks out of order not counted); if one has none,
         // the partition cannot be completed. Crowded sections of higher valleys are not counted
         // (on MiniMalloc's dense J that cost 1.8x the time; BENCHMARKS.md).
         let Some(lowest) = sections.clone().filter(|&s| self.total[s] > 0).map(|s| self.floor[s]).min() else {
             return Dfs::Found;
         };
-        let mut chosen: Option<(usize, u64, usize)> = None; // (count, floor, section)
+        // (count, dead ends reversed, floor, section); `key` is the section, or its reverse when
+        // the rightmost wins ties.
+        let mut chosen: Option<(usize, u32, u64, usize)> = None;
         let mut run_start = sections.start;
         while run_start < sections.end {
             if self.total[run_start] == 0 {
@@ -423,7 +442,7 @@ impl Search<'_, '_> {
                     continue;
                 }
                 // Counted only as far as it matters: past the fewest so far, this section loses.
-                let enough = chosen.map_or(usize::MAX, |(fewest, _, _)| fewest + 1);
+                let enough = chosen.map_or(usize::MAX, |(fewest, ..)| fewest + 1);
                 let count = self
                     .members_of(section)
                     .iter()
@@ -436,15 +455,17 @@ impl Search<'_, '_> {
                     .take(enough)
                     .count();
                 if count == 0 {
+                    self.dead_ends[section] = self.dead_ends[section].saturating_add(1);
                     return Dfs::Infeasible;
                 }
                 let key = if self.style.rightmost { usize::MAX - section } else { section };
-                if chosen.is_none_or(|best| (count, floor, key) < best) {
-                    chosen = Some((count, floor, key));
+                let candidate = (count, u32::MAX - self.dead_ends[section], floor, key);
+                if chosen.is_none_or(|best| candidate < best) {
+                    chosen = Some(candidate);
                 }
             }
         }
-        let Some((_, fill, key)) = chosen else {
+        let Some((_, _, fill, key)) = chosen else {
             return Dfs::Found;
         };
         let section = if self.style.rightmost { usize::MAX - key } else { key };
@@ -507,6 +528,9 @@ impl Search<'_, '_> {
             if !matches!(outcome, Dfs::Infeasible) {
                 break; // found, or the budget is spent
             }
+        }
+        if matches!(outcome, Dfs::Infeasible) {
+            self.dead_ends[section] = self.dead_ends[section].saturating_add(1);
         }
         self.candidate_lists.push(candidates);
         self.undos.push(undo);

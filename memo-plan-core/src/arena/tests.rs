@@ -421,7 +421,7 @@ fn zero_slack_domains_keep_the_search_exact() {
             (found, used)
         };
         let (with, with_nodes) = verdict(search::Shared::new(&items, &members, &sections, capacity));
-        let (without, without_nodes) = verdict(search::Shared::without_domains());
+        let (without, without_nodes) = verdict(search::Shared::without_domains(&sections));
         assert_eq!(with, without, "case {case}: {buffers:?}");
         if buffers.len() <= 8 {
             assert_eq!(with, brute_force_optimum(&buffers) == capacity, "case {case}: {buffers:?}");
