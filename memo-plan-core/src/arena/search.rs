@@ -139,9 +139,18 @@ struct Search<'a, 'c> {
     length: Vec<u32>,
     /// Each buffer's section range `[start, end)`.
     sections_of: Vec<(u32, u32)>,
-    /// The buffers of each section, in compressed rows.
+    /// The buffers of each section, in compressed rows, each row's unplaced buffers first: the
+    /// first `unplaced_in[s]` of row `s` (a placement swaps the buffer to the end of that prefix
+    /// and shortens it; placements are undone last first, so undoing only lengthens it again).
+    /// Every scan of a section's unplaced buffers reads the prefix alone, where testing each
+    /// buffer of the row was a fifth of the skyline search's time.
     section_row: Vec<usize>,
     section_members: Vec<u32>,
+    unplaced_in: Vec<u32>,
+    /// Where each buffer sits in the rows of its sections: `slot[slot_base[b] + k]` is its index
+    /// in `section_members` for its `k`-th section.
+    slot: Vec<u32>,
+    slot_base: Vec<u32>,
     rank: Vec<u32>,
     style: Style,
     overlaps: &'a Overlaps,
@@ -254,12 +263,29 @@ pub(crate) fn search(
     }
     let size: Vec<u64> = members.iter().map(|&m| items[m as usize].size).collect();
     let twins = Twins::new(&rows.spans, &size);
+    let unplaced_in: Vec<u32> = rows.row.windows(2).map(|w| (w[1] - w[0]) as u32).collect();
+    let mut slot_base = Vec::with_capacity(n);
+    let mut slots = 0u32;
+    for &(start, end) in &rows.spans {
+        slot_base.push(slots);
+        slots += end - start;
+    }
+    let mut slot = alloc::vec![0u32; slots as usize];
+    for s in 0..section_count {
+        for index in rows.row[s]..rows.row[s + 1] {
+            let m = rows.held[index] as usize;
+            slot[(slot_base[m] + s as u32 - rows.spans[m].0) as usize] = index as u32;
+        }
+    }
     let mut state = Search {
         size,
         length: members.iter().map(|&m| items[m as usize].upper - items[m as usize].lower).collect(),
         sections_of: rows.spans,
         section_row: rows.row,
         section_members: rows.held,
+        unplaced_in,
+        slot,
+        slot_base,
         rank: rank.to_vec(),
         style,
         overlaps,
@@ -438,7 +464,7 @@ impl Search<'_, '_> {
                 continue; // not a valley
             }
             for section in a..b {
-                if floor != lowest && self.members_of(section).len() > LEVELS_MOST_BUFFERS {
+                if floor != lowest && self.row_len(section) > LEVELS_MOST_BUFFERS {
                     continue;
                 }
                 // Counted only as far as it matters: past the fewest so far, this section loses.
@@ -447,8 +473,7 @@ impl Search<'_, '_> {
                     .members_of(section)
                     .iter()
                     .filter(|&&m| {
-                        self.offset[m as usize] == UNPLACED
-                            && self.lowest(m as usize) == floor
+                        self.lowest(m as usize) == floor
                             && self.allows(m, floor)
                             && !self.stacked_out_of_order(m, floor)
                     })
@@ -502,9 +527,7 @@ impl Search<'_, '_> {
         candidates.extend(
             self.members_of(section)
                 .iter()
-                .filter(|&&m| {
-                    self.offset[m as usize] == UNPLACED && self.lowest(m as usize) == fill && self.allows(m, fill)
-                })
+                .filter(|&&m| self.lowest(m as usize) == fill && self.allows(m, fill))
                 .map(|&m| (value_order(m), self.rank[m as usize], m)),
         );
         candidates.sort_unstable();
@@ -680,7 +703,7 @@ impl Search<'_, '_> {
         candidates.extend(
             self.members_of(section)
                 .iter()
-                .filter(|&&m| self.offset[m as usize] == UNPLACED && self.may_sit_at(m as usize, at))
+                .filter(|&&m| self.may_sit_at(m as usize, at))
                 .map(|&m| (self.rank[m as usize] as u64, m, 0)),
         );
         candidates.sort_unstable();
@@ -757,7 +780,7 @@ impl Search<'_, '_> {
             if !sections.contains(&s) || total == 0 || at + 1 + total <= self.capacity {
                 return true;
             }
-            self.members_of(s).iter().any(|&m| self.offset[m as usize] == UNPLACED && self.may_sit_at(m as usize, at))
+            self.members_of(s).iter().any(|&m| self.may_sit_at(m as usize, at))
         })
     }
 
@@ -856,9 +879,15 @@ impl Search<'_, '_> {
         self.floor[section] = floor;
     }
 
-    /// The buffers (local indices) alive in `section`.
+    /// The unplaced buffers (local indices) alive in `section`.
     fn members_of(&self, section: usize) -> &[u32] {
-        &self.section_members[self.section_row[section]..self.section_row[section + 1]]
+        let start = self.section_row[section];
+        &self.section_members[start..start + self.unplaced_in[section] as usize]
+    }
+
+    /// How many buffers, placed or not, are alive in `section`.
+    fn row_len(&self, section: usize) -> usize {
+        self.section_row[section + 1] - self.section_row[section]
     }
 
     fn place(&mut self, local: u32, offset: u64, undo: &mut Undo) {
@@ -873,6 +902,15 @@ impl Search<'_, '_> {
             undo.floors.push((s as u32, self.floor[s]));
             self.set_floor(s, end);
             self.total[s] -= self.size[l];
+            // Out of the row's unplaced prefix: swapped with its last buffer.
+            let own = (self.slot_base[l] + s as u32 - start) as usize;
+            let at = self.slot[own] as usize;
+            self.unplaced_in[s] -= 1;
+            let last = self.section_row[s] + self.unplaced_in[s] as usize;
+            let other = self.section_members[last] as usize;
+            self.section_members.swap(at, last);
+            self.slot[(self.slot_base[other] + s as u32 - self.sections_of[other].0) as usize] = at as u32;
+            self.slot[own] = last as u32;
         }
         for b in start as usize..(stop as usize).saturating_sub(1) {
             self.cuts[b] -= 1;
@@ -926,11 +964,9 @@ impl Search<'_, '_> {
             let floor = self.floor[s];
             let mut lowest = u64::MAX;
             for &m in self.members_of(s) {
-                if self.offset[m as usize] == UNPLACED {
-                    lowest = lowest.min(self.lowest(m as usize));
-                    if lowest <= floor {
-                        break;
-                    }
+                lowest = lowest.min(self.lowest(m as usize));
+                if lowest <= floor {
+                    break;
                 }
             }
             if lowest != u64::MAX && lowest > floor {
@@ -955,6 +991,8 @@ impl Search<'_, '_> {
         let (start, stop) = self.sections_of[l];
         for s in start as usize..stop as usize {
             self.total[s] += self.size[l];
+            // Back into the prefix: placed last, so it sits just past the prefix's end.
+            self.unplaced_in[s] += 1;
         }
         for b in start as usize..(stop as usize).saturating_sub(1) {
             self.cuts[b] += 1;
@@ -1036,7 +1074,7 @@ impl Search<'_, '_> {
             }
             for &m in self.members_of(s) {
                 let (ms, me) = self.sections_of[m as usize];
-                if ms as usize == s && me as usize <= b && self.offset[m as usize] == UNPLACED {
+                if ms as usize == s && me as usize <= b {
                     reach[me as usize - a] = true;
                 }
             }
@@ -1058,18 +1096,15 @@ impl Search<'_, '_> {
         let mut fits = true;
         for &s in &self.dirty {
             let s = s as usize;
-            let row = &self.section_members[self.section_row[s]..self.section_row[s + 1]];
-            if !sections.contains(&s) || self.total[s] == 0 || row.len() > LEVELS_MOST_BUFFERS {
+            if !sections.contains(&s) || self.total[s] == 0 || self.row_len(s) > LEVELS_MOST_BUFFERS {
                 continue;
             }
             stack.clear();
-            for &m in row {
+            for &m in self.members_of(s) {
                 let m = m as usize;
-                if self.offset[m] == UNPLACED {
-                    let lowest = self.level(m, from);
-                    if lowest > self.floor[s] {
-                        stack.push((lowest.min(self.capacity + 1), self.size[m]));
-                    }
+                let lowest = self.level(m, from);
+                if lowest > self.floor[s] {
+                    stack.push((lowest.min(self.capacity + 1), self.size[m]));
                 }
             }
             stack.sort_unstable_by_key(|&(level, _)| core::cmp::Reverse(level));
