@@ -142,8 +142,8 @@ struct Search<'a, 'c> {
     /// The buffers of each section, in compressed rows, each row's unplaced buffers first: the
     /// first `unplaced_in[s]` of row `s` (a placement swaps the buffer to the end of that prefix
     /// and shortens it; placements are undone last first, so undoing only lengthens it again).
-    /// Every scan of a section's unplaced buffers reads the prefix alone, where testing each
-    /// buffer of the row was a fifth of the skyline search's time.
+    /// Every scan of a section's unplaced buffers reads the prefix alone (testing each buffer of
+    /// the row for being placed was the hottest line of the bound by levels; BENCHMARKS.md).
     section_row: Vec<usize>,
     section_members: Vec<u32>,
     unplaced_in: Vec<u32>,
@@ -992,6 +992,7 @@ impl Search<'_, '_> {
         for s in start as usize..stop as usize {
             self.total[s] += self.size[l];
             // Back into the prefix: placed last, so it sits just past the prefix's end.
+            debug_assert_eq!(self.section_members[self.section_row[s] + self.unplaced_in[s] as usize], local);
             self.unplaced_in[s] += 1;
         }
         for b in start as usize..(stop as usize).saturating_sub(1) {
