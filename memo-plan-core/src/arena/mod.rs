@@ -8,7 +8,9 @@
 //! 4. components above the lower bound go to the exact search ([`search`]), which proves a capacity
 //!    infeasible or finds a placement under it, within a deterministic node budget; at a capacity
 //!    where every time section is exactly full (zero slack), flat splits ([`split`]) are tried
-//!    first: they cut the component into independent horizontal slabs and place it part by part.
+//!    first: they cut the component into independent horizontal slabs and place it part by part;
+//!    between the restarts, window modules ([`modules`]) place it as smaller instances nested one
+//!    inside another.
 //!
 //! The reported peak is proven optimal when it equals the lower bound (the most bytes ever alive
 //! at once), or when the search proved every lower capacity infeasible for the component that
@@ -20,6 +22,7 @@ mod domains;
 mod greedy;
 #[cfg(feature = "mip")]
 pub mod mip;
+mod modules;
 mod refuted;
 mod repair;
 mod search;
@@ -218,6 +221,16 @@ pub fn solve_with(
     options: &SolveOptions,
     stop: &mut dyn FnMut(&Progress) -> bool,
 ) -> Result<Solution, SolveError> {
+    solve_nested(buffers, options, stop, 0)
+}
+
+/// [`solve_with`] for a part of a larger instance, `depth` modules deep (`modules`).
+fn solve_nested(
+    buffers: &[BufferLifetime],
+    options: &SolveOptions,
+    stop: &mut dyn FnMut(&Progress) -> bool,
+    depth: u32,
+) -> Result<Solution, SolveError> {
     let mut control = Control::new(stop);
     let alignment = options.alignment.max(1);
     // Non-empty buffers become items; `item_of[i]` maps an item back to its buffer.
@@ -309,7 +322,8 @@ pub fn solve_with(
         if leaf.base + leaf.best.peak > target {
             let goal = target - leaf.base;
             let capacity_goal = capacity_units.map(|c| c - leaf.base);
-            let mut budget = Budget { nodes_left: &mut nodes_left, nodes: &mut nodes, control: &mut control, shown };
+            let mut budget =
+                Budget { nodes_left: &mut nodes_left, nodes: &mut nodes, control: &mut control, shown, depth };
             match leaf.improve(&items, members, goal, capacity_goal, &mut budget) {
                 Improvement::Settled => {}
                 Improvement::BudgetExhausted => budget_exhausted |= !control.stopped(),
@@ -383,6 +397,8 @@ struct Budget<'a, 'c> {
     nodes: &'a mut u64,
     control: &'a mut Control<'c>,
     shown: Shown,
+    /// How many modules deep this solve is (`modules`): 0 for the caller's instance.
+    depth: u32,
 }
 
 /// How a leaf's new peak becomes the arena's, for the progress shown.
@@ -418,7 +434,8 @@ impl LeafState {
         capacity: u64,
         budget: &mut Budget,
     ) -> SearchOutcome {
-        if self.sections.totals.iter().all(|&t| t == capacity) {
+        let zero_slack = self.sections.totals.iter().all(|&t| t == capacity);
+        if zero_slack {
             // Zero slack: try flat splits first (they settle perfect packings part by part). They
             // only ever find placements; without one the restarts below go on, unchanged.
             let (placement, used) = split::place(items, members, capacity, budget.nodes_left, budget.control);
@@ -434,16 +451,25 @@ impl LeafState {
         let mut filled: Vec<Filled> = nested.into_iter().chain(runs).collect();
         let mut shared = search::Shared::new(items, members, &self.sections, capacity);
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
+        // Modules at zero slack only: with slack their parts cost canonical nodes and placed
+        // nothing more within a second on the sets measured (MiniMalloc's H took 3x the nodes).
+        let mut modules_may_place = zero_slack;
         loop {
             for (index, rank) in ranks.iter().enumerate() {
                 // The filled searches after the first two restarts of a round: they take as many
                 // nodes as all the restarts, and searching them first cost MiniMalloc's J and K
-                // 40x their time, and I 2x (which those restarts settle).
+                // 40x their time, and I 2x (which those restarts settle). At zero slack (no
+                // fillers) the modules there instead, with as many nodes as the round's restarts.
                 if index == 2 {
                     for filled in &mut filled {
                         if let Some(placement) = filled.search(capacity, limit, budget) {
                             return SearchOutcome::Found(placement);
                         }
+                    }
+                    let allowance = limit.saturating_mul(ranks.len() as u64);
+                    let by_modules = (items, members, &self.sections, capacity);
+                    if let Some(placement) = place_by_modules(by_modules, allowance, &mut modules_may_place, budget) {
+                        return SearchOutcome::Found(placement);
                     }
                 }
                 if *budget.nodes_left == 0 || budget.control.stopped() {
@@ -534,6 +560,7 @@ impl LeafState {
                         nodes: &mut *budget.nodes,
                         control: &mut *budget.control,
                         shown: budget.shown,
+                        depth: budget.depth,
                     };
                     self.search_with_restarts(items, members, overlaps, &ranks, next, &mut bounded)
                 };
@@ -695,6 +722,33 @@ impl Filled {
             }
         }
         None
+    }
+}
+
+/// Places a zero-slack component (`items`, `members`, its sections, the capacity) through its
+/// window modules (`modules`) within `allowance` nodes of the budget, unless an earlier try found
+/// they never will (`*may_place` false; a try that finds so sets it).
+fn place_by_modules(
+    (items, members, sections, capacity): (&[Item], &[u32], &Sections, u64),
+    allowance: u64,
+    may_place: &mut bool,
+    budget: &mut Budget,
+) -> Option<ComponentPlacement> {
+    if !*may_place {
+        return None;
+    }
+    let mut allowance = allowance.min(*budget.nodes_left);
+    let (attempt, used) =
+        modules::place(items, members, sections, capacity, &mut allowance, budget.control, budget.depth);
+    *budget.nodes_left -= used;
+    *budget.nodes += used;
+    match attempt {
+        modules::Attempt::Placed(placement) => Some(placement),
+        modules::Attempt::NotWithinAllowance => None,
+        modules::Attempt::Never => {
+            *may_place = false;
+            None
+        }
     }
 }
 

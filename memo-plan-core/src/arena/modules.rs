@@ -1,0 +1,305 @@
+//! Window modules: a way to place a component by placing smaller instances, one inside another.
+//!
+//! Take a range of the component's time sections, not all of them, and the buffers that live
+//! only inside it. If their live total is the same in every section of the range, `height`, they
+//! may fill an empty `height`-tall rectangle over that range exactly (a perfect packing cut from a
+//! rectangle has such a range wherever a rectangle was cut further inside). Then the component
+//! can be placed in two steps that never need each other's addresses:
+//! - the module, on its own, at capacity `height`;
+//! - the rest, with the module standing in as one buffer of size `height` over the range, at
+//!   the component's capacity;
+//!
+//! and the module's buffers go to the stand-in's offset plus their own. Every one of the buffers
+//! that stay outside and share a step with the module shares one with the stand-in too, so they
+//! never overlap, and modules over disjoint ranges share no step at all.
+//!
+//! Each part is solved by the whole pipeline (reductions, greedy orders, flat splits, the exact
+//! search, and modules again, inside the part), with a node allowance: parts are much smaller than
+//! the component, and on perfect packings whose hard core is a small region, the rest comes apart
+//! at once (BENCHMARKS.md). Like flat splits this is not complete: the module's buffers need not
+//! be packed together in every placement, so `place` only reports placements, and a part that is
+//! infeasible or not placed within the allowance concludes nothing about the component.
+
+use alloc::vec::Vec;
+
+use super::control::{Control, Progress};
+use super::greedy::ComponentPlacement;
+use super::sections::Sections;
+use super::{solve_nested, Item, SolveError, SolveOptions};
+use crate::lifetime::BufferLifetime;
+
+/// Modules are looked for only in components of at most this many sections: the scan over every
+/// range of sections takes time quadratic in their number (a million steps at this size).
+pub const MODULE_MOST_SECTIONS: usize = 1024;
+
+/// Modules nested deeper than this are not looked for (each level solves smaller instances, so
+/// this bounds the recursion's stack, not its reach on the instances measured).
+pub const MODULE_DEPTH_LIMIT: u32 = 8;
+
+/// A range of sections `[first, end)` and the buffers (indices into the component's `members`)
+/// that live inside it, their live total `height` in each of its sections.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Module {
+    pub first: usize,
+    pub end: usize,
+    pub height: u64,
+    pub inside: Vec<u32>,
+}
+
+/// The modules of a component: every proper range of at least two sections holding at least two
+/// buffers with the same live total in each of its sections is a candidate; the ones with the
+/// most buffers are taken first, each over sections no module taken before covers.
+pub(crate) fn find(items: &[Item], members: &[u32], sections: &Sections) -> Vec<Module> {
+    let count = sections.len();
+    if !(3..=MODULE_MOST_SECTIONS).contains(&count) {
+        return Vec::new();
+    }
+    let ranges: Vec<core::ops::Range<usize>> = members.iter().map(|&m| sections.range_of(&items[m as usize])).collect();
+    // Buffers by the section their range ends before, so a scan adds each once it fits.
+    let mut ending: Vec<Vec<u32>> = alloc::vec![Vec::new(); count + 1];
+    for (local, range) in ranges.iter().enumerate() {
+        ending[range.end].push(local as u32);
+    }
+    // For each first section, the ranges grow one section at a time. `step[k]` is the live total
+    // of section k minus that of section k - 1 (over the buffers inside the range), so the totals
+    // are all equal exactly when no step is non-zero: each buffer added changes one step only.
+    let mut candidates: Vec<(usize, usize, usize, u64)> = Vec::new(); // (buffers, first, end, height)
+    let mut step = alloc::vec![0i128; count + 1];
+    for first in 0..count {
+        let (mut uneven, mut inside, mut last_total) = (0usize, 0usize, 0u64);
+        for end in first + 1..=count {
+            // Section `end - 1` joins, empty: its step is minus the total before it.
+            if end - 1 > first {
+                step[end - 1] = -i128::from(last_total);
+                uneven += usize::from(last_total != 0);
+            }
+            last_total = 0;
+            for &local in &ending[end] {
+                let range = &ranges[local as usize];
+                if range.start < first {
+                    continue;
+                }
+                let size = items[members[local as usize] as usize].size;
+                last_total += size;
+                inside += 1;
+                if range.start > first {
+                    let before = step[range.start] != 0;
+                    step[range.start] += i128::from(size);
+                    let after = step[range.start] != 0;
+                    uneven = uneven + usize::from(after) - usize::from(before);
+                }
+            }
+            let proper = end - first >= 2 && end - first < count;
+            if proper && uneven == 0 && inside >= 2 && last_total > 0 {
+                candidates.push((inside, first, end, last_total));
+            }
+        }
+    }
+    candidates.sort_unstable_by_key(|&(inside, first, end, _)| (core::cmp::Reverse(inside), first, end));
+    let mut taken: Vec<Module> = Vec::new();
+    for (_, first, end, height) in candidates {
+        if taken.iter().all(|m| end <= m.first || first >= m.end) {
+            let inside = (0..members.len() as u32)
+                .filter(|&l| ranges[l as usize].start >= first && ranges[l as usize].end <= end)
+                .collect();
+            taken.push(Module { first, end, height, inside });
+        }
+    }
+    taken
+}
+
+/// How a module attempt ended.
+pub(crate) enum Attempt {
+    /// A placement of the component (offsets by position in `members`) under the capacity.
+    Placed(ComponentPlacement),
+    /// A part was not placed within the allowance: a larger one may place it.
+    NotWithinAllowance,
+    /// The component has no modules, or a part was proven infeasible: this attempt can never
+    /// place the component at this capacity.
+    Never,
+}
+
+/// Places the component `members` under `capacity` through its modules (see the module docs),
+/// spending at most `*nodes_left` nodes, each part solved at nesting `depth + 1`; the nodes spent
+/// are ticked on `control` (so its callback still stops the solve) and returned.
+pub(crate) fn place(
+    items: &[Item],
+    members: &[u32],
+    sections: &Sections,
+    capacity: u64,
+    nodes_left: &mut u64,
+    control: &mut Control,
+    depth: u32,
+) -> (Attempt, u64) {
+    if depth >= MODULE_DEPTH_LIMIT {
+        return (Attempt::Never, 0);
+    }
+    let modules = find(items, members, sections);
+    if modules.is_empty() {
+        return (Attempt::Never, 0);
+    }
+    let mut spent = 0u64;
+    let mut offsets = alloc::vec![0u64; members.len()];
+    let mut outside = alloc::vec![true; members.len()];
+    // The rest: the buffers outside every module, then one stand-in per module.
+    let mut rest: Vec<BufferLifetime> = Vec::new();
+    let mut rest_members: Vec<u32> = Vec::new();
+    for module in &modules {
+        let buffers: Vec<BufferLifetime> = module
+            .inside
+            .iter()
+            .map(|&l| {
+                outside[l as usize] = false;
+                lifetime(&items[members[l as usize] as usize], u64::from(l))
+            })
+            .collect();
+        let (placed, used) = solve_part(&buffers, module.height, nodes_left, control, depth);
+        spent += used;
+        match placed {
+            Ok(part) => {
+                for (&l, &offset) in module.inside.iter().zip(&part) {
+                    offsets[l as usize] = offset;
+                }
+            }
+            Err(attempt) => {
+                return (attempt, spent);
+            }
+        }
+    }
+    for (l, _) in outside.iter().enumerate().filter(|(_, &out)| out) {
+        rest.push(lifetime(&items[members[l] as usize], l as u64));
+        rest_members.push(l as u32);
+    }
+    for (index, module) in modules.iter().enumerate() {
+        let (lower, upper) = sections.steps(module.first, module.end - module.first);
+        rest.push(BufferLifetime { id: (members.len() + index) as u64, lower, upper, size: module.height });
+    }
+    let (placed, used) = solve_part(&rest, capacity, nodes_left, control, depth);
+    spent += used;
+    let rest_offsets = match placed {
+        Ok(rest_offsets) => rest_offsets,
+        Err(attempt) => {
+            return (attempt, spent);
+        }
+    };
+    for (&l, &offset) in rest_members.iter().zip(&rest_offsets) {
+        offsets[l as usize] = offset;
+    }
+    for (module, &base) in modules.iter().zip(&rest_offsets[rest_members.len()..]) {
+        for &l in &module.inside {
+            offsets[l as usize] += base;
+        }
+    }
+    let peak = members.iter().zip(&offsets).map(|(&m, &o)| o + items[m as usize].size).max().unwrap_or(0);
+    (Attempt::Placed(ComponentPlacement { offsets, peak }), spent)
+}
+
+fn lifetime(item: &Item, id: u64) -> BufferLifetime {
+    BufferLifetime { id, lower: item.lower, upper: item.upper, size: item.size }
+}
+
+/// Solves one part under `capacity` with the whole pipeline, one level deeper, within
+/// `*nodes_left` nodes: its offsets in order, or why not.
+fn solve_part(
+    buffers: &[BufferLifetime],
+    capacity: u64,
+    nodes_left: &mut u64,
+    control: &mut Control,
+    depth: u32,
+) -> (Result<Vec<u64>, Attempt>, u64) {
+    let options = SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: *nodes_left };
+    // The part's nodes count on the caller's control as they are spent, so its callback sees
+    // them and may stop the part (a stopped part is not placed: `NotWithinAllowance`).
+    let mut seen = 0u64;
+    let mut stop = |progress: &Progress| {
+        let fresh = progress.nodes.saturating_sub(seen);
+        seen = progress.nodes;
+        control.tick(fresh)
+    };
+    let result = solve_nested(buffers, &options, &mut stop, depth + 1);
+    let (outcome, used) = match result {
+        Ok(solution) => (Ok(solution.offsets), solution.stats.nodes),
+        Err(SolveError::NotFoundWithinBudget { nodes, .. }) => (Err(Attempt::NotWithinAllowance), nodes),
+        Err(_) => (Err(Attempt::Never), seen),
+    };
+    let used = used.min(*nodes_left);
+    *nodes_left -= used;
+    (outcome, used)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check::check_placement;
+    use crate::generate::non_guillotine;
+
+    fn items_of(buffers: &[BufferLifetime]) -> Vec<Item> {
+        buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect()
+    }
+
+    #[test]
+    fn a_module_is_the_largest_even_range_and_others_keep_clear_of_it() {
+        // Steps 0..4, every one 17 units full, in three sections: steps 0..1, 1..3 and 3..4.
+        // Inside the first two sections: 10 units in each (the 10 over step 0 and the two 5s over
+        // steps 1..3); inside the last two too (the 5s and the 10 over step 3). Both hold three
+        // buffers; the first found is taken and the other overlaps it. A single section (the
+        // two 5s alone) is never a module, nor are all three (the whole component).
+        let items = [
+            Item { lower: 0, upper: 4, size: 7 },
+            Item { lower: 0, upper: 1, size: 10 },
+            Item { lower: 1, upper: 3, size: 5 },
+            Item { lower: 1, upper: 3, size: 5 },
+            Item { lower: 3, upper: 4, size: 10 },
+        ];
+        let members: Vec<u32> = (0..5).collect();
+        let sections = Sections::new(&items, &members);
+        let modules = find(&items, &members, &sections);
+        assert_eq!(modules, alloc::vec![Module { first: 0, end: 2, height: 10, inside: alloc::vec![1, 2, 3] }]);
+        // Uneven inside every range: no module.
+        let uneven = [Item { lower: 0, upper: 2, size: 3 }, Item { lower: 1, upper: 3, size: 4 }];
+        let sections = Sections::new(&uneven, &[0, 1]);
+        assert!(find(&uneven, &[0, 1], &sections).is_empty());
+    }
+
+    #[test]
+    fn a_perfect_packing_is_placed_through_its_modules_and_checked() {
+        let height = 1 << 16;
+        let mut placed = 0;
+        for seed in 0..6 {
+            let buffers = non_guillotine(seed, 60, 240, height);
+            let items = items_of(&buffers);
+            let members: Vec<u32> = (0..items.len() as u32).collect();
+            let sections = Sections::new(&items, &members);
+            assert!(sections.totals.iter().all(|&t| t == height), "the generator's packings are perfect");
+            if find(&items, &members, &sections).is_empty() {
+                continue;
+            }
+            let mut nodes_left = 2_000_000;
+            let mut stop = |_: &Progress| false;
+            let mut control = Control::new(&mut stop);
+            let (attempt, used) = place(&items, &members, &sections, height, &mut nodes_left, &mut control, 0);
+            assert_eq!(used + nodes_left, 2_000_000, "the nodes spent are the nodes taken from the allowance");
+            if let Attempt::Placed(placement) = attempt {
+                check_placement(&buffers, &placement.offsets, 1, placement.peak, Some(height))
+                    .unwrap_or_else(|v| panic!("seed {seed}: the checker rejects the modules' placement: {v:?}"));
+                placed += 1;
+            }
+        }
+        assert!(placed >= 3, "only {placed} of the packings with modules placed through them");
+    }
+
+    #[test]
+    fn the_nesting_stops_at_its_depth_limit() {
+        let buffers = non_guillotine(1, 40, 160, 1 << 12);
+        let items = items_of(&buffers);
+        let members: Vec<u32> = (0..items.len() as u32).collect();
+        let sections = Sections::new(&items, &members);
+        let mut nodes_left = 1_000;
+        let mut stop = |_: &Progress| false;
+        let mut control = Control::new(&mut stop);
+        let (attempt, used) =
+            place(&items, &members, &sections, 1 << 12, &mut nodes_left, &mut control, MODULE_DEPTH_LIMIT);
+        assert!(matches!(attempt, Attempt::Never));
+        assert_eq!((used, nodes_left), (0, 1_000));
+    }
+}
