@@ -453,7 +453,8 @@ impl LeafState {
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
         // Modules at zero slack only: with slack their parts cost canonical nodes and placed
         // nothing more within a second on the sets measured (MiniMalloc's H took 3x the nodes).
-        let mut modules_may_place = zero_slack;
+        // Kept across the rounds: a module placed in one is not placed again.
+        let mut modules = modules::Modules::new(zero_slack, budget.depth);
         loop {
             for (index, rank) in ranks.iter().enumerate() {
                 // The filled searches after the first two restarts of a round: they take as many
@@ -466,9 +467,12 @@ impl LeafState {
                             return SearchOutcome::Found(placement);
                         }
                     }
-                    let allowance = limit.saturating_mul(ranks.len() as u64);
-                    let by_modules = (items, members, &self.sections, capacity);
-                    if let Some(placement) = place_by_modules(by_modules, allowance, &mut modules_may_place, budget) {
+                    let mut allowance = limit.saturating_mul(ranks.len() as u64).min(*budget.nodes_left);
+                    let (placement, used) =
+                        modules.place(items, members, &self.sections, capacity, &mut allowance, budget.control);
+                    *budget.nodes_left -= used;
+                    *budget.nodes += used;
+                    if let Some(placement) = placement {
                         return SearchOutcome::Found(placement);
                     }
                 }
@@ -722,33 +726,6 @@ impl Filled {
             }
         }
         None
-    }
-}
-
-/// Places a zero-slack component (`items`, `members`, its sections, the capacity) through its
-/// window modules (`modules`) within `allowance` nodes of the budget, unless an earlier try found
-/// they never will (`*may_place` false; a try that finds so sets it).
-fn place_by_modules(
-    (items, members, sections, capacity): (&[Item], &[u32], &Sections, u64),
-    allowance: u64,
-    may_place: &mut bool,
-    budget: &mut Budget,
-) -> Option<ComponentPlacement> {
-    if !*may_place {
-        return None;
-    }
-    let mut allowance = allowance.min(*budget.nodes_left);
-    let (attempt, used) =
-        modules::place(items, members, sections, capacity, &mut allowance, budget.control, budget.depth);
-    *budget.nodes_left -= used;
-    *budget.nodes += used;
-    match attempt {
-        modules::Attempt::Placed(placement) => Some(placement),
-        modules::Attempt::NotWithinAllowance => None,
-        modules::Attempt::Never => {
-            *may_place = false;
-            None
-        }
     }
 }
 

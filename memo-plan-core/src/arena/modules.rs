@@ -108,90 +108,114 @@ pub(crate) fn find(items: &[Item], members: &[u32], sections: &Sections) -> Vec<
     taken
 }
 
-/// How a module attempt ended.
-pub(crate) enum Attempt {
-    /// A placement of the component (offsets by position in `members`) under the capacity.
-    Placed(ComponentPlacement),
-    /// A part was not placed within the allowance: a larger one may place it.
-    NotWithinAllowance,
-    /// The component has no modules, or a part was proven infeasible: this attempt can never
-    /// place the component at this capacity.
-    Never,
+/// The modules of one component at one capacity, kept across the tries of its restart rounds:
+/// a module placed once stays placed (its placement does not depend on anything outside it), so a
+/// later try with a larger allowance spends it on the parts still unplaced.
+pub(crate) struct Modules {
+    /// The component's modules, found at the first try.
+    found: Option<Vec<Module>>,
+    /// Each module's placement, offsets by position in its `inside`, once placed.
+    placed: Vec<Option<Vec<u64>>>,
+    /// No try can place the component: it has no modules, a part was proven infeasible, or the
+    /// nesting is at its depth limit.
+    never: bool,
+    /// How many modules deep the component is; its parts are one deeper.
+    depth: u32,
 }
 
-/// Places the component `members` under `capacity` through its modules (see the module docs),
-/// spending at most `*nodes_left` nodes, each part solved at nesting `depth + 1`; the nodes spent
-/// are ticked on `control` (so its callback still stops the solve) and returned.
-pub(crate) fn place(
-    items: &[Item],
-    members: &[u32],
-    sections: &Sections,
-    capacity: u64,
-    nodes_left: &mut u64,
-    control: &mut Control,
-    depth: u32,
-) -> (Attempt, u64) {
-    if depth >= MODULE_DEPTH_LIMIT {
-        return (Attempt::Never, 0);
+impl Modules {
+    /// No try yet, for a component `depth` modules deep; `may_place` false makes every try a
+    /// no-op, as does the depth limit.
+    pub(crate) fn new(may_place: bool, depth: u32) -> Modules {
+        Modules { found: None, placed: Vec::new(), never: !may_place || depth >= MODULE_DEPTH_LIMIT, depth }
     }
-    let modules = find(items, members, sections);
-    if modules.is_empty() {
-        return (Attempt::Never, 0);
-    }
-    let mut spent = 0u64;
-    let mut offsets = alloc::vec![0u64; members.len()];
-    let mut outside = alloc::vec![true; members.len()];
-    // The rest: the buffers outside every module, then one stand-in per module.
-    let mut rest: Vec<BufferLifetime> = Vec::new();
-    let mut rest_members: Vec<u32> = Vec::new();
-    for module in &modules {
-        let buffers: Vec<BufferLifetime> = module
-            .inside
-            .iter()
-            .map(|&l| {
-                outside[l as usize] = false;
-                lifetime(&items[members[l as usize] as usize], u64::from(l))
-            })
-            .collect();
-        let (placed, used) = solve_part(&buffers, module.height, nodes_left, control, depth);
-        spent += used;
-        match placed {
-            Ok(part) => {
-                for (&l, &offset) in module.inside.iter().zip(&part) {
-                    offsets[l as usize] = offset;
+
+    /// Places the component `members` under `capacity` through its modules (see the module docs),
+    /// spending at most `*nodes_left` nodes, each part solved one level deeper; the nodes
+    /// spent are ticked on `control` (so its callback still stops the solve) and returned. `None`
+    /// when a part is not placed within the allowance (a larger one may place it) or never will
+    /// be (then every later try returns at once).
+    pub(crate) fn place(
+        &mut self,
+        items: &[Item],
+        members: &[u32],
+        sections: &Sections,
+        capacity: u64,
+        nodes_left: &mut u64,
+        control: &mut Control,
+    ) -> (Option<ComponentPlacement>, u64) {
+        if self.never {
+            return (None, 0);
+        }
+        let modules = self.found.get_or_insert_with(|| find(items, members, sections));
+        if modules.is_empty() {
+            self.never = true;
+            return (None, 0);
+        }
+        self.placed.resize(modules.len(), None);
+        let mut spent = 0u64;
+        for (module, placed) in modules.iter().zip(&mut self.placed).filter(|(_, placed)| placed.is_none()) {
+            let buffers: Vec<BufferLifetime> =
+                module.inside.iter().map(|&l| lifetime(&items[members[l as usize] as usize], u64::from(l))).collect();
+            let (part, used) = solve_part(&buffers, module.height, nodes_left, control, self.depth);
+            spent += used;
+            match part {
+                Part::Placed(offsets) => *placed = Some(offsets),
+                Part::NotWithinAllowance => return (None, spent),
+                Part::Never => {
+                    self.never = true;
+                    return (None, spent);
                 }
             }
-            Err(attempt) => {
-                return (attempt, spent);
+        }
+        // The rest: the buffers outside every module, then one stand-in per module.
+        let mut outside = alloc::vec![true; members.len()];
+        for module in modules.iter() {
+            for &l in &module.inside {
+                outside[l as usize] = false;
             }
         }
-    }
-    for (l, _) in outside.iter().enumerate().filter(|(_, &out)| out) {
-        rest.push(lifetime(&items[members[l] as usize], l as u64));
-        rest_members.push(l as u32);
-    }
-    for (index, module) in modules.iter().enumerate() {
-        let (lower, upper) = sections.steps(module.first, module.end - module.first);
-        rest.push(BufferLifetime { id: (members.len() + index) as u64, lower, upper, size: module.height });
-    }
-    let (placed, used) = solve_part(&rest, capacity, nodes_left, control, depth);
-    spent += used;
-    let rest_offsets = match placed {
-        Ok(rest_offsets) => rest_offsets,
-        Err(attempt) => {
-            return (attempt, spent);
+        let rest_members: Vec<u32> = (0..members.len() as u32).filter(|&l| outside[l as usize]).collect();
+        let mut rest: Vec<BufferLifetime> =
+            rest_members.iter().map(|&l| lifetime(&items[members[l as usize] as usize], u64::from(l))).collect();
+        for (index, module) in modules.iter().enumerate() {
+            let (lower, upper) = sections.steps(module.first, module.end - module.first);
+            rest.push(BufferLifetime { id: (members.len() + index) as u64, lower, upper, size: module.height });
         }
-    };
-    for (&l, &offset) in rest_members.iter().zip(&rest_offsets) {
-        offsets[l as usize] = offset;
-    }
-    for (module, &base) in modules.iter().zip(&rest_offsets[rest_members.len()..]) {
-        for &l in &module.inside {
-            offsets[l as usize] += base;
+        let (part, used) = solve_part(&rest, capacity, nodes_left, control, self.depth);
+        spent += used;
+        let rest_offsets = match part {
+            Part::Placed(offsets) => offsets,
+            Part::NotWithinAllowance => return (None, spent),
+            Part::Never => {
+                self.never = true;
+                return (None, spent);
+            }
+        };
+        let mut offsets = alloc::vec![0u64; members.len()];
+        for (&l, &offset) in rest_members.iter().zip(&rest_offsets) {
+            offsets[l as usize] = offset;
         }
+        let bases = &rest_offsets[rest_members.len()..];
+        for ((module, placed), &base) in modules.iter().zip(&self.placed).zip(bases) {
+            let placed = placed.as_deref().unwrap_or_default(); // every module was placed above
+            for (&l, &offset) in module.inside.iter().zip(placed) {
+                offsets[l as usize] = base + offset;
+            }
+        }
+        let peak = members.iter().zip(&offsets).map(|(&m, &o)| o + items[m as usize].size).max().unwrap_or(0);
+        (Some(ComponentPlacement { offsets, peak }), spent)
     }
-    let peak = members.iter().zip(&offsets).map(|(&m, &o)| o + items[m as usize].size).max().unwrap_or(0);
-    (Attempt::Placed(ComponentPlacement { offsets, peak }), spent)
+}
+
+/// How the solve of one part ended.
+enum Part {
+    /// Its offsets, in the order of its buffers.
+    Placed(Vec<u64>),
+    /// Not placed within the allowance: a larger one may place it.
+    NotWithinAllowance,
+    /// Proven infeasible at its capacity (or unsolvable): no allowance places it.
+    Never,
 }
 
 fn lifetime(item: &Item, id: u64) -> BufferLifetime {
@@ -199,14 +223,14 @@ fn lifetime(item: &Item, id: u64) -> BufferLifetime {
 }
 
 /// Solves one part under `capacity` with the whole pipeline, one level deeper, within
-/// `*nodes_left` nodes: its offsets in order, or why not.
+/// `*nodes_left` nodes.
 fn solve_part(
     buffers: &[BufferLifetime],
     capacity: u64,
     nodes_left: &mut u64,
     control: &mut Control,
     depth: u32,
-) -> (Result<Vec<u64>, Attempt>, u64) {
+) -> (Part, u64) {
     let options = SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: *nodes_left };
     // The part's nodes count on the caller's control as they are spent, so its callback sees
     // them and may stop the part (a stopped part is not placed: `NotWithinAllowance`).
@@ -218,9 +242,9 @@ fn solve_part(
     };
     let result = solve_nested(buffers, &options, &mut stop, depth + 1);
     let (outcome, used) = match result {
-        Ok(solution) => (Ok(solution.offsets), solution.stats.nodes),
-        Err(SolveError::NotFoundWithinBudget { nodes, .. }) => (Err(Attempt::NotWithinAllowance), nodes),
-        Err(_) => (Err(Attempt::Never), seen),
+        Ok(solution) => (Part::Placed(solution.offsets), solution.stats.nodes),
+        Err(SolveError::NotFoundWithinBudget { nodes, .. }) => (Part::NotWithinAllowance, nodes),
+        Err(_) => (Part::Never, seen),
     };
     let used = used.min(*nodes_left);
     *nodes_left -= used;
@@ -277,9 +301,10 @@ mod tests {
             let mut nodes_left = 2_000_000;
             let mut stop = |_: &Progress| false;
             let mut control = Control::new(&mut stop);
-            let (attempt, used) = place(&items, &members, &sections, height, &mut nodes_left, &mut control, 0);
+            let mut modules = Modules::new(true, 0);
+            let (placement, used) = modules.place(&items, &members, &sections, height, &mut nodes_left, &mut control);
             assert_eq!(used + nodes_left, 2_000_000, "the nodes spent are the nodes taken from the allowance");
-            if let Attempt::Placed(placement) = attempt {
+            if let Some(placement) = placement {
                 check_placement(&buffers, &placement.offsets, 1, placement.peak, Some(height))
                     .unwrap_or_else(|v| panic!("seed {seed}: the checker rejects the modules' placement: {v:?}"));
                 placed += 1;
@@ -297,9 +322,9 @@ mod tests {
         let mut nodes_left = 1_000;
         let mut stop = |_: &Progress| false;
         let mut control = Control::new(&mut stop);
-        let (attempt, used) =
-            place(&items, &members, &sections, 1 << 12, &mut nodes_left, &mut control, MODULE_DEPTH_LIMIT);
-        assert!(matches!(attempt, Attempt::Never));
+        let mut modules = Modules::new(true, MODULE_DEPTH_LIMIT);
+        let (placement, used) = modules.place(&items, &members, &sections, 1 << 12, &mut nodes_left, &mut control);
+        assert!(placement.is_none() && modules.never);
         assert_eq!((used, nodes_left), (0, 1_000));
     }
 }
