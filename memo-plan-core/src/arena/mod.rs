@@ -401,6 +401,25 @@ struct Budget<'a, 'c> {
     depth: u32,
 }
 
+impl Budget<'_, '_> {
+    /// Places a zero-slack component (`items`, `members`, its sections) under `capacity` through
+    /// `modules`, its window modules, with at most `allowance` of the nodes left; charges the
+    /// nodes spent.
+    fn place_by_modules(
+        &mut self,
+        modules: &mut modules::Modules,
+        (items, members, sections): (&[Item], &[u32], &Sections),
+        capacity: u64,
+        allowance: u64,
+    ) -> Option<ComponentPlacement> {
+        let mut allowance = allowance.min(*self.nodes_left);
+        let (placement, used) = modules.place(items, members, sections, capacity, &mut allowance, self.control);
+        *self.nodes_left -= used;
+        *self.nodes += used;
+        placement
+    }
+}
+
 /// How a leaf's new peak becomes the arena's, for the progress shown.
 #[derive(Clone, Copy)]
 struct Shown {
@@ -445,15 +464,17 @@ impl LeafState {
             }
         }
         // Each shape of fillers once (the two often cut a profile alike).
-        let nested = Filled::new(items, members, &self.sections, capacity, FillerShape::Nested);
-        let runs = Filled::new(items, members, &self.sections, capacity, FillerShape::Runs)
+        let depth = budget.depth;
+        let nested = Filled::new(items, members, &self.sections, capacity, FillerShape::Nested, depth);
+        let runs = Filled::new(items, members, &self.sections, capacity, FillerShape::Runs, depth)
             .filter(|runs| nested.as_ref().is_none_or(|nested| nested.items != runs.items));
         let mut filled: Vec<Filled> = nested.into_iter().chain(runs).collect();
         let mut shared = search::Shared::new(items, members, &self.sections, capacity);
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
-        // Modules at zero slack only: with slack their parts cost canonical nodes and placed
-        // nothing more within a second on the sets measured (MiniMalloc's H took 3x the nodes).
-        // Kept across the rounds: a module placed in one is not placed again.
+        // Modules at zero slack only (and in the filled instances, which have none): with slack
+        // their parts cost canonical nodes and placed nothing more within a second on the sets
+        // measured (MiniMalloc's H took 3x the nodes). Kept across the rounds: a module placed in
+        // one is not placed again.
         let mut modules = modules::Modules::new(zero_slack, budget.depth);
         loop {
             for (index, rank) in ranks.iter().enumerate() {
@@ -467,12 +488,9 @@ impl LeafState {
                             return SearchOutcome::Found(placement);
                         }
                     }
-                    let mut allowance = limit.saturating_mul(ranks.len() as u64).min(*budget.nodes_left);
-                    let (placement, used) =
-                        modules.place(items, members, &self.sections, capacity, &mut allowance, budget.control);
-                    *budget.nodes_left -= used;
-                    *budget.nodes += used;
-                    if let Some(placement) = placement {
+                    let allowance = limit.saturating_mul(ranks.len() as u64);
+                    let component = (items, members, &self.sections);
+                    if let Some(placement) = budget.place_by_modules(&mut modules, component, capacity, allowance) {
                         return SearchOutcome::Found(placement);
                     }
                 }
@@ -608,6 +626,8 @@ struct Filled {
     overlaps: Overlaps,
     ranks: Vec<Vec<u32>>,
     shared: search::Shared,
+    /// The filled instance's window modules (it has zero slack), kept across its searches.
+    modules: modules::Modules,
 }
 
 /// How `Filled` cuts the slack profile into fillers. The same profile comes from holes of many
@@ -628,7 +648,16 @@ enum FillerShape {
 pub const FILLERS_PER_BUFFER: usize = 4;
 
 impl Filled {
-    fn new(items: &[Item], members: &[u32], sections: &Sections, capacity: u64, shape: FillerShape) -> Option<Filled> {
+    /// The filled instance of a component `depth` modules deep; `None` when the component needs no
+    /// fillers (zero slack already) or more than one per `FILLERS_PER_BUFFER` of its buffers.
+    fn new(
+        items: &[Item],
+        members: &[u32],
+        sections: &Sections,
+        capacity: u64,
+        shape: FillerShape,
+        depth: u32,
+    ) -> Option<Filled> {
         let mut filled: Vec<Item> = members.iter().map(|&m| items[m as usize]).collect();
         let own = filled.len();
         let slack = |k: usize| capacity.saturating_sub(sections.totals.get(k).copied().unwrap_or(capacity));
@@ -684,11 +713,12 @@ impl Filled {
         let overlaps = Overlaps::build(&filled, &all, OVERLAP_PAIR_LIMIT)?;
         let ranks = search_ranks(&filled, &all, &sections);
         let shared = search::Shared::new(&filled, &all, &sections, capacity);
-        Some(Filled { items: filled, members: all, own, sections, overlaps, ranks, shared })
+        let modules = modules::Modules::new(true, depth);
+        Some(Filled { items: filled, members: all, own, sections, overlaps, ranks, shared, modules })
     }
 
-    /// Flat splits, then the skyline search under each tie-break order, each with `limit` nodes;
-    /// the placement of the component's own buffers if one is found.
+    /// Flat splits, then window modules, then the skyline search under each tie-break order, each
+    /// with `limit` nodes; the placement of the component's own buffers if one is found.
     fn search(&mut self, capacity: u64, limit: u64, budget: &mut Budget) -> Option<ComponentPlacement> {
         let own = |placement: ComponentPlacement| {
             let offsets: Vec<u64> = placement.offsets[..self.own].to_vec();
@@ -700,6 +730,12 @@ impl Filled {
         *budget.nodes_left -= used;
         *budget.nodes += used;
         if let Some(placement) = placement {
+            return Some(own(placement));
+        }
+        // The filled instance has zero slack: its window modules, with as many nodes as the splits.
+        let allowance = limit.saturating_mul(self.ranks.len() as u64);
+        let filled = (&self.items[..], &self.members[..], &self.sections);
+        if let Some(placement) = budget.place_by_modules(&mut self.modules, filled, capacity, allowance) {
             return Some(own(placement));
         }
         for (index, rank) in self.ranks.iter().enumerate() {

@@ -14,9 +14,9 @@
 //! never overlap, and modules over disjoint ranges share no step at all.
 //!
 //! Each part is solved by the whole pipeline (reductions, greedy orders, flat splits, the exact
-//! search, and modules again, inside the part), with a node allowance: parts are much smaller than
-//! the component, and on perfect packings whose hard core is a small region, the rest comes apart
-//! at once (BENCHMARKS.md). Like flat splits this is not complete: the module's buffers need not
+//! search, and modules again, inside the part), with a node allowance. Modules are tried only
+//! where every part is much smaller than the component (`MODULE_REST_MOST_PERCENT`), and on perfect
+//! packings whose hard core is a small region the rest comes apart at once (BENCHMARKS.md). Like flat splits this is not complete: the module's buffers need not
 //! be packed together in every placement, so `place` only reports placements, and a part that is
 //! infeasible or not placed within the allowance concludes nothing about the component.
 
@@ -35,6 +35,14 @@ pub const MODULE_MOST_SECTIONS: usize = 1024;
 /// Modules nested deeper than this are not looked for (each level solves smaller instances, so
 /// this bounds the recursion's stack, not its reach on the instances measured).
 pub const MODULE_DEPTH_LIMIT: u32 = 8;
+
+/// Modules are used only where the rest (the buffers outside them, and one stand-in each) keeps
+/// at most this share of the component's buffers, in percent. Otherwise the rest is nearly the
+/// component itself, as hard, and solving it again is a restart with fewer nodes: on MiniMalloc's
+/// D and I (modules holding 12 of 226 and about 100 of 420 buffers of their filled instances) that
+/// cost 40-50% more nodes, while the modules that placed a pinwheel or holed instance held 90% or
+/// more of its buffers (BENCHMARKS.md).
+pub const MODULE_REST_MOST_PERCENT: usize = 50;
 
 /// A range of sections `[first, end)` and the buffers (indices into the component's `members`)
 /// that live inside it, their live total `height` in each of its sections.
@@ -116,8 +124,9 @@ pub(crate) struct Modules {
     found: Option<Vec<Module>>,
     /// Each module's placement, offsets by position in its `inside`, once placed.
     placed: Vec<Option<Vec<u64>>>,
-    /// No try can place the component: it has no modules, a part was proven infeasible, or the
-    /// nesting is at its depth limit.
+    /// No try can place the component: it has no modules, or too few buffers in them (see
+    /// `MODULE_REST_MOST_PERCENT`), a part was proven infeasible, or the nesting is at its depth
+    /// limit.
     never: bool,
     /// How many modules deep the component is; its parts are one deeper.
     depth: u32,
@@ -148,7 +157,9 @@ impl Modules {
             return (None, 0);
         }
         let modules = self.found.get_or_insert_with(|| find(items, members, sections));
-        if modules.is_empty() {
+        let inside: usize = modules.iter().map(|m| m.inside.len()).sum();
+        let rest = members.len() - inside + modules.len();
+        if modules.is_empty() || rest * 100 > members.len() * MODULE_REST_MOST_PERCENT {
             self.never = true;
             return (None, 0);
         }
@@ -289,7 +300,7 @@ mod tests {
     fn a_perfect_packing_is_placed_through_its_modules_and_checked() {
         let height = 1 << 16;
         let mut placed = 0;
-        for seed in 0..6 {
+        for seed in 0..16 {
             let buffers = non_guillotine(seed, 60, 240, height);
             let items = items_of(&buffers);
             let members: Vec<u32> = (0..items.len() as u32).collect();
@@ -311,6 +322,29 @@ mod tests {
             }
         }
         assert!(placed >= 3, "only {placed} of the packings with modules placed through them");
+    }
+
+    #[test]
+    fn modules_that_leave_most_buffers_outside_are_not_tried() {
+        // Five buffers, one module of three (see the first test): the rest would hold three of the
+        // five (the two outside and the stand-in), over `MODULE_REST_MOST_PERCENT`.
+        let items = [
+            Item { lower: 0, upper: 4, size: 7 },
+            Item { lower: 0, upper: 1, size: 10 },
+            Item { lower: 1, upper: 3, size: 5 },
+            Item { lower: 1, upper: 3, size: 5 },
+            Item { lower: 3, upper: 4, size: 10 },
+        ];
+        let members: Vec<u32> = (0..5).collect();
+        let sections = Sections::new(&items, &members);
+        assert_eq!(find(&items, &members, &sections).len(), 1);
+        let mut nodes_left = 1_000;
+        let mut stop = |_: &Progress| false;
+        let mut control = Control::new(&mut stop);
+        let mut modules = Modules::new(true, 0);
+        let (placement, used) = modules.place(&items, &members, &sections, 17, &mut nodes_left, &mut control);
+        assert!(placement.is_none() && modules.never);
+        assert_eq!((used, nodes_left), (0, 1_000));
     }
 
     #[test]
