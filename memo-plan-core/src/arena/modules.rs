@@ -272,20 +272,24 @@ mod tests {
         buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect()
     }
 
-    #[test]
-    fn a_module_is_the_largest_even_range_and_others_keep_clear_of_it() {
-        // Steps 0..4, every one 17 units full, in three sections: steps 0..1, 1..3 and 3..4.
-        // Inside the first two sections: 10 units in each (the 10 over step 0 and the two 5s over
-        // steps 1..3); inside the last two too (the 5s and the 10 over step 3). Both hold three
-        // buffers; the first found is taken and the other overlaps it. A single section (the
-        // two 5s alone) is never a module, nor are all three (the whole component).
-        let items = [
+    /// Steps 0..4, every one 17 units full, in three sections: steps 0..1, 1..3 and 3..4.
+    fn two_overlapping_modules() -> [Item; 5] {
+        [
             Item { lower: 0, upper: 4, size: 7 },
             Item { lower: 0, upper: 1, size: 10 },
             Item { lower: 1, upper: 3, size: 5 },
             Item { lower: 1, upper: 3, size: 5 },
             Item { lower: 3, upper: 4, size: 10 },
-        ];
+        ]
+    }
+
+    #[test]
+    fn a_module_is_the_largest_even_range_and_others_keep_clear_of_it() {
+        // Inside the first two sections: 10 units in each (the 10 over step 0 and the two 5s over
+        // steps 1..3); inside the last two too (the 5s and the 10 over step 3). Both hold three
+        // buffers; the first found is taken and the other overlaps it. A single section (the
+        // two 5s alone) is never a module, nor are all three (the whole component).
+        let items = two_overlapping_modules();
         let members: Vec<u32> = (0..5).collect();
         let sections = Sections::new(&items, &members);
         let modules = find(&items, &members, &sections);
@@ -328,13 +332,7 @@ mod tests {
     fn modules_that_leave_most_buffers_outside_are_not_tried() {
         // Five buffers, one module of three (see the first test): the rest would hold three of the
         // five (the two outside and the stand-in), over `MODULE_REST_MOST_PERCENT`.
-        let items = [
-            Item { lower: 0, upper: 4, size: 7 },
-            Item { lower: 0, upper: 1, size: 10 },
-            Item { lower: 1, upper: 3, size: 5 },
-            Item { lower: 1, upper: 3, size: 5 },
-            Item { lower: 3, upper: 4, size: 10 },
-        ];
+        let items = two_overlapping_modules();
         let members: Vec<u32> = (0..5).collect();
         let sections = Sections::new(&items, &members);
         assert_eq!(find(&items, &members, &sections).len(), 1);
