@@ -9,8 +9,8 @@
 //!    infeasible or finds a placement under it, within a deterministic node budget; at a capacity
 //!    where every time section is exactly full (zero slack), flat splits ([`split`]) are tried
 //!    first: they cut the component into independent horizontal slabs and place it part by part;
-//!    between the restarts, window modules ([`modules`]) place it as smaller instances nested one
-//!    inside another.
+//!    between the restarts (and in the zero-slack instances a capacity with slack is filled up
+//!    to), window modules ([`modules`]) place it as smaller instances nested one inside another.
 //!
 //! The reported peak is proven optimal when it equals the lower bound (the most bytes ever alive
 //! at once), or when the search proved every lower capacity infeasible for the component that
@@ -471,7 +471,7 @@ impl LeafState {
         let mut filled: Vec<Filled> = nested.into_iter().chain(runs).collect();
         let mut shared = search::Shared::new(items, members, &self.sections, capacity);
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
-        // Modules at zero slack only (and in the filled instances, which have none): with slack
+        // Modules at zero slack only (and in the filled instances, zero slack by making): with slack
         // their parts cost canonical nodes and placed nothing more within a second on the sets
         // measured (MiniMalloc's H took 3x the nodes). Kept across the rounds: a module placed in
         // one is not placed again.
