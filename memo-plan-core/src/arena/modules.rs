@@ -15,10 +15,11 @@
 //!
 //! Each part is solved by the whole pipeline (reductions, greedy orders, flat splits, the exact
 //! search, and modules again, inside the part), with a node allowance. Modules are tried only
-//! where every part is much smaller than the component (`MODULE_REST_MOST_PERCENT`), and on perfect
-//! packings whose hard core is a small region the rest comes apart at once (BENCHMARKS.md). Like flat splits this is not complete: the module's buffers need not
-//! be packed together in every placement, so `place` only reports placements, and a part that is
-//! infeasible or not placed within the allowance concludes nothing about the component.
+//! where the rest keeps at most half the component's buffers (`MODULE_REST_MOST_PERCENT`), and on
+//! perfect packings whose hard core is a small region the rest comes apart at once (BENCHMARKS.md).
+//! Like flat splits this is not complete: the module's buffers need not be packed together in
+//! every placement, so `place` only reports placements, and a part that is infeasible or not
+//! placed within the allowance concludes nothing about the component.
 
 use alloc::vec::Vec;
 
@@ -39,8 +40,8 @@ pub const MODULE_DEPTH_LIMIT: u32 = 8;
 /// Modules are used only where the rest (the buffers outside them, and one stand-in each) keeps
 /// at most this share of the component's buffers, in percent. Otherwise the rest is nearly the
 /// component itself, as hard, and solving it again is a restart with fewer nodes: on MiniMalloc's
-/// D and I (modules holding 12 of 226 and about 100 of 420 buffers of their filled instances) that
-/// cost 40-50% more nodes, while the modules that placed a pinwheel or holed instance held 90% or
+/// D and I (modules holding 9-12 of 226-229 and 101-111 of 417-430 buffers of their filled
+/// instances) that cost 47% and 39% more nodes, while the modules that placed a pinwheel or holed instance held 90% or
 /// more of its buffers (BENCHMARKS.md).
 pub const MODULE_REST_MOST_PERCENT: usize = 50;
 
@@ -302,6 +303,8 @@ mod tests {
 
     #[test]
     fn a_perfect_packing_is_placed_through_its_modules_and_checked() {
+        // Every packing whose modules pass the rule on the rest is placed through them within the
+        // allowance (the search is deterministic), and the checker accepts each placement.
         let height = 1 << 16;
         let mut placed = 0;
         for seed in 0..16 {
@@ -310,22 +313,23 @@ mod tests {
             let members: Vec<u32> = (0..items.len() as u32).collect();
             let sections = Sections::new(&items, &members);
             assert!(sections.totals.iter().all(|&t| t == height), "the generator's packings are perfect");
-            if find(&items, &members, &sections).is_empty() {
-                continue;
-            }
+            let found = find(&items, &members, &sections);
+            let rest = members.len() - found.iter().map(|m| m.inside.len()).sum::<usize>() + found.len();
+            let tried = !found.is_empty() && rest * 100 <= members.len() * MODULE_REST_MOST_PERCENT;
             let mut nodes_left = 2_000_000;
             let mut stop = |_: &Progress| false;
             let mut control = Control::new(&mut stop);
             let mut modules = Modules::new(true, 0);
             let (placement, used) = modules.place(&items, &members, &sections, height, &mut nodes_left, &mut control);
             assert_eq!(used + nodes_left, 2_000_000, "the nodes spent are the nodes taken from the allowance");
+            assert_eq!(placement.is_some(), tried, "seed {seed}: {} modules, rest of {rest}", found.len());
             if let Some(placement) = placement {
                 check_placement(&buffers, &placement.offsets, 1, placement.peak, Some(height))
                     .unwrap_or_else(|v| panic!("seed {seed}: the checker rejects the modules' placement: {v:?}"));
                 placed += 1;
             }
         }
-        assert!(placed >= 3, "only {placed} of the packings with modules placed through them");
+        assert_eq!(placed, 5, "the packings with modules that pass the rule, seeds 0-15");
     }
 
     #[test]
