@@ -628,6 +628,11 @@ struct Filled {
     shared: search::Shared,
     /// The filled instance's window modules (it has zero slack), kept across its searches.
     modules: modules::Modules,
+    /// Whether its flat splits still run each search with the round's allowance; `false` once a
+    /// *near-perfect* instance's have run with all the budget (`NEAR_PERFECT_BUFFERS_PER_FILLER`).
+    splits_pending: bool,
+    /// Few fillers: the component is a perfect packing with a few pieces missing.
+    near_perfect: bool,
 }
 
 /// How `Filled` cuts the slack profile into fillers. The same profile comes from holes of many
@@ -646,6 +651,15 @@ enum FillerShape {
 /// The most fillers, as a share of the component's buffers (1/`FILLERS_PER_BUFFER`): with more,
 /// the capacity is far from zero slack and fillers only add choices.
 pub const FILLERS_PER_BUFFER: usize = 4;
+
+/// A filled instance with at least this many buffers per filler is *near perfect*: its flat
+/// splits run once with all the budget, as a zero-slack component's do, rather than with each
+/// round's allowance (their own work limits bound them). Perfect packings with a few pieces
+/// deleted (the holes sets: 29-127 buffers per filler) often split at once then: holes 500 seed 5
+/// in 0.08 s, 4.5 s by rounds. On MiniMalloc's A-K, I (6-7), J (4) and K (13-16) stay below, where
+/// splitting every filled instance first had cost them 2.7-28x their time; A, B and C (17-33) have
+/// near-perfect filled instances but are placed with the same nodes (BENCHMARKS.md).
+pub const NEAR_PERFECT_BUFFERS_PER_FILLER: usize = 25;
 
 impl Filled {
     /// The filled instance of a component `depth` modules deep; `None` when the component needs no
@@ -714,23 +728,43 @@ impl Filled {
         let ranks = search_ranks(&filled, &all, &sections);
         let shared = search::Shared::new(&filled, &all, &sections, capacity);
         let modules = modules::Modules::new(true, depth);
-        Some(Filled { items: filled, members: all, own, sections, overlaps, ranks, shared, modules })
+        let near_perfect = (filled.len() - own) * NEAR_PERFECT_BUFFERS_PER_FILLER <= own;
+        Some(Filled {
+            items: filled,
+            members: all,
+            own,
+            sections,
+            overlaps,
+            ranks,
+            shared,
+            modules,
+            splits_pending: true,
+            near_perfect,
+        })
     }
 
-    /// Flat splits, then window modules, then the skyline search under each tie-break order, each
-    /// with `limit` nodes; the placement of the component's own buffers if one is found.
+    /// Flat splits (a near-perfect instance's with all the budget, the first time only), then
+    /// window modules, then the skyline search under each tie-break order, each with `limit`
+    /// nodes; the placement of the component's own buffers if one is found.
     fn search(&mut self, capacity: u64, limit: u64, budget: &mut Budget) -> Option<ComponentPlacement> {
         let own = |placement: ComponentPlacement| {
             let offsets: Vec<u64> = placement.offsets[..self.own].to_vec();
             let peak = offsets.iter().zip(&self.items).map(|(o, item)| o + item.size).max().unwrap_or(0);
             ComponentPlacement { offsets, peak }
         };
-        let mut split_budget = limit.saturating_mul(self.ranks.len() as u64).min(*budget.nodes_left);
-        let (placement, used) = split::place(&self.items, &self.members, capacity, &mut split_budget, budget.control);
-        *budget.nodes_left -= used;
-        *budget.nodes += used;
-        if let Some(placement) = placement {
-            return Some(own(placement));
+        if self.splits_pending {
+            // A near-perfect instance's splits once with all the budget (their own work limits
+            // bound them), the others' again each round with its allowance.
+            let allowance = if self.near_perfect { u64::MAX } else { limit.saturating_mul(self.ranks.len() as u64) };
+            let mut split_budget = allowance.min(*budget.nodes_left);
+            self.splits_pending = !self.near_perfect;
+            let (placement, used) =
+                split::place(&self.items, &self.members, capacity, &mut split_budget, budget.control);
+            *budget.nodes_left -= used;
+            *budget.nodes += used;
+            if let Some(placement) = placement {
+                return Some(own(placement));
+            }
         }
         // The filled instance has zero slack: its window modules, with as many nodes as the splits.
         let allowance = limit.saturating_mul(self.ranks.len() as u64);

@@ -536,3 +536,33 @@ fn split_off_parts_keep_the_search_exact() {
         }
     }
 }
+
+/// A perfect packing with a few pieces deleted has few fillers per buffer, so its filled instance
+/// is near perfect and its flat splits run once with all the budget: holes 500 seed 5 is then
+/// placed within a million nodes (461,364), where the round-by-round allowance had not placed it
+/// (`NEAR_PERFECT_BUFFERS_PER_FILLER`). With a fifth of the pieces deleted, the filled
+/// instances are not near perfect.
+#[test]
+fn near_perfect_filled_instances_split_with_all_the_budget() {
+    let height = 1 << 20;
+    let buffers = crate::generate::with_holes(5, 500, 10, 2000, height);
+    let options = SolveOptions { capacity: Some(height), alignment: 1, budget_nodes: 1_000_000 };
+    let solution = solve(&buffers, &options).expect("placed within the budget");
+    check_placement(&buffers, &solution.offsets, 1, solution.peak, Some(height)).unwrap();
+    assert_eq!(solution.peak, height);
+
+    let near_perfect = |buffers: &[BufferLifetime], capacity: u64| -> Vec<bool> {
+        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let members: Vec<u32> = (0..items.len() as u32).collect();
+        let sections = Sections::new(&items, &members);
+        [FillerShape::Nested, FillerShape::Runs]
+            .into_iter()
+            .filter_map(|shape| Filled::new(&items, &members, &sections, capacity, shape, 0))
+            .map(|filled| filled.near_perfect)
+            .collect()
+    };
+    assert_eq!(near_perfect(&buffers, height), [true, true]);
+    let holed = crate::generate::with_holes(5, 300, 60, 1200, height);
+    let holed_filled = near_perfect(&holed, height);
+    assert!(!holed_filled.is_empty() && holed_filled.iter().all(|&near| !near), "{holed_filled:?}");
+}
