@@ -16,7 +16,7 @@
 
 use alloc::vec::Vec;
 
-use super::sections::Sections;
+use super::sections::{Rows, Sections};
 use super::Item;
 
 /// Sections per buffer whose subset sums are intersected (the sparsest ones).
@@ -28,9 +28,52 @@ pub const DOMAIN_MOST_OTHERS: usize = 12;
 /// Domains with more values than this are dropped (they prune little and cost memory).
 pub const DOMAIN_MOST_VALUES: usize = 1 << 14;
 
+/// Sections with more buffers than this are not tiled (`Tiler`: a set of placed buffers is one
+/// 64-bit mask, and the mask of all ones marks an empty slot of `MaskTable`).
+pub const TILING_MOST_BUFFERS: usize = 63;
+
+/// Domains with at most this many values are listed by offset for the tilings (`Tiler`), the
+/// larger ones asked one by one.
+pub const TILING_LISTED_VALUES: usize = 64;
+
+/// Sections with more buffers than this whose domains are not listed (none, or more than
+/// `TILING_LISTED_VALUES` values) are not tiled: nearly every order of them tiles, so the tilings
+/// are too many to list and narrow nothing.
+pub const TILING_MOST_UNLISTED: usize = 12;
+
+/// The states one section's tiling may visit before it is given up (nothing concluded from it),
+/// in the first round of tilings; each round after allows four times as many, up to
+/// `TILING_SECTION_WORK`.
+pub const TILING_FIRST_SECTION_WORK: u64 = 1024;
+
+/// The most states one section's tiling may visit.
+pub const TILING_SECTION_WORK: u64 = 65536;
+
+/// The states the tilings may visit when the domains are made, per buffer of the component; the
+/// searches that go on longer tighten them further (`Domains::tighten`).
+pub const TILING_FIRST_WORK_PER_BUFFER: u64 = 64;
+
 /// The offset domain of each buffer (local index), sorted; `None`: any offset.
 pub(crate) struct Domains {
     values: Vec<Option<Vec<u64>>>,
+    /// Some section has no tiling with offsets from the domains: no zero-slack placement exists.
+    refuted: bool,
+    /// Where the tilings stand, resumed by each `tighten`.
+    tightening: Tightening,
+}
+
+/// The sections still to tile (`Domains::tighten`), in rounds by a work limit per section.
+struct Tightening {
+    rows: Rows,
+    capacity: u64,
+    /// The sections of this round still to tile, in order from `at`; `queued` marks them.
+    queue: Vec<usize>,
+    at: usize,
+    queued: Vec<bool>,
+    /// Sections given up in this round, for the next.
+    given_up: Vec<usize>,
+    /// The work limit per section in this round.
+    limit: u64,
 }
 
 impl Domains {
@@ -83,7 +126,121 @@ impl Domains {
                 domain.filter(|d| d.len() <= DOMAIN_MOST_VALUES)
             })
             .collect();
-        values.iter().any(Option::is_some).then_some(Domains { values })
+        if values.iter().all(Option::is_none) {
+            return None;
+        }
+        // Sparsest sections first: their tilings are fewest, and narrow the others' domains.
+        let mut queue: Vec<usize> = (0..sections.len()).filter(|&s| rows.of(s).len() <= TILING_MOST_BUFFERS).collect();
+        queue.sort_by_key(|&s| (rows.of(s).len(), s));
+        let mut queued = alloc::vec![false; sections.len()];
+        for &s in &queue {
+            queued[s] = true;
+        }
+        let tightening =
+            Tightening { rows, capacity, queue, at: 0, queued, given_up: Vec::new(), limit: TILING_FIRST_SECTION_WORK };
+        let mut domains = Domains { values, refuted: false, tightening };
+        domains
+            .tighten(items, members, TILING_FIRST_WORK_PER_BUFFER.saturating_mul(members.len() as u64), &mut |_| false);
+        Some(domains)
+    }
+
+    /// Whether some section has no tiling with offsets from the domains (then no placement at
+    /// this capacity exists: a proof, as the domains hold every offset a placement can use).
+    pub(crate) fn refuted(&self) -> bool {
+        self.refuted
+    }
+
+    /// Keeps in each domain only the offsets some *tiling* of a section uses: an order of the
+    /// section's buffers, stacked from 0 to the capacity without a gap, each at an offset in its
+    /// domain. Every zero-slack placement tiles every section so, so a value no tiling of one of
+    /// the buffer's sections uses is no value of any placement. A section with no tiling at all
+    /// refutes the capacity. Sections whose domains changed are tiled again. A section whose
+    /// tilings take more states than the round's limit waits for the next round, with four times
+    /// the limit (up to `TILING_SECTION_WORK`), when the others may have narrowed its domains.
+    /// Spends at most `work` states, telling `spent` after each section (it answers whether to
+    /// stop), and returns how many it spent; a section is begun only with room for its whole
+    /// limit, and the next call goes on where this one stopped, so the searches that run longer
+    /// tighten the domains further.
+    ///
+    /// Why: the domains of one buffer come from a few sections each, and a section's buffers may
+    /// each have values although no two of them fit together. A module of pinwheel 500 seed 4
+    /// (72 buffers, 16 sections) has a 17-buffer section that no tiling fills: refuted here in a
+    /// few thousand states, where the skyline search spent 47 M nodes in 30 s without a proof;
+    /// another (103 buffers) is placed in 1.2 M nodes with narrowed domains, 6.0 M without
+    /// (BENCHMARKS.md).
+    pub(crate) fn tighten(
+        &mut self,
+        items: &[Item],
+        members: &[u32],
+        work: u64,
+        spent: &mut dyn FnMut(u64) -> bool,
+    ) -> u64 {
+        let mut work_left = work;
+        while work_left > 0 && !self.refuted {
+            let t = &mut self.tightening;
+            if t.at == t.queue.len() {
+                // The round is over: the sections given up go again with a larger limit.
+                if t.given_up.is_empty() || t.limit >= TILING_SECTION_WORK {
+                    break;
+                }
+                t.limit = t.limit.saturating_mul(4).min(TILING_SECTION_WORK);
+                t.given_up.sort_unstable_by_key(|&s| (t.rows.of(s).len(), s));
+                t.given_up.dedup();
+                t.queue = core::mem::take(&mut t.given_up);
+                t.at = 0;
+                for &s in &t.queue {
+                    t.queued[s] = true;
+                }
+            }
+            if work_left < t.limit {
+                break; // not enough left for this section: the next call begins with it
+            }
+            let section = t.queue[t.at];
+            t.at += 1;
+            t.queued[section] = false;
+            let (capacity, limit) = (t.capacity, t.limit);
+            let held = self.tightening.rows.of(section);
+            let Some(mut tiler) = Tiler::new(self, items, members, held, capacity, limit) else {
+                continue; // too many buffers nearly free (`TILING_MOST_UNLISTED`)
+            };
+            let tiled = tiler.tile(0, 0);
+            work_left -= tiler.work;
+            if spent(tiler.work) {
+                // Stopped: this section's outcome still holds, the rest waits.
+                work_left = 0;
+            }
+            if tiler.work >= tiler.work_limit {
+                self.tightening.given_up.push(section); // nothing concluded yet
+                continue;
+            }
+            if !tiled {
+                self.refuted = true;
+                break;
+            }
+            let used = tiler.used;
+            let t = &mut self.tightening;
+            for (position, mut used) in used.into_iter().enumerate() {
+                let l = t.rows.of(section)[position] as usize;
+                used.sort_unstable();
+                used.dedup();
+                let narrower = match &self.values[l] {
+                    Some(domain) => used.len() < domain.len(),
+                    None => used.len() <= DOMAIN_MOST_VALUES,
+                };
+                if narrower {
+                    self.values[l] = Some(used);
+                    // The buffer's other sections may narrow further.
+                    let (start, end) = t.rows.spans[l];
+                    for other in start as usize..end as usize {
+                        if !t.queued[other] && t.rows.of(other).len() <= TILING_MOST_BUFFERS {
+                            t.queued[other] = true;
+                            t.queue.push(other);
+                        }
+                    }
+                }
+            }
+        }
+        work - work_left
     }
 
     /// Whether buffer `l` may sit at `offset`.
@@ -100,6 +257,151 @@ impl Domains {
             None => from,
             Some(d) => d.get(d.partition_point(|&v| v < from)).copied().unwrap_or(u64::MAX),
         }
+    }
+}
+
+/// The tilings of one section: orders of its buffers stacked from 0 to the capacity, each at an
+/// offset in its domain; what offsets they use. `None` from `new` when more than
+/// `TILING_MOST_UNLISTED` of its buffers have no listed domain.
+struct Tiler<'d> {
+    domains: &'d Domains,
+    /// The section's buffers (local indices), by position.
+    held: &'d [u32],
+    /// Per position, its size.
+    size: Vec<u64>,
+    /// Every (offset, position) a small domain (`TILING_LISTED_VALUES`) allows, sorted: the
+    /// buffers that may start at an offset are one range of it.
+    starts: Vec<(u64, u32)>,
+    /// The positions whose buffers have no domain or a large one, as a mask (asked one by one).
+    unlisted: u64,
+    capacity: u64,
+    /// Per position, the offsets it takes in some tiling found.
+    used: Vec<Vec<u64>>,
+    /// Sets of placed buffers (masks over the positions) already searched, and whether a tiling
+    /// goes on from them: the offset reached is their total, so the set alone is the state.
+    seen: MaskTable,
+    work: u64,
+    work_limit: u64,
+}
+
+impl<'d> Tiler<'d> {
+    fn new(
+        domains: &'d Domains,
+        items: &[Item],
+        members: &[u32],
+        held: &'d [u32],
+        capacity: u64,
+        work_limit: u64,
+    ) -> Option<Tiler<'d>> {
+        let listed = |l: u32| domains.values[l as usize].as_ref().filter(|d| d.len() <= TILING_LISTED_VALUES);
+        let unlisted =
+            held.iter().enumerate().filter(|&(_, &l)| listed(l).is_none()).fold(0u64, |m, (p, _)| m | 1 << p);
+        if unlisted.count_ones() as usize > TILING_MOST_UNLISTED {
+            return None;
+        }
+        let size = held.iter().map(|&l| items[members[l as usize] as usize].size).collect();
+        let mut starts: Vec<(u64, u32)> = Vec::new();
+        for (position, &l) in held.iter().enumerate() {
+            starts.extend(listed(l).into_iter().flatten().map(|&v| (v, position as u32)));
+        }
+        starts.sort_unstable();
+        let used = alloc::vec![Vec::new(); held.len()];
+        let seen = MaskTable::new();
+        Some(Tiler { domains, held, size, starts, unlisted, capacity, used, seen, work: 0, work_limit })
+    }
+
+    /// Whether the buffers not in `placed` (whose total is `offset`) tile `[offset, capacity)`;
+    /// records the offsets every tiling through here uses. Stops (returning `false`) once the
+    /// work limit is reached: the caller then concludes nothing.
+    fn tile(&mut self, placed: u64, offset: u64) -> bool {
+        if offset == self.capacity {
+            return true; // zero slack: every buffer is placed exactly here
+        }
+        if let Some(live) = self.seen.get(placed) {
+            return live;
+        }
+        if self.work >= self.work_limit {
+            return false;
+        }
+        self.work += 1;
+        let first = self.starts.partition_point(|&(v, _)| v < offset);
+        let here = self.starts[first..].iter().take_while(|&&(v, _)| v == offset).map(|&(_, p)| p);
+        let mut candidates = 0u64;
+        for position in here {
+            candidates |= 1 << position;
+        }
+        let mut unlisted = self.unlisted & !placed;
+        while unlisted != 0 {
+            let position = unlisted.trailing_zeros() as usize;
+            unlisted &= unlisted - 1;
+            if self.domains.allows(self.held[position] as usize, offset) {
+                candidates |= 1 << position;
+            }
+        }
+        candidates &= !placed;
+        let mut any = false;
+        while candidates != 0 {
+            let position = candidates.trailing_zeros() as usize;
+            candidates &= candidates - 1;
+            let Some(top) = offset.checked_add(self.size[position]).filter(|&t| t <= self.capacity) else { continue };
+            if self.tile(placed | 1 << position, top) {
+                self.used[position].push(offset);
+                any = true;
+            }
+            if self.work >= self.work_limit {
+                return false;
+            }
+        }
+        self.seen.insert(placed, any);
+        any
+    }
+}
+
+/// A set of 64-bit masks, each with one bit of value: open addressing with linear probing
+/// (`u64::MAX` marks an empty slot: masks are over at most `TILING_MOST_BUFFERS` = 63 positions,
+/// so none is all ones).
+struct MaskTable {
+    slots: Vec<(u64, bool)>,
+    len: usize,
+}
+
+impl MaskTable {
+    fn new() -> MaskTable {
+        MaskTable { slots: alloc::vec![(u64::MAX, false); 64], len: 0 }
+    }
+
+    fn home(&self, mask: u64) -> usize {
+        (mask.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & (self.slots.len() - 1)
+    }
+
+    fn get(&self, mask: u64) -> Option<bool> {
+        let mut slot = self.home(mask);
+        loop {
+            match self.slots[slot] {
+                (u64::MAX, _) => return None,
+                (held, value) if held == mask => return Some(value),
+                _ => slot = (slot + 1) & (self.slots.len() - 1),
+            }
+        }
+    }
+
+    fn insert(&mut self, mask: u64, value: bool) {
+        if 2 * (self.len + 1) > self.slots.len() {
+            let grown = alloc::vec![(u64::MAX, false); 2 * self.slots.len()];
+            let old = core::mem::replace(&mut self.slots, grown);
+            self.len = 0;
+            for (held, value) in old.into_iter().filter(|&(held, _)| held != u64::MAX) {
+                self.insert(held, value);
+            }
+        }
+        let mut slot = self.home(mask);
+        while self.slots[slot].0 != u64::MAX && self.slots[slot].0 != mask {
+            slot = (slot + 1) & (self.slots.len() - 1);
+        }
+        if self.slots[slot].0 == u64::MAX {
+            self.len += 1;
+        }
+        self.slots[slot] = (mask, value);
     }
 }
 

@@ -331,6 +331,9 @@ fn solve_nested(
             }
         }
         target = target.max(leaf.base + leaf.best.peak);
+        if capacity_units.is_some_and(|c| leaf.base + leaf.proven_lower > c) {
+            break; // proven infeasible under the capacity: the other leaves cannot change that
+        }
     }
 
     let mut proven_lower_units = peak_units;
@@ -420,6 +423,26 @@ impl Budget<'_, '_> {
     }
 }
 
+impl Budget<'_, '_> {
+    /// Tightens a zero-slack search's domains (`search::Shared::tighten`) with at most
+    /// `allowance` of the nodes left, one state of a tiling counted as a node; the stop callback
+    /// is polled after each section tiled.
+    fn tighten(&mut self, shared: &mut search::Shared, (items, members): (&[Item], &[u32]), allowance: u64) {
+        let allowance = allowance.min(*self.nodes_left);
+        let control = &mut *self.control;
+        let spent = shared.tighten(items, members, allowance, &mut |spent| control.tick(spent));
+        *self.nodes_left -= spent;
+        *self.nodes += spent;
+    }
+}
+
+/// A zero-slack search past its first round tightens its domains (`domains::Domains::tighten`)
+/// by up to this many tiling states per node its restarts may take in the round. A state costs
+/// about a third of a node, and a value dropped from a domain is dropped from every later restart:
+/// with 1 per node pinwheel 500 seeds 2 and 4 took 1.3-1.9 s, with 16 0.7-1.0 s and 0.4-0.5 s
+/// (BENCHMARKS.md); the tilings stop by themselves when every section is settled or given up.
+pub const TIGHTEN_PER_RESTART_NODE: u64 = 16;
+
 /// How a leaf's new peak becomes the arena's, for the progress shown.
 #[derive(Clone, Copy)]
 struct Shown {
@@ -476,7 +499,15 @@ impl LeafState {
         // measured (MiniMalloc's H took 3x the nodes). Kept across the rounds: a module placed in
         // one is not placed again.
         let mut modules = modules::Modules::new(zero_slack, budget.depth);
+        let first_limit = limit;
         loop {
+            if limit > first_limit {
+                // A search that goes on past its first round tightens its domains (see
+                // `TIGHTEN_PER_RESTART_NODE`): cheap instances never pay for it, hard ones in
+                // proportion.
+                let allowance = limit.saturating_mul(ranks.len() as u64).saturating_mul(TIGHTEN_PER_RESTART_NODE);
+                budget.tighten(&mut shared, (items, members), allowance);
+            }
             for (index, rank) in ranks.iter().enumerate() {
                 // The filled searches after the first two restarts of a round: they take as many
                 // nodes as all the restarts, and searching them first cost MiniMalloc's J and K
@@ -556,13 +587,23 @@ impl LeafState {
         // all the budget, like a capacity: flat splits settle those whole, and cut into rounds
         // they would start over each time.
         let zero_slack_goal = Some(goal).filter(|&g| self.sections.totals.iter().all(|&t| t == g));
-        for capacity in [capacity, zero_slack_goal] {
-            if let Some(capacity) = capacity.map(|c| c.max(self.proven_lower)).filter(|&c| c < self.best.peak) {
+        // A capacity asked for and proven too small is the answer: lowering the peak above it
+        // only spends the budget (a module's part proven infeasible would spend its whole
+        // allowance so).
+        let refuted = |proven_lower: u64| capacity.is_some_and(|c| proven_lower > c);
+        for probe in [capacity, zero_slack_goal] {
+            if refuted(self.proven_lower) {
+                return Improvement::Settled;
+            }
+            if let Some(capacity) = probe.map(|c| c.max(self.proven_lower)).filter(|&c| c < self.best.peak) {
                 match self.search_with_restarts(items, members, overlaps, &ranks, capacity, budget) {
                     SearchOutcome::BudgetExhausted => return Improvement::BudgetExhausted,
                     outcome => record(&mut self.best, &mut self.proven_lower, self.base, outcome, capacity, budget),
                 }
             }
+        }
+        if refuted(self.proven_lower) {
+            return Improvement::Settled;
         }
         let mut allowance = DESCENT_FIRST_NODES_PER_BUFFER.saturating_mul(members.len() as u64);
         loop {
@@ -633,6 +674,8 @@ struct Filled {
     splits_pending: bool,
     /// Few fillers: the component is a perfect packing with a few pieces missing.
     near_perfect: bool,
+    /// How many times `search` ran.
+    searches: u32,
 }
 
 /// How `Filled` cuts the slack profile into fillers. The same profile comes from holes of many
@@ -740,6 +783,7 @@ impl Filled {
             modules,
             splits_pending: true,
             near_perfect,
+            searches: 0,
         })
     }
 
@@ -766,6 +810,12 @@ impl Filled {
                 return Some(own(placement));
             }
         }
+        if self.searches > 0 {
+            // As the component's own search does after its first round (`search_with_restarts`).
+            let allowance = limit.saturating_mul(self.ranks.len() as u64).saturating_mul(TIGHTEN_PER_RESTART_NODE);
+            budget.tighten(&mut self.shared, (&self.items, &self.members), allowance);
+        }
+        self.searches += 1;
         // The filled instance has zero slack: its window modules, with as many nodes as the splits.
         let allowance = limit.saturating_mul(self.ranks.len() as u64);
         let filled = (&self.items[..], &self.members[..], &self.sections);

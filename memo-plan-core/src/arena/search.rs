@@ -78,6 +78,20 @@ impl Shared {
         }
     }
 
+    /// Tightens the zero-slack domains by at most `work` states of section tilings
+    /// (`Domains::tighten`, which tells `spent` as it goes); returns the states spent (0 without
+    /// domains). The refuted states stay refuted: narrower domains only drop placements that
+    /// never existed.
+    pub(crate) fn tighten(
+        &mut self,
+        items: &[Item],
+        members: &[u32],
+        work: u64,
+        spent: &mut dyn FnMut(u64) -> bool,
+    ) -> u64 {
+        self.domains.as_mut().map_or(0, |domains| domains.tighten(items, members, work, spent))
+    }
+
     /// No domains (tests compare the search with and without them).
     #[cfg(test)]
     pub(crate) fn without_domains(sections: &Sections) -> Shared {
@@ -252,6 +266,9 @@ pub(crate) fn search(
     nodes_left: &mut u64,
     control: &mut Control,
 ) -> (SearchOutcome, u64) {
+    if shared.domains.as_ref().is_some_and(Domains::refuted) {
+        return (SearchOutcome::Infeasible, 0); // a section no tiling fills (`domains`)
+    }
     let n = members.len();
     let section_count = sections.len();
     let rows = sections.rows(items, members);

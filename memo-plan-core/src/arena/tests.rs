@@ -566,3 +566,85 @@ fn near_perfect_filled_instances_split_with_all_the_budget() {
     let holed_filled = near_perfect(&holed, height);
     assert!(!holed_filled.is_empty() && holed_filled.iter().all(|&near| !near), "{holed_filled:?}");
 }
+
+/// Tightening (`domains::Domains::tighten`) only drops offsets no zero-slack placement uses: on
+/// the small instances of `zero_slack_domains_keep_the_search_exact`, tightened until nothing is
+/// left to tile, the search reaches the same verdict as without domains, and some instances are
+/// refuted by a section no tiling fills before any search.
+#[test]
+fn tightened_domains_keep_the_search_exact() {
+    let mut rng = SplitMix64::new(29);
+    let (mut refuted, mut narrowed) = (0, 0);
+    for case in 0..300 {
+        let mut buffers = random_buffers(&mut rng, 6 + case % 10, 10, 12);
+        let capacity = lower_bound(&buffers, 1);
+        let horizon = buffers.iter().map(|b| b.upper).max().unwrap_or(0);
+        // One filler per step, so every step is full and the fillers are free to move.
+        for t in 0..horizon {
+            let live: u64 = buffers.iter().filter(|b| b.lower <= t && t < b.upper).map(|b| b.size).sum();
+            if live < capacity {
+                buffers.push(buf(t, t + 1, capacity - live));
+            }
+        }
+        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let members: Vec<u32> = (0..items.len() as u32).collect();
+        let sections = Sections::new(&items, &members);
+        let mut shared = search::Shared::new(&items, &members, &sections, capacity);
+        let spent = shared.tighten(&items, &members, 1 << 24, &mut |_| false);
+        narrowed += usize::from(spent > 0);
+        let rank: Vec<u32> = (0..items.len() as u32).collect();
+        let style = search::Style { guided: true, rightmost: false, contention: false, by_section: false };
+        let found = |shared: &mut search::Shared| match search_unstopped(&items, &rank, style, shared, capacity).0 {
+            SearchOutcome::Found(placement) => {
+                assert!(placement.peak <= capacity);
+                true
+            }
+            SearchOutcome::Infeasible => false,
+            SearchOutcome::BudgetExhausted => panic!("case {case}: unbounded search stopped"),
+        };
+        let tightened = found(&mut shared);
+        let plain = found(&mut search::Shared::without_domains(&sections));
+        assert_eq!(tightened, plain, "case {case}: {buffers:?}");
+        refuted += usize::from(search_unstopped(&items, &rank, style, &mut shared, capacity).1 == 0 && !plain);
+    }
+    assert!(narrowed > 100 && refuted > 0, "tilings ran on {narrowed} instances, refuted {refuted}");
+}
+
+/// The generators' own placements pass tightened domains: every buffer's offset in the tiling a
+/// perfect packing was cut from stays in its domain, with sizes down to a single byte.
+#[test]
+fn tightening_keeps_the_offsets_of_a_known_placement() {
+    for seed in 0..12u64 {
+        let (count, height) = (40 + 10 * seed as usize, [64, 1 << 10, 1 << 20][seed as usize % 3]);
+        let buffers = crate::generate::non_guillotine(seed, count, 2 * count as u32, height);
+        let offsets = crate::generate::non_guillotine_offsets(seed, count, 2 * count as u32, height);
+        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let members: Vec<u32> = (0..items.len() as u32).collect();
+        let sections = Sections::new(&items, &members);
+        let Some(mut domains) = domains::Domains::of(&items, &members, &sections, height) else { continue };
+        domains.tighten(&items, &members, 1 << 24, &mut |_| false);
+        assert!(!domains.refuted(), "seed {seed}: a packable instance refuted");
+        for (l, &offset) in offsets.iter().enumerate() {
+            assert!(domains.allows(l, offset), "seed {seed}: buffer {l} lost its offset {offset}");
+        }
+    }
+}
+
+/// A module of pinwheel 500 seed 4 that no placement packs at its height (the live total of
+/// every step): one of its sections has no tiling with offsets from the domains, so the solve
+/// ends with the proof within 100,000 nodes (the skyline search alone took 47 M nodes, 30 s,
+/// without one), and does not go on lowering the peak above the capacity.
+#[test]
+fn an_unpackable_module_is_refuted_by_its_tilings() {
+    let trace = parse_trace(include_bytes!("testdata/pinwheel_500_4_unpackable_module.csv")).unwrap();
+    let capacity = 635_594;
+    assert_eq!(lower_bound(&trace.buffers, 1), capacity);
+    let options = SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: 100_000 };
+    let mut nodes = 0;
+    let result = solve_with(&trace.buffers, &options, &mut |p: &Progress| {
+        nodes = p.nodes;
+        false
+    });
+    assert_eq!(result, Err(SolveError::ProvenInfeasible { capacity, lower_bound: capacity + 1 }));
+    assert!(nodes < 100_000, "{nodes} nodes");
+}
