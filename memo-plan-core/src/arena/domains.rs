@@ -164,10 +164,9 @@ impl Domains {
     ///
     /// Why: the domains of one buffer come from a few sections each, and a section's buffers may
     /// each have values although no two of them fit together. A module of pinwheel 500 seed 4
-    /// (72 buffers, 16 sections) has a 17-buffer section that no tiling fills: refuted here in a
-    /// few thousand states, where the skyline search spent 47 M nodes in 30 s without a proof;
-    /// another (103 buffers) is placed in 1.2 M nodes with narrowed domains, 6.0 M without
-    /// (BENCHMARKS.md).
+    /// (72 buffers, 16 sections) has a 17-buffer section that no tiling fills: refuted in 27,308
+    /// nodes, where the skyline search spent 47 M nodes in 30 s without a proof; another (103
+    /// buffers) is placed in 0.5 M nodes with tightened domains, 6.0 M without (BENCHMARKS.md).
     pub(crate) fn tighten(
         &mut self,
         items: &[Item],
