@@ -421,9 +421,7 @@ impl Budget<'_, '_> {
         *self.nodes += used;
         placement
     }
-}
 
-impl Budget<'_, '_> {
     /// Tightens a zero-slack search's domains (`search::Shared::tighten`) with at most
     /// `allowance` of the nodes left, one state of a tiling counted as a node; the stop callback
     /// is polled after each section tiled.
