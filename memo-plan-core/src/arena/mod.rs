@@ -434,12 +434,14 @@ impl Budget<'_, '_> {
     }
 }
 
-/// A zero-slack search past its first round tightens its domains (`domains::Domains::tighten`)
-/// by up to this many tiling states per node its restarts may take in the round. A state costs
-/// about a third of a node, and a value dropped from a domain is dropped from every later restart:
-/// with 1 per node pinwheel 500 seeds 2 and 4 took 1.3-1.9 s, with 16 0.7-1.0 s and 0.4-0.5 s
-/// (BENCHMARKS.md); the tilings stop by themselves when every section is settled or given up.
-pub const TIGHTEN_PER_RESTART_NODE: u64 = 16;
+/// A zero-slack search past its first round (a leaf's, or a filled instance's from its second
+/// search) tightens its domains (`domains::Domains::tighten`) by up to this many tiling states per
+/// node its restarts may take in the round. A state costs a fraction of a node, and a value dropped
+/// from a domain is dropped from every later restart; the tilings stop by themselves when every
+/// section is settled or given up. Pinwheel 500 seeds 2 and 4 took 1.3-1.9 s with 1 per node,
+/// 0.7-1.0 s and 0.4-0.5 s with 16, the same with 64; holes 500 seed 2, through its filled
+/// instances, 1.9 s with 16 and 0.85 s with 64 (BENCHMARKS.md).
+pub const TIGHTEN_PER_RESTART_NODE: u64 = 64;
 
 /// How a leaf's new peak becomes the arena's, for the progress shown.
 #[derive(Clone, Copy)]
