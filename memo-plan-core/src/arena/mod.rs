@@ -198,6 +198,15 @@ pub(crate) struct Item {
     pub size: u64,
 }
 
+#[cfg(test)]
+impl Item {
+    /// The items of `buffers` as they are (alignment 1, none empty), in order: tests build their
+    /// components straight from generated buffers.
+    pub(crate) fn all_of(buffers: &[BufferLifetime]) -> Vec<Item> {
+        buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect()
+    }
+}
+
 /// Places `buffers` (see the module docs). Deterministic: the same input and options give the same
 /// offsets on every platform.
 pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solution, SolveError> {
@@ -674,8 +683,8 @@ struct Filled {
     splits_pending: bool,
     /// Few fillers: the component is a perfect packing with a few pieces missing.
     near_perfect: bool,
-    /// How many times `search` ran.
-    searches: u32,
+    /// Whether `search` ran before (its later runs tighten the domains).
+    searched: bool,
 }
 
 /// How `Filled` cuts the slack profile into fillers. The same profile comes from holes of many
@@ -783,7 +792,7 @@ impl Filled {
             modules,
             splits_pending: true,
             near_perfect,
-            searches: 0,
+            searched: false,
         })
     }
 
@@ -810,12 +819,12 @@ impl Filled {
                 return Some(own(placement));
             }
         }
-        if self.searches > 0 {
+        if self.searched {
             // As the component's own search does after its first round (`search_with_restarts`).
             let allowance = limit.saturating_mul(self.ranks.len() as u64).saturating_mul(TIGHTEN_PER_RESTART_NODE);
             budget.tighten(&mut self.shared, (&self.items, &self.members), allowance);
         }
-        self.searches += 1;
+        self.searched = true;
         // The filled instance has zero slack: its window modules, with as many nodes as the splits.
         let allowance = limit.saturating_mul(self.ranks.len() as u64);
         let filled = (&self.items[..], &self.members[..], &self.sections);

@@ -269,10 +269,6 @@ mod tests {
     use crate::check::check_placement;
     use crate::generate::non_guillotine;
 
-    fn items_of(buffers: &[BufferLifetime]) -> Vec<Item> {
-        buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect()
-    }
-
     /// Steps 0..4, every one 17 units full, in three sections: steps 0..1, 1..3 and 3..4.
     fn two_overlapping_modules() -> [Item; 5] {
         [
@@ -309,7 +305,7 @@ mod tests {
         let mut placed = 0;
         for seed in 0..16 {
             let buffers = non_guillotine(seed, 60, 240, height);
-            let items = items_of(&buffers);
+            let items = Item::all_of(&buffers);
             let members: Vec<u32> = (0..items.len() as u32).collect();
             let sections = Sections::new(&items, &members);
             assert!(sections.totals.iter().all(|&t| t == height), "the generator's packings are perfect");
@@ -352,7 +348,7 @@ mod tests {
     #[test]
     fn the_nesting_stops_at_its_depth_limit() {
         let buffers = non_guillotine(1, 40, 160, 1 << 12);
-        let items = items_of(&buffers);
+        let items = Item::all_of(&buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
         let mut nodes_left = 1_000;

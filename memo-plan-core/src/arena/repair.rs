@@ -219,7 +219,7 @@ mod tests {
     fn lowers_the_sweep_peak_of_a_pipelined_graph_and_stays_valid() {
         let graph = GraphShape { blocks: 2, ops_per_block: 40, activation_bytes: 1 << 28 };
         let buffers = pipelined_graph(0, PipelineShape { graph, micro_batches: 6, stagger: 6 });
-        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let items = Item::all_of(&buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let mut placement = by_start(&items, &members);
         let before = placement.peak;
@@ -240,7 +240,7 @@ mod tests {
     fn peak_first_stacks_the_most_live_step_and_stays_valid() {
         let graph = GraphShape { blocks: 2, ops_per_block: 40, activation_bytes: 1 << 28 };
         let buffers = pipelined_graph(1, PipelineShape { graph, micro_batches: 6, stagger: 6 });
-        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let items = Item::all_of(&buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sweep = by_start(&items, &members);
         let lower = crate::lower_bound(&buffers, 1);

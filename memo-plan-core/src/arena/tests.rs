@@ -402,7 +402,7 @@ fn zero_slack_domains_keep_the_search_exact() {
             t = end;
         }
         buffers.extend(fillers);
-        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let items = Item::all_of(&buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
         assert!(domains::Domains::of(&items, &members, &sections, capacity).is_some(), "zero slack");
@@ -467,7 +467,7 @@ fn a_stop_at_any_poll_still_gives_a_checked_placement() {
         operator_graph(1, GraphShape { blocks: 24, ops_per_block: 250, activation_bytes: 1 << 28 }),
     ];
     for (index, buffers) in instances.iter().enumerate() {
-        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let items = Item::all_of(buffers);
         let all: Vec<u32> = (0..items.len() as u32).collect();
         let sweep = greedy::by_start(&items, &all).peak;
         for stop_at in [1u32, 2, 5, 13, 40] {
@@ -512,7 +512,7 @@ fn split_off_parts_keep_the_search_exact() {
         };
         let optimum = solve_checked(&buffers, &SolveOptions::default()).unwrap();
         assert!(optimum.optimal, "case {case}");
-        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let items = Item::all_of(&buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
         let rank = search_ranks(&items, &members, &sections).swap_remove(0);
@@ -552,7 +552,7 @@ fn near_perfect_filled_instances_split_with_all_the_budget() {
     assert_eq!(solution.peak, height);
 
     let near_perfect = |buffers: &[BufferLifetime], capacity: u64| -> Vec<bool> {
-        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let items = Item::all_of(buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
         [FillerShape::Nested, FillerShape::Runs]
@@ -586,7 +586,7 @@ fn tightened_domains_keep_the_search_exact() {
                 buffers.push(buf(t, t + 1, capacity - live));
             }
         }
-        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let items = Item::all_of(&buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
         // The same tightening twice: once to look at, once inside the search's shared state.
@@ -612,7 +612,8 @@ fn tightened_domains_keep_the_search_exact() {
         assert!(!(tiling_refuted && plain), "case {case}: refuted, yet placed: {buffers:?}");
         refuted += usize::from(tiling_refuted);
     }
-    assert!(tiled > 50 && refuted > 50, "tilings ran on {tiled} instances, refuted {refuted}");
+    // Deterministic (fixed seed): 106 and 108 of the 300 when written.
+    assert!(tiled >= 100 && refuted >= 100, "tilings ran on {tiled} instances, refuted {refuted}");
 }
 
 /// The generators' own placements pass tightened domains: every buffer's offset in the tiling a
@@ -623,7 +624,7 @@ fn tightening_keeps_the_offsets_of_a_known_placement() {
         let (count, height) = (40 + 10 * seed as usize, [64, 1 << 10, 1 << 20][seed as usize % 3]);
         let buffers = crate::generate::non_guillotine(seed, count, 2 * count as u32, height);
         let offsets = crate::generate::non_guillotine_offsets(seed, count, 2 * count as u32, height);
-        let items: Vec<Item> = buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect();
+        let items = Item::all_of(&buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
         let Some(mut domains) = domains::Domains::of(&items, &members, &sections, height) else { continue };
