@@ -250,6 +250,14 @@ impl Domains {
         }
     }
 
+    /// The highest offset at or below `to` that buffer `l` may take (`None`: none).
+    pub(crate) fn highest_to(&self, l: usize, to: u64) -> Option<u64> {
+        match &self.values[l] {
+            None => Some(to),
+            Some(d) => d[..d.partition_point(|&v| v <= to)].last().copied(),
+        }
+    }
+
     /// The lowest offset at or above `from` that buffer `l` may take (`u64::MAX`: none).
     pub(crate) fn lowest_from(&self, l: usize, from: u64) -> u64 {
         match &self.values[l] {

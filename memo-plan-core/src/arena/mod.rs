@@ -16,6 +16,7 @@
 //! at once), or when the search proved every lower capacity infeasible for the component that
 //! sets it.
 
+mod bounds;
 mod control;
 mod decompose;
 mod domains;
@@ -452,6 +453,13 @@ impl Budget<'_, '_> {
 /// instances, 1.9 s with 16 and 0.85 s with 64 (BENCHMARKS.md).
 pub const TIGHTEN_PER_RESTART_NODE: u64 = 64;
 
+/// The bounds search (`bounds`) runs once a round of a leaf's restarts, after the first two, with
+/// this many times the nodes of all the round's restarts: its nodes cost more (each narrows
+/// every section it touches), and on the cores it settles it needs few of them or none help.
+/// Pinwheel 300 seed 6 (whose 187-buffer core no other search placed within 10 s): 1.28 s at
+/// 1, 0.71 s at 2, 0.43 s at 4; MiniMalloc's D, H and I take the same time at 4 (BENCHMARKS.md).
+pub const BOUNDS_SHARE: u64 = 4;
+
 /// How a leaf's new peak becomes the arena's, for the progress shown.
 #[derive(Clone, Copy)]
 struct Shown {
@@ -522,6 +530,7 @@ impl LeafState {
                 // nodes as all the restarts, and searching them first cost MiniMalloc's J and K
                 // 40x their time, and I 2x (which those restarts settle). At zero slack (no
                 // fillers) the modules there instead, with as many nodes as the round's restarts.
+                // Then the bounds search, with `BOUNDS_SHARE` times that.
                 if index == 2 {
                     for filled in &mut filled {
                         if let Some(placement) = filled.search(capacity, limit, budget) {
@@ -532,6 +541,20 @@ impl LeafState {
                     let component = (items, members, &self.sections);
                     if let Some(placement) = budget.place_by_modules(&mut modules, component, capacity, allowance) {
                         return SearchOutcome::Found(placement);
+                    }
+                    let mut run_budget = allowance.saturating_mul(BOUNDS_SHARE).min(*budget.nodes_left);
+                    let (outcome, used) = bounds::search(
+                        (items, members, &self.sections),
+                        shared.domains(),
+                        capacity,
+                        &mut run_budget,
+                        budget.control,
+                    );
+                    *budget.nodes_left -= used;
+                    *budget.nodes += used;
+                    match outcome {
+                        SearchOutcome::BudgetExhausted => {}
+                        settled => return settled,
                     }
                 }
                 if *budget.nodes_left == 0 || budget.control.stopped() {

@@ -92,6 +92,11 @@ impl Shared {
         self.domains.as_mut().map_or(0, |domains| domains.tighten(items, members, work, spent))
     }
 
+    /// The zero-slack domains, if any.
+    pub(crate) fn domains(&self) -> Option<&Domains> {
+        self.domains.as_ref()
+    }
+
     /// No domains (tests compare the search with and without them).
     #[cfg(test)]
     pub(crate) fn without_domains(sections: &Sections) -> Shared {

@@ -1,0 +1,413 @@
+//! The bounds search: a constraint-programming search over offset intervals, for the cores the
+//! skyline search cannot settle.
+//!
+//! Every buffer has an interval of possible offsets, `[lo, hi]` (from 0, or its domain, up to the
+//! capacity less its size). In each section the buffers must not overlap: a *disjunctive
+//! resource* (offsets for start times), on which the classic rules of scheduling narrow the
+//! intervals, each also run upside down (offsets measured from the capacity) so that both ends
+//! narrow:
+//! - *detectable precedences*: the buffers that cannot end below `b`'s latest start lie above it,
+//!   so `b` ends before the latest they can all start;
+//! - *not-last*: if the buffers whose `hi` is at most some `h` cannot all be done by `b`'s latest
+//!   start, `b` is not above all of them, so it lies below one and ends by `h`;
+//! - *overload* and *edge-finding*: the buffers that must end by some `e` must fit below it (else
+//!   there is no placement), and a buffer that cannot end by `e` together with them lies above
+//!   all of them, so it starts no lower than the earliest they can all be done.
+//!
+//! A buffer's interval holds in all its sections, so what narrows in one is carried to the others
+//! until nothing narrows, or an interval empties (the state has no placement). The search fixes
+//! the buffer with the lowest `lo` (ties: the largest) at `lo`, and on failure excludes that
+//! offset (`lo + 1`, raised further by the rules), depth-first. It is complete: "infeasible" is a
+//! proof. The work of the rules counts as nodes (`BOUNDS_WORK_PER_NODE`).
+//!
+//! Why: the skyline search checks what a placement does to the floors and the section bounds,
+//! not what it does to the buffers' upper ends. On pinwheel 300 seed 6's 187-buffer core its 16th
+//! placement left no placement, and it went on 17 placements deeper before its first dead end and
+//! did not leave that subtree within 10 s. These rules (those of OR-Tools' CP-SAT no-overlap
+//! constraint, which refutes that state before any branch) refute it at once, and the bounds
+//! search places the core in 0.06 s (BENCHMARKS.md).
+
+use alloc::vec::Vec;
+
+use super::control::Control;
+use super::domains::Domains;
+use super::greedy::ComponentPlacement;
+use super::search::SearchOutcome;
+use super::sections::{Rows, Sections};
+use super::Item;
+
+/// Work units per search node: a node's propagation scans many sections, and the budget counts
+/// what is spent, so every this many set members scanned count as one node.
+pub const BOUNDS_WORK_PER_NODE: u64 = 64;
+
+/// One buffer of the section being narrowed: its interval and size, as read or upside down.
+#[derive(Clone, Copy)]
+struct Task {
+    lo: u64,
+    hi: u64,
+    size: u64,
+    buffer: u32,
+}
+
+/// A decision on the search's stack: `buffer` fixed at `value` (the first branch), or kept off
+/// it (the second); `trail` is the trail's length before it.
+struct Decision {
+    buffer: u32,
+    value: u64,
+    first: bool,
+    trail: usize,
+}
+
+struct Bounds<'a> {
+    rows: Rows,
+    size: Vec<u64>,
+    capacity: u64,
+    domains: Option<&'a Domains>,
+    lo: Vec<u64>,
+    hi: Vec<u64>,
+    /// (buffer, lo, hi) before each change, for undoing.
+    trail: Vec<(u32, u64, u64)>,
+    queue: Vec<usize>,
+    queued: Vec<bool>,
+    /// Scratch of a section's narrowing.
+    tasks: Vec<Task>,
+    by_hi: Vec<u32>,
+    set: Vec<(u64, u64)>,
+    narrowed: Vec<u64>,
+    work: u64,
+}
+
+/// Searches for a placement of the component (`members` of `items`, over `sections`) under
+/// `capacity` within `*nodes_left` nodes (decremented by what is spent), narrowing offsets to the
+/// zero-slack `domains` where there are some; returns the outcome and the nodes spent. A stop
+/// asked for through `control` ends it as `BudgetExhausted`.
+pub(crate) fn search(
+    (items, members, sections): (&[Item], &[u32], &Sections),
+    domains: Option<&Domains>,
+    capacity: u64,
+    nodes_left: &mut u64,
+    control: &mut Control,
+) -> (SearchOutcome, u64) {
+    let n = members.len();
+    let size: Vec<u64> = members.iter().map(|&m| items[m as usize].size).collect();
+    if size.iter().any(|&s| s > capacity) {
+        return (SearchOutcome::Infeasible, 0);
+    }
+    let rows = sections.rows(items, members);
+    let mut state = Bounds {
+        rows,
+        capacity,
+        domains,
+        lo: alloc::vec![0; n],
+        hi: size.iter().map(|&s| capacity - s).collect(),
+        size,
+        trail: Vec::new(),
+        queue: Vec::new(),
+        queued: alloc::vec![false; sections.len()],
+        tasks: Vec::new(),
+        by_hi: Vec::new(),
+        set: Vec::new(),
+        narrowed: Vec::new(),
+        work: 0,
+    };
+    let mut nodes = 0u64;
+    let outcome = state.run(nodes_left, &mut nodes, control);
+    (outcome, nodes)
+}
+
+impl Bounds<'_> {
+    fn run(&mut self, nodes_left: &mut u64, nodes: &mut u64, control: &mut Control) -> SearchOutcome {
+        for l in 0..self.lo.len() {
+            if let Some(domains) = self.domains {
+                let (lo, hi) = (domains.lowest_from(l, 0), domains.highest_to(l, self.hi[l]));
+                match hi.filter(|&hi| lo <= hi) {
+                    Some(hi) => (self.lo[l], self.hi[l]) = (lo, hi),
+                    None => return SearchOutcome::Infeasible,
+                }
+            }
+        }
+        for s in 0..self.queued.len() {
+            self.queue_section(s);
+        }
+        let mut stack: Vec<Decision> = Vec::new();
+        let mut spent_work = 0u64;
+        loop {
+            let consistent = self.propagate();
+            // The budget: one node a decision, plus the propagation's work.
+            let fresh = 1 + (self.work - spent_work) / BOUNDS_WORK_PER_NODE;
+            spent_work += (fresh - 1) * BOUNDS_WORK_PER_NODE;
+            if *nodes_left < fresh || control.tick(fresh) {
+                *nodes += (*nodes_left).min(fresh);
+                *nodes_left -= (*nodes_left).min(fresh);
+                return SearchOutcome::BudgetExhausted;
+            }
+            *nodes_left -= fresh;
+            *nodes += fresh;
+            if consistent {
+                let Some(b) = self.choose() else {
+                    let offsets = self.lo.clone();
+                    let peak = offsets.iter().zip(&self.size).map(|(o, s)| o + s).max().unwrap_or(0);
+                    return SearchOutcome::Found(ComponentPlacement { offsets, peak });
+                };
+                let value = self.lo[b];
+                stack.push(Decision { buffer: b as u32, value, first: true, trail: self.trail.len() });
+                self.set_bounds(b, value, value);
+                continue;
+            }
+            // A conflict: back to the latest first branch, and take its second.
+            loop {
+                let Some(decision) = stack.pop() else {
+                    return SearchOutcome::Infeasible;
+                };
+                self.undo_to(decision.trail);
+                if decision.first {
+                    let b = decision.buffer as usize;
+                    stack.push(Decision { first: false, ..decision });
+                    let above = decision.value + 1;
+                    let lo = self.domains.map_or(above, |d| d.lowest_from(b, above));
+                    self.set_bounds(b, lo, self.hi[b]);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The unfixed buffer with the lowest `lo`, ties to the larger, then the lower index. (The
+    /// smaller first, CP-SAT's default, did not place pinwheel 300 seed 6's core in 5 s without
+    /// its conflict learning; the larger first did in 0.06 s.)
+    fn choose(&self) -> Option<usize> {
+        (0..self.lo.len())
+            .filter(|&l| self.lo[l] < self.hi[l])
+            .min_by_key(|&l| (self.lo[l], core::cmp::Reverse(self.size[l]), l))
+    }
+
+    /// Sets a buffer's interval (recorded on the trail) and queues its sections; an empty
+    /// interval is left for `propagate` to find.
+    fn set_bounds(&mut self, l: usize, lo: u64, hi: u64) {
+        self.trail.push((l as u32, self.lo[l], self.hi[l]));
+        self.lo[l] = lo;
+        self.hi[l] = hi;
+        let (start, end) = self.rows.spans[l];
+        for s in start as usize..end as usize {
+            self.queue_section(s);
+        }
+    }
+
+    fn queue_section(&mut self, s: usize) {
+        if !self.queued[s] && self.rows.of(s).len() >= 2 {
+            self.queued[s] = true;
+            self.queue.push(s);
+        }
+    }
+
+    fn undo_to(&mut self, mark: usize) {
+        while self.trail.len() > mark {
+            let Some((l, lo, hi)) = self.trail.pop() else { break };
+            self.lo[l as usize] = lo;
+            self.hi[l as usize] = hi;
+        }
+        for &s in &self.queue {
+            self.queued[s] = false;
+        }
+        self.queue.clear();
+    }
+
+    /// Narrows the queued sections until nothing narrows; `false` when an interval empties.
+    fn propagate(&mut self) -> bool {
+        if (0..self.lo.len()).any(|l| self.lo[l] > self.hi[l]) {
+            self.clear_queue();
+            return false;
+        }
+        while let Some(section) = self.queue.pop() {
+            self.queued[section] = false;
+            self.tasks.clear();
+            for &l in self.rows.of(section) {
+                let l = l as usize;
+                self.tasks.push(Task { lo: self.lo[l], hi: self.hi[l], size: self.size[l], buffer: l as u32 });
+            }
+            if !self.narrow_section() {
+                self.clear_queue();
+                return false;
+            }
+            for k in 0..self.tasks.len() {
+                let task = self.tasks[k];
+                let l = task.buffer as usize;
+                let (lo, hi) = match self.domains {
+                    Some(d) => (d.lowest_from(l, task.lo), d.highest_to(l, task.hi)),
+                    None => (task.lo, Some(task.hi)),
+                };
+                let Some(hi) = hi.filter(|&hi| lo <= hi) else {
+                    self.clear_queue();
+                    return false;
+                };
+                if lo != self.lo[l] || hi != self.hi[l] {
+                    self.set_bounds(l, lo, hi);
+                }
+            }
+        }
+        true
+    }
+
+    fn clear_queue(&mut self) {
+        for &s in &self.queue {
+            self.queued[s] = false;
+        }
+        self.queue.clear();
+    }
+
+    /// The rules on `tasks`, then upside down; `false` when an interval empties.
+    fn narrow_section(&mut self) -> bool {
+        if !self.narrow_highs() || !self.edge_finding() {
+            return false;
+        }
+        let capacity = self.capacity;
+        let mirror = |task: &mut Task| {
+            let (lo, hi) = (task.lo, task.hi);
+            task.lo = capacity - task.size - hi;
+            task.hi = capacity - task.size - lo;
+        };
+        self.tasks.iter_mut().for_each(mirror);
+        let narrowed = self.narrow_highs() && self.edge_finding();
+        self.tasks.iter_mut().for_each(mirror);
+        narrowed
+    }
+
+    /// Overload checking and edge-finding, narrowing every task's `lo`: for each `e`, the set
+    /// `Θ` of tasks that must end by `e` must fit before it (else no placement), and a task `b`
+    /// that cannot end by `e` together with `Θ` lies above all of `Θ`: `lo(b) >= ect(Θ)`.
+    fn edge_finding(&mut self) -> bool {
+        self.by_hi.clear();
+        self.by_hi.extend(0..self.tasks.len() as u32);
+        let tasks = &self.tasks;
+        self.by_hi.sort_unstable_by_key(|&k| tasks[k as usize].hi + tasks[k as usize].size);
+        self.narrowed.clear();
+        self.narrowed.extend(self.tasks.iter().map(|t| t.lo));
+        let mut theta: Vec<(u64, u64)> = Vec::new();
+        let mut next = 0;
+        while next < self.by_hi.len() {
+            let first = self.by_hi[next] as usize;
+            let e = self.tasks[first].hi + self.tasks[first].size;
+            while next < self.by_hi.len() {
+                let k = self.by_hi[next] as usize;
+                let task = self.tasks[k];
+                if task.hi + task.size != e {
+                    break;
+                }
+                next += 1;
+                let at = theta.partition_point(|&(lo, _)| lo <= task.lo);
+                theta.insert(at, (task.lo, task.size));
+            }
+            self.set.clone_from(&theta);
+            let ect = self.earliest_end();
+            if ect > e {
+                return false; // overload: Θ cannot all end by `e`
+            }
+            for index in next..self.by_hi.len() {
+                let k = self.by_hi[index];
+                let task = self.tasks[k as usize];
+                if task.lo >= ect {
+                    continue;
+                }
+                self.set.clone_from(&theta);
+                let at = self.set.partition_point(|&(lo, _)| lo <= task.lo);
+                self.set.insert(at, (task.lo, task.size));
+                if self.earliest_end() > e {
+                    let lo = &mut self.narrowed[k as usize];
+                    *lo = (*lo).max(ect);
+                }
+            }
+        }
+        for (task, &lo) in self.tasks.iter_mut().zip(&self.narrowed) {
+            if lo > task.hi {
+                return false;
+            }
+            task.lo = lo;
+        }
+        true
+    }
+
+    /// Detectable precedences and not-last, narrowing every task's `hi` against the intervals as
+    /// they were read (the new ends are kept apart until all are found); `false` when an interval
+    /// empties.
+    fn narrow_highs(&mut self) -> bool {
+        self.by_hi.clear();
+        self.by_hi.extend(0..self.tasks.len() as u32);
+        let tasks = &self.tasks;
+        self.by_hi.sort_unstable_by_key(|&k| tasks[k as usize].hi);
+        self.narrowed.clear();
+        for b in 0..self.tasks.len() {
+            let Task { lo: lo_b, hi: hi_b, size: size_b, .. } = self.tasks[b];
+            let mut narrowed = hi_b;
+            // Detectable precedences (upside down: the tasks that cannot end below `b`'s latest
+            // start lie above it, so `b` ends before the latest they can all start).
+            self.set.clear();
+            for (k, task) in self.tasks.iter().enumerate() {
+                if k != b && task.lo + task.size > hi_b {
+                    self.set.push((task.hi + task.size, task.size));
+                }
+            }
+            if !self.set.is_empty() {
+                let start = self.latest_start();
+                match start.checked_sub(size_b).filter(|&end| end >= lo_b) {
+                    Some(end) => narrowed = narrowed.min(end),
+                    None => return false,
+                }
+            }
+            // Not-last: the tasks with `hi` at most `h`, for each `h` from the lowest.
+            self.set.clear();
+            let mut next = 0;
+            while next < self.by_hi.len() {
+                let h = self.tasks[self.by_hi[next] as usize].hi;
+                if h.saturating_sub(size_b) >= narrowed {
+                    break; // no narrowing from here on: `h` only grows
+                }
+                while next < self.by_hi.len() && self.tasks[self.by_hi[next] as usize].hi == h {
+                    let k = self.by_hi[next] as usize;
+                    next += 1;
+                    if k != b {
+                        let task = self.tasks[k];
+                        let at = self.set.partition_point(|&(lo, _)| lo <= task.lo);
+                        self.set.insert(at, (task.lo, task.size));
+                    }
+                }
+                if self.earliest_end() > hi_b {
+                    match h.checked_sub(size_b).filter(|&end| end >= lo_b) {
+                        Some(end) => narrowed = narrowed.min(end),
+                        None => return false,
+                    }
+                    break;
+                }
+            }
+            self.narrowed.push(narrowed);
+        }
+        for (task, &hi) in self.tasks.iter_mut().zip(&self.narrowed) {
+            task.hi = hi;
+        }
+        true
+    }
+
+    /// The earliest the tasks of `set` ((lo, size), sorted by `lo`) can all be done.
+    fn earliest_end(&mut self) -> u64 {
+        self.work += self.set.len() as u64;
+        let mut above = 0u64;
+        let mut end = 0u64;
+        for &(lo, size) in self.set.iter().rev() {
+            above += size;
+            end = end.max(lo + above);
+        }
+        end
+    }
+
+    /// The latest the tasks of `set` ((latest end, size), any order) can all start.
+    fn latest_start(&mut self) -> u64 {
+        self.work += self.set.len() as u64;
+        self.set.sort_unstable();
+        let mut below = 0u64;
+        let mut start = u64::MAX;
+        for &(end, size) in &self.set {
+            below += size;
+            start = start.min(end.saturating_sub(below));
+        }
+        start
+    }
+}
