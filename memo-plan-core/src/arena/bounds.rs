@@ -40,6 +40,16 @@ use super::Item;
 /// what is spent, so every this many set members scanned count as one node.
 pub const BOUNDS_WORK_PER_NODE: u64 = 64;
 
+/// Components with a section of more buffers than this are not searched (nothing is settled):
+/// the rules' scans are cubic in a section's buffers, about 8 M set members at this size, some
+/// milliseconds, between two polls of the stop callback. The cores the search settles have
+/// sections of a few dozen.
+pub const BOUNDS_MOST_BUFFERS: usize = 128;
+
+/// Work (set members scanned) between two chargings to the budget inside one propagation, so
+/// the stop callback is polled while a long propagation runs.
+const CHARGE_EVERY: u64 = 16 * BOUNDS_WORK_PER_NODE;
+
 /// One buffer of the section being narrowed: its interval and size, as read or upside down.
 #[derive(Clone, Copy)]
 struct Task {
@@ -58,7 +68,7 @@ struct Decision {
     trail: usize,
 }
 
-struct Bounds<'a> {
+struct Bounds<'a, 'c> {
     rows: Rows,
     size: Vec<u64>,
     capacity: u64,
@@ -74,7 +84,14 @@ struct Bounds<'a> {
     by_hi: Vec<u32>,
     set: Vec<(u64, u64)>,
     narrowed: Vec<u64>,
+    /// Scratch of `edge_finding`: the set `Θ`, sorted by `lo`.
+    theta: Vec<(u64, u64)>,
+    /// Set members scanned so far, and how many of them are charged to the budget already.
     work: u64,
+    charged: u64,
+    nodes_left: u64,
+    nodes: u64,
+    control: &'a mut Control<'c>,
 }
 
 /// Searches for a placement of the component (`members` of `items`, over `sections`) under
@@ -94,6 +111,9 @@ pub(crate) fn search(
         return (SearchOutcome::Infeasible, 0);
     }
     let rows = sections.rows(items, members);
+    if (0..sections.len()).any(|s| rows.of(s).len() > BOUNDS_MOST_BUFFERS) {
+        return (SearchOutcome::BudgetExhausted, 0);
+    }
     let mut state = Bounds {
         rows,
         capacity,
@@ -108,15 +128,32 @@ pub(crate) fn search(
         by_hi: Vec::new(),
         set: Vec::new(),
         narrowed: Vec::new(),
+        theta: Vec::new(),
         work: 0,
+        charged: 0,
+        nodes_left: *nodes_left,
+        nodes: 0,
+        control,
     };
-    let mut nodes = 0u64;
-    let outcome = state.run(nodes_left, &mut nodes, control);
-    (outcome, nodes)
+    let outcome = state.run();
+    *nodes_left = state.nodes_left;
+    (outcome, state.nodes)
 }
 
-impl Bounds<'_> {
-    fn run(&mut self, nodes_left: &mut u64, nodes: &mut u64, control: &mut Control) -> SearchOutcome {
+impl Bounds<'_, '_> {
+    /// Charges `decisions` nodes and the work not charged yet to the budget, ticking the stop
+    /// callback; `false` when the budget is spent or a stop was asked for.
+    fn charge(&mut self, decisions: u64) -> bool {
+        let units = (self.work - self.charged) / BOUNDS_WORK_PER_NODE;
+        self.charged += units * BOUNDS_WORK_PER_NODE;
+        let fresh = decisions + units;
+        let paid = fresh.min(self.nodes_left);
+        self.nodes_left -= paid;
+        self.nodes += paid;
+        paid == fresh && !self.control.tick(fresh)
+    }
+
+    fn run(&mut self) -> SearchOutcome {
         for l in 0..self.lo.len() {
             if let Some(domains) = self.domains {
                 let (lo, hi) = (domains.lowest_from(l, 0), domains.highest_to(l, self.hi[l]));
@@ -130,19 +167,14 @@ impl Bounds<'_> {
             self.queue_section(s);
         }
         let mut stack: Vec<Decision> = Vec::new();
-        let mut spent_work = 0u64;
         loop {
-            let consistent = self.propagate();
             // The budget: one node a decision, plus the propagation's work.
-            let fresh = 1 + (self.work - spent_work) / BOUNDS_WORK_PER_NODE;
-            spent_work += (fresh - 1) * BOUNDS_WORK_PER_NODE;
-            if *nodes_left < fresh || control.tick(fresh) {
-                *nodes += (*nodes_left).min(fresh);
-                *nodes_left -= (*nodes_left).min(fresh);
+            let Some(consistent) = self.propagate() else {
+                return SearchOutcome::BudgetExhausted;
+            };
+            if !self.charge(1) {
                 return SearchOutcome::BudgetExhausted;
             }
-            *nodes_left -= fresh;
-            *nodes += fresh;
             if consistent {
                 let Some(b) = self.choose() else {
                     let offsets = self.lo.clone();
@@ -212,13 +244,19 @@ impl Bounds<'_> {
         self.queue.clear();
     }
 
-    /// Narrows the queued sections until nothing narrows; `false` when an interval empties.
-    fn propagate(&mut self) -> bool {
+    /// Narrows the queued sections until nothing narrows: `Some(false)` when an interval empties,
+    /// `None` when the budget ran out or a stop was asked for first.
+    fn propagate(&mut self) -> Option<bool> {
         if (0..self.lo.len()).any(|l| self.lo[l] > self.hi[l]) {
             self.clear_queue();
-            return false;
+            return Some(false);
         }
         while let Some(section) = self.queue.pop() {
+            if self.work - self.charged >= CHARGE_EVERY && !self.charge(0) {
+                self.queued[section] = true;
+                self.queue.push(section);
+                return None;
+            }
             self.queued[section] = false;
             self.tasks.clear();
             for &l in self.rows.of(section) {
@@ -227,7 +265,7 @@ impl Bounds<'_> {
             }
             if !self.narrow_section() {
                 self.clear_queue();
-                return false;
+                return Some(false);
             }
             for k in 0..self.tasks.len() {
                 let task = self.tasks[k];
@@ -238,14 +276,14 @@ impl Bounds<'_> {
                 };
                 let Some(hi) = hi.filter(|&hi| lo <= hi) else {
                     self.clear_queue();
-                    return false;
+                    return Some(false);
                 };
                 if lo != self.lo[l] || hi != self.hi[l] {
                     self.set_bounds(l, lo, hi);
                 }
             }
         }
-        true
+        Some(true)
     }
 
     fn clear_queue(&mut self) {
@@ -282,7 +320,8 @@ impl Bounds<'_> {
         self.by_hi.sort_unstable_by_key(|&k| tasks[k as usize].hi + tasks[k as usize].size);
         self.narrowed.clear();
         self.narrowed.extend(self.tasks.iter().map(|t| t.lo));
-        let mut theta: Vec<(u64, u64)> = Vec::new();
+        let mut theta = core::mem::take(&mut self.theta);
+        theta.clear();
         let mut next = 0;
         while next < self.by_hi.len() {
             let first = self.by_hi[next] as usize;
@@ -300,6 +339,7 @@ impl Bounds<'_> {
             self.set.clone_from(&theta);
             let ect = self.earliest_end();
             if ect > e {
+                self.theta = theta;
                 return false; // overload: Θ cannot all end by `e`
             }
             for index in next..self.by_hi.len() {
@@ -317,6 +357,7 @@ impl Bounds<'_> {
                 }
             }
         }
+        self.theta = theta;
         for (task, &lo) in self.tasks.iter_mut().zip(&self.narrowed) {
             if lo > task.hi {
                 return false;
