@@ -567,6 +567,18 @@ fn near_perfect_filled_instances_split_with_all_the_budget() {
     assert!(!holed_filled.is_empty() && holed_filled.iter().all(|&near| !near), "{holed_filled:?}");
 }
 
+/// Adds one filler per step of `buffers` whose live total is below `capacity`, so every step is
+/// full (zero slack) and the fillers are free to move.
+fn fill_every_step(buffers: &mut Vec<BufferLifetime>, capacity: u64) {
+    let horizon = buffers.iter().map(|b| b.upper).max().unwrap_or(0);
+    for t in 0..horizon {
+        let live: u64 = buffers.iter().filter(|b| b.lower <= t && t < b.upper).map(|b| b.size).sum();
+        if live < capacity {
+            buffers.push(buf(t, t + 1, capacity - live));
+        }
+    }
+}
+
 /// Tightening (`domains::Domains::tighten`) only drops offsets no zero-slack placement uses: on
 /// small random instances made zero slack by one filler per step, tightened until nothing is left
 /// to tile, the search reaches the same verdict as without domains, and an instance refuted by a
@@ -578,14 +590,7 @@ fn tightened_domains_keep_the_search_exact() {
     for case in 0..300 {
         let mut buffers = random_buffers(&mut rng, 6 + case % 10, 10, 12);
         let capacity = lower_bound(&buffers, 1);
-        let horizon = buffers.iter().map(|b| b.upper).max().unwrap_or(0);
-        // One filler per step, so every step is full and the fillers are free to move.
-        for t in 0..horizon {
-            let live: u64 = buffers.iter().filter(|b| b.lower <= t && t < b.upper).map(|b| b.size).sum();
-            if live < capacity {
-                buffers.push(buf(t, t + 1, capacity - live));
-            }
-        }
+        fill_every_step(&mut buffers, capacity);
         let items = Item::all_of(&buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
@@ -677,13 +682,7 @@ fn the_bounds_search_agrees_with_the_exact_search() {
         let mut buffers = random_buffers(&mut rng, 6 + case % 10, 10, 12);
         let capacity = lower_bound(&buffers, 1);
         if case % 2 == 0 {
-            let horizon = buffers.iter().map(|b| b.upper).max().unwrap_or(0);
-            for t in 0..horizon {
-                let live: u64 = buffers.iter().filter(|b| b.lower <= t && t < b.upper).map(|b| b.size).sum();
-                if live < capacity {
-                    buffers.push(buf(t, t + 1, capacity - live));
-                }
-            }
+            fill_every_step(&mut buffers, capacity);
         }
         let items = Item::all_of(&buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
