@@ -457,7 +457,8 @@ pub const TIGHTEN_PER_RESTART_NODE: u64 = 64;
 /// this many times the nodes of all the round's restarts: its nodes cost more (each narrows
 /// every section it touches), and on the cores it settles it needs few of them or none help.
 /// Pinwheel 300 seed 6 (whose 187-buffer core no other search placed within 10 s): 1.28 s at
-/// 1, 0.71 s at 2, 0.43 s at 4; MiniMalloc's D, H and I take the same time at 4 (BENCHMARKS.md).
+/// 1, 0.71 s at 2, 0.43 s at 4; MiniMalloc's D and I within 2% of their time at 4, H 0.10 ->
+/// 0.13 s (BENCHMARKS.md).
 pub const BOUNDS_SHARE: u64 = 4;
 
 /// How a leaf's new peak becomes the arena's, for the progress shown.
