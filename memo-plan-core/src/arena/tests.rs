@@ -709,8 +709,8 @@ fn the_bounds_search_agrees_with_the_exact_search() {
         placed += usize::from(bounds);
         refuted += usize::from(!bounds);
     }
-    // Deterministic (fixed seed): both verdicts are common.
-    assert!(placed >= 50 && refuted >= 50, "placed {placed}, refuted {refuted}");
+    // Deterministic (fixed seed): 237 placed and 63 refuted when written.
+    assert!(placed >= 200 && refuted >= 50, "placed {placed}, refuted {refuted}");
 }
 
 /// Pinwheel 300 seed 6's hardest window module (test data: 187 buffers, every step full at
