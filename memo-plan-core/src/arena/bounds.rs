@@ -18,7 +18,8 @@
 //! until nothing narrows, or an interval empties (the state has no placement). The search fixes
 //! the buffer with the lowest `lo` (ties: the largest) at `lo`, and on failure excludes that
 //! offset (`lo + 1`, raised further by the rules), depth-first. It is complete: "infeasible" is a
-//! proof. The work of the rules counts as nodes (`BOUNDS_WORK_PER_NODE`).
+//! proof. The work of the rules counts as nodes (`BOUNDS_WORK_PER_NODE`). The search is kept
+//! between runs: each goes on where the last ran out of budget.
 //!
 //! Why: the skyline search checks what a placement does to the floors and the section bounds,
 //! not what it does to the buffers' upper ends. On pinwheel 300 seed 6's 187-buffer core its 16th
@@ -37,7 +38,9 @@ use super::sections::{Rows, Sections};
 use super::Item;
 
 /// Work units per search node: a node's propagation scans many sections, and the budget counts
-/// what is spent, so every this many set members scanned count as one node.
+/// what is spent, so every this many set members scanned (and buffers scanned to choose, to
+/// check the intervals, and per buffer of a section narrowed) count as one node. Without the
+/// scans, a search with slack (few members in the sets) took 10x the time per node.
 pub const BOUNDS_WORK_PER_NODE: u64 = 64;
 
 /// Components with a section of more buffers than this are not searched (nothing is settled):
@@ -68,15 +71,25 @@ struct Decision {
     trail: usize,
 }
 
-struct Bounds<'a, 'c> {
+/// The bounds search of one component at one capacity, kept between runs: each run goes on from
+/// where the last stopped (its intervals, trail and decisions), so a search given a budget round
+/// by round does no work twice.
+pub(crate) struct Bounds {
     rows: Rows,
     size: Vec<u64>,
     capacity: u64,
-    domains: Option<&'a Domains>,
     lo: Vec<u64>,
     hi: Vec<u64>,
     /// (buffer, lo, hi) before each change, for undoing.
     trail: Vec<(u32, u64, u64)>,
+    /// The decisions taken, the latest last.
+    stack: Vec<Decision>,
+    /// Whether the intervals were narrowed to the domains and every section queued (the first
+    /// run does it).
+    started: bool,
+    /// The outcome of a propagation whose node the budget could not pay for: the next run takes
+    /// it up instead of propagating again (a conflict found leaves nothing queued to find it by).
+    pending: Option<bool>,
     queue: Vec<usize>,
     queued: Vec<bool>,
     /// Scratch of a section's narrowing.
@@ -89,92 +102,109 @@ struct Bounds<'a, 'c> {
     /// Set members scanned so far, and how many of them are charged to the budget already.
     work: u64,
     charged: u64,
+    /// The current run's budget left and nodes spent.
     nodes_left: u64,
     nodes: u64,
-    control: &'a mut Control<'c>,
 }
 
-/// Searches for a placement of the component (`members` of `items`, over `sections`) under
-/// `capacity` within `*nodes_left` nodes (decremented by what is spent), narrowing offsets to the
-/// zero-slack `domains` where there are some; returns the outcome and the nodes spent. A stop
-/// asked for through `control` ends it as `BudgetExhausted`.
-pub(crate) fn search(
-    (items, members, sections): (&[Item], &[u32], &Sections),
-    domains: Option<&Domains>,
-    capacity: u64,
-    nodes_left: &mut u64,
-    control: &mut Control,
-) -> (SearchOutcome, u64) {
-    let n = members.len();
-    let size: Vec<u64> = members.iter().map(|&m| items[m as usize].size).collect();
-    if size.iter().any(|&s| s > capacity) {
-        return (SearchOutcome::Infeasible, 0);
+impl Bounds {
+    /// The search of the component (`members` of `items`, over `sections`) under `capacity`;
+    /// `None` when a section holds more than `BOUNDS_MOST_BUFFERS` buffers (not searched).
+    pub(crate) fn new((items, members, sections): (&[Item], &[u32], &Sections), capacity: u64) -> Option<Bounds> {
+        let rows = sections.rows(items, members);
+        if (0..sections.len()).any(|s| rows.of(s).len() > BOUNDS_MOST_BUFFERS) {
+            return None;
+        }
+        let size: Vec<u64> = members.iter().map(|&m| items[m as usize].size).collect();
+        Some(Bounds {
+            rows,
+            capacity,
+            lo: alloc::vec![0; size.len()],
+            // A buffer larger than the capacity: the first run answers `Infeasible`.
+            hi: size.iter().map(|&s| capacity.saturating_sub(s)).collect(),
+            size,
+            trail: Vec::new(),
+            stack: Vec::new(),
+            started: false,
+            pending: None,
+            queue: Vec::new(),
+            queued: alloc::vec![false; sections.len()],
+            tasks: Vec::new(),
+            by_hi: Vec::new(),
+            set: Vec::new(),
+            narrowed: Vec::new(),
+            theta: Vec::new(),
+            work: 0,
+            charged: 0,
+            nodes_left: 0,
+            nodes: 0,
+        })
     }
-    let rows = sections.rows(items, members);
-    if (0..sections.len()).any(|s| rows.of(s).len() > BOUNDS_MOST_BUFFERS) {
-        return (SearchOutcome::BudgetExhausted, 0);
-    }
-    let mut state = Bounds {
-        rows,
-        capacity,
-        domains,
-        lo: alloc::vec![0; n],
-        hi: size.iter().map(|&s| capacity - s).collect(),
-        size,
-        trail: Vec::new(),
-        queue: Vec::new(),
-        queued: alloc::vec![false; sections.len()],
-        tasks: Vec::new(),
-        by_hi: Vec::new(),
-        set: Vec::new(),
-        narrowed: Vec::new(),
-        theta: Vec::new(),
-        work: 0,
-        charged: 0,
-        nodes_left: *nodes_left,
-        nodes: 0,
-        control,
-    };
-    let outcome = state.run();
-    *nodes_left = state.nodes_left;
-    (outcome, state.nodes)
-}
 
-impl Bounds<'_, '_> {
+    /// Searches on from where the last run stopped, within `*nodes_left` nodes (decremented by
+    /// what is spent), narrowing offsets to the zero-slack `domains` where there are some (they
+    /// may have tightened since an earlier run: a value they drop has no placement); returns the
+    /// outcome and the nodes spent. A stop asked for through `control` ends the run as
+    /// `BudgetExhausted`, as the budget running out does; the next run goes on.
+    pub(crate) fn run(
+        &mut self,
+        domains: Option<&Domains>,
+        nodes_left: &mut u64,
+        control: &mut Control,
+    ) -> (SearchOutcome, u64) {
+        self.nodes_left = *nodes_left;
+        self.nodes = 0;
+        let outcome = self.search(domains, control);
+        *nodes_left = self.nodes_left;
+        (outcome, self.nodes)
+    }
+
     /// Charges `decisions` nodes and the work not charged yet to the budget, ticking the stop
     /// callback; `false` when the budget is spent or a stop was asked for.
-    fn charge(&mut self, decisions: u64) -> bool {
+    fn charge(&mut self, decisions: u64, control: &mut Control) -> bool {
         let units = (self.work - self.charged) / BOUNDS_WORK_PER_NODE;
         self.charged += units * BOUNDS_WORK_PER_NODE;
         let fresh = decisions + units;
         let paid = fresh.min(self.nodes_left);
         self.nodes_left -= paid;
         self.nodes += paid;
-        paid == fresh && !self.control.tick(fresh)
+        paid == fresh && !control.tick(fresh)
     }
 
-    fn run(&mut self) -> SearchOutcome {
-        for l in 0..self.lo.len() {
-            if let Some(domains) = self.domains {
-                let (lo, hi) = (domains.lowest_from(l, 0), domains.highest_to(l, self.hi[l]));
-                match hi.filter(|&hi| lo <= hi) {
-                    Some(hi) => (self.lo[l], self.hi[l]) = (lo, hi),
-                    None => return SearchOutcome::Infeasible,
+    fn search(&mut self, domains: Option<&Domains>, control: &mut Control) -> SearchOutcome {
+        if !self.started {
+            if self.size.iter().any(|&s| s > self.capacity) {
+                return SearchOutcome::Infeasible;
+            }
+            if let Some(domains) = domains {
+                for l in 0..self.lo.len() {
+                    let (lo, hi) = (domains.lowest_from(l, 0), domains.highest_to(l, self.hi[l]));
+                    match hi.filter(|&hi| lo <= hi) {
+                        Some(hi) => (self.lo[l], self.hi[l]) = (lo, hi),
+                        None => return SearchOutcome::Infeasible,
+                    }
                 }
             }
+            for s in 0..self.queued.len() {
+                self.queue_section(s);
+            }
+            self.started = true;
         }
-        for s in 0..self.queued.len() {
-            self.queue_section(s);
-        }
-        let mut stack: Vec<Decision> = Vec::new();
         loop {
             // The budget: one node a decision, plus the propagation's work.
-            let Some(consistent) = self.propagate() else {
-                return SearchOutcome::BudgetExhausted;
+            let consistent = match self.pending.take() {
+                Some(consistent) => consistent, // its node was charged in the run before
+                None => {
+                    let Some(consistent) = self.propagate(domains, control) else {
+                        return SearchOutcome::BudgetExhausted;
+                    };
+                    if !self.charge(1, control) {
+                        self.pending = Some(consistent);
+                        return SearchOutcome::BudgetExhausted;
+                    }
+                    consistent
+                }
             };
-            if !self.charge(1) {
-                return SearchOutcome::BudgetExhausted;
-            }
             if consistent {
                 let Some(b) = self.choose() else {
                     let offsets = self.lo.clone();
@@ -182,21 +212,21 @@ impl Bounds<'_, '_> {
                     return SearchOutcome::Found(ComponentPlacement { offsets, peak });
                 };
                 let value = self.lo[b];
-                stack.push(Decision { buffer: b as u32, value, first: true, trail: self.trail.len() });
+                self.stack.push(Decision { buffer: b as u32, value, first: true, trail: self.trail.len() });
                 self.set_bounds(b, value, value);
                 continue;
             }
             // A conflict: back to the latest first branch, and take its second.
             loop {
-                let Some(decision) = stack.pop() else {
+                let Some(decision) = self.stack.pop() else {
                     return SearchOutcome::Infeasible;
                 };
                 self.undo_to(decision.trail);
                 if decision.first {
                     let b = decision.buffer as usize;
-                    stack.push(Decision { first: false, ..decision });
+                    self.stack.push(Decision { first: false, ..decision });
                     let above = decision.value + 1;
-                    let lo = self.domains.map_or(above, |d| d.lowest_from(b, above));
+                    let lo = domains.map_or(above, |d| d.lowest_from(b, above));
                     self.set_bounds(b, lo, self.hi[b]);
                     break;
                 }
@@ -207,7 +237,8 @@ impl Bounds<'_, '_> {
     /// The unfixed buffer with the lowest `lo`, ties to the larger, then the lower index. (The
     /// smaller first, CP-SAT's default, did not place pinwheel 300 seed 6's core in 5 s without
     /// its conflict learning; the larger first did in 0.06 s.)
-    fn choose(&self) -> Option<usize> {
+    fn choose(&mut self) -> Option<usize> {
+        self.work += self.lo.len() as u64;
         (0..self.lo.len())
             .filter(|&l| self.lo[l] < self.hi[l])
             .min_by_key(|&l| (self.lo[l], core::cmp::Reverse(self.size[l]), l))
@@ -246,13 +277,14 @@ impl Bounds<'_, '_> {
 
     /// Narrows the queued sections until nothing narrows: `Some(false)` when an interval empties,
     /// `None` when the budget ran out or a stop was asked for first.
-    fn propagate(&mut self) -> Option<bool> {
+    fn propagate(&mut self, domains: Option<&Domains>, control: &mut Control) -> Option<bool> {
+        self.work += self.lo.len() as u64;
         if (0..self.lo.len()).any(|l| self.lo[l] > self.hi[l]) {
             self.clear_queue();
             return Some(false);
         }
         while let Some(section) = self.queue.pop() {
-            if self.work - self.charged >= CHARGE_EVERY && !self.charge(0) {
+            if self.work - self.charged >= CHARGE_EVERY && !self.charge(0, control) {
                 self.queued[section] = true;
                 self.queue.push(section);
                 return None;
@@ -270,7 +302,7 @@ impl Bounds<'_, '_> {
             for k in 0..self.tasks.len() {
                 let task = self.tasks[k];
                 let l = task.buffer as usize;
-                let (lo, hi) = match self.domains {
+                let (lo, hi) = match domains {
                     Some(d) => (d.lowest_from(l, task.lo), d.highest_to(l, task.hi)),
                     None => (task.lo, Some(task.hi)),
                 };
@@ -382,6 +414,7 @@ impl Bounds<'_, '_> {
             // Detectable precedences (upside down: the tasks that cannot end below `b`'s latest
             // start lie above it, so `b` ends before the latest they can all start).
             self.set.clear();
+            self.work += self.tasks.len() as u64;
             for (k, task) in self.tasks.iter().enumerate() {
                 if k != b && task.lo + task.size > hi_b {
                     self.set.push((task.hi + task.size, task.size));

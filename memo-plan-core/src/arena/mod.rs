@@ -456,10 +456,19 @@ pub const TIGHTEN_PER_RESTART_NODE: u64 = 64;
 /// The bounds search (`bounds`) runs once a round of a leaf's restarts, after the first two, with
 /// this many times the nodes of all the round's restarts: its nodes cost more (each narrows
 /// every section it touches), and on the cores it settles it needs few of them or none help.
-/// Pinwheel 300 seed 6 (whose 187-buffer core no other search placed within 10 s): 1.28 s at
-/// 1, 0.71 s at 2, 0.43 s at 4; MiniMalloc's D and I within 2% of their time at 4, H 0.10 ->
-/// 0.13 s (BENCHMARKS.md).
-pub const BOUNDS_SHARE: u64 = 4;
+/// It goes on each round from where the last stopped. Pinwheel 300 seed 6 (whose 187-buffer core
+/// no other search placed within 10 s), searched afresh each round: 1.28 s at 1, 0.71 s at 2,
+/// 0.43 s at 4. Resumed: holes 300 seed 6 (placed by it) 1.49 s at 4, 0.70 s at 8, 0.70 s at
+/// 16; pinwheel 500 seed 6 1.18, 0.86, 0.55 s; holes 500 seed 2 (placed by a filled instance's
+/// restarts after it) 0.92, 0.95, 1.02 s; MiniMalloc's D, H, I 0.45, 0.13, 0.90 s at 4 and 0.46,
+/// 0.16, 0.92 s at 8 (BENCHMARKS.md).
+pub const BOUNDS_SHARE: u64 = 8;
+
+/// A filled instance's bounds search (`Filled::search`) runs after its window modules, each
+/// search, with this many times their nodes, going on from where the last stopped. Holes 500 seed
+/// 4 (its filled instance is the whole tiling, placed by it): not within 1 s without it, 1.8 s
+/// at 2, 0.81 s at 4, 0.86 s at 8; holes 500 seed 2 0.85, 0.92, 1.04 s at 2, 4, 8 (BENCHMARKS.md).
+pub const FILLED_BOUNDS_SHARE: u64 = 4;
 
 /// How a leaf's new peak becomes the arena's, for the progress shown.
 #[derive(Clone, Copy)]
@@ -517,6 +526,9 @@ impl LeafState {
         // measured (MiniMalloc's H took 3x the nodes). Kept across the rounds: a module placed in
         // one is not placed again.
         let mut modules = modules::Modules::new(zero_slack, budget.depth);
+        // The bounds search, made at its first turn (`None` inside: not searched) and resumed
+        // each round after.
+        let mut bounds: Option<Option<bounds::Bounds>> = None;
         let first_limit = limit;
         loop {
             if limit > first_limit {
@@ -543,19 +555,16 @@ impl LeafState {
                     if let Some(placement) = budget.place_by_modules(&mut modules, component, capacity, allowance) {
                         return SearchOutcome::Found(placement);
                     }
-                    let mut run_budget = allowance.saturating_mul(BOUNDS_SHARE).min(*budget.nodes_left);
-                    let (outcome, used) = bounds::search(
-                        (items, members, &self.sections),
-                        shared.domains(),
-                        capacity,
-                        &mut run_budget,
-                        budget.control,
-                    );
-                    *budget.nodes_left -= used;
-                    *budget.nodes += used;
-                    match outcome {
-                        SearchOutcome::BudgetExhausted => {}
-                        settled => return settled,
+                    let bounds = bounds.get_or_insert_with(|| bounds::Bounds::new(component, capacity));
+                    if let Some(bounds) = bounds {
+                        let mut run_budget = allowance.saturating_mul(BOUNDS_SHARE).min(*budget.nodes_left);
+                        let (outcome, used) = bounds.run(shared.domains(), &mut run_budget, budget.control);
+                        *budget.nodes_left -= used;
+                        *budget.nodes += used;
+                        match outcome {
+                            SearchOutcome::BudgetExhausted => {}
+                            settled => return settled,
+                        }
                     }
                 }
                 if *budget.nodes_left == 0 || budget.control.stopped() {
@@ -709,6 +718,9 @@ struct Filled {
     near_perfect: bool,
     /// Whether `search` ran before (its later runs tighten the domains).
     searched: bool,
+    /// The filled instance's bounds search, made at its first turn and resumed after (`None`
+    /// inside: not searched).
+    bounds: Option<Option<bounds::Bounds>>,
 }
 
 /// How `Filled` cuts the slack profile into fillers. The same profile comes from holes of many
@@ -817,6 +829,7 @@ impl Filled {
             splits_pending: true,
             near_perfect,
             searched: false,
+            bounds: None,
         })
     }
 
@@ -854,6 +867,17 @@ impl Filled {
         let filled = (&self.items[..], &self.members[..], &self.sections);
         if let Some(placement) = budget.place_by_modules(&mut self.modules, filled, capacity, allowance) {
             return Some(own(placement));
+        }
+        // Then its bounds search, resumed from the last search's, with `BOUNDS_SHARE` times that.
+        let bounds = self.bounds.get_or_insert_with(|| bounds::Bounds::new(filled, capacity));
+        if let Some(bounds) = bounds {
+            let mut run_budget = allowance.saturating_mul(FILLED_BOUNDS_SHARE).min(*budget.nodes_left);
+            let (outcome, used) = bounds.run(self.shared.domains(), &mut run_budget, budget.control);
+            *budget.nodes_left -= used;
+            *budget.nodes += used;
+            if let SearchOutcome::Found(placement) = outcome {
+                return Some(own(placement));
+            }
         }
         for (index, rank) in self.ranks.iter().enumerate() {
             if *budget.nodes_left == 0 || budget.control.stopped() {

@@ -668,7 +668,8 @@ fn bounds_search(items: &[Item], shared: &search::Shared, capacity: u64, nodes: 
     let mut never = |_: &Progress| false;
     let mut control = Control::new(&mut never);
     let mut nodes_left = nodes;
-    bounds::search((items, &members, &sections), shared.domains(), capacity, &mut nodes_left, &mut control)
+    let mut search = bounds::Bounds::new((items, &members, &sections), capacity).expect("sections of few buffers");
+    search.run(shared.domains(), &mut nodes_left, &mut control)
 }
 
 /// The bounds search (`bounds`) is exact: on small random instances at their lower bound, some
@@ -711,6 +712,49 @@ fn the_bounds_search_agrees_with_the_exact_search() {
     }
     // Deterministic (fixed seed): 237 placed and 63 refuted when written.
     assert!(placed >= 200 && refuted >= 50, "placed {placed}, refuted {refuted}");
+}
+
+/// The bounds search resumed run after run with a small budget each (as the restart rounds run
+/// it) goes the same way as one run: the same verdict, the same placement, no more nodes.
+#[test]
+fn the_bounds_search_resumed_ends_as_one_run_does() {
+    let mut rng = SplitMix64::new(37);
+    for case in 0..60 {
+        let mut buffers = random_buffers(&mut rng, 6 + case % 10, 10, 12);
+        let capacity = lower_bound(&buffers, 1);
+        if case % 2 == 0 {
+            fill_every_step(&mut buffers, capacity);
+        }
+        let items = Item::all_of(&buffers);
+        let members: Vec<u32> = (0..items.len() as u32).collect();
+        let sections = Sections::new(&items, &members);
+        let shared = search::Shared::new(&items, &members, &sections, capacity);
+        let (whole, whole_nodes) = bounds_search(&items, &shared, capacity, u64::MAX);
+        let mut search = bounds::Bounds::new((&items, &members, &sections), capacity).unwrap();
+        let mut never = |_: &Progress| false;
+        let mut control = Control::new(&mut never);
+        let (mut runs, mut nodes) = (0, 0);
+        let resumed = loop {
+            let mut nodes_left = 3;
+            let (outcome, used) = search.run(shared.domains(), &mut nodes_left, &mut control);
+            runs += 1;
+            nodes += used;
+            if !matches!(outcome, SearchOutcome::BudgetExhausted) {
+                break outcome;
+            }
+            assert!(runs < 1_000_000, "case {case}: no end");
+        };
+        match (whole, resumed) {
+            (SearchOutcome::Found(a), SearchOutcome::Found(b)) => assert_eq!(a.offsets, b.offsets, "case {case}"),
+            (SearchOutcome::Infeasible, SearchOutcome::Infeasible) => {}
+            (a, b) => {
+                let found = |o: &SearchOutcome| matches!(o, SearchOutcome::Found(_));
+                panic!("case {case}: found in one run {}, resumed {}", found(&a), found(&b))
+            }
+        }
+        assert!(nodes <= whole_nodes, "case {case}: {nodes} nodes resumed, {whole_nodes} in one run");
+        assert!(runs > 1 || whole_nodes <= 3, "case {case}: settled in one run of {whole_nodes} nodes");
+    }
 }
 
 /// Pinwheel 300 seed 6's hardest window module (test data: 187 buffers, every step full at
