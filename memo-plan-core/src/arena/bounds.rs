@@ -16,10 +16,11 @@
 //!
 //! A buffer's interval holds in all its sections, so what narrows in one is carried to the others
 //! until nothing narrows, or an interval empties (the state has no placement). The search fixes
-//! the buffer with the lowest `lo` (ties: the largest) at `lo`, and on failure excludes that
-//! offset (`lo + 1`, raised further by the rules), depth-first. It is complete: "infeasible" is a
-//! proof. The work of the rules counts as nodes (`BOUNDS_WORK_PER_NODE`). The search is kept
-//! between runs: each goes on where the last ran out of budget.
+//! the buffer with the lowest `lo` (ties by its `Tiebreak`: the largest, or the narrowest
+//! interval) at `lo`, and on failure excludes that offset (`lo + 1`, raised further by the
+//! rules), depth-first. It is complete: "infeasible" is a proof. The work of the rules counts as
+//! nodes (`BOUNDS_WORK_PER_NODE`). The search is kept between runs: each goes on where the last
+//! ran out of budget.
 //!
 //! Why: the skyline search checks what a placement does to the floors and the section bounds,
 //! not what it does to the buffers' upper ends. On pinwheel 300 seed 6's 187-buffer core its 16th
@@ -29,6 +30,7 @@
 //! search places the core in 0.06 s (BENCHMARKS.md).
 
 use alloc::vec::Vec;
+use core::cmp::Reverse;
 
 use super::control::Control;
 use super::domains::Domains;
@@ -62,6 +64,28 @@ struct Task {
     buffer: u32,
 }
 
+/// Which of the unfixed buffers with the lowest `lo` the search fixes first.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Tiebreak {
+    /// The larger. (The smaller first, CP-SAT's default, did not place pinwheel 300 seed 6's core
+    /// in 5 s without its conflict learning; the larger first did in 0.06 s.)
+    Larger,
+    /// The one with the narrower interval (`hi - lo`): the fewest places left.
+    Tighter,
+}
+
+/// The bounds searches of a component with slack, one per order, side by side: each places
+/// instances the other does not (alone on the leaves, with 3 M nodes: holes 500 seed 3 `Tighter`
+/// in 0.13 s, `Larger` not; holes 300 seed 6 `Larger` in 0.11 s, `Tighter` not). In the solve,
+/// holes 500 seed 3 is placed in 2.4 s, not within 10 s with `Larger` alone, and others pay
+/// 0-7% (BENCHMARKS.md).
+pub(crate) const SLACK_TIEBREAKS: [Tiebreak; 2] = [Tiebreak::Larger, Tiebreak::Tighter];
+
+/// The bounds searches of a zero-slack component (a filled instance's too). More orders placed
+/// no more instances: with four (also the larger area and the wider first) on every component,
+/// pinwheel 500 seed 2 took 1.38 s instead of 0.83 s, holes 500 seed 9 1.74 s instead of 1.57 s.
+pub(crate) const ZERO_SLACK_TIEBREAKS: [Tiebreak; 1] = [Tiebreak::Larger];
+
 /// A decision on the search's stack: `buffer` fixed at `value` (the first branch), or kept off
 /// it (the second); `trail` is the trail's length before it.
 struct Decision {
@@ -75,6 +99,7 @@ struct Decision {
 /// where the last stopped (its intervals, trail and decisions), so a search given a budget round
 /// by round does no work twice.
 pub(crate) struct Bounds {
+    tiebreak: Tiebreak,
     rows: Rows,
     size: Vec<u64>,
     capacity: u64,
@@ -110,13 +135,18 @@ pub(crate) struct Bounds {
 impl Bounds {
     /// The search of the component (`members` of `items`, over `sections`) under `capacity`;
     /// `None` when a section holds more than `BOUNDS_MOST_BUFFERS` buffers (not searched).
-    pub(crate) fn new((items, members, sections): (&[Item], &[u32], &Sections), capacity: u64) -> Option<Bounds> {
+    pub(crate) fn new(
+        (items, members, sections): (&[Item], &[u32], &Sections),
+        capacity: u64,
+        tiebreak: Tiebreak,
+    ) -> Option<Bounds> {
         let rows = sections.rows(items, members);
         if (0..sections.len()).any(|s| rows.of(s).len() > BOUNDS_MOST_BUFFERS) {
             return None;
         }
         let size: Vec<u64> = members.iter().map(|&m| items[m as usize].size).collect();
         Some(Bounds {
+            tiebreak,
             rows,
             capacity,
             lo: alloc::vec![0; size.len()],
@@ -234,14 +264,15 @@ impl Bounds {
         }
     }
 
-    /// The unfixed buffer with the lowest `lo`, ties to the larger, then the lower index. (The
-    /// smaller first, CP-SAT's default, did not place pinwheel 300 seed 6's core in 5 s without
-    /// its conflict learning; the larger first did in 0.06 s.)
+    /// The unfixed buffer with the lowest `lo`, ties by the search's `Tiebreak`, then to the
+    /// lower index.
     fn choose(&mut self) -> Option<usize> {
         self.work += self.lo.len() as u64;
-        (0..self.lo.len())
-            .filter(|&l| self.lo[l] < self.hi[l])
-            .min_by_key(|&l| (self.lo[l], core::cmp::Reverse(self.size[l]), l))
+        let unfixed = (0..self.lo.len()).filter(|&l| self.lo[l] < self.hi[l]);
+        match self.tiebreak {
+            Tiebreak::Larger => unfixed.min_by_key(|&l| (self.lo[l], Reverse(self.size[l]), l)),
+            Tiebreak::Tighter => unfixed.min_by_key(|&l| (self.lo[l], self.hi[l] - self.lo[l], l)),
+        }
     }
 
     /// Sets a buffer's interval (recorded on the trail) and queues its sections; an empty

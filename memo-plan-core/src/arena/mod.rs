@@ -432,6 +432,34 @@ impl Budget<'_, '_> {
         placement
     }
 
+    /// Runs a component's bounds searches (`searches`: one per order of `bounds::TIEBREAKS`, made
+    /// at the first call; none when the component has a crowded section) on from where they
+    /// stopped, each with at most `allowance` of the nodes left, narrowing to `domains`; the first
+    /// settled outcome, else `BudgetExhausted`. Charges the nodes spent.
+    fn run_bounds(
+        &mut self,
+        searches: &mut Option<Vec<bounds::Bounds>>,
+        tiebreaks: &[bounds::Tiebreak],
+        component: (&[Item], &[u32], &Sections),
+        domains: Option<&domains::Domains>,
+        capacity: u64,
+        allowance: u64,
+    ) -> SearchOutcome {
+        let searches = searches.get_or_insert_with(|| {
+            tiebreaks.iter().filter_map(|&tiebreak| bounds::Bounds::new(component, capacity, tiebreak)).collect()
+        });
+        for search in searches {
+            let mut run_budget = allowance.min(*self.nodes_left);
+            let (outcome, used) = search.run(domains, &mut run_budget, self.control);
+            *self.nodes_left -= used;
+            *self.nodes += used;
+            if !matches!(outcome, SearchOutcome::BudgetExhausted) {
+                return outcome;
+            }
+        }
+        SearchOutcome::BudgetExhausted
+    }
+
     /// Tightens a zero-slack search's domains (`search::Shared::tighten`) with at most
     /// `allowance` of the nodes left, one state of a tiling counted as a node; the stop callback
     /// is polled after each section tiled.
@@ -526,9 +554,10 @@ impl LeafState {
         // measured (MiniMalloc's H took 3x the nodes). Kept across the rounds: a module placed in
         // one is not placed again.
         let mut modules = modules::Modules::new(zero_slack, budget.depth);
-        // The bounds search, made at its first turn (`None` inside: not searched) and resumed
-        // each round after.
-        let mut bounds: Option<Option<bounds::Bounds>> = None;
+        // The bounds searches, made at their first turn and resumed each round after.
+        let mut bounds: Option<Vec<bounds::Bounds>> = None;
+        let tiebreaks: &[bounds::Tiebreak] =
+            if zero_slack { &bounds::ZERO_SLACK_TIEBREAKS } else { &bounds::SLACK_TIEBREAKS };
         let first_limit = limit;
         loop {
             if limit > first_limit {
@@ -555,16 +584,10 @@ impl LeafState {
                     if let Some(placement) = budget.place_by_modules(&mut modules, component, capacity, allowance) {
                         return SearchOutcome::Found(placement);
                     }
-                    let bounds = bounds.get_or_insert_with(|| bounds::Bounds::new(component, capacity));
-                    if let Some(bounds) = bounds {
-                        let mut run_budget = allowance.saturating_mul(BOUNDS_SHARE).min(*budget.nodes_left);
-                        let (outcome, used) = bounds.run(shared.domains(), &mut run_budget, budget.control);
-                        *budget.nodes_left -= used;
-                        *budget.nodes += used;
-                        match outcome {
-                            SearchOutcome::BudgetExhausted => {}
-                            settled => return settled,
-                        }
+                    let allowance = allowance.saturating_mul(BOUNDS_SHARE);
+                    match budget.run_bounds(&mut bounds, tiebreaks, component, shared.domains(), capacity, allowance) {
+                        SearchOutcome::BudgetExhausted => {}
+                        settled => return settled,
                     }
                 }
                 if *budget.nodes_left == 0 || budget.control.stopped() {
@@ -718,9 +741,8 @@ struct Filled {
     near_perfect: bool,
     /// Whether `search` ran before (its later runs tighten the domains).
     searched: bool,
-    /// The filled instance's bounds search, made at its first turn and resumed after (`None`
-    /// inside: not searched).
-    bounds: Option<Option<bounds::Bounds>>,
+    /// The filled instance's bounds searches, made at their first turn and resumed after.
+    bounds: Option<Vec<bounds::Bounds>>,
 }
 
 /// How `Filled` cuts the slack profile into fillers. The same profile comes from holes of many
@@ -868,16 +890,14 @@ impl Filled {
         if let Some(placement) = budget.place_by_modules(&mut self.modules, filled, capacity, allowance) {
             return Some(own(placement));
         }
-        // Then its bounds search, resumed from the last search's, with `BOUNDS_SHARE` times that.
-        let bounds = self.bounds.get_or_insert_with(|| bounds::Bounds::new(filled, capacity));
-        if let Some(bounds) = bounds {
-            let mut run_budget = allowance.saturating_mul(FILLED_BOUNDS_SHARE).min(*budget.nodes_left);
-            let (outcome, used) = bounds.run(self.shared.domains(), &mut run_budget, budget.control);
-            *budget.nodes_left -= used;
-            *budget.nodes += used;
-            if let SearchOutcome::Found(placement) = outcome {
-                return Some(own(placement));
-            }
+        // Then its bounds searches, each on from where it stopped, with `FILLED_BOUNDS_SHARE`
+        // times that. (Their "infeasible" holds for these fillers only.)
+        let allowance = allowance.saturating_mul(FILLED_BOUNDS_SHARE);
+        let domains = self.shared.domains();
+        if let SearchOutcome::Found(placement) =
+            budget.run_bounds(&mut self.bounds, &bounds::ZERO_SLACK_TIEBREAKS, filled, domains, capacity, allowance)
+        {
+            return Some(own(placement));
         }
         for (index, rank) in self.ranks.iter().enumerate() {
             if *budget.nodes_left == 0 || budget.control.stopped() {
