@@ -679,6 +679,17 @@ fn bounds_search(
     search.run(shared.domains(), &mut nodes_left, &mut control)
 }
 
+/// A small random instance for the bounds search and its lower bound, made zero slack by fillers
+/// in the even cases.
+fn bounds_case(rng: &mut SplitMix64, case: usize) -> (Vec<BufferLifetime>, u64) {
+    let mut buffers = random_buffers(rng, 6 + case % 10, 10, 12);
+    let capacity = lower_bound(&buffers, 1);
+    if case % 2 == 0 {
+        fill_every_step(&mut buffers, capacity);
+    }
+    (buffers, capacity)
+}
+
 /// Both tie-break orders of the bounds search.
 const TIEBREAKS: [bounds::Tiebreak; 2] = [bounds::Tiebreak::Larger, bounds::Tiebreak::Tighter];
 
@@ -690,11 +701,7 @@ fn the_bounds_search_agrees_with_the_exact_search() {
     let mut rng = SplitMix64::new(31);
     let (mut placed, mut refuted) = (0, 0);
     for case in 0..300 {
-        let mut buffers = random_buffers(&mut rng, 6 + case % 10, 10, 12);
-        let capacity = lower_bound(&buffers, 1);
-        if case % 2 == 0 {
-            fill_every_step(&mut buffers, capacity);
-        }
+        let (buffers, capacity) = bounds_case(&mut rng, case);
         let items = Item::all_of(&buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
@@ -732,11 +739,7 @@ fn the_bounds_search_agrees_with_the_exact_search() {
 fn the_bounds_search_resumed_ends_as_one_run_does() {
     let mut rng = SplitMix64::new(37);
     for case in 0..60 {
-        let mut buffers = random_buffers(&mut rng, 6 + case % 10, 10, 12);
-        let capacity = lower_bound(&buffers, 1);
-        if case % 2 == 0 {
-            fill_every_step(&mut buffers, capacity);
-        }
+        let (buffers, capacity) = bounds_case(&mut rng, case);
         let items = Item::all_of(&buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
