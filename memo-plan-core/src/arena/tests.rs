@@ -684,7 +684,7 @@ fn bounds_search(
 fn bounds_case(rng: &mut SplitMix64, case: usize) -> (Vec<BufferLifetime>, u64) {
     let mut buffers = random_buffers(rng, 6 + case % 10, 10, 12);
     let capacity = lower_bound(&buffers, 1);
-    if case % 2 == 0 {
+    if case.is_multiple_of(2) {
         fill_every_step(&mut buffers, capacity);
     }
     (buffers, capacity)
