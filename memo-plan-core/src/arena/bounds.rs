@@ -78,12 +78,13 @@ pub(crate) enum Tiebreak {
 /// instances the other does not (alone on the leaves, with 3 M nodes: holes 500 seed 3 `Tighter`
 /// in 0.13 s, `Larger` not; holes 300 seed 6 `Larger` in 0.11 s, `Tighter` not). In the solve,
 /// holes 500 seed 3 is placed in 2.4 s, not within 10 s with `Larger` alone, and others pay
-/// 0-7% (BENCHMARKS.md).
+/// 0-8% (BENCHMARKS.md).
 pub(crate) const SLACK_TIEBREAKS: [Tiebreak; 2] = [Tiebreak::Larger, Tiebreak::Tighter];
 
-/// The bounds searches of a zero-slack component (a filled instance's too). More orders placed
-/// no more instances: with four (also the larger area and the wider first) on every component,
-/// pinwheel 500 seed 2 took 1.38 s instead of 0.83 s, holes 500 seed 9 1.74 s instead of 1.57 s.
+/// The bounds searches of a zero-slack component (a filled instance's too). More orders there
+/// placed no more instances: with four (also the larger area and the wider first) on every leaf,
+/// the one more placed was holes 500 seed 3 (a leaf with slack), and pinwheel 500 seed 2 took
+/// 1.38 s instead of 0.83 s, holes 500 seed 9 1.74 s instead of 1.60 s.
 pub(crate) const ZERO_SLACK_TIEBREAKS: [Tiebreak; 1] = [Tiebreak::Larger];
 
 /// A decision on the search's stack: `buffer` fixed at `value` (the first branch), or kept off
