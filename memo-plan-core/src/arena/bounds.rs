@@ -41,8 +41,9 @@ use super::Item;
 
 /// Work units per search node: a node's propagation scans many sections, and the budget counts
 /// what is spent, so every this many set members scanned (and buffers scanned to choose, to
-/// check the intervals, and per buffer of a section narrowed) count as one node. Without the
-/// scans, a search with slack (few members in the sets) took 10x the time per node.
+/// check the intervals, and per buffer of a section narrowed) count as one node. Uncounted, those
+/// scans made a node of a search with slack (few members in the sets) cost about 10x the time of
+/// one at zero slack (BENCHMARKS.md).
 pub const BOUNDS_WORK_PER_NODE: u64 = 64;
 
 /// Components with a section of more buffers than this are not searched (nothing is settled):

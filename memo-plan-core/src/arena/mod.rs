@@ -432,10 +432,10 @@ impl Budget<'_, '_> {
         placement
     }
 
-    /// Runs a component's bounds searches (`searches`: one per order of `bounds::TIEBREAKS`, made
-    /// at the first call; none when the component has a crowded section) on from where they
-    /// stopped, each with at most `allowance` of the nodes left, narrowing to `domains`; the first
-    /// settled outcome, else `BudgetExhausted`. Charges the nodes spent.
+    /// Runs a component's bounds searches (`searches`: one per order of `tiebreaks`, made at the
+    /// first call; none when the component has a crowded section) on from where they stopped,
+    /// each with at most `allowance` of the nodes left, narrowing to `domains`; the first settled
+    /// outcome, else `BudgetExhausted`. Charges the nodes spent.
     fn run_bounds(
         &mut self,
         searches: &mut Option<Vec<bounds::Bounds>>,
@@ -486,8 +486,8 @@ pub const TIGHTEN_PER_RESTART_NODE: u64 = 64;
 /// every section it touches), and on the cores it settles it needs few of them or none help.
 /// It goes on each round from where the last stopped. Pinwheel 300 seed 6 (whose 187-buffer core
 /// no other search placed within 10 s), searched afresh each round: 1.28 s at 1, 0.71 s at 2,
-/// 0.43 s at 4. Resumed: holes 300 seed 6 (placed by it) 1.49 s at 4, 0.70 s at 8, 0.70 s at
-/// 16; pinwheel 500 seed 6 1.18, 0.86, 0.55 s; holes 500 seed 2 (placed by a filled instance's
+/// 0.43 s at 4. Resumed (one order): holes 300 seed 6 (placed by it) 1.49 s at 4, 0.70 s at
+/// 8, 0.70 s at 16; pinwheel 500 seed 6 1.18, 0.86, 0.55 s; holes 500 seed 2 (placed by a filled instance's
 /// restarts after it) 0.92, 0.95, 1.02 s; MiniMalloc's D, H, I 0.45, 0.13, 0.90 s at 4 and 0.46,
 /// 0.16, 0.92 s at 8 (BENCHMARKS.md).
 pub const BOUNDS_SHARE: u64 = 8;
@@ -572,7 +572,8 @@ impl LeafState {
                 // nodes as all the restarts, and searching them first cost MiniMalloc's J and K
                 // 40x their time, and I 2x (which those restarts settle). At zero slack (no
                 // fillers) the modules there instead, with as many nodes as the round's restarts.
-                // Then the bounds search, with `BOUNDS_SHARE` times that.
+                // Then the bounds searches (two orders with slack, one at zero slack), each on from
+                // where it stopped, with `BOUNDS_SHARE` times that.
                 if index == 2 {
                     for filled in &mut filled {
                         if let Some(placement) = filled.search(capacity, limit, budget) {
