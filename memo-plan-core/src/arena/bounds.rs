@@ -90,6 +90,7 @@ pub(crate) const ZERO_SLACK_TIEBREAKS: [Tiebreak; 1] = [Tiebreak::Larger];
 
 /// A decision on the search's stack: `buffer` fixed at `value` (the first branch), or kept off
 /// it (the second); `trail` is the trail's length before it.
+#[derive(Clone, Copy)]
 struct Decision {
     buffer: u32,
     value: u64,
@@ -100,6 +101,7 @@ struct Decision {
 /// The bounds search of one component at one capacity, kept between runs: each run goes on from
 /// where the last stopped (its intervals, trail and decisions), so a search given a budget round
 /// by round does no work twice.
+#[derive(Clone)]
 pub(crate) struct Bounds {
     tiebreak: Tiebreak,
     rows: Rows,
@@ -135,20 +137,21 @@ pub(crate) struct Bounds {
 }
 
 impl Bounds {
-    /// The search of the component (`members` of `items`, over `sections`) under `capacity`;
-    /// `None` when a section holds more than `BOUNDS_MOST_BUFFERS` buffers (not searched).
+    /// The searches of the component (`members` of `items`, over `sections`) under `capacity`,
+    /// one per order of `tiebreaks`; none when a section holds more than `BOUNDS_MOST_BUFFERS`
+    /// buffers (not searched).
     pub(crate) fn new(
         (items, members, sections): (&[Item], &[u32], &Sections),
         capacity: u64,
-        tiebreak: Tiebreak,
-    ) -> Option<Bounds> {
+        tiebreaks: &[Tiebreak],
+    ) -> Vec<Bounds> {
         let rows = sections.rows(items, members);
         if (0..sections.len()).any(|s| rows.of(s).len() > BOUNDS_MOST_BUFFERS) {
-            return None;
+            return Vec::new();
         }
         let size: Vec<u64> = members.iter().map(|&m| items[m as usize].size).collect();
-        Some(Bounds {
-            tiebreak,
+        let fresh = Bounds {
+            tiebreak: Tiebreak::Larger,
             rows,
             capacity,
             lo: alloc::vec![0; size.len()],
@@ -170,7 +173,8 @@ impl Bounds {
             charged: 0,
             nodes_left: 0,
             nodes: 0,
-        })
+        };
+        tiebreaks.iter().map(|&tiebreak| Bounds { tiebreak, ..fresh.clone() }).collect()
     }
 
     /// Searches on from where the last run stopped, within `*nodes_left` nodes (decremented by
@@ -302,10 +306,7 @@ impl Bounds {
             self.lo[l as usize] = lo;
             self.hi[l as usize] = hi;
         }
-        for &s in &self.queue {
-            self.queued[s] = false;
-        }
-        self.queue.clear();
+        self.clear_queue();
     }
 
     /// Narrows the queued sections until nothing narrows: `Some(false)` when an interval empties,

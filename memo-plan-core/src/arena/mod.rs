@@ -445,9 +445,7 @@ impl Budget<'_, '_> {
         capacity: u64,
         allowance: u64,
     ) -> SearchOutcome {
-        let searches = searches.get_or_insert_with(|| {
-            tiebreaks.iter().filter_map(|&tiebreak| bounds::Bounds::new(component, capacity, tiebreak)).collect()
-        });
+        let searches = searches.get_or_insert_with(|| bounds::Bounds::new(component, capacity, tiebreaks));
         for search in searches {
             let mut run_budget = allowance.min(*self.nodes_left);
             let (outcome, used) = search.run(domains, &mut run_budget, self.control);
@@ -487,15 +485,16 @@ pub const TIGHTEN_PER_RESTART_NODE: u64 = 64;
 /// It goes on each round from where the last stopped. Pinwheel 300 seed 6 (whose 187-buffer core
 /// no other search placed within 10 s), searched afresh each round: 1.28 s at 1, 0.71 s at 2,
 /// 0.43 s at 4. Resumed (one order): holes 300 seed 6 (placed by it) 1.49 s at 4, 0.70 s at
-/// 8, 0.70 s at 16; pinwheel 500 seed 6 1.18, 0.86, 0.55 s; holes 500 seed 2 (placed by a filled instance's
-/// restarts after it) 0.92, 0.95, 1.02 s; MiniMalloc's D, H, I 0.45, 0.13, 0.90 s at 4 and 0.46,
-/// 0.16, 0.92 s at 8 (BENCHMARKS.md).
+/// 8, 0.70 s at 16; pinwheel 500 seed 6 1.18, 0.86, 0.55 s; holes 500 seed 2 (placed by a
+/// filled instance's restarts after it) 0.92, 0.95, 1.02 s; MiniMalloc's D, H, I 0.45, 0.13,
+/// 0.90 s at 4 and 0.46, 0.16, 0.92 s at 8 (BENCHMARKS.md).
 pub const BOUNDS_SHARE: u64 = 8;
 
 /// A filled instance's bounds search (`Filled::search`) runs after its window modules, each
 /// search, with this many times their nodes, going on from where the last stopped. Holes 500 seed
-/// 4 (its filled instance is the whole tiling, placed by it): not within 1 s without it, 1.8 s
-/// at 2, 0.81 s at 4, 0.86 s at 8; holes 500 seed 2 0.85, 0.92, 1.04 s at 2, 4, 8 (BENCHMARKS.md).
+/// 4 (its filled instance is the whole tiling, placed by it), at `BOUNDS_SHARE` 8: 1.89 s at 2,
+/// 0.82 s at 4, 0.89 s at 8 (6.4 s before filled instances had a bounds search); holes 500 seed
+/// 2 0.90, 0.95, 1.07 s at 2, 4, 8 (BENCHMARKS.md).
 pub const FILLED_BOUNDS_SHARE: u64 = 4;
 
 /// How a leaf's new peak becomes the arena's, for the progress shown.

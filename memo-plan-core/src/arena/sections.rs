@@ -128,6 +128,7 @@ impl Sections {
 }
 
 /// Members against sections, both ways (local indices: positions in the member list).
+#[derive(Clone)]
 pub(crate) struct Rows {
     /// Each member's section range `[start, end)`.
     pub spans: Vec<(u32, u32)>,

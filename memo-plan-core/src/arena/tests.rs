@@ -674,8 +674,8 @@ fn bounds_search(
     let mut never = |_: &Progress| false;
     let mut control = Control::new(&mut never);
     let mut nodes_left = nodes;
-    let mut search =
-        bounds::Bounds::new((items, &members, &sections), capacity, tiebreak).expect("sections of few buffers");
+    let mut searches = bounds::Bounds::new((items, &members, &sections), capacity, &[tiebreak]);
+    let search = searches.first_mut().expect("sections of few buffers");
     search.run(shared.domains(), &mut nodes_left, &mut control)
 }
 
@@ -746,7 +746,7 @@ fn the_bounds_search_resumed_ends_as_one_run_does() {
         let shared = search::Shared::new(&items, &members, &sections, capacity);
         let tiebreak = TIEBREAKS[(case / 2) % 2]; // each order with and without slack
         let (whole, whole_nodes) = bounds_search(&items, &shared, capacity, u64::MAX, tiebreak);
-        let mut search = bounds::Bounds::new((&items, &members, &sections), capacity, tiebreak).unwrap();
+        let mut search = bounds::Bounds::new((&items, &members, &sections), capacity, &[tiebreak]).remove(0);
         let mut never = |_: &Progress| false;
         let mut control = Control::new(&mut never);
         let (mut runs, mut nodes) = (0, 0);
