@@ -16,8 +16,8 @@
 //!
 //! A buffer's interval holds in all its sections, so what narrows in one is carried to the others
 //! until nothing narrows, or an interval empties (the state has no placement). The search fixes
-//! the buffer with the lowest `lo` (ties by its `Tiebreak`: the largest, or the narrowest
-//! interval) at `lo`, and on failure excludes that offset (`lo + 1`, raised further by the
+//! the buffer with the lowest `lo` (ties by its `Tiebreak`: the largest, the narrowest
+//! interval, or the largest area) at `lo`, and on failure excludes that offset (`lo + 1`, raised further by the
 //! rules), depth-first. It is complete: "infeasible" is a proof. The work of the rules counts as
 //! nodes (`BOUNDS_WORK_PER_NODE`). The search is kept between runs: each goes on where the last
 //! ran out of budget.
@@ -73,6 +73,9 @@ pub(crate) enum Tiebreak {
     Larger,
     /// The one with the narrower interval (`hi - lo`): the fewest places left.
     Tighter,
+    /// The one with the larger area: its size times the sections it spans (the most of the
+    /// sections' room it takes at once).
+    LargerArea,
 }
 
 /// The bounds searches of a component with slack, one per order, side by side: each places
@@ -82,11 +85,13 @@ pub(crate) enum Tiebreak {
 /// 0-8% (BENCHMARKS.md).
 pub(crate) const SLACK_TIEBREAKS: [Tiebreak; 2] = [Tiebreak::Larger, Tiebreak::Tighter];
 
-/// The bounds searches of a zero-slack component (a filled instance's too). More orders there
-/// placed no more instances: with four (also the larger area and the wider first) on every leaf,
-/// the one more placed was holes 500 seed 3 (a leaf with slack), and pinwheel 500 seed 2 took
-/// 1.38 s instead of 0.83 s, holes 500 seed 9 1.74 s instead of 1.60 s.
-pub(crate) const ZERO_SLACK_TIEBREAKS: [Tiebreak; 1] = [Tiebreak::Larger];
+/// The bounds searches of a zero-slack component (a filled instance's too): one, ties to the
+/// larger area. Against the largest first it took pinwheel 500 seed 4 from 0.41 to 0.09 s and
+/// seed 6 from 0.89 to 0.46 s, the other pinwheels, the holes sets and MiniMalloc's A-K within
+/// noise. More orders placed no more instances: with four (the largest, the larger area, the
+/// wider and the narrowest first) on every leaf, the one more placed was holes 500 seed 3 (a leaf
+/// with slack), and pinwheel 500 seed 2 took 1.38 s instead of 0.83 s (BENCHMARKS.md).
+pub(crate) const ZERO_SLACK_TIEBREAKS: [Tiebreak; 1] = [Tiebreak::LargerArea];
 
 /// A decision on the search's stack: `buffer` fixed at `value` (the first branch), or kept off
 /// it (the second); `trail` is the trail's length before it.
@@ -278,6 +283,10 @@ impl Bounds {
         match self.tiebreak {
             Tiebreak::Larger => unfixed.min_by_key(|&l| (self.lo[l], Reverse(self.size[l]), l)),
             Tiebreak::Tighter => unfixed.min_by_key(|&l| (self.lo[l], self.hi[l] - self.lo[l], l)),
+            Tiebreak::LargerArea => unfixed.min_by_key(|&l| {
+                let (start, end) = self.rows.spans[l];
+                (self.lo[l], Reverse(self.size[l].saturating_mul(u64::from(end - start))), l)
+            }),
         }
     }
 

@@ -690,8 +690,9 @@ fn bounds_case(rng: &mut SplitMix64, case: usize) -> (Vec<BufferLifetime>, u64) 
     (buffers, capacity)
 }
 
-/// Both tie-break orders of the bounds search.
-const TIEBREAKS: [bounds::Tiebreak; 2] = [bounds::Tiebreak::Larger, bounds::Tiebreak::Tighter];
+/// The tie-break orders of the bounds search.
+const TIEBREAKS: [bounds::Tiebreak; 3] =
+    [bounds::Tiebreak::Larger, bounds::Tiebreak::Tighter, bounds::Tiebreak::LargerArea];
 
 /// The bounds search (`bounds`) is exact: on small random instances at their lower bound, some
 /// with slack and some made zero slack by one filler per step (with domains), it reaches the
@@ -729,8 +730,8 @@ fn the_bounds_search_agrees_with_the_exact_search() {
             refuted += usize::from(!bounds);
         }
     }
-    // Deterministic (fixed seed): 474 placed and 126 refuted (both orders) when written.
-    assert!(placed >= 400 && refuted >= 100, "placed {placed}, refuted {refuted}");
+    // Deterministic (fixed seed): 711 placed and 189 refuted (three orders) when written.
+    assert!(placed >= 600 && refuted >= 150, "placed {placed}, refuted {refuted}");
 }
 
 /// The bounds search resumed run after run with a small budget each (as the restart rounds run
@@ -744,7 +745,7 @@ fn the_bounds_search_resumed_ends_as_one_run_does() {
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
         let shared = search::Shared::new(&items, &members, &sections, capacity);
-        let tiebreak = TIEBREAKS[(case / 2) % 2]; // each order with and without slack
+        let tiebreak = TIEBREAKS[(case / 2) % TIEBREAKS.len()]; // each order with and without slack
         let (whole, whole_nodes) = bounds_search(&items, &shared, capacity, u64::MAX, tiebreak);
         let mut search = bounds::Bounds::new((&items, &members, &sections), capacity, &[tiebreak]).remove(0);
         let mut never = |_: &Progress| false;
