@@ -44,6 +44,7 @@ impl MemoPlaceOptions {
             capacity: (self.capacity != MEMO_NO_CAPACITY).then_some(self.capacity),
             alignment: self.alignment.max(1),
             budget_nodes: self.budget_nodes,
+            ..SolveOptions::default()
         }
     }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use memo_plan_core::arena::{self, Progress, Solution, SolveError, SolveOptions, DEFAULT_BUDGET_NODES};
+use memo_plan_core::arena::{self, Progress, SearchMix, Solution, SolveError, SolveOptions, DEFAULT_BUDGET_NODES};
 use memo_plan_core::check::check_placement;
 use memo_plan_core::trace::{self, Trace, TraceError, TraceFormat};
 
@@ -34,6 +34,12 @@ that runs past a second reports its progress on standard error once a second (be
 bound, nodes per second). With --capacity, a placement under it, or *proven infeasible* (exit 3),
 or *not found within the limit* (exit 4).
 
+The search runs on --threads threads (default: the machine's cores, of which it uses up to 3),
+each sharing its time among the exact searches differently, and keeps the best answer: the first
+proof of optimality or infeasibility, else the lowest peak when all have stopped. With one thread
+the placement is the same on every run; with more, a proven peak or verdict is too, but which
+placement of that peak comes back may differ between runs.
+
 The placement is checked by an independent checker before it is printed: as CSV
 `id,lower,upper,size,offset` on standard output (one row per buffer, in trace order), with a
 summary on standard error; or, with --json, as one JSON object and no summary. With --svg, the
@@ -45,6 +51,7 @@ Examples:
   memo solve examples/traces/memo-layer.trace
   memo solve --capacity 2GiB --alignment 512 trace.txt > placement.csv
   memo solve --time-limit 60 big.csv > placement.csv
+  memo solve --threads 1 trace.csv > placement.csv      # the same placement every run
   cat trace.csv | memo solve --json -
   memo solve examples/traces/memo-layer.trace --svg placement.svg > placement.csv";
 
@@ -73,6 +80,11 @@ pub struct SolveArgs {
     #[arg(long, value_name = "BYTES", default_value = "1", value_parser = parse_bytes)]
     alignment: u64,
 
+    /// Search threads, each with its own mix of searches, the best answer kept (1: the same
+    /// placement every run; more than 3 add nothing) [default: the machine's cores]
+    #[arg(long, value_name = "N", value_parser = parse_threads)]
+    threads: Option<usize>,
+
     /// Print one JSON object on standard output instead of the CSV, and no summary
     #[arg(long)]
     json: bool,
@@ -93,6 +105,13 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
     }
 }
 
+fn parse_threads(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(threads) if threads >= 1 => Ok(threads),
+        _ => Err("expected a whole number of threads, 1 or more, such as 2".to_string()),
+    }
+}
+
 fn parse_nodes(text: &str) -> Result<u64, String> {
     text.trim().parse().map_err(|_| format!("expected a whole number of search nodes, such as {DEFAULT_BUDGET_NODES}"))
 }
@@ -106,7 +125,14 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
         Failure::new(exit::IO_ERROR, format!("cannot read {name}: {e}; check the path and permissions"))
     })?;
     let trace = trace::parse_trace(&bytes).map_err(|e| trace_failure(&name, &e))?;
-    let options = SolveOptions { capacity: args.capacity, alignment: args.alignment, budget_nodes: args.budget_nodes };
+    let options = SolveOptions {
+        capacity: args.capacity,
+        alignment: args.alignment,
+        budget_nodes: args.budget_nodes,
+        ..SolveOptions::default()
+    };
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let mixes = SearchMix::portfolio(threads);
 
     let interrupted = interrupt_flag();
     let started = Instant::now();
@@ -136,7 +162,7 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
         stopped_by = reason;
         true
     };
-    let result = arena::solve_with(&trace.buffers, &options, &mut stop);
+    let result = arena::solve_portfolio(&trace.buffers, &options, mixes, &mut stop);
     let elapsed = started.elapsed();
     let limits = Limits { time_limit: args.time_limit, budget_nodes: args.budget_nodes, stopped_by };
     let solution = result.map_err(|e| solve_failure(&name, &e, &options, &limits))?;
@@ -154,6 +180,7 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
         solution: &solution,
         elapsed,
         limits: &limits,
+        threads: mixes.len(),
         svg: args.svg.as_deref(),
     };
     let written = if args.json { write_json(&solved) } else { write_csv(&solved) };
@@ -392,6 +419,8 @@ struct Solved<'a> {
     solution: &'a Solution,
     elapsed: Duration,
     limits: &'a Limits,
+    /// The searches run side by side (`--threads`, at most one per mix).
+    threads: usize,
     /// Where `--svg` drew the placement.
     svg: Option<&'a Path>,
 }
@@ -450,6 +479,7 @@ fn write_json(solved: &Solved) -> io::Result<()> {
         steps: trace.steps,
         stopped: solved.stopped().map(|_| solved.limits.json_reason()),
         svg: solved.svg.map(|svg| svg.display().to_string()),
+        threads: solved.threads,
         time_limit_s: solved.limits.time_limit.as_secs_f64(),
         unsearched_components: stats.unsearched_components,
     };
@@ -482,6 +512,7 @@ struct JsonPlacement<'a> {
     stopped: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     svg: Option<String>,
+    threads: usize,
     time_limit_s: f64,
     unsearched_components: u32,
 }
@@ -548,7 +579,15 @@ impl Solved<'_> {
             ),
         );
         let exhausted = if stats.budget_exhausted && !stats.stopped { " (budget exhausted)" } else { "" };
-        row("search nodes", format!("{} of {}{exhausted}", stats.nodes, self.options.budget_nodes));
+        if self.threads > 1 {
+            let budget = self.options.budget_nodes;
+            row(
+                "search nodes",
+                format!("{} on {} threads, {budget} each at most{exhausted}", stats.nodes, self.threads),
+            );
+        } else {
+            row("search nodes", format!("{} of {}{exhausted}", stats.nodes, self.options.budget_nodes));
+        }
         row("elapsed", human::duration(self.elapsed));
         if let Some(svg) = self.svg {
             row("picture", svg.display().to_string());

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 
 use common::{assert_fails, code, memo, scratch, stderr};
 
-use memo_plan_core::generate::{known_optimum, pipelined_graph, GraphShape, PipelineShape, SplitMix64};
+use memo_plan_core::generate::{known_optimum, pipelined_graph, with_holes, GraphShape, PipelineShape, SplitMix64};
 use memo_plan_core::BufferLifetime;
 
 const EXAMPLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/traces/memo-layer.trace");
@@ -134,7 +134,7 @@ fn the_example_trace_solves_to_a_valid_optimal_placement() {
 
 #[test]
 fn json_is_one_object_with_every_field() {
-    let output = memo(&["solve", "--json", EXAMPLE], None);
+    let output = memo(&["solve", "--json", "--threads", "1", EXAMPLE], None);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     assert!(output.stderr.is_empty(), "no summary with --json: {}", stderr(&output));
     let text = std::str::from_utf8(&output.stdout).unwrap();
@@ -164,8 +164,8 @@ fn json_is_one_object_with_every_field() {
     assert_eq!(json["peak"], json["lower_bound"]);
     assert!(json["elapsed_ms"].is_number());
 
-    // The same placement as the CSV.
-    let rows = parse_placement(&memo(&["solve", EXAMPLE], None).stdout);
+    // The same placement as the CSV (one thread: the same placement every run).
+    let rows = parse_placement(&memo(&["solve", "--threads", "1", EXAMPLE], None).stdout);
     let offsets = json["offsets"].as_array().unwrap();
     assert_eq!(offsets.len(), rows.len());
     for (entry, row) in offsets.iter().zip(&rows) {
@@ -179,7 +179,7 @@ fn json_is_one_object_with_every_field() {
 fn csv_input_solves_and_its_output_reads_back() {
     let buffers = known_optimum(1, 40, 20, 500);
     let path = scratch("known-optimum.csv", as_csv(&buffers).as_bytes());
-    let output = memo(&["solve", path.to_str().unwrap()], None);
+    let output = memo(&["solve", "--threads", "1", path.to_str().unwrap()], None);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     let rows = parse_placement(&output.stdout);
     let echoed: Vec<_> =
@@ -189,18 +189,52 @@ fn csv_input_solves_and_its_output_reads_back() {
     assert_eq!(summary_value(&stderr(&output), "optimality"), "proven optimal");
 
     // `memo solve` output is itself a valid CSV trace (the offset column is ignored), on stdin.
-    let again = memo(&["solve", "-"], Some(&output.stdout));
+    let again = memo(&["solve", "--threads", "1", "-"], Some(&output.stdout));
     assert_eq!(code(&again), 0, "{}", stderr(&again));
     assert_eq!(again.stdout, output.stdout, "deterministic");
 }
 
 #[test]
 fn standard_input_gives_the_same_placement_as_the_file() {
-    let from_file = memo(&["solve", EXAMPLE], None);
-    let from_stdin = memo(&["solve", "-"], Some(&std::fs::read(EXAMPLE).unwrap()));
+    let from_file = memo(&["solve", "--threads", "1", EXAMPLE], None);
+    let from_stdin = memo(&["solve", "--threads", "1", "-"], Some(&std::fs::read(EXAMPLE).unwrap()));
     assert_eq!(code(&from_stdin), 0, "{}", stderr(&from_stdin));
     assert_eq!(from_stdin.stdout, from_file.stdout);
     assert!(stderr(&from_stdin).contains("<stdin>"));
+}
+
+/// Two threads (two mixes of searches side by side) settle what one does: the same proven peak,
+/// checked; the JSON says how many threads ran. Zero threads is a usage error.
+#[test]
+fn two_threads_reach_the_peak_one_thread_proves() {
+    let buffers = with_holes(3, 120, 3, 480, 1 << 20);
+    let path = scratch("holes-threads.csv", as_csv(&buffers).as_bytes());
+    let path = path.to_str().unwrap();
+    let mut peaks = Vec::new();
+    for threads in ["1", "2"] {
+        let output = memo(&["solve", "--json", "--threads", threads, "--budget-nodes", "100000000", path], None);
+        assert_eq!(code(&output), 0, "{}", stderr(&output));
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+        assert_eq!(json["threads"].to_string(), threads);
+        assert_eq!(json["optimal"], true, "{threads} threads: {}", json["stopped"]);
+        let rows: Vec<Row> = json["offsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(&buffers)
+            .map(|(entry, b)| Row {
+                id: b.id,
+                lower: b.lower,
+                upper: b.upper,
+                size: b.size,
+                offset: entry["offset"].as_u64().unwrap(),
+            })
+            .collect();
+        assert_eq!(json["peak"], recheck(&rows, 1));
+        peaks.push(json["peak"].as_u64());
+    }
+    assert_eq!(peaks[0], peaks[1]);
+    assert_fails(&memo(&["solve", "--threads", "0", path], None), 2);
 }
 
 #[test]
@@ -353,9 +387,10 @@ fn help_shows_an_example_and_the_exit_codes() {
 }
 
 /// 400 buffers with random lifetimes and sizes: far from any perfect packing, so the exact search
-/// can neither reach the lower bound nor prove a higher peak optimal within a second or two.
+/// can neither reach the lower bound nor prove a higher peak optimal within a second or two (no
+/// search mix settles it within 300,000 nodes; seed 5, used before, is settled in 2,135).
 fn hard_random_instance() -> Vec<BufferLifetime> {
-    let mut rng = SplitMix64::new(5);
+    let mut rng = SplitMix64::new(3);
     (0..400)
         .map(|id| {
             let lower = rng.below(1000) as u32;

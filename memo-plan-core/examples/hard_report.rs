@@ -12,7 +12,7 @@
 //! pinwheel, holes), with the progress the solver reports; `... -- trace PATH CAPACITY [SECONDS]` the time an
 //! `id,lower,upper,size` CSV takes to be placed under a capacity.
 
-use memo_plan_core::arena::{solve_with, Progress};
+use memo_plan_core::arena::{solve_portfolio, Progress, SearchMix};
 use memo_plan_core::check::check_placement;
 use memo_plan_core::generate::{
     known_optimum, non_guillotine, operator_graph, pipelined_graph, with_holes, GraphShape, PipelineShape,
@@ -31,16 +31,30 @@ fn packing(kind: &str, n: usize, seed: u64) -> Vec<BufferLifetime> {
     }
 }
 
+/// The search mixes run side by side, as `memo solve` runs them: `SearchMix::portfolio` of as
+/// many threads as the machine has cores; MEMO_THREADS=N sets the threads (1: the default mix
+/// alone, deterministic), MEMO_MIX=balanced|restarts|bounds runs that mix alone.
+fn mixes() -> &'static [SearchMix] {
+    match std::env::var("MEMO_MIX").as_deref() {
+        Ok("balanced") => return &[SearchMix::Balanced],
+        Ok("restarts") => return &[SearchMix::Restarts],
+        Ok("bounds") => return &[SearchMix::Bounds],
+        _ => {}
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    SearchMix::portfolio(std::env::var("MEMO_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(cores))
+}
+
 /// Solves under a wall-clock limit (the callback), with an unlimited node budget.
 fn timed(buffers: &[BufferLifetime], capacity: Option<u64>, limit: Duration, verbose: bool) -> (Outcome, f64, u64) {
     // A fixed node budget (MEMO_BUDGET_NODES) measures the cost per node on a loaded machine,
     // where wall-clock rates vary: the same nodes are visited, so instructions compare.
     let budget_nodes = std::env::var("MEMO_BUDGET_NODES").ok().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX);
-    let options = SolveOptions { capacity, alignment: 1, budget_nodes };
+    let options = SolveOptions { capacity, alignment: 1, budget_nodes, ..SolveOptions::default() };
     let start = Instant::now();
     let mut nodes = 0;
     let mut last_print = start;
-    let result = solve_with(buffers, &options, &mut |p: &Progress| {
+    let result = solve_portfolio(buffers, &options, mixes(), &mut |p: &Progress| {
         nodes = p.nodes;
         if verbose && last_print.elapsed() > Duration::from_millis(500) {
             last_print = Instant::now();
@@ -117,10 +131,11 @@ fn main() {
             })
             .collect();
         let limit = Duration::from_secs_f64(seconds(3, 10.0));
-        let options = SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: u64::MAX };
+        let options =
+            SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: u64::MAX, ..SolveOptions::default() };
         let start = Instant::now();
         let mut nodes = 0;
-        let result = solve_with(&buffers, &options, &mut |p: &Progress| {
+        let result = solve_portfolio(&buffers, &options, mixes(), &mut |p: &Progress| {
             nodes = p.nodes;
             (p.peak != 0 && p.peak <= capacity) || start.elapsed() >= limit
         });

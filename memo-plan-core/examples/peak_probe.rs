@@ -26,7 +26,7 @@ fn main() {
     let mut marks = vec![1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 240.0, 480.0];
     marks.retain(|&m| m <= limit.as_secs_f64());
     let mut next = 0;
-    let options = SolveOptions { capacity: None, alignment: 1, budget_nodes: u64::MAX };
+    let options = SolveOptions { capacity: None, alignment: 1, budget_nodes: u64::MAX, ..SolveOptions::default() };
     let s = solve_with(&buffers, &options, &mut |p: &Progress| {
         last = p.peak;
         let t = start.elapsed().as_secs_f64();

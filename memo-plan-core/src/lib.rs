@@ -85,6 +85,8 @@ pub mod simulate;
 pub mod swap;
 pub mod trace;
 
-pub use arena::{solve, solve_with, Progress, Solution, SolveError, SolveOptions, SolveStats};
+#[cfg(feature = "std")]
+pub use arena::solve_portfolio;
+pub use arena::{solve, solve_with, Progress, SearchMix, Solution, SolveError, SolveOptions, SolveStats};
 pub use lifetime::{lower_bound, BufferLifetime};
 pub use trace::{parse_trace, Trace, TraceError, TraceFormat};

@@ -161,5 +161,6 @@ pub fn replay_solve_options(capacity: Option<u64>, alignment: u64, budget_nodes:
         capacity,
         alignment: if alignment <= 1 { MEMO_DEFAULT_REPLAY_ALIGNMENT } else { alignment },
         budget_nodes,
+        ..SolveOptions::default()
     }
 }

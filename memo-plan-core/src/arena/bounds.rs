@@ -76,17 +76,19 @@ pub(crate) enum Tiebreak {
     /// The one with the larger area: its size times the sections it spans (the most of the
     /// sections' room it takes at once).
     LargerArea,
+    /// The one spanning more sections.
+    Wider,
 }
 
-/// The bounds searches of a component with slack, one per order, side by side: each places
-/// instances the other does not (alone on the leaves, with 3 M nodes: holes 500 seed 3 `Tighter`
-/// in 0.13 s, `Larger` not; holes 300 seed 6 `Larger` in 0.11 s, `Tighter` not). In the solve,
-/// holes 500 seed 3 is placed in 2.4 s, not within 10 s with `Larger` alone, and others pay
-/// 0-8% (BENCHMARKS.md).
+/// The bounds searches of a component with slack in the `Restarts` mix (`SearchMix`), one per
+/// order, side by side: each places instances the other does not (alone on the leaves, with 3 M
+/// nodes: holes 500 seed 3 `Tighter` in 0.13 s, `Larger` not; holes 300 seed 6 `Larger` in 0.11
+/// s, `Tighter` not). In the solve, holes 500 seed 3 is placed in 2.4 s, not within 10 s with
+/// `Larger` alone, and others pay 0-8% (BENCHMARKS.md).
 pub(crate) const SLACK_TIEBREAKS: [Tiebreak; 2] = [Tiebreak::Larger, Tiebreak::Tighter];
 
-/// The bounds searches of a zero-slack component (a filled instance's too): one, ties to the
-/// larger area. Against the largest first it took pinwheel 500 seed 4 from 0.41 to 0.09 s and
+/// The bounds searches of a zero-slack component (a filled instance's too) in the `Restarts`
+/// mix: one, ties to the larger area. Against the largest first it took pinwheel 500 seed 4 from 0.41 to 0.09 s and
 /// seed 6 from 0.89 to 0.46 s, the other pinwheels, the holes sets and MiniMalloc's A-K within
 /// noise. More orders placed no more instances: with four (the largest, the larger area, the
 /// wider and the narrowest first) on every leaf, the one more placed was holes 500 seed 3 (a leaf
@@ -286,6 +288,10 @@ impl Bounds {
             Tiebreak::LargerArea => unfixed.min_by_key(|&l| {
                 let (start, end) = self.rows.spans[l];
                 (self.lo[l], Reverse(self.size[l].saturating_mul(u64::from(end - start))), l)
+            }),
+            Tiebreak::Wider => unfixed.min_by_key(|&l| {
+                let (start, end) = self.rows.spans[l];
+                (self.lo[l], Reverse(end - start), l)
             }),
         }
     }

@@ -24,6 +24,8 @@ mod greedy;
 #[cfg(feature = "mip")]
 pub mod mip;
 mod modules;
+#[cfg(feature = "std")]
+mod portfolio;
 mod refuted;
 mod repair;
 mod search;
@@ -40,6 +42,8 @@ use crate::log::debug_log;
 use control::Control;
 pub use control::Progress;
 use greedy::{ComponentPlacement, Overlaps};
+#[cfg(feature = "std")]
+pub use portfolio::solve_portfolio;
 use search::SearchOutcome;
 use sections::Sections;
 
@@ -88,11 +92,68 @@ pub struct SolveOptions {
     pub alignment: u64,
     /// Node budget of the exact search, over the whole solve.
     pub budget_nodes: u64,
+    /// How the exact search shares its rounds among its searches.
+    pub mix: SearchMix,
 }
 
 impl Default for SolveOptions {
     fn default() -> Self {
-        SolveOptions { capacity: None, alignment: 1, budget_nodes: DEFAULT_BUDGET_NODES }
+        SolveOptions { capacity: None, alignment: 1, budget_nodes: DEFAULT_BUDGET_NODES, mix: SearchMix::default() }
+    }
+}
+
+/// How a round of the exact search shares its nodes among its searches (`ARCHITECTURE.md`, "The
+/// search mixes"). `Balanced` is the best alone; `Restarts` and `Bounds` split its work between
+/// them, each placing some instances in a fraction of the time the other takes, so a solve with
+/// cores to spare runs them side by side (`solve_portfolio`, with the `std` feature;
+/// `SearchMix::portfolio`). Each alone is deterministic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SearchMix {
+    /// The best alone. In each round a component's filled instances and window modules come
+    /// first, then its bounds searches (with slack two, ties to the largest and to the narrowest
+    /// interval; at zero slack one, ties to the larger area), each with `BOUNDS_SHARE` times the
+    /// round's restart nodes.
+    #[default]
+    Balanced,
+    /// `Balanced` without the bounds searches of components with slack, beside `Bounds` (which
+    /// runs those first): the restarts and the filled instances come sooner.
+    Restarts,
+    /// The bounds searches lead, beside `Restarts`: with slack three (ties to the narrowest
+    /// interval, the wider, the largest), before the filled instances and modules in each round,
+    /// each with `BOUNDS_MIX_SHARE` times the round's restart nodes; at zero slack one (ties to
+    /// the largest) with `BOUNDS_MIX_ZERO_SLACK_SHARE`, so the restarts there come sooner.
+    Bounds,
+}
+
+impl SearchMix {
+    /// The mixes to run side by side on `threads` threads: one thread, `Balanced`; two,
+    /// `Restarts` and `Bounds`; more, all three.
+    pub fn portfolio(threads: usize) -> &'static [SearchMix] {
+        match threads {
+            0 | 1 => &[SearchMix::Balanced],
+            2 => &[SearchMix::Restarts, SearchMix::Bounds],
+            _ => &[SearchMix::Restarts, SearchMix::Bounds, SearchMix::Balanced],
+        }
+    }
+
+    /// Whether a component's bounds searches run before its filled instances and window modules
+    /// in a round, not after them.
+    fn bounds_lead(self, zero_slack: bool) -> bool {
+        self == SearchMix::Bounds && !zero_slack
+    }
+
+    /// The orders of a component's bounds searches (one search each; none, none run), and each
+    /// one's share of a round (times the round's restart nodes). A filled instance takes the
+    /// zero-slack orders.
+    fn bounds_searches(self, zero_slack: bool) -> (&'static [bounds::Tiebreak], u64) {
+        use bounds::Tiebreak::{Larger, Tighter, Wider};
+        match (self, zero_slack) {
+            (SearchMix::Balanced, false) => (&bounds::SLACK_TIEBREAKS, BOUNDS_SHARE),
+            (SearchMix::Balanced | SearchMix::Restarts, true) => (&bounds::ZERO_SLACK_TIEBREAKS, BOUNDS_SHARE),
+            (SearchMix::Restarts, false) => (&[], 0),
+            (SearchMix::Bounds, false) => (&[Tighter, Wider, Larger], BOUNDS_MIX_SHARE),
+            (SearchMix::Bounds, true) => (&[Larger], BOUNDS_MIX_ZERO_SLACK_SHARE),
+        }
     }
 }
 
@@ -332,8 +393,14 @@ fn solve_nested(
         if leaf.base + leaf.best.peak > target {
             let goal = target - leaf.base;
             let capacity_goal = capacity_units.map(|c| c - leaf.base);
-            let mut budget =
-                Budget { nodes_left: &mut nodes_left, nodes: &mut nodes, control: &mut control, shown, depth };
+            let mut budget = Budget {
+                nodes_left: &mut nodes_left,
+                nodes: &mut nodes,
+                control: &mut control,
+                shown,
+                depth,
+                mix: options.mix,
+            };
             match leaf.improve(&items, members, goal, capacity_goal, &mut budget) {
                 Improvement::Settled => {}
                 Improvement::BudgetExhausted => budget_exhausted |= !control.stopped(),
@@ -412,6 +479,7 @@ struct Budget<'a, 'c> {
     shown: Shown,
     /// How many modules deep this solve is (`modules`): 0 for the caller's instance.
     depth: u32,
+    mix: SearchMix,
 }
 
 impl Budget<'_, '_> {
@@ -445,6 +513,9 @@ impl Budget<'_, '_> {
         capacity: u64,
         allowance: u64,
     ) -> SearchOutcome {
+        if tiebreaks.is_empty() {
+            return SearchOutcome::BudgetExhausted; // none in this mix
+        }
         let searches = searches.get_or_insert_with(|| bounds::Bounds::new(component, capacity, tiebreaks));
         for search in searches {
             let mut run_budget = allowance.min(*self.nodes_left);
@@ -497,6 +568,20 @@ pub const BOUNDS_SHARE: u64 = 8;
 /// 2 0.90, 0.95, 1.07 s at 2, 4, 8 (BENCHMARKS.md).
 pub const FILLED_BOUNDS_SHARE: u64 = 4;
 
+/// `BOUNDS_SHARE` for each of the bounds searches of a component with slack in the `Bounds` mix.
+/// With it, holes 500 seeds 2, 3, 6 and 9 are placed in the first round by a leaf's bounds
+/// search, in 0.7-0.9 s (1.0-2.4 s in the `Restarts` mix); at 64, seed 3 took 1.24 s, at 16 the
+/// orders largest, narrowest, wider placed seed 2 in 0.75 s but not seed 9 in 1.9 s; holes 500
+/// seed 4, placed by its filled instance's bounds search in the third round, took 1.6 s
+/// (BENCHMARKS.md).
+pub const BOUNDS_MIX_SHARE: u64 = 32;
+
+/// `BOUNDS_SHARE` for the bounds search of a zero-slack component in the `Bounds` mix: small, so
+/// that its restarts (which place most pinwheels) come sooner than in the `Restarts` mix, where
+/// the bounds search (at `BOUNDS_SHARE`) places others. Pinwheel 500 seed 2 0.84 s at 8, 0.69 s at
+/// 2, 0.64 s with none; pinwheel 300 seed 6 0.19 s, 0.63 s, not within 3 s (BENCHMARKS.md).
+pub const BOUNDS_MIX_ZERO_SLACK_SHARE: u64 = 2;
+
 /// How a leaf's new peak becomes the arena's, for the progress shown.
 #[derive(Clone, Copy)]
 struct Shown {
@@ -541,9 +626,9 @@ impl LeafState {
             }
         }
         // Each shape of fillers once (the two often cut a profile alike).
-        let depth = budget.depth;
-        let nested = Filled::new(items, members, &self.sections, capacity, FillerShape::Nested, depth);
-        let runs = Filled::new(items, members, &self.sections, capacity, FillerShape::Runs, depth)
+        let nesting = (budget.depth, budget.mix);
+        let nested = Filled::new(items, members, &self.sections, capacity, FillerShape::Nested, nesting);
+        let runs = Filled::new(items, members, &self.sections, capacity, FillerShape::Runs, nesting)
             .filter(|runs| nested.as_ref().is_none_or(|nested| nested.items != runs.items));
         let mut filled: Vec<Filled> = nested.into_iter().chain(runs).collect();
         let mut shared = search::Shared::new(items, members, &self.sections, capacity);
@@ -552,11 +637,11 @@ impl LeafState {
         // their parts cost canonical nodes and placed nothing more within a second on the sets
         // measured (MiniMalloc's H took 3x the nodes). Kept across the rounds: a module placed in
         // one is not placed again.
-        let mut modules = modules::Modules::new(zero_slack, budget.depth);
+        let mut modules = modules::Modules::new(zero_slack, budget.depth, budget.mix);
         // The bounds searches, made at their first turn and resumed each round after.
         let mut bounds: Option<Vec<bounds::Bounds>> = None;
-        let tiebreaks: &[bounds::Tiebreak] =
-            if zero_slack { &bounds::ZERO_SLACK_TIEBREAKS } else { &bounds::SLACK_TIEBREAKS };
+        let (tiebreaks, bounds_share) = budget.mix.bounds_searches(zero_slack);
+        let bounds_lead = budget.mix.bounds_lead(zero_slack);
         let first_limit = limit;
         loop {
             if limit > first_limit {
@@ -571,23 +656,28 @@ impl LeafState {
                 // nodes as all the restarts, and searching them first cost MiniMalloc's J and K
                 // 40x their time, and I 2x (which those restarts settle). At zero slack (no
                 // fillers) the modules there instead, with as many nodes as the round's restarts.
-                // Then the bounds searches (two orders with slack, one at zero slack), each on from
-                // where it stopped, with `BOUNDS_SHARE` times that.
+                // Then the bounds searches (the mix's orders), each on from where it stopped, with
+                // the mix's share (`BOUNDS_SHARE`, `BOUNDS_MIX_SHARE`) times that.
                 if index == 2 {
-                    for filled in &mut filled {
-                        if let Some(placement) = filled.search(capacity, limit, budget) {
-                            return SearchOutcome::Found(placement);
-                        }
-                    }
                     let allowance = limit.saturating_mul(ranks.len() as u64);
                     let component = (items, members, &self.sections);
-                    if let Some(placement) = budget.place_by_modules(&mut modules, component, capacity, allowance) {
-                        return SearchOutcome::Found(placement);
-                    }
-                    let allowance = allowance.saturating_mul(BOUNDS_SHARE);
-                    match budget.run_bounds(&mut bounds, tiebreaks, component, shared.domains(), capacity, allowance) {
-                        SearchOutcome::BudgetExhausted => {}
-                        settled => return settled,
+                    for bounds_turn in if bounds_lead { [true, false] } else { [false, true] } {
+                        if bounds_turn {
+                            let allowance = allowance.saturating_mul(bounds_share);
+                            let domains = shared.domains();
+                            match budget.run_bounds(&mut bounds, tiebreaks, component, domains, capacity, allowance) {
+                                SearchOutcome::BudgetExhausted => continue,
+                                settled => return settled,
+                            }
+                        }
+                        for filled in &mut filled {
+                            if let Some(placement) = filled.search(capacity, limit, budget) {
+                                return SearchOutcome::Found(placement);
+                            }
+                        }
+                        if let Some(placement) = budget.place_by_modules(&mut modules, component, capacity, allowance) {
+                            return SearchOutcome::Found(placement);
+                        }
                     }
                 }
                 if *budget.nodes_left == 0 || budget.control.stopped() {
@@ -689,6 +779,7 @@ impl LeafState {
                         control: &mut *budget.control,
                         shown: budget.shown,
                         depth: budget.depth,
+                        mix: budget.mix,
                     };
                     self.search_with_restarts(items, members, overlaps, &ranks, next, &mut bounded)
                 };
@@ -772,15 +863,16 @@ pub const FILLERS_PER_BUFFER: usize = 4;
 pub const NEAR_PERFECT_BUFFERS_PER_FILLER: usize = 25;
 
 impl Filled {
-    /// The filled instance of a component `depth` modules deep; `None` when the component needs no
-    /// fillers (zero slack already) or more than one per `FILLERS_PER_BUFFER` of its buffers.
+    /// The filled instance of a component `depth` modules deep in a solve with search mix `mix`;
+    /// `None` when the component needs no fillers (zero slack already) or more than one per
+    /// `FILLERS_PER_BUFFER` of its buffers.
     fn new(
         items: &[Item],
         members: &[u32],
         sections: &Sections,
         capacity: u64,
         shape: FillerShape,
-        depth: u32,
+        (depth, mix): (u32, SearchMix),
     ) -> Option<Filled> {
         let mut filled: Vec<Item> = members.iter().map(|&m| items[m as usize]).collect();
         let own = filled.len();
@@ -837,7 +929,7 @@ impl Filled {
         let overlaps = Overlaps::build(&filled, &all, OVERLAP_PAIR_LIMIT)?;
         let ranks = search_ranks(&filled, &all, &sections);
         let shared = search::Shared::new(&filled, &all, &sections, capacity);
-        let modules = modules::Modules::new(true, depth);
+        let modules = modules::Modules::new(true, depth, mix);
         let near_perfect = (filled.len() - own) * NEAR_PERFECT_BUFFERS_PER_FILLER <= own;
         Some(Filled {
             items: filled,
@@ -894,8 +986,9 @@ impl Filled {
         // times that. (Their "infeasible" holds for these fillers only.)
         let allowance = allowance.saturating_mul(FILLED_BOUNDS_SHARE);
         let domains = self.shared.domains();
+        let (tiebreaks, _) = budget.mix.bounds_searches(true);
         if let SearchOutcome::Found(placement) =
-            budget.run_bounds(&mut self.bounds, &bounds::ZERO_SLACK_TIEBREAKS, filled, domains, capacity, allowance)
+            budget.run_bounds(&mut self.bounds, tiebreaks, filled, domains, capacity, allowance)
         {
             return Some(own(placement));
         }

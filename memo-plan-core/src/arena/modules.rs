@@ -26,7 +26,7 @@ use alloc::vec::Vec;
 use super::control::{Control, Progress};
 use super::greedy::ComponentPlacement;
 use super::sections::Sections;
-use super::{solve_nested, Item, SolveError, SolveOptions};
+use super::{solve_nested, Item, SearchMix, SolveError, SolveOptions};
 use crate::lifetime::BufferLifetime;
 
 /// Modules are looked for only in components of at most this many sections: the scan over every
@@ -131,13 +131,16 @@ pub(crate) struct Modules {
     never: bool,
     /// How many modules deep the component is; its parts are one deeper.
     depth: u32,
+    /// The solve's search mix, which its parts' solves keep.
+    mix: SearchMix,
 }
 
 impl Modules {
-    /// No try yet, for a component `depth` modules deep; `may_place` false makes every try a
-    /// no-op, as does the depth limit.
-    pub(crate) fn new(may_place: bool, depth: u32) -> Modules {
-        Modules { found: None, placed: Vec::new(), never: !may_place || depth >= MODULE_DEPTH_LIMIT, depth }
+    /// No try yet, for a component `depth` modules deep in a solve with search mix `mix`;
+    /// `may_place` false makes every try a no-op, as does the depth limit.
+    pub(crate) fn new(may_place: bool, depth: u32, mix: SearchMix) -> Modules {
+        let never = !may_place || depth >= MODULE_DEPTH_LIMIT;
+        Modules { found: None, placed: Vec::new(), never, depth, mix }
     }
 
     /// Places the component `members` under `capacity` through its modules (see the module docs),
@@ -169,7 +172,7 @@ impl Modules {
         for (module, placed) in modules.iter().zip(&mut self.placed).filter(|(_, placed)| placed.is_none()) {
             let buffers: Vec<BufferLifetime> =
                 module.inside.iter().map(|&l| lifetime(&items[members[l as usize] as usize], u64::from(l))).collect();
-            let (part, used) = solve_part(&buffers, module.height, nodes_left, control, self.depth);
+            let (part, used) = solve_part(&buffers, module.height, nodes_left, control, (self.depth, self.mix));
             spent += used;
             match part {
                 Part::Placed(offsets) => *placed = Some(offsets),
@@ -194,7 +197,7 @@ impl Modules {
             let (lower, upper) = sections.steps(module.first, module.end - module.first);
             rest.push(BufferLifetime { id: (members.len() + index) as u64, lower, upper, size: module.height });
         }
-        let (part, used) = solve_part(&rest, capacity, nodes_left, control, self.depth);
+        let (part, used) = solve_part(&rest, capacity, nodes_left, control, (self.depth, self.mix));
         spent += used;
         let rest_offsets = match part {
             Part::Placed(offsets) => offsets,
@@ -234,16 +237,16 @@ fn lifetime(item: &Item, id: u64) -> BufferLifetime {
     BufferLifetime { id, lower: item.lower, upper: item.upper, size: item.size }
 }
 
-/// Solves one part under `capacity` with the whole pipeline, one level deeper, within
-/// `*nodes_left` nodes.
+/// Solves one part under `capacity` with the whole pipeline, one level deeper than `depth` and
+/// with the same search mix, within `*nodes_left` nodes.
 fn solve_part(
     buffers: &[BufferLifetime],
     capacity: u64,
     nodes_left: &mut u64,
     control: &mut Control,
-    depth: u32,
+    (depth, mix): (u32, SearchMix),
 ) -> (Part, u64) {
-    let options = SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: *nodes_left };
+    let options = SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: *nodes_left, mix };
     // The part's nodes count on the caller's control as they are spent, so its callback sees
     // them and may stop the part (a stopped part is not placed: `NotWithinAllowance`).
     let mut seen = 0u64;
@@ -315,7 +318,7 @@ mod tests {
             let mut nodes_left = 2_000_000;
             let mut stop = |_: &Progress| false;
             let mut control = Control::new(&mut stop);
-            let mut modules = Modules::new(true, 0);
+            let mut modules = Modules::new(true, 0, SearchMix::default());
             let (placement, used) = modules.place(&items, &members, &sections, height, &mut nodes_left, &mut control);
             assert_eq!(used + nodes_left, 2_000_000, "the nodes spent are the nodes taken from the allowance");
             assert_eq!(placement.is_some(), tried, "seed {seed}: {} modules, rest of {rest}", found.len());
@@ -339,7 +342,7 @@ mod tests {
         let mut nodes_left = 1_000;
         let mut stop = |_: &Progress| false;
         let mut control = Control::new(&mut stop);
-        let mut modules = Modules::new(true, 0);
+        let mut modules = Modules::new(true, 0, SearchMix::default());
         let (placement, used) = modules.place(&items, &members, &sections, 17, &mut nodes_left, &mut control);
         assert!(placement.is_none() && modules.never);
         assert_eq!((used, nodes_left), (0, 1_000));
@@ -354,7 +357,7 @@ mod tests {
         let mut nodes_left = 1_000;
         let mut stop = |_: &Progress| false;
         let mut control = Control::new(&mut stop);
-        let mut modules = Modules::new(true, MODULE_DEPTH_LIMIT);
+        let mut modules = Modules::new(true, MODULE_DEPTH_LIMIT, SearchMix::default());
         let (placement, used) = modules.place(&items, &members, &sections, 1 << 12, &mut nodes_left, &mut control);
         assert!(placement.is_none() && modules.never);
         assert_eq!((used, nodes_left), (0, 1_000));

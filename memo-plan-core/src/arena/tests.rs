@@ -118,6 +118,117 @@ fn matches_brute_force_on_small_random_instances() {
     }
 }
 
+/// Every search mix is exact: on the same small random instances, each reaches the brute-force
+/// optimum and proves it.
+#[test]
+fn every_search_mix_matches_brute_force() {
+    for mix in [SearchMix::Restarts, SearchMix::Bounds] {
+        let mut rng = SplitMix64::new(2);
+        for case in 0..150 {
+            let buffers = random_buffers(&mut rng, 1 + case % 7, 12, 20);
+            let solution = solve_checked(&buffers, &SolveOptions { mix, ..SolveOptions::default() }).unwrap();
+            assert_eq!(solution.peak, brute_force_optimum(&buffers), "{mix:?}, case {case}: {buffers:?}");
+            assert!(solution.optimal, "{mix:?}, case {case}: optimum reached but not proven: {buffers:?}");
+        }
+    }
+}
+
+/// Hard-set instances, small: a guillotine, a pinwheel and a holed tiling, and random buffers; at
+/// the tiling's height where there is one.
+fn portfolio_cases() -> Vec<(Vec<BufferLifetime>, Option<u64>)> {
+    use crate::generate::{non_guillotine, with_holes};
+    let mut rng = SplitMix64::new(41);
+    let mut cases = Vec::new();
+    for seed in 0..3 {
+        cases.push((known_optimum(seed, 80, 160, 1 << 20), None));
+        cases.push((non_guillotine(seed, 90, 180, 1 << 20), Some(1 << 20)));
+        cases.push((with_holes(seed, 120, 3, 240, 1 << 20), Some(1 << 20)));
+        cases.push((random_buffers(&mut rng, 60, 40, 1000), None));
+    }
+    cases
+}
+
+/// The portfolio (`solve_portfolio`) is never worse than any of its mixes alone with the same
+/// node budget: a checked placement with a peak at most each one's, proven optimal where one of
+/// them proves it, and a "not found" only where each alone finds nothing either; its nodes are
+/// at most theirs together.
+#[cfg(feature = "std")]
+#[test]
+fn the_portfolio_is_no_worse_than_each_mix_alone() {
+    let mixes = SearchMix::portfolio(2);
+    for (case, (buffers, capacity)) in portfolio_cases().into_iter().enumerate() {
+        let options = SolveOptions { capacity, budget_nodes: 30_000, ..SolveOptions::default() };
+        let alone: Vec<_> =
+            mixes.iter().map(|&mix| solve_checked(&buffers, &SolveOptions { mix, ..options })).collect();
+        let together = solve_portfolio(&buffers, &options, mixes, &mut |_| false);
+        let spent: u64 = alone
+            .iter()
+            .map(|result| match result {
+                Ok(solution) => solution.stats.nodes,
+                Err(SolveError::NotFoundWithinBudget { nodes, .. }) => *nodes,
+                Err(e) => panic!("case {case}: {e}"),
+            })
+            .sum();
+        match together {
+            Ok(solution) => {
+                check_placement(&buffers, &solution.offsets, 1, solution.peak, capacity)
+                    .unwrap_or_else(|e| panic!("case {case}: {e:?}"));
+                for single in alone.iter().flatten() {
+                    assert!(solution.peak <= single.peak, "case {case}: {} above {}", solution.peak, single.peak);
+                    assert!(solution.optimal || !single.optimal, "case {case}: a mix alone proved it");
+                }
+                assert!(solution.stats.nodes <= spent, "case {case}: {} nodes, {spent} alone", solution.stats.nodes);
+            }
+            Err(SolveError::NotFoundWithinBudget { best_peak, .. }) => {
+                assert!(alone.iter().all(Result::is_err), "case {case}: a mix alone placed it");
+                assert!(best_peak > capacity.unwrap_or(0), "case {case}");
+            }
+            Err(e) => panic!("case {case}: {e}"),
+        }
+    }
+}
+
+/// The portfolio proves what one mix proves (infeasibility above the lower bound), and its stop
+/// callback sees the workers' progress together: nodes that only grow, the best peak found, and a
+/// stop ends every worker with a checked placement.
+#[cfg(feature = "std")]
+#[test]
+fn the_portfolio_proves_infeasibility_and_stops_as_one_solve() {
+    let mixes = SearchMix::portfolio(2);
+    let shape = [(1, 3, 3), (2, 4, 5), (2, 3, 1), (7, 8, 5), (3, 6, 2), (3, 5, 2), (6, 7, 4), (7, 8, 2), (4, 6, 1)];
+    let small: Vec<BufferLifetime> = shape.iter().map(|&(lower, upper, size)| buf(lower, upper, size)).collect();
+    let more = [(5, 7, 5), (0, 2, 3)].map(|(lower, upper, size)| buf(lower, upper, size));
+    let buffers: Vec<BufferLifetime> = small.into_iter().chain(more).collect();
+    let options = SolveOptions { capacity: Some(9), ..SolveOptions::default() };
+    assert_eq!(
+        solve_portfolio(&buffers, &options, mixes, &mut |_| false),
+        Err(SolveError::ProvenInfeasible { capacity: 9, lower_bound: 10 })
+    );
+
+    // Random lifetimes and sizes, far from any perfect packing: no mix settles it within 300,000
+    // nodes (2.5% above the lower bound then).
+    let mut rng = SplitMix64::new(3);
+    let buffers: Vec<BufferLifetime> = (0..400)
+        .map(|id| {
+            let lower = rng.below(1000) as u32;
+            BufferLifetime { id, lower, upper: lower + 1 + rng.below(200) as u32, size: (1 + rng.below(1000)) * 1024 }
+        })
+        .collect();
+    let options = SolveOptions { budget_nodes: u64::MAX, ..SolveOptions::default() };
+    let mut seen: Vec<Progress> = Vec::new();
+    let solution = solve_portfolio(&buffers, &options, mixes, &mut |progress| {
+        seen.push(*progress);
+        progress.nodes >= 200_000
+    })
+    .unwrap();
+    check_placement(&buffers, &solution.offsets, 1, solution.peak, None).unwrap();
+    assert!(seen.windows(2).all(|w| w[0].nodes <= w[1].nodes), "nodes of all the workers only grow");
+    let last = seen.last().copied().unwrap_or_default();
+    assert!(last.peak >= solution.peak, "{last:?}, peak {}", solution.peak);
+    assert!(!solution.optimal, "settled: pick an instance that is not");
+    assert!(solution.stats.stopped && last.nodes >= 200_000, "{last:?}");
+}
+
 /// Solves `known_optimum(seed, N, 4N steps, 2^20)` (the instances of BENCHMARKS.md) for seeds 0-9
 /// at each size and asserts the optimum, through the checker.
 fn assert_known_optimum_reached(counts: &[usize]) {
@@ -546,7 +657,8 @@ fn split_off_parts_keep_the_search_exact() {
 fn near_perfect_filled_instances_split_with_all_the_budget() {
     let height = 1 << 20;
     let buffers = crate::generate::with_holes(5, 500, 10, 2000, height);
-    let options = SolveOptions { capacity: Some(height), alignment: 1, budget_nodes: 1_000_000 };
+    let options =
+        SolveOptions { capacity: Some(height), alignment: 1, budget_nodes: 1_000_000, ..SolveOptions::default() };
     let solution = solve(&buffers, &options).expect("placed within the budget");
     check_placement(&buffers, &solution.offsets, 1, solution.peak, Some(height)).unwrap();
     assert_eq!(solution.peak, height);
@@ -557,7 +669,7 @@ fn near_perfect_filled_instances_split_with_all_the_budget() {
         let sections = Sections::new(&items, &members);
         [FillerShape::Nested, FillerShape::Runs]
             .into_iter()
-            .filter_map(|shape| Filled::new(&items, &members, &sections, capacity, shape, 0))
+            .filter_map(|shape| Filled::new(&items, &members, &sections, capacity, shape, (0, SearchMix::default())))
             .map(|filled| filled.near_perfect)
             .collect()
     };
@@ -650,7 +762,8 @@ fn an_unpackable_module_is_refuted_by_its_tilings() {
     let trace = parse_trace(include_bytes!("testdata/pinwheel_500_4_unpackable_module.csv")).unwrap();
     let capacity = 635_594;
     assert_eq!(lower_bound(&trace.buffers, 1), capacity);
-    let options = SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: 100_000 };
+    let options =
+        SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: 100_000, ..SolveOptions::default() };
     let mut nodes = 0;
     let result = solve_with(&trace.buffers, &options, &mut |p: &Progress| {
         nodes = p.nodes;

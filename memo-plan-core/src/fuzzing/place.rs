@@ -37,7 +37,7 @@ use alloc::vec::Vec;
 use arbitrary::{Arbitrary, Result, Unstructured};
 
 use super::oracle::{classic_greedy_peaks, first_fit_by_start, footprints, naive_check, optimum_brute_force};
-use crate::arena::{solve, Solution, SolveError, SolveOptions};
+use crate::arena::{solve, SearchMix, Solution, SolveError, SolveOptions};
 use crate::check::check_placement;
 use crate::generate::known_optimum;
 use crate::lifetime::{lower_bound, BufferLifetime};
@@ -88,7 +88,7 @@ pub struct PlaceCase {
     pub buffers: Vec<BufferLifetime>,
     /// The optimal peak when the generator knows it (tiled instances).
     pub known_optimum: Option<u64>,
-    /// Capacity, alignment and node budget.
+    /// Capacity, alignment, node budget and search mix.
     pub options: SolveOptions,
     /// Which buffer of the solution to move, and where: `(index, offset)` (index modulo the
     /// number of buffers).
@@ -103,7 +103,10 @@ impl<'a> Arbitrary<'a> for PlaceCase {
             if u.ratio(1, 3)? { u.int_in_range(0..=OPTIONS.small_budget_max)? } else { OPTIONS.large_budget };
         let capacity = if u.ratio(1, 2)? { Some(capacity_near(u, &buffers, alignment)?) } else { None };
         let moved = (u.arbitrary()?, moved_offset(u, alignment)?);
-        Ok(PlaceCase { buffers, known_optimum, options: SolveOptions { capacity, alignment, budget_nodes }, moved })
+        // Drawn last, so inputs written before the mixes read as they did (the default mix).
+        let mix = *u.choose(&[SearchMix::Balanced, SearchMix::Restarts, SearchMix::Bounds])?;
+        let options = SolveOptions { capacity, alignment, budget_nodes, mix };
+        Ok(PlaceCase { buffers, known_optimum, options, moved })
     }
 }
 
