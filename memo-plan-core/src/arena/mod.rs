@@ -568,12 +568,11 @@ pub const BOUNDS_SHARE: u64 = 8;
 /// 2 0.90, 0.95, 1.07 s at 2, 4, 8 (BENCHMARKS.md).
 pub const FILLED_BOUNDS_SHARE: u64 = 4;
 
-/// `BOUNDS_SHARE` for each of the bounds searches of a component with slack in the `Bounds` mix.
-/// With it, holes 500 seeds 2, 3, 6 and 9 are placed in the first round by a leaf's bounds
-/// search, in 0.7-0.9 s (1.0-2.4 s in the `Restarts` mix); at 64, seed 3 took 1.24 s, at 16 the
-/// orders largest, narrowest, wider placed seed 2 in 0.75 s but not seed 9 in 1.9 s; holes 500
-/// seed 4, placed by its filled instance's bounds search in the third round, took 1.6 s
-/// (BENCHMARKS.md).
+/// `BOUNDS_SHARE` for each of the bounds searches of a component with slack in the `Bounds` mix
+/// (which run first in each round). With it, holes 500 seeds 2, 3, 6 and 9 and holes 300 seed 6
+/// are placed in the first round by a leaf's bounds search, in 0.16-0.46 s (1.0-2.4 s in the
+/// `Balanced` mix). Measured with the searches after the filled instances: 0.7-0.9 s at 32; at
+/// 64, seed 3 took 1.24 s; at 16 seed 2 0.75 s but seed 9 1.96 s (BENCHMARKS.md).
 pub const BOUNDS_MIX_SHARE: u64 = 32;
 
 /// `BOUNDS_SHARE` for the bounds search of a zero-slack component in the `Bounds` mix: small, so
