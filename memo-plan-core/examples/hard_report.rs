@@ -10,7 +10,9 @@
 //! pipelined graph of MICRO micro-batches) as a CSV trace, `... -- csv KIND N SEED` a packing
 //! instance as one; `... -- one KIND N SEED [SECONDS]` one packing instance (KIND: guillotine,
 //! pinwheel, holes), with the progress the solver reports; `... -- trace PATH CAPACITY [SECONDS]` the time an
-//! `id,lower,upper,size` CSV takes to be placed under a capacity.
+//! `id,lower,upper,size` CSV takes to be placed under a capacity. Solves run the search mixes side
+//! by side as `memo solve` does (`solve_portfolio`, one thread per core); MEMO_THREADS=1 runs the
+//! default mix alone, MEMO_MIX=balanced|restarts|bounds one mix.
 
 use memo_plan_core::arena::{solve_portfolio, Progress, SearchMix};
 use memo_plan_core::check::check_placement;

@@ -16,11 +16,11 @@
 //!
 //! A buffer's interval holds in all its sections, so what narrows in one is carried to the others
 //! until nothing narrows, or an interval empties (the state has no placement). The search fixes
-//! the buffer with the lowest `lo` (ties by its `Tiebreak`: the largest, the narrowest
-//! interval, or the largest area) at `lo`, and on failure excludes that offset (`lo + 1`, raised further by the
-//! rules), depth-first. It is complete: "infeasible" is a proof. The work of the rules counts as
-//! nodes (`BOUNDS_WORK_PER_NODE`). The search is kept between runs: each goes on where the last
-//! ran out of budget.
+//! the buffer with the lowest `lo` (ties by its `Tiebreak`: the largest, the narrowest interval,
+//! the larger area or the wider) at `lo`, and on failure excludes that offset (`lo + 1`, raised
+//! further by the rules), depth-first. It is complete: "infeasible" is a proof. The work of the
+//! rules counts as nodes (`BOUNDS_WORK_PER_NODE`). The search is kept between runs: each goes on
+//! where the last ran out of budget.
 //!
 //! Why: the skyline search checks what a placement does to the floors and the section bounds,
 //! not what it does to the buffers' upper ends. On pinwheel 300 seed 6's 187-buffer core its 16th
@@ -80,17 +80,17 @@ pub(crate) enum Tiebreak {
     Wider,
 }
 
-/// The bounds searches of a component with slack in the `Restarts` mix (`SearchMix`), one per
+/// The bounds searches of a component with slack in the `Balanced` mix (`SearchMix`), one per
 /// order, side by side: each places instances the other does not (alone on the leaves, with 3 M
 /// nodes: holes 500 seed 3 `Tighter` in 0.13 s, `Larger` not; holes 300 seed 6 `Larger` in 0.11
 /// s, `Tighter` not). In the solve, holes 500 seed 3 is placed in 2.4 s, not within 10 s with
 /// `Larger` alone, and others pay 0-8% (BENCHMARKS.md).
 pub(crate) const SLACK_TIEBREAKS: [Tiebreak; 2] = [Tiebreak::Larger, Tiebreak::Tighter];
 
-/// The bounds searches of a zero-slack component (a filled instance's too) in the `Restarts`
-/// mix: one, ties to the larger area. Against the largest first it took pinwheel 500 seed 4 from 0.41 to 0.09 s and
-/// seed 6 from 0.89 to 0.46 s, the other pinwheels, the holes sets and MiniMalloc's A-K within
-/// noise. More orders placed no more instances: with four (the largest, the larger area, the
+/// The bounds searches of a zero-slack component (a filled instance's too) in the `Balanced` and
+/// `Restarts` mixes: one, ties to the larger area. Against the largest first it took pinwheel
+/// 500 seed 4 from 0.41 to 0.09 s and seed 6 from 0.89 to 0.46 s, the other pinwheels, the holes
+/// sets and MiniMalloc's A-K within noise. More orders placed no more instances: with four (the largest, the larger area, the
 /// wider and the narrowest first) on every leaf, the one more placed was holes 500 seed 3 (a leaf
 /// with slack), and pinwheel 500 seed 2 took 1.38 s instead of 0.83 s (BENCHMARKS.md).
 pub(crate) const ZERO_SLACK_TIEBREAKS: [Tiebreak; 1] = [Tiebreak::LargerArea];

@@ -479,6 +479,7 @@ struct Budget<'a, 'c> {
     shown: Shown,
     /// How many modules deep this solve is (`modules`): 0 for the caller's instance.
     depth: u32,
+    /// The solve's search mix.
     mix: SearchMix,
 }
 
@@ -656,10 +657,12 @@ impl LeafState {
                 // 40x their time, and I 2x (which those restarts settle). At zero slack (no
                 // fillers) the modules there instead, with as many nodes as the round's restarts.
                 // Then the bounds searches (the mix's orders), each on from where it stopped, with
-                // the mix's share (`BOUNDS_SHARE`, `BOUNDS_MIX_SHARE`) times that.
+                // the mix's share (`BOUNDS_SHARE`, `BOUNDS_MIX_SHARE`) times that; in the `Bounds`
+                // mix, with slack, they come first instead.
                 if index == 2 {
                     let allowance = limit.saturating_mul(ranks.len() as u64);
                     let component = (items, members, &self.sections);
+                    // Two turns: the bounds searches', and the filled instances' and modules'.
                     for bounds_turn in if bounds_lead { [true, false] } else { [false, true] } {
                         if bounds_turn {
                             let allowance = allowance.saturating_mul(bounds_share);

@@ -29,18 +29,17 @@ const POLLS_PER_SHARED_POLL: u32 = 8;
 /// [`solve_with`] under each of `mixes` at once, one thread each (`options.mix` is not used),
 /// and the best answer: a placement proven optimal or a proof of infeasibility as soon as one
 /// worker has it, else, when all have ended, the placement with the lowest peak (ties to the
-/// earlier mix), else [`SolveError::NotFoundWithinBudget`] with the best peak of all. `stats.nodes` (and a
-/// `NotFoundWithinBudget`'s `nodes`) counts the nodes of every worker; each worker has the whole
-/// `options.budget_nodes`.
+/// earlier mix), else [`SolveError::NotFoundWithinBudget`] with the best peak of all.
+/// `stats.nodes` (and a `NotFoundWithinBudget`'s `nodes`) counts the nodes of every worker; each
+/// worker has the whole `options.budget_nodes`.
 ///
 /// `stop` is polled by the workers (one at a time, at one in `POLLS_PER_SHARED_POLL` of their
 /// polls) with their progress together: the nodes of all, the lowest peak found, the highest
 /// lower bound proven, and the polling worker's `first_placement`. A stop ends them all (a
 /// worker inside a first placement is asked afresh, as [`solve_with`] asks). With one mix (or
-/// none: then the default mix) this is
-/// [`solve_with`] on the caller's thread, deterministic as it is; with more, which worker
-/// settles first depends on timing, so the placement may differ between runs (its peak and
-/// verdict do not, when a worker proves them).
+/// none: then the default mix) this is [`solve_with`] on the caller's thread, deterministic as it
+/// is; with more, which worker settles first depends on timing, so the placement may differ
+/// between runs (its peak and verdict do not, when a worker proves them).
 pub fn solve_portfolio(
     buffers: &[BufferLifetime],
     options: &SolveOptions,
