@@ -24,8 +24,8 @@ step k; a buffer never freed lives to the end) or an `id,lower,upper,size` CSV w
 (lifetimes are half-open [lower, upper)); the form is detected from the first line. Sizes are
 bytes, optionally with a unit: K, M, G, T, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB.
 
-The solve is anytime: it stops at --time-limit (default 10 s), at --budget-nodes, or at Ctrl-C,
-and prints the best placement found by then, saying whether it is proven optimal and how far it is
+The solve is anytime: it stops at --time-limit (default 10 s), at --budget-nodes (no node limit
+unless given), or at Ctrl-C, and prints the best placement found by then, saying whether it is proven optimal and how far it is
 above the lower bound. The time limit covers the whole command: reading the trace, solving, and
 checking and writing the placement (the solver stops early enough to leave about a microsecond
 per buffer for those). Every solve ends with a checked placement or a verdict: a limit too short
@@ -67,9 +67,10 @@ pub struct SolveArgs {
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
     capacity: Option<u64>,
 
-    /// Search nodes the exact search may visit, over the whole solve
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_BUDGET_NODES, value_parser = parse_nodes)]
-    budget_nodes: u64,
+    /// Search nodes the exact search may visit, over the whole solve (each thread) [default: no
+    /// limit: the time limit ends the search]
+    #[arg(long, value_name = "N", value_parser = parse_nodes)]
+    budget_nodes: Option<u64>,
 
     /// Stop after this many seconds (e.g. 10, 2.5), reading and writing included, and print the best
     /// placement found
@@ -128,7 +129,7 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
     let options = SolveOptions {
         capacity: args.capacity,
         alignment: args.alignment,
-        budget_nodes: args.budget_nodes,
+        budget_nodes: args.budget_nodes.unwrap_or(u64::MAX),
         ..SolveOptions::default()
     };
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -296,7 +297,8 @@ enum StoppedBy {
 /// The limits of a solve and which one ended it (if the solve was cut short).
 struct Limits {
     time_limit: Duration,
-    budget_nodes: u64,
+    /// `--budget-nodes`, if given.
+    budget_nodes: Option<u64>,
     stopped_by: StoppedBy,
 }
 
@@ -306,7 +308,10 @@ impl Limits {
         match self.stopped_by {
             StoppedBy::TimeLimit => format!("the time limit (--time-limit {})", seconds(self.time_limit)),
             StoppedBy::Interrupt => "Ctrl-C".to_string(),
-            StoppedBy::Budget => format!("the node budget (--budget-nodes {})", self.budget_nodes),
+            StoppedBy::Budget => match self.budget_nodes {
+                Some(budget) => format!("the node budget (--budget-nodes {budget})"),
+                None => "the node budget".to_string(), // 2^64 nodes: not in a lifetime
+            },
         }
     }
 
@@ -579,15 +584,16 @@ impl Solved<'_> {
             ),
         );
         let exhausted = if stats.budget_exhausted && !stats.stopped { " (budget exhausted)" } else { "" };
+        let mut nodes = stats.nodes.to_string();
         if self.threads > 1 {
-            let budget = self.options.budget_nodes;
-            row(
-                "search nodes",
-                format!("{} on {} threads, {budget} each at most{exhausted}", stats.nodes, self.threads),
-            );
-        } else {
-            row("search nodes", format!("{} of {}{exhausted}", stats.nodes, self.options.budget_nodes));
+            nodes += &format!(" on {} threads", self.threads);
         }
+        match (self.limits.budget_nodes, self.threads > 1) {
+            (Some(budget), true) => nodes += &format!(", {budget} each at most"),
+            (Some(budget), false) => nodes += &format!(" of {budget}"),
+            (None, _) => {}
+        }
+        row("search nodes", nodes + exhausted);
         row("elapsed", human::duration(self.elapsed));
         if let Some(svg) = self.svg {
             row("picture", svg.display().to_string());
