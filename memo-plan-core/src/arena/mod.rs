@@ -142,6 +142,15 @@ impl SearchMix {
         self == SearchMix::Bounds && !zero_slack
     }
 
+    /// A filled instance's bounds-search share (times its modules' nodes): `Restarts` gives its
+    /// filled instances the time `Balanced` gives the leaf's bounds searches.
+    fn filled_bounds_share(self) -> u64 {
+        match self {
+            SearchMix::Restarts => RESTARTS_FILLED_BOUNDS_SHARE,
+            SearchMix::Balanced | SearchMix::Bounds => FILLED_BOUNDS_SHARE,
+        }
+    }
+
     /// The orders of a component's bounds searches (one search each; none, none run), and each
     /// one's share of a round (times the round's restart nodes). A filled instance takes the
     /// zero-slack orders.
@@ -576,6 +585,13 @@ pub const FILLED_BOUNDS_SHARE: u64 = 4;
 /// 64, seed 3 took 1.24 s; at 16 seed 2 0.75 s but seed 9 1.96 s (BENCHMARKS.md).
 pub const BOUNDS_MIX_SHARE: u64 = 32;
 
+/// `FILLED_BOUNDS_SHARE` in the `Restarts` mix, which runs no bounds search on a leaf with slack.
+/// Holes 500 seed 4 (whose filled instance's bounds search, ties to the larger area, places it
+/// within 400,000-528,000 nodes) is then placed in the first round: 0.74 s at 4, 0.75 s at 6,
+/// 0.11 s at 8, 0.11 s at 16; holes 300 seeds 1 and 2 took 0.19 s at 4, 0.25 s at 8, 0.27-0.29 s
+/// at 16, holes 500 seed 2 0.90, 1.07, 1.30 s (placed sooner by `Bounds`) (BENCHMARKS.md).
+pub const RESTARTS_FILLED_BOUNDS_SHARE: u64 = 8;
+
 /// `BOUNDS_SHARE` for the bounds search of a zero-slack component in the `Bounds` mix: small, so
 /// that its restarts (which place most pinwheels) come sooner than in the `Restarts` mix, where
 /// the bounds search (at `BOUNDS_SHARE`) places others. Pinwheel 500 seed 2 0.84 s at 8, 0.69 s at
@@ -984,9 +1000,10 @@ impl Filled {
         if let Some(placement) = budget.place_by_modules(&mut self.modules, filled, capacity, allowance) {
             return Some(own(placement));
         }
-        // Then its bounds searches, each on from where it stopped, with `FILLED_BOUNDS_SHARE`
-        // times that. (Their "infeasible" holds for these fillers only.)
-        let allowance = allowance.saturating_mul(FILLED_BOUNDS_SHARE);
+        // Then its bounds searches, each on from where it stopped, with the mix's share
+        // (`FILLED_BOUNDS_SHARE`, `RESTARTS_FILLED_BOUNDS_SHARE`) times that. (Their
+        // "infeasible" holds for these fillers only.)
+        let allowance = allowance.saturating_mul(budget.mix.filled_bounds_share());
         let domains = self.shared.domains();
         let (tiebreaks, _) = budget.mix.bounds_searches(true);
         if let SearchOutcome::Found(placement) =
