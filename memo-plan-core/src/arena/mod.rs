@@ -116,7 +116,8 @@ pub enum SearchMix {
     #[default]
     Balanced,
     /// `Balanced` without the bounds searches of components with slack, beside `Bounds` (which
-    /// runs those first): the restarts and the filled instances come sooner.
+    /// runs those first): the restarts and the filled instances come sooner, and a filled
+    /// instance's bounds search gets `RESTARTS_FILLED_BOUNDS_SHARE`.
     Restarts,
     /// The bounds searches lead, beside `Restarts`: with slack three (ties to the narrowest
     /// interval, the wider, the largest), before the filled instances and modules in each round,
