@@ -30,7 +30,6 @@
 //! search places the core in 0.06 s (BENCHMARKS.md).
 
 use alloc::vec::Vec;
-use core::cmp::Reverse;
 
 use super::control::Control;
 use super::domains::Domains;
@@ -90,9 +89,10 @@ pub(crate) const SLACK_TIEBREAKS: [Tiebreak; 2] = [Tiebreak::Larger, Tiebreak::T
 /// The bounds searches of a zero-slack component (a filled instance's too) in the `Balanced` and
 /// `Restarts` mixes: one, ties to the larger area. Against the largest first it took pinwheel
 /// 500 seed 4 from 0.41 to 0.09 s and seed 6 from 0.89 to 0.46 s, the other pinwheels, the holes
-/// sets and MiniMalloc's A-K within noise. More orders placed no more instances: with four (the largest, the larger area, the
-/// wider and the narrowest first) on every leaf, the one more placed was holes 500 seed 3 (a leaf
-/// with slack), and pinwheel 500 seed 2 took 1.38 s instead of 0.83 s (BENCHMARKS.md).
+/// sets and MiniMalloc's A-K within noise. More orders placed no more instances: with four (the
+/// largest, the larger area, the wider and the narrowest first) on every leaf, the one more
+/// placed was holes 500 seed 3 (a leaf with slack), and pinwheel 500 seed 2 took 1.38 s instead
+/// of 0.83 s (BENCHMARKS.md).
 pub(crate) const ZERO_SLACK_TIEBREAKS: [Tiebreak; 1] = [Tiebreak::LargerArea];
 
 /// A decision on the search's stack: `buffer` fixed at `value` (the first branch), or kept off
@@ -281,18 +281,19 @@ impl Bounds {
     /// lower index.
     fn choose(&mut self) -> Option<usize> {
         self.work += self.lo.len() as u64;
-        let unfixed = (0..self.lo.len()).filter(|&l| self.lo[l] < self.hi[l]);
+        (0..self.lo.len()).filter(|&l| self.lo[l] < self.hi[l]).min_by_key(|&l| (self.lo[l], self.tie_key(l), l))
+    }
+
+    /// Buffer `l`'s rank under the search's `Tiebreak`, the lowest first (the larger, the
+    /// narrower interval, the larger area, the wider).
+    fn tie_key(&self, l: usize) -> u64 {
+        let (start, end) = self.rows.spans[l];
+        let span = u64::from(end - start);
         match self.tiebreak {
-            Tiebreak::Larger => unfixed.min_by_key(|&l| (self.lo[l], Reverse(self.size[l]), l)),
-            Tiebreak::Tighter => unfixed.min_by_key(|&l| (self.lo[l], self.hi[l] - self.lo[l], l)),
-            Tiebreak::LargerArea => unfixed.min_by_key(|&l| {
-                let (start, end) = self.rows.spans[l];
-                (self.lo[l], Reverse(self.size[l].saturating_mul(u64::from(end - start))), l)
-            }),
-            Tiebreak::Wider => unfixed.min_by_key(|&l| {
-                let (start, end) = self.rows.spans[l];
-                (self.lo[l], Reverse(end - start), l)
-            }),
+            Tiebreak::Larger => u64::MAX - self.size[l],
+            Tiebreak::Tighter => self.hi[l] - self.lo[l],
+            Tiebreak::LargerArea => u64::MAX - self.size[l].saturating_mul(span),
+            Tiebreak::Wider => u64::MAX - span,
         }
     }
 

@@ -576,7 +576,8 @@ pub const BOUNDS_SHARE: u64 = 8;
 /// search, with this many times their nodes, going on from where the last stopped. Holes 500 seed
 /// 4 (its filled instance is the whole tiling, placed by it), at `BOUNDS_SHARE` 8: 1.89 s at 2,
 /// 0.82 s at 4, 0.89 s at 8 (6.4 s before filled instances had a bounds search); holes 500 seed
-/// 2 0.90, 0.95, 1.07 s at 2, 4, 8 (BENCHMARKS.md).
+/// 2 0.90, 0.95, 1.07 s at 2, 4, 8 (measured with ties to the largest; at 8 with ties to the
+/// larger area, seed 4 took 0.11 s but holes 300 seed 6 0.88 s instead of 0.75 s; BENCHMARKS.md).
 pub const FILLED_BOUNDS_SHARE: u64 = 4;
 
 /// `BOUNDS_SHARE` for each of the bounds searches of a component with slack in the `Bounds` mix
@@ -588,7 +589,7 @@ pub const BOUNDS_MIX_SHARE: u64 = 32;
 
 /// `FILLED_BOUNDS_SHARE` in the `Restarts` mix, which runs no bounds search on a leaf with slack.
 /// Holes 500 seed 4 (whose filled instance's bounds search, ties to the larger area, places it
-/// within 400,000-528,000 nodes) is then placed in the first round: 0.74 s at 4, 0.75 s at 6,
+/// within 396,000-528,000 nodes) is then placed in the first round: 0.74 s at 4, 0.75 s at 6,
 /// 0.11 s at 8, 0.11 s at 16; holes 300 seeds 1 and 2 took 0.19 s at 4, 0.25 s at 8, 0.27-0.29 s
 /// at 16, holes 500 seed 2 0.90, 1.07, 1.30 s (placed sooner by `Bounds`) (BENCHMARKS.md).
 pub const RESTARTS_FILLED_BOUNDS_SHARE: u64 = 8;
