@@ -650,15 +650,15 @@ fn split_off_parts_keep_the_search_exact() {
 
 /// A perfect packing with a few pieces deleted has few fillers per buffer, so its filled instance
 /// is near perfect and its flat splits run once with all the budget: holes 500 seed 5 is then
-/// placed within a million nodes (461,364), where the round-by-round allowance had not placed it
-/// (`NEAR_PERFECT_BUFFERS_PER_FILLER`). With a fifth of the pieces deleted, the filled
+/// placed within two million nodes (1,062,838; 461,364 before the splits tried pinwheels), where
+/// the round-by-round allowance had not placed it (`NEAR_PERFECT_BUFFERS_PER_FILLER`). With a fifth of the pieces deleted, the filled
 /// instances are not near perfect.
 #[test]
 fn near_perfect_filled_instances_split_with_all_the_budget() {
     let height = 1 << 20;
     let buffers = crate::generate::with_holes(5, 500, 10, 2000, height);
     let options =
-        SolveOptions { capacity: Some(height), alignment: 1, budget_nodes: 1_000_000, ..SolveOptions::default() };
+        SolveOptions { capacity: Some(height), alignment: 1, budget_nodes: 2_000_000, ..SolveOptions::default() };
     let solution = solve(&buffers, &options).expect("placed within the budget");
     check_placement(&buffers, &solution.offsets, 1, solution.peak, Some(height)).unwrap();
     assert_eq!(solution.peak, height);
@@ -755,22 +755,23 @@ fn tightening_keeps_the_offsets_of_a_known_placement() {
 
 /// A module of pinwheel 500 seed 4 that no placement packs at its height (the live total of
 /// every step): one of its sections has no tiling with offsets from the domains, so the solve
-/// ends with the proof within 100,000 nodes (the skyline search alone took 47 M nodes, 30 s,
-/// without one), and does not go on lowering the peak above the capacity.
+/// ends with the proof within 200,000 nodes (117,115, of which the flat and pinwheel splits tried
+/// first take most; the skyline search alone took 47 M nodes, 30 s, without one), and does not
+/// go on lowering the peak above the capacity.
 #[test]
 fn an_unpackable_module_is_refuted_by_its_tilings() {
     let trace = parse_trace(include_bytes!("testdata/pinwheel_500_4_unpackable_module.csv")).unwrap();
     let capacity = 635_594;
     assert_eq!(lower_bound(&trace.buffers, 1), capacity);
     let options =
-        SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: 100_000, ..SolveOptions::default() };
+        SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: 200_000, ..SolveOptions::default() };
     let mut nodes = 0;
     let result = solve_with(&trace.buffers, &options, &mut |p: &Progress| {
         nodes = p.nodes;
         false
     });
     assert_eq!(result, Err(SolveError::ProvenInfeasible { capacity, lower_bound: capacity + 1 }));
-    assert!(nodes < 100_000, "{nodes} nodes");
+    assert!(nodes < 200_000, "{nodes} nodes");
 }
 
 /// Runs the bounds search (ties by `tiebreak`) on all of `items` with at most `nodes` nodes, with

@@ -21,6 +21,7 @@
 //! it finds none, the caller's exact search goes on as before and nothing is concluded.
 
 mod flow;
+mod pinwheel;
 mod sparse;
 
 use alloc::collections::BTreeSet;
@@ -562,7 +563,8 @@ impl Splitter<'_, '_> {
             return false;
         }
         let placed = self.solve_component_uncached(component, height, base);
-        if !placed {
+        // A failure for want of nodes (a part's allowance may be small) is no failure for good.
+        if !placed && self.budget.left > 0 {
             self.failed.insert(key);
         }
         placed
@@ -597,6 +599,11 @@ impl Splitter<'_, '_> {
                     self.depth -= 1;
                     return true;
                 }
+            }
+            // No flat split placed it: a pinwheel may.
+            if self.pinwheel(&component, height, base) {
+                self.depth -= 1;
+                return true;
             }
             self.depth -= 1;
         }
@@ -770,9 +777,8 @@ mod tests {
     }
 
     /// The pinwheel: five pieces tiling a 3 x 3 square with no cut through it, so no flat subset
-    /// exists; the split search must report none. Alone it is left to the caller's exact search
-    /// (no placement here); under a buffer alive throughout (peeled off), the part left is the
-    /// pinwheel, which the split's own exact search places at height 3.
+    /// exists; the split search must report none. The pinwheel split places it (boundaries 1 and
+    /// 2, heights 1 and 2), alone and under a buffer alive throughout (peeled off).
     #[test]
     fn a_pinwheel_has_no_flat_subset_and_is_still_placed() {
         let mut items = alloc::vec![
@@ -790,7 +796,15 @@ mod tests {
         assert_eq!(finder.next(&items, &mut budget), None);
         let mut never = |_: &Progress| false;
         let (placement, _) = place(&items, &members, 3, &mut 100_000, &mut Control::new(&mut never));
-        assert!(placement.is_none(), "the whole component is the caller's to search");
+        let placement = placement.expect("a pinwheel split places it");
+        assert_eq!(placement.peak, 3);
+        for (a, b) in (0..5).flat_map(|a| (a + 1..5).map(move |b| (a, b))) {
+            let (x, y) = (&items[a], &items[b]);
+            let live_together = x.lower < y.upper && y.lower < x.upper;
+            let (ox, oy) = (placement.offsets[a], placement.offsets[b]);
+            let apart = ox + x.size <= oy || oy + y.size <= ox;
+            assert!(!live_together || apart, "pieces {a} and {b} overlap: {:?}", placement.offsets);
+        }
         items.push(Item { lower: 0, upper: 3, size: 1 });
         let (placement, _) = place(&items, &[0, 1, 2, 3, 4, 5], 4, &mut 100_000, &mut Control::new(&mut never));
         let placement = placement.expect("the pinwheel under the peeled buffer is placed");
