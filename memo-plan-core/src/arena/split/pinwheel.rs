@@ -293,8 +293,10 @@ impl Splitter<'_, '_> {
                 r[piece] = r[piece].checked_sub(i.size)?;
             }
         }
+        // By start, the largest first among equal starts: once every buffer starting by a
+        // section is shared out, that section's rooms must be used up exactly.
         let mut order: Vec<u32> = middle.to_vec();
-        order.sort_unstable_by_key(|&l| (core::cmp::Reverse(items[l as usize].size), l));
+        order.sort_unstable_by_key(|&l| (items[l as usize].lower, core::cmp::Reverse(items[l as usize].size), l));
         let spans: Vec<(usize, usize, u64)> = order
             .iter()
             .map(|&l| {
@@ -303,7 +305,11 @@ impl Splitter<'_, '_> {
             .collect();
         let mut choice = alloc::vec![0u8; order.len()];
         let mut work = MIDDLE_WORK;
-        if !share(&spans, 0, &mut room, &mut choice, &mut work, &mut self.budget) {
+        // Sections before the first middle buffer's start take no share: their rooms are full.
+        let first = spans.first().map_or(sections, |span| span.0);
+        if room[..first].iter().any(|r| *r != [0; 3])
+            || !share(&spans, 0, &mut room, &mut choice, &mut work, &mut self.budget)
+        {
             return None;
         }
         let mut shares = alloc::vec![0u8; self.items.len()];
@@ -347,8 +353,9 @@ impl Splitter<'_, '_> {
     }
 }
 
-/// The depth-first search of `Splitter::share_middle`: buffer `k` onwards into the pieces with
-/// room for it in every section it spans.
+/// The depth-first search of `Splitter::share_middle`: buffer `k` onwards (by start) into the
+/// pieces with room for it in every section it spans; the sections before the next buffer's
+/// start have all their buffers then, so their rooms must be used up.
 fn share(
     spans: &[(usize, usize, u64)],
     k: usize,
@@ -358,16 +365,17 @@ fn share(
     budget: &mut Budget,
 ) -> bool {
     let Some(&(start, end, size)) = spans.get(k) else {
-        return room.iter().all(|r| r.iter().all(|&left| left == 0));
+        return room.iter().all(|r| *r == [0; 3]);
     };
     if !budget.charge(work) {
         return false;
     }
+    let complete = start..spans.get(k + 1).map_or(start, |next| next.0);
     for piece in 0..3 {
         if room[start..end].iter().all(|r| r[piece] >= size) {
             room[start..end].iter_mut().for_each(|r| r[piece] -= size);
             choice[k] = piece as u8;
-            if share(spans, k + 1, room, choice, work, budget) {
+            if room[complete.clone()].iter().all(|r| *r == [0; 3]) && share(spans, k + 1, room, choice, work, budget) {
                 return true;
             }
             room[start..end].iter_mut().for_each(|r| r[piece] += size);
