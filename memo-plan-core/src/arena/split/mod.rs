@@ -6,8 +6,11 @@
 //! ever needs the other's addresses. Each part is again zero slack, so it splits again: first in
 //! time (temporal components), then by peeling (a buffer alive throughout is a flat subset of one),
 //! then by another flat subset, until the parts are single buffers or admit no flat subset; those
-//! go to the exact search (`search`), except the whole component itself, left to the caller's. Instances cut from a rectangle by guillotine cuts come apart
-//! entirely this way, each part small; so do other perfect packings made of independent slabs.
+//! are tried as pinwheels ([`pinwheel`]: five rectangles turning around a middle one, which no
+//! straight cut takes apart), and what is left goes to the exact search (`search`), except the
+//! whole component itself, left to the caller's. Instances cut from a rectangle by guillotine
+//! cuts come apart entirely this way, each part small; so do other perfect packings made of
+//! independent slabs, and those cut by pinwheels too.
 //!
 //! Two searches find flat subsets, taking turns with a work allowance that grows each round (on
 //! some components one is quick, on others the other), and each resumes where it stopped:
