@@ -650,7 +650,7 @@ fn split_off_parts_keep_the_search_exact() {
 
 /// A perfect packing with a few pieces deleted has few fillers per buffer, so its filled instance
 /// is near perfect and its flat splits run once with all the budget: holes 500 seed 5 is then
-/// placed within two million nodes (1,062,838; 461,364 before the splits tried pinwheels), where
+/// placed within two million nodes (1,020,391; 461,364 before the splits tried pinwheels), where
 /// the round-by-round allowance had not placed it (`NEAR_PERFECT_BUFFERS_PER_FILLER`). With a fifth of the pieces deleted, the filled
 /// instances are not near perfect.
 #[test]
@@ -755,7 +755,7 @@ fn tightening_keeps_the_offsets_of_a_known_placement() {
 
 /// A module of pinwheel 500 seed 4 that no placement packs at its height (the live total of
 /// every step): one of its sections has no tiling with offsets from the domains, so the solve
-/// ends with the proof within 200,000 nodes (117,115, of which the flat and pinwheel splits tried
+/// ends with the proof within 200,000 nodes (116,920, of which the flat and pinwheel splits tried
 /// first take most; the skyline search alone took 47 M nodes, 30 s, without one), and does not
 /// go on lowering the peak above the capacity.
 #[test]

@@ -566,8 +566,7 @@ impl Splitter<'_, '_> {
             return false;
         }
         let placed = self.solve_component_uncached(component, height, base);
-        // A failure for want of nodes (a part's allowance may be small) is no failure for good.
-        if !placed && self.budget.left > 0 {
+        if !placed {
             self.failed.insert(key);
         }
         placed
@@ -777,6 +776,24 @@ mod tests {
         let placement = placement.expect("two slabs stack");
         assert_eq!(placement.peak, 8);
         assert_eq!(placement.offsets, [0, 0, 3, 3]);
+    }
+
+    /// The generator's non-guillotine tilings (cut by guillotine cuts and pinwheels, recursively)
+    /// come apart entirely into temporal components, flat splits and pinwheel splits, small ones
+    /// at once: every one of these is placed by `place` alone, at its height, validly.
+    #[test]
+    fn pinwheel_tilings_come_apart() {
+        for seed in 0..16u64 {
+            let (count, height) = (30 + 5 * seed as usize, [64, 1 << 10, 1 << 20][seed as usize % 3]);
+            let buffers = crate::generate::non_guillotine(seed, count, 2 * count as u32, height);
+            let items = Item::all_of(&buffers);
+            let members: Vec<u32> = (0..items.len() as u32).collect();
+            let mut never = |_: &Progress| false;
+            let (placement, _) = place(&items, &members, height, &mut 2_000_000, &mut Control::new(&mut never));
+            let placement = placement.unwrap_or_else(|| panic!("seed {seed}: not placed"));
+            crate::check::check_placement(&buffers, &placement.offsets, 1, height, Some(height))
+                .unwrap_or_else(|v| panic!("seed {seed}: {v:?}"));
+        }
     }
 
     /// The pinwheel: five pieces tiling a 3 x 3 square with no cut through it, so no flat subset
