@@ -34,6 +34,7 @@ use alloc::vec::Vec;
 
 use super::{Budget, Finder, Splitter};
 use crate::arena::Item;
+use crate::lifetime::{live_profile, BufferLifetime};
 
 /// Flat subsets taken from each side's searches per boundary pair.
 const SIDE_TRIES: usize = 8;
@@ -93,33 +94,14 @@ impl Side {
 
     /// The side's height when its buffers hold the same total in every section of its window.
     fn flat_height(&self) -> Option<u64> {
-        // The total changes only where a buffer starts or ends: sum the changes in step order.
-        let mut changes: Vec<(u32, i128)> = Vec::with_capacity(2 * self.items.len());
-        for item in &self.items {
-            changes.push((item.lower, i128::from(item.size)));
-            changes.push((item.upper, -i128::from(item.size)));
+        let buffers: Vec<BufferLifetime> = (self.items.iter().enumerate())
+            .map(|(id, i)| BufferLifetime { id: id as u64, lower: i.lower, upper: i.upper, size: i.size })
+            .collect();
+        // Flat: one total from the window's first step to its last, and nothing after.
+        match live_profile(&buffers, 1).points[..] {
+            [(start, height), (end, 0)] if (start, end) == self.window && height > 0 => Some(height),
+            _ => None,
         }
-        changes.sort_unstable();
-        if changes.first().map(|c| c.0) != Some(self.window.0) {
-            return None; // nothing at the window's first step
-        }
-        let (mut total, mut height) = (0i128, None);
-        let mut k = 0;
-        while k < changes.len() {
-            let step = changes[k].0;
-            while k < changes.len() && changes[k].0 == step {
-                total += changes[k].1;
-                k += 1;
-            }
-            if step == self.window.1 {
-                break;
-            }
-            if step < self.window.0 || total <= 0 || height.is_some_and(|h| h != total) {
-                return None;
-            }
-            height = Some(total);
-        }
-        height.and_then(|h| u64::try_from(h).ok())
     }
 }
 
