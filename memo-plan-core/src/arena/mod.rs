@@ -20,6 +20,7 @@ mod bounds;
 mod control;
 mod decompose;
 mod domains;
+mod fillers;
 mod greedy;
 #[cfg(feature = "mip")]
 pub mod mip;
@@ -637,18 +638,21 @@ impl LeafState {
         if zero_slack {
             // Zero slack: try flat splits first (they settle perfect packings part by part). They
             // only ever find placements; without one the restarts below go on, unchanged.
-            let (placement, used) = split::place(items, members, capacity, budget.nodes_left, budget.control);
+            let (placement, used) =
+                split::place(items, members, members.len(), capacity, budget.nodes_left, budget.control);
             *budget.nodes += used;
             if let Some(placement) = placement {
                 return SearchOutcome::Found(placement);
             }
         }
-        // Each shape of fillers once (the two often cut a profile alike).
+        // Each shape of fillers once (the two often cut a profile alike), `Runs` first: of the
+        // twenty holes instances it cost 0.42 s more on one and saved 0.2-1.7 s on four, the parts
+        // its fillers fail on being cut anew by the splits more often (BENCHMARKS.md).
         let nesting = (budget.depth, budget.mix);
-        let nested = Filled::new(items, members, &self.sections, capacity, FillerShape::Nested, nesting);
-        let runs = Filled::new(items, members, &self.sections, capacity, FillerShape::Runs, nesting)
-            .filter(|runs| nested.as_ref().is_none_or(|nested| nested.items != runs.items));
-        let mut filled: Vec<Filled> = nested.into_iter().chain(runs).collect();
+        let runs = Filled::new(items, members, &self.sections, capacity, fillers::Shape::Runs, nesting);
+        let nested = Filled::new(items, members, &self.sections, capacity, fillers::Shape::Nested, nesting)
+            .filter(|nested| runs.as_ref().is_none_or(|runs| runs.items != nested.items));
+        let mut filled: Vec<Filled> = runs.into_iter().chain(nested).collect();
         let mut shared = search::Shared::new(items, members, &self.sections, capacity);
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
         // Modules at zero slack only (and in the filled instances, zero slack by making): with slack
@@ -856,19 +860,6 @@ struct Filled {
     bounds: Option<Vec<bounds::Bounds>>,
 }
 
-/// How `Filled` cuts the slack profile into fillers. The same profile comes from holes of many
-/// shapes; each of these recovers some exactly (on the hard sets, each alone missed holes the
-/// other recovered: BENCHMARKS.md).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum FillerShape {
-    /// Holes nest: one that opens after another closes before it, so holes of distinct heights
-    /// overlapping in time are recovered (one gap each).
-    Nested,
-    /// Holes end where the slack changes: holes side by side in time, of different heights, are
-    /// recovered.
-    Runs,
-}
-
 /// The most fillers, as a share of the component's buffers (1/`FILLERS_PER_BUFFER`): with more,
 /// the capacity is far from zero slack and fillers only add choices.
 pub const FILLERS_PER_BUFFER: usize = 4;
@@ -891,56 +882,17 @@ impl Filled {
         members: &[u32],
         sections: &Sections,
         capacity: u64,
-        shape: FillerShape,
+        shape: fillers::Shape,
         (depth, mix): (u32, SearchMix),
     ) -> Option<Filled> {
         let mut filled: Vec<Item> = members.iter().map(|&m| items[m as usize]).collect();
         let own = filled.len();
-        let slack = |k: usize| capacity.saturating_sub(sections.totals.get(k).copied().unwrap_or(capacity));
-        // The slack profile as intervals: where the slack rises, fillers open (the rise as one).
-        // Where it falls, `Nested`: the open filler of exactly that height closes if there is one
-        // (a hole that ends here), else the latest ones close, the last in part; `Runs`: all
-        // close, and the slack left opens again as one.
-        let mut open: Vec<(usize, u64)> = Vec::new(); // (first section, height)
-        let fillers_most = own / FILLERS_PER_BUFFER + 1;
-        for k in 0..=sections.len() {
-            let (before, now) = (if k == 0 { 0 } else { slack(k - 1) }, slack(k));
-            if now > before {
-                open.push((k, now - before));
-            }
-            let mut closing = before.saturating_sub(now);
-            if shape == FillerShape::Runs && closing > 0 {
-                while let Some((first, height)) = open.pop() {
-                    let (lower, upper) = sections.steps(first, k - first);
-                    filled.push(Item { lower, upper, size: height });
-                }
-                if now > 0 {
-                    open.push((k, now));
-                }
-                closing = 0;
-            }
-            if closing > 0 {
-                if let Some(exact) = open.iter().rposition(|&(_, height)| height == closing) {
-                    let (first, height) = open.remove(exact);
-                    let (lower, upper) = sections.steps(first, k - first);
-                    filled.push(Item { lower, upper, size: height });
-                    closing = 0;
-                }
-            }
-            while closing > 0 {
-                let Some((first, height)) = open.pop() else { break };
-                let part = height.min(closing);
-                let (lower, upper) = sections.steps(first, k - first);
-                filled.push(Item { lower, upper, size: part });
-                if part < height {
-                    open.push((first, height - part));
-                }
-                closing -= part;
-            }
-            if filled.len() - own > fillers_most {
-                return None;
-            }
-        }
+        let slack: Vec<u64> = sections.totals.iter().map(|&total| capacity.saturating_sub(total)).collect();
+        let fillers = fillers::shaped(&slack, shape, own / FILLERS_PER_BUFFER + 1)?;
+        filled.extend(fillers.iter().map(|f| {
+            let (lower, upper) = sections.steps(f.first, f.end - f.first);
+            Item { lower, upper, size: f.height }
+        }));
         if filled.len() == own {
             return None; // zero slack already: searched as it is
         }
@@ -983,7 +935,7 @@ impl Filled {
             let mut split_budget = allowance.min(*budget.nodes_left);
             self.splits_pending = !self.near_perfect;
             let (placement, used) =
-                split::place(&self.items, &self.members, capacity, &mut split_budget, budget.control);
+                split::place(&self.items, &self.members, self.own, capacity, &mut split_budget, budget.control);
             *budget.nodes_left -= used;
             *budget.nodes += used;
             if let Some(placement) = placement {

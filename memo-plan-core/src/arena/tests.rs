@@ -667,7 +667,7 @@ fn near_perfect_filled_instances_split_with_all_the_budget() {
         let items = Item::all_of(buffers);
         let members: Vec<u32> = (0..items.len() as u32).collect();
         let sections = Sections::new(&items, &members);
-        [FillerShape::Nested, FillerShape::Runs]
+        [fillers::Shape::Nested, fillers::Shape::Runs]
             .into_iter()
             .filter_map(|shape| Filled::new(&items, &members, &sections, capacity, shape, (0, SearchMix::default())))
             .map(|filled| filled.near_perfect)

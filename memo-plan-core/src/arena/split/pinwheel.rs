@@ -113,18 +113,6 @@ impl Splitter<'_, '_> {
         self.pinwheel_rounds(component, height, base, work)
     }
 
-    /// Runs `f` with at most `nodes` of the budget: the rest is held back, and given back unless
-    /// a stop (which zeroes the budget) came meanwhile.
-    fn within<R>(&mut self, nodes: u64, f: impl FnOnce(&mut Self) -> R) -> R {
-        let held_back = self.budget.left.saturating_sub(nodes);
-        self.budget.left -= held_back;
-        let result = f(self);
-        if !self.budget.control.stopped() {
-            self.budget.left += held_back;
-        }
-        result
-    }
-
     /// The boundary pairs in rounds: each side's searches get `SIDE_FIRST_WORK` nodes a pair in
     /// the first, four times more each round after, while the component's share lasts.
     fn pinwheel_rounds(&mut self, component: &[u32], height: u64, base: u64, work: u64) -> bool {
