@@ -646,8 +646,8 @@ impl LeafState {
             }
         }
         // Each shape of fillers once (the two often cut a profile alike), `Runs` first: of the
-        // twenty holes instances it cost 0.42 s more on one and saved 0.2-1.7 s on four, the parts
-        // its fillers fail on being cut anew by the splits more often (BENCHMARKS.md).
+        // twenty holes instances, with one thread, that saved 0.13-1.7 s on four (holes 500 seed
+        // 7: 2.08 to 0.37 s) and cost 0.46 s on one (holes 500 seed 2) (BENCHMARKS.md).
         let nesting = (budget.depth, budget.mix);
         let runs = Filled::new(items, members, &self.sections, capacity, fillers::Shape::Runs, nesting);
         let nested = Filled::new(items, members, &self.sections, capacity, fillers::Shape::Nested, nesting)
