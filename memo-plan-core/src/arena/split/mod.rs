@@ -83,42 +83,9 @@ pub(crate) fn place(
     nodes_left: &mut u64,
     control: &mut Control,
 ) -> (Option<ComponentPlacement>, u64) {
-    place_refilling(items, members, own, capacity, nodes_left, control, REFILL_WORK_PER_BUFFER)
-}
-
-/// [`place`] with `refill_work_per_buffer` nodes per buffer for the parts cut anew (0: none).
-fn place_refilling(
-    items: &[Item],
-    members: &[u32],
-    own: usize,
-    capacity: u64,
-    nodes_left: &mut u64,
-    control: &mut Control,
-    refill_work_per_buffer: u64,
-) -> (Option<ComponentPlacement>, u64) {
-    let local: Vec<Item> = members.iter().map(|&m| items[m as usize]).collect();
-    let n = local.len();
-    let mut splitter = Splitter {
-        items: local,
-        offset: alloc::vec![0; n],
-        failed: BTreeSet::new(),
-        budget: Budget { left: *nodes_left, spent: 0, control },
-        depth: 0,
-        own,
-        whole: n,
-        refill_work: refill_work_per_buffer.saturating_mul(n as u64),
-        refilling: false,
-    };
-    let all: Vec<u32> = (0..n as u32).collect();
-    let placed = splitter.solve_part(all, capacity, 0);
-    // Not `budget.left`: a stop zeroes it without spending the nodes.
-    *nodes_left -= splitter.budget.spent;
-    let placement = placed.then(|| {
-        let peak = (0..own.min(n)).map(|l| splitter.offset[l] + splitter.items[l].size).max().unwrap_or(0);
-        splitter.offset.truncate(n); // fillers of parts cut anew are not the caller's
-        ComponentPlacement { offsets: splitter.offset, peak }
-    });
-    (placement, splitter.budget.spent)
+    let (placement, spent) = Splitter::new(items, members, own, *nodes_left, control).place(capacity);
+    *nodes_left -= spent;
+    (placement, spent)
 }
 
 /// The nodes a split search may still spend, and has spent, and the caller's stop callback. A stop
@@ -583,6 +550,40 @@ struct Splitter<'b, 'c> {
     refilling: bool,
 }
 
+impl<'b, 'c> Splitter<'b, 'c> {
+    /// A splitter of `members` (indices into `items`), the first `own` of them buffers and the
+    /// rest fillers, with `nodes_left` nodes.
+    fn new(items: &[Item], members: &[u32], own: usize, nodes_left: u64, control: &'b mut Control<'c>) -> Self {
+        let local: Vec<Item> = members.iter().map(|&m| items[m as usize]).collect();
+        let n = local.len();
+        Splitter {
+            items: local,
+            offset: alloc::vec![0; n],
+            failed: BTreeSet::new(),
+            budget: Budget { left: nodes_left, spent: 0, control },
+            depth: 0,
+            own,
+            whole: n,
+            refill_work: REFILL_WORK_PER_BUFFER.saturating_mul(n as u64),
+            refilling: false,
+        }
+    }
+
+    /// [`place`] with this splitter: the placement if one was found, and the nodes spent.
+    fn place(mut self, capacity: u64) -> (Option<ComponentPlacement>, u64) {
+        let (n, own) = (self.whole, self.own.min(self.whole));
+        let placed = self.solve_part((0..n as u32).collect(), capacity, 0);
+        // Not `budget.left`: a stop zeroes it without spending the nodes.
+        let spent = self.budget.spent;
+        let placement = placed.then(|| {
+            let peak = (0..own).map(|l| self.offset[l] + self.items[l].size).max().unwrap_or(0);
+            self.offset.truncate(n); // fillers of parts cut anew are not the caller's
+            ComponentPlacement { offsets: self.offset, peak }
+        });
+        (placement, spent)
+    }
+}
+
 impl Splitter<'_, '_> {
     /// Places `part` in `[base, base + height)`, where every section of it is exactly full.
     fn solve_part(&mut self, mut part: Vec<u32>, height: u64, base: u64) -> bool {
@@ -985,12 +986,16 @@ mod tests {
             }
             let members: Vec<u32> = (0..items.len() as u32).collect();
             let mut never = |_: &Progress| false;
-            let mut place_with = |refill_work_per_buffer| {
+            let mut place_with = |refills: bool| {
                 let mut control = Control::new(&mut never);
-                place_refilling(&items, &members, own, height, &mut 2_000_000, &mut control, refill_work_per_buffer).0
+                let mut splitter = Splitter::new(&items, &members, own, 2_000_000, &mut control);
+                if !refills {
+                    splitter.refill_work = 0;
+                }
+                splitter.place(height).0
             };
-            assert!(place_with(0).is_none(), "{count} buffers, seed {seed}: placed with the sweep's fillers");
-            let placement = place_with(REFILL_WORK_PER_BUFFER)
+            assert!(place_with(false).is_none(), "{count} buffers, seed {seed}: placed with the sweep's fillers");
+            let placement = place_with(true)
                 .unwrap_or_else(|| panic!("{count} buffers, seed {seed}: not placed with fillers cut anew"));
             assert_eq!(placement.peak, height);
             crate::check::check_placement(&buffers, &placement.offsets[..own], 1, height, Some(height))
