@@ -618,7 +618,9 @@ impl Splitter<'_, '_> {
         if let (false, Some(component)) = (placed, kept) {
             placed = self.refill(&component, height, base);
         }
-        if !placed {
+        // A failure is final unless the budget ran out meanwhile (a part cut anew tries with an
+        // allowance of its own, and tries again with more).
+        if !placed && self.budget.left > 0 {
             self.failed.insert(key);
         }
         placed
@@ -645,28 +647,35 @@ impl Splitter<'_, '_> {
             slack[range].iter_mut().for_each(|s| *s += item.size);
         }
         current.sort_unstable();
-        let mut variants = fillers::fewest(&slack, REFILL_VARIANTS, REFILL_FEWEST_WORK);
-        variants.retain(|variant| *variant != current);
-        // The sets take turns, each try with `allowance` nodes, four times more each round: a set
-        // that fails within its allowance (its parts' own limits ended it) fails again, and leaves.
-        let mut allowance = REFILL_FIRST_WORK_PER_BUFFER.saturating_mul(component.len() as u64);
-        while !variants.is_empty() {
-            let mut index = 0;
-            while index < variants.len() {
-                if self.refill_work == 0 || self.budget.left == 0 {
-                    return false;
-                }
-                // Fresh indices each try: the failures cached from a try cut short are not final.
+        // Each other set as a part of its own: the component's buffers and the set's fillers,
+        // appended as new items (so no failure cached for one set is taken for another's).
+        let mut parts: Vec<Vec<u32>> = fillers::fewest(&slack, REFILL_VARIANTS, REFILL_FEWEST_WORK)
+            .into_iter()
+            .filter(|variant| *variant != current)
+            .map(|variant| {
                 let mut part = own.clone();
-                for f in &variants[index] {
+                for f in &variant {
                     let (lower, upper) = sections.steps(f.first, f.end - f.first);
                     part.push(self.items.len() as u32);
                     self.items.push(Item { lower, upper, size: f.height });
                     self.offset.push(0);
                 }
+                part
+            })
+            .collect();
+        // The sets take turns, each try with `allowance` nodes, four times more each round: a set
+        // that fails within its allowance (its parts' own limits ended it) fails again, and leaves.
+        let mut allowance = REFILL_FIRST_WORK_PER_BUFFER.saturating_mul(component.len() as u64);
+        while !parts.is_empty() {
+            let mut index = 0;
+            while index < parts.len() {
+                if self.refill_work == 0 || self.budget.left == 0 {
+                    return false;
+                }
                 let nodes = allowance.min(self.refill_work);
                 let spent_before = self.budget.spent;
                 self.refilling = true;
+                let part = parts[index].clone();
                 let placed = self.within(nodes, |s| s.solve_part(part, height, base));
                 self.refilling = false;
                 let spent = self.budget.spent - spent_before;
@@ -675,7 +684,7 @@ impl Splitter<'_, '_> {
                     return true;
                 }
                 if spent < nodes {
-                    variants.remove(index);
+                    parts.remove(index);
                 } else {
                     index += 1;
                 }
