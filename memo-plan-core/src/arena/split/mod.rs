@@ -609,9 +609,10 @@ impl Splitter<'_, '_> {
         }
         // A part with fillers (not the whole component, which the caller's fillers are for)
         // may be placed with its fillers cut anew when it is not placed with those it has.
-        let refillable = !self.is_whole(&component)
+        let refillable = self.own < self.whole
             && !self.refilling
             && self.refill_work > 0
+            && !self.is_whole(&component)
             && component.iter().any(|&l| l as usize >= self.own);
         let kept = refillable.then(|| component.clone());
         let mut placed = self.solve_component_uncached(component, height, base);
