@@ -20,6 +20,10 @@ fn context(heads: u64, seq_len: u64) -> KernelContext {
     KernelContext {
         hidden: 0,
         heads,
+        kv_heads: 0,
+        kv_replicated: false,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
         seq_len,
         vocab: 0,
         loss_scale_tokens: 1,
@@ -291,6 +295,10 @@ mod versus_cpu {
         OpContext {
             hidden: sh.heads * sh.d,
             heads: sh.heads,
+            kv_heads: 0,
+            kv_replicated: false,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
             seq_len: sh.s,
             vocab: 0,
             loss_scale_tokens: 1,

@@ -49,6 +49,10 @@ fn cpu_context(ctx: &KernelContext) -> OpContext {
     OpContext {
         hidden: ctx.hidden as usize,
         heads: ctx.heads as usize,
+        kv_heads: ctx.kv_heads as usize,
+        kv_replicated: ctx.kv_replicated,
+        rope_theta: ctx.rope_theta,
+        norm_eps: ctx.norm_eps,
         seq_len: ctx.seq_len as usize,
         vocab: ctx.vocab as usize,
         loss_scale_tokens: ctx.loss_scale_tokens as usize,

@@ -13,7 +13,7 @@
 //! uses `beta = 1`, so `y = round(x W^T + bias)`, one rounding as on the CPU. Only the order of
 //! the f32 sums differs from the CPU (cuBLAS picks it), which the GPU tests' tolerance covers.
 
-use memo_plan_core::plan::shapes::{self, OpError, OpShape, ShapeContext};
+use memo_plan_core::plan::shapes::{self, OpError, OpErrorKind, OpShape, ShapeContext};
 use memo_plan_core::plan::Op;
 use memo_runtime::KernelContext;
 
@@ -70,6 +70,10 @@ pub(crate) fn shape_context(ctx: &KernelContext) -> ShapeContext {
     ShapeContext {
         hidden: ctx.hidden,
         heads: ctx.heads,
+        kv_heads: ctx.kv_heads,
+        kv_replicated: ctx.kv_replicated,
+        rope_theta: ctx.rope_theta,
+        norm_eps: ctx.norm_eps,
         seq_len: ctx.seq_len,
         vocab: ctx.vocab,
         loss_scale_tokens: ctx.loss_scale_tokens,
@@ -140,14 +144,26 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
         Op::CrossEntropyMax => cross_entropy_max(&a, &s, ctx),
         Op::CrossEntropySums => cross_entropy_sums(&a, &s, ctx),
         Op::CrossEntropyFinish => cross_entropy_finish(&a, &s, ctx),
+        Op::RmsNorm | Op::RmsNormBackward | Op::Swiglu | Op::SwigluBackward | Op::LinearBackwardWeightNoBias => {
+            Err(without_kernel(op).unwrap_or_else(|| OpError::needs_multi_gpu(op)))
+        }
     }
 }
 
-/// The refusal [`steps`] gives `op` whatever its shapes, when it has no GPU kernel yet: `None`
-/// for every op now (the collectives run on NCCL or RCCL). Kept so that a runner's check of a
-/// plan's ops before it opens devices stays in one place.
-pub(crate) fn without_kernel(_op: Op) -> Option<RecipeError> {
-    None
+/// The refusal [`steps`] gives `op` whatever its shapes, when it has no GPU kernel yet (the
+/// collectives run on NCCL or RCCL). Kept so that a runner's check of a plan's ops before it
+/// opens devices stays in one place.
+pub(crate) fn without_kernel(op: Op) -> Option<RecipeError> {
+    match op {
+        Op::RmsNorm | Op::RmsNormBackward | Op::Swiglu | Op::SwigluBackward | Op::LinearBackwardWeightNoBias => {
+            Some(OpError {
+                op,
+                argument: None,
+                kind: OpErrorKind::Unsupported { reason: "has no GPU kernel yet".into() },
+            })
+        }
+        _ => None,
+    }
 }
 
 /// The parameters both embedding kernels take: the three arguments in order, then the shape.

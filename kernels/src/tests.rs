@@ -20,6 +20,10 @@ fn context_for(hidden: u64, vocab: u64, rows: u64) -> KernelContext {
     KernelContext {
         hidden,
         heads: 2,
+        kv_heads: 0,
+        kv_replicated: false,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
         seq_len: rows,
         vocab,
         loss_scale_tokens: rows,
@@ -266,6 +270,10 @@ fn run_cpu_with(op: Op, shapes: &[ArgShape], args: &mut [Vec<u8>], ctx: &KernelC
     let op_ctx = OpContext {
         hidden: ctx.hidden as usize,
         heads: ctx.heads as usize,
+        kv_heads: 0,
+        kv_replicated: false,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
         seq_len: ctx.seq_len as usize,
         vocab: ctx.vocab as usize,
         loss_scale_tokens: ctx.loss_scale_tokens as usize,
@@ -380,7 +388,8 @@ fn status_words_become_messages() {
 #[test]
 fn the_rope_kernel_rotates_by_the_definition_and_back() {
     use memo_plan_core::plan::shapes::AttentionShape;
-    let shape = AttentionShape { heads: 3, head_dim: 64, seq_len: 77, sequences: 2 };
+    let shape =
+        AttentionShape { heads: 3, kv_heads: 3, group: 1, first_query: 0, head_dim: 64, seq_len: 77, sequences: 2 };
     let (rows, width) = (2 * 77, 3 * 64);
     let x = bf16_bytes(rows * width, 5);
     let forward =
@@ -426,7 +435,8 @@ fn the_rope_kernel_rotates_by_the_definition_and_back() {
 fn the_rope_grid_covers_every_pair() {
     use memo_plan_core::plan::shapes::AttentionShape;
     for (seq_len, sequences) in [(1u64, 1u64), (77, 2), (1 << 20, 1)] {
-        let shape = AttentionShape { heads: 16, head_dim: 128, seq_len, sequences };
+        let shape =
+            AttentionShape { heads: 16, kv_heads: 16, group: 1, first_query: 0, head_dim: 128, seq_len, sequences };
         let Step::Kernel(launch) = crate::rope_step(
             Param::Ptr { arg: 0, byte_offset: 0 },
             Param::Ptr { arg: 0, byte_offset: 0 },
@@ -448,7 +458,8 @@ fn the_rope_grid_covers_every_pair() {
 #[test]
 fn the_lse_transpose_kernel_moves_each_element_and_back() {
     use memo_plan_core::plan::shapes::AttentionShape;
-    let shape = AttentionShape { heads: 3, head_dim: 64, seq_len: 5, sequences: 2 };
+    let shape =
+        AttentionShape { heads: 3, kv_heads: 3, group: 1, first_query: 0, head_dim: 64, seq_len: 5, sequences: 2 };
     let n = 2 * 5 * 3;
     let token_major: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
     let there = crate::lse_transpose_step(

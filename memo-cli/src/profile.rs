@@ -303,6 +303,10 @@ fn op_rates(device: &Device, model: &ModelConfig, repeats: usize) -> Result<OpRa
     let context = KernelContext {
         hidden: h,
         heads,
+        kv_heads: model.kv_heads,
+        kv_replicated: false,
+        rope_theta: model.architecture.rope_theta,
+        norm_eps: model.architecture.norm_eps,
         seq_len: s,
         vocab: model.vocab,
         loss_scale_tokens: s,
@@ -313,12 +317,14 @@ fn op_rates(device: &Device, model: &ModelConfig, repeats: usize) -> Result<OpRa
     };
     let attention_flops = 4.0 * (s as f64) * (s as f64) / 2.0 * h as f64;
     let (row, lse) = (h * 2, heads * 4);
+    // K and V: the model's key/value heads (fewer than the query heads with grouped-query attention).
+    let kv = model.kv_heads * model.head_dim() * 2;
     // (op, each argument's (rows, row bytes), FLOPs of one launch)
     let launches = [
-        (Op::Attention, vec![(s, row), (s, row), (s, row), (s, row), (s, lse)], attention_flops),
+        (Op::Attention, vec![(s, row), (s, kv), (s, kv), (s, row), (s, lse)], attention_flops),
         (
             Op::AttentionBackward,
-            vec![(s, row), (s, row), (s, row), (s, row), (s, lse), (s, row), (s, row), (s, row), (s, row)],
+            vec![(s, row), (s, kv), (s, kv), (s, row), (s, lse), (s, row), (s, row), (s, kv), (s, kv)],
             2.5 * attention_flops,
         ),
         (Op::Linear, vec![(s, row), (ffn, row), (1, ffn * 2), (s, ffn * 2)], 2.0 * (s * h * ffn) as f64),

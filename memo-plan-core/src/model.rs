@@ -18,7 +18,10 @@
 use alloc::string::String;
 use core::fmt;
 
+mod architecture;
 mod presets;
+
+pub use architecture::{Architecture, Biases, Ffn, Norm, RopeScaling, SkeletalWidths};
 
 pub use presets::{
     HardwarePreset, InterconnectPreset, ModelPreset, ACHIEVED_PERCENT_OF_PEAK, CPU_INTERCONNECT, HARDWARE_PRESETS,
@@ -32,19 +35,24 @@ pub const FP32_BYTES: u64 = 4;
 /// Default vocabulary of the paper's GPT models (the GPT-2 BPE vocabulary).
 pub const GPT2_VOCAB: u64 = 50257;
 
-/// A GPT model (pre-LN, GeLU MLP, learned word embedding, rotary positions) and the sequence it
-/// trains on.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A decoder-only transformer (pre-norm layers, learned word embedding, rotary positions; GPT or
+/// the Llama family, as its [`Architecture`] says) and the sequence it trains on.
+#[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
-    /// A name for reports (`7b`, ...).
+    /// A name for reports (`7b`, `llama3.1-8b`, ...).
     pub name: String,
     /// Number of transformer layers `n`.
     pub layers: u32,
     /// Hidden size `h`.
     pub hidden: u64,
-    /// Attention heads; must divide `hidden`.
+    /// Query heads; must divide `hidden` (head dimension `hidden / heads`).
     pub heads: u64,
-    /// MLP inner size (FC1 output); `4 * hidden` by default.
+    /// Key/value heads: equal to `heads` for multi-head attention, fewer for grouped-query
+    /// attention (each serves `heads / kv_heads` query heads), 1 for multi-query attention. Must
+    /// divide `heads`.
+    pub kv_heads: u64,
+    /// FFN inner size `f` (GeLU: FC1's outputs; SwiGLU: gate's and up's each); `4 * hidden` by
+    /// default.
     pub ffn_hidden: u64,
     /// Vocabulary size `V` (50257 by default).
     pub vocab: u64,
@@ -52,6 +60,8 @@ pub struct ModelConfig {
     pub seq_len: u64,
     /// Sequences per micro-batch `b`.
     pub micro_batch: u64,
+    /// FFN, norm, biases, tying, rotary base.
+    pub architecture: Architecture,
 }
 
 /// How the model is split over GPUs.
@@ -144,6 +154,30 @@ pub enum ModelError {
         /// `heads`.
         heads: u64,
     },
+    /// `kv_heads` does not divide `heads` (each key/value head serves the same number of query
+    /// heads).
+    KvHeadsDoNotDivideHeads {
+        /// `heads`.
+        heads: u64,
+        /// `kv_heads`.
+        kv_heads: u64,
+    },
+    /// Neither does `t` divide `kv_heads` (each rank holds `kv_heads / t` of them) nor `kv_heads`
+    /// divide `t` (each key/value head replicated on `t / kv_heads` ranks).
+    KvHeadsAndTensorParallel {
+        /// `kv_heads`.
+        kv_heads: u64,
+        /// `t`.
+        tensor: u64,
+    },
+    /// A number the kernels use (the rotary base, the norm's epsilon, the rope rescaling) that is
+    /// out of its range.
+    BadArchitecture {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: f64,
+    },
     /// The tensor-parallel degree does not divide a size it splits.
     NotDivisibleByTensorParallel {
         /// The field that must be a multiple of `t` (`heads`, `ffn_hidden`, `seq_len`).
@@ -199,6 +233,22 @@ impl fmt::Display for ModelError {
                 f,
                 "hidden = {hidden} is not a multiple of heads = {heads}: choose heads that divide hidden \
                  (head size = hidden / heads)"
+            ),
+            ModelError::KvHeadsDoNotDivideHeads { heads, kv_heads } => write!(
+                f,
+                "kv_heads = {kv_heads} does not divide heads = {heads}: grouped-query attention gives every \
+                 key/value head the same number of query heads; use a kv_heads that divides {heads}"
+            ),
+            ModelError::KvHeadsAndTensorParallel { kv_heads, tensor } => write!(
+                f,
+                "kv_heads = {kv_heads} and the tensor-parallel degree t = {tensor}: t must divide kv_heads (each \
+                 rank holds kv_heads / t key/value heads) or kv_heads must divide t (each key/value head is \
+                 replicated on t / kv_heads ranks); use a t that is a divisor or a multiple of {kv_heads}"
+            ),
+            ModelError::BadArchitecture { field, value } => write!(
+                f,
+                "{field} = {value} is out of range: rope_theta is a rotary base above 1, norm_eps a number \
+                 between 0 and 1, rope_scaling's factors at least 1 with low_freq_factor < high_freq_factor"
             ),
             ModelError::NotDivisibleByTensorParallel { field, value, tensor } => {
                 let below = value - value.checked_rem(*tensor).unwrap_or(0);
@@ -263,7 +313,7 @@ fn write_names<'a>(f: &mut fmt::Formatter<'_>, names: impl Iterator<Item = &'a s
 fn zero_fix(field: &str) -> &'static str {
     match field {
         "achieved_flops" => "give the FLOP/s one GPU sustains (e.g. 60% of peak_flops) or a measured_layer_forward_s",
-        "layers" | "hidden" | "heads" | "ffn_hidden" | "vocab" | "seq_len" | "micro_batch" => {
+        "layers" | "hidden" | "heads" | "kv_heads" | "ffn_hidden" | "vocab" | "seq_len" | "micro_batch" => {
             "a model needs at least 1 of each"
         }
         "tensor" | "data" => "a parallel degree is at least 1 (1 = no parallelism)",
@@ -294,38 +344,47 @@ fn add(a: u64, b: u64, what: &'static str) -> Result<u64, ModelError> {
 }
 
 impl ModelConfig {
-    /// A model with `ffn_hidden = 4 * hidden` (saturating: the sizes computed from it then report
-    /// the overflow) and the GPT-2 vocabulary.
+    /// A GPT model ([`Architecture::GPT`], multi-head attention) with `ffn_hidden = 4 * hidden`
+    /// (saturating: the sizes computed from it then report the overflow) and the GPT-2 vocabulary.
     pub fn new(name: &str, layers: u32, hidden: u64, heads: u64, seq_len: u64, micro_batch: u64) -> Self {
         ModelConfig {
             name: String::from(name),
             layers,
             hidden,
             heads,
+            kv_heads: heads,
             ffn_hidden: hidden.saturating_mul(4),
             vocab: GPT2_VOCAB,
             seq_len,
             micro_batch,
+            architecture: Architecture::GPT,
         }
     }
 
-    /// The preset named `name` (case-insensitive: `7b`, `13b`, `30b`, `65b`) training on sequences
-    /// of `seq_len` tokens, `micro_batch` at a time.
+    /// The preset named `name` (case-insensitive: `7b` ... `65b`, `llama3.1-8b`, ...; see
+    /// [`MODEL_PRESETS`]) training on sequences of `seq_len` tokens, `micro_batch` at a time.
     pub fn preset(name: &str, seq_len: u64, micro_batch: u64) -> Result<Self, ModelError> {
         let preset = MODEL_PRESETS
             .iter()
             .find(|p| p.name.eq_ignore_ascii_case(name))
             .ok_or_else(|| ModelError::UnknownModel { name: String::from(name) })?;
-        Ok(ModelConfig::new(preset.name, preset.layers, preset.hidden, preset.heads, seq_len, micro_batch))
+        Ok(preset.model(seq_len, micro_batch))
     }
 
-    /// Checks that every field is at least 1 and that `heads` divides `hidden`. (Sizes computed
-    /// later report their own overflow.)
+    /// The head dimension `hidden / heads` (0 when `heads` is 0).
+    pub fn head_dim(&self) -> u64 {
+        self.hidden.checked_div(self.heads).unwrap_or(0)
+    }
+
+    /// Checks that every field is at least 1, that `heads` divides `hidden`, that `kv_heads`
+    /// divides `heads`, and the architecture's numbers. (Sizes computed later report their own
+    /// overflow.)
     pub fn validate(&self) -> Result<(), ModelError> {
         let fields = [
             ("layers", u64::from(self.layers)),
             ("hidden", self.hidden),
             ("heads", self.heads),
+            ("kv_heads", self.kv_heads),
             ("ffn_hidden", self.ffn_hidden),
             ("vocab", self.vocab),
             ("seq_len", self.seq_len),
@@ -337,41 +396,71 @@ impl ModelConfig {
         if !self.hidden.is_multiple_of(self.heads) {
             return Err(ModelError::HeadsDoNotDivideHidden { hidden: self.hidden, heads: self.heads });
         }
-        Ok(())
+        if !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(ModelError::KvHeadsDoNotDivideHeads { heads: self.heads, kv_heads: self.kv_heads });
+        }
+        self.architecture.validate().map_err(|(field, value)| ModelError::BadArchitecture { field, value })
     }
 
-    /// Parameters of the whole model (not per GPU):
-    /// - word embedding `V * h`; positions are rotary, so there is no position table (a learned
-    ///   one would hold `s * h` parameters, 4.3e9 for 7B at 1M tokens);
-    /// - per layer: QKV `3h^2 + 3h`, projection `h^2 + h`, FC1 `h*f + f`, FC2 `f*h + h`, two
-    ///   layer norms `2 * 2h`;
-    /// - the final layer norm `2h`;
-    /// - the classifier is tied to the word embedding: no parameters of its own.
+    /// Parameters of the whole model (not per GPU), with `d = hidden / heads`, `g = kv_heads`:
+    /// - word embedding `V * h`; positions are rotary, so there is no position table;
+    /// - per layer: Q `h * h`, K and V `h * g*d` each, the output projection `h * h`; the FFN
+    ///   `2 h f` (GeLU: FC1, FC2) or `3 h f` (SwiGLU: gate, up, down); biases where
+    ///   [`Biases`] puts them (Q `h`, K and V `g*d` each; projection `h`; FC1 `f`, FC2 `h`); two
+    ///   norms of `h` (RMSNorm) or `2h` (LayerNorm: scale and shift);
+    /// - the final norm;
+    /// - the classifier `V * h`, unless tied to the word embedding.
     ///
     /// The vocabulary is not padded (Megatron-LM pads it to a multiple of 128 * t).
     pub fn parameter_count(&self) -> Result<u64, ModelError> {
         self.validate()?;
         const WHAT: &str = "parameter count";
-        let h = self.hidden;
-        let f = self.ffn_hidden;
-        let square = mul(h, h, WHAT)?;
-        let wide = mul(h, f, WHAT)?;
-        // 4h^2 + 2hf + 9h + f
-        let mut layer = mul(square, 4, WHAT)?;
-        layer = add(layer, mul(wide, 2, WHAT)?, WHAT)?;
-        layer = add(layer, mul(h, 9, WHAT)?, WHAT)?;
-        layer = add(layer, f, WHAT)?;
+        let arch = &self.architecture;
+        let (h, f) = (self.hidden, self.ffn_hidden);
+        let kv = mul(self.kv_heads, self.head_dim(), WHAT)?;
+        // Weights: Q and the projection h x h, K and V h x kv, FFN (products) x h x f.
+        let mut layer = mul(mul(h, h, WHAT)?, 2, WHAT)?;
+        layer = add(layer, mul(mul(h, kv, WHAT)?, 2, WHAT)?, WHAT)?;
+        let ffn_products = arch.ffn_in_products() + 1;
+        layer = add(layer, mul(mul(h, f, WHAT)?, ffn_products, WHAT)?, WHAT)?;
+        if arch.biases.qkv() {
+            layer = add(layer, add(h, mul(kv, 2, WHAT)?, WHAT)?, WHAT)?;
+        }
+        if arch.biases.output_and_ffn() {
+            layer = add(layer, add(h, add(mul(f, arch.ffn_in_products(), WHAT)?, h, WHAT)?, WHAT)?, WHAT)?;
+        }
+        let norm = mul(h, arch.norm_vectors(), WHAT)?;
+        layer = add(layer, mul(norm, 2, WHAT)?, WHAT)?;
         let layers = mul(layer, u64::from(self.layers), WHAT)?;
-        let embedding = mul(self.vocab, h, WHAT)?;
-        let final_norm = mul(h, 2, WHAT)?;
-        add(add(layers, embedding, WHAT)?, final_norm, WHAT)
+        let tables = if arch.tied_embeddings { 1 } else { 2 };
+        let embedding = mul(mul(self.vocab, h, WHAT)?, tables, WHAT)?;
+        add(add(layers, embedding, WHAT)?, norm, WHAT)
+    }
+
+    /// Parameters of the K and V projections of the whole model (weights and biases): the ones a
+    /// tensor-parallel group replicates when `t > kv_heads`.
+    fn key_value_parameters(&self) -> Result<u64, ModelError> {
+        const WHAT: &str = "parameter count";
+        let kv = mul(self.kv_heads, self.head_dim(), WHAT)?;
+        let per_projection =
+            add(mul(self.hidden, kv, WHAT)?, if self.architecture.biases.qkv() { kv } else { 0 }, WHAT)?;
+        mul(mul(per_projection, 2, WHAT)?, u64::from(self.layers), WHAT)
     }
 
     /// Bytes of model state on one GPU (see [`ModelStateBytes`]).
     pub fn model_state_bytes(&self, parallel: &Parallelism) -> Result<ModelStateBytes, ModelError> {
         self.validate()?;
         parallel.validate_for(self)?;
-        let per_gpu = self.parameter_count()?.div_ceil(parallel.tensor);
+        let t = parallel.tensor;
+        let count = self.parameter_count()?;
+        // With t > kv_heads every rank holds all of K and V (spec/tensor-parallel.md): the rest
+        // is divided by t.
+        let per_gpu = if self.kv_replicated(t) {
+            let kv = self.key_value_parameters()?;
+            add((count - kv).div_ceil(t), kv, "parameter count")?
+        } else {
+            count.div_ceil(t)
+        };
         let parameters = mul(per_gpu, BF16_BYTES, "parameter bytes")?;
         let gradients = mul(per_gpu, BF16_BYTES, "gradient bytes")?;
         let optimizer = mul(per_gpu, 3 * FP32_BYTES, "optimizer-state bytes")?;
@@ -379,30 +468,52 @@ impl ModelConfig {
         Ok(ModelStateBytes { parameters_per_gpu: per_gpu, parameters, gradients, optimizer, total })
     }
 
-    /// One layer's skeletal tensors on one GPU, as in `docs/technique.md` section 1.
+    /// Whether a group of `t` GPUs replicates K and V: `t > kv_heads`, so that every rank holds
+    /// every key/value head (`spec/tensor-parallel.md` section 8).
+    pub fn kv_replicated(&self, tensor: u64) -> bool {
+        tensor > self.kv_heads
+    }
+
+    /// Key/value heads in K and V on one GPU of a group of `t`: `kv_heads / t`, or all
+    /// `kv_heads` when they are replicated ([`ModelConfig::kv_replicated`]).
+    pub fn kv_heads_on_gpu(&self, tensor: u64) -> u64 {
+        if self.kv_replicated(tensor) {
+            self.kv_heads
+        } else {
+            self.kv_heads / tensor.max(1)
+        }
+    }
+
+    /// One layer's skeletal tensors on one GPU, as in `docs/technique.md` section 1, their widths
+    /// read off [`Architecture::skeletal_widths`].
     pub fn skeletal_set(&self, parallel: &Parallelism) -> Result<SkeletalSet, ModelError> {
         self.validate()?;
         parallel.validate_for(self)?;
         let t = parallel.tensor;
-        // Exact: t divides seq_len and heads (validate_for).
-        let local_tokens = mul(self.micro_batch, self.seq_len / t, "tokens per GPU b*s/t")?;
-        let bsh = mul(local_tokens, self.hidden, "activation elements b*s*h/t")?;
-        let bsf = mul(local_tokens, self.ffn_hidden, "activation elements b*s*f/t")?;
-        let lse = mul(local_tokens, self.heads, "log-sum-exp elements b*heads*s/t")?;
+        let widths = self.architecture.skeletal_widths(self.hidden, self.heads, self.kv_heads, self.ffn_hidden);
+        // Elements per token on one GPU. Exact: t divides seq_len, heads, ffn_hidden (so h and
+        // the FFN widths); K and V hold kv_heads / t heads, or all of them, replicated.
+        const WHAT: &str = "activation elements per token";
+        let kv = mul(self.kv_heads_on_gpu(t), self.head_dim(), WHAT)?;
+        let tokens = mul(self.micro_batch, self.seq_len, "tokens per step b*s")?;
+        let elements = |per_token: u64| mul(tokens, per_token, "activation elements of one layer");
+        let hidden = elements(widths.hidden / t)?;
+        let query = elements(widths.query / t)?;
+        let lse = elements(widths.lse / t)?;
         use Handling::{AlwaysSwapped, TokenSplit};
         use SkeletalKind as K;
         let entries = [
-            (K::LayerInput, bsh, BF16_BYTES, AlwaysSwapped),
-            (K::InputNormOutput, bsh, BF16_BYTES, TokenSplit),
-            (K::Query, bsh, BF16_BYTES, TokenSplit),
-            (K::Key, bsh, BF16_BYTES, TokenSplit),
-            (K::Value, bsh, BF16_BYTES, TokenSplit),
-            (K::AttentionOutput, bsh, BF16_BYTES, AlwaysSwapped),
+            (K::LayerInput, hidden, BF16_BYTES, AlwaysSwapped),
+            (K::InputNormOutput, hidden, BF16_BYTES, TokenSplit),
+            (K::Query, query, BF16_BYTES, TokenSplit),
+            (K::Key, elements(kv)?, BF16_BYTES, TokenSplit),
+            (K::Value, elements(kv)?, BF16_BYTES, TokenSplit),
+            (K::AttentionOutput, query, BF16_BYTES, AlwaysSwapped),
             (K::AttentionLogSumExp, lse, FP32_BYTES, AlwaysSwapped),
-            (K::AttentionResidual, bsh, BF16_BYTES, TokenSplit),
-            (K::PostAttentionNormOutput, bsh, BF16_BYTES, TokenSplit),
-            (K::Fc1Output, bsf, BF16_BYTES, TokenSplit),
-            (K::GeluOutput, bsf, BF16_BYTES, TokenSplit),
+            (K::AttentionResidual, hidden, BF16_BYTES, TokenSplit),
+            (K::PostAttentionNormOutput, hidden, BF16_BYTES, TokenSplit),
+            (K::Fc1Output, elements(widths.fc1 / t)?, BF16_BYTES, TokenSplit),
+            (K::ActivationOutput, elements(widths.activation / t)?, BF16_BYTES, TokenSplit),
         ];
         let mut tensors = [SkeletalTensor { kind: K::LayerInput, elements: 0, bytes: 0, handling: AlwaysSwapped }; 11];
         let (mut others_bytes, mut total) = (0u64, 0u64);
@@ -414,11 +525,10 @@ impl ModelConfig {
             }
             *slot = SkeletalTensor { kind, elements, bytes, handling };
         }
-        let bsh_bytes = mul(bsh, BF16_BYTES, "activation bytes")?;
         Ok(SkeletalSet {
             tensors,
-            input_bytes: bsh_bytes,
-            attention_bytes: bsh_bytes,
+            input_bytes: mul(hidden, BF16_BYTES, "activation bytes")?,
+            attention_bytes: mul(query, BF16_BYTES, "activation bytes")?,
             lse_bytes: mul(lse, FP32_BYTES, "log-sum-exp bytes")?,
             others_bytes,
             total_bytes: total,
@@ -442,8 +552,9 @@ impl Parallelism {
         self.tensor.saturating_mul(self.data)
     }
 
-    /// Checks that both degrees are at least 1 and that `t` divides `heads`, `ffn_hidden` and
-    /// `seq_len` (so every per-GPU size is exact). `t` then divides `hidden` too.
+    /// Checks that both degrees are at least 1, that `t` divides `heads`, `ffn_hidden` and
+    /// `seq_len` (so every per-GPU size is exact; `t` then divides `hidden` too), and that `t`
+    /// divides `kv_heads` or `kv_heads` divides `t`.
     pub fn validate_for(&self, model: &ModelConfig) -> Result<(), ModelError> {
         if self.tensor == 0 {
             return Err(zero("tensor"));
@@ -455,6 +566,10 @@ impl Parallelism {
             if !value.is_multiple_of(self.tensor) {
                 return Err(ModelError::NotDivisibleByTensorParallel { field, value, tensor: self.tensor });
             }
+        }
+        let kv = model.kv_heads;
+        if kv > 0 && !kv.is_multiple_of(self.tensor) && !self.tensor.is_multiple_of(kv) {
+            return Err(ModelError::KvHeadsAndTensorParallel { kv_heads: kv, tensor: self.tensor });
         }
         Ok(())
     }
@@ -542,7 +657,7 @@ pub enum Handling {
     TokenSplit,
 }
 
-/// The skeletal tensors of one pre-LN GPT layer, in the order the forward makes them.
+/// The skeletal tensors of one pre-norm layer, in the order the forward makes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum SkeletalKind {
@@ -552,9 +667,9 @@ pub enum SkeletalKind {
     InputNormOutput,
     /// Attention queries (`bsh`).
     Query,
-    /// Attention keys (`bsh`).
+    /// Attention keys (`b * s * kv_heads * head_dim`).
     Key,
-    /// Attention values (`bsh`).
+    /// Attention values (`b * s * kv_heads * head_dim`).
     Value,
     /// Attention output before the projection (`bsh`).
     AttentionOutput,
@@ -564,10 +679,10 @@ pub enum SkeletalKind {
     AttentionResidual,
     /// The second layer norm's output (`bsh`).
     PostAttentionNormOutput,
-    /// FC1's output (`b * s * ffn_hidden`).
+    /// FC1's output (`b * s * f`; SwiGLU: gate and up, `b * s * 2f`).
     Fc1Output,
-    /// GeLU's output (`b * s * ffn_hidden`).
-    GeluOutput,
+    /// The FFN activation's output: GeLU's, or SwiGLU's `silu(gate) * up` (`b * s * f`).
+    ActivationOutput,
 }
 
 impl SkeletalKind {
@@ -584,7 +699,7 @@ impl SkeletalKind {
             SkeletalKind::AttentionResidual => "attention_residual",
             SkeletalKind::PostAttentionNormOutput => "post_attention_norm_out",
             SkeletalKind::Fc1Output => "fc1_out",
-            SkeletalKind::GeluOutput => "gelu_out",
+            SkeletalKind::ActivationOutput => "ffn_act_out",
         }
     }
 }
@@ -613,7 +728,7 @@ pub struct SkeletalSet {
     pub attention_bytes: u64,
     /// The log-sum-exp's bytes, swapped with the attention output.
     pub lse_bytes: u64,
-    /// `S_others`: the token-split tensors' bytes (14 bsh elements when `ffn_hidden = 4h`).
+    /// `S_others`: the token-split tensors' bytes (14 bsh elements for GPT with `ffn_hidden = 4h`).
     pub others_bytes: u64,
     /// All eleven tensors' bytes.
     pub total_bytes: u64,

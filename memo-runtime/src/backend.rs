@@ -111,8 +111,16 @@ impl Default for AdamW {
 pub struct KernelContext {
     /// Row width of sequence-sharded activations (`h`).
     pub hidden: u64,
-    /// Attention heads on this GPU.
+    /// Query heads on this GPU.
     pub heads: u64,
+    /// Key/value heads in this GPU's K and V (`ModelConfig::kv_heads_on_gpu`).
+    pub kv_heads: u64,
+    /// Whether K and V hold every key/value head, replicated on every rank (`t > kv_heads`).
+    pub kv_replicated: bool,
+    /// The rotary base `theta`.
+    pub rope_theta: f64,
+    /// The norms' epsilon.
+    pub norm_eps: f64,
     /// Tokens per sequence (row `r` is at position `r % seq_len`).
     pub seq_len: u64,
     /// Vocabulary.

@@ -198,6 +198,10 @@ impl<B: Backend> Trainer<B> {
         let context = KernelContext {
             hidden: model.hidden,
             heads: model.heads / ranks,
+            kv_heads: model.kv_heads_on_gpu(ranks),
+            kv_replicated: model.kv_replicated(ranks),
+            rope_theta: model.architecture.rope_theta,
+            norm_eps: model.architecture.norm_eps,
             seq_len: model.seq_len,
             vocab: model.vocab,
             loss_scale_tokens: model.seq_len * model.micro_batch,

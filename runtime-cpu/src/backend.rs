@@ -374,6 +374,10 @@ fn launch(
     let ctx = ops::OpContext {
         hidden: context.hidden as usize,
         heads: context.heads as usize,
+        kv_heads: context.kv_heads as usize,
+        kv_replicated: context.kv_replicated,
+        rope_theta: context.rope_theta,
+        norm_eps: context.norm_eps,
         seq_len: context.seq_len as usize,
         vocab: context.vocab as usize,
         loss_scale_tokens: context.loss_scale_tokens as usize,

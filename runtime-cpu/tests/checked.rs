@@ -84,6 +84,10 @@ fn checked_mode_catches_a_missing_wait_at_run_time() {
     let context = KernelContext {
         hidden: 32,
         heads: 2,
+        kv_heads: 0,
+        kv_replicated: false,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
         seq_len: 32,
         vocab: 256,
         loss_scale_tokens: 32,

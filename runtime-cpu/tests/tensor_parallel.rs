@@ -80,6 +80,10 @@ fn context(t: usize) -> KernelContext {
     KernelContext {
         hidden: 3,
         heads: 1,
+        kv_heads: 0,
+        kv_replicated: false,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
         seq_len: 4,
         vocab: 256,
         loss_scale_tokens: 4 * t as u64,
@@ -271,6 +275,10 @@ fn op(op: Op, args: &mut [(Vec<u8>, usize)], threads: usize) {
     let ctx = runtime_cpu::ops::OpContext {
         hidden: 1,
         heads: 1,
+        kv_heads: 0,
+        kv_replicated: false,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
         seq_len: 1,
         vocab: 1,
         loss_scale_tokens: 1,
@@ -459,6 +467,10 @@ fn replay_checked_unchecked_plan(plan: &Plan, t: u64, range: std::ops::Range<usi
         let context = KernelContext {
             hidden: m.hidden,
             heads: m.heads / t,
+            kv_heads: 0,
+            kv_replicated: false,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
             seq_len: m.seq_len,
             vocab: m.vocab,
             loss_scale_tokens: m.seq_len * m.micro_batch,

@@ -160,6 +160,10 @@ fn context() -> KernelContext {
     KernelContext {
         hidden: H,
         heads: 2,
+        kv_heads: 0,
+        kv_replicated: false,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
         seq_len: ROWS,
         vocab: VOCAB,
         loss_scale_tokens: ROWS,
@@ -235,6 +239,10 @@ fn cpu_context(ctx: &KernelContext) -> OpContext {
     OpContext {
         hidden: ctx.hidden as usize,
         heads: ctx.heads as usize,
+        kv_heads: 0,
+        kv_replicated: false,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
         seq_len: ctx.seq_len as usize,
         vocab: ctx.vocab as usize,
         loss_scale_tokens: ctx.loss_scale_tokens as usize,

@@ -290,6 +290,10 @@ fn launch_collectives<B: Backend>(backend: &mut B, rank: usize, t: usize) -> Res
     let context = KernelContext {
         hidden: 32,
         heads: 2,
+        kv_heads: 0,
+        kv_replicated: false,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
         seq_len: 8,
         vocab: 256,
         loss_scale_tokens: 8,

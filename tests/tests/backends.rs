@@ -323,6 +323,10 @@ fn one_plan_file_is_accepted_by_every_backend_unchanged() {
     let context = KernelContext {
         hidden: model.hidden,
         heads: model.heads,
+        kv_heads: 0,
+        kv_replicated: false,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
         seq_len: model.seq_len,
         vocab: model.vocab,
         loss_scale_tokens: model.seq_len * model.micro_batch,

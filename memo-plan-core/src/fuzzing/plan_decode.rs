@@ -18,7 +18,7 @@ use core::fmt;
 
 use arbitrary::{Arbitrary, Result, Unstructured};
 
-use crate::model::{Hardware, Interconnect, ModelConfig, Parallelism};
+use crate::model::{Architecture, Biases, Ffn, Hardware, Interconnect, ModelConfig, Norm, Parallelism, RopeScaling};
 use crate::plan::encode::{reseal, ALPHA_BOUNDS, HEADER_BYTES};
 use crate::plan::{
     Action, Arg, Buffer, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, PlacementSummary, Plan,
@@ -120,16 +120,42 @@ fn summary(u: &mut Unstructured<'_>) -> Result<PlacementSummary> {
     })
 }
 
+/// An architecture the decoder accepts: every kind, a rotary base above 1, an epsilon in (0, 1),
+/// a rescaling or none.
+fn architecture(u: &mut Unstructured<'_>) -> Result<Architecture> {
+    let scaling = if u.arbitrary()? {
+        Some(RopeScaling {
+            factor: 1.0 + f64::from(u.int_in_range(0..=64u8)?),
+            low_freq_factor: 1.0,
+            high_freq_factor: 1.0 + f64::from(u.int_in_range(1..=8u8)?),
+            original_max_positions: u.arbitrary()?,
+        })
+    } else {
+        None
+    };
+    Ok(Architecture {
+        ffn: *u.choose(&Ffn::ALL)?,
+        norm: *u.choose(&Norm::ALL)?,
+        biases: *u.choose(&Biases::ALL)?,
+        tied_embeddings: u.arbitrary()?,
+        rope_theta: 2.0 + f64::from(u.arbitrary::<u32>()?),
+        rope_scaling: scaling,
+        norm_eps: (1.0 + f64::from(u.int_in_range(0..=1000u16)?)) * 1e-7,
+    })
+}
+
 fn provenance(u: &mut Unstructured<'_>) -> Result<Provenance> {
     let model = ModelConfig {
         name: u.arbitrary()?,
         layers: u.arbitrary()?,
         hidden: u.arbitrary()?,
         heads: u.arbitrary()?,
+        kv_heads: u.arbitrary()?,
         ffn_hidden: u.arbitrary()?,
         vocab: u.arbitrary()?,
         seq_len: u.arbitrary()?,
         micro_batch: u.arbitrary()?,
+        architecture: architecture(u)?,
     };
     let parallel = Parallelism { tensor: u.arbitrary()?, data: u.arbitrary()? };
     let measured = if u.arbitrary()? {

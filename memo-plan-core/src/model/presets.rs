@@ -1,7 +1,8 @@
 //! Every preset number, in one place.
 //!
 //! The models are the paper's (MEMO, arXiv 2407.12117, its table of model configurations; GPT with
-//! GeLU, FFN 4h, vocabulary 50257). The machines are vendor datasheet figures plus round
+//! GeLU, FFN 4h, vocabulary 50257) and the open models of the Llama family, from their published
+//! `config.json` files. The machines are vendor datasheet figures plus round
 //! assumptions for what a copy or a kernel achieves in practice. **All machine numbers are
 //! assumptions**: a user overrides any of them by editing the [`Hardware`] value a preset returns
 //! (or by giving a measured layer forward time), and should, once they have measured their own
@@ -9,7 +10,7 @@
 
 use alloc::string::String;
 
-use super::{Hardware, Interconnect};
+use super::{Architecture, Biases, Hardware, Interconnect, ModelConfig, RopeScaling};
 
 /// `1 << 30` bytes.
 const GIB: u64 = 1 << 30;
@@ -26,26 +27,147 @@ const TFLOPS: u64 = 1_000_000_000_000;
 /// time is given.
 pub const ACHIEVED_PERCENT_OF_PEAK: u64 = 60;
 
-/// A model preset: the paper's GPT shapes (ffn 4h and vocabulary 50257 are filled in by
-/// [`super::ModelConfig::new`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A model preset: the paper's GPT shapes, and published open models.
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ModelPreset {
     /// Lookup name.
     pub name: &'static str,
+    /// Where the numbers come from.
+    pub source: &'static str,
     /// Transformer layers.
     pub layers: u32,
     /// Hidden size.
     pub hidden: u64,
-    /// Attention heads.
+    /// Query heads.
     pub heads: u64,
+    /// Key/value heads.
+    pub kv_heads: u64,
+    /// FFN width.
+    pub ffn_hidden: u64,
+    /// Vocabulary.
+    pub vocab: u64,
+    /// FFN, norm, biases, tying, rotary base.
+    pub architecture: Architecture,
+    /// The parameter count the model's publisher states (its checkpoint's tensors summed), which
+    /// [`super::ModelConfig::parameter_count`] must reproduce; `None` for the paper's GPT shapes,
+    /// which have no checkpoint.
+    pub published_parameters: Option<u64>,
 }
 
-/// The paper's four models (MEMO, table of model configurations).
+impl ModelPreset {
+    /// The model this preset describes, training on sequences of `seq_len` tokens, `micro_batch`
+    /// at a time.
+    pub fn model(&self, seq_len: u64, micro_batch: u64) -> ModelConfig {
+        ModelConfig {
+            name: String::from(self.name),
+            layers: self.layers,
+            hidden: self.hidden,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            ffn_hidden: self.ffn_hidden,
+            vocab: self.vocab,
+            seq_len,
+            micro_batch,
+            architecture: self.architecture,
+        }
+    }
+}
+
+/// The paper's GPT layer of hidden size `h` with `heads` heads (FFN 4h, vocabulary 50257).
+const fn gpt(name: &'static str, layers: u32, hidden: u64, heads: u64) -> ModelPreset {
+    ModelPreset {
+        name,
+        source: "MEMO (arXiv 2407.12117), its table of model configurations: GPT, GeLU FFN 4h, vocabulary 50257",
+        layers,
+        hidden,
+        heads,
+        kv_heads: heads,
+        ffn_hidden: 4 * hidden,
+        vocab: super::GPT2_VOCAB,
+        architecture: Architecture::GPT,
+        published_parameters: None,
+    }
+}
+
+/// Llama 3.1's rotary rescaling (its `config.json`: `rope_type` llama3, factor 8, low 1, high 4,
+/// original context 8192).
+const LLAMA31_ROPE_SCALING: RopeScaling =
+    RopeScaling { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_positions: 8192 };
+
+/// Llama 3.1's layer: SwiGLU, RMSNorm (eps 1e-5), no biases, untied, rotary base 500,000 rescaled.
+const LLAMA31: Architecture =
+    Architecture { rope_scaling: Some(LLAMA31_ROPE_SCALING), ..Architecture::llama(500_000.0, 1e-5) };
+
+/// The paper's four models (MEMO, table of model configurations), then the open models people
+/// train on long contexts, each from its published `config.json`.
 pub const MODEL_PRESETS: &[ModelPreset] = &[
-    ModelPreset { name: "7b", layers: 32, hidden: 4096, heads: 32 },
-    ModelPreset { name: "13b", layers: 40, hidden: 5120, heads: 40 },
-    ModelPreset { name: "30b", layers: 48, hidden: 7168, heads: 56 },
-    ModelPreset { name: "65b", layers: 80, hidden: 8192, heads: 64 },
+    gpt("7b", 32, 4096, 32),
+    gpt("13b", 40, 5120, 40),
+    gpt("30b", 48, 7168, 56),
+    gpt("65b", 80, 8192, 64),
+    ModelPreset {
+        name: "llama3.1-8b",
+        source: "meta-llama/Llama-3.1-8B config.json (LlamaForCausalLM); 8,030,261,248 parameters in its checkpoint",
+        layers: 32,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 8,
+        ffn_hidden: 14336,
+        vocab: 128_256,
+        architecture: LLAMA31,
+        published_parameters: Some(8_030_261_248),
+    },
+    ModelPreset {
+        name: "llama3.1-70b",
+        source: "meta-llama/Llama-3.1-70B config.json (LlamaForCausalLM); 70,553,706,496 parameters in its checkpoint",
+        layers: 80,
+        hidden: 8192,
+        heads: 64,
+        kv_heads: 8,
+        ffn_hidden: 28672,
+        vocab: 128_256,
+        architecture: LLAMA31,
+        published_parameters: Some(70_553_706_496),
+    },
+    ModelPreset {
+        name: "qwen2.5-7b",
+        source: "Qwen/Qwen2.5-7B config.json (Qwen2ForCausalLM: Q/K/V biases, rms_norm_eps 1e-6); 7,615,616,512 \
+                 parameters in its checkpoint",
+        layers: 28,
+        hidden: 3584,
+        heads: 28,
+        kv_heads: 4,
+        ffn_hidden: 18944,
+        vocab: 152_064,
+        architecture: Architecture { biases: Biases::QkvOnly, ..Architecture::llama(1_000_000.0, 1e-6) },
+        published_parameters: Some(7_615_616_512),
+    },
+    ModelPreset {
+        name: "qwen2.5-72b",
+        source: "Qwen/Qwen2.5-72B config.json (Qwen2ForCausalLM: Q/K/V biases, rms_norm_eps 1e-5); 72,706,203,648 \
+                 parameters in its checkpoint",
+        layers: 80,
+        hidden: 8192,
+        heads: 64,
+        kv_heads: 8,
+        ffn_hidden: 29568,
+        vocab: 152_064,
+        architecture: Architecture { biases: Biases::QkvOnly, ..Architecture::llama(1_000_000.0, 1e-5) },
+        published_parameters: Some(72_706_203_648),
+    },
+    ModelPreset {
+        name: "mistral-7b",
+        source: "mistralai/Mistral-7B-v0.3 config.json (MistralForCausalLM, no sliding window); 7,248,023,552 \
+                 parameters in its checkpoint",
+        layers: 32,
+        hidden: 4096,
+        heads: 32,
+        kv_heads: 8,
+        ffn_hidden: 14336,
+        vocab: 32_768,
+        architecture: Architecture::llama(1_000_000.0, 1e-5),
+        published_parameters: Some(7_248_023_552),
+    },
 ];
 
 /// A machine preset. `achieved_flops` is derived: `peak_flops * ACHIEVED_PERCENT_OF_PEAK / 100`.
@@ -69,7 +191,7 @@ pub struct HardwarePreset {
     pub peak_flops: u64,
 }
 
-/// The four machines. Each `source` says where its numbers come from.
+/// The machines. Each `source` says where its numbers come from.
 pub const HARDWARE_PRESETS: &[HardwarePreset] = &[
     HardwarePreset {
         name: "a800x8",
@@ -101,6 +223,17 @@ pub const HARDWARE_PRESETS: &[HardwarePreset] = &[
         device_memory_bytes: 140 * GIB,
         host_memory_per_node_bytes: 256 * GIB,
         gpus_per_node: 1,
+        copy_bytes_per_s: 50 * GB,
+        gpus_sharing_uplink: 1,
+        peak_flops: 989 * TFLOPS,
+    },
+    HardwarePreset {
+        name: "h200x8",
+        source: "8x NVIDIA H200 SXM (141 GB HBM3e marketed, ~140 GiB reported by the driver; 989 TFLOP/s dense \
+                 bf16, datasheet), 2 TiB host per node (assumed); PCIe gen5 x16, ~50 GB/s assumed achieved",
+        device_memory_bytes: 140 * GIB,
+        host_memory_per_node_bytes: 2 * TIB,
+        gpus_per_node: 8,
         copy_bytes_per_s: 50 * GB,
         gpus_sharing_uplink: 1,
         peak_flops: 989 * TFLOPS,
@@ -170,6 +303,12 @@ pub const INTERCONNECT_PRESETS: &[InterconnectPreset] = &[
         machine: "h200x1",
         source: "NVIDIA H200 SXM: NVLink 4, 900 GB/s bidirectional (datasheet): 450 GB/s per direction, for \
                  groups of H200s (this preset has one GPU); 5 us per step assumed",
+        interconnect: Interconnect { bytes_per_s: 450 * GB, latency_ns: 5 * US },
+    },
+    InterconnectPreset {
+        machine: "h200x8",
+        source: "NVIDIA H200 SXM: NVLink 4, 900 GB/s bidirectional (datasheet), through NVSwitch: 450 GB/s per \
+                 direction; 5 us per step assumed",
         interconnect: Interconnect { bytes_per_s: 450 * GB, latency_ns: 5 * US },
     },
     InterconnectPreset {

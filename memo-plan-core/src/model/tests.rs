@@ -96,7 +96,7 @@ fn skeletal_table_rows_match_memo() {
         (SkeletalKind::AttentionResidual, bsh, Handling::TokenSplit),
         (SkeletalKind::PostAttentionNormOutput, bsh, Handling::TokenSplit),
         (SkeletalKind::Fc1Output, 4 * bsh, Handling::TokenSplit),
-        (SkeletalKind::GeluOutput, 4 * bsh, Handling::TokenSplit),
+        (SkeletalKind::ActivationOutput, 4 * bsh, Handling::TokenSplit),
     ];
     for (tensor, (kind, elements, handling)) in set.tensors.iter().zip(rows) {
         assert_eq!((tensor.kind, tensor.elements, tensor.handling), (kind, elements, handling));

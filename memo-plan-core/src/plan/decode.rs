@@ -26,7 +26,7 @@ use super::{
     Access, Action, Arg, Buffer, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, PlacementSummary, Plan,
     Provenance, RankProgram, Region, Strategy, Stream, TensorRole, TensorRows, Totals, PLAN_FORMAT_VERSION,
 };
-use crate::model::{Hardware, Interconnect, ModelConfig, Parallelism};
+use crate::model::{Architecture, Biases, Ffn, Hardware, Interconnect, ModelConfig, Norm, Parallelism, RopeScaling};
 
 /// What to do about a plan that does not decode.
 const RECREATE: &str = "re-create the plan with `memo plan`";
@@ -647,10 +647,12 @@ fn provenance(r: &mut Reader<'_>) -> Result<Provenance> {
         layers: r.u32()?,
         hidden: r.u64()?,
         heads: r.u64()?,
+        kv_heads: r.u64()?,
         ffn_hidden: r.u64()?,
         vocab: r.u64()?,
         seq_len: r.u64()?,
         micro_batch: r.u64()?,
+        architecture: architecture(r)?,
     };
     let parallel = Parallelism { tensor: r.u64()?, data: r.u64()? };
     let hardware = Hardware {
@@ -686,6 +688,29 @@ fn provenance(r: &mut Reader<'_>) -> Result<Provenance> {
         level1_backward: r.summary()?,
         level2: r.summary()?,
     })
+}
+
+/// The model's [`Architecture`]: FFN, norm and bias codes, tying, rotary base, epsilon, and the
+/// optional rope rescaling.
+fn architecture(r: &mut Reader<'_>) -> Result<Architecture> {
+    let ffn = r.code8("FFN kind code", |code| Ffn::ALL.get(usize::from(code)).copied())?;
+    let norm = r.code8("norm kind code", |code| Norm::ALL.get(usize::from(code)).copied())?;
+    let biases = r.code8("biases code", |code| Biases::ALL.get(usize::from(code)).copied())?;
+    let tied_embeddings = r.bool("tied embeddings flag")?;
+    let rope_theta = float(r, "the rotary base", "a finite number above 1", |x| x.is_finite() && x > 1.0)?;
+    let norm_eps = float(r, "the norm epsilon", "a number between 0 and 1", |x| x > 0.0 && x < 1.0)?;
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    let rope_scaling = r.option("rope scaling tag", |r| {
+        Ok(RopeScaling {
+            factor: float(r, "the rope scaling factor", "a finite number of at least 1", |x| {
+                x.is_finite() && x >= 1.0
+            })?,
+            low_freq_factor: float(r, "the rope low frequency factor", "a finite number above 0", positive)?,
+            high_freq_factor: float(r, "the rope high frequency factor", "a finite number above 0", positive)?,
+            original_max_positions: r.u64()?,
+        })
+    })?;
+    Ok(Architecture { ffn, norm, biases, tied_embeddings, rope_theta, rope_scaling, norm_eps })
 }
 
 /// A float by its bits; `valid` must hold (it excludes NaN, so decoded plans compare equal to

@@ -239,8 +239,22 @@ impl Plan {
         let m = &p.model;
         w.str(&m.name);
         w.u32(m.layers);
-        for value in [m.hidden, m.heads, m.ffn_hidden, m.vocab, m.seq_len, m.micro_batch] {
+        for value in [m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab, m.seq_len, m.micro_batch] {
             w.u64(value);
+        }
+        let a = &m.architecture;
+        w.u8(a.ffn as u8);
+        w.u8(a.norm as u8);
+        w.u8(a.biases as u8);
+        w.bool(a.tied_embeddings);
+        w.f64(a.rope_theta);
+        w.f64(a.norm_eps);
+        w.bool(a.rope_scaling.is_some());
+        if let Some(scaling) = a.rope_scaling {
+            w.f64(scaling.factor);
+            w.f64(scaling.low_freq_factor);
+            w.f64(scaling.high_freq_factor);
+            w.u64(scaling.original_max_positions);
         }
         w.u64(p.parallel.tensor);
         w.u64(p.parallel.data);

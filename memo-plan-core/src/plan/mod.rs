@@ -50,7 +50,9 @@ pub use decode::PlanDecodeError;
 /// Version 3 added tensor parallelism that runs: the collective stream, the all-reduces and the
 /// split row-parallel and vocabulary-parallel ops, the interconnect in the provenance, and
 /// per-rank programs ([`Plan::rank_programs`]).
-pub const PLAN_FORMAT_VERSION: u16 = 3;
+/// Version 4 added the model's architecture (key/value heads, FFN and norm kinds, biases, tying,
+/// the rotary base and rescaling, the norm's epsilon) and the ops of the Llama family's layer.
+pub const PLAN_FORMAT_VERSION: u16 = 4;
 
 /// Index of a buffer in [`Plan::buffers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -244,11 +246,11 @@ named_enum! {
         NormScale2 => "norm2_scale",
         /// The second layer norm's shift.
         NormShift2 => "norm2_shift",
-        /// FC1 weight.
+        /// FC1 weight (SwiGLU: the gate's rows, then the up projection's, of this rank's shard).
         Fc1Weight => "w1",
         /// FC1 bias.
         Fc1Bias => "b1",
-        /// FC2 weight.
+        /// FC2 weight (SwiGLU: the down projection).
         Fc2Weight => "w2",
         /// FC2 bias.
         Fc2Bias => "b2",
@@ -274,9 +276,10 @@ named_enum! {
         AttentionResidual => "attention_residual",
         /// Skeletal: the second norm's output.
         PostAttentionNormOutput => "post_attention_norm_out",
-        /// Skeletal: FC1 output.
+        /// Skeletal: FC1 output (SwiGLU: `[gate | up]` per row).
         Fc1Output => "fc1_out",
-        /// Skeletal: GeLU output.
+        /// Skeletal: the FFN activation's output (GeLU's, or SwiGLU's `silu(gate) * up`); the
+        /// name keeps the byte format's first role of this kind.
         GeluOutput => "gelu_out",
         /// Transient: a sequence-parallel all-gather of a norm output (t > 1).
         GatheredNormOutput => "gathered_norm_out",
@@ -343,6 +346,12 @@ named_enum! {
         /// Gradient (t > 1): every layer-norm scale's and shift's gradient back to back (per layer
         /// norm 1 scale, shift, norm 2 scale, shift; then the final norm's), one all-reduce.
         ReplicatedGradients => "replicated_gradients",
+        /// The classifier of a model whose classifier is not tied to the embedding (`V x h`,
+        /// rows sharded by `t` like the embedding's).
+        ClassifierWeight => "classifier",
+        /// Gradient (t > kv_heads): the replicated K and V biases' gradients back to back, one
+        /// all-reduce (the weights' are rows of [`TensorRole::ReplicatedGradients`]).
+        ReplicatedBiasGradients => "replicated_bias_gradients",
     }
 }
 
@@ -357,7 +366,9 @@ named_enum! {
         LayerNorm => "layer_norm",
         /// `y = x W^T + bias`.
         Linear => "linear",
-        /// Causal FlashAttention with rotary positions: `out, lse = attention(q, k, v)`.
+        /// Causal FlashAttention with rotary positions: `out, lse = attention(q, k, v)`. With fewer
+        /// key/value heads than query heads (grouped-query attention) each K/V head serves a group
+        /// of query heads ([`shapes::AttentionShape::kv_head`]).
         Attention => "attention",
         /// `y = gelu(x)` (tanh approximation).
         Gelu => "gelu",
@@ -415,6 +426,16 @@ named_enum! {
         /// Adds the rows' loss from the combined max and sums to `loss` and replaces this rank's
         /// logits by their gradient (scaled by 1 / tokens of the step).
         CrossEntropyFinish => "cross_entropy_finish",
+        /// `y = x / sqrt(mean(x^2) + eps) * scale` (RMSNorm; `eps` is the context's).
+        RmsNorm => "rms_norm",
+        /// RMSNorm's backward: `dx` and `dscale` (the statistic recomputed from x).
+        RmsNormBackward => "rms_norm_backward",
+        /// SwiGLU's gate: `x` rows of `[gate | up]` (`2w` elements), `y = silu(gate) * up` (`w`).
+        Swiglu => "swiglu",
+        /// SwiGLU's backward: `dx = [dgate | dup]` from `x = [gate | up]` and `dy`.
+        SwigluBackward => "swiglu_backward",
+        /// `dW = dy^T x` of a linear layer without a bias.
+        LinearBackwardWeightNoBias => "linear_backward_weight_no_bias",
     }
 }
 
@@ -507,6 +528,11 @@ impl Op {
             Op::CrossEntropyMax => &[("logits", R), ("max", W)],
             Op::CrossEntropySums => &[("logits", R), ("targets", R), ("max", R), ("sums", W)],
             Op::CrossEntropyFinish => &[("logits", RW), ("targets", R), ("max", R), ("sums", R), ("loss", RW)],
+            Op::RmsNorm => &[("x", R), ("scale", R), ("y", W)],
+            Op::RmsNormBackward => &[("x", R), ("scale", R), ("dy", R), ("dx", W), ("dscale", W)],
+            Op::Swiglu => &[("x", R), ("y", W)],
+            Op::SwigluBackward => &[("x", R), ("dy", R), ("dx", W)],
+            Op::LinearBackwardWeightNoBias => &[("x", R), ("dy", R), ("dweight", W)],
         }
     }
 }

@@ -39,12 +39,22 @@ pub struct ArgShape {
 }
 
 /// What a launch's argument shapes cannot say about the model (one GPU's share of it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ShapeContext {
     /// Elements per row of sequence-sharded activations (`h`).
     pub hidden: u64,
-    /// Attention heads on this GPU.
+    /// Query heads on this GPU.
     pub heads: u64,
+    /// Key/value heads in this GPU's K and V (0 reads as `heads`: multi-head attention).
+    pub kv_heads: u64,
+    /// Whether K and V hold every key/value head of the model, replicated on every rank (when the
+    /// group has more ranks than the model has key/value heads; `spec/tensor-parallel.md`), rather
+    /// than this rank's share.
+    pub kv_replicated: bool,
+    /// The rotary base `theta` (10,000 for GPT).
+    pub rope_theta: f64,
+    /// The norms' epsilon.
+    pub norm_eps: f64,
     /// Rows of one sequence: row `r` is sequence `r / seq_len`, position `r % seq_len`.
     pub seq_len: u64,
     /// The vocabulary `V` (token ids and targets are below it). Each rank holds `V' = ceil(V /
@@ -60,7 +70,36 @@ pub struct ShapeContext {
     pub ranks: u64,
 }
 
+impl Default for ShapeContext {
+    /// One GPU, every size 0, GPT's rotary base (10,000) and epsilon (1e-5).
+    fn default() -> Self {
+        ShapeContext {
+            hidden: 0,
+            heads: 0,
+            kv_heads: 0,
+            kv_replicated: false,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
+            seq_len: 0,
+            vocab: 0,
+            loss_scale_tokens: 0,
+            adamw_step: 0,
+            rank: 0,
+            ranks: 0,
+        }
+    }
+}
+
 impl ShapeContext {
+    /// Key/value heads in K and V: [`ShapeContext::kv_heads`], or `heads` when it is 0.
+    pub fn kv_heads_in_tensor(&self) -> u64 {
+        if self.kv_heads == 0 {
+            self.heads
+        } else {
+            self.kv_heads
+        }
+    }
+
     /// `t`: [`ShapeContext::ranks`], at least 1.
     pub fn group(&self) -> u64 {
         self.ranks.max(1)
@@ -95,8 +134,16 @@ impl ShapeContext {
 /// The dimensions of an attention launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {
-    /// Heads (the context's).
+    /// Query heads (the context's).
     pub heads: u64,
+    /// Key/value heads in `k` and `v`.
+    pub kv_heads: u64,
+    /// Query heads per key/value head in the whole model (`H / H_kv`).
+    pub group: u64,
+    /// The index, in the model's query heads, of this launch's query head 0 as the K/V heads of
+    /// `k` count it: 0 when `k` holds this rank's share of the heads, `rank * heads` when `k`
+    /// holds every head (replicated).
+    pub first_query: u64,
     /// Elements of one head in a row of `q` (even: rotary positions rotate pairs).
     pub head_dim: u64,
     /// Rows of one sequence.
@@ -144,10 +191,19 @@ impl OpShape {
             | Op::LinearBackwardInput
             | Op::LinearBackwardInputAccumulate
             | Op::LinearBackwardWeight
+            | Op::LinearBackwardWeightNoBias
             | Op::Classifier
             | Op::ClassifierBackwardWeight => matmul_flops(self.rows, self.width, self.features).unwrap_or(u64::MAX),
             _ => 0,
         }
+    }
+}
+
+impl AttentionShape {
+    /// The head of `k` and `v` that query head `head` (of this launch) attends with:
+    /// `(first_query + head) / group`.
+    pub fn kv_head(&self, head: u64) -> u64 {
+        (self.first_query + head) / self.group.max(1)
     }
 }
 
@@ -363,7 +419,77 @@ pub fn check(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, O
         Op::LinearNoBias => linear_no_bias(args),
         Op::AddBias => add_bias(args),
         Op::CrossEntropyMax | Op::CrossEntropySums | Op::CrossEntropyFinish => cross_entropy_part(op, args, ctx),
+        Op::RmsNorm => rms_norm(args, ctx),
+        Op::RmsNormBackward => rms_norm_backward(args, ctx),
+        Op::Swiglu | Op::SwigluBackward => swiglu(op, args),
+        Op::LinearBackwardWeightNoBias => linear_backward_weight_no_bias(args),
     }
+}
+
+/// `rms_norm` [x, scale, y].
+fn rms_norm(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    let op = Op::RmsNorm;
+    let [x, scale, y] = arguments(op, args)?;
+    let h = ctx.hidden;
+    x.want_elems(h, BF16, HIDDEN)?;
+    scale.norm_vector(h)?;
+    y.want_rows(x.s.rows, "one row per row of `x`")?;
+    y.want_elems(h, BF16, HIDDEN)?;
+    Ok(shape(op, x.s.rows, h, 0))
+}
+
+/// `rms_norm_backward` [x, scale, dy, dx, dscale].
+fn rms_norm_backward(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    let op = Op::RmsNormBackward;
+    let [x, scale, dy, dx, dscale] = arguments(op, args)?;
+    let h = ctx.hidden;
+    x.want_elems(h, BF16, HIDDEN)?;
+    scale.norm_vector(h)?;
+    dy.want_rows(x.s.rows, "one gradient row per row of `x`")?;
+    dy.want_elems(h, BF16, HIDDEN)?;
+    dx.want_rows(x.s.rows, "one row per row of `x`")?;
+    dx.want_elems(h, BF16, HIDDEN)?;
+    dscale.norm_vector(h)?;
+    Ok(shape(op, x.s.rows, h, 0))
+}
+
+/// `swiglu` [x, y] and `swiglu_backward` [x, dy, dx]: `x` (and `dx`) rows of `2w` bf16, the gate
+/// then the up projection; `y` (and `dy`) rows of `w`. `width` is `w`.
+fn swiglu(op: Op, args: &[ArgShape]) -> Result<OpShape, OpError> {
+    check_argument_count(op, args.len())?;
+    let named = |index: usize| Arg::at(op, args, index);
+    let x = named(0);
+    let both = x.elems(BF16, "bf16")?;
+    if !both.is_multiple_of(2) || both == 0 {
+        let expected = "a row of `[gate | up]`: an even, positive number of bf16".into();
+        return Err(x.error(expected, format!("{both} bf16 per row")));
+    }
+    let w = both / 2;
+    let (half, whole): (&[usize], &[usize]) = if op == Op::Swiglu { (&[1], &[]) } else { (&[1], &[2]) };
+    for &index in half {
+        let arg = named(index);
+        arg.want_rows(x.s.rows, "one row per row of `x`")?;
+        arg.want_elems(w, BF16, "half the row width of `x`: the gated product")?;
+    }
+    for &index in whole {
+        let arg = named(index);
+        arg.want_rows(x.s.rows, "one row per row of `x`")?;
+        arg.want_row_bytes(x.s.row_bytes, "the row width of `x`: `[dgate | dup]`")?;
+    }
+    let elements = x.total(w)?;
+    Ok(OpShape { elements, ..shape(op, x.s.rows, w, 0) })
+}
+
+/// `linear_backward_weight_no_bias` [x, dy, dweight].
+fn linear_backward_weight_no_bias(args: &[ArgShape]) -> Result<OpShape, OpError> {
+    let op = Op::LinearBackwardWeightNoBias;
+    let [x, dy, dweight] = arguments(op, args)?;
+    let k = x.elems(BF16, "bf16")?;
+    let n = dy.elems(BF16, "bf16")?;
+    dy.want_rows(x.s.rows, "one gradient row per row of `x`")?;
+    dweight.want_rows(n, "one row per output feature: the row width of `dy`")?;
+    dweight.want_elems(k, BF16, "one bf16 per input feature: the row width of `x`")?;
+    Ok(shape(op, x.s.rows, k, n))
 }
 
 /// `all_gather` [x, y]: `y` is `t` times `x`'s rows, of the same width. `reduce_scatter` [x, y]:
@@ -730,18 +856,36 @@ fn adamw(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
 }
 
 /// `attention` [q, k, v, out, lse] and `attention_backward` [q, k, v, out, lse, dout, dq, dk,
-/// dv]: `q` sets the geometry; inputs are shaped like `q` and start on a sequence, outputs have
-/// its shape, `lse` is one f32 per head per row.
+/// dv]: `q` sets the geometry; `k` and `v` (and `dk`, `dv`) have `q`'s rows and the context's
+/// key/value heads of `q`'s head dimension; `out`, `dout`, `dq` have `q`'s shape; inputs start on
+/// a sequence; `lse` is one f32 per query head per row.
 fn attention(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
     check_argument_count(op, args.len())?;
     let named = |index: usize| Arg::at(op, args, index);
-    let (heads, s) = (ctx.heads, ctx.seq_len);
+    let (heads, kv_heads, s) = (ctx.heads, ctx.kv_heads_in_tensor(), ctx.seq_len);
     if heads == 0 {
         return Err(OpError::context(op, "heads", "is 0; attention needs at least one head".into()));
     }
     if s == 0 {
         return Err(OpError::context(op, "seq_len", "is 0; it must be the rows of one sequence".into()));
     }
+    // The query heads per K/V head of the whole model, and this launch's first query head as K
+    // counts them.
+    let ranks = ctx.group();
+    let (all_heads, first_query) = if ctx.kv_replicated {
+        ctx.check_rank(op)?;
+        (heads.saturating_mul(ranks), ctx.rank.saturating_mul(heads))
+    } else {
+        (heads, 0)
+    };
+    if !all_heads.is_multiple_of(kv_heads) || (!ctx.kv_replicated && kv_heads > heads) {
+        let problem = format!(
+            "is {kv_heads}; it must divide the query heads {all_heads} (grouped-query attention), and be at most \
+             the {heads} query heads of this rank unless K and V are replicated"
+        );
+        return Err(OpError::context(op, "kv_heads", problem));
+    }
+    let group = all_heads / kv_heads;
     let q = named(0);
     let elems = q.elems(BF16, "bf16")?;
     let head_dim = elems / heads;
@@ -756,39 +900,46 @@ fn attention(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, O
         let found = format!("rows {}..{}", q.s.first_row, q.s.first_row.saturating_add(q.s.rows));
         return Err(q.error(expected, found));
     }
-    // Signature positions: the inputs shaped like `q` (they must start on a sequence), `lse`,
-    // and the outputs shaped like `q`.
-    let (inputs, lse, outputs): (&[usize], usize, &[usize]) =
-        if op == Op::Attention { (&[1, 2], 4, &[3]) } else { (&[1, 2, 3, 5], 4, &[6, 7, 8]) };
-    for &index in inputs {
+    let kv_row = kv_heads.saturating_mul(head_dim).saturating_mul(BF16);
+    // Signature positions: inputs (they start on a sequence) shaped like `q` or like `k`, `lse`,
+    // and outputs shaped like `q` or like `k`.
+    let (inputs, lse, outputs): (&[(usize, bool)], usize, &[(usize, bool)]) = if op == Op::Attention {
+        (&[(1, true), (2, true)], 4, &[(3, false)])
+    } else {
+        (&[(1, true), (2, true), (3, false), (5, false)], 4, &[(6, false), (7, true), (8, true)])
+    };
+    let like = |arg: &Arg, key_value: bool| -> Result<(), OpError> {
+        arg.want_rows(q.s.rows, "the rows of `q`")?;
+        if key_value {
+            arg.want_row_bytes(kv_row, "the context's `kv_heads` heads of `q`'s head dimension")
+        } else {
+            arg.want_row_bytes(q.s.row_bytes, "the row width of `q`")
+        }
+    };
+    for &(index, key_value) in inputs {
         let arg = named(index);
-        like_q(&q, &arg)?;
+        like(&arg, key_value)?;
         if !arg.s.first_row.is_multiple_of(s) {
             let expected = format!("whole sequences of `seq_len` = {s} rows");
             return Err(arg.error(expected, format!("first row {}", arg.s.first_row)));
         }
     }
     if op == Op::Attention {
-        for &index in outputs {
-            like_q(&q, &named(index))?;
+        for &(index, key_value) in outputs {
+            like(&named(index), key_value)?;
         }
     }
     let lse = named(lse);
     lse.want_rows(q.s.rows, "the rows of `q`")?;
     lse.want_elems(heads, WORD, "one f32 per head")?;
     if op == Op::AttentionBackward {
-        for &index in outputs {
-            like_q(&q, &named(index))?;
+        for &(index, key_value) in outputs {
+            like(&named(index), key_value)?;
         }
     }
-    let geometry = AttentionShape { heads, head_dim, seq_len: s, sequences: q.s.rows / s };
+    let geometry =
+        AttentionShape { heads, kv_heads, group, first_query, head_dim, seq_len: s, sequences: q.s.rows / s };
     Ok(OpShape { attention: Some(geometry), ..shape(op, q.s.rows, elems, 0) })
-}
-
-/// `arg` has the rows and the row width of `q`.
-fn like_q(q: &Arg, arg: &Arg) -> Result<(), OpError> {
-    arg.want_rows(q.s.rows, "the rows of `q`")?;
-    arg.want_row_bytes(q.s.row_bytes, "the row width of `q`")
 }
 
 #[cfg(test)]
@@ -811,6 +962,7 @@ mod tests {
             adamw_step: 1,
             rank: 0,
             ranks: 1,
+            ..ShapeContext::default()
         }
     }
 
@@ -844,7 +996,18 @@ mod tests {
         let q = ArgShape { first_row: 3, rows: 6, row_bytes: 16 };
         let lse = ArgShape { first_row: 3, rows: 6, row_bytes: 8 };
         let shape = check(Op::Attention, &[q, q, q, q, lse], &context()).unwrap();
-        assert_eq!(shape.attention, Some(AttentionShape { heads: 2, head_dim: 4, seq_len: 3, sequences: 2 }));
+        assert_eq!(
+            shape.attention,
+            Some(AttentionShape {
+                heads: 2,
+                kv_heads: 2,
+                group: 1,
+                first_query: 0,
+                head_dim: 4,
+                seq_len: 3,
+                sequences: 2
+            })
+        );
         let k = ArgShape { first_row: 1, ..q };
         let error = check(Op::Attention, &[q, k, q, q, lse], &context()).unwrap_err();
         assert!(error.to_string().contains("argument `k`: expected whole sequences"), "{error}");

@@ -262,6 +262,7 @@ fn every_launch_passes_the_op_tables_shape_rules_with_its_flops() {
                 adamw_step: 1,
                 rank,
                 ranks: tensor,
+                ..ShapeContext::default()
             };
             let mut products = 0;
             for instruction in &schedule.instructions {

@@ -308,10 +308,12 @@ fn no_input_makes_any_entry_point_panic() {
             layers: u32::try_from(pick()).unwrap_or(u32::MAX),
             hidden: pick(),
             heads: pick(),
+            kv_heads: pick(),
             ffn_hidden: pick(),
             vocab: pick(),
             seq_len: pick(),
             micro_batch: pick(),
+            architecture: crate::model::Architecture::GPT,
         };
         let parallel = Parallelism::new(pick(), pick());
         let hardware = Hardware {

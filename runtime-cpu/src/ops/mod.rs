@@ -53,8 +53,16 @@ pub use memo_runtime::AdamW;
 pub struct OpContext {
     /// Elements per row of sequence-sharded activations (the model's `h` when `t = 1`).
     pub hidden: usize,
-    /// Attention heads on this GPU.
+    /// Query heads on this GPU.
     pub heads: usize,
+    /// Key/value heads in this GPU's K and V (0 reads as `heads`).
+    pub kv_heads: usize,
+    /// Whether K and V hold every key/value head, replicated on every rank.
+    pub kv_replicated: bool,
+    /// The rotary base `theta`.
+    pub rope_theta: f64,
+    /// The norms' epsilon.
+    pub norm_eps: f64,
     /// Rows of one sequence: rows are `b*s`, row `r` is sequence `r / s`, position `r % s`.
     pub seq_len: usize,
     /// The vocabulary `V` (each of `t` ranks holds `ceil(V / t)` embedding rows).
@@ -165,5 +173,12 @@ pub fn execute_on_rank(
         Op::Zero => elementwise::zero(args, ctx),
         Op::GradNormSquared => optim::grad_norm_squared(args, ctx),
         Op::AdamW => optim::adamw(args, ctx),
+        Op::RmsNorm | Op::RmsNormBackward | Op::Swiglu | Op::SwigluBackward | Op::LinearBackwardWeightNoBias => {
+            Err(OpError {
+                op,
+                argument: None,
+                kind: OpErrorKind::Unsupported { reason: "not yet implemented on the CPU backend".into() },
+            })
+        }
     }
 }

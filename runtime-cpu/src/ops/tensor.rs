@@ -49,6 +49,10 @@ fn shape_context(ctx: &OpContext, group: Group) -> ShapeContext {
     ShapeContext {
         hidden: to_u64(ctx.hidden),
         heads: to_u64(ctx.heads),
+        kv_heads: to_u64(ctx.kv_heads),
+        kv_replicated: ctx.kv_replicated,
+        rope_theta: ctx.rope_theta,
+        norm_eps: ctx.norm_eps,
         seq_len: to_u64(ctx.seq_len),
         vocab: to_u64(ctx.vocab),
         loss_scale_tokens: to_u64(ctx.loss_scale_tokens),

@@ -388,6 +388,10 @@ fn the_graphs_with_rope_match_the_cpu_backend() {
         let context = OpContext {
             hidden: shape.row as usize,
             heads: h as usize,
+            kv_heads: 0,
+            kv_replicated: false,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
             seq_len: s as usize,
             vocab: 1,
             loss_scale_tokens: rows,
@@ -447,7 +451,15 @@ fn the_graphs_with_rope_match_the_cpu_backend() {
 
 #[test]
 fn scratch_is_a_function_of_the_shape() {
-    let shape = AttentionShape { heads: 16, head_dim: 128, seq_len: 16384, sequences: 1 };
+    let shape = AttentionShape {
+        heads: 16,
+        kv_heads: 16,
+        group: 1,
+        first_query: 0,
+        head_dim: 128,
+        seq_len: 16384,
+        sequences: 1,
+    };
     let elements = 16 * 128 * 16384u64;
     let forward = scratch(Op::Attention, &shape, false, false, 1000);
     assert_eq!(

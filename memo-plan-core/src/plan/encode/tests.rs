@@ -9,7 +9,7 @@ use alloc::{format, string::ToString};
 use super::super::decode::{Operand, Section};
 use super::*;
 use crate::generate::SplitMix64;
-use crate::model::{Hardware, Interconnect, ModelConfig, Parallelism};
+use crate::model::{Architecture, Biases, Hardware, Interconnect, ModelConfig, Parallelism, RopeScaling};
 use crate::plan::{
     Arg, Buffer, BufferId, EventId, Instruction, Launch, Op, PlanDecodeError, Provenance, RankProgram, Strategy,
     Stream, TensorRole, TensorRows, Totals,
@@ -33,10 +33,21 @@ fn provenance(strategy: Strategy, alpha: f64, measured: Option<f64>) -> Provenan
             layers: 2,
             hidden: 8,
             heads: 2,
+            kv_heads: 1,
             ffn_hidden: 32,
             vocab: 16,
             seq_len: 8,
             micro_batch: 1,
+            architecture: Architecture {
+                biases: Biases::QkvOnly,
+                rope_scaling: Some(RopeScaling {
+                    factor: 8.0,
+                    low_freq_factor: 1.0,
+                    high_freq_factor: 4.0,
+                    original_max_positions: 8192,
+                }),
+                ..Architecture::llama(500_000.0, 1e-6)
+            },
         },
         parallel: Parallelism { tensor: 1, data: 2 },
         interconnect: Interconnect { bytes_per_s: 200_000_000_000, latency_ns: 5_000 },

@@ -137,6 +137,11 @@ fn valid_launch(op: Op, d: &Dims, rng: &mut Rng) -> Vec<T> {
                 T::f32s(&[0.0], 1),
             ]
         }
+        Op::RmsNorm => vec![bf(m, h), bf(1, h), bf(m, h)],
+        Op::RmsNormBackward => vec![bf(m, h), bf(1, h), bf(m, h), bf(m, h), bf(1, h)],
+        Op::Swiglu => vec![bf(m, 2 * h), bf(m, h)],
+        Op::SwigluBackward => vec![bf(m, 2 * h), bf(m, h), bf(m, 2 * h)],
+        Op::LinearBackwardWeightNoBias => vec![bf(m, h), bf(m, f), bf(f, h)],
     }
 }
 

@@ -133,7 +133,18 @@ pub(super) fn run(op: Op, ctx: &OpContext, tensors: &mut [T]) {
 /// A context for a model of `hidden` features, `heads` heads, sequences of `seq_len` rows and
 /// `vocab` tokens, with `loss_scale_tokens` 1 and AdamW's defaults (lr 1e-3, step 1).
 pub(super) fn context(hidden: usize, heads: usize, seq_len: usize, vocab: usize) -> OpContext {
-    OpContext { hidden, heads, seq_len, vocab, loss_scale_tokens: 1, adamw: AdamW::default() }
+    OpContext {
+        hidden,
+        heads,
+        kv_heads: 0,
+        kv_replicated: false,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
+        seq_len,
+        vocab,
+        loss_scale_tokens: 1,
+        adamw: AdamW::default(),
+    }
 }
 
 /// Widens to f64.
