@@ -8,10 +8,12 @@
 //! layer's forward is
 //!
 //! ```text
-//! QKV 6bsh^2 + projection 2bsh^2 + FC1 2bshf + FC2 2bshf + attention 4bs^2h
+//! Q 2bsh^2 + K, V 2 * 2bsh*g*d + projection 2bsh^2 + FC1 2bshf (SwiGLU: gate and up, 4bshf)
+//!   + FC2 2bshf + attention 4bs^2h
 //! ```
 //!
-//! (`24bsh^2 + 4bs^2h` when `f = 4h`); the attention term is halved under the causal mask when
+//! with `g*d` the key/value width (`g` key/value heads of dimension `d = h / heads`; `g*d = h`
+//! without grouped-query attention): `24bsh^2 + 4bs^2h` for GPT with `f = 4h`. The attention term is halved under the causal mask when
 //! [`AttentionFlops::CausalHalved`] is chosen. The backward is twice the forward. Every count is
 //! per GPU: the whole count divided by `t`, exactly (the inputs are validated so that `t` divides
 //! `s`, `h` and `f`). Counts are `u128` with checked arithmetic; an overflow is an error.
@@ -109,7 +111,8 @@ impl core::error::Error for CostError {}
 /// The FLOPs of one layer's forward on one GPU, per operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LayerForwardFlops {
-    /// The QKV GEMM: `2 * bs * h * 3h`.
+    /// The Q, K and V GEMMs: `2 * bs * h * (h + 2 g d)` (`2 * bs * h * 3h` without grouped-query
+    /// attention).
     pub qkv: u128,
     /// `Q K^T`: `2 * b * s^2 * h` (halved under [`AttentionFlops::CausalHalved`]).
     pub attention_scores: u128,
@@ -117,9 +120,9 @@ pub struct LayerForwardFlops {
     pub attention_values: u128,
     /// The attention output projection: `2 * bs * h * h`.
     pub projection: u128,
-    /// FC1: `2 * bs * h * f`.
+    /// FC1: `2 * bs * h * f` (SwiGLU's gate and up: twice that).
     pub fc1: u128,
-    /// FC2: `2 * bs * f * h`.
+    /// FC2 (SwiGLU's down): `2 * bs * f * h`.
     pub fc2: u128,
 }
 
@@ -161,6 +164,15 @@ fn validated(model: &ModelConfig, parallel: &Parallelism) -> Result<(), ModelErr
     parallel.validate_for(model)
 }
 
+/// The Q, K and V products over `rows` token rows on one GPU: Q `h x h`, K and V `h x g*d` each
+/// (the model's FLOPs, divided by `t` even where a group replicates K and V).
+fn qkv_flops(model: &ModelConfig, rows: u128, t: u64) -> Result<u128, ModelError> {
+    const WHAT: &str = "FLOP count of the Q, K, V products";
+    let h = model.hidden;
+    let key_value = model.kv_heads.checked_mul(model.head_dim()).ok_or(ModelError::Overflow { what: WHAT })?;
+    add(gemm(rows, h, h, t, WHAT)?, mul(gemm(rows, h, key_value, t, WHAT)?, 2, WHAT)?, WHAT)
+}
+
 /// One layer's forward FLOPs on one GPU, per operation.
 pub fn layer_forward_flops(
     model: &ModelConfig,
@@ -178,12 +190,11 @@ pub fn layer_forward_flops(
         AttentionFlops::CausalHalved => full_product,
     } / u128::from(t);
     let flops = LayerForwardFlops {
-        // 2 * bs * h * 3h, as three h x h products (exact: t divides h).
-        qkv: mul(gemm(rows, h, h, t, WHAT)?, 3, WHAT)?,
+        qkv: qkv_flops(model, rows, t)?,
         attention_scores: product,
         attention_values: product,
         projection: gemm(rows, h, h, t, WHAT)?,
-        fc1: gemm(rows, h, f, t, WHAT)?,
+        fc1: mul(gemm(rows, h, f, t, WHAT)?, u128::from(model.architecture.ffn_in_products()), WHAT)?,
         fc2: gemm(rows, f, h, t, WHAT)?,
     };
     // Check once that the sums `total` forms fit.
@@ -218,16 +229,18 @@ pub fn recomputed_tokens(seq_len: u64, alpha: f64) -> Result<u64, CostError> {
 
 /// The FLOPs of recomputing `recomputed_tokens` tokens of each of the `b` sequences of one layer
 /// before its backward, on one GPU: the row-wise ops that rebuild the token-split tensors from the
-/// layer input and the attention output (norm, QKV, projection + residual, norm, FC1, GeLU).
+/// layer input and the attention output (norm, QKV, projection + residual, norm, FC1, the
+/// activation).
 /// Attention is not recomputed. Counted: the QKV, projection and FC1 GEMMs over those rows.
 pub fn recompute_flops(model: &ModelConfig, parallel: &Parallelism, recomputed_tokens: u64) -> Result<u128, CostError> {
     validated(model, parallel)?;
     const WHAT: &str = "FLOP count of the recompute";
     let (h, t) = (model.hidden, parallel.tensor);
     let rows = mul(u128::from(model.micro_batch), u128::from(recomputed_tokens), WHAT)?;
-    let qkv = mul(gemm(rows, h, h, t, WHAT)?, 3, WHAT)?;
+    let qkv = qkv_flops(model, rows, t)?;
     let projection = gemm(rows, h, h, t, WHAT)?;
-    let fc1 = gemm(rows, h, model.ffn_hidden, t, WHAT)?;
+    let products = u128::from(model.architecture.ffn_in_products());
+    let fc1 = mul(gemm(rows, h, model.ffn_hidden, t, WHAT)?, products, WHAT)?;
     Ok(add(add(qkv, projection, WHAT)?, fc1, WHAT)?)
 }
 

@@ -17,6 +17,7 @@
 use alloc::vec::Vec;
 
 use super::{Block, Builder, Param, Phase, ScheduleError};
+use crate::model::{Ffn, Norm, BF16_BYTES};
 use crate::plan::{BufferId, BufferKind, EventId, Op, Region, Strategy, Stream, TensorRole, TensorRows};
 
 /// Which rows a skeletal tensor has.
@@ -66,44 +67,111 @@ impl SkeletalSet {
     }
 }
 
+/// A norm's parameters: its scale, and its shift under LayerNorm (RMSNorm has none).
+#[derive(Clone, Copy)]
+pub(crate) struct NormParams {
+    scale: Param,
+    shift: Option<Param>,
+}
+
+impl NormParams {
+    /// The norm's replicated vectors, as the architecture's norm kind has them.
+    pub fn new(b: &mut Builder, layer: Option<u32>, scale: TensorRole, shift: TensorRole) -> Self {
+        let scale = b.norm_param(scale, layer);
+        let shift = match b.shape.architecture.norm {
+            Norm::LayerNorm => Some(b.norm_param(shift, layer)),
+            Norm::RmsNorm => None,
+        };
+        NormParams { scale, shift }
+    }
+
+    /// `y = norm(x)`: `layer_norm` or `rms_norm`.
+    pub fn forward(&self, b: &mut Builder, layer: Option<u32>, x: Region, y: Region) {
+        let scale = b.all(self.scale.value);
+        match self.shift {
+            Some(shift) => {
+                let shift = b.all(shift.value);
+                b.launch(Op::LayerNorm, layer, 0, &[x, scale, shift, y]);
+            }
+            None => b.launch(Op::RmsNorm, layer, 0, &[x, scale, y]),
+        }
+    }
+
+    /// The norm's backward from its input `x` and output gradient `dy` into `dx` and the
+    /// parameters' gradients.
+    pub fn backward(&self, b: &mut Builder, layer: Option<u32>, x: Region, dy: Region, dx: Region) {
+        let scale = b.all(self.scale.value);
+        match self.shift {
+            Some(shift) => {
+                let args = [x, scale, dy, dx, self.scale.grad, shift.grad];
+                b.launch(Op::LayerNormBackward, layer, 0, &args);
+            }
+            None => b.launch(Op::RmsNormBackward, layer, 0, &[x, scale, dy, dx, self.scale.grad]),
+        }
+    }
+}
+
+/// A linear layer's weight and, where the architecture has one, its bias.
+pub(crate) type Linear = (Param, Option<Param>);
+
 /// One layer's parameters.
 pub(crate) struct LayerParams {
-    norm1_scale: Param,
-    norm1_shift: Param,
-    /// (weight, bias) of q, k, v.
-    qkv: [(Param, Param); 3],
-    projection: (Param, Param),
-    norm2_scale: Param,
-    norm2_shift: Param,
-    fc1: (Param, Param),
-    fc2: (Param, Param),
+    norm1: NormParams,
+    /// q, k, v.
+    qkv: [Linear; 3],
+    projection: Linear,
+    norm2: NormParams,
+    /// FC1 (SwiGLU: gate and up, one product of `2f/t` outputs per rank).
+    fc1: Linear,
+    /// FC2 (SwiGLU: down).
+    fc2: Linear,
 }
 
 impl LayerParams {
     pub fn new(b: &mut Builder, layer: u32) -> Self {
-        let (h, f, t) = (b.shape.hidden, b.shape.ffn, b.shape.tensor);
+        let shape = b.shape;
+        let (h, t) = (shape.hidden, shape.tensor);
+        let biases = shape.architecture.biases;
         let l = Some(layer);
-        // Column-parallel: this GPU's output rows of the weight and the bias.
-        let linear = |b: &mut Builder, weight: TensorRole, bias: TensorRole, out: u64, inp: u64| {
-            (b.param(weight, l, out, inp), b.param(bias, l, 1, out))
+        // Column-parallel: this GPU's output rows of the weight and of the bias.
+        let linear = |b: &mut Builder, weight: TensorRole, bias: TensorRole, out: u64, with_bias: bool| {
+            (b.param(weight, l, out, h), with_bias.then(|| b.param(bias, l, 1, out)))
         };
-        // Row-parallel: every GPU holds all h outputs over its h/t inputs, and the whole bias.
-        let row_parallel = |b: &mut Builder, weight: TensorRole, bias: TensorRole, out: u64, inp: u64| {
-            (b.param(weight, l, out, inp), b.replicated_param(bias, l, 1, out))
+        // Row-parallel: every GPU holds all h outputs over its inputs, and the whole bias.
+        let row_parallel = |b: &mut Builder, weight: TensorRole, bias: TensorRole, inp: u64, with_bias: bool| {
+            (b.param(weight, l, h, inp), with_bias.then(|| b.replicated_param(bias, l, 1, h)))
         };
+        // K and V: a column-parallel share of the heads, or (t > kv_heads) every head on every
+        // rank, their gradients summed over the ranks (spec/tensor-parallel.md section 8).
+        let key_value = |b: &mut Builder, weight: TensorRole, bias: TensorRole| {
+            if shape.kv_replicated {
+                let kv = shape.kv_width;
+                (
+                    b.replicated_rows_param(weight, l, kv, h),
+                    biases.qkv().then(|| b.replicated_rows_param(bias, l, 1, kv)),
+                )
+            } else {
+                linear(b, weight, bias, shape.kv_width, biases.qkv())
+            }
+        };
+        let fc1_out = shape.fc1_row / BF16_BYTES;
         LayerParams {
-            norm1_scale: b.norm_param(TensorRole::NormScale1, l),
-            norm1_shift: b.norm_param(TensorRole::NormShift1, l),
+            norm1: NormParams::new(b, l, TensorRole::NormScale1, TensorRole::NormShift1),
             qkv: [
-                linear(b, TensorRole::QueryWeight, TensorRole::QueryBias, h / t, h),
-                linear(b, TensorRole::KeyWeight, TensorRole::KeyBias, h / t, h),
-                linear(b, TensorRole::ValueWeight, TensorRole::ValueBias, h / t, h),
+                linear(b, TensorRole::QueryWeight, TensorRole::QueryBias, h / t, biases.qkv()),
+                key_value(b, TensorRole::KeyWeight, TensorRole::KeyBias),
+                key_value(b, TensorRole::ValueWeight, TensorRole::ValueBias),
             ],
-            projection: row_parallel(b, TensorRole::ProjectionWeight, TensorRole::ProjectionBias, h, h / t),
-            norm2_scale: b.norm_param(TensorRole::NormScale2, l),
-            norm2_shift: b.norm_param(TensorRole::NormShift2, l),
-            fc1: linear(b, TensorRole::Fc1Weight, TensorRole::Fc1Bias, f / t, h),
-            fc2: row_parallel(b, TensorRole::Fc2Weight, TensorRole::Fc2Bias, h, f / t),
+            projection: row_parallel(
+                b,
+                TensorRole::ProjectionWeight,
+                TensorRole::ProjectionBias,
+                h / t,
+                biases.output_and_ffn(),
+            ),
+            norm2: NormParams::new(b, l, TensorRole::NormScale2, TensorRole::NormShift2),
+            fc1: linear(b, TensorRole::Fc1Weight, TensorRole::Fc1Bias, fc1_out, biases.output_and_ffn()),
+            fc2: row_parallel(b, TensorRole::Fc2Weight, TensorRole::Fc2Bias, shape.ffn / t, biases.output_and_ffn()),
         }
     }
 }
@@ -140,7 +208,9 @@ impl Storage {
         };
         let row_bytes = |role: TensorRole, rows: Rows| match (role, rows) {
             (TensorRole::AttentionLogSumExp, _) => shape.lse_row,
-            (TensorRole::Fc1Output | TensorRole::GeluOutput, _) => shape.ffn_row,
+            (TensorRole::Key | TensorRole::Value, _) => shape.kv_row,
+            (TensorRole::Fc1Output, _) => shape.fc1_row,
+            (TensorRole::GeluOutput, _) => shape.ffn_row,
             (_, Rows::SequenceSharded) => shape.hidden_row,
             (_, Rows::HeadSharded) => shape.head_row,
         };
@@ -351,14 +421,11 @@ fn forward_ops(
     let local = |i: usize| Region::rows(s[i], start, r);
     let segments = |i: usize| head_segments(&shape, s[i], start);
 
-    let (scale, shift) = (b.all(p.norm1_scale.value), b.all(p.norm1_shift.value));
-    b.launch(Op::LayerNorm, l, 0, &[local(X), scale, shift, local(N1)]);
+    p.norm1.forward(b, l, local(X), local(N1));
     let n1 = b.gathered(local(N1), l, blk);
-    for (i, (weight, bias)) in [Q, K, V].into_iter().zip(p.qkv) {
-        let (w, bi) = (b.all(weight.value), b.all(bias.value));
+    for (i, linear) in [Q, K, V].into_iter().zip(p.qkv) {
         for (x, y) in shares(n1, &segments(i)) {
-            let flops = b.linear_flops(y.end - y.start, weight.value)?;
-            b.launch(Op::Linear, l, flops, &[x, w, bi, y]);
+            column_parallel(b, layer, linear, x, y)?;
         }
     }
     if what.attention {
@@ -370,16 +437,14 @@ fn forward_ops(
     let projected = b.all(projected);
     b.row_parallel(l, blk, &segments(O), p.projection, projected)?;
     b.launch(Op::Add, l, 0, &[local(X), projected, local(RES)]);
-    let (scale, shift) = (b.all(p.norm2_scale.value), b.all(p.norm2_shift.value));
-    b.launch(Op::LayerNorm, l, 0, &[local(RES), scale, shift, local(N2)]);
+    p.norm2.forward(b, l, local(RES), local(N2));
     let n2 = b.gathered(local(N2), l, blk);
-    let (w, bi) = (b.all(p.fc1.0.value), b.all(p.fc1.1.value));
     for (x, y) in shares(n2, &segments(F1)) {
-        let flops = b.linear_flops(y.end - y.start, p.fc1.0.value)?;
-        b.launch(Op::Linear, l, flops, &[x, w, bi, y]);
+        column_parallel(b, layer, p.fc1, x, y)?;
     }
+    let activation = activation_op(&shape, false);
     for (f1, g) in segments(F1).into_iter().zip(segments(G)) {
-        b.launch(Op::Gelu, l, 0, &[f1, g]);
+        b.launch(activation, l, 0, &[f1, g]);
     }
     if let Some(output) = output {
         let mlp = b.buffer(BufferKind::Transient, TensorRole::Fc2Output, l, r, shape.hidden_row, blk);
@@ -389,6 +454,36 @@ fn forward_ops(
         b.launch(Op::Add, l, 0, &[res, mlp, out]);
     }
     Ok(())
+}
+
+/// A column-parallel product `y = x W^T (+ bias)`: `linear`, or `linear_no_bias` without a bias.
+fn column_parallel(
+    b: &mut Builder,
+    layer: u32,
+    (weight, bias): Linear,
+    x: Region,
+    y: Region,
+) -> Result<(), ScheduleError> {
+    let flops = b.linear_flops(y.end - y.start, weight.value)?;
+    let w = b.all(weight.value);
+    match bias {
+        Some(bias) => {
+            let bias = b.all(bias.value);
+            b.launch(Op::Linear, Some(layer), flops, &[x, w, bias, y]);
+        }
+        None => b.launch(Op::LinearNoBias, Some(layer), flops, &[x, w, y]),
+    }
+    Ok(())
+}
+
+/// The FFN's activation (`gelu` or `swiglu`), or its backward.
+fn activation_op(shape: &super::Shape, backward: bool) -> Op {
+    match (shape.architecture.ffn, backward) {
+        (Ffn::Gelu, false) => Op::Gelu,
+        (Ffn::Gelu, true) => Op::GeluBackward,
+        (Ffn::SwiGlu, false) => Op::Swiglu,
+        (Ffn::SwiGlu, true) => Op::SwigluBackward,
+    }
 }
 
 /// The rows of head-sharded tensor `buffer` that hold the tokens of sequence-sharded rows
@@ -461,9 +556,9 @@ pub(crate) fn backward(
     let d_gelu = transient(b, TensorRole::GeluOutputGradient, full, shape.ffn_row);
     backward_input(b, layer, p.fc2.0, dy_full, d_gelu)?;
     backward_weight(b, layer, p.fc2, b.all(s[G]), dy_full)?;
-    let d_fc1 = transient(b, TensorRole::Fc1OutputGradient, full, shape.ffn_row);
+    let d_fc1 = transient(b, TensorRole::Fc1OutputGradient, full, shape.fc1_row);
     let f1 = b.all(s[F1]);
-    b.launch(Op::GeluBackward, l, 0, &[f1, d_gelu, d_fc1]);
+    b.launch(activation_op(&shape, true), l, 0, &[f1, d_gelu, d_fc1]);
     let d_norm2 = transient(b, TensorRole::PostAttentionNormOutputGradient, r, shape.hidden_row);
     let partial = b.partial_for(d_norm2, l, blk);
     backward_input(b, layer, p.fc1.0, d_fc1, partial)?;
@@ -472,7 +567,8 @@ pub(crate) fn backward(
     let n2 = b.gathered(n2, l, blk);
     backward_weight(b, layer, p.fc1, n2, d_fc1)?;
     let d_res_norm = transient(b, TensorRole::NormInputGradient, r, shape.hidden_row);
-    layer_norm_backward(b, layer, b.all(s[RES]), (p.norm2_scale, p.norm2_shift), d_norm2, d_res_norm);
+    let res = b.all(s[RES]);
+    p.norm2.backward(b, l, res, d_norm2, d_res_norm);
     let d_res = transient(b, TensorRole::AttentionResidualGradient, r, shape.hidden_row);
     b.launch(Op::Add, l, 0, &[dy, d_res_norm, d_res]);
 
@@ -482,8 +578,8 @@ pub(crate) fn backward(
     backward_input(b, layer, p.projection.0, d_res_full, d_attn)?;
     backward_weight(b, layer, p.projection, b.all(s[O]), d_res_full)?;
     let dq = transient(b, TensorRole::QueryGradient, full, shape.head_row);
-    let dk = transient(b, TensorRole::KeyGradient, full, shape.head_row);
-    let dv = transient(b, TensorRole::ValueGradient, full, shape.head_row);
+    let dk = transient(b, TensorRole::KeyGradient, full, shape.kv_row);
+    let dv = transient(b, TensorRole::ValueGradient, full, shape.kv_row);
     let saved = [Q, K, V, O, LSE].map(|i| b.all(s[i]));
     let attention_backward =
         shape.attention_flops.checked_mul(2).ok_or(ScheduleError::FlopsOverflow { op: "attention backward" })?;
@@ -504,7 +600,8 @@ pub(crate) fn backward(
         backward_weight(b, layer, linear, n1, grad)?;
     }
     let d_input_norm = transient(b, TensorRole::NormInputGradient, r, shape.hidden_row);
-    layer_norm_backward(b, layer, b.all(s[X]), (p.norm1_scale, p.norm1_shift), d_norm1, d_input_norm);
+    let x = b.all(s[X]);
+    p.norm1.backward(b, l, x, d_norm1, d_input_norm);
     let d_in = b.all(d_in);
     b.launch(Op::Add, l, 0, &[d_res, d_input_norm, d_in]);
     Ok(())
@@ -518,21 +615,18 @@ fn backward_input(b: &mut Builder, layer: u32, weight: Param, dy: Region, dx: Re
     Ok(())
 }
 
-/// A linear layer's weight and bias gradients from its input `x` and output gradient `dy`.
+/// A linear layer's weight (and bias) gradients from its input `x` and output gradient `dy`.
 fn backward_weight(
     b: &mut Builder,
     layer: u32,
-    (weight, bias): (Param, Param),
+    (weight, bias): Linear,
     x: Region,
     dy: Region,
 ) -> Result<(), ScheduleError> {
     let flops = b.linear_flops(dy.end - dy.start, weight.value)?;
-    let (dw, db) = (weight.grad, bias.grad);
-    b.launch(Op::LinearBackwardWeight, Some(layer), flops, &[x, dy, dw, db]);
+    match bias {
+        Some(bias) => b.launch(Op::LinearBackwardWeight, Some(layer), flops, &[x, dy, weight.grad, bias.grad]),
+        None => b.launch(Op::LinearBackwardWeightNoBias, Some(layer), flops, &[x, dy, weight.grad]),
+    }
     Ok(())
-}
-
-fn layer_norm_backward(b: &mut Builder, layer: u32, x: Region, (scale, shift): (Param, Param), dy: Region, dx: Region) {
-    let (s, ds, dsh) = (b.all(scale.value), scale.grad, shift.grad);
-    b.launch(Op::LayerNormBackward, Some(layer), 0, &[x, s, dy, dx, ds, dsh]);
 }

@@ -27,7 +27,7 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use crate::cost::{self, AttentionFlops};
-use crate::model::{ModelConfig, ModelError, Parallelism, BF16_BYTES, FP32_BYTES};
+use crate::model::{Architecture, ModelConfig, ModelError, Parallelism, BF16_BYTES, FP32_BYTES};
 use crate::plan::shapes;
 use crate::plan::{
     Action, Arg, Buffer, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, Region, Strategy, Stream,
@@ -165,8 +165,20 @@ pub(crate) struct Shape {
     pub head_row: u64,
     /// `heads / t * 4`: a row of the log-sum-exp.
     pub lse_row: u64,
-    /// `f / t * 2`: a row of FC1's and GeLU's outputs.
+    /// `f / t * 2`: a row of the FFN activation's output (GeLU's or SwiGLU's) and of its
+    /// gradient.
     pub ffn_row: u64,
+    /// A row of FC1's output and its gradient: `f / t * 2` (GeLU) or `2f / t * 2` (SwiGLU's gate
+    /// and up).
+    pub fc1_row: u64,
+    /// Elements of a row of k and v: this GPU's key/value heads times the head dimension.
+    pub kv_width: u64,
+    /// `kv_width * 2`: a row of k, v and their gradients.
+    pub kv_row: u64,
+    /// Whether every rank holds every key/value head (`t > kv_heads`).
+    pub kv_replicated: bool,
+    /// FFN, norm, biases, tying.
+    pub architecture: Architecture,
     pub hidden: u64,
     pub ffn: u64,
     /// Embedding rows on this GPU: `ceil(V / t)`.
@@ -186,6 +198,9 @@ impl Shape {
         let full_rows = model.micro_batch.checked_mul(model.seq_len).ok_or(overflow("rows b*s"))?;
         let hidden_row = model.hidden.checked_mul(BF16_BYTES).ok_or(overflow("row bytes"))?;
         let ffn_row = (model.ffn_hidden / t).checked_mul(BF16_BYTES).ok_or(overflow("row bytes"))?;
+        let fc1_row = ffn_row.checked_mul(model.architecture.ffn_in_products()).ok_or(overflow("row bytes"))?;
+        let kv_width = model.kv_heads_on_gpu(t).checked_mul(model.head_dim()).ok_or(overflow("row bytes"))?;
+        let kv_row = kv_width.checked_mul(BF16_BYTES).ok_or(overflow("row bytes"))?;
         let lse_row = (model.heads / t).checked_mul(FP32_BYTES).ok_or(overflow("row bytes"))?;
         let vocab_rows = model.vocab.div_ceil(t);
         // The classifier's logits of one chunk: gathered rows (t per local row) x V/t columns.
@@ -193,8 +208,11 @@ impl Shape {
         let chunk_rows = (LOGITS_CHUNK_BYTES / logits_row.saturating_mul(t).max(1)).max(1).min(full_rows / t);
         let attention = cost::layer_forward_flops(model, parallel, AttentionFlops::CausalHalved)?.attention();
         let attention_flops = u64::try_from(attention).map_err(|_| ScheduleError::FlopsOverflow { op: "attention" })?;
-        // Every buffer's bytes must fit too: the largest is the gathered FC1 output, full_rows x f/t.
-        for (rows, row) in [(full_rows, hidden_row), (full_rows, ffn_row), (vocab_rows, hidden_row)] {
+        // Every buffer's bytes must fit too: the largest is the gathered FC1 output, full_rows x f/t
+        // (2f/t for SwiGLU).
+        for (rows, row) in
+            [(full_rows, hidden_row), (full_rows, fc1_row), (full_rows, kv_row), (vocab_rows, hidden_row)]
+        {
             rows.checked_mul(row).ok_or(overflow("buffer bytes"))?;
             rows.checked_mul(row).and_then(|b| b.checked_mul(6)).ok_or(overflow("optimizer-state bytes"))?;
         }
@@ -207,6 +225,11 @@ impl Shape {
             head_row: (model.hidden / t) * BF16_BYTES,
             lse_row,
             ffn_row,
+            fc1_row,
+            kv_width,
+            kv_row,
+            kv_replicated: model.kv_replicated(t),
+            architecture: model.architecture,
             hidden: model.hidden,
             ffn: model.ffn_hidden,
             vocab_rows,
@@ -241,8 +264,10 @@ pub(crate) struct Builder {
     pending_swap_out: [Option<EventId>; 2],
     /// Every parameter, in creation order (the optimizer walks it).
     pub params: Vec<Param>,
-    /// With `t > 1`: the buffer of every layer-norm gradient (one row each) and its next free row.
-    replicated_grads: Option<(BufferId, u64)>,
+    /// With `t > 1`: the buffers of the replicated parameters' gradients that one all-reduce each
+    /// sums over the ranks, by row width: every norm's (and, when K and V are replicated, their
+    /// weights') rows of `h`, and the replicated K and V biases' rows. Each with its next free row.
+    replicated_grads: Vec<(BufferId, u64)>,
 }
 
 impl Builder {
@@ -255,7 +280,7 @@ impl Builder {
             events: 0,
             pending_swap_out: [None, None],
             params: Vec::new(),
-            replicated_grads: None,
+            replicated_grads: Vec::new(),
         }
     }
 
@@ -300,16 +325,31 @@ impl Builder {
         self.param_of(role, layer, rows, row_elements, true)
     }
 
-    /// A layer norm's scale or shift (`1 x h`, replicated). With `t > 1` its gradient is the next
-    /// row of the replicated-gradients buffer ([`Builder::replicated_gradients`]), which one
-    /// all-reduce sums over the ranks.
+    /// A norm's scale or shift (`1 x h`, replicated; see [`Builder::replicated_rows_param`]).
     pub fn norm_param(&mut self, role: TensorRole, layer: Option<u32>) -> Param {
         let h = self.shape.hidden;
-        let Some((grads, next)) = self.replicated_grads else { return self.replicated_param(role, layer, 1, h) };
-        self.replicated_grads = Some((grads, next + 1));
-        let value = self.buffer(BufferKind::Parameter, role, layer, 1, h * BF16_BYTES, None);
-        let state = self.buffer(BufferKind::OptimizerState, role, layer, 1, h * 3 * FP32_BYTES, None);
-        let param = Param { value, grad: Region::rows(grads, next, next + 1), state, replicated: true };
+        self.replicated_rows_param(role, layer, 1, h)
+    }
+
+    /// A parameter every rank holds whole. With `t > 1` its gradient is the next `rows` rows of
+    /// the replicated-gradients buffer of its row width ([`Builder::reserve_replicated_gradients`]),
+    /// which one all-reduce sums over the ranks; with `t = 1`, a buffer of its own.
+    pub fn replicated_rows_param(
+        &mut self,
+        role: TensorRole,
+        layer: Option<u32>,
+        rows: u64,
+        row_elements: u64,
+    ) -> Param {
+        let row_bytes = row_elements * BF16_BYTES;
+        let buffers = &self.buffers;
+        let pool = self.replicated_grads.iter_mut().find(|(id, _)| buffers[id.index()].row_bytes == row_bytes);
+        let Some((grads, next)) = pool else { return self.replicated_param(role, layer, rows, row_elements) };
+        let grad = Region::rows(*grads, *next, *next + rows);
+        *next += rows;
+        let value = self.buffer(BufferKind::Parameter, role, layer, rows, row_bytes, None);
+        let state = self.buffer(BufferKind::OptimizerState, role, layer, rows, row_elements * 3 * FP32_BYTES, None);
+        let param = Param { value, grad, state, replicated: true };
         self.params.push(param);
         param
     }
@@ -324,21 +364,31 @@ impl Builder {
         param
     }
 
-    /// With `t > 1`: the buffer holding every layer-norm gradient (4 rows per layer and 2 for the
-    /// final norm), made before any norm parameter.
+    /// With `t > 1`: the buffers holding the replicated parameters' gradients, made before any
+    /// such parameter: per layer the norms' vectors (4 rows with LayerNorm, 2 with RMSNorm) and,
+    /// when K and V are replicated, their weights' `2 * kv_width` rows of `h`, plus the final norm's
+    /// vectors; and when the replicated K and V have biases, their 2 rows per layer of `kv_width`.
     fn reserve_replicated_gradients(&mut self) {
-        if self.shape.tensor == 1 {
+        let shape = self.shape;
+        if shape.tensor == 1 {
             return;
         }
-        let rows = u64::from(self.shape.layers) * 4 + 2;
-        let id =
-            self.buffer(BufferKind::Gradient, TensorRole::ReplicatedGradients, None, rows, self.shape.hidden_row, None);
-        self.replicated_grads = Some((id, 0));
+        let vectors = shape.architecture.norm_vectors();
+        let key_value = if shape.kv_replicated { 2 * shape.kv_width } else { 0 };
+        let rows = u64::from(shape.layers) * (2 * vectors + key_value) + vectors;
+        let id = self.buffer(BufferKind::Gradient, TensorRole::ReplicatedGradients, None, rows, shape.hidden_row, None);
+        self.replicated_grads.push((id, 0));
+        if shape.kv_replicated && shape.architecture.biases.qkv() {
+            let rows = u64::from(shape.layers) * 2;
+            let role = TensorRole::ReplicatedBiasGradients;
+            let id = self.buffer(BufferKind::Gradient, role, None, rows, shape.kv_row, None);
+            self.replicated_grads.push((id, 0));
+        }
     }
 
-    /// The replicated-gradients buffer, if there is one.
-    fn replicated_gradients(&self) -> Option<Region> {
-        self.replicated_grads.map(|(id, _)| self.all(id))
+    /// The replicated-gradients buffers, each to be all-reduced once.
+    fn replicated_gradients(&self) -> Vec<Region> {
+        self.replicated_grads.iter().map(|&(id, _)| self.all(id)).collect()
     }
 
     pub fn rows_of(&self, id: BufferId) -> u64 {
@@ -460,23 +510,27 @@ impl Builder {
     }
 
     /// A row-parallel linear layer from head-sharded `segments` (one region per rank segment, or
-    /// one for all rows) into sequence-sharded `dest`. With `t = 1`: `linear` with its bias. With
-    /// `t > 1`: `linear_no_bias` of each segment into its share of a partial sum, the
-    /// reduce-scatter into `dest`, then `add_bias` once (`spec/tensor-parallel.md` section 4).
+    /// one for all rows) into sequence-sharded `dest`. With `t = 1`: `linear` with its bias
+    /// (`linear_no_bias` without one). With `t > 1`: `linear_no_bias` of each segment into its
+    /// share of a partial sum, the reduce-scatter into `dest`, then `add_bias` once if there is a
+    /// bias (`spec/tensor-parallel.md` section 4).
     pub fn row_parallel(
         &mut self,
         layer: Option<u32>,
         block: Option<Block>,
         segments: &[Region],
-        (weight, bias): (Param, Param),
+        (weight, bias): (Param, Option<Param>),
         dest: Region,
     ) -> Result<(), ScheduleError> {
         let w = self.all(weight.value);
-        let bi = self.all(bias.value);
+        let bias = bias.map(|bias| self.all(bias.value));
         if self.shape.tensor == 1 {
             for &x in segments {
                 let flops = self.linear_flops(x.end - x.start, weight.value)?;
-                self.launch(Op::Linear, layer, flops, &[x, w, bi, dest]);
+                match bias {
+                    Some(bi) => self.launch(Op::Linear, layer, flops, &[x, w, bi, dest]),
+                    None => self.launch(Op::LinearNoBias, layer, flops, &[x, w, dest]),
+                }
             }
             return Ok(());
         }
@@ -490,7 +544,9 @@ impl Builder {
             at += rows;
         }
         self.scatter(partial, dest, layer);
-        self.launch(Op::AddBias, layer, 0, &[bi, dest]);
+        if let Some(bi) = bias {
+            self.launch(Op::AddBias, layer, 0, &[bi, dest]);
+        }
         Ok(())
     }
 
@@ -518,10 +574,13 @@ pub fn build(
     let tokens = b.buffer(BufferKind::Input, TensorRole::Tokens, None, r, TOKEN_ID_BYTES, None);
     let targets = b.buffer(BufferKind::Input, TensorRole::Targets, None, r, TOKEN_ID_BYTES, None);
     let embedding = b.param(TensorRole::Embedding, None, shape.vocab_rows, shape.hidden);
+    // An untied classifier: its own V x h matrix, sharded like the embedding.
+    let untied = (!shape.architecture.tied_embeddings)
+        .then(|| b.param(TensorRole::ClassifierWeight, None, shape.vocab_rows, shape.hidden));
     b.reserve_replicated_gradients();
     let layer_params: Vec<layer::LayerParams> = (0..layers).map(|l| layer::LayerParams::new(&mut b, l)).collect();
-    let final_scale = b.norm_param(TensorRole::FinalNormScale, None);
-    let final_shift = b.norm_param(TensorRole::FinalNormShift, None);
+    let final_norm_params =
+        layer::NormParams::new(&mut b, None, TensorRole::FinalNormScale, TensorRole::FinalNormShift);
     let loss = b.buffer(BufferKind::Scalar, TensorRole::Loss, None, 1, FP32_BYTES, None);
     let grad_norm = b.buffer(BufferKind::Scalar, TensorRole::GradNormSquared, None, 1, FP32_BYTES, None);
 
@@ -557,12 +616,15 @@ pub fn build(
     let final_norm = b.buffer(BufferKind::Transient, TensorRole::FinalNormOutput, None, r, shape.hidden_row, None);
     let d_final_norm =
         b.buffer(BufferKind::Transient, TensorRole::FinalNormOutputGradient, None, r, shape.hidden_row, None);
-    let (x, scale, shift, y) =
-        (b.all(final_hidden), b.all(final_scale.value), b.all(final_shift.value), b.all(final_norm));
-    b.launch(Op::LayerNorm, None, 0, &[x, scale, shift, y]);
-    // The classifier's share of the embedding gradient: the gradient itself with t = 1, a
-    // transient added to the lookup's share at the end with t > 1.
-    let d_classifier = if shape.tensor == 1 {
+    let (x, y) = (b.all(final_hidden), b.all(final_norm));
+    final_norm_params.forward(&mut b, None, x, y);
+    // The classifier's gradient: an untied classifier's own; a tied one's share of the embedding
+    // gradient: the gradient itself with t = 1, a transient added to the lookup's share at the
+    // end with t > 1.
+    let classifier_weight = untied.unwrap_or(embedding);
+    let d_classifier = if let Some(untied) = untied {
+        untied.grad
+    } else if shape.tensor == 1 {
         embedding.grad
     } else {
         let rows = shape.vocab_rows;
@@ -572,11 +634,10 @@ pub fn build(
     let loss_all = b.all(loss);
     b.launch(Op::Zero, None, 0, &[loss_all]);
     b.launch(Op::Zero, None, 0, &[d_classifier]);
-    classifier(&mut b, embedding, d_classifier, final_norm, d_final_norm, targets, loss)?;
+    classifier(&mut b, classifier_weight, d_classifier, final_norm, d_final_norm, targets, loss)?;
     let d_output = storage.new_output_gradient(&mut b, layers - 1);
-    let (x, scale, dy, dx) = (b.all(final_hidden), b.all(final_scale.value), b.all(d_final_norm), b.all(d_output));
-    let (dscale, dshift) = (final_scale.grad, final_shift.grad);
-    b.launch(Op::LayerNormBackward, None, 0, &[x, scale, dy, dx, dscale, dshift]);
+    let (x, dy, dx) = (b.all(final_hidden), b.all(d_final_norm), b.all(d_output));
+    final_norm_params.backward(&mut b, None, x, dy, dx);
 
     // 4. Backward, last layer first.
     let mut d_out = d_output;
@@ -599,11 +660,15 @@ pub fn build(
 
     // 5. (t > 1: the layer norms' gradients summed over the ranks.) Embedding backward,
     // gradient norm, AdamW.
-    if let Some(replicated) = b.replicated_gradients() {
+    for replicated in b.replicated_gradients() {
         b.launch(Op::AllReduceSumBf16, None, 0, &[replicated]);
     }
     let (tok, dy) = (b.all(tokens), b.all(d_out));
     if shape.tensor == 1 {
+        if untied.is_some() {
+            // Nothing accumulated into it yet: the lookup's scatter-add starts from zero.
+            b.launch(Op::Zero, None, 0, &[embedding.grad]);
+        }
         b.launch(Op::EmbeddingBackward, None, 0, &[tok, dy, embedding.grad]);
     } else {
         // The lookup's gradient over the gathered table, reduce-scattered to the shards.
@@ -622,8 +687,12 @@ pub fn build(
             None,
         );
         let part = b.all(part);
-        b.launch(Op::ReduceScatter, None, 0, &[whole, part]);
-        b.launch(Op::Add, None, 0, &[d_classifier, part, embedding.grad]);
+        if untied.is_some() {
+            b.launch(Op::ReduceScatter, None, 0, &[whole, embedding.grad]);
+        } else {
+            b.launch(Op::ReduceScatter, None, 0, &[whole, part]);
+            b.launch(Op::Add, None, 0, &[d_classifier, part, embedding.grad]);
+        }
     }
     let norm = b.all(grad_norm);
     b.launch(Op::Zero, None, 0, &[norm]);
