@@ -460,8 +460,9 @@ fn swiglu(op: Op, args: &[ArgShape]) -> Result<OpShape, OpError> {
     let named = |index: usize| Arg::at(op, args, index);
     let x = named(0);
     let both = x.elems(BF16, "bf16")?;
-    if !both.is_multiple_of(2) || both == 0 {
-        let expected = "a row of `[gate | up]`: an even, positive number of bf16".into();
+    // Zero-width rows are valid (nothing to compute), as for every other per-row op.
+    if !both.is_multiple_of(2) {
+        let expected = "a row of `[gate | up]`: an even number of bf16".into();
         return Err(x.error(expected, format!("{both} bf16 per row")));
     }
     let w = both / 2;

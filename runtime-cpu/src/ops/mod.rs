@@ -162,7 +162,7 @@ pub fn execute_on_rank(
         Op::CrossEntropyFinish => loss::cross_entropy_finish(args, ctx, group),
         Op::LinearBackwardInput => linear::backward_input(args, ctx, false, threads),
         Op::LinearBackwardInputAccumulate => linear::backward_input(args, ctx, true, threads),
-        Op::LinearBackwardWeight => linear::backward_weight(args, ctx, threads),
+        Op::LinearBackwardWeight => linear::backward_weight(args, ctx, true, threads),
         Op::GeluBackward => elementwise::gelu_backward(args, ctx),
         Op::LayerNormBackward => norm::layer_norm_backward(args, ctx),
         Op::AttentionBackward => attention::backward(args, ctx, threads),
@@ -173,12 +173,10 @@ pub fn execute_on_rank(
         Op::Zero => elementwise::zero(args, ctx),
         Op::GradNormSquared => optim::grad_norm_squared(args, ctx),
         Op::AdamW => optim::adamw(args, ctx),
-        Op::RmsNorm | Op::RmsNormBackward | Op::Swiglu | Op::SwigluBackward | Op::LinearBackwardWeightNoBias => {
-            Err(OpError {
-                op,
-                argument: None,
-                kind: OpErrorKind::Unsupported { reason: "not yet implemented on the CPU backend".into() },
-            })
-        }
+        Op::RmsNorm => norm::rms_norm(args, ctx),
+        Op::RmsNormBackward => norm::rms_norm_backward(args, ctx),
+        Op::Swiglu => elementwise::swiglu(args, ctx),
+        Op::SwigluBackward => elementwise::swiglu_backward(args, ctx),
+        Op::LinearBackwardWeightNoBias => linear::backward_weight(args, ctx, false, threads),
     }
 }
