@@ -28,8 +28,8 @@ use memo_plan_core::plan::Op;
 use super::parallel::map_tasks;
 use memo_plan_core::plan::shapes::{AttentionShape, OpShape};
 
-use super::tensor::{bf16_bits_to_f32, dim, f32_to_bf16_bytes, f32_vec, split, In, BF16, WORD};
-use super::{Arg, OpContext, OpError};
+use super::tensor::{bf16_bits_to_f32, dim, f32_to_bf16_bytes, f32_vec, split_in, In, BF16, WORD};
+use super::{Arg, Group, OpContext, OpError};
 
 /// Keys per block of the online softmax (the score tile of one query row).
 pub(crate) const KEY_BLOCK: usize = 64;
@@ -273,20 +273,34 @@ fn forward_head(q: &[f32], k: &[f32], v: &[f32], g: &Geometry, key_block: usize)
     (out, lse)
 }
 
-/// `attention`: `out, lse = attention(rope(q), rope(k), v)`, causal within each sequence.
-pub(crate) fn forward(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
-    forward_blocked(args, ctx, threads, KEY_BLOCK)
+/// `attention`: `out, lse = attention(rope(q), rope(k), v)`, causal within each sequence, as
+/// rank `group.rank` (which query heads of replicated K/V heads this launch has).
+pub(crate) fn forward(args: &mut [Arg<'_>], ctx: &OpContext, group: Group, threads: usize) -> Result<(), OpError> {
+    forward_on_rank(args, ctx, group, threads, KEY_BLOCK)
 }
 
-/// [`forward`] with another key block (tests cover several blocks with short sequences).
+/// [`forward`] on one GPU with another key block (tests cover several blocks with short
+/// sequences).
+#[cfg(test)]
 pub(crate) fn forward_blocked(
     args: &mut [Arg<'_>],
     ctx: &OpContext,
     threads: usize,
     key_block: usize,
 ) -> Result<(), OpError> {
+    forward_on_rank(args, ctx, Group::SINGLE, threads, key_block)
+}
+
+/// [`forward`] with another key block.
+pub(crate) fn forward_on_rank(
+    args: &mut [Arg<'_>],
+    ctx: &OpContext,
+    group: Group,
+    threads: usize,
+    key_block: usize,
+) -> Result<(), OpError> {
     let op = Op::Attention;
-    let ([q, k, v], [out, lse], shape) = split::<3, 2>(op, args, ctx)?;
+    let ([q, k, v], [out, lse], shape) = split_in::<3, 2>(op, args, ctx, group)?;
     let g = Geometry::new(&shape, &q, &k, ctx)?;
     if g.sequences == 0 {
         return Ok(());
@@ -378,19 +392,31 @@ fn backward_head(x: &HeadInputs<'_>, g: &Geometry, key_block: usize) -> HeadGrad
 /// `attention_backward`: `dq, dk, dv` (overwritten) from `q, k, v, out, lse, dout`, through the
 /// rotary rotation (gradients are with respect to the unrotated `q` and `k`). A K/V head's `dk`
 /// and `dv` sum its query heads' in increasing query head order; unused K/V heads get zeros.
-pub(crate) fn backward(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
-    backward_blocked(args, ctx, threads, KEY_BLOCK)
+pub(crate) fn backward(args: &mut [Arg<'_>], ctx: &OpContext, group: Group, threads: usize) -> Result<(), OpError> {
+    backward_on_rank(args, ctx, group, threads, KEY_BLOCK)
 }
 
-/// [`backward`] with another key block.
+/// [`backward`] on one GPU with another key block.
+#[cfg(test)]
 pub(crate) fn backward_blocked(
     args: &mut [Arg<'_>],
     ctx: &OpContext,
     threads: usize,
     key_block: usize,
 ) -> Result<(), OpError> {
+    backward_on_rank(args, ctx, Group::SINGLE, threads, key_block)
+}
+
+/// [`backward`] with another key block.
+pub(crate) fn backward_on_rank(
+    args: &mut [Arg<'_>],
+    ctx: &OpContext,
+    group: Group,
+    threads: usize,
+    key_block: usize,
+) -> Result<(), OpError> {
     let op = Op::AttentionBackward;
-    let ([q, k, v, out, lse, dout], [dq, dk, dv], shape) = split::<6, 3>(op, args, ctx)?;
+    let ([q, k, v, out, lse, dout], [dq, dk, dv], shape) = split_in::<6, 3>(op, args, ctx, group)?;
     let g = Geometry::new(&shape, &q, &k, ctx)?;
     if g.sequences == 0 {
         return Ok(());

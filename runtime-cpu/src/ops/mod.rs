@@ -143,7 +143,7 @@ pub fn execute_on_rank(
         Op::Embedding => elementwise::embedding(args, ctx, group),
         Op::LayerNorm => norm::layer_norm(args, ctx),
         Op::Linear => linear::linear(args, ctx, threads),
-        Op::Attention => attention::forward(args, ctx, threads),
+        Op::Attention => attention::forward(args, ctx, group, threads),
         Op::Gelu => elementwise::gelu(args, ctx),
         Op::Add => elementwise::add(args, ctx),
         Op::AllGather | Op::ReduceScatter => {
@@ -165,7 +165,7 @@ pub fn execute_on_rank(
         Op::LinearBackwardWeight => linear::backward_weight(args, ctx, true, threads),
         Op::GeluBackward => elementwise::gelu_backward(args, ctx),
         Op::LayerNormBackward => norm::layer_norm_backward(args, ctx),
-        Op::AttentionBackward => attention::backward(args, ctx, threads),
+        Op::AttentionBackward => attention::backward(args, ctx, group, threads),
         Op::Classifier => linear::classifier(args, ctx, group, threads),
         Op::CrossEntropy => loss::cross_entropy(args, ctx),
         Op::ClassifierBackwardWeight => linear::classifier_backward_weight(args, ctx, group, threads),
