@@ -62,7 +62,18 @@ fn launch(op: Op, bufs: &mut [Buf], ctx: &OpContext, threads: usize) {
 
 fn context() -> OpContext {
     let adamw = AdamW::default(); // lr 1e-3, betas (0.9, 0.95), step 1
-    OpContext { hidden: H, heads: HEADS, seq_len: S, vocab: 256, loss_scale_tokens: S, adamw }
+    OpContext {
+        hidden: H,
+        heads: HEADS,
+        kv_heads: 0,
+        kv_replicated: false,
+        rope_theta: 10_000.0,
+        norm_eps: 1e-5,
+        seq_len: S,
+        vocab: 256,
+        loss_scale_tokens: S,
+        adamw,
+    }
 }
 
 fn thread_counts() -> Vec<usize> {

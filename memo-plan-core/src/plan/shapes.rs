@@ -460,8 +460,9 @@ fn swiglu(op: Op, args: &[ArgShape]) -> Result<OpShape, OpError> {
     let named = |index: usize| Arg::at(op, args, index);
     let x = named(0);
     let both = x.elems(BF16, "bf16")?;
-    if !both.is_multiple_of(2) || both == 0 {
-        let expected = "a row of `[gate | up]`: an even, positive number of bf16".into();
+    // Zero-width rows are valid (nothing to compute), as for every other per-row op.
+    if !both.is_multiple_of(2) {
+        let expected = "a row of `[gate | up]`: an even number of bf16".into();
         return Err(x.error(expected, format!("{both} bf16 per row")));
     }
     let w = both / 2;
@@ -855,6 +856,10 @@ fn adamw(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
     Ok(OpShape { elements, ..shape(op, parameter.s.rows, e, 0) })
 }
 
+/// Signature positions of attention arguments, each with whether it is shaped like `k` (else
+/// like `q`).
+type Positions = &'static [(usize, bool)];
+
 /// `attention` [q, k, v, out, lse] and `attention_backward` [q, k, v, out, lse, dout, dq, dk,
 /// dv]: `q` sets the geometry; `k` and `v` (and `dk`, `dv`) have `q`'s rows and the context's
 /// key/value heads of `q`'s head dimension; `out`, `dout`, `dq` have `q`'s shape; inputs start on
@@ -903,7 +908,7 @@ fn attention(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, O
     let kv_row = kv_heads.saturating_mul(head_dim).saturating_mul(BF16);
     // Signature positions: inputs (they start on a sequence) shaped like `q` or like `k`, `lse`,
     // and outputs shaped like `q` or like `k`.
-    let (inputs, lse, outputs): (&[(usize, bool)], usize, &[(usize, bool)]) = if op == Op::Attention {
+    let (inputs, lse, outputs): (Positions, usize, Positions) = if op == Op::Attention {
         (&[(1, true), (2, true)], 4, &[(3, false)])
     } else {
         (&[(1, true), (2, true), (3, false), (5, false)], 4, &[(6, false), (7, true), (8, true)])

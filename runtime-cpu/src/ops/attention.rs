@@ -3,52 +3,76 @@
 //! log-sum-exp). Nothing of size `s x s` is ever in memory: a query row meets one block of
 //! [`KEY_BLOCK`] keys at a time.
 //!
-//! Layout: `q`, `k`, `v`, `out` and their gradients are `b*s` rows of `heads * head_dim` bf16
-//! (head `h` in elements `[h*head_dim, (h+1)*head_dim)`); `lse` is `b*s` rows of `heads` f32.
-//! Row `r` is position `r % s` of sequence `r / s`; a launch covers whole sequences.
+//! Layout: `q`, `out` and their gradients are `b*s` rows of `heads * head_dim` bf16 (head `h`
+//! in elements `[h*head_dim, (h+1)*head_dim)`); `k`, `v` and theirs are `b*s` rows of
+//! `kv_heads * head_dim` bf16; `lse` is `b*s` rows of `heads` f32. Row `r` is position `r % s`
+//! of sequence `r / s`; a launch covers whole sequences.
 //!
-//! Rotary positions (RoPE, base 10000) rotate each pair `(2i, 2i+1)` of a head of `q` and `k`
-//! by the angle `pos * 10000^(-2i/head_dim)` inside the op: the stored `q` and `k` are the
-//! projections' outputs, and the backward returns gradients with respect to them.
+//! Grouped-query attention: query head `i` attends with K/V head `kv_head(i)` of the op table's
+//! [`AttentionShape`] (`(first_query + i) / group`); with `kv_heads == heads` that is head `i`.
+//! The backward's `dk` and `dv` of a K/V head sum the gradients of the query heads that use it,
+//! in increasing query head order (f32, rounded once); a K/V head no query head of the launch
+//! uses (K and V replicated) gets zeros.
 //!
-//! Each (sequence, head) is one task on one thread; every sum runs in a fixed order (scores
-//! sequentially over the head dimension, keys in increasing order), so the result does not
-//! depend on the thread count.
+//! Rotary positions (RoPE, base `theta` = the context's `rope_theta`) rotate each pair
+//! `(2i, 2i+1)` of a head of `q` and `k` by the angle `pos * theta^(-2i/head_dim)` inside the op:
+//! the stored `q` and `k` are the projections' outputs, and the backward returns gradients with
+//! respect to them.
+//!
+//! Each (sequence, query head) is one task on one thread; every sum runs in a fixed order
+//! (scores sequentially over the head dimension, keys in increasing order, query heads of a K/V
+//! head in increasing order), so the result does not depend on the thread count.
 
 use memo_plan_core::plan::Op;
 
 use super::parallel::map_tasks;
-use memo_plan_core::plan::shapes::OpShape;
+use memo_plan_core::plan::shapes::{AttentionShape, OpShape};
 
-use super::tensor::{bf16_bits_to_f32, dim, f32_to_bf16_bytes, f32_vec, split, In, BF16, WORD};
-use super::{Arg, OpContext, OpError};
+use super::tensor::{bf16_bits_to_f32, dim, f32_to_bf16_bytes, f32_vec, split_in, In, BF16, WORD};
+use super::{Arg, Group, OpContext, OpError};
 
 /// Keys per block of the online softmax (the score tile of one query row).
 pub(crate) const KEY_BLOCK: usize = 64;
-/// RoPE's base.
-const ROPE_BASE: f64 = 10_000.0;
 
 /// Shapes of one launch.
 #[derive(Clone, Copy)]
 struct Geometry {
+    /// The op table's geometry (for [`AttentionShape::kv_head`]).
+    shape: AttentionShape,
     heads: usize,
+    kv_heads: usize,
     head_dim: usize,
     seq_len: usize,
     sequences: usize,
+    /// Bytes of a row of `q` (and `out`, `dout`, `dq`).
     row_bytes: usize,
+    /// Bytes of a row of `k` (and `v`, `dk`, `dv`).
+    kv_row_bytes: usize,
+    /// RoPE's base.
+    rope_theta: f64,
 }
 
 impl Geometry {
-    /// The geometry the op table checked (`shape.attention`), with `q`'s row width.
-    fn new(shape: &OpShape, q: &In<'_>) -> Result<Self, OpError> {
+    /// The geometry the op table checked (`shape.attention`), with the row widths of `q` and
+    /// `k` and the context's rotary base.
+    fn new(shape: &OpShape, q: &In<'_>, k: &In<'_>, ctx: &OpContext) -> Result<Self, OpError> {
         let a = shape.attention_geometry()?;
         Ok(Geometry {
+            shape: a,
             heads: dim(a.heads),
+            kv_heads: dim(a.kv_heads),
             head_dim: dim(a.head_dim),
             seq_len: dim(a.seq_len),
             sequences: dim(a.sequences),
             row_bytes: q.row_bytes,
+            kv_row_bytes: k.row_bytes,
+            rope_theta: ctx.rope_theta,
         })
+    }
+
+    /// The K/V head query head `head` attends with.
+    fn kv_head(&self, head: usize) -> usize {
+        dim(self.shape.kv_head(head as u64))
     }
 
     fn scale(&self) -> f32 {
@@ -62,7 +86,7 @@ fn rope_table(g: &Geometry) -> Vec<(f32, f32)> {
     let mut table = Vec::with_capacity(g.seq_len * pairs);
     for pos in 0..g.seq_len {
         for i in 0..pairs {
-            let inv_freq = ROPE_BASE.powf(-2.0 * i as f64 / g.head_dim as f64);
+            let inv_freq = g.rope_theta.powf(-2.0 * i as f64 / g.head_dim as f64);
             let (sin, cos) = (pos as f64 * inv_freq).sin_cos();
             table.push((cos as f32, sin as f32));
         }
@@ -88,13 +112,13 @@ fn rotate(x: &mut [f32], table: &[(f32, f32)], head_dim: usize, inverse: bool) {
     }
 }
 
-/// Head `head` of sequence `seq` of `x`, as `s x head_dim` f32.
-fn gather(x: &[u8], g: &Geometry, seq: usize, head: usize) -> Vec<f32> {
+/// Head `head` of sequence `seq` of `x` (rows of `row_bytes`), as `s x head_dim` f32.
+fn gather(x: &[u8], row_bytes: usize, g: &Geometry, seq: usize, head: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; g.seq_len * g.head_dim];
-    let start = seq * g.seq_len * g.row_bytes;
-    let rows = x.get(start..start + g.seq_len * g.row_bytes).unwrap_or(&[]);
+    let start = seq * g.seq_len * row_bytes;
+    let rows = x.get(start..start + g.seq_len * row_bytes).unwrap_or(&[]);
     let offset = head * g.head_dim * BF16;
-    for (dst, row) in out.chunks_exact_mut(g.head_dim).zip(rows.chunks_exact(g.row_bytes)) {
+    for (dst, row) in out.chunks_exact_mut(g.head_dim).zip(rows.chunks_exact(row_bytes)) {
         let Some(src) = row.get(offset..offset + g.head_dim * BF16) else { continue };
         for (value, pair) in dst.iter_mut().zip(src.chunks_exact(BF16)) {
             *value = bf16_bits_to_f32(pair[0], pair[1]);
@@ -103,12 +127,13 @@ fn gather(x: &[u8], g: &Geometry, seq: usize, head: usize) -> Vec<f32> {
     out
 }
 
-/// Writes `values` (`s x head_dim`) as head `head` of sequence `seq` of `x` (bf16).
-fn scatter(x: &mut [u8], g: &Geometry, seq: usize, head: usize, values: &[f32]) {
-    let start = seq * g.seq_len * g.row_bytes;
-    let Some(rows) = x.get_mut(start..start + g.seq_len * g.row_bytes) else { return };
+/// Writes `values` (`s x head_dim`) as head `head` of sequence `seq` of `x` (bf16, rows of
+/// `row_bytes`).
+fn scatter(x: &mut [u8], row_bytes: usize, g: &Geometry, seq: usize, head: usize, values: &[f32]) {
+    let start = seq * g.seq_len * row_bytes;
+    let Some(rows) = x.get_mut(start..start + g.seq_len * row_bytes) else { return };
     let offset = head * g.head_dim * BF16;
-    for (src, row) in values.chunks_exact(g.head_dim).zip(rows.chunks_exact_mut(g.row_bytes)) {
+    for (src, row) in values.chunks_exact(g.head_dim).zip(rows.chunks_exact_mut(row_bytes)) {
         let Some(dst) = row.get_mut(offset..offset + g.head_dim * BF16) else { continue };
         for (pair, &value) in dst.chunks_exact_mut(BF16).zip(src) {
             pair.copy_from_slice(&f32_to_bf16_bytes(value));
@@ -248,21 +273,35 @@ fn forward_head(q: &[f32], k: &[f32], v: &[f32], g: &Geometry, key_block: usize)
     (out, lse)
 }
 
-/// `attention`: `out, lse = attention(rope(q), rope(k), v)`, causal within each sequence.
-pub(crate) fn forward(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
-    forward_blocked(args, ctx, threads, KEY_BLOCK)
+/// `attention`: `out, lse = attention(rope(q), rope(k), v)`, causal within each sequence, as
+/// rank `group.rank` (which query heads of replicated K/V heads this launch has).
+pub(crate) fn forward(args: &mut [Arg<'_>], ctx: &OpContext, group: Group, threads: usize) -> Result<(), OpError> {
+    forward_on_rank(args, ctx, group, threads, KEY_BLOCK)
 }
 
-/// [`forward`] with another key block (tests cover several blocks with short sequences).
+/// [`forward`] on one GPU with another key block (tests cover several blocks with short
+/// sequences).
+#[cfg(test)]
 pub(crate) fn forward_blocked(
     args: &mut [Arg<'_>],
     ctx: &OpContext,
     threads: usize,
     key_block: usize,
 ) -> Result<(), OpError> {
+    forward_on_rank(args, ctx, Group::SINGLE, threads, key_block)
+}
+
+/// [`forward`] with another key block.
+pub(crate) fn forward_on_rank(
+    args: &mut [Arg<'_>],
+    ctx: &OpContext,
+    group: Group,
+    threads: usize,
+    key_block: usize,
+) -> Result<(), OpError> {
     let op = Op::Attention;
-    let ([q, k, v], [out, lse], shape) = split::<3, 2>(op, args, ctx)?;
-    let g = Geometry::new(&shape, &q)?;
+    let ([q, k, v], [out, lse], shape) = split_in::<3, 2>(op, args, ctx, group)?;
+    let g = Geometry::new(&shape, &q, &k, ctx)?;
     if g.sequences == 0 {
         return Ok(());
     }
@@ -270,15 +309,16 @@ pub(crate) fn forward_blocked(
     let key_block = key_block.max(1);
     let results = map_tasks(g.sequences * g.heads, threads, |task| {
         let (seq, head) = (task / g.heads, task % g.heads);
-        let mut qh = gather(q.bytes, &g, seq, head);
-        let mut kh = gather(k.bytes, &g, seq, head);
+        let kv = g.kv_head(head);
+        let mut qh = gather(q.bytes, g.row_bytes, &g, seq, head);
+        let mut kh = gather(k.bytes, g.kv_row_bytes, &g, seq, kv);
         rotate(&mut qh, &table, g.head_dim, false);
         rotate(&mut kh, &table, g.head_dim, false);
-        forward_head(&qh, &kh, &gather(v.bytes, &g, seq, head), &g, key_block)
+        forward_head(&qh, &kh, &gather(v.bytes, g.kv_row_bytes, &g, seq, kv), &g, key_block)
     });
     for (task, (values, sums)) in results.iter().enumerate() {
         let (seq, head) = (task / g.heads, task % g.heads);
-        scatter(out.bytes, &g, seq, head, values);
+        scatter(out.bytes, g.row_bytes, &g, seq, head, values);
         for (i, &value) in sums.iter().enumerate() {
             let at = ((seq * g.seq_len + i) * g.heads + head) * WORD;
             if let Some(word) = lse.bytes.get_mut(at..at + WORD) {
@@ -350,21 +390,34 @@ fn backward_head(x: &HeadInputs<'_>, g: &Geometry, key_block: usize) -> HeadGrad
 }
 
 /// `attention_backward`: `dq, dk, dv` (overwritten) from `q, k, v, out, lse, dout`, through the
-/// rotary rotation (gradients are with respect to the unrotated `q` and `k`).
-pub(crate) fn backward(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
-    backward_blocked(args, ctx, threads, KEY_BLOCK)
+/// rotary rotation (gradients are with respect to the unrotated `q` and `k`). A K/V head's `dk`
+/// and `dv` sum its query heads' in increasing query head order; unused K/V heads get zeros.
+pub(crate) fn backward(args: &mut [Arg<'_>], ctx: &OpContext, group: Group, threads: usize) -> Result<(), OpError> {
+    backward_on_rank(args, ctx, group, threads, KEY_BLOCK)
 }
 
-/// [`backward`] with another key block.
+/// [`backward`] on one GPU with another key block.
+#[cfg(test)]
 pub(crate) fn backward_blocked(
     args: &mut [Arg<'_>],
     ctx: &OpContext,
     threads: usize,
     key_block: usize,
 ) -> Result<(), OpError> {
+    backward_on_rank(args, ctx, Group::SINGLE, threads, key_block)
+}
+
+/// [`backward`] with another key block.
+pub(crate) fn backward_on_rank(
+    args: &mut [Arg<'_>],
+    ctx: &OpContext,
+    group: Group,
+    threads: usize,
+    key_block: usize,
+) -> Result<(), OpError> {
     let op = Op::AttentionBackward;
-    let ([q, k, v, out, lse, dout], [dq, dk, dv], shape) = split::<6, 3>(op, args, ctx)?;
-    let g = Geometry::new(&shape, &q)?;
+    let ([q, k, v, out, lse, dout], [dq, dk, dv], shape) = split_in::<6, 3>(op, args, ctx, group)?;
+    let g = Geometry::new(&shape, &q, &k, ctx)?;
     if g.sequences == 0 {
         return Ok(());
     }
@@ -373,15 +426,19 @@ pub(crate) fn backward_blocked(
     let all_lse = f32_vec(lse.bytes);
     let results = map_tasks(g.sequences * g.heads, threads, |task| {
         let (seq, head) = (task / g.heads, task % g.heads);
-        let mut qh = gather(q.bytes, &g, seq, head);
-        let mut kh = gather(k.bytes, &g, seq, head);
+        let kv = g.kv_head(head);
+        let mut qh = gather(q.bytes, g.row_bytes, &g, seq, head);
+        let mut kh = gather(k.bytes, g.kv_row_bytes, &g, seq, kv);
         rotate(&mut qh, &table, g.head_dim, false);
         rotate(&mut kh, &table, g.head_dim, false);
         let lse_head: Vec<f32> = (0..g.seq_len)
             .map(|i| all_lse.get((seq * g.seq_len + i) * g.heads + head).copied().unwrap_or(0.0))
             .collect();
-        let (vh, outh, douth) =
-            (gather(v.bytes, &g, seq, head), gather(out.bytes, &g, seq, head), gather(dout.bytes, &g, seq, head));
+        let (vh, outh, douth) = (
+            gather(v.bytes, g.kv_row_bytes, &g, seq, kv),
+            gather(out.bytes, g.row_bytes, &g, seq, head),
+            gather(dout.bytes, g.row_bytes, &g, seq, head),
+        );
         let inputs = HeadInputs { q: &qh, k: &kh, v: &vh, out: &outh, dout: &douth, lse: &lse_head };
         let mut grads = backward_head(&inputs, &g, key_block);
         rotate(&mut grads.dq, &table, g.head_dim, true);
@@ -390,9 +447,32 @@ pub(crate) fn backward_blocked(
     });
     for (task, grads) in results.iter().enumerate() {
         let (seq, head) = (task / g.heads, task % g.heads);
-        scatter(dq.bytes, &g, seq, head, &grads.dq);
-        scatter(dk.bytes, &g, seq, head, &grads.dk);
-        scatter(dv.bytes, &g, seq, head, &grads.dv);
+        scatter(dq.bytes, g.row_bytes, &g, seq, head, &grads.dq);
+    }
+    // Each K/V head: the sum of its query heads' gradients, in increasing query head order. The
+    // first term is taken as is (not added to 0.0), so with one query head per K/V head the bits
+    // are that head's own (a -0.0 stays -0.0).
+    let zeros = vec![0.0f32; g.seq_len * g.head_dim];
+    for seq in 0..g.sequences {
+        for kv in 0..g.kv_heads {
+            let mut users = (0..g.heads).filter(|&head| g.kv_head(head) == kv);
+            let Some(first) = users.next().and_then(|head| results.get(seq * g.heads + head)) else {
+                scatter(dk.bytes, g.kv_row_bytes, &g, seq, kv, &zeros);
+                scatter(dv.bytes, g.kv_row_bytes, &g, seq, kv, &zeros);
+                continue;
+            };
+            let (mut dk_sum, mut dv_sum) = (first.dk.clone(), first.dv.clone());
+            for grads in users.filter_map(|head| results.get(seq * g.heads + head)) {
+                for (sum, &value) in dk_sum.iter_mut().zip(&grads.dk) {
+                    *sum += value;
+                }
+                for (sum, &value) in dv_sum.iter_mut().zip(&grads.dv) {
+                    *sum += value;
+                }
+            }
+            scatter(dk.bytes, g.kv_row_bytes, &g, seq, kv, &dk_sum);
+            scatter(dv.bytes, g.kv_row_bytes, &g, seq, kv, &dv_sum);
+        }
     }
     Ok(())
 }

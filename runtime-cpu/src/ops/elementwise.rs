@@ -1,10 +1,10 @@
-//! Per-element and per-row ops: the embedding lookup and its scatter-add, GeLU, the residual
-//! add, zero. Each output element depends on its own inputs only, so row ranges and threads
+//! Per-element and per-row ops: the embedding lookup and its scatter-add, GeLU, SwiGLU, the
+//! residual add, zero. Each output element depends on its own inputs only, so row ranges and threads
 //! cannot change it.
 
 use memo_plan_core::plan::Op;
 
-use super::tensor::{bf16_bits_to_f32, f32_to_bf16_bytes, split, split_in, u32_vec, BF16};
+use super::tensor::{bf16_bits_to_f32, dim, f32_to_bf16_bytes, split, split_in, u32_vec, BF16};
 use super::{Arg, Group, OpContext, OpError, OpErrorKind};
 
 /// `sqrt(2 / pi)`, of GeLU's tanh approximation.
@@ -25,6 +25,25 @@ pub(crate) fn gelu_derivative(x: f32) -> f32 {
     let u = GELU_C * (x + GELU_A * x * x * x);
     let t = u.tanh();
     0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_A * x * x)
+}
+
+/// The logistic sigmoid `1 / (1 + exp(-g))`.
+#[inline]
+fn sigmoid(g: f32) -> f32 {
+    1.0 / (1.0 + (-g).exp())
+}
+
+/// SiLU: `g / (1 + exp(-g))`.
+#[inline]
+pub(crate) fn silu_value(g: f32) -> f32 {
+    g / (1.0 + (-g).exp())
+}
+
+/// The derivative of [`silu_value`]: `s (1 + g (1 - s))`, `s` the sigmoid of `g`.
+#[inline]
+pub(crate) fn silu_derivative(g: f32) -> f32 {
+    let s = sigmoid(g);
+    s * (1.0 + g * (1.0 - s))
 }
 
 /// Token ids of a `tokens` argument (one u32 per row, as the op table checked), each checked
@@ -147,5 +166,44 @@ pub(crate) fn add_bias(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpEr
 pub(crate) fn zero(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
     let ([], [buffer], _) = split::<0, 1>(Op::Zero, args, ctx)?;
     buffer.bytes.fill(0);
+    Ok(())
+}
+
+/// `swiglu`: rows of `x` are `[gate | up]` (`2w` bf16), `y = silu(gate) * up` (`w` bf16).
+pub(crate) fn swiglu(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+    let ([x], [y], shape) = split::<1, 1>(Op::Swiglu, args, ctx)?;
+    let half = dim(shape.width).saturating_mul(BF16);
+    if half == 0 {
+        return Ok(());
+    }
+    for (src, dst) in x.bytes.chunks_exact(2 * half).zip(y.bytes.chunks_exact_mut(half)) {
+        let (gate, up) = src.split_at(half);
+        for ((out, g), u) in dst.chunks_exact_mut(BF16).zip(gate.chunks_exact(BF16)).zip(up.chunks_exact(BF16)) {
+            let (g, u) = (bf16_bits_to_f32(g[0], g[1]), bf16_bits_to_f32(u[0], u[1]));
+            out.copy_from_slice(&f32_to_bf16_bytes(silu_value(g) * u));
+        }
+    }
+    Ok(())
+}
+
+/// `swiglu_backward`: `dx = [dgate | dup]` with `dgate = dy * up * silu'(gate)` and
+/// `dup = dy * silu(gate)`.
+pub(crate) fn swiglu_backward(args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+    let ([x, dy], [dx], shape) = split::<2, 1>(Op::SwigluBackward, args, ctx)?;
+    let half = dim(shape.width).saturating_mul(BF16);
+    if half == 0 {
+        return Ok(());
+    }
+    let rows = x.bytes.chunks_exact(2 * half).zip(dy.bytes.chunks_exact(half));
+    for ((src, dys), dst) in rows.zip(dx.bytes.chunks_exact_mut(2 * half)) {
+        let (gate, up) = src.split_at(half);
+        let (dgate, dup) = dst.split_at_mut(half);
+        let inputs = gate.chunks_exact(BF16).zip(up.chunks_exact(BF16)).zip(dys.chunks_exact(BF16));
+        for (((g, u), d), (dg, du)) in inputs.zip(dgate.chunks_exact_mut(BF16).zip(dup.chunks_exact_mut(BF16))) {
+            let (g, u, d) = (bf16_bits_to_f32(g[0], g[1]), bf16_bits_to_f32(u[0], u[1]), bf16_bits_to_f32(d[0], d[1]));
+            dg.copy_from_slice(&f32_to_bf16_bytes(d * u * silu_derivative(g)));
+            du.copy_from_slice(&f32_to_bf16_bytes(d * silu_value(g)));
+        }
+    }
     Ok(())
 }

@@ -84,15 +84,28 @@ pub(crate) fn backward_input(
     Ok(())
 }
 
-/// `linear_backward_weight`: `dW = dy^T x` and `dbias = sum over rows of dy` (both overwritten).
-pub(crate) fn backward_weight(args: &mut [Arg<'_>], ctx: &OpContext, threads: usize) -> Result<(), OpError> {
-    let ([x, dy], [dweight, dbias], shape) = split::<2, 2>(Op::LinearBackwardWeight, args, ctx)?;
+/// `linear_backward_weight`: `dW = dy^T x` and `dbias = sum over rows of dy` (both overwritten);
+/// `linear_backward_weight_no_bias` (`with_bias` false): `dW` alone, the same bits.
+pub(crate) fn backward_weight(
+    args: &mut [Arg<'_>],
+    ctx: &OpContext,
+    with_bias: bool,
+    threads: usize,
+) -> Result<(), OpError> {
+    let (x, dy, dweight, dbias, shape) = if with_bias {
+        let ([x, dy], [dweight, dbias], shape) = split::<2, 2>(Op::LinearBackwardWeight, args, ctx)?;
+        (x, dy, dweight, Some(dbias), shape)
+    } else {
+        let ([x, dy], [dweight], shape) = split::<2, 1>(Op::LinearBackwardWeightNoBias, args, ctx)?;
+        (x, dy, dweight, None, shape)
+    };
     let (k, n) = (dim(shape.width), dim(shape.features));
     let b = PackedB::from_bf16(x.bytes, x.rows, k);
     let a = ASource::Columns { bytes: dy.bytes, width: n };
     gemm(a, &b, dweight.bytes, dweight.row_bytes, threads, |_, c, n_pad, out| {
         store_rows(c, n_pad, k, out, Store::Overwrite)
     });
+    let Some(dbias) = dbias else { return Ok(()) };
     let mut sums = vec![0.0f32; n];
     if n > 0 {
         for row in dy.bytes.chunks_exact(n * BF16) {

@@ -143,7 +143,7 @@ pub fn execute_on_rank(
         Op::Embedding => elementwise::embedding(args, ctx, group),
         Op::LayerNorm => norm::layer_norm(args, ctx),
         Op::Linear => linear::linear(args, ctx, threads),
-        Op::Attention => attention::forward(args, ctx, threads),
+        Op::Attention => attention::forward(args, ctx, group, threads),
         Op::Gelu => elementwise::gelu(args, ctx),
         Op::Add => elementwise::add(args, ctx),
         Op::AllGather | Op::ReduceScatter => {
@@ -162,10 +162,10 @@ pub fn execute_on_rank(
         Op::CrossEntropyFinish => loss::cross_entropy_finish(args, ctx, group),
         Op::LinearBackwardInput => linear::backward_input(args, ctx, false, threads),
         Op::LinearBackwardInputAccumulate => linear::backward_input(args, ctx, true, threads),
-        Op::LinearBackwardWeight => linear::backward_weight(args, ctx, threads),
+        Op::LinearBackwardWeight => linear::backward_weight(args, ctx, true, threads),
         Op::GeluBackward => elementwise::gelu_backward(args, ctx),
         Op::LayerNormBackward => norm::layer_norm_backward(args, ctx),
-        Op::AttentionBackward => attention::backward(args, ctx, threads),
+        Op::AttentionBackward => attention::backward(args, ctx, group, threads),
         Op::Classifier => linear::classifier(args, ctx, group, threads),
         Op::CrossEntropy => loss::cross_entropy(args, ctx),
         Op::ClassifierBackwardWeight => linear::classifier_backward_weight(args, ctx, group, threads),
@@ -173,12 +173,10 @@ pub fn execute_on_rank(
         Op::Zero => elementwise::zero(args, ctx),
         Op::GradNormSquared => optim::grad_norm_squared(args, ctx),
         Op::AdamW => optim::adamw(args, ctx),
-        Op::RmsNorm | Op::RmsNormBackward | Op::Swiglu | Op::SwigluBackward | Op::LinearBackwardWeightNoBias => {
-            Err(OpError {
-                op,
-                argument: None,
-                kind: OpErrorKind::Unsupported { reason: "not yet implemented on the CPU backend".into() },
-            })
-        }
+        Op::RmsNorm => norm::rms_norm(args, ctx),
+        Op::RmsNormBackward => norm::rms_norm_backward(args, ctx),
+        Op::Swiglu => elementwise::swiglu(args, ctx),
+        Op::SwigluBackward => elementwise::swiglu_backward(args, ctx),
+        Op::LinearBackwardWeightNoBias => linear::backward_weight(args, ctx, false, threads),
     }
 }

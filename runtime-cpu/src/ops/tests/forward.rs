@@ -7,9 +7,10 @@
 
 use memo_plan_core::plan::Op;
 
-use super::super::attention::{forward_blocked, KEY_BLOCK};
+use super::super::attention::{forward_blocked, forward_on_rank, KEY_BLOCK};
+use super::super::Group;
 use super::reference::{self, dot};
-use super::{assert_close, context, f64s, run, run_threads, Rng, T};
+use super::{args_of, assert_close, context, f64s, run, run_threads, Rng, T};
 
 const REL: f64 = 1.0 / 256.0;
 const ABS: f64 = 1.0 / 1024.0;
@@ -259,4 +260,134 @@ fn adamw_refuses_a_non_finite_gradient_norm() {
         let error = run_threads(Op::AdamW, &context(1, 1, 1, 1), &mut t, 1).unwrap_err();
         assert!(error.to_string().contains("grad_norm_squared"), "{error}");
     }
+}
+
+#[test]
+fn layer_norm_adds_the_context_epsilon() {
+    let mut rng = Rng::new(11);
+    let (m, h) = (4, 24);
+    let (x, scale, shift) = (rng.bf16_vec(m * h, 0.5), rng.bf16_vec(h, 1.5), rng.bf16_vec(h, 0.5));
+    let mut ctx = context(h, 1, m, 1);
+    ctx.norm_eps = 0.25;
+    let mut t = [T::bf16(&x, m), T::bf16(&scale, 1), T::bf16(&shift, 1), T::zeros(m, h * 2)];
+    run(Op::LayerNorm, &ctx, &mut t);
+    let want = reference::layer_norm_eps(&f64s(&x), &f64s(&scale), &f64s(&shift), 0.25);
+    assert_close("layer_norm y, eps 0.25", &t[3].values(), &want, REL, ABS);
+}
+
+#[test]
+fn rms_norm_matches_the_reference() {
+    let mut rng = Rng::new(12);
+    for (m, h, eps) in [(5, 40, 1e-5), (3, 7, 1e-6), (4, 24, 0.25)] {
+        let (x, scale) = (rng.bf16_vec(m * h, 2.0), rng.bf16_vec(h, 1.5));
+        let mut ctx = context(h, 1, m, 1);
+        ctx.norm_eps = eps;
+        let mut t = [T::bf16(&x, m), T::bf16(&scale, 1), T::zeros(m, h * 2)];
+        run(Op::RmsNorm, &ctx, &mut t);
+        let want = reference::rms_norm(&f64s(&x), &f64s(&scale), eps);
+        assert_close(&format!("rms_norm {m}x{h} eps {eps}: y"), &t[2].values(), &want, REL, ABS);
+    }
+}
+
+#[test]
+fn swiglu_matches_the_reference() {
+    let mut rng = Rng::new(13);
+    let (m, w) = (6, 13);
+    // Gates from -8 to 8: both tails of the sigmoid.
+    let x = rng.bf16_vec(m * 2 * w, 8.0);
+    let mut t = [T::bf16(&x, m), T::zeros(m, w * 2)];
+    run(Op::Swiglu, &context(w, 1, m, 1), &mut t);
+    assert_close("swiglu y", &t[1].values(), &reference::swiglu(&f64s(&x), w), REL, ABS);
+}
+
+/// A grouped-query attention case: `heads` query heads on this launch, `kv_heads` K/V heads in
+/// `k` and `v`, K/V replicated over `(rank, ranks)` when given.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Gqa {
+    pub sequences: usize,
+    pub s: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub d: usize,
+    pub replicated: Option<(usize, usize)>,
+    pub theta: f64,
+}
+
+impl Gqa {
+    pub(super) fn context(&self) -> super::OpContext {
+        let mut ctx = context(self.heads * self.d, self.heads, self.s, 1);
+        ctx.kv_heads = self.kv_heads;
+        ctx.kv_replicated = self.replicated.is_some();
+        ctx.rope_theta = self.theta;
+        ctx
+    }
+
+    pub(super) fn group(&self) -> Group {
+        self.replicated.map_or(Group::SINGLE, |(rank, ranks)| Group { rank, ranks })
+    }
+
+    /// `k` or `v` (rows of `kv_heads * d`) as one head per query head.
+    pub(super) fn expand(&self, x: &[f64]) -> Vec<f64> {
+        let kv_of = reference::kv_of(self.heads, self.kv_heads, self.replicated);
+        reference::expand_kv(x, self.kv_heads, self.heads, self.d, kv_of)
+    }
+}
+
+/// Runs the forward of case `c` (threads, key block) on `q, k, v`: `[q, k, v, out, lse]`.
+pub(super) fn gqa_forward(c: &Gqa, q: &[f32], k: &[f32], v: &[f32], threads: usize, key_block: usize) -> [T; 5] {
+    let rows = c.sequences * c.s;
+    let mut t = [
+        T::bf16(q, rows),
+        T::bf16(k, rows),
+        T::bf16(v, rows),
+        T::zeros(rows, c.heads * c.d * 2),
+        T::zeros(rows, c.heads * 4),
+    ];
+    if let Err(error) =
+        forward_on_rank(&mut args_of(Op::Attention, &mut t), &c.context(), c.group(), threads, key_block)
+    {
+        panic!("{error}");
+    }
+    t
+}
+
+fn check_gqa(seed: u64, c: Gqa, key_block: usize) {
+    let mut rng = Rng::new(seed);
+    let rows = c.sequences * c.s;
+    let (width, kv_width) = (c.heads * c.d, c.kv_heads * c.d);
+    let (q, k, v) =
+        (rng.bf16_vec(rows * width, 2.0), rng.bf16_vec(rows * kv_width, 2.0), rng.bf16_vec(rows * kv_width, 1.0));
+    let t = gqa_forward(&c, &q, &k, &v, 2, key_block);
+    let (out, lse) =
+        reference::attention_theta(&f64s(&q), &c.expand(&f64s(&k)), &c.expand(&f64s(&v)), c.s, c.heads, c.d, c.theta);
+    let what = format!("{c:?} key block {key_block}");
+    assert_close(&format!("{what}: out"), &t[3].values(), &out, REL, ABS);
+    assert_close(&format!("{what}: lse"), &t[4].f32_values(), &lse, 1e-5, 1e-6);
+
+    // Each query head computes exactly what multi-head attention computes with its K/V head
+    // copied in: the same bits.
+    let expand32 = |x: &[f32]| -> Vec<f32> { c.expand(&f64s(x)).iter().map(|&v| v as f32).collect() };
+    let mha = Gqa { kv_heads: c.heads, replicated: None, ..c };
+    let full = gqa_forward(&mha, &q, &expand32(&k), &expand32(&v), 1, key_block);
+    assert_eq!(t[3].data, full[3].data, "{what}: out differs from multi-head attention on copied K/V");
+    assert_eq!(t[4].data, full[4].data, "{what}: lse differs from multi-head attention on copied K/V");
+}
+
+#[test]
+fn grouped_query_attention_matches_the_reference_with_k_and_v_expanded() {
+    let base = Gqa { sequences: 2, s: 7, heads: 4, kv_heads: 2, d: 8, replicated: None, theta: 10_000.0 };
+    check_gqa(14, base, KEY_BLOCK);
+    check_gqa(15, Gqa { kv_heads: 1, ..base }, 3);
+    check_gqa(16, Gqa { kv_heads: 4, ..base }, KEY_BLOCK);
+    // Replicated K/V: rank 1 of 2 has query heads 3..6 of 6; three K/V heads of group 2, so
+    // the launch's heads use K/V heads 1, 2, 2 (and none uses head 0).
+    check_gqa(17, Gqa { heads: 3, kv_heads: 3, d: 4, replicated: Some((1, 2)), ..base }, 2);
+    // Rank 2 of 4 with 4 query heads each and 2 K/V heads (group 8): K/V head 1 only.
+    check_gqa(18, Gqa { replicated: Some((2, 4)), ..base }, KEY_BLOCK);
+}
+
+#[test]
+fn attention_rotates_with_the_context_rope_theta() {
+    let c = Gqa { sequences: 1, s: 40, heads: 2, kv_heads: 1, d: 8, replicated: None, theta: 500_000.0 };
+    check_gqa(19, c, KEY_BLOCK);
 }

@@ -15,7 +15,8 @@
 
 use memo_plan_core::plan::Op;
 
-use super::super::attention::{backward_blocked, forward_blocked, KEY_BLOCK};
+use super::super::attention::{backward_blocked, backward_on_rank, forward_blocked, KEY_BLOCK};
+use super::forward::{gqa_forward, Gqa};
 use super::reference::{self, dot, numerical_gradient};
 use super::{args_of, assert_close, context, f64s, run, Rng, T};
 
@@ -163,4 +164,100 @@ fn embedding_backward_matches_finite_differences() {
     };
     let want = numerical_gradient(&f64s(&e), |e| dot(&lookup(e), &dout64));
     assert_close("embedding dE", &t[2].values(), &want, REL, TIGHT);
+}
+
+#[test]
+fn rms_norm_backward_matches_finite_differences() {
+    let mut rng = Rng::new(51);
+    let (m, h) = (4, 12);
+    let (x, scale, dy) = (rng.bf16_vec(m * h, 2.0), rng.bf16_vec(h, 1.5), rng.bf16_vec(m * h, 1.0));
+    let (x64, s64, dy64) = (f64s(&x), f64s(&scale), f64s(&dy));
+    for eps in [1e-5, 0.5] {
+        let mut ctx = context(h, 1, m, 1);
+        ctx.norm_eps = eps;
+        // Garbage in the outputs: both are overwritten.
+        let mut t = [T::bf16(&x, m), T::bf16(&scale, 1), T::bf16(&dy, m), T::bf16(&dy, m), T::bf16(&scale, 1)];
+        run(Op::RmsNormBackward, &ctx, &mut t);
+        let want = numerical_gradient(&x64, |x| dot(&reference::rms_norm(x, &s64, eps), &dy64));
+        assert_close(&format!("rms_norm dx, eps {eps}"), &t[3].values(), &want, REL, LOOSE);
+        let want = numerical_gradient(&s64, |s| dot(&reference::rms_norm(&x64, s, eps), &dy64));
+        assert_close(&format!("rms_norm dscale, eps {eps}"), &t[4].values(), &want, REL, TIGHT);
+    }
+}
+
+#[test]
+fn swiglu_backward_matches_finite_differences() {
+    let mut rng = Rng::new(52);
+    let (m, w) = (4, 9);
+    let (x, dy) = (rng.bf16_vec(m * 2 * w, 6.0), rng.bf16_vec(m * w, 1.0));
+    let dy64 = f64s(&dy);
+    let mut t = [T::bf16(&x, m), T::bf16(&dy, m), T::zeros(m, 4 * w)];
+    run(Op::SwigluBackward, &context(w, 1, m, 1), &mut t);
+    let want = numerical_gradient(&f64s(&x), |x| dot(&reference::swiglu(x, w), &dy64));
+    assert_close("swiglu dx", &t[2].values(), &want, REL, TIGHT);
+}
+
+#[test]
+fn linear_backward_weight_no_bias_is_the_weight_gradient_without_the_bias() {
+    let mut rng = Rng::new(53);
+    let (m, k, n) = (70, 9, 5);
+    let (x, w, dy) = (rng.bf16_vec(m * k, 1.0), rng.bf16_vec(n * k, 1.0), rng.bf16_vec(m * n, 1.0));
+    let (x64, dy64, zero_bias) = (f64s(&x), f64s(&dy), vec![0.0; n]);
+    let ctx = context(k, 1, m, 1);
+    let mut t = [T::bf16(&x, m), T::bf16(&dy, m), T::bf16(&w, n)];
+    run(Op::LinearBackwardWeightNoBias, &ctx, &mut t);
+    let want = numerical_gradient(&f64s(&w), |w| dot(&reference::linear(&x64, w, &zero_bias, k), &dy64));
+    assert_close("linear_no_bias dW", &t[2].values(), &want, REL, TIGHT);
+    let mut with_bias = [T::bf16(&x, m), T::bf16(&dy, m), T::zeros(n, k * 2), T::zeros(1, n * 2)];
+    run(Op::LinearBackwardWeight, &ctx, &mut with_bias);
+    assert_eq!(t[2].data, with_bias[2].data, "dW differs from linear_backward_weight's");
+}
+
+/// Grouped-query attention's backward against finite differences of the f64 reference with K
+/// and V expanded per query head; K/V heads no query head uses must come back exactly zero.
+fn check_gqa_backward(seed: u64, c: Gqa, key_block: usize) {
+    let mut rng = Rng::new(seed);
+    let rows = c.sequences * c.s;
+    let (width, kv_width) = (c.heads * c.d, c.kv_heads * c.d);
+    let (q, k, v, dout) = (
+        rng.bf16_vec(rows * width, 2.0),
+        rng.bf16_vec(rows * kv_width, 2.0),
+        rng.bf16_vec(rows * kv_width, 1.0),
+        rng.bf16_vec(rows * width, 1.0),
+    );
+    let [q_t, k_t, v_t, out, lse] = gqa_forward(&c, &q, &k, &v, 1, key_block);
+    // Garbage in the outputs: all three are overwritten.
+    let (garbage, kv_garbage) = (T::bf16(&dout, rows), T::bf16(&k, rows));
+    let mut t = [q_t, k_t, v_t, out, lse, T::bf16(&dout, rows), garbage, kv_garbage.clone(), kv_garbage];
+    backward_on_rank(&mut args_of(Op::AttentionBackward, &mut t), &c.context(), c.group(), 1, key_block).unwrap();
+    let (q64, k64, v64, dout64) = (f64s(&q), f64s(&k), f64s(&v), f64s(&dout));
+    let loss = |q: &[f64], k: &[f64], v: &[f64]| {
+        dot(&reference::attention_theta(q, &c.expand(k), &c.expand(v), c.s, c.heads, c.d, c.theta).0, &dout64)
+    };
+    let what = format!("{c:?} key block {key_block}");
+    let want = numerical_gradient(&q64, |q| loss(q, &k64, &v64));
+    assert_close(&format!("{what}: dq"), &t[6].values(), &want, REL, LOOSE);
+    let want = numerical_gradient(&k64, |k| loss(&q64, k, &v64));
+    assert_close(&format!("{what}: dk"), &t[7].values(), &want, REL, LOOSE);
+    let want = numerical_gradient(&v64, |v| loss(&q64, &k64, v));
+    assert_close(&format!("{what}: dv"), &t[8].values(), &want, REL, LOOSE);
+    let kv_of = reference::kv_of(c.heads, c.kv_heads, c.replicated);
+    for kv in (0..c.kv_heads).filter(|&kv| (0..c.heads).all(|i| kv_of(i) != kv)) {
+        for (name, grad) in [("dk", &t[7]), ("dv", &t[8])] {
+            for row in grad.data.chunks_exact(kv_width * 2) {
+                assert!(row[kv * c.d * 2..(kv + 1) * c.d * 2].iter().all(|&b| b == 0), "{what}: {name} head {kv}");
+            }
+        }
+    }
+}
+
+#[test]
+fn grouped_query_attention_backward_matches_finite_differences() {
+    let base = Gqa { sequences: 2, s: 6, heads: 4, kv_heads: 2, d: 4, replicated: None, theta: 10_000.0 };
+    check_gqa_backward(54, base, KEY_BLOCK);
+    check_gqa_backward(55, Gqa { kv_heads: 1, ..base }, 4);
+    // Rank 1 of 2, K/V replicated: K/V heads 1, 2, 2 used, head 0 zero.
+    check_gqa_backward(56, Gqa { heads: 3, kv_heads: 3, replicated: Some((1, 2)), ..base }, 2);
+    // Rank 1 of 2, 4 heads each, 2 K/V heads (group 4), rotary base 500000: head 1 only.
+    check_gqa_backward(57, Gqa { replicated: Some((1, 2)), theta: 500_000.0, ..base }, KEY_BLOCK);
 }

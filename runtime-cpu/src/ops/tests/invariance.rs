@@ -4,7 +4,9 @@
 
 use memo_plan_core::plan::Op;
 
-use super::{context, run, run_threads, OpContext, Rng, T};
+use super::super::{execute_on_rank, Group};
+use super::forward::Gqa;
+use super::{args_of, context, run, run_threads, OpContext, Rng, T};
 
 /// Rows of the invariance cases: more than two GEMM chunks (64 rows), not a multiple of a tile.
 const M: usize = 150;
@@ -141,4 +143,68 @@ fn every_op_is_deterministic_whatever_the_thread_count() {
     check_deterministic(Op::GradNormSquared, &ctx, &[grad.clone(), T::f32s(&[0.5], 1)]);
     let state = T::f32s(&rng.bf16_vec(rows * width * 3, 0.5), rows);
     check_deterministic(Op::AdamW, &ctx, &[x, grad, state, T::f32s(&[3.0], 1)]);
+}
+
+#[test]
+fn llama_row_wise_ops_give_the_same_bits_on_any_row_range() {
+    let mut rng = Rng::new(33);
+    let h = 40;
+    let ctx = context(h, 1, M, 1);
+    let x = T::bf16(&rng.bf16_vec(M * h, 2.0), M);
+    let dy = T::bf16(&rng.bf16_vec(M * h, 2.0), M);
+    let both = T::bf16(&rng.bf16_vec(M * 2 * h, 4.0), M);
+    let scale = T::bf16(&rng.bf16_vec(h, 1.0), 1);
+    check_row_ranges(Op::RmsNorm, &ctx, &[x.clone(), scale.clone(), T::zeros(M, h * 2)], &[0, 2]);
+    // `dscale` sums over the launch's rows; `dx` is row-wise.
+    let rnb = [x, scale.clone(), dy.clone(), T::zeros(M, h * 2), T::zeros(1, h * 2)];
+    check_row_ranges(Op::RmsNormBackward, &ctx, &rnb, &[0, 2, 3]);
+    check_row_ranges(Op::Swiglu, &ctx, &[both.clone(), T::zeros(M, h * 2)], &[0, 1]);
+    check_row_ranges(Op::SwigluBackward, &ctx, &[both, dy, T::zeros(M, h * 4)], &[0, 1, 2]);
+}
+
+/// Runs `op` as `group`'s rank on 1 and on 3 threads: identical bytes everywhere.
+fn check_three_threads(op: Op, ctx: &OpContext, group: Group, tensors: &[T]) -> Vec<T> {
+    let mut one = tensors.to_vec();
+    execute_on_rank(op, &mut args_of(op, &mut one), ctx, group, 1).unwrap();
+    let mut three = tensors.to_vec();
+    execute_on_rank(op, &mut args_of(op, &mut three), ctx, group, 3).unwrap();
+    same(&three, &one, &format!("{}: 3 threads", op.name()));
+    one
+}
+
+#[test]
+fn llama_ops_give_the_same_bits_on_one_and_three_threads() {
+    let mut rng = Rng::new(34);
+    let (rows, h, f) = (M, 24, 70);
+    let ctx = context(h, 1, rows, 1);
+    let bf = |rng: &mut Rng, rows: usize, width: usize| T::bf16(&rng.bf16_vec(rows * width, 1.5), rows);
+    let (x, dy, scale) = (bf(&mut rng, rows, h), bf(&mut rng, rows, h), bf(&mut rng, 1, h));
+    let single = Group::SINGLE;
+    check_three_threads(Op::RmsNorm, &ctx, single, &[x.clone(), scale.clone(), T::zeros(rows, h * 2)]);
+    let rnb = [x.clone(), scale, dy.clone(), T::zeros(rows, h * 2), T::zeros(1, h * 2)];
+    check_three_threads(Op::RmsNormBackward, &ctx, single, &rnb);
+    let both = bf(&mut rng, rows, 2 * h);
+    check_three_threads(Op::Swiglu, &ctx, single, &[both.clone(), T::zeros(rows, h * 2)]);
+    check_three_threads(Op::SwigluBackward, &ctx, single, &[both, dy, T::zeros(rows, h * 4)]);
+    // More weight rows than one GEMM chunk.
+    let dyf = bf(&mut rng, rows, f);
+    check_three_threads(Op::LinearBackwardWeightNoBias, &ctx, single, &[x, dyf, T::zeros(f, h * 2)]);
+
+    let base = Gqa { sequences: 2, s: 33, heads: 4, kv_heads: 2, d: 8, replicated: None, theta: 500_000.0 };
+    let cases = [
+        base,
+        Gqa { kv_heads: 1, ..base },
+        Gqa { heads: 3, kv_heads: 3, replicated: Some((1, 2)), ..base },
+        Gqa { replicated: Some((1, 2)), ..base },
+    ];
+    for c in cases {
+        let ctx = c.context();
+        let (r, width, kv_width) = (c.sequences * c.s, c.heads * c.d, c.kv_heads * c.d);
+        let (q, k, v) = (bf(&mut rng, r, width), bf(&mut rng, r, kv_width), bf(&mut rng, r, kv_width));
+        let forward = [q, k, v, T::zeros(r, width * 2), T::zeros(r, c.heads * 4)];
+        let mut backward = check_three_threads(Op::Attention, &ctx, c.group(), &forward);
+        backward.push(bf(&mut rng, r, width));
+        backward.extend([T::zeros(r, width * 2), T::zeros(r, kv_width * 2), T::zeros(r, kv_width * 2)]);
+        check_three_threads(Op::AttentionBackward, &ctx, c.group(), &backward);
+    }
 }
