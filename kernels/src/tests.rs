@@ -751,12 +751,12 @@ fn llama_reference(op: Op, shapes: &[ArgShape], data: &[Vec<u8>], eps: f64) -> V
             let dy = to_f64(&data[2]);
             let mut dx = vec![0f64; rows * h];
             let mut dscale = vec![0f64; h];
-            for r in 0..rows {
+            for (r, &rstd) in rstd.iter().enumerate() {
                 let at = |j: usize| r * h + j;
-                let mean_gx = (0..h).map(|j| dy[at(j)] * scale[j] * x[at(j)] * rstd[r]).sum::<f64>() / h as f64;
+                let mean_gx = (0..h).map(|j| dy[at(j)] * scale[j] * x[at(j)] * rstd).sum::<f64>() / h as f64;
                 for j in 0..h {
-                    let xhat = x[at(j)] * rstd[r];
-                    dx[at(j)] = rstd[r] * (dy[at(j)] * scale[j] - xhat * mean_gx);
+                    let xhat = x[at(j)] * rstd;
+                    dx[at(j)] = rstd * (dy[at(j)] * scale[j] - xhat * mean_gx);
                     dscale[j] += dy[at(j)] * xhat;
                 }
             }
