@@ -3,14 +3,15 @@
 // Numerics follow runtime-cpu/src/ops/attention.rs (spec/plan-format.md, "Numerics every backend
 // follows"). Layout: q, k, v, out, dout, dq, dk, dv are `sequences * s` rows of `heads * D` bf16
 // (head h in elements [h*D, (h+1)*D)); lse is one f32 per (row, head). Row r is position r % s of
-// sequence r / s. RoPE (base 10000, pairs (2i, 2i+1)) rotates q and k as their tiles are loaded;
+// sequence r / s. RoPE (base theta, a parameter: the model's rope_theta; pairs (2i, 2i+1)) rotates q and k as their tiles are loaded;
 // dq and dk are rotated back before they are stored (gradients of the un-rotated q, k).
 //
 // Kernels (D = head dim 16, 32, 64 or 128; grid x = ceil(s / 64) tiles of 64 "owner" rows,
 // y = heads, z = sequences; 128 threads; static shared memory under 48 KiB, no dynamic):
-//   memo_attention_forward_dD        (q, k, v, out, lse, s, heads, scale)
+//   memo_attention_forward_dD        (q, k, v, out, lse, s, heads, scale, theta_bits)
 //       owner = 64 query rows; streams key tiles up to the causal limit; online softmax.
-//   memo_attention_backward_dkdv_dD  (q, k, v, out, lse, dout, dq, dk, dv, s, heads, scale)
+//   memo_attention_backward_dkdv_dD  (q, k, v, out, lse, dout, dq, dk, dv, s, heads, scale,
+//                                     theta_bits)
 //       owner = 64 keys; streams query tiles from the owner's first key on; writes dk, dv.
 //   memo_attention_backward_dq_dD    (same parameters)
 //       owner = 64 query rows; streams key tiles up to the causal limit; writes dq.
@@ -102,10 +103,12 @@ __device__ __forceinline__ memo_u32 memo_attn_pack(float lo, float hi) {
 __device__ __forceinline__ float memo_attn_lo(memo_u32 bits) { return memo_bf16_to_f32((memo_bf16)(bits & 0xffffu)); }
 __device__ __forceinline__ float memo_attn_hi(memo_u32 bits) { return memo_bf16_to_f32((memo_bf16)(bits >> 16)); }
 
-// RoPE's inverse frequencies 10000^(-2i/D) in double, as the CPU computes them.
-template <int D> __device__ __forceinline__ void memo_attn_inv_freq(double* inv_freq) {
+// RoPE's inverse frequencies theta^(-2i/D) in double, as the CPU computes them (theta: the
+// model's base, passed as the bits of a double).
+template <int D> __device__ __forceinline__ void memo_attn_inv_freq(double* inv_freq, memo_u64 theta_bits) {
+    const double theta = memo_f64_from_bits(theta_bits);
     for (int i = threadIdx.x; i < D / 2; i += MEMO_ATTN_THREADS) {
-        inv_freq[i] = pow(10000.0, -2.0 * (double)i / (double)D);
+        inv_freq[i] = pow(theta, -2.0 * (double)i / (double)D);
     }
 }
 
@@ -490,7 +493,7 @@ __device__ __forceinline__ float memo_quad_sum(float v) {
 template <int D>
 __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const memo_bf16* k, const memo_bf16* v,
                                                        memo_bf16* out, float* lse, memo_u32 s, memo_u32 heads,
-                                                       float scale) {
+                                                       float scale, memo_u64 theta_bits) {
     constexpr int N = MemoAttnTiles<D>::FORWARD;
     constexpr int LD = D + 8;
     __shared__ __align__(16) memo_bf16 q_s[MEMO_ATTN_OWNER * LD];
@@ -505,7 +508,7 @@ __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const
 
     MemoAttnStream<D, N> keys;  // k and v
     keys.begin(k, v, seq, head, s, row_elems, 0);
-    memo_attn_inv_freq<D>(inv_freq);
+    memo_attn_inv_freq<D>(inv_freq, theta_bits);
     __syncthreads();
     memo_attn_load<D>(q_s, q, seq, head, s, row_elems, q0, MEMO_ATTN_OWNER, inv_freq);
 
@@ -635,7 +638,8 @@ template <int D>
 __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q, const memo_bf16* k,
                                                              const memo_bf16* v, const memo_bf16* out,
                                                              const float* lse, const memo_bf16* dout, memo_bf16* dk,
-                                                             memo_bf16* dv, memo_u32 s, memo_u32 heads, float scale) {
+                                                             memo_bf16* dv, memo_u32 s, memo_u32 heads, float scale,
+                                                             memo_u64 theta_bits) {
     constexpr int N = MemoAttnTiles<D>::BACKWARD;
     constexpr int LD = D + 8;
     __shared__ __align__(16) memo_bf16 k_s[MEMO_ATTN_OWNER * LD];
@@ -651,7 +655,7 @@ __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q,
 
     MemoAttnStream<D, N> queries;  // q and dout
     queries.begin(q, dout, seq, head, s, row_elems, k0);
-    memo_attn_inv_freq<D>(inv_freq);
+    memo_attn_inv_freq<D>(inv_freq, theta_bits);
     __syncthreads();
     memo_attn_load<D>(k_s, k, seq, head, s, row_elems, k0, MEMO_ATTN_OWNER, inv_freq);
     memo_attn_load<D>(v_s, v, seq, head, s, row_elems, k0, MEMO_ATTN_OWNER, nullptr);
@@ -754,7 +758,7 @@ template <int D>
 __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, const memo_bf16* k, const memo_bf16* v,
                                                            const memo_bf16* out, const float* lse,
                                                            const memo_bf16* dout, memo_bf16* dq, memo_u32 s,
-                                                           memo_u32 heads, float scale) {
+                                                           memo_u32 heads, float scale, memo_u64 theta_bits) {
     constexpr int N = MemoAttnTiles<D>::BACKWARD;
     constexpr int LD = D + 8;
     __shared__ __align__(16) memo_bf16 q_s[MEMO_ATTN_OWNER * LD];
@@ -771,7 +775,7 @@ __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, c
 
     MemoAttnStream<D, N> keys;  // k and v
     keys.begin(k, v, seq, head, s, row_elems, 0);
-    memo_attn_inv_freq<D>(inv_freq);
+    memo_attn_inv_freq<D>(inv_freq, theta_bits);
     __syncthreads();
     memo_attn_load<D>(q_s, q, seq, head, s, row_elems, q0, MEMO_ATTN_OWNER, inv_freq);
     memo_attn_load<D>(do_s, dout, seq, head, s, row_elems, q0, MEMO_ATTN_OWNER, nullptr);
@@ -862,23 +866,24 @@ __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, c
 #define MEMO_ATTENTION_KERNELS(D)                                                                            \
     extern "C" __global__ void MEMO_LAUNCH_BOUNDS(MEMO_ATTN_THREADS)                                         \
         memo_attention_forward_d##D(const memo_bf16* q, const memo_bf16* k, const memo_bf16* v,              \
-                                    memo_bf16* out, float* lse, memo_u32 s, memo_u32 heads, float scale) {   \
-        memo_attention_forward<D>(q, k, v, out, lse, s, heads, scale);                                      \
+                                    memo_bf16* out, float* lse, memo_u32 s, memo_u32 heads, float scale,     \
+                                    memo_u64 theta_bits) {                                                   \
+        memo_attention_forward<D>(q, k, v, out, lse, s, heads, scale, theta_bits);                          \
     }                                                                                                        \
     extern "C" __global__ void MEMO_LAUNCH_BOUNDS(MEMO_ATTN_THREADS) memo_attention_backward_dkdv_d##D(      \
         const memo_bf16* q, const memo_bf16* k, const memo_bf16* v, const memo_bf16* out, const float* lse, \
         const memo_bf16* dout, memo_bf16* dq, memo_bf16* dk, memo_bf16* dv, memo_u32 s, memo_u32 heads,     \
-        float scale) {                                                                                       \
+        float scale, memo_u64 theta_bits) {                                                                  \
         (void)dq;                                                                                            \
-        memo_attention_backward_dkdv<D>(q, k, v, out, lse, dout, dk, dv, s, heads, scale);                  \
+        memo_attention_backward_dkdv<D>(q, k, v, out, lse, dout, dk, dv, s, heads, scale, theta_bits);      \
     }                                                                                                        \
     extern "C" __global__ void MEMO_LAUNCH_BOUNDS(MEMO_ATTN_THREADS) memo_attention_backward_dq_d##D(        \
         const memo_bf16* q, const memo_bf16* k, const memo_bf16* v, const memo_bf16* out, const float* lse, \
         const memo_bf16* dout, memo_bf16* dq, memo_bf16* dk, memo_bf16* dv, memo_u32 s, memo_u32 heads,     \
-        float scale) {                                                                                       \
+        float scale, memo_u64 theta_bits) {                                                                  \
         (void)dk;                                                                                            \
         (void)dv;                                                                                            \
-        memo_attention_backward_dq<D>(q, k, v, out, lse, dout, dq, s, heads, scale);                        \
+        memo_attention_backward_dq<D>(q, k, v, out, lse, dout, dq, s, heads, scale, theta_bits);            \
     }
 
 MEMO_ATTENTION_KERNELS(16)

@@ -125,6 +125,36 @@ memo_gelu_backward(const memo_bf16* x, const memo_bf16* dy, memo_bf16* dx, memo_
     }
 }
 
+// SwiGLU: x rows are [gate | up] (2 * width bf16), y rows width bf16: y = silu(gate) * up with
+// silu(g) = g / (1 + exp(-g)), in f32, one rounding (runtime-cpu's formula). One thread per
+// output element, grid-stride.
+extern "C" __global__ void MEMO_LAUNCH_BOUNDS(256)
+memo_swiglu_forward(const memo_bf16* x, memo_bf16* y, memo_u64 rows, memo_u32 width) {
+    const memo_u64 n = rows * width;
+    for (memo_u64 i = (memo_u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (memo_u64)gridDim.x * blockDim.x) {
+        const memo_u64 row = i / width, j = i % width;
+        const float g = memo_bf16_to_f32(x[row * 2 * width + j]);
+        const float u = memo_bf16_to_f32(x[row * 2 * width + width + j]);
+        y[i] = memo_f32_to_bf16(g / (1.0f + expf(-g)) * u);
+    }
+}
+
+// SwiGLU backward: dx rows [dgate | dup] with s = sigmoid(g) = 1 / (1 + exp(-g)),
+// dgate = dy * up * s * (1 + g * (1 - s)), dup = dy * silu(g), f32, one rounding each.
+extern "C" __global__ void MEMO_LAUNCH_BOUNDS(256)
+memo_swiglu_backward(const memo_bf16* x, const memo_bf16* dy, memo_bf16* dx, memo_u64 rows, memo_u32 width) {
+    const memo_u64 n = rows * width;
+    for (memo_u64 i = (memo_u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (memo_u64)gridDim.x * blockDim.x) {
+        const memo_u64 row = i / width, j = i % width;
+        const float g = memo_bf16_to_f32(x[row * 2 * width + j]);
+        const float u = memo_bf16_to_f32(x[row * 2 * width + width + j]);
+        const float d = memo_bf16_to_f32(dy[i]);
+        const float s = 1.0f / (1.0f + expf(-g));
+        dx[row * 2 * width + j] = memo_f32_to_bf16(d * u * s * (1.0f + g * (1.0f - s)));
+        dx[row * 2 * width + width + j] = memo_f32_to_bf16(d * (g / (1.0f + expf(-g))));
+    }
+}
+
 // y = a + b over n elements.
 extern "C" __global__ void MEMO_LAUNCH_BOUNDS(256)
 memo_add(const memo_bf16* a, const memo_bf16* b, memo_bf16* y, memo_u64 n) {

@@ -111,6 +111,10 @@ __device__ __forceinline__ float memo_block_max(float v, float* shared) {
 #define MEMO_STATUS_TARGET_OUT_OF_RANGE 2u  // [2] row in the argument, [3] the id
 #define MEMO_STATUS_NOT_FINITE 3u           // [2] the bits of the f32 value, [3] unused
 
+// The double whose bits are `bits` (a kernel parameter that carries an f64 as a memo_u64, e.g.
+// RoPE's base).
+__device__ __forceinline__ double memo_f64_from_bits(memo_u64 bits) { return __longlong_as_double((long long)bits); }
+
 // cos and sin of the rotary angle pos * inv_freq. The CPU takes sin/cos of the f64 angle and
 // rounds to f32; here the angle is reduced modulo 2 pi in double (the angle reaches 1e6 rad at 1M
 // tokens, so an f32 angle would be off by 0.06 rad) and sincosf runs on the reduced f32 angle:

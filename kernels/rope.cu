@@ -1,11 +1,11 @@
-// rope.cu: rotary positions (RoPE, base 10000, pairs (2i, 2i+1)) as a kernel of its own, for the
+// rope.cu: rotary positions (RoPE, base theta = the model's rope_theta, a parameter; pairs (2i, 2i+1)) as a kernel of its own, for the
 // cuDNN attention path of runtime-cuda: cuDNN has no rotary fusion, so q and k are rotated into
 // transients before cuDNN's forward and backward, and the gradients dq and dk are rotated back
 // (the inverse rotation, in place) after cuDNN's backward. Our own attention kernels rotate while
 // loading tiles (attention.cu) and do not use this.
 //
 // Arithmetic as runtime-cpu's attention and memo_gpu.h's memo_rope_cos_sin: the inverse frequency
-// 10000^(-2i/D) in double, the angle pos * f reduced modulo 2 pi in double, sincosf of the reduced
+// theta^(-2i/D) in double, the angle pos * f reduced modulo 2 pi in double, sincosf of the reduced
 // f32 angle, the rotation in f32, one rounding to bf16.
 #include "memo_gpu.h"
 
@@ -13,14 +13,16 @@
 // `heads * head_dim` bf16; row r is position r % seq_len. One thread per pair, grid-stride. x and
 // y may be the same buffer: each thread reads its pair before it writes it.
 extern "C" __global__ void MEMO_LAUNCH_BOUNDS(256)
-memo_rope(const memo_bf16* x, memo_bf16* y, memo_u64 rows, memo_u32 heads, memo_u32 head_dim, memo_u32 seq_len, memo_u32 inverse) {
+memo_rope(const memo_bf16* x, memo_bf16* y, memo_u64 rows, memo_u32 heads, memo_u32 head_dim, memo_u32 seq_len, memo_u32 inverse,
+          memo_u64 theta_bits) {
+    const double theta = memo_f64_from_bits(theta_bits);
     const memo_u32 half = head_dim / 2;
     const memo_u64 n = rows * heads * half;
     for (memo_u64 i = (memo_u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (memo_u64)gridDim.x * blockDim.x) {
         const memo_u32 pair = (memo_u32)(i % half);
         const memo_u64 row_head = i / half;
         const memo_u32 pos = (memo_u32)((row_head / heads) % seq_len);
-        const double inv_freq = pow(10000.0, -2.0 * (double)pair / (double)head_dim);
+        const double inv_freq = pow(theta, -2.0 * (double)pair / (double)head_dim);
         float c, sn;
         memo_rope_cos_sin(pos, inv_freq, &c, &sn);
         if (inverse) {

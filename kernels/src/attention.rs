@@ -15,6 +15,7 @@
 
 use memo_plan_core::plan::shapes::{OpError, OpErrorKind, OpShape};
 use memo_plan_core::plan::Op;
+use memo_runtime::KernelContext;
 
 use crate::{ArgShape, KernelLaunch, Param, RecipeError, Source, Step};
 
@@ -48,17 +49,19 @@ pub(crate) const THREADS: u32 = 128;
 const GRID_YZ_MAX: u64 = 65_535;
 
 /// The shapes of one launch, checked.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 struct Geometry {
     heads: u64,
     head_dim: u64,
     seq_len: u64,
     sequences: u64,
+    /// RoPE's base (`KernelContext::rope_theta`).
+    rope_theta: f64,
 }
 
 impl Geometry {
     /// The geometry the op table checked, within the kernels' own limits.
-    fn new(shape: &OpShape, q: &ArgShape) -> Result<Self, RecipeError> {
+    fn new(shape: &OpShape, q: &ArgShape, ctx: &KernelContext) -> Result<Self, RecipeError> {
         let op = shape.op;
         let unsupported = |argument: Option<&'static str>, reason: String| OpError {
             op,
@@ -67,6 +70,14 @@ impl Geometry {
         };
         let a = shape.attention_geometry()?;
         let (heads, head_dim, s, sequences) = (a.heads, a.head_dim, a.seq_len, a.sequences);
+        if a.kv_heads != heads || a.group != 1 || a.first_query != 0 {
+            let reason = format!(
+                "grouped-query attention ({heads} query heads on {} key/value heads) has no hand-written GPU kernel \
+                 yet; the kernels need as many key/value heads as query heads (set kv_heads to the head count)",
+                a.kv_heads
+            );
+            return Err(unsupported(Some("k"), reason));
+        }
         if !HEAD_DIMS.contains(&head_dim) {
             let reason = format!(
                 "head dimension {head_dim} ({} bytes per row / {heads} heads) has no GPU kernel; the supported head \
@@ -89,7 +100,7 @@ impl Geometry {
             );
             return Err(unsupported(None, reason));
         }
-        Ok(Geometry { heads, head_dim, seq_len: s, sequences })
+        Ok(Geometry { heads, head_dim, seq_len: s, sequences, rope_theta: ctx.rope_theta })
     }
 
     /// `(ceil(s / 64), heads, sequences)`.
@@ -108,7 +119,14 @@ impl Geometry {
     /// A launch of `kernel` over every tile with these pointer arguments.
     fn launch(&self, kernel: &'static str, pointers: impl IntoIterator<Item = usize>) -> Step {
         let mut params: Vec<Param> = pointers.into_iter().map(|arg| Param::Ptr { arg, byte_offset: 0 }).collect();
-        params.extend([Param::U32(to_u32(self.seq_len)), Param::U32(to_u32(self.heads)), Param::F32(self.scale())]);
+        params.extend([
+            Param::U32(to_u32(self.seq_len)),
+            Param::U32(to_u32(self.heads)),
+            Param::F32(self.scale()),
+            // RoPE's base as the bits of an f64: the kernels take the inverse frequencies
+            // theta^(-2i/D) in double, as the CPU does.
+            Param::U64(self.rope_theta.to_bits()),
+        ]);
         Step::Kernel(KernelLaunch {
             kernel,
             grid: self.grid(),
@@ -145,10 +163,10 @@ fn kernel(op: Op, stage: &str, head_dim: u64) -> Result<&'static str, RecipeErro
 /// `attention` (arguments q, k, v, out, lse): one kernel; `attention_backward` (arguments q, k,
 /// v, out, lse, dout, dq, dk, dv): the dk/dv kernel, then the dq kernel (independent of each
 /// other; each gets all nine pointers). `shape` is the op table's check of `args`.
-pub(crate) fn steps(shape: &OpShape, args: &[ArgShape]) -> Result<Vec<Step>, RecipeError> {
+pub(crate) fn steps(shape: &OpShape, args: &[ArgShape], ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
     let op = shape.op;
     let q = args.first().copied().unwrap_or_default();
-    let g = Geometry::new(shape, &q)?;
+    let g = Geometry::new(shape, &q, ctx)?;
     if g.sequences == 0 {
         return Ok(Vec::new());
     }

@@ -57,13 +57,15 @@ impl Path {
     }
 }
 
-/// The launch's shapes (the kernels' `s`, `heads`, D and gridDim.z).
+/// The launch's shapes (the kernels' `s`, `heads`, D and gridDim.z) and RoPE's base (their
+/// `theta_bits`).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Shape {
     pub(super) s: usize,
     pub(super) heads: usize,
     pub(super) d: usize,
     pub(super) sequences: usize,
+    pub(super) theta: f64,
 }
 
 impl Shape {
@@ -117,9 +119,9 @@ fn store_word(x: &mut [u16], i: usize, bits: u32) {
     x[i + 1] = (bits >> 16) as u16;
 }
 
-/// `memo_attn_inv_freq`.
-pub(super) fn inv_freq(d: usize) -> Vec<f64> {
-    (0..d / 2).map(|i| 10000.0f64.powf(-2.0 * i as f64 / d as f64)).collect()
+/// `memo_attn_inv_freq`: `theta^(-2i/D)` in f64.
+pub(super) fn inv_freq(d: usize, theta: f64) -> Vec<f64> {
+    (0..d / 2).map(|i| theta.powf(-2.0 * i as f64 / d as f64)).collect()
 }
 
 /// `memo_rope_cos_sin` (memo_gpu.h): (cos, sin).
@@ -542,7 +544,7 @@ pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], path: Path) -
     let mut result = Forward { out: vec![0; q.len()], lse: vec![0.0; sh.sequences * s * sh.heads] };
     let (out, lse) = (&mut result.out, &mut result.lse);
     let grid_x = s.div_ceil(OWNER);
-    let inv_freq = inv_freq(d);
+    let inv_freq = inv_freq(d, sh.theta);
     let inv = Some(inv_freq.as_slice());
     for (seq, head, block_x) in grid(sh, grid_x) {
         let q0 = (grid_x - 1 - block_x) * OWNER;

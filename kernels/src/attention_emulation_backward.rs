@@ -33,7 +33,7 @@ fn dkdv(sh: &Shape, x: &Inputs<'_>, path: Path, dk: &mut [u16], dv: &mut [u16]) 
     let (_, n) = tiles(d);
     let ld = d + 8;
     let scale = sh.scale();
-    let inv_freq = inv_freq(d);
+    let inv_freq = inv_freq(d, sh.theta);
     let inv = Some(inv_freq.as_slice());
     let grid_x = s.div_ceil(OWNER);
     for (seq, head, block_x) in grid(sh, grid_x) {
@@ -147,7 +147,7 @@ fn dq(sh: &Shape, x: &Inputs<'_>, path: Path, dq: &mut [u16]) {
     let (_, n) = tiles(d);
     let ld = d + 8;
     let scale = sh.scale();
-    let inv_freq = inv_freq(d);
+    let inv_freq = inv_freq(d, sh.theta);
     let inv = Some(inv_freq.as_slice());
     let grid_x = s.div_ceil(OWNER);
     for (seq, head, block_x) in grid(sh, grid_x) {

@@ -99,7 +99,10 @@ fn forward_launches_one_block_per_tile_head_and_sequence() {
     for head_dim in HEAD_DIMS {
         for (b, s, heads) in [(1, 1, 1), (2, 64, 3), (3, 65, 2), (1, 100, 4), (4, 1000, 1), (2, 4096, 16)] {
             let args = forward_args(s * 5, b * s, heads, head_dim);
-            let steps = forward_steps(&args, &context(heads, s)).expect("valid launch");
+            // RoPE's base reaches the kernel as the bits of the context's f64.
+            let mut ctx = context(heads, s);
+            ctx.rope_theta = 500_000.0;
+            let steps = forward_steps(&args, &ctx).expect("valid launch");
             assert_eq!(steps.len(), 1);
             let launch = kernel(&steps[0]);
             assert_eq!(launch.kernel, format!("memo_attention_forward_d{head_dim}"));
@@ -108,9 +111,30 @@ fn forward_launches_one_block_per_tile_head_and_sequence() {
             assert_eq!(launch.shared_bytes, 0, "static shared memory only");
             let mut expected = pointers(5);
             let scale = 1.0 / (head_dim as f32).sqrt();
-            expected.extend([Param::U32(s as u32), Param::U32(heads as u32), Param::F32(scale)]);
+            expected.extend([
+                Param::U32(s as u32),
+                Param::U32(heads as u32),
+                Param::F32(scale),
+                Param::U64(500_000f64.to_bits()),
+            ]);
             assert_eq!(launch.params, expected);
         }
+    }
+}
+
+/// Grouped-query attention (fewer key/value heads) has no hand-written kernel: both ops refuse it
+/// as unsupported, saying why.
+#[test]
+fn grouped_query_attention_is_refused_as_unsupported() {
+    let (heads, kv_heads, d, rows) = (4, 2, 64, 128);
+    let mut ctx = context(heads, rows);
+    ctx.kv_heads = kv_heads;
+    let (q, kv) = (wide(0, rows, heads, d), wide(0, rows, kv_heads, d));
+    let forward = [q, kv, kv, q, lse(0, rows, heads)];
+    let backward = [q, kv, kv, q, lse(0, rows, heads), q, q, kv, kv];
+    for e in [forward_steps(&forward, &ctx).expect_err("gqa"), backward_steps(&backward, &ctx).expect_err("gqa")] {
+        assert!(matches!(e.kind, memo_plan_core::plan::shapes::OpErrorKind::Unsupported { .. }), "{e}");
+        assert!(e.to_string().contains("grouped-query attention"), "{e}");
     }
 }
 
@@ -138,6 +162,7 @@ fn backward_launches_the_dkdv_then_the_dq_kernel_with_all_nine_pointers() {
                     Param::U32(s as u32),
                     Param::U32(heads as u32),
                     Param::F32(1.0 / (head_dim as f32).sqrt()),
+                    Param::U64(10_000f64.to_bits()),
                 ]);
                 assert_eq!(launch.params, expected);
             }
@@ -377,7 +402,7 @@ mod versus_cpu {
     /// bf16 (the CPU keeps f32), the tensor path also P and dS; a wrong index, mask or
     /// rescaling gives errors of order 1.
     fn check(b: usize, s: usize, heads: usize, d: usize, seed: u64) {
-        let sh = Shape { s, heads, d, sequences: b };
+        let sh = Shape { s, heads, d, sequences: b, theta: 10_000.0 };
         let mut rng = Rng(seed);
         let count = b * s * heads * d;
         let (q, k, v, dout) =
@@ -451,7 +476,7 @@ mod rope {
     #[test]
     fn angles_reduced_in_double_stay_within_a_few_f32_ulps_at_millions_of_tokens() {
         for d in [16, 128] {
-            for (pair, &f) in inv_freq(d).iter().enumerate() {
+            for (pair, &f) in inv_freq(d, 10_000.0).iter().enumerate() {
                 for pos in [0, 1, 63, 1000, 65_535, 1_000_000, 4_194_303] {
                     let (c, s) = rope(pos, f);
                     let (ec, es) = exact(pos, f);
@@ -466,7 +491,7 @@ mod rope {
     #[test]
     fn stepped_angles_stay_within_a_few_f32_ulps() {
         for (d, step, rows) in [(128, 2, 64), (64, 4, 64), (16, 16, 64), (128, 2, 32)] {
-            for (pair, &f) in inv_freq(d).iter().enumerate() {
+            for (pair, &f) in inv_freq(d, 10_000.0).iter().enumerate() {
                 for first in [0, 777, 1_000_000 - 64] {
                     let (mut c, mut s) = rope(first, f);
                     let (step_c, step_s) = rope(step, f);

@@ -1,5 +1,5 @@
 //! A host emulation of the steps of every non-attention recipe, to test the recipes end to end on
-//! the CPU: each kernel of `elementwise.cu`, `norm.cu`, `loss.cu` and `optim.cu` is re-stated in
+//! the CPU: each kernel of `elementwise.cu`, `norm.cu`, `loss.cu`, `optim.cu` and `rope.cu` is re-stated in
 //! Rust from its source (reading its parameters by the names its declaration gives them, with the
 //! same grid-dependent partitions), GEMMs by a column-major reference, `Zero` as a fill. The
 //! result is compared with `runtime-cpu`'s ops on the same inputs.
@@ -148,11 +148,17 @@ fn gelu_derivative(x: f32) -> f32 {
 }
 
 /// (mean, rstd) of row `row` of `x` (width elements).
-fn statistics(m: &mut Machine<'_>, x: Value, row: usize, width: usize) -> (f32, f32) {
+fn statistics(m: &mut Machine<'_>, x: Value, row: usize, width: usize, eps: f32) -> (f32, f32) {
     let values: Vec<f32> = (0..width).map(|j| m.bf16(x, row * width + j)).collect();
     let mean = values.iter().sum::<f32>() / width as f32;
     let variance = values.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / width as f32;
-    (mean, 1.0 / (variance + 1e-5).sqrt())
+    (mean, 1.0 / (variance + eps).sqrt())
+}
+
+/// `memo_row_rstd` (norm.cu): 1 / sqrt(mean(x^2) + eps) of row `row` of `x`.
+fn rms_rstd(m: &mut Machine<'_>, x: Value, row: usize, width: usize, eps: f32) -> f32 {
+    let squares: f32 = (0..width).map(|j| m.bf16(x, row * width + j)).map(|v| v * v).sum();
+    1.0 / (squares / width as f32 + eps).sqrt()
 }
 
 /// `memo_rope_cos_sin` (rope.cu): the angle reduced modulo 2 pi in f64, sin and cos in f32.
@@ -255,7 +261,7 @@ fn kernel(m: &mut Machine<'_>, name: &str, grid: [u32; 3], p: &Params) {
         "memo_layer_norm_forward" => {
             let (rows, width) = (p.int("rows"), p.int("width"));
             for row in 0..rows {
-                let (mean, rstd) = statistics(m, p.get("x"), row, width);
+                let (mean, rstd) = statistics(m, p.get("x"), row, width, p.float("eps"));
                 for j in 0..width {
                     let v = (m.bf16(p.get("x"), row * width + j) - mean) * rstd;
                     let y = v * m.bf16(p.get("scale"), j) + m.bf16(p.get("shift"), j);
@@ -266,7 +272,7 @@ fn kernel(m: &mut Machine<'_>, name: &str, grid: [u32; 3], p: &Params) {
         "memo_layer_norm_backward_rows" => {
             let (rows, width) = (p.int("rows"), p.int("width"));
             for row in 0..rows {
-                let (mean, rstd) = statistics(m, p.get("x"), row, width);
+                let (mean, rstd) = statistics(m, p.get("x"), row, width, p.float("eps"));
                 let mut xhat = vec![0f32; width];
                 let mut g = vec![0f32; width];
                 for j in 0..width {
@@ -297,6 +303,63 @@ fn kernel(m: &mut Machine<'_>, name: &str, grid: [u32; 3], p: &Params) {
                     }
                     m.set_f32(p.get("partial"), chunk * width + j, ds);
                     m.set_f32(p.get("partial"), (chunks + chunk) * width + j, dsh);
+                }
+            }
+        }
+        "memo_rms_norm_forward" => {
+            let (rows, width) = (p.int("rows"), p.int("width"));
+            for row in 0..rows {
+                let rstd = rms_rstd(m, p.get("x"), row, width, p.float("eps"));
+                for j in 0..width {
+                    let y = m.bf16(p.get("x"), row * width + j) * rstd * m.bf16(p.get("scale"), j);
+                    m.set_bf16(p.get("y"), row * width + j, y);
+                }
+            }
+        }
+        "memo_rms_norm_backward_rows" => {
+            let (rows, width) = (p.int("rows"), p.int("width"));
+            for row in 0..rows {
+                let rstd = rms_rstd(m, p.get("x"), row, width, p.float("eps"));
+                let mut xhat = vec![0f32; width];
+                let mut g = vec![0f32; width];
+                for j in 0..width {
+                    xhat[j] = m.bf16(p.get("x"), row * width + j) * rstd;
+                    g[j] = m.bf16(p.get("dy"), row * width + j) * m.bf16(p.get("scale"), j);
+                }
+                let mean_gx = g.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f32>() / width as f32;
+                for j in 0..width {
+                    m.set_bf16(p.get("dx"), row * width + j, rstd * (g[j] - xhat[j] * mean_gx));
+                }
+                m.set_f32(p.get("stats"), row, rstd);
+            }
+        }
+        "memo_rms_norm_backward_params" => {
+            let (rows, width, per_chunk) = (p.int("rows"), p.int("width"), p.int("rows_per_chunk"));
+            assert!(grid[0] as usize * 256 >= width, "column blocks cover the row");
+            for chunk in 0..grid[1] as usize {
+                for j in 0..width {
+                    let mut ds = 0f32;
+                    for r in chunk * per_chunk..((chunk + 1) * per_chunk).min(rows) {
+                        let xhat = m.bf16(p.get("x"), r * width + j) * m.f32(p.get("stats"), r);
+                        ds += m.bf16(p.get("dy"), r * width + j) * xhat;
+                    }
+                    m.set_f32(p.get("partial"), chunk * width + j, ds);
+                }
+            }
+        }
+        "memo_swiglu_forward" | "memo_swiglu_backward" => {
+            let (rows, width) = (p.int("rows"), p.int("width"));
+            for i in 0..rows * width {
+                let (row, j) = (i / width, i % width);
+                let g = m.bf16(p.get("x"), row * 2 * width + j);
+                let u = m.bf16(p.get("x"), row * 2 * width + width + j);
+                if name == "memo_swiglu_forward" {
+                    m.set_bf16(p.get("y"), i, g / (1.0 + (-g).exp()) * u);
+                } else {
+                    let d = m.bf16(p.get("dy"), i);
+                    let s = 1.0 / (1.0 + (-g).exp());
+                    m.set_bf16(p.get("dx"), row * 2 * width + j, d * u * s * (1.0 + g * (1.0 - s)));
+                    m.set_bf16(p.get("dx"), row * 2 * width + width + j, d * (g / (1.0 + (-g).exp())));
                 }
             }
         }
@@ -425,12 +488,13 @@ fn kernel(m: &mut Machine<'_>, name: &str, grid: [u32; 3], p: &Params) {
         "memo_rope" => {
             let (rows, heads, head_dim, seq_len) = (p.int("rows"), p.int("heads"), p.int("head_dim"), p.int("seq_len"));
             let inverse = p.int("inverse") != 0;
+            let theta = f64::from_bits(p.int("theta_bits") as u64);
             let half = head_dim / 2;
             for i in 0..rows * heads * half {
                 let pair = i % half;
                 let row_head = i / half;
                 let pos = (row_head / heads) % seq_len;
-                let inv_freq = 10_000f64.powf(-2.0 * pair as f64 / head_dim as f64);
+                let inv_freq = theta.powf(-2.0 * pair as f64 / head_dim as f64);
                 let (c, sn) = rope_cos_sin(pos as u32, inv_freq);
                 let sn = if inverse { -sn } else { sn };
                 let at = row_head * head_dim + 2 * pair;

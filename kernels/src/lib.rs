@@ -71,6 +71,8 @@ pub const SOURCES: &[Source] = &[
             "memo_embedding_backward",
             "memo_gelu_forward",
             "memo_gelu_backward",
+            "memo_swiglu_forward",
+            "memo_swiglu_backward",
             "memo_add",
             "memo_broadcast_row",
             "memo_add_bias",
@@ -81,7 +83,14 @@ pub const SOURCES: &[Source] = &[
     Source {
         name: "norm.cu",
         text: include_str!("../norm.cu"),
-        kernels: &["memo_layer_norm_forward", "memo_layer_norm_backward_rows", "memo_layer_norm_backward_params"],
+        kernels: &[
+            "memo_layer_norm_forward",
+            "memo_layer_norm_backward_rows",
+            "memo_layer_norm_backward_params",
+            "memo_rms_norm_forward",
+            "memo_rms_norm_backward_rows",
+            "memo_rms_norm_backward_params",
+        ],
     },
     Source {
         name: "loss.cu",
@@ -349,9 +358,16 @@ pub const ROPE_THREADS: u32 = 256;
 const ROPE_MAX_BLOCKS: u64 = 1 << 20;
 
 /// One launch of `memo_rope` (`rope.cu`): `y = RoPE(x)` (or its inverse, for gradients) over the
-/// rows of `shape` (`sequences * seq_len` rows of `heads * head_dim` bf16). `x` and `y` are
-/// pointer parameters ([`Param::Ptr`] or [`Param::Scratch`]) and may be the same (in place).
-pub fn rope_step(x: Param, y: Param, shape: &memo_plan_core::plan::shapes::AttentionShape, inverse: bool) -> Step {
+/// rows of `shape` (`sequences * seq_len` rows of `heads * head_dim` bf16), base `rope_theta`
+/// (the model's, [`KernelContext::rope_theta`]). `x` and `y` are pointer parameters
+/// ([`Param::Ptr`] or [`Param::Scratch`]) and may be the same (in place).
+pub fn rope_step(
+    x: Param,
+    y: Param,
+    shape: &memo_plan_core::plan::shapes::AttentionShape,
+    inverse: bool,
+    rope_theta: f64,
+) -> Step {
     let rows = shape.sequences.saturating_mul(shape.seq_len);
     let pairs = rows.saturating_mul(shape.heads).saturating_mul(shape.head_dim / 2);
     let blocks = pairs.div_ceil(u64::from(ROPE_THREADS)).clamp(1, ROPE_MAX_BLOCKS);
@@ -369,6 +385,7 @@ pub fn rope_step(x: Param, y: Param, shape: &memo_plan_core::plan::shapes::Atten
             Param::U32(narrow(shape.head_dim)),
             Param::U32(narrow(shape.seq_len)),
             Param::U32(u32::from(inverse)),
+            Param::U64(rope_theta.to_bits()),
         ],
         scratch_bytes: 0,
     })

@@ -13,7 +13,7 @@
 //! uses `beta = 1`, so `y = round(x W^T + bias)`, one rounding as on the CPU. Only the order of
 //! the f32 sums differs from the CPU (cuBLAS picks it), which the GPU tests' tolerance covers.
 
-use memo_plan_core::plan::shapes::{self, OpError, OpErrorKind, OpShape, ShapeContext};
+use memo_plan_core::plan::shapes::{self, OpError, OpShape, ShapeContext};
 use memo_plan_core::plan::Op;
 use memo_runtime::KernelContext;
 
@@ -119,7 +119,7 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
     let a = Args { op };
     match op {
         Op::Embedding => embedding(&a, &s, ctx),
-        Op::LayerNorm => layer_norm(&a, &s),
+        Op::LayerNorm => layer_norm(&a, &s, ctx),
         Op::Linear => linear(&a, &s),
         Op::Gelu => elementwise(&s, "memo_gelu_forward", &[0], 1),
         Op::GeluBackward => elementwise(&s, "memo_gelu_backward", &[0, 1], 2),
@@ -127,7 +127,7 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
         Op::LinearBackwardInput => linear_backward_input(&a, &s, false),
         Op::LinearBackwardInputAccumulate => linear_backward_input(&a, &s, true),
         Op::LinearBackwardWeight => linear_backward_weight(&a, &s),
-        Op::LayerNormBackward => layer_norm_backward(&a, &s),
+        Op::LayerNormBackward => layer_norm_backward(&a, &s, ctx),
         Op::Classifier => classifier(&a, &s),
         Op::CrossEntropy => cross_entropy(&a, &s, ctx),
         Op::ClassifierBackwardWeight => classifier_backward_weight(&a, &s),
@@ -135,7 +135,7 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
         Op::Zero => Ok(vec![Step::Zero { arg: 0 }]),
         Op::GradNormSquared => grad_norm_squared(&s),
         Op::AdamW => adamw(&a, &s, ctx),
-        Op::Attention | Op::AttentionBackward => crate::attention::steps(&s, args),
+        Op::Attention | Op::AttentionBackward => crate::attention::steps(&s, args, ctx),
         Op::AllGather | Op::ReduceScatter | Op::AllReduceSumBf16 | Op::AllReduceSumF32 | Op::AllReduceMaxF32 => {
             Err(OpError::needs_multi_gpu(op))
         }
@@ -144,26 +144,25 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
         Op::CrossEntropyMax => cross_entropy_max(&a, &s, ctx),
         Op::CrossEntropySums => cross_entropy_sums(&a, &s, ctx),
         Op::CrossEntropyFinish => cross_entropy_finish(&a, &s, ctx),
-        Op::RmsNorm | Op::RmsNormBackward | Op::Swiglu | Op::SwigluBackward | Op::LinearBackwardWeightNoBias => {
-            Err(without_kernel(op).unwrap_or_else(|| OpError::needs_multi_gpu(op)))
-        }
+        Op::RmsNorm => rms_norm(&a, &s, ctx),
+        Op::RmsNormBackward => rms_norm_backward(&a, &s, ctx),
+        Op::Swiglu => swiglu(&a, &s, "memo_swiglu_forward", &[0, 1]),
+        Op::SwigluBackward => swiglu(&a, &s, "memo_swiglu_backward", &[0, 1, 2]),
+        Op::LinearBackwardWeightNoBias => linear_backward_weight_no_bias(&a, &s),
     }
 }
 
-/// The refusal [`steps`] gives `op` whatever its shapes, when it has no GPU kernel yet (the
-/// collectives run on NCCL or RCCL). Kept so that a runner's check of a plan's ops before it
-/// opens devices stays in one place.
+/// The refusal [`steps`] gives `op` whatever its shapes, when it has no GPU kernel (the
+/// collectives run on NCCL or RCCL, so none today). Kept so that a runner's check of a plan's
+/// ops before it opens devices stays in one place.
 pub(crate) fn without_kernel(op: Op) -> Option<RecipeError> {
-    match op {
-        Op::RmsNorm | Op::RmsNormBackward | Op::Swiglu | Op::SwigluBackward | Op::LinearBackwardWeightNoBias => {
-            Some(OpError {
-                op,
-                argument: None,
-                kind: OpErrorKind::Unsupported { reason: "has no GPU kernel yet".into() },
-            })
-        }
-        _ => None,
-    }
+    let _ = op;
+    None
+}
+
+/// The norms' epsilon as the kernels take it (f32, as the CPU reference uses it).
+fn norm_eps(ctx: &KernelContext) -> Param {
+    Param::F32(ctx.norm_eps as f32)
 }
 
 /// The parameters both embedding kernels take: the three arguments in order, then the shape.
@@ -231,20 +230,105 @@ fn elementwise(s: &OpShape, name: &'static str, inputs: &[usize], output: usize)
 }
 
 /// `layer_norm` [x, scale, shift, y].
-fn layer_norm(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+fn layer_norm(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
     let (rows, h) = (s.rows, s.width);
     let width = a.small(0, h, "`hidden`")?;
     if rows == 0 || width == 0 {
         return Ok(Vec::new());
     }
-    let params = vec![ptr(0), ptr(1), ptr(2), ptr(3), Param::U64(rows), Param::U32(width)];
+    let params = vec![ptr(0), ptr(1), ptr(2), ptr(3), Param::U64(rows), Param::U32(width), norm_eps(ctx)];
     Ok(vec![kernel("memo_layer_norm_forward", [blocks(rows, 1), 1, 1], BLOCK, params, 0)])
+}
+
+/// `rms_norm` [x, scale, y].
+fn rms_norm(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    let (rows, h) = (s.rows, s.width);
+    let width = a.small(0, h, "`hidden`")?;
+    if rows == 0 || width == 0 {
+        return Ok(Vec::new());
+    }
+    let params = vec![ptr(0), ptr(1), ptr(2), Param::U64(rows), Param::U32(width), norm_eps(ctx)];
+    Ok(vec![kernel("memo_rms_norm_forward", [blocks(rows, 1), 1, 1], BLOCK, params, 0)])
+}
+
+/// `rms_norm_backward` [x, scale, dy, dx, dscale].
+///
+/// Scratch: each row's rstd at 0, then the row-chunk partial sums of dscale (summed in chunk
+/// order by `memo_column_sum_finish`, as `layer_norm_backward`'s).
+fn rms_norm_backward(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+    let (rows, h) = (s.rows, s.width);
+    let width = a.small(0, h, "`hidden`")?;
+    if width == 0 {
+        return Ok(Vec::new());
+    }
+    if rows == 0 {
+        return Ok(vec![Step::Zero { arg: 4 }]);
+    }
+    let (per_chunk, chunks) = column_chunks(rows);
+    let stats_bytes = rows.checked_mul(WORD).ok_or_else(|| a.error(0, "fewer rows".into(), rows.to_string()))?;
+    let partial = align(stats_bytes);
+    let scratch = partial + chunks * h * WORD;
+    let column_blocks = blocks(h, u64::from(BLOCK));
+    let chunks32 = chunks as u32; // at most COLUMN_CHUNKS
+    Ok(vec![
+        kernel(
+            "memo_rms_norm_backward_rows",
+            [blocks(rows, 1), 1, 1],
+            BLOCK,
+            vec![
+                ptr(0),
+                ptr(1),
+                ptr(2),
+                ptr(3),
+                Param::Scratch { byte_offset: 0 },
+                Param::U64(rows),
+                Param::U32(width),
+                norm_eps(ctx),
+            ],
+            scratch,
+        ),
+        kernel(
+            "memo_rms_norm_backward_params",
+            [column_blocks, chunks32, 1],
+            BLOCK,
+            vec![
+                ptr(0),
+                ptr(2),
+                Param::Scratch { byte_offset: 0 },
+                Param::Scratch { byte_offset: partial },
+                Param::U64(rows),
+                Param::U32(width),
+                Param::U64(per_chunk),
+            ],
+            scratch,
+        ),
+        kernel(
+            "memo_column_sum_finish",
+            [column_blocks, 1, 1],
+            BLOCK,
+            vec![Param::Scratch { byte_offset: partial }, ptr(4), Param::U32(chunks32), Param::U32(width)],
+            scratch,
+        ),
+    ])
+}
+
+/// `swiglu` [x, y] and `swiglu_backward` [x, dy, dx]: one thread per gated element (`rows * w`),
+/// the pointer arguments `pointers` in order, then the rows and `w`.
+fn swiglu(a: &Args, s: &OpShape, name: &'static str, pointers: &[usize]) -> Result<Vec<Step>, RecipeError> {
+    let width = a.small(0, s.width, "half a row of `x`")?;
+    let n = s.elements;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let mut params: Vec<Param> = pointers.iter().map(|&i| ptr(i)).collect();
+    params.extend([Param::U64(s.rows), Param::U32(width)]);
+    Ok(vec![kernel(name, [blocks(n, u64::from(BLOCK)), 1, 1], BLOCK, params, 0)])
 }
 
 /// `layer_norm_backward` [x, scale, dy, dx, dscale, dshift].
 ///
 /// Scratch: each row's (mean, rstd) at 0, then the row-chunk partial sums of dscale and dshift.
-fn layer_norm_backward(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+fn layer_norm_backward(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
     let (rows, h) = (s.rows, s.width);
     let width = a.small(0, h, "`hidden`")?;
     if width == 0 {
@@ -273,6 +357,7 @@ fn layer_norm_backward(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> 
                 Param::Scratch { byte_offset: 0 },
                 Param::U64(rows),
                 Param::U32(width),
+                norm_eps(ctx),
             ],
             scratch,
         ),
@@ -447,16 +532,36 @@ fn column_sum(src: usize, dst: usize, rows: u64, width: u32) -> Vec<Step> {
 
 /// `linear_backward_weight` [x, dy, dweight, dbias]: `dW = dy^T x`, `dbias = column sums of dy`.
 fn linear_backward_weight(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
-    let (rows, k, n) = (s.rows, s.width, s.features);
+    let (rows, n) = (s.rows, s.features);
     if n == 0 {
         return Ok(Vec::new());
     }
     if rows == 0 {
         return Ok(vec![Step::Zero { arg: 2 }, Step::Zero { arg: 3 }]);
     }
+    let mut steps = weight_gradient(a, s)?;
+    steps.extend(column_sum(1, 3, rows, a.small(1, n, "output features")?));
+    Ok(steps)
+}
+
+/// `linear_backward_weight_no_bias` [x, dy, dweight]: `dW = dy^T x`, the GEMM of
+/// `linear_backward_weight` without the bias's column sums.
+fn linear_backward_weight_no_bias(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    if s.features == 0 {
+        return Ok(Vec::new());
+    }
+    if s.rows == 0 {
+        return Ok(vec![Step::Zero { arg: 2 }]);
+    }
+    weight_gradient(a, s)
+}
+
+/// `dweight` (argument 2) `= dy^T x` for x (argument 0) and dy (argument 1).
+fn weight_gradient(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeError> {
+    let (rows, k, n) = (s.rows, s.width, s.features);
     // dW^T (k x n) = X^T (k x rows) dY (rows x n): A = x (k x rows column-major, as stored),
     // B = dy (n x rows column-major, transposed), C = dweight (k x n column-major).
-    let mut steps = gemm_or_empty(Gemm {
+    Ok(gemm_or_empty(Gemm {
         transpose_a: false,
         transpose_b: true,
         m: a.dim(0, k, "input features")?,
@@ -470,9 +575,7 @@ fn linear_backward_weight(a: &Args, s: &OpShape) -> Result<Vec<Step>, RecipeErro
         ldc: a.dim(0, k.max(1), "input features")?,
         alpha: 1.0,
         beta: 0.0,
-    });
-    steps.extend(column_sum(1, 3, rows, a.small(1, n, "output features")?));
-    Ok(steps)
+    }))
 }
 
 /// `classifier` [x, embedding, logits]: `logits = x E^T`.

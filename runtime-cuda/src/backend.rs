@@ -437,8 +437,8 @@ impl CudaBackend {
                 .map_err(|message| kernel_error(format!("op `{}` (cuDNN path): {message}", op.name())))
         };
         let ptr = |arg: usize| Param::Ptr { arg, byte_offset: 0 };
-        run(&rope_step(ptr(0), Param::Scratch { byte_offset: rotated_q }, &geometry, false), self)?;
-        run(&rope_step(ptr(1), Param::Scratch { byte_offset: rotated_k }, &geometry, false), self)?;
+        run(&rope_step(ptr(0), Param::Scratch { byte_offset: rotated_q }, &geometry, false, context.rope_theta), self)?;
+        run(&rope_step(ptr(1), Param::Scratch { byte_offset: rotated_k }, &geometry, false, context.rope_theta), self)?;
         let address =
             |arg: usize| spans.get(arg).map(|s| s.0).ok_or_else(|| kernel_error(format!("no argument {arg}")));
         let stats = Param::Scratch { byte_offset: statistics };
@@ -487,8 +487,8 @@ impl CudaBackend {
             run(&lse_transpose_step(stats, ptr(4), &geometry, false), self)?;
         }
         if op == Op::AttentionBackward {
-            run(&rope_step(ptr(6), ptr(6), &geometry, true), self)?;
-            run(&rope_step(ptr(7), ptr(7), &geometry, true), self)?;
+            run(&rope_step(ptr(6), ptr(6), &geometry, true, context.rope_theta), self)?;
+            run(&rope_step(ptr(7), ptr(7), &geometry, true, context.rope_theta), self)?;
         }
         Ok(true)
     }
