@@ -506,7 +506,8 @@ fn apply<T: Copy, const N: usize>(field: &mut T, values: [Option<T>; N]) {
     }
 }
 
-/// The model `--model ARG` names for `memo train` and `memo profile`: `tiny`, `small`, or a TOML
+/// The model `--model ARG` names for `memo train` and `memo profile`: `tiny`, `small`, `tiny-llama`,
+/// `small-llama` (`memo_runtime::TRAINING_MODELS`), or a TOML
 /// file with a `[model]` table (any existing file is read as one, whatever its extension).
 pub fn model_arg(arg: &str, seq_len: u64, micro_batch: u64) -> Result<ModelConfig, Failure> {
     if let Some(mut model) = memo_runtime::training_model(arg, seq_len) {
@@ -518,7 +519,7 @@ pub fn model_arg(arg: &str, seq_len: u64, micro_batch: u64) -> Result<ModelConfi
     }
     Err(Failure::new(
         exit::BAD_INPUT,
-        format!("--model {arg}: no such model or file; use tiny, small or a TOML file with a [model] table"),
+        format!("--model {arg}: no such model or file; use tiny, small, tiny-llama, small-llama or a TOML file with a [model] table"),
     ))
 }
 

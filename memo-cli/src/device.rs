@@ -158,7 +158,8 @@ pub fn runtime_exit_code(error: &RuntimeError) -> u8 {
         | RuntimeError::Tokens(_)
         | RuntimeError::Checkpoint(_)
         | RuntimeError::Recall(_)
-        | RuntimeError::InitialisationStopped => exit::BAD_INPUT,
+        | RuntimeError::InitialisationStopped
+        | RuntimeError::ModelNotTrainable(_) => exit::BAD_INPUT,
     }
 }
 

@@ -64,7 +64,7 @@ pub struct ProfileArgs {
     #[arg(long, value_name = "DEVICE", value_parser = parse_device)]
     device: Device,
 
-    /// tiny, small, or a TOML file with a [model] table (its layer shape is what is timed)
+    /// tiny, small, tiny-llama, small-llama, or a TOML file with a [model] table (its layer shape is what is timed)
     #[arg(long, default_value = "tiny", value_name = "MODEL")]
     model: String,
 

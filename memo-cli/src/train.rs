@@ -39,6 +39,7 @@ Examples:
   memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1
   memo train --device cpu --model tiny --seq 256 --steps 1000 --checkpoint run1 --resume
   memo train --device cpu --model tiny --seq 256 --steps 200 --tensor-parallel 2
+  memo train --device cpu --model tiny-llama --seq 256 --steps 200 --tensor-parallel 4
   memo train --device cpu --model tiny --seq 256 --micro-batch 4 --steps 2000 --task recall --lr 1e-2 --eval-every 500
   memo train --device cuda --model examples/models/gpt-1b.toml --seq 16K --steps 5 --json
   memo train --device cuda:1 --machine-file h200.toml --model small --seq 4K";
@@ -60,7 +61,9 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     machine_file: Option<PathBuf>,
 
-    /// tiny (2 layers, h 64), small (4 layers, h 128), or a TOML file with a [model] table
+    /// tiny (GPT, 2 layers, h 64), small (GPT, 4 layers, h 128), tiny-llama and small-llama (the
+    /// same sizes, Llama-shaped: 2 K/V heads of 4, SwiGLU, RMSNorm, untied), or a TOML file with a
+    /// [model] table
     #[arg(long, default_value = "tiny", value_name = "MODEL")]
     model: String,
 

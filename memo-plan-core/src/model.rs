@@ -245,6 +245,10 @@ impl fmt::Display for ModelError {
                  rank holds kv_heads / t key/value heads) or kv_heads must divide t (each key/value head is \
                  replicated on t / kv_heads ranks); use a t that is a divisor or a multiple of {kv_heads}"
             ),
+            ModelError::BadArchitecture { field: "biases", .. } => f.write_str(
+                "biases = all with a SwiGLU FFN is not supported (no model of the Llama family has FFN biases): \
+                 use biases = qkv or none",
+            ),
             ModelError::BadArchitecture { field, value } => write!(
                 f,
                 "{field} = {value} is out of range: rope_theta is a rotary base above 1, norm_eps a number \

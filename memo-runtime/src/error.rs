@@ -46,6 +46,9 @@ pub enum RuntimeError {
     /// The ranks of a tensor-parallel group disagree where they must hold the same bits (the
     /// loss, a replicated parameter): a bug in the plan or a backend.
     RanksDiverged(String),
+    /// The model has something the kernels do not compute (Llama 3.1's rope rescaling): it can
+    /// be planned, not trained.
+    ModelNotTrainable(String),
 }
 
 /// What the trainer needs of a plan and did not find.
@@ -169,6 +172,7 @@ impl fmt::Display for RuntimeError {
             RuntimeError::RanksDiverged(what) => {
                 write!(f, "the tensor-parallel ranks diverged: {what} (a bug: please report it with the command)")
             }
+            RuntimeError::ModelNotTrainable(what) => write!(f, "the model cannot be trained yet: {what}"),
         }
     }
 }

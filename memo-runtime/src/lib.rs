@@ -26,4 +26,5 @@ pub use error::{CheckpointMismatch, PlanMismatch, RuntimeError, TokenError};
 pub use interpret::Replay;
 pub use trainer::{
     cpu_hardware, training_model, NamedBytes, ParallelTrainer, PlannedStep, SetupTimes, TrainOptions, Trainer,
+    TRAINING_MODELS,
 };

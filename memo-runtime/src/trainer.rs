@@ -12,7 +12,7 @@ use std::sync::mpsc;
 use half::bf16;
 use memo_plan_core::check::CheckedPlan;
 use memo_plan_core::generate::SplitMix64;
-use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
+use memo_plan_core::model::{Architecture, Hardware, ModelConfig, Parallelism};
 use memo_plan_core::plan::{Buffer, BufferId, BufferKind, Strategy, TensorRole};
 use memo_plan_core::planner::{self, PlanReport, PlanRequest};
 
@@ -26,7 +26,7 @@ mod parallel;
 pub mod shard;
 
 pub use parallel::ParallelTrainer;
-use shard::Shard;
+use shard::{Shard, ShardLayout};
 
 /// A machine description for planning on the CPU backend: what the host gives one "device".
 /// Copies are modelled at 10 GB/s and kernels at 20 GFLOP/s; only α and the fit depend on them.
@@ -45,17 +45,29 @@ pub fn cpu_hardware(device_memory_bytes: u64) -> Hardware {
     }
 }
 
-/// The models `memo train` knows by name (byte-level vocabulary of 256).
+/// The models `memo train` knows by name (byte-level vocabulary of 256): GPTs `tiny` and
+/// `small`, and Llama-shaped `tiny-llama` and `small-llama` (grouped-query attention with half as
+/// many K/V heads, SwiGLU of width 2.75h, RMSNorm, no biases, an untied classifier).
 pub fn training_model(name: &str, seq_len: u64) -> Option<ModelConfig> {
-    let (layers, hidden, heads) = match name {
-        "tiny" => (2, 64, 4),
-        "small" => (4, 128, 4),
+    let (layers, hidden, heads, llama) = match name {
+        "tiny" => (2, 64, 4, false),
+        "small" => (4, 128, 4, false),
+        "tiny-llama" => (2, 64, 4, true),
+        "small-llama" => (4, 128, 4, true),
         _ => return None,
     };
     let mut model = ModelConfig::new(name, layers, hidden, heads, seq_len, 1);
     model.vocab = 256;
+    if llama {
+        model.kv_heads = heads / 2;
+        model.ffn_hidden = hidden * 11 / 4;
+        model.architecture = Architecture::llama(10_000.0, 1e-5);
+    }
     Some(model)
 }
+
+/// The names [`training_model`] knows.
+pub const TRAINING_MODELS: [&str; 4] = ["tiny", "small", "tiny-llama", "small-llama"];
 
 /// What to train.
 #[derive(Clone, Debug)]
@@ -103,6 +115,13 @@ impl PlannedStep {
     /// (`spec/tensor-parallel.md`); the planner refuses a `tensor` that does not divide the
     /// heads, the FFN width and the sequence.
     pub fn tensor_parallel(options: &TrainOptions, tensor: u64) -> Result<Self, RuntimeError> {
+        if options.model.architecture.rope_scaling.is_some() {
+            return Err(RuntimeError::ModelNotTrainable(
+                "its rope_scaling (Llama 3.1's rescaled rotary frequencies) is not implemented by the kernels; \
+                 `memo plan` plans it, and a copy of the model without rope_scaling trains"
+                    .into(),
+            ));
+        }
         let started = std::time::Instant::now();
         let mut request = options.plan_request();
         request.parallel = Parallelism { tensor, ..request.parallel };
@@ -233,7 +252,8 @@ impl<B: Backend> Trainer<B> {
     fn initialise(&mut self, seed: u64) -> Result<(), RuntimeError> {
         let buffers: Vec<Buffer> = self.replay.plan().buffers.clone();
         let layers = self.report.plan.provenance.model.layers;
-        let (rank, ranks, vocab) = (self.rank, self.ranks, self.context.vocab);
+        let (rank, ranks) = (self.rank, self.ranks);
+        let layout = ShardLayout::of(&self.report.plan.provenance.model, ranks);
         let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
         let mut jobs = Vec::new(); // (parameter, its optimizer state)
         for (index, buffer) in buffers.iter().enumerate().filter(|(_, b)| b.kind == BufferKind::Parameter) {
@@ -256,7 +276,7 @@ impl<B: Backend> Trainer<B> {
                 for &(index, _) in jobs {
                     let Ok((mut bytes, mut state_bytes)) = spare.recv() else { return };
                     let buffer = &buffers[index];
-                    let shard = Shard::of(buffer.role, rank, ranks, vocab);
+                    let shard = Shard::of(buffer.role, rank, ranks, &layout);
                     draw_parameter_and_state(seed, buffer, layers, shard, threads, &mut bytes, &mut state_bytes);
                     if drawn_sender.send((bytes, state_bytes)).is_err() {
                         return;
@@ -538,6 +558,7 @@ impl InitialValues {
         match buffer.role {
             R::NormScale1 | R::NormScale2 | R::FinalNormScale => return InitialValues::Constant(1.0),
             R::NormShift1 | R::NormShift2 | R::FinalNormShift => return InitialValues::Constant(0.0),
+            // The untied classifier is drawn like the embedding: N(0, 0.02).
             R::QueryBias | R::KeyBias | R::ValueBias | R::ProjectionBias | R::Fc1Bias | R::Fc2Bias => {
                 return InitialValues::Constant(0.0)
             }
@@ -621,7 +642,8 @@ mod tests {
             let (mut full, mut full_state) = (Vec::new(), Vec::new());
             draw_parameter_and_state(3, &whole, layers, Shard::Whole, 2, &mut full, &mut full_state);
             for t in [2u64, 3, 4] {
-                let (rows, per_row) = match Shard::of(role, 0, t, vocab) {
+                let layout = ShardLayout::gpt(vocab);
+                let (rows, per_row) = match Shard::of(role, 0, t, &layout) {
                     Shard::Rows { .. } if full_rows % t == 0 => (full_rows / t, full_per_row),
                     Shard::Columns { .. } if full_per_row % t == 0 => (full_rows, full_per_row / t),
                     Shard::VocabRows { .. } => (vocab.div_ceil(t), full_per_row),
@@ -632,7 +654,7 @@ mod tests {
                 let mut shards = Vec::new();
                 for rank in 0..t {
                     let (mut bytes, mut state) = (Vec::new(), Vec::new());
-                    let shard = Shard::of(role, rank, t, vocab);
+                    let shard = Shard::of(role, rank, t, &layout);
                     draw_parameter_and_state(3, &shard_buffer, layers, shard, 3, &mut bytes, &mut state);
                     for (row, row_state) in state.chunks(per_row as usize * 12).enumerate() {
                         for column in 0..per_row as usize {
@@ -649,7 +671,7 @@ mod tests {
                     }
                     shards.push(bytes);
                 }
-                let reassembled = Shard::reassemble(role, &shard_buffer, vocab, 2, &shards).unwrap();
+                let reassembled = Shard::reassemble(role, &shard_buffer, &layout, 2, &shards).unwrap();
                 assert_eq!(reassembled, full, "{role:?} t {t}");
                 if !matches!(role, TensorRole::NormScale2 | TensorRole::Fc1Bias) && t > 1 {
                     assert_ne!(shards[0], shards[1], "{role:?} t {t}: ranks hold different slices");

@@ -172,8 +172,13 @@ impl Architecture {
     }
 
     /// Checks the numbers the kernels use: a rotary base above 1, an epsilon above 0 and below 1,
-    /// a rescaling with factors at least 1 and `low < high`. Returns the field at fault.
+    /// a rescaling with factors at least 1 and `low < high`; and that SwiGLU comes without FFN
+    /// biases (no model of the family has them, and the tensor-parallel split of a `[gate | up]`
+    /// bias is not implemented). Returns the field at fault.
     pub fn validate(&self) -> Result<(), (&'static str, f64)> {
+        if self.ffn == Ffn::SwiGlu && self.biases == Biases::All {
+            return Err(("biases", 0.0));
+        }
         if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
             return Err(("rope_theta", self.rope_theta));
         }

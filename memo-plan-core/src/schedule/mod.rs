@@ -364,25 +364,19 @@ impl Builder {
         param
     }
 
-    /// With `t > 1`: the buffers holding the replicated parameters' gradients, made before any
-    /// such parameter: per layer the norms' vectors (4 rows with LayerNorm, 2 with RMSNorm) and,
-    /// when K and V are replicated, their weights' `2 * kv_width` rows of `h`, plus the final norm's
-    /// vectors; and when the replicated K and V have biases, their 2 rows per layer of `kv_width`.
-    fn reserve_replicated_gradients(&mut self) {
+    /// With `t > 1`: the buffers holding the replicated parameters' gradients
+    /// ([`replicated_gradient_rows`]), made before any such parameter.
+    fn reserve_replicated_gradients(&mut self, rows: &[(ReplicatedPool, TensorRole, Option<u32>, u64)]) {
         let shape = self.shape;
-        if shape.tensor == 1 {
-            return;
-        }
-        let vectors = shape.architecture.norm_vectors();
-        let key_value = if shape.kv_replicated { 2 * shape.kv_width } else { 0 };
-        let rows = u64::from(shape.layers) * (2 * vectors + key_value) + vectors;
-        let id = self.buffer(BufferKind::Gradient, TensorRole::ReplicatedGradients, None, rows, shape.hidden_row, None);
-        self.replicated_grads.push((id, 0));
-        if shape.kv_replicated && shape.architecture.biases.qkv() {
-            let rows = u64::from(shape.layers) * 2;
-            let role = TensorRole::ReplicatedBiasGradients;
-            let id = self.buffer(BufferKind::Gradient, role, None, rows, shape.kv_row, None);
-            self.replicated_grads.push((id, 0));
+        for (pool, role, row_bytes) in [
+            (ReplicatedPool::Hidden, TensorRole::ReplicatedGradients, shape.hidden_row),
+            (ReplicatedPool::KeyValueBias, TensorRole::ReplicatedBiasGradients, shape.kv_row),
+        ] {
+            let total: u64 = rows.iter().filter(|r| r.0 == pool).map(|r| r.3).sum();
+            if total > 0 {
+                let id = self.buffer(BufferKind::Gradient, role, None, total, row_bytes, None);
+                self.replicated_grads.push((id, 0));
+            }
         }
     }
 
@@ -561,6 +555,56 @@ impl Builder {
     }
 }
 
+/// Which buffer of replicated gradients a parameter's gradient rows are in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplicatedPool {
+    /// [`TensorRole::ReplicatedGradients`]: rows of `h` (norm vectors, replicated K/V weights).
+    Hidden,
+    /// [`TensorRole::ReplicatedBiasGradients`]: rows of the K/V width (replicated K/V biases).
+    KeyValueBias,
+}
+
+/// The replicated parameters whose gradients, with `t > 1`, are rows of one of the
+/// replicated-gradients buffers, in row order within each: `(pool, role, layer, rows)`. Per
+/// layer the first norm's scale (and shift, LayerNorm), K's and V's weights (and biases) when
+/// replicated, the second norm's; then the final norm's. Empty with `t = 1`. The schedule
+/// reserves exactly these rows; a runtime reads them back by the same list.
+pub fn replicated_gradient_rows(
+    model: &ModelConfig,
+    tensor: u64,
+) -> Vec<(ReplicatedPool, TensorRole, Option<u32>, u64)> {
+    use ReplicatedPool::{Hidden, KeyValueBias};
+    let mut rows = Vec::new();
+    if tensor <= 1 {
+        return rows;
+    }
+    let shift = model.architecture.norm == crate::model::Norm::LayerNorm;
+    let kv_width = model.kv_heads_on_gpu(tensor).saturating_mul(model.head_dim());
+    let norm = |rows: &mut Vec<_>, scale: TensorRole, shift_role: TensorRole, layer: Option<u32>| {
+        rows.push((Hidden, scale, layer, 1));
+        if shift {
+            rows.push((Hidden, shift_role, layer, 1));
+        }
+    };
+    for l in 0..model.layers {
+        let layer = Some(l);
+        norm(&mut rows, TensorRole::NormScale1, TensorRole::NormShift1, layer);
+        if model.kv_replicated(tensor) {
+            for (weight, bias) in
+                [(TensorRole::KeyWeight, TensorRole::KeyBias), (TensorRole::ValueWeight, TensorRole::ValueBias)]
+            {
+                rows.push((Hidden, weight, layer, kv_width));
+                if model.architecture.biases.qkv() {
+                    rows.push((KeyValueBias, bias, layer, 1));
+                }
+            }
+        }
+        norm(&mut rows, TensorRole::NormScale2, TensorRole::NormShift2, layer);
+    }
+    norm(&mut rows, TensorRole::FinalNormScale, TensorRole::FinalNormShift, None);
+    rows
+}
+
 /// Builds the step's schedule for `model` on `parallel` with `options`.
 pub fn build(
     model: &ModelConfig,
@@ -569,6 +613,7 @@ pub fn build(
 ) -> Result<Schedule, ScheduleError> {
     let shape = Shape::new(model, parallel)?;
     let mut b = Builder::new(shape);
+    let replicated_rows = replicated_gradient_rows(model, parallel.tensor);
     let (r, layers) = (shape.local_rows, shape.layers);
 
     let tokens = b.buffer(BufferKind::Input, TensorRole::Tokens, None, r, TOKEN_ID_BYTES, None);
@@ -577,7 +622,7 @@ pub fn build(
     // An untied classifier: its own V x h matrix, sharded like the embedding.
     let untied = (!shape.architecture.tied_embeddings)
         .then(|| b.param(TensorRole::ClassifierWeight, None, shape.vocab_rows, shape.hidden));
-    b.reserve_replicated_gradients();
+    b.reserve_replicated_gradients(&replicated_rows);
     let layer_params: Vec<layer::LayerParams> = (0..layers).map(|l| layer::LayerParams::new(&mut b, l)).collect();
     let final_norm_params =
         layer::NormParams::new(&mut b, None, TensorRole::FinalNormScale, TensorRole::FinalNormShift);

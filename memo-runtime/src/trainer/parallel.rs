@@ -7,9 +7,11 @@
 use std::sync::Arc;
 
 use memo_plan_core::check::CheckedPlan;
+use memo_plan_core::model::ModelConfig;
 use memo_plan_core::plan::{Buffer, BufferKind, TensorRole};
+use memo_plan_core::schedule::{replicated_gradient_rows, ReplicatedPool};
 
-use super::{NamedBytes, PlannedStep, SetupTimes, Shard, Trainer};
+use super::{NamedBytes, PlannedStep, SetupTimes, Shard, ShardLayout, Trainer};
 use crate::backend::{Backend, MemoryReport};
 use crate::checkpoint::{Checkpoint, StateKind};
 use crate::collective::Collectives;
@@ -75,21 +77,23 @@ fn joined<R>(
         .collect()
 }
 
-/// The layer norms' gradients of a `replicated_gradients` buffer (`spec/tensor-parallel.md` §4:
-/// one row per norm scale or shift, per layer norm 1's scale and shift then norm 2's, then the
-/// final norm's), each under the (role, layer) of its `t = 1` gradient buffer.
-fn split_replicated_gradients(bytes: &[u8], buffer: &Buffer) -> Vec<NamedBytes> {
-    let rows = buffer.rows;
-    let per_layer = [TensorRole::NormScale1, TensorRole::NormShift1, TensorRole::NormScale2, TensorRole::NormShift2];
-    let layers = rows.saturating_sub(2) / 4;
-    let mut names: Vec<(TensorRole, Option<u32>)> =
-        (0..layers).flat_map(|l| per_layer.map(|role| (role, Some(l as u32)))).collect();
-    names.extend([(TensorRole::FinalNormScale, None), (TensorRole::FinalNormShift, None)]);
-    names
-        .into_iter()
-        .zip(bytes.chunks_exact(buffer.row_bytes.max(1) as usize))
-        .map(|(name, row)| (name, row.to_vec()))
-        .collect()
+/// The gradients in a replicated-gradients buffer (`spec/tensor-parallel.md` §4 and §8: the
+/// rows [`replicated_gradient_rows`] lists for its pool, in order), each under the (role, layer)
+/// of its `t = 1` gradient buffer.
+fn split_replicated_gradients(bytes: &[u8], buffer: &Buffer, model: &ModelConfig, tensor: u64) -> Vec<NamedBytes> {
+    let pool = match buffer.role {
+        TensorRole::ReplicatedBiasGradients => ReplicatedPool::KeyValueBias,
+        _ => ReplicatedPool::Hidden,
+    };
+    let mut at = 0usize;
+    let mut out = Vec::new();
+    for (_, role, layer, rows) in replicated_gradient_rows(model, tensor).into_iter().filter(|r| r.0 == pool) {
+        let len = (rows * buffer.row_bytes) as usize;
+        let Some(part) = bytes.get(at..at + len) else { break };
+        out.push(((role, layer), part.to_vec()));
+        at += len;
+    }
+    out
 }
 
 /// The first rank's error, tagged with its rank; else every rank's value.
@@ -204,19 +208,21 @@ impl<B: Backend + Send> ParallelTrainer<B> {
         }
         let per_rank = self.buffers_of_kind(kind)?;
         let plan = self.ranks[0].replay.plan().clone();
-        let vocab = self.ranks[0].context.vocab;
+        let model = &plan.provenance.model;
+        let layout = ShardLayout::of(model, self.ranks.len() as u64);
         let mut out = Vec::new();
         for (i, ((role, layer), _)) in per_rank[0].iter().enumerate() {
             let Some(buffer) = plan.buffers.iter().find(|b| b.kind == kind && b.role == *role && b.layer == *layer)
             else {
                 continue;
             };
-            if *role == TensorRole::ReplicatedGradients {
-                out.extend(split_replicated_gradients(&per_rank[0][i].1, buffer));
+            if matches!(role, TensorRole::ReplicatedGradients | TensorRole::ReplicatedBiasGradients) {
+                let t = self.ranks.len() as u64;
+                out.extend(split_replicated_gradients(&per_rank[0][i].1, buffer, model, t));
                 continue;
             }
             let shards: Vec<Vec<u8>> = per_rank.iter().map(|rank| rank[i].1.clone()).collect();
-            if let Some(whole) = Shard::reassemble(*role, buffer, vocab, 2, &shards) {
+            if let Some(whole) = Shard::reassemble(*role, buffer, &layout, 2, &shards) {
                 out.push(((*role, *layer), whole));
             }
         }
@@ -233,14 +239,14 @@ impl<B: Backend + Send> ParallelTrainer<B> {
     /// Every rank's state as one checkpoint: each sharded tensor per rank (tagged with it), each
     /// replicated one once, after checking it is bit-identical on every rank.
     pub fn checkpoint(&mut self, fingerprint: u64, data_position: u64) -> Result<Checkpoint, RuntimeError> {
-        let vocab = self.ranks[0].context.vocab;
         let t = self.ranks.len() as u64;
+        let layout = ShardLayout::of(&self.ranks[0].report.plan.provenance.model, t);
         let step = self.ranks[0].step;
         let mut tensors = Vec::new();
         let per_rank: Vec<_> = self.ranks.iter_mut().map(Trainer::state_tensors).collect::<Result<_, _>>()?;
         for (rank, rank_tensors) in per_rank.iter().enumerate() {
             for tensor in rank_tensors {
-                if !Shard::of(tensor.role, rank as u64, t, vocab).is_whole() {
+                if !Shard::of(tensor.role, rank as u64, t, &layout).is_whole() {
                     tensors.push(super::SavedTensor { rank: Some(rank as u32), ..tensor.clone() });
                 } else if rank == 0 {
                     for (other, theirs) in per_rank.iter().enumerate().skip(1) {

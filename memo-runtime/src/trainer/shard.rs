@@ -2,30 +2,64 @@
 //! whole rows: what rank-aware initialisation draws, and how the ranks' shards (parameters,
 //! gradients) reassemble into the `t = 1` tensor.
 
+use memo_plan_core::model::ModelConfig;
 use memo_plan_core::plan::{Buffer, TensorRole};
+
+/// What the split of the parameters depends on beyond the roles: the vocabulary (its padding),
+/// whether FC1 stacks two products (SwiGLU's gate and up, each split over the ranks), and
+/// whether K and V are replicated (`t > kv_heads`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardLayout {
+    /// The vocabulary `V`.
+    pub vocab: u64,
+    /// The products stacked in FC1's rows (1, or 2 for SwiGLU).
+    pub fc1_blocks: u64,
+    /// Whether every rank holds all of K and V.
+    pub kv_replicated: bool,
+}
+
+impl ShardLayout {
+    /// The layout of `model`'s parameters over `ranks` ranks.
+    pub fn of(model: &ModelConfig, ranks: u64) -> Self {
+        ShardLayout {
+            vocab: model.vocab,
+            fc1_blocks: model.architecture.ffn_in_products(),
+            kv_replicated: model.kv_replicated(ranks),
+        }
+    }
+
+    /// A GPT's layout (one FC1 product, K and V split like Q) with vocabulary `vocab`.
+    pub fn gpt(vocab: u64) -> Self {
+        ShardLayout { vocab, fc1_blocks: 1, kv_replicated: false }
+    }
+}
 
 /// How a parameter (or its gradient) is split across the ranks of a tensor-parallel group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shard {
-    /// Every rank holds all of it (`t = 1`, layer norms, the row-parallel biases).
+    /// Every rank holds all of it (`t = 1`, norms, the row-parallel biases, replicated K and V).
     Whole,
-    /// Column-parallel weights (`[out, in]`): rank `rank` holds output rows
-    /// `[rank*rows, (rank+1)*rows)` of the `ranks*rows`-row tensor.
+    /// Column-parallel weights (`[out, in]`) whose `t = 1` rows are `blocks` products stacked
+    /// (SwiGLU's gate then up; 1 otherwise): rank `rank` holds rows `[rank*n, (rank+1)*n)` of
+    /// every block (`n` its rows per block), block after block.
     Rows {
         /// This rank.
         rank: u64,
         /// The group's size.
         ranks: u64,
+        /// Products stacked.
+        blocks: u64,
     },
     /// Row-parallel weights and column-parallel biases: rank `rank` holds elements
-    /// `[rank*n, (rank+1)*n)` of every row (`n` the shard's elements per row).
+    /// `[rank*n, (rank+1)*n)` of every row (`n` the shard's elements per row). (SwiGLU with an FC1
+    /// bias, which would need two blocks per row, is refused by the model's validation.)
     Columns {
         /// This rank.
         rank: u64,
         /// The group's size.
         ranks: u64,
     },
-    /// The vocabulary-parallel embedding: rank `rank` holds vocabulary rows
+    /// The vocabulary-parallel embedding and classifier: rank `rank` holds vocabulary rows
     /// `[rank*rows, (rank+1)*rows)`; rows at or past `vocab` are zero padding.
     VocabRows {
         /// This rank.
@@ -39,17 +73,20 @@ pub enum Shard {
 
 impl Shard {
     /// How `role` is split on rank `rank` of `ranks` (`spec/tensor-parallel.md` §2).
-    pub fn of(role: TensorRole, rank: u64, ranks: u64, vocab: u64) -> Shard {
+    pub fn of(role: TensorRole, rank: u64, ranks: u64, layout: &ShardLayout) -> Shard {
         use TensorRole as R;
         if ranks <= 1 {
             return Shard::Whole;
         }
+        let fc1 = layout.fc1_blocks.max(1);
         match role {
-            R::QueryWeight | R::KeyWeight | R::ValueWeight | R::Fc1Weight => Shard::Rows { rank, ranks },
+            R::KeyWeight | R::ValueWeight | R::KeyBias | R::ValueBias if layout.kv_replicated => Shard::Whole,
+            R::QueryWeight | R::KeyWeight | R::ValueWeight => Shard::Rows { rank, ranks, blocks: 1 },
+            R::Fc1Weight => Shard::Rows { rank, ranks, blocks: fc1 },
             R::QueryBias | R::KeyBias | R::ValueBias | R::Fc1Bias | R::ProjectionWeight | R::Fc2Weight => {
                 Shard::Columns { rank, ranks }
             }
-            R::Embedding => Shard::VocabRows { rank, ranks, vocab },
+            R::Embedding | R::ClassifierWeight => Shard::VocabRows { rank, ranks, vocab: layout.vocab },
             _ => Shard::Whole,
         }
     }
@@ -65,7 +102,11 @@ impl Shard {
     pub fn runs(self, rows: u64, per_row: u64) -> Vec<(u64, Option<u64>)> {
         match self {
             Shard::Whole => vec![(rows, Some(0))],
-            Shard::Rows { rank, .. } => vec![(rows, Some(rank * rows * per_row))],
+            Shard::Rows { rank, ranks, blocks } => {
+                // Each block of the whole tensor has `ranks * n` rows, n = rows / blocks.
+                let n = rows / blocks.max(1);
+                (0..blocks).map(|block| (n, Some((block * ranks * n + rank * n) * per_row))).collect()
+            }
             Shard::Columns { rank, ranks } => {
                 (0..rows).map(|row| (1, Some(row * per_row * ranks + rank * per_row))).collect()
             }
@@ -86,7 +127,7 @@ impl Shard {
     pub fn reassemble(
         role: TensorRole,
         buffer: &Buffer,
-        vocab: u64,
+        layout: &ShardLayout,
         element: u64,
         shards: &[Vec<u8>],
     ) -> Option<Vec<u8>> {
@@ -96,20 +137,20 @@ impl Shard {
             return None;
         }
         let per_row = row_bytes / element;
-        let full_rows = match Shard::of(role, 0, ranks, vocab) {
+        let full_rows = match Shard::of(role, 0, ranks, layout) {
             Shard::Whole => return shards.first().cloned(),
             Shard::Rows { .. } => rows * ranks,
             Shard::Columns { .. } => rows,
-            Shard::VocabRows { .. } => vocab,
+            Shard::VocabRows { vocab, .. } => vocab,
         };
-        let full_per_row = match Shard::of(role, 0, ranks, vocab) {
+        let full_per_row = match Shard::of(role, 0, ranks, layout) {
             Shard::Columns { .. } => per_row * ranks,
             _ => per_row,
         };
         let mut full = vec![0u8; usize::try_from(full_rows * full_per_row * element).ok()?];
         for (rank, bytes) in shards.iter().enumerate() {
             let mut local = 0u64;
-            for (run_rows, first) in Shard::of(role, rank as u64, ranks, vocab).runs(rows, per_row) {
+            for (run_rows, first) in Shard::of(role, rank as u64, ranks, layout).runs(rows, per_row) {
                 let len = (run_rows * per_row * element) as usize;
                 if let Some(first) = first {
                     let at = (first * element) as usize;
@@ -145,7 +186,7 @@ mod tests {
         (0..ranks)
             .map(|rank| {
                 let mut out = Vec::new();
-                for (n, first) in Shard::of(role, rank, ranks, vocab).runs(rows, per_row) {
+                for (n, first) in Shard::of(role, rank, ranks, &ShardLayout::gpt(vocab)).runs(rows, per_row) {
                     for i in 0..n * per_row {
                         let value = first.map_or(0xFFFF, |f| (f + i) as u16);
                         out.extend_from_slice(&value.to_le_bytes());
@@ -178,14 +219,14 @@ mod tests {
             (TensorRole::NormScale1, 3, 0, 1, 5, 5),
         ] {
             let s = shards(role, ranks, vocab, rows, per_row);
-            let whole = Shard::reassemble(role, &buffer(role, rows, per_row), vocab, 2, &s).unwrap();
+            let whole = Shard::reassemble(role, &buffer(role, rows, per_row), &ShardLayout::gpt(vocab), 2, &s).unwrap();
             let values: Vec<u16> = whole.chunks(2).map(|p| u16::from_le_bytes([p[0], p[1]])).collect();
             assert_eq!(values, (0..full).map(|i| i as u16).collect::<Vec<_>>(), "{role:?} on {ranks}");
         }
         assert!(Shard::reassemble(
             TensorRole::QueryWeight,
             &buffer(TensorRole::QueryWeight, 3, 4),
-            0,
+            &ShardLayout::gpt(0),
             2,
             &[vec![0; 3]]
         )
