@@ -432,7 +432,9 @@ fn hf_model(path: &Path, seq_len: u64, micro_batch: u64) -> Result<ModelConfig, 
     let name = path.display();
     let text = std::fs::read_to_string(path).map_err(|e| {
         let (code, what) = match e.kind() {
-            std::io::ErrorKind::InvalidData => (exit::BAD_INPUT, "it is not UTF-8 text; a config.json is JSON".to_string()),
+            std::io::ErrorKind::InvalidData => {
+                (exit::BAD_INPUT, "it is not UTF-8 text; a config.json is JSON".to_string())
+            }
             _ => (exit::IO_ERROR, format!("{e}; check the path and permissions")),
         };
         Failure::new(code, format!("cannot read {name}: {what}"))

@@ -27,7 +27,8 @@ fn a_llama_config_json_plans_like_its_preset() {
     }
     // The same plans as the preset's, in JSON (all but the timings of planning).
     let json = |model: &str| {
-        let output = memo(&["plan", "--model", model, "--seq", "8K", "--machine", "h100x8", "--tp", "8", "--json"], None);
+        let output =
+            memo(&["plan", "--model", model, "--seq", "8K", "--machine", "h100x8", "--tp", "8", "--json"], None);
         assert_eq!(code(&output), 0, "{}", stderr(&output));
         let mut value: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
         for strategy in value["strategies"].as_array_mut().unwrap() {
@@ -40,9 +41,11 @@ fn a_llama_config_json_plans_like_its_preset() {
 
 #[test]
 fn a_mixture_of_experts_exits_2_naming_the_field_and_the_file() {
-    let mixtral = std::fs::read_to_string(LLAMA_8B)
-        .unwrap()
-        .replacen("\"model_type\": \"llama\",", "\"model_type\": \"llama\",\n  \"num_local_experts\": 8,", 1);
+    let mixtral = std::fs::read_to_string(LLAMA_8B).unwrap().replacen(
+        "\"model_type\": \"llama\",",
+        "\"model_type\": \"llama\",\n  \"num_local_experts\": 8,",
+        1,
+    );
     let path = config_json("mixtral", &mixtral);
     let path = path.to_str().unwrap();
     let output = memo(&["plan", "--model", path, "--seq", "8K", "--machine", "h100x8", "--tp", "8"], None);

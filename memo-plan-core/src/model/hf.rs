@@ -258,7 +258,7 @@ impl<'a> Fields<'a> {
         match value {
             Value::Number(n) => match (n.as_u64(), n.as_f64()) {
                 (Some(v), _) => Ok(Some(v)),
-                (None, Some(x)) if x >= 0.0 && x < 9.007_199_254_740_992e15 && x == libm::trunc(x) => {
+                (None, Some(x)) if (0.0..9.007_199_254_740_992e15).contains(&x) && x == libm::trunc(x) => {
                     Ok(Some(x as u64))
                 }
                 _ => Err(HfConfigError::OutOfRange {
