@@ -5,7 +5,8 @@
 //!
 //! ```toml
 //! [model]
-//! preset = "7b"            # 7b, 13b, 30b, 65b
+//! preset = "7b"            # 7b, 13b, 30b, 65b, llama3.1-8b, llama3.1-70b, qwen2.5-7b, ...
+//! hf_config = "llama/config.json"  # or a Hugging Face config.json (relative to this file) instead
 //! layers = 32
 //! hidden = 4096
 //! heads = 32
@@ -38,10 +39,18 @@
 //! `host_memory_per_node`, `d2h`, `h2d` and `peak_flops`; the machine is then named after the
 //! file (`spec/cost-model.md` §10). The interconnect defaults to the preset's (none for a machine
 //! without a preset: then `t > 1` needs `interconnect_bandwidth`).
+//!
+//! `--model PATH` (a path ending in `.json`, or any existing file that parses as JSON) and
+//! `hf_config` read a Hugging Face `config.json` with
+//! [`memo_plan_core::model::model_from_hf_config`]; the model is named after the file's directory
+//! (the repository name in a Hugging Face cache snapshot), and the other fields and flags apply on
+//! top of it as on top of a preset.
 
 use std::path::{Path, PathBuf};
 
-use memo_plan_core::model::{Hardware, Interconnect, ModelConfig, Parallelism, HARDWARE_PRESETS, MODEL_PRESETS};
+use memo_plan_core::model::{
+    model_from_hf_config, Hardware, Interconnect, ModelConfig, Parallelism, HARDWARE_PRESETS, MODEL_PRESETS,
+};
 use memo_plan_core::trace;
 use serde::Deserialize;
 
@@ -50,8 +59,9 @@ use crate::exit::{self, Failure};
 /// The flags every planning command shares.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ConfigArgs {
-    /// Model preset (7b, 13b, 30b, 65b)
-    #[arg(long, value_name = "NAME")]
+    /// Model preset (7b, 13b, 30b, 65b, llama3.1-8b, llama3.1-70b, qwen2.5-7b, qwen2.5-72b, mistral-7b) or a
+    /// Hugging Face config.json (e.g. --model examples/models/hf/llama3.1-8b/config.json)
+    #[arg(long, value_name = "NAME|PATH")]
     pub model: Option<String>,
 
     /// Tokens per sequence; K and M are binary (1M = 1,048,576)
@@ -165,6 +175,7 @@ struct File {
 #[serde(deny_unknown_fields)]
 struct ModelTable {
     preset: Option<String>,
+    hf_config: Option<PathBuf>,
     layers: Option<u32>,
     hidden: Option<u64>,
     heads: Option<u64>,
@@ -294,18 +305,39 @@ impl ConfigArgs {
             }
         };
         let micro_batch = self.micro_batch.or(file.model.micro_batch).unwrap_or(1);
-        let model_name = self.model.clone().or(file.model.preset.clone());
-        let mut model = match &model_name {
-            Some(name) => ModelConfig::preset(name, seq, micro_batch).map_err(|_| {
+        // The flag's model (a preset or a config.json) replaces the file's.
+        let source = match (&self.model, &file.model.preset, &file.model.hf_config) {
+            (Some(arg), _, _) => match hf_config_arg(arg) {
+                Some(path) => ModelSource::HfConfig(path),
+                None => ModelSource::Preset(arg.clone()),
+            },
+            (None, Some(_), Some(_)) => {
+                return Err(Failure::new(
+                    exit::BAD_INPUT,
+                    format!("{file_name}: the [model] table gives both preset and hf_config: keep one"),
+                ));
+            }
+            (None, Some(preset), None) => ModelSource::Preset(preset.clone()),
+            (None, None, Some(path)) => {
+                // Relative to the TOML file, as the file's author sees it.
+                let base = Path::new(file_name).parent().unwrap_or(Path::new(""));
+                ModelSource::HfConfig(base.join(path))
+            }
+            (None, None, None) => ModelSource::Shape,
+        };
+        let mut model = match &source {
+            ModelSource::HfConfig(path) => hf_model(path, seq, micro_batch)?,
+            ModelSource::Preset(name) => ModelConfig::preset(name, seq, micro_batch).map_err(|_| {
                 Failure::new(
                     exit::BAD_INPUT,
                     format!(
-                        "unknown model preset {name:?}: use one of {} or give the shape in --config",
+                        "unknown model preset {name:?}: use one of {}, a Hugging Face config.json or give the \
+                         shape in --config",
                         preset_names(MODEL_PRESETS, |p| p.name)
                     ),
                 )
             })?,
-            None => {
+            ModelSource::Shape => {
                 let m = &file.model;
                 match (m.layers.or(self.layers), m.hidden.or(self.hidden), m.heads.or(self.heads)) {
                     (Some(layers), Some(hidden), Some(heads)) => {
@@ -314,7 +346,8 @@ impl ConfigArgs {
                     _ => {
                         return Err(Failure::new(
                             exit::BAD_INPUT,
-                            "no model: give --model 7b (or 13b, 30b, 65b), or layers, hidden and heads",
+                            "no model: give --model 7b (or another preset, or a Hugging Face config.json), or layers, \
+                             hidden and heads",
                         ));
                     }
                 }
@@ -369,6 +402,66 @@ impl ConfigArgs {
             .map_err(|e| Failure::new(exit::BAD_INPUT, format!("machine: {e}")))?;
         Ok(Config { model, parallel, hardware, interconnect })
     }
+}
+
+/// Where the model of a planning command comes from.
+enum ModelSource {
+    /// A preset's name.
+    Preset(String),
+    /// A Hugging Face `config.json`.
+    HfConfig(PathBuf),
+    /// `layers`, `hidden` and `heads` given one by one.
+    Shape,
+}
+
+/// The `config.json` that `--model ARG` names, if it names one: a path ending in `.json`, or an
+/// existing file whose text parses as JSON (a preset name otherwise).
+fn hf_config_arg(arg: &str) -> Option<PathBuf> {
+    let path = Path::new(arg);
+    if arg.to_ascii_lowercase().ends_with(".json") {
+        return Some(path.to_path_buf());
+    }
+    let is_json = path.is_file()
+        && std::fs::read_to_string(path).is_ok_and(|text| serde_json::from_str::<serde_json::Value>(&text).is_ok());
+    is_json.then(|| path.to_path_buf())
+}
+
+/// The model of a Hugging Face `config.json`. Every failure is one line naming the file: an
+/// unreadable file is an I/O error (exit 1), a config the planner cannot describe bad input (2).
+fn hf_model(path: &Path, seq_len: u64, micro_batch: u64) -> Result<ModelConfig, Failure> {
+    let name = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        let (code, what) = match e.kind() {
+            std::io::ErrorKind::InvalidData => {
+                (exit::BAD_INPUT, "it is not UTF-8 text; a config.json is JSON".to_string())
+            }
+            _ => (exit::IO_ERROR, format!("{e}; check the path and permissions")),
+        };
+        Failure::new(code, format!("cannot read {name}: {what}"))
+    })?;
+    model_from_hf_config(&text, &hf_model_name(path), seq_len, micro_batch)
+        .map_err(|e| Failure::new(exit::BAD_INPUT, format!("{name}: {e}")))
+}
+
+/// A `config.json`'s model name: its directory's name (`.../Llama-3.1-8B/config.json`), the
+/// repository's in a Hugging Face cache snapshot (`models--meta-llama--Llama-3.1-8B/snapshots/
+/// <commit>/config.json`), else the file's stem.
+fn hf_model_name(path: &Path) -> String {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let name_of = |p: Option<&Path>| p.and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned());
+    let directory = absolute.parent();
+    let snapshots = directory.and_then(Path::parent);
+    if name_of(snapshots).as_deref() == Some("snapshots") {
+        if let Some(repository) = name_of(snapshots.and_then(Path::parent)) {
+            if let Some(model) = repository.strip_prefix("models--").and_then(|r| r.rsplit("--").next()) {
+                return model.to_string();
+            }
+        }
+    }
+    name_of(directory)
+        .filter(|n| !n.is_empty())
+        .or_else(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "custom".to_string())
 }
 
 /// The machine of a `[machine]` table: its `preset` (or `preset_override`, e.g. `--machine`) with
@@ -476,10 +569,17 @@ fn model_from_file(path: &Path, seq_len: u64, micro_batch: u64) -> Result<ModelC
     let file = read_file(path, "--model")?;
     let m = &file.model;
     let name = path.display().to_string();
-    let mut model = match &m.preset {
-        Some(preset) => ModelConfig::preset(preset, seq_len, micro_batch)
+    let mut model = match (&m.preset, &m.hf_config) {
+        (Some(_), Some(_)) => {
+            return Err(Failure::new(
+                exit::BAD_INPUT,
+                format!("{name}: the [model] table gives both preset and hf_config: keep one"),
+            ))
+        }
+        (Some(preset), None) => ModelConfig::preset(preset, seq_len, micro_batch)
             .map_err(|e| Failure::new(exit::BAD_INPUT, format!("{name}: model.preset: {e}")))?,
-        None => match (m.layers, m.hidden, m.heads) {
+        (None, Some(hf)) => hf_model(&path.parent().unwrap_or(Path::new("")).join(hf), seq_len, micro_batch)?,
+        (None, None) => match (m.layers, m.hidden, m.heads) {
             (Some(layers), Some(hidden), Some(heads)) => {
                 let mut model = ModelConfig::new("custom", layers, hidden, heads, seq_len, micro_batch);
                 model.vocab = 256;
@@ -670,6 +770,48 @@ mod interconnect_tests {
         .unwrap();
         let error = ConfigArgs { machine: None, machine_file: Some(custom), ..base }.resolve().unwrap_err();
         assert!(error.message().contains("interconnect_bytes_per_s"), "{}", error.message());
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+#[cfg(test)]
+mod hf_tests {
+    use super::*;
+
+    #[test]
+    fn a_config_json_is_named_after_its_directory_or_its_repository() {
+        assert_eq!(hf_model_name(Path::new("examples/models/hf/llama3.1-8b/config.json")), "llama3.1-8b");
+        let snapshot = "/cache/hub/models--meta-llama--Llama-3.1-8B/snapshots/0e9e39f/config.json";
+        assert_eq!(hf_model_name(Path::new(snapshot)), "Llama-3.1-8B");
+        assert_eq!(hf_model_name(Path::new("/qwen.json")), "qwen");
+    }
+
+    #[test]
+    fn a_toml_hf_config_is_read_relative_to_the_toml_and_flags_apply_on_top() {
+        let dir = std::env::temp_dir().join(format!("memo-hf-config-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("Mistral-7B-v0.3")).unwrap();
+        let json = include_str!("../../examples/models/hf/mistral-7b/config.json");
+        std::fs::write(dir.join("Mistral-7B-v0.3/config.json"), json).unwrap();
+        let toml = dir.join("cluster.toml");
+        std::fs::write(&toml, "[model]\nhf_config = \"Mistral-7B-v0.3/config.json\"\nseq_len = \"32K\"\n").unwrap();
+        let args = ConfigArgs {
+            config: Some(toml.clone()),
+            machine: Some("h100x8".into()),
+            layers: Some(4),
+            ..ConfigArgs::default()
+        };
+        let config = args.resolve().unwrap();
+        let mut expected = ModelConfig::preset("mistral-7b", 32 << 10, 1).unwrap();
+        expected.name = "Mistral-7B-v0.3".into();
+        expected.layers = 4;
+        assert_eq!(config.model, expected);
+        // The flag's model replaces the file's.
+        let flagged = ConfigArgs { model: Some("7b".into()), ..args.clone() }.resolve().unwrap();
+        assert_eq!(flagged.model.name, "7b");
+        // Both in the table is ambiguous.
+        std::fs::write(&toml, "[model]\npreset = \"7b\"\nhf_config = \"Mistral-7B-v0.3/config.json\"\n").unwrap();
+        let error = ConfigArgs { seq: Some(1024), ..args }.resolve().unwrap_err();
+        assert!(error.message().contains("hf_config"), "{}", error.message());
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -30,6 +30,7 @@ Examples:
   memo plan --model 7b --seq 1M --machine a800x8 --tp 8
   memo plan --model 7b --seq 1M --machine a800x8 --tp 8 --strategy memo -o plan.memo
   memo plan --model 7b --machine a800x8 --tp 8 --max-seq
+  memo plan --model path/to/Llama-3.1-8B/config.json --seq 128K --machine h100x8 --tp 8
   memo plan --config my-cluster.toml --seq 512K --json";
 
 /// The arguments of `memo plan`.

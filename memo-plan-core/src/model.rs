@@ -19,9 +19,11 @@ use alloc::string::String;
 use core::fmt;
 
 mod architecture;
+pub mod hf;
 mod presets;
 
 pub use architecture::{Architecture, Biases, Ffn, Norm, RopeScaling, SkeletalWidths};
+pub use hf::{model_from_hf_config, HfConfigError};
 
 pub use presets::{
     HardwarePreset, InterconnectPreset, ModelPreset, ACHIEVED_PERCENT_OF_PEAK, CPU_INTERCONNECT, HARDWARE_PRESETS,
