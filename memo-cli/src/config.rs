@@ -49,7 +49,8 @@
 use std::path::{Path, PathBuf};
 
 use memo_plan_core::model::{
-    model_from_hf_config, Hardware, Interconnect, ModelConfig, Parallelism, HARDWARE_PRESETS, MODEL_PRESETS,
+    model_from_hf_config, Architecture, Biases, Ffn, Hardware, Interconnect, ModelConfig, Norm, Parallelism,
+    HARDWARE_PRESETS, MODEL_PRESETS,
 };
 use memo_plan_core::trace;
 use serde::Deserialize;
@@ -97,12 +98,27 @@ pub struct ConfigArgs {
     /// Hidden size
     #[arg(long, value_name = "H", help_heading = "Model overrides")]
     pub hidden: Option<u64>,
-    /// Attention heads
+    /// Attention (query) heads
     #[arg(long, value_name = "A", help_heading = "Model overrides")]
     pub heads: Option<u64>,
-    /// MLP width (default 4 x hidden)
+    /// Key/value heads (grouped-query attention; default: as many as the query heads)
+    #[arg(long, value_name = "G", help_heading = "Model overrides")]
+    pub kv_heads: Option<u64>,
+    /// FFN width (default 4 x hidden)
     #[arg(long, value_name = "F", help_heading = "Model overrides")]
     pub ffn_hidden: Option<u64>,
+    /// FFN kind: gelu or swiglu
+    #[arg(long, value_name = "KIND", value_parser = parse_ffn, help_heading = "Model overrides")]
+    pub ffn: Option<Ffn>,
+    /// Norm kind: layernorm or rmsnorm
+    #[arg(long, value_name = "KIND", value_parser = parse_norm, help_heading = "Model overrides")]
+    pub norm: Option<Norm>,
+    /// Which projections have biases: all, qkv or none
+    #[arg(long, value_name = "WHICH", value_parser = parse_biases, help_heading = "Model overrides")]
+    pub biases: Option<Biases>,
+    /// Whether the classifier is the word embedding (true) or a matrix of its own (false)
+    #[arg(long, value_name = "BOOL", help_heading = "Model overrides")]
+    pub tied_embeddings: Option<bool>,
     /// Vocabulary size
     #[arg(long, value_name = "V", help_heading = "Model overrides")]
     pub vocab: Option<u64>,
@@ -179,7 +195,14 @@ struct ModelTable {
     layers: Option<u32>,
     hidden: Option<u64>,
     heads: Option<u64>,
+    kv_heads: Option<u64>,
     ffn_hidden: Option<u64>,
+    ffn: Option<String>,
+    norm: Option<String>,
+    biases: Option<String>,
+    tied_embeddings: Option<bool>,
+    rope_theta: Option<f64>,
+    norm_eps: Option<f64>,
     vocab: Option<u64>,
     seq_len: Option<Quantity>,
     micro_batch: Option<u64>,
@@ -356,13 +379,26 @@ impl ConfigArgs {
         let m = &file.model;
         apply(&mut model.layers, [m.layers, self.layers]);
         apply(&mut model.hidden, [m.hidden, self.hidden]);
+        // Multi-head attention stays so when the head count changes; a grouped model keeps its
+        // K/V heads (the model's validation says if they no longer divide the heads).
+        let multi_head = model.kv_heads == model.heads;
         apply(&mut model.heads, [m.heads, self.heads]);
+        if multi_head {
+            model.kv_heads = model.heads;
+        }
+        apply(&mut model.kv_heads, [m.kv_heads, self.kv_heads]);
         // A new hidden size moves the default MLP width with it.
         if m.hidden.or(self.hidden).is_some() {
             model.ffn_hidden = model.hidden.saturating_mul(4);
         }
         apply(&mut model.ffn_hidden, [m.ffn_hidden, self.ffn_hidden]);
         apply(&mut model.vocab, [m.vocab, self.vocab]);
+        apply_architecture(&mut model.architecture, m, file_name)?;
+        let a = &mut model.architecture;
+        apply(&mut a.ffn, [self.ffn]);
+        apply(&mut a.norm, [self.norm]);
+        apply(&mut a.biases, [self.biases]);
+        apply(&mut a.tied_embeddings, [self.tied_embeddings]);
 
         let parallel = Parallelism::new(
             self.tp.or(file.parallel.tensor).unwrap_or(1),
@@ -593,10 +629,55 @@ fn model_from_file(path: &Path, seq_len: u64, micro_batch: u64) -> Result<ModelC
             }
         },
     };
+    apply(&mut model.kv_heads, [m.kv_heads]);
     apply(&mut model.ffn_hidden, [m.ffn_hidden]);
     apply(&mut model.vocab, [m.vocab]);
+    apply_architecture(&mut model.architecture, m, &name)?;
     model.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("{name}: model: {e}")))?;
     Ok(model)
+}
+
+/// The architecture fields of a `[model]` table over `architecture`: `ffn`, `norm`, `biases`
+/// (by their names), `tied_embeddings`, `rope_theta`, `norm_eps`.
+fn apply_architecture(architecture: &mut Architecture, m: &ModelTable, file_name: &str) -> Result<(), Failure> {
+    let bad =
+        |field: &str, error: String| Failure::new(exit::BAD_INPUT, format!("{file_name}: model.{field}: {error}"));
+    if let Some(ffn) = &m.ffn {
+        architecture.ffn = parse_ffn(ffn).map_err(|e| bad("ffn", e))?;
+    }
+    if let Some(norm) = &m.norm {
+        architecture.norm = parse_norm(norm).map_err(|e| bad("norm", e))?;
+    }
+    if let Some(biases) = &m.biases {
+        architecture.biases = parse_biases(biases).map_err(|e| bad("biases", e))?;
+    }
+    apply(&mut architecture.tied_embeddings, [m.tied_embeddings]);
+    apply(&mut architecture.rope_theta, [m.rope_theta]);
+    apply(&mut architecture.norm_eps, [m.norm_eps]);
+    Ok(())
+}
+
+/// One of `all`'s values by its name (case-insensitive), or the list of names.
+fn by_name<T: Copy>(text: &str, all: &[T], name: impl Fn(T) -> &'static str, what: &str) -> Result<T, String> {
+    all.iter().copied().find(|&v| name(v).eq_ignore_ascii_case(text.trim())).ok_or_else(|| {
+        let names: Vec<&str> = all.iter().map(|&v| name(v)).collect();
+        format!("`{text}` is no {what}: use one of {}", names.join(", "))
+    })
+}
+
+/// `gelu` or `swiglu`.
+pub fn parse_ffn(text: &str) -> Result<Ffn, String> {
+    by_name(text, &Ffn::ALL, Ffn::name, "FFN kind")
+}
+
+/// `layernorm` or `rmsnorm`.
+pub fn parse_norm(text: &str) -> Result<Norm, String> {
+    by_name(text, &Norm::ALL, Norm::name, "norm kind")
+}
+
+/// `all`, `qkv` or `none`.
+pub fn parse_biases(text: &str) -> Result<Biases, String> {
+    by_name(text, &Biases::ALL, Biases::name, "bias setting")
 }
 
 /// Overrides `field` with each given value in turn (later ones win).
