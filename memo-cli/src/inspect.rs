@@ -241,12 +241,10 @@ fn summarise(plan: &Plan) -> Result<Summary, Failure> {
         per_stream[instruction.stream.index()][column] += 1;
     }
     let mut text = format!(
-        "{} plan: {} ({} layers, h {}, {} heads), {} tokens x {}, t = {}, d = {}, on {}\n",
+        "{} plan: {} ({}), {} tokens x {}, t = {}, d = {}, on {}\n",
         p.strategy.name(),
         p.model.name,
-        p.model.layers,
-        p.model.hidden,
-        p.model.heads,
+        p.model.shape_summary(),
         p.model.seq_len,
         p.model.micro_batch,
         p.parallel.tensor,

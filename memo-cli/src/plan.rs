@@ -163,12 +163,10 @@ fn heading(config: &Config) -> String {
         String::new()
     };
     let line = format!(
-        "{} ({} layers, h {}, {} heads), {} tokens x {} sequence(s), t = {}, d = {}, on {}: {} per GPU, {} host per node \
+        "{} ({}), {} tokens x {} sequence(s), t = {}, d = {}, on {}: {} per GPU, {} host per node \
          ({} per GPU)\n",
         m.name,
-        m.layers,
-        m.hidden,
-        m.heads,
+        m.shape_summary(),
         m.seq_len,
         m.micro_batch,
         p.tensor,

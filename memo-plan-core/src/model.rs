@@ -377,6 +377,40 @@ impl ModelConfig {
         Ok(preset.model(seq_len, micro_batch))
     }
 
+    /// The layer's shape in words for reports: `32 layers, h 4096, 32 heads` for a GPT, followed
+    /// by `8 K/V heads` with grouped-query attention and by the architecture where it is not GPT's
+    /// (`SwiGLU FFN 14336, RMSNorm, no biases, untied`).
+    pub fn shape_summary(&self) -> String {
+        use core::fmt::Write;
+        let mut text = alloc::format!("{} layers, h {}, {} heads", self.layers, self.hidden, self.heads);
+        if self.kv_heads != self.heads {
+            let _ = write!(text, ", {} K/V heads", self.kv_heads);
+        }
+        let a = &self.architecture;
+        if *a != Architecture::GPT {
+            let ffn = match a.ffn {
+                Ffn::Gelu => "GeLU",
+                Ffn::SwiGlu => "SwiGLU",
+            };
+            let norm = match a.norm {
+                Norm::LayerNorm => "LayerNorm",
+                Norm::RmsNorm => "RMSNorm",
+            };
+            let biases = match a.biases {
+                Biases::All => "biases",
+                Biases::QkvOnly => "Q/K/V biases",
+                Biases::None => "no biases",
+            };
+            let tied = if a.tied_embeddings { "tied" } else { "untied" };
+            let _ =
+                write!(text, ", {ffn} FFN {}, {norm}, {biases}, {tied}, rope theta {}", self.ffn_hidden, a.rope_theta);
+            if a.rope_scaling.is_some() {
+                text.push_str(" (llama3 scaling)");
+            }
+        }
+        text
+    }
+
     /// The head dimension `hidden / heads` (0 when `heads` is 0).
     pub fn head_dim(&self) -> u64 {
         self.hidden.checked_div(self.heads).unwrap_or(0)

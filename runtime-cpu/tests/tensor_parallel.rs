@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use memo_plan_core::check::CheckedPlan;
-use memo_plan_core::model::ModelConfig;
+use memo_plan_core::model::{Architecture, Biases, ModelConfig};
 use memo_plan_core::plan::BufferKind;
 use memo_plan_core::plan::{Access, Action, EventId, Op, Plan, Strategy, Stream, TensorRole};
 use memo_runtime::checkpoint::{Checkpoint, StateKind};
@@ -577,6 +577,25 @@ fn tp_model() -> ModelConfig {
     model(2, 32, 4, 16, 1)
 }
 
+/// The Llama-shaped training model of the t > 1 tests: 4 query heads and 2 K/V heads (t = 2
+/// splits them, t = 4 replicates them), SwiGLU of width 88 (22 per rank at t = 4), RMSNorm, no
+/// biases, an untied classifier.
+fn llama_model() -> ModelConfig {
+    let mut m = tp_model();
+    m.kv_heads = 2;
+    m.ffn_hidden = 88;
+    m.architecture = Architecture::llama(10_000.0, 1e-5);
+    m
+}
+
+/// The same Llama-shaped model with Qwen2's Q/K/V biases (at t = 4 their replicated K/V biases'
+/// gradients have a buffer of their own).
+fn qwen_model() -> ModelConfig {
+    let mut m = llama_model();
+    m.architecture.biases = Biases::QkvOnly;
+    m
+}
+
 /// At t = 2 and t = 4, every strategy (keep-all, full-recompute, full-swap, memo at three forced
 /// alphas) trains bit-identically to the others at the same t over 20 steps: the same loss at
 /// every step and the same parameters; a rerun gives the same bits; and after the 20 steps every
@@ -584,8 +603,17 @@ fn tp_model() -> ModelConfig {
 /// bit-identical on every rank (`train_parallel` checks it, failing with `RanksDiverged`).
 #[test]
 fn every_strategy_trains_bit_identically_at_t_2_and_4() {
-    let m = tp_model();
-    for t in [2, 4] {
+    every_strategy_trains_bit_identically(&tp_model(), &[2, 4]);
+}
+
+/// The same for the Llama-shaped model at t = 1, 2 (K/V heads split) and 4 (replicated).
+#[test]
+fn every_strategy_trains_the_llama_shaped_model_bit_identically_at_t_1_2_and_4() {
+    every_strategy_trains_bit_identically(&llama_model(), &[1, 2, 4]);
+}
+
+fn every_strategy_trains_bit_identically(m: &ModelConfig, ts: &[u64]) {
+    for &t in ts {
         let reference = train_parallel(&m, t, Strategy::KeepAll, None, STEPS);
         let (first, last) = (f32::from_bits(reference.losses[0]), f32::from_bits(reference.losses[STEPS - 1]));
         assert!(last < first - 1.0, "t {t}: the loss falls ({first} -> {last})");
@@ -627,8 +655,11 @@ const TOLERANCE: f64 = 4.0 / 256.0;
 /// the spec.
 #[test]
 fn the_first_step_agrees_with_t_1_within_the_derived_bound() {
-    // One sequence of 16, and two of 8 (a rank's rows then cross a sequence boundary at t = 4).
-    for m in [tp_model(), model(2, 32, 4, 8, 2)] {
+    // One sequence of 16, and two of 8 (a rank's rows then cross a sequence boundary at t = 4);
+    // the Llama- and Qwen2-shaped models (t = 4 replicates their K/V heads).
+    let mut two_sequences = llama_model();
+    (two_sequences.seq_len, two_sequences.micro_batch) = (8, 2);
+    for m in [tp_model(), model(2, 32, 4, 8, 2), llama_model(), two_sequences, qwen_model()] {
         first_step_agrees_with_t_1(&m);
     }
 }
@@ -698,6 +729,8 @@ fn a_replicated_parameter_that_differs_between_ranks_is_reported() {
 fn resuming_two_and_four_ranks_is_bit_identical() {
     resume_is_bit_identical(&tp_model(), 2);
     resume_is_bit_identical(&tp_model(), 4);
+    resume_is_bit_identical(&qwen_model(), 2);
+    resume_is_bit_identical(&qwen_model(), 4);
 }
 
 /// Tokens outside the vocabulary are refused before any rank starts, so the group survives and
