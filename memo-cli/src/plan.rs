@@ -352,6 +352,31 @@ fn json_text(config: &Config, planned: &[Planned]) -> String {
     format!("{value}\n")
 }
 
+/// What stops a length, in words: `1306K: device +1.2 GiB (kept: fc1_out 4.0 GiB; largest buffer:
+/// partial_sum 1.1 GiB)`, the host's likewise.
+fn limit_text(limit: &planner::SequenceLimit) -> String {
+    let tensor = |what: &str, t: Option<(memo_plan_core::plan::TensorRole, u64)>| {
+        t.map(|(role, bytes)| format!("{what} {} {}", role.name(), human::binary_units(bytes)))
+    };
+    let mut text = format!("{}K:", limit.seq_len >> 10);
+    let Some(misfit) = &limit.misfit else {
+        text.push_str(" too long to plan (a size past 64 bits)");
+        return text;
+    };
+    if misfit.device_excess_bytes > 0 {
+        let parts: Vec<String> = [tensor("kept:", limit.device_kept), tensor("largest buffer:", limit.device_largest)]
+            .into_iter()
+            .flatten()
+            .collect();
+        text.push_str(&format!(" device +{} ({})", human::binary_units(misfit.device_excess_bytes), parts.join("; ")));
+    }
+    if misfit.host_excess_bytes > 0 {
+        let parts: Vec<String> = [tensor("swapped:", limit.host_kept)].into_iter().flatten().collect();
+        text.push_str(&format!(" host +{} ({})", human::binary_units(misfit.host_excess_bytes), parts.join("; ")));
+    }
+    text
+}
+
 fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
     let mut config_args = args.config.clone();
     // The search sets the length itself; a given one is only a starting shape.
@@ -385,6 +410,15 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
                     "max_seq_len": m.seq_len,
                     "plans_made": m.plans_made,
                     "search_time_ms": human::millis(*elapsed),
+                    "limit": m.limit.as_ref().map(|l| json!({
+                        "seq_len": l.seq_len,
+                        "device_excess_bytes": l.misfit.as_ref().map(|f| f.device_excess_bytes),
+                        "host_excess_bytes": l.misfit.as_ref().map(|f| f.host_excess_bytes),
+                        "device_kept": l.device_kept.map(|(role, bytes)| json!({"role": role.name(), "bytes": bytes})),
+                        "device_largest_buffer":
+                            l.device_largest.map(|(role, bytes)| json!({"role": role.name(), "bytes": bytes})),
+                        "host_kept": l.host_kept.map(|(role, bytes)| json!({"role": role.name(), "bytes": bytes})),
+                    })),
                     "plan": m.report.as_ref().map(|r| {
                         let mut c = config.clone();
                         c.model.seq_len = r.plan.provenance.model.seq_len;
@@ -418,6 +452,12 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
                     m.strategy.name(),
                     "none"
                 )),
+            }
+        }
+        out.push_str("\nWhat stops the next length:\n");
+        for (m, _) in &found {
+            if let Some(limit) = &m.limit {
+                out.push_str(&format!("  {:<15} {}\n", m.strategy.name(), limit_text(limit)));
             }
         }
         out.push_str(&format!("\nSearched multiples of {granularity} tokens up to {}.\n", planner::MAX_SEQ_LIMIT));

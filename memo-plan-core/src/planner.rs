@@ -12,7 +12,7 @@ use core::fmt;
 use crate::bilevel::{self, PlacementError};
 use crate::cost::{self, CostError, Mfu};
 use crate::model::{Hardware, Interconnect, ModelConfig, ModelError, Parallelism};
-use crate::plan::{Plan, Provenance, Strategy};
+use crate::plan::{BufferKind, Plan, Provenance, Strategy, TensorRole};
 use crate::schedule::{self, ScheduleError, ScheduleOptions};
 use crate::simulate::{self, Timeline};
 use crate::swap::{self, AlphaBound, SwapError, SwapFraction, SwapOptions};
@@ -208,6 +208,60 @@ pub struct MaxSequence {
     pub plans_made: u32,
     /// The plan at `seq_len`.
     pub report: Option<PlanReport>,
+    /// What stops the next length of the grid, when the search found one that does not fit.
+    pub limit: Option<SequenceLimit>,
+}
+
+/// Why the shortest length past the longest fitting one does not fit: by how much, in which
+/// memory, and the tensors that hold the most of it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SequenceLimit {
+    /// The length that does not fit.
+    pub seq_len: u64,
+    /// By how much, on the device and on the host (`None`: the length could not even be planned,
+    /// a size past 64 bits).
+    pub misfit: Option<Misfit>,
+    /// On the device: the skeletal tensor (by role, summed over the layers and rounding
+    /// buffers) that holds the most bytes, and those bytes.
+    pub device_kept: Option<(TensorRole, u64)>,
+    /// On the device: the largest single buffer outside the model state (its role and bytes).
+    pub device_largest: Option<(TensorRole, u64)>,
+    /// On the host: the swapped tensor (by role, summed over the layers) that holds the most.
+    pub host_kept: Option<(TensorRole, u64)>,
+}
+
+impl SequenceLimit {
+    fn of(seq_len: u64, report: Option<&PlanReport>) -> Self {
+        let Some(report) = report else {
+            return SequenceLimit { seq_len, misfit: None, device_kept: None, device_largest: None, host_kept: None };
+        };
+        let buffers = &report.plan.buffers;
+        let bytes = |b: &crate::plan::Buffer| b.rows.saturating_mul(b.row_bytes);
+        // The role with the most bytes among `kinds`, summed.
+        let most = |kinds: &[BufferKind]| {
+            let mut sums: Vec<(TensorRole, u64)> = Vec::new();
+            for b in buffers.iter().filter(|b| kinds.contains(&b.kind)) {
+                match sums.iter_mut().find(|(role, _)| *role == b.role) {
+                    Some((_, sum)) => *sum = sum.saturating_add(bytes(b)),
+                    None => sums.push((b.role, bytes(b))),
+                }
+            }
+            sums.into_iter().max_by_key(|&(role, sum)| (sum, core::cmp::Reverse(role)))
+        };
+        let state = [BufferKind::Parameter, BufferKind::Gradient, BufferKind::OptimizerState, BufferKind::HostSlot];
+        let device_largest = buffers
+            .iter()
+            .filter(|b| !state.contains(&b.kind))
+            .map(|b| (b.role, bytes(b)))
+            .max_by_key(|&(role, size)| (size, core::cmp::Reverse(role)));
+        SequenceLimit {
+            seq_len,
+            misfit: report.misfit.clone(),
+            device_kept: most(&[BufferKind::Skeletal, BufferKind::RoundingBuffer]),
+            device_largest,
+            host_kept: most(&[BufferKind::HostSlot]),
+        }
+    }
 }
 
 /// Finds the longest sequence `request.strategy` fits, searching multiples of `granularity` up to
@@ -217,29 +271,37 @@ pub fn max_seq(request: &PlanRequest, granularity: u64, limit: u64) -> Result<Ma
     let step = granularity.max(1);
     let mut attempt = request.clone();
     let mut made = 0u32;
-    let mut try_len = |tokens: u64| -> Result<Option<PlanReport>, PlanError> {
+    // Ok(fitting plan), or Err(the plan that does not fit, if it could be made).
+    let mut try_len = |tokens: u64| -> Result<Result<PlanReport, Option<PlanReport>>, PlanError> {
         attempt.model.seq_len = tokens;
         made += 1;
         match plan(&attempt) {
-            Ok(report) => Ok(report.fits().then_some(report)),
+            Ok(report) if report.fits() => Ok(Ok(report)),
+            Ok(report) => Ok(Err(Some(report))),
             // Only the length changed since the shortest one planned: a length too long to plan
             // (a size or FLOP count past 64 bits) does not fit either.
-            Err(_) if tokens > step => Ok(None),
+            Err(_) if tokens > step => Ok(Err(None)),
             Err(error) => Err(error),
         }
     };
     // The shortest length plans (or its error is the request's own), so later errors are lengths'.
-    let mut best = try_len(step)?;
+    let (mut best, mut stop) = match try_len(step)? {
+        Ok(report) => (Some(report), None),
+        Err(report) => (None, Some(SequenceLimit::of(step, report.as_ref()))),
+    };
     // Invariant: lo * step fits (or lo = 0), hi * step does not (or hi = limit / step + 1).
     let (mut lo, mut hi) = if best.is_some() { (1u64, limit / step + 1) } else { (0, 1) };
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         match try_len(mid * step)? {
-            Some(report) => {
+            Ok(report) => {
                 lo = mid;
                 best = Some(report);
             }
-            None => hi = mid,
+            Err(report) => {
+                hi = mid;
+                stop = Some(SequenceLimit::of(mid * step, report.as_ref()));
+            }
         }
     }
     Ok(MaxSequence {
@@ -247,6 +309,7 @@ pub fn max_seq(request: &PlanRequest, granularity: u64, limit: u64) -> Result<Ma
         seq_len: (lo > 0).then_some(lo * step),
         plans_made: made,
         report: best,
+        limit: stop,
     })
 }
 
