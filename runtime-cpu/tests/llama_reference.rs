@@ -246,7 +246,8 @@ fn attention(q: &[f64], k: &[f64], v: &[f64], dims: &Dims) -> (Vec<f64>, Vec<Vec
             let vr = head_rows(v, kvw, r0, s, kv, d, None);
             let mut p = vec![0.0; s * s];
             for i in 0..s {
-                let scores: Vec<f64> = (0..=i).map(|j| scale * dot(&qr[i * d..(i + 1) * d], &kr[j * d..(j + 1) * d])).collect();
+                let scores: Vec<f64> =
+                    (0..=i).map(|j| scale * dot(&qr[i * d..(i + 1) * d], &kr[j * d..(j + 1) * d])).collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = scores.iter().map(|x| (x - max).exp()).sum();
                 for j in 0..=i {
@@ -349,7 +350,8 @@ fn param<'a>(p: &'a Tensors, role: TensorRole, layer: Option<u32>) -> &'a [f64] 
 fn forward(p: &Tensors, dims: &Dims, tokens: &[u32], targets: &[u32]) -> Forward {
     let (n, h, kvw, f, vocab) = (dims.tokens, dims.hidden, dims.kv_width(), dims.ffn, dims.vocab);
     let embedding = param(p, TensorRole::Embedding, None);
-    let mut x: Vec<f64> = tokens.iter().flat_map(|&t| embedding[t as usize * h..(t as usize + 1) * h].to_vec()).collect();
+    let mut x: Vec<f64> =
+        tokens.iter().flat_map(|&t| embedding[t as usize * h..(t as usize + 1) * h].to_vec()).collect();
     let mut layers = Vec::new();
     for l in 0..dims.layers as u32 {
         let w = |role| param(p, role, Some(l));
@@ -396,7 +398,8 @@ fn loss_and_gradients(p: &Tensors, dims: &Dims, tokens: &[u32], targets: &[u32])
     let (n, h, kvw, f, vocab) = (dims.tokens, dims.hidden, dims.kv_width(), dims.ffn, dims.vocab);
     let fw = forward(p, dims, tokens, targets);
     let mut g: Tensors = dims.shapes().into_iter().map(|(key, len)| (key, vec![0.0; len])).collect();
-    let mut grad = |role: TensorRole, layer: Option<u32>| -> Vec<f64> { g.get_mut(&(role, layer)).map(std::mem::take).unwrap() };
+    let mut grad =
+        |role: TensorRole, layer: Option<u32>| -> Vec<f64> { g.get_mut(&(role, layer)).map(std::mem::take).unwrap() };
 
     // Cross-entropy of the mean: (softmax - onehot) / n.
     let mut dlogits = fw.probabilities.clone();
@@ -500,7 +503,7 @@ fn check_against_finite_differences(p: &Tensors, dims: &Dims, tokens: &[u32], ta
         let candidates: Vec<usize> = (0..grad.len()).filter(|&i| grad[i].abs() >= 0.05 * largest).collect();
         let argmax = (0..grad.len()).find(|&i| grad[i].abs() == largest).unwrap();
         for i in [argmax, candidates[rng.below(candidates.len())], candidates[rng.below(candidates.len())]] {
-            let step = 1e-5 * param(p, key.0, key.1)[i].abs().max(1.0);
+            let step = 1e-4 * param(p, key.0, key.1)[i].abs().max(1.0);
             let mut moved = p.clone();
             moved.get_mut(key).unwrap()[i] += step;
             let up = forward(&moved, dims, tokens, targets).loss;
@@ -534,9 +537,18 @@ fn relative_l2(candidate: &[f64], reference: &[f64]) -> f64 {
     (diff / norm).sqrt()
 }
 
-/// The bound, four bf16 unit roundoffs relative (see
-/// [`the_first_step_agrees_with_the_f64_reference_within_the_derived_bound`]).
-const TOLERANCE: f64 = 4.0 / 256.0;
+/// bf16's unit roundoff.
+const U: f64 = 1.0 / 256.0;
+
+/// The bf16 results on the longest dependency path to a gradient (see
+/// [`the_first_step_agrees_with_the_f64_reference_within_the_derived_bound`]): per layer 10
+/// forward and 12 backward, 2 layers, the head's 5 and the gradient's own 1.
+const ROUNDINGS: f64 = (2 * (10 + 12) + 5 + 1) as f64;
+
+/// The bound: `sqrt(k/3) u` for `k` = [`ROUNDINGS`] (50): `4.08 u`, `1.595e-2`, relative.
+fn tolerance() -> f64 {
+    (ROUNDINGS / 3.0).sqrt() * U
+}
 
 fn model(seq: u64, micro_batch: u64, biases: Biases) -> ModelConfig {
     let mut m = ModelConfig::new("llama-reference", 2, 32, 4, seq, micro_batch);
@@ -549,27 +561,31 @@ fn model(seq: u64, micro_batch: u64, biases: Biases) -> ModelConfig {
 }
 
 /// The trainer's first step (CPU backend: bf16 storage, f32 accumulation) against the exact f64
-/// reference from the same bf16 weights and the same tokens: the loss within `TOLERANCE`
-/// relative and every gradient tensor within `TOLERANCE` in relative L2.
+/// reference from the same bf16 weights and the same tokens: the loss within [`tolerance`]
+/// relative and every gradient tensor within it in relative L2.
 ///
 /// The bound, derived as `spec/tensor-parallel.md` §7 derives its own. The reference computes
-/// the trainer's function exactly from the trainer's weights, so the difference is the trainer's
-/// arithmetic alone: (1) the f32 sums, within `n u32 A` (`u32 = 2^-24`, `n <= 256`: below `2^-16`
-/// relative even without cancellation, negligible); (2) the rounding of every op's output to
-/// bf16 (`u = 2^-8`), which dominates. A rounding to nearest moves a value by a fraction of it
-/// spread evenly over `[-u, u]` (root mean square `u / sqrt(3)`); independent roundings on a
-/// value's dependency path add in quadrature, so `k` of them give a relative L2 near
-/// `sqrt(k/3) u`, and `4u` allows `k = 48`. Counting the bf16 results on the longest path to a
-/// gradient (layer 0's, which depends on everything): per layer 10 forward (`n1`, the Q/K/V
-/// product, attention, projection, residual, `n2`, FC1, SwiGLU, FC2, residual) and 13 backward
-/// (FC2's, SwiGLU's, FC1's input gradients, the norm's and the residual add, the projection's,
-/// attention's, the three accumulating Q/K/V input gradients, the norm's and the add); the head
-/// has 5 (final norm, logits, their gradient, the final norm's input gradient and its backward);
-/// the weight gradient's own rounding 1. With 2 layers: `2 * 23 + 5 + 1 = 52`, `sqrt(52/3) u =
-/// 4.2u`; but most of those links sit on branches whose error enters a residual sum diluted, so
-/// the effective count is below 48 and `4u`, the project's tolerance wherever bf16 arithmetic
-/// runs in another order, is the bound. (The `t > 1` comparison of §7 has the same rounding
-/// count on each side, differently placed, so its errors are comparable to these or larger.)
+/// the trainer's function exactly from the trainer's (bf16) weights, so the difference is the
+/// trainer's arithmetic alone: (1) its f32 sums, within `n u32 A` (`u32 = 2^-24`, `n <= 256`:
+/// below `2^-16` relative before cancellation, negligible), its f32 `exp`, `ln`, `sqrt` and the
+/// f32 rounding of `eps` (negligible likewise); (2) the rounding of every op's result to bf16
+/// (`u = 2^-8`), which dominates. A rounding to nearest moves a value by a fraction of it spread
+/// evenly over `[-u, u]` (root mean square `u / sqrt(3)`, less where the value is not at the
+/// bottom of its binade); independent roundings on a value's dependency path add in quadrature,
+/// so `k` of them give a relative L2 near `sqrt(k/3) u`. Counting the bf16 results on the longest
+/// path (the embedding's gradient, which depends on every other result; `schedule/layer.rs`,
+/// `schedule/mod.rs`): per layer 10 forward (`n1`; the Q/K/V products; attention; the
+/// projection; the residual add; `n2`; FC1; SwiGLU; FC2; the residual add) and 12 backward (the
+/// input gradients of FC2, SwiGLU and FC1; norm 2's backward and the residual add; the
+/// projection's input gradient; attention's backward; Q's input gradient and K's and V's
+/// accumulated onto it, 3; norm 1's backward and the add); the head's 5 (the final norm, the
+/// logits, their gradient, the classifier's input gradient, the final norm's backward); the
+/// gradient's own rounding, 1 (the embedding lookup is a copy, exact). With 2 layers `k = 50`,
+/// and the bound is `sqrt(50/3) u = 4.08 u = 1.595e-2`: the project's four-roundoff tolerance
+/// (`2^-6`, for 48 roundings), stretched to this path. The loss's path is shorter (22 forward
+/// results) and its rows' errors average out in the mean; it is held to the same bound. The
+/// `t > 1` comparison of §7 measures up to `1.07e-2` against `t = 1`: there both sides round,
+/// so from the first differing result on, every rounding counts twice.
 ///
 /// Before the comparison the reference's backward is checked against f64 central finite
 /// differences on three elements of every tensor (relative error below `1e-5`), so the
@@ -616,7 +632,7 @@ fn first_step_agrees_with_the_reference(m: &ModelConfig, name: &str) {
 
     let loss_error = (loss - reference_loss).abs() / reference_loss.abs();
     assert!(
-        loss_error <= TOLERANCE,
+        loss_error <= tolerance(),
         "{name}: loss {loss} against the reference's {reference_loss} (relative {loss_error:.2e})"
     );
     let (mut worst, mut worst_key, mut errors) = (0.0f64, None, Vec::new());
@@ -624,7 +640,7 @@ fn first_step_agrees_with_the_reference(m: &ModelConfig, name: &str) {
         let got = &gradients[key];
         assert!(got.iter().any(|&v| v != 0.0), "{name} {key:?}: the trainer's gradient is zero");
         let error = relative_l2(got, expected);
-        assert!(error <= TOLERANCE, "{name} {key:?}: relative L2 error {error:.3e} against the f64 reference");
+        assert!(error <= tolerance(), "{name} {key:?}: relative L2 error {error:.3e} against the f64 reference");
         errors.push(error);
         if error > worst {
             (worst, worst_key) = (error, Some(*key));
@@ -633,7 +649,10 @@ fn first_step_agrees_with_the_reference(m: &ModelConfig, name: &str) {
     errors.sort_by(f64::total_cmp);
     eprintln!(
         "{name}: loss {loss:.6} against {reference_loss:.6}, relative error {loss_error:.2e}; worst gradient relative L2 \
-         {worst:.2e} ({worst_key:?}), median {:.2e}, over {} tensors; reference vs finite differences worst {fd:.1e}",
+         {worst:.2e} ({worst_key:?}, {:.0}% of the bound {:.3e}), median {:.2e}, over {} tensors; the reference's backward \
+         against finite differences: worst relative error {fd:.1e}",
+        100.0 * worst / tolerance(),
+        tolerance(),
         errors[errors.len() / 2],
         errors.len()
     );
