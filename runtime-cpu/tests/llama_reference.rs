@@ -126,17 +126,10 @@ fn linear(x: &[f64], rows: usize, k: usize, w: &[f64], n: usize, b: Option<&[f64
     y
 }
 
-/// The backward of [`linear`]: `dx = dy W` (returned), `dW += dy^T x`, `db += sum_r dy`.
-fn linear_backward(
-    x: &[f64],
-    rows: usize,
-    k: usize,
-    w: &[f64],
-    n: usize,
-    dy: &[f64],
-    dw: &mut [f64],
-    db: Option<&mut [f64]>,
-) -> Vec<f64> {
+/// The backward of [`linear`] (`x` is `rows x k`, `w` is `n x k`): `dx = dy W` (returned),
+/// `dW += dy^T x`, `db += sum_r dy`.
+fn linear_backward(x: &[f64], k: usize, w: &[f64], dy: &[f64], dw: &mut [f64], db: Option<&mut [f64]>) -> Vec<f64> {
+    let (rows, n) = (x.len() / k, w.len() / k);
     let mut dx = vec![0.0; rows * k];
     for r in 0..rows {
         for o in 0..n {
@@ -344,7 +337,7 @@ struct Forward {
     probabilities: Vec<f64>,
 }
 
-fn param<'a>(p: &'a Tensors, role: TensorRole, layer: Option<u32>) -> &'a [f64] {
+fn param(p: &Tensors, role: TensorRole, layer: Option<u32>) -> &[f64] {
     p.get(&(role, layer)).unwrap_or_else(|| panic!("no parameter {role:?} {layer:?}"))
 }
 
@@ -396,7 +389,7 @@ fn forward(p: &Tensors, dims: &Dims, tokens: &[u32], targets: &[u32]) -> Forward
 
 /// The mean loss and the gradient of it with respect to every parameter.
 fn loss_and_gradients(p: &Tensors, dims: &Dims, tokens: &[u32], targets: &[u32]) -> (f64, Tensors) {
-    let (n, h, kvw, f, vocab) = (dims.tokens, dims.hidden, dims.kv_width(), dims.ffn, dims.vocab);
+    let (n, h, f, vocab) = (dims.tokens, dims.hidden, dims.ffn, dims.vocab);
     let fw = forward(p, dims, tokens, targets);
     let mut g: Tensors = dims.shapes().into_iter().map(|(key, len)| (key, vec![0.0; len])).collect();
     let mut grad =
@@ -410,7 +403,7 @@ fn loss_and_gradients(p: &Tensors, dims: &Dims, tokens: &[u32], targets: &[u32])
     dlogits.iter_mut().for_each(|v| *v /= n as f64);
     let mut d_classifier = grad(TensorRole::ClassifierWeight, None);
     let classifier = param(p, TensorRole::ClassifierWeight, None);
-    let d_final = linear_backward(&fw.final_norm, n, h, classifier, vocab, &dlogits, &mut d_classifier, None);
+    let d_final = linear_backward(&fw.final_norm, h, classifier, &dlogits, &mut d_classifier, None);
     let mut d_final_scale = grad(TensorRole::FinalNormScale, None);
     let final_scale = param(p, TensorRole::FinalNormScale, None);
     let mut dx = rms_norm_backward(&fw.last, h, final_scale, dims.eps, &d_final, &mut d_final_scale);
@@ -423,7 +416,7 @@ fn loss_and_gradients(p: &Tensors, dims: &Dims, tokens: &[u32], targets: &[u32])
         let w = |role| param(p, role, layer);
         // out = res + swiglu(n2 W1^T) W2^T.
         let mut d_w2 = grad(TensorRole::Fc2Weight, layer);
-        let da = linear_backward(&c.a, n, f, w(TensorRole::Fc2Weight), h, &dx, &mut d_w2, None);
+        let da = linear_backward(&c.a, f, w(TensorRole::Fc2Weight), &dx, &mut d_w2, None);
         let mut df1 = vec![0.0; n * 2 * f];
         for r in 0..n {
             for i in 0..f {
@@ -435,23 +428,23 @@ fn loss_and_gradients(p: &Tensors, dims: &Dims, tokens: &[u32], targets: &[u32])
             }
         }
         let mut d_w1 = grad(TensorRole::Fc1Weight, layer);
-        let dn2 = linear_backward(&c.n2, n, h, w(TensorRole::Fc1Weight), 2 * f, &df1, &mut d_w1, None);
+        let dn2 = linear_backward(&c.n2, h, w(TensorRole::Fc1Weight), &df1, &mut d_w1, None);
         let mut d_s2 = grad(TensorRole::NormScale2, layer);
         let dres_norm = rms_norm_backward(&c.res, h, w(TensorRole::NormScale2), dims.eps, &dn2, &mut d_s2);
         let dres: Vec<f64> = dx.iter().zip(&dres_norm).map(|(a, b)| a + b).collect();
         // res = x + o Wo^T.
         let mut d_wo = grad(TensorRole::ProjectionWeight, layer);
-        let d_o = linear_backward(&c.o, n, h, w(TensorRole::ProjectionWeight), h, &dres, &mut d_wo, None);
+        let d_o = linear_backward(&c.o, h, w(TensorRole::ProjectionWeight), &dres, &mut d_wo, None);
         let (dq, dk, dv) = attention_backward(&c.q, &c.k, &c.v, &c.weights, &d_o, dims);
         let mut dn1 = vec![0.0; n * h];
-        for (weight, bias, dy, width) in [
-            (TensorRole::QueryWeight, TensorRole::QueryBias, &dq, h),
-            (TensorRole::KeyWeight, TensorRole::KeyBias, &dk, kvw),
-            (TensorRole::ValueWeight, TensorRole::ValueBias, &dv, kvw),
+        for (weight, bias, dy) in [
+            (TensorRole::QueryWeight, TensorRole::QueryBias, &dq),
+            (TensorRole::KeyWeight, TensorRole::KeyBias, &dk),
+            (TensorRole::ValueWeight, TensorRole::ValueBias, &dv),
         ] {
             let mut dw = grad(weight, layer);
             let mut db = dims.qkv_bias.then(|| grad(bias, layer));
-            let part = linear_backward(&c.n1, n, h, w(weight), width, dy, &mut dw, db.as_deref_mut());
+            let part = linear_backward(&c.n1, h, w(weight), dy, &mut dw, db.as_deref_mut());
             dn1.iter_mut().zip(&part).for_each(|(a, b)| *a += b);
             out.insert((weight, layer), dw);
             if let Some(db) = db {
