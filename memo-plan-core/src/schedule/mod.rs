@@ -678,18 +678,20 @@ pub fn build(
         let whole = b.all(whole);
         b.launch(Op::Zero, None, 0, &[whole]);
         b.launch(Op::EmbeddingBackward, None, 0, &[tok, dy, whole]);
-        let part = b.buffer(
-            BufferKind::Transient,
-            TensorRole::EmbeddingGradientPart,
-            None,
-            shape.vocab_rows,
-            shape.hidden_row,
-            None,
-        );
-        let part = b.all(part);
         if untied.is_some() {
+            // The lookup's share is the whole gradient: no part to add (a transient made here
+            // anyway would be used by no instruction, which the placement refuses).
             b.launch(Op::ReduceScatter, None, 0, &[whole, embedding.grad]);
         } else {
+            let part = b.buffer(
+                BufferKind::Transient,
+                TensorRole::EmbeddingGradientPart,
+                None,
+                shape.vocab_rows,
+                shape.hidden_row,
+                None,
+            );
+            let part = b.all(part);
             b.launch(Op::ReduceScatter, None, 0, &[whole, part]);
             b.launch(Op::Add, None, 0, &[d_classifier, part, embedding.grad]);
         }
