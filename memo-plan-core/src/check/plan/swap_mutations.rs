@@ -137,12 +137,12 @@ fn every_preset_plan_passes() {
 }
 
 /// Every swap-identity corruption is rejected: every swap-in of the tiny memo and full-swap
-/// plans, and 8 swap-ins spread over 7B's memo and full-swap plans (32K tokens, a800x8, t = 8),
-/// each kind twice. The exchanges (all but shifted rows) are seen by rule 8 alone: the checker
-/// passed them before it. `--nocapture` prints the counts.
+/// plans, and 8 swap-ins spread over 7B's and Llama 3.1 8B's memo and full-swap plans (32K
+/// tokens, a800x8, t = 8), each kind twice. The exchanges (all but shifted rows) are seen by rule
+/// 8 alone: the checker passed them before it. `--nocapture` prints the counts.
 #[test]
 fn swap_identity_corruptions_are_rejected() {
-    rejects_all(&["7b"], Some(8), 40);
+    rejects_all(&["7b", "llama3.1-8b"], Some(8), 40);
 }
 
 /// As above, over every preset model's memo and full-swap plans.
