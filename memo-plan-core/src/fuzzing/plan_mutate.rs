@@ -199,10 +199,12 @@ impl<'a> Arbitrary<'a> for MutateCase {
             _ => false,
         };
         if Mutation::COLLECTIVE.contains(&mutation) && request.parallel.tensor == 1 {
-            // Collectives come with t > 1: double what t must divide (hidden stays heads * d).
+            // Collectives come with t > 1: double what t must divide (hidden stays heads * d;
+            // the key/value heads double with the query heads, so 2 divides them too).
             let m = &mut request.model;
             request.parallel.tensor = 2;
             (m.heads, m.hidden, m.ffn_hidden, m.seq_len) = (2 * m.heads, 2 * m.hidden, 2 * m.ffn_hidden, 2 * m.seq_len);
+            m.kv_heads *= 2;
             // A measured layer time was drawn for the other shape.
             request.hardware.measured_layer_forward_s = None;
         }

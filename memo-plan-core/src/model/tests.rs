@@ -1,5 +1,6 @@
 use super::*;
 use alloc::format;
+use alloc::vec::Vec;
 
 const MIB: u64 = 1 << 20;
 const GIB: u64 = 1 << 30;
@@ -212,9 +213,17 @@ fn huge_values_are_overflow_errors_not_panics() {
 fn unknown_presets_list_the_valid_names() {
     let e = ModelConfig::preset("8b", 1, 1).unwrap_err();
     assert_eq!(e, ModelError::UnknownModel { name: "8b".into() });
-    assert_eq!(format!("{e}"), "no model preset is named `8b`; valid names: 7b, 13b, 30b, 65b");
+    // The paper's four GPT shapes, then the Llama-family presets.
+    assert_eq!(
+        format!("{e}"),
+        "no model preset is named `8b`; valid names: 7b, 13b, 30b, 65b, llama3.1-8b, llama3.1-70b, qwen2.5-7b, \
+         qwen2.5-72b, mistral-7b"
+    );
     let e = Hardware::preset("a100").unwrap_err();
-    assert_eq!(format!("{e}"), "no hardware preset is named `a100`; valid names: a800x8, h100x8, h200x1, mi300x8");
+    assert_eq!(
+        format!("{e}"),
+        "no hardware preset is named `a100`; valid names: a800x8, h100x8, h200x1, h200x8, mi300x8"
+    );
 }
 
 #[test]
@@ -308,5 +317,104 @@ fn every_error_displays_a_fix() {
         let text = format!("{error}");
         assert!(text.contains(':') || text.contains(';'), "{text}");
         assert!(!text.contains("{"), "{text}");
+    }
+}
+
+/// Every preset with a published parameter count reproduces it exactly: the checkpoint's tensors
+/// summed (`ModelConfig::parameter_count`'s per-architecture formula).
+#[test]
+fn presets_reproduce_their_published_parameter_counts() {
+    let mut published = 0;
+    for preset in MODEL_PRESETS {
+        let Some(count) = preset.published_parameters else { continue };
+        let model = preset.model(8192, 1);
+        model.validate().unwrap();
+        assert_eq!(model.parameter_count().unwrap(), count, "{}", preset.name);
+        published += 1;
+    }
+    assert_eq!(published, 5);
+}
+
+/// The GPT presets' parameter counts and skeletal sets are what they were before the Llama family:
+/// `4h^2 + 2hf + 9h + f` per layer, `V h + 2h` besides; eleven tensors with q, k and v all `bsh`.
+#[test]
+fn gpt_presets_are_unchanged_by_the_architecture() {
+    for name in ["7b", "13b", "30b", "65b"] {
+        let model = ModelConfig::preset(name, 32 << 10, 1).unwrap();
+        assert_eq!(model.kv_heads, model.heads, "{name}");
+        assert_eq!(model.architecture, Architecture::GPT, "{name}");
+        let (h, f, v) = (model.hidden, model.ffn_hidden, model.vocab);
+        let per_layer = 4 * h * h + 2 * h * f + 9 * h + f;
+        let old = u64::from(model.layers) * per_layer + v * h + 2 * h;
+        assert_eq!(model.parameter_count().unwrap(), old, "{name}");
+        for t in [1u64, 8] {
+            let parallel = Parallelism::new(t, 1);
+            let state = model.model_state_bytes(&parallel).unwrap();
+            assert_eq!(state.parameters_per_gpu, old.div_ceil(t), "{name} t={t}");
+            let set = model.skeletal_set(&parallel).unwrap();
+            let bsh = model.micro_batch * model.seq_len * h / t;
+            let bsf = model.micro_batch * model.seq_len * f / t;
+            let lse = model.micro_batch * model.seq_len * model.heads / t;
+            let expected: [u64; 11] = [bsh, bsh, bsh, bsh, bsh, bsh, lse, bsh, bsh, bsf, bsf];
+            let elements: Vec<u64> = set.tensors.iter().map(|t| t.elements).collect();
+            assert_eq!(elements, expected, "{name} t={t}");
+            assert_eq!(set.others_bytes, 2 * (6 * bsh + 2 * bsf), "{name} t={t}");
+            assert_eq!(set.total_bytes, 2 * (8 * bsh + 2 * bsf) + 4 * lse, "{name} t={t}");
+        }
+    }
+}
+
+/// Llama 3.1 8B (32 query heads, 8 key/value heads of 128, FFN 14336) at t = 8: K and V hold
+/// `b*s*kv*d/t` elements, a quarter of Q's; SwiGLU's FC1 output (gate and up) is twice the gated
+/// product's.
+#[test]
+fn llama_skeletal_set_has_grouped_keys_and_a_double_fc1() {
+    let model = ModelConfig::preset("llama3.1-8b", 8192, 2).unwrap();
+    let t = 8;
+    let set = model.skeletal_set(&Parallelism::new(t, 1)).unwrap();
+    let of = |kind: SkeletalKind| *set.tensors.iter().find(|x| x.kind == kind).unwrap();
+    let tokens = 2 * 8192;
+    let kv = tokens * model.kv_heads * model.head_dim() / t;
+    assert_eq!(kv, tokens * 8 * 128 / 8);
+    assert_eq!(of(SkeletalKind::Key).elements, kv);
+    assert_eq!(of(SkeletalKind::Value).elements, kv);
+    assert_eq!(of(SkeletalKind::Query).elements, 4 * kv);
+    assert_eq!(of(SkeletalKind::Query).elements, tokens * 4096 / t);
+    assert_eq!(of(SkeletalKind::Fc1Output).elements, 2 * of(SkeletalKind::ActivationOutput).elements);
+    assert_eq!(of(SkeletalKind::ActivationOutput).elements, tokens * 14336 / t);
+    assert_eq!(of(SkeletalKind::AttentionLogSumExp).elements, tokens * 32 / t);
+    let total: u64 = set.tensors.iter().map(|x| x.bytes).sum();
+    assert_eq!(set.total_bytes, total);
+}
+
+/// `t` must divide `kv_heads` (each rank holds its share) or be a multiple of it (K and V
+/// replicated); any other `t` is refused with the message that says so.
+#[test]
+fn tensor_parallel_and_kv_heads() {
+    // 24 query heads, 4 key/value heads: t in {1, 2, 4} divides 4; t in {8, 12, 24} is a multiple
+    // of 4 (and divides the heads); t in {3, 6} does neither.
+    let mut model = ModelConfig::new("gqa", 2, 24 * 8, 24, 48, 1);
+    model.kv_heads = 4;
+    model.ffn_hidden = 48;
+    model.validate().unwrap();
+    for t in [1u64, 2, 4, 8, 12, 24] {
+        Parallelism::new(t, 1).validate_for(&model).unwrap_or_else(|e| panic!("t = {t}: {e}"));
+        assert_eq!(model.kv_replicated(t), t > 4, "t = {t}");
+        assert_eq!(model.kv_heads_on_gpu(t), if t > 4 { 4 } else { 4 / t }, "t = {t}");
+        model.skeletal_set(&Parallelism::new(t, 1)).unwrap();
+    }
+    for t in [3u64, 6] {
+        let e = Parallelism::new(t, 1).validate_for(&model).unwrap_err();
+        assert_eq!(e, ModelError::KvHeadsAndTensorParallel { kv_heads: 4, tensor: t });
+        let text = format!("{e}");
+        assert!(text.contains(&format!("kv_heads = 4 and the tensor-parallel degree t = {t}")), "{text}");
+        assert!(text.contains("use a t that is a divisor or a multiple of 4"), "{text}");
+        assert_eq!(model.skeletal_set(&Parallelism::new(t, 1)).unwrap_err(), e);
+        assert_eq!(model.model_state_bytes(&Parallelism::new(t, 1)).unwrap_err(), e);
+    }
+    // Multi-query attention (one key/value head): every t that divides the heads.
+    model.kv_heads = 1;
+    for t in [1u64, 2, 3, 4, 6, 8] {
+        Parallelism::new(t, 1).validate_for(&model).unwrap();
     }
 }

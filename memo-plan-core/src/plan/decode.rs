@@ -304,6 +304,12 @@ impl fmt::Display for PlanDecodeError {
                         " (an older format: version 1 plans do not name the layer, tensor and rows of their host \
                          slots and swap copies)",
                     )?;
+                } else if *found == 3 {
+                    // Version 3 plans describe a GPT model only.
+                    f.write_str(
+                        " (an older format: version 3 plans do not carry the model's key/value heads and \
+                         architecture: FFN, norm, biases, tying, rotary base and scaling, epsilon)",
+                    )?;
                 } else if found < supported {
                     // Version 2 plans have no collective stream, interconnect or per-rank programs.
                     f.write_str(

@@ -31,10 +31,37 @@ impl Plan {
         string(out, &m.name);
         write!(
             out,
-            ", \"layers\": {}, \"hidden\": {}, \"heads\": {}, \"ffn_hidden\": {}, \"vocab\": {}, \"seq_len\": {}, \
-             \"micro_batch\": {}}}",
-            m.layers, m.hidden, m.heads, m.ffn_hidden, m.vocab, m.seq_len, m.micro_batch
+            ", \"layers\": {}, \"hidden\": {}, \"heads\": {}, \"kv_heads\": {}, \"ffn_hidden\": {}, \"vocab\": {}, \
+             \"seq_len\": {}, \"micro_batch\": {}",
+            m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab, m.seq_len, m.micro_batch
         )?;
+        let a = &m.architecture;
+        write!(
+            out,
+            ", \"architecture\": {{\"ffn\": \"{}\", \"norm\": \"{}\", \"biases\": \"{}\", \"tied_embeddings\": {}, \
+             \"rope_theta\": ",
+            a.ffn.name(),
+            a.norm.name(),
+            a.biases.name(),
+            a.tied_embeddings
+        )?;
+        number(out, a.rope_theta);
+        out.push_str(", \"norm_eps\": ");
+        number(out, a.norm_eps);
+        out.push_str(", \"rope_scaling\": ");
+        match a.rope_scaling {
+            Some(scaling) => {
+                out.push_str("{\"factor\": ");
+                number(out, scaling.factor);
+                out.push_str(", \"low_freq_factor\": ");
+                number(out, scaling.low_freq_factor);
+                out.push_str(", \"high_freq_factor\": ");
+                number(out, scaling.high_freq_factor);
+                write!(out, ", \"original_max_positions\": {}}}", scaling.original_max_positions)?;
+            }
+            None => out.push_str("null"),
+        }
+        out.push_str("}}");
         write!(out, ", \"parallel\": {{\"tensor\": {}, \"data\": {}}}", p.parallel.tensor, p.parallel.data)?;
         out.push_str(", \"hardware\": {\"name\": ");
         string(out, &h.name);
@@ -256,10 +283,23 @@ mod tests {
         let plan = sample_plan();
         let text = plan.to_json();
         let json = parse(&text);
-        assert_eq!(json["format_version"], 3);
+        assert_eq!(json["format_version"], 4);
         let p = &json["provenance"];
         assert_eq!(p["model"]["name"].as_str(), Some(plan.provenance.model.name.as_str()));
         assert_eq!(p["model"]["layers"], 2);
+        assert_eq!(
+            (&p["model"]["heads"], &p["model"]["kv_heads"], &p["model"]["ffn_hidden"]),
+            (&2.into(), &1.into(), &32.into())
+        );
+        assert_eq!(
+            p["model"]["architecture"],
+            parse(
+                r#"{"ffn": "swiglu", "norm": "rmsnorm", "biases": "qkv", "tied_embeddings": false, "rope_theta": 500000,
+                    "norm_eps": 1e-6, "rope_scaling": {"factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
+                    "original_max_positions": 8192}}"#
+            )
+        );
+        assert_eq!(p["model"]["architecture"]["norm_eps"].as_f64(), Some(1e-6));
         assert_eq!(p["parallel"]["data"], 2);
         assert_eq!(p["hardware"]["name"], "test-box");
         assert_eq!(p["hardware"]["measured_layer_forward_s"].as_f64(), Some(0.0123));
@@ -342,6 +382,24 @@ mod tests {
         assert_eq!(json["buffers"], parse("[]"));
         assert_eq!(json["instructions"], parse("[]"));
         assert_eq!(json["provenance"]["hardware"]["measured_layer_forward_s"], Value::Null);
+    }
+
+    /// A GPT model's view: every head a key/value head, GeLU, LayerNorm, biases everywhere, tied,
+    /// no rope scaling (`null`).
+    #[test]
+    fn a_gpt_model_shows_its_architecture() {
+        let mut plan = sample_plan();
+        plan.provenance.model = crate::model::ModelConfig::new("g", 2, 8, 2, 8, 1);
+        let json = parse(&plan.to_json());
+        let model = &json["provenance"]["model"];
+        assert_eq!(model["kv_heads"], 2);
+        assert_eq!(
+            model["architecture"],
+            parse(
+                r#"{"ffn": "gelu", "norm": "layernorm", "biases": "all", "tied_embeddings": true, "rope_theta": 10000,
+                    "norm_eps": 0.00001, "rope_scaling": null}"#
+            )
+        );
     }
 
     /// An invalid in-memory plan (a launch with more arguments than its signature) still gives

@@ -724,6 +724,8 @@ pub fn build(
         b.launch(Op::Zero, None, 0, &[whole]);
         b.launch(Op::EmbeddingBackward, None, 0, &[tok, dy, whole]);
         if untied.is_some() {
+            // The lookup's share is the whole gradient: no part to add (a transient made here
+            // anyway would be used by no instruction, which the placement refuses).
             b.launch(Op::ReduceScatter, None, 0, &[whole, embedding.grad]);
         } else {
             let role = TensorRole::EmbeddingGradientPart;

@@ -415,3 +415,156 @@ fn t_above_1_adds_the_bias_after_the_reduce_scatter_and_brackets_collectives() {
         assert!(adds >= 2 * 4, "{strategy:?}: {adds} bias adds");
     }
 }
+
+/// A tiny Llama-shaped model: 3 layers, h 96, 4 query heads and 2 key/value heads of 24, SwiGLU
+/// of 160, RMSNorm, no biases, untied classifier, a vocabulary of 101 (which 2 and 4 do not
+/// divide), 96 tokens.
+fn tiny_llama() -> ModelConfig {
+    let mut model = ModelConfig::new("tiny-llama", 3, 96, 4, 96, 1);
+    model.kv_heads = 2;
+    model.ffn_hidden = 160;
+    model.vocab = 101;
+    model.architecture = crate::model::Architecture::llama(10_000.0, 1e-5);
+    model
+}
+
+/// What every launch of `schedule` must pass for `model` at `t` on `rank`: the op table's shape
+/// rules with the context a backend gives it (this rank's query heads, the key/value heads its K
+/// and V hold, whether they are replicated, the model's rotary base and epsilon); returns the ops
+/// used.
+fn check_launch_shapes(model: &ModelConfig, tensor: u64, rank: u64, schedule: &Schedule) -> Vec<Op> {
+    use crate::plan::shapes::{self, ArgShape, ShapeContext};
+    let ctx = ShapeContext {
+        hidden: model.hidden,
+        heads: model.heads / tensor,
+        kv_heads: model.kv_heads_on_gpu(tensor),
+        kv_replicated: model.kv_replicated(tensor),
+        rope_theta: model.architecture.rope_theta,
+        norm_eps: model.architecture.norm_eps,
+        seq_len: model.seq_len,
+        vocab: model.vocab,
+        loss_scale_tokens: model.micro_batch * model.seq_len,
+        adamw_step: 1,
+        rank,
+        ranks: tensor,
+    };
+    let mut ops = Vec::new();
+    for instruction in &schedule.instructions {
+        let Action::Launch(launch) = &instruction.action else { continue };
+        let args: Vec<ArgShape> = launch
+            .args
+            .iter()
+            .map(|arg| {
+                let buffer = schedule.buffers[arg.region.buffer.index()];
+                ArgShape {
+                    first_row: arg.region.start,
+                    rows: arg.region.end - arg.region.start,
+                    row_bytes: buffer.row_bytes,
+                }
+            })
+            .collect();
+        let shape = shapes::check(launch.op, &args, &ctx)
+            .unwrap_or_else(|e| panic!("{} ({}, t = {tensor}, rank {rank}): {e}", launch.op.name(), model.name));
+        if shape.matmul_flops() > 0 {
+            assert_eq!(launch.flops, shape.matmul_flops(), "{}", launch.op.name());
+        }
+        if !ops.contains(&launch.op) {
+            ops.push(launch.op);
+        }
+    }
+    ops
+}
+
+/// The Llama family's layer in the schedule: at t = 1, 2 and 4 (t = 4 > kv_heads = 2: K and V
+/// replicated) under every strategy, the schedule builds, every launch passes the op table's
+/// shape rules on every rank, its ops are RMSNorm, SwiGLU and bias-free products (no LayerNorm,
+/// GeLU or biased linear), the untied classifier is a parameter of its own, and the planner's
+/// plan passes the checker.
+#[test]
+fn llama_schedules_use_its_ops_and_pass_the_shape_rules_and_the_checker() {
+    let model = tiny_llama();
+    for strategy in Strategy::ALL {
+        for tensor in [1u64, 2, 4] {
+            let options = ScheduleOptions { strategy, alpha_fixed: ALPHA_ONE / 3 };
+            let schedule = build(&model, &Parallelism::new(tensor, 1), &options)
+                .unwrap_or_else(|e| panic!("{strategy:?} t = {tensor}: {e}"));
+            let mut ops = Vec::new();
+            for rank in 0..tensor {
+                ops = check_launch_shapes(&model, tensor, rank, &schedule);
+            }
+            for op in [Op::RmsNorm, Op::RmsNormBackward, Op::Swiglu, Op::SwigluBackward, Op::LinearNoBias] {
+                assert!(ops.contains(&op), "{strategy:?} t = {tensor}: no {op:?}");
+            }
+            assert!(ops.contains(&Op::LinearBackwardWeightNoBias), "{strategy:?} t = {tensor}");
+            for op in [Op::LayerNorm, Op::LayerNormBackward, Op::Gelu, Op::GeluBackward, Op::Linear, Op::AddBias] {
+                assert!(!ops.contains(&op), "{strategy:?} t = {tensor}: {op:?} in a Llama schedule");
+            }
+            assert!(!ops.contains(&Op::LinearBackwardWeight), "{strategy:?} t = {tensor}: a bias gradient");
+            let classifier: Vec<_> = schedule
+                .buffers
+                .iter()
+                .filter(|b| b.role == TensorRole::ClassifierWeight && b.kind == BufferKind::Parameter)
+                .collect();
+            assert_eq!(classifier.len(), 1, "{strategy:?} t = {tensor}");
+            assert_eq!((classifier[0].rows, classifier[0].row_bytes), (101u64.div_ceil(tensor), 96 * 2));
+            for role in [TensorRole::QueryBias, TensorRole::KeyBias, TensorRole::NormShift1, TensorRole::FinalNormShift]
+            {
+                assert!(schedule.buffers.iter().all(|b| b.role != role), "{strategy:?} t = {tensor}: {role:?}");
+            }
+            let report = planner::plan(&request(model.clone(), tensor, "h100x8", strategy))
+                .unwrap_or_else(|e| panic!("{strategy:?} t = {tensor}: {e}"));
+            if let Err(violations) = crate::check::check_plan(&report.plan) {
+                panic!("{strategy:?} t = {tensor}: {} violations, first {}", violations.len(), violations[0]);
+            }
+        }
+    }
+}
+
+/// A Qwen2-shaped variant (biases on Q, K and V only) at t = 4 > kv_heads = 2: the replicated K
+/// and V biases' gradients are rows of one `ReplicatedBiasGradients` buffer that one all-reduce
+/// sums over the ranks; the shape rules and the checker pass.
+#[test]
+fn qwen_replicated_kv_biases_are_all_reduced_once() {
+    let mut model = tiny_llama();
+    model.name = "tiny-qwen".into();
+    model.architecture.biases = crate::model::Biases::QkvOnly;
+    let tensor = 4;
+    assert!(model.kv_replicated(tensor));
+    for strategy in Strategy::ALL {
+        let options = ScheduleOptions { strategy, alpha_fixed: ALPHA_ONE / 3 };
+        let schedule = build(&model, &Parallelism::new(tensor, 1), &options).unwrap();
+        for rank in 0..tensor {
+            check_launch_shapes(&model, tensor, rank, &schedule);
+        }
+        let replicated: Vec<usize> = schedule
+            .buffers
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.role == TensorRole::ReplicatedBiasGradients)
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(replicated.len(), 1, "{strategy:?}");
+        let buffer = schedule.buffers[replicated[0]];
+        // K's and V's bias of each layer, a row of all kv_heads * head_dim = 48 elements each.
+        assert_eq!((buffer.kind, buffer.rows, buffer.row_bytes), (BufferKind::Gradient, 3 * 2, 48 * 2));
+        let reduces: Vec<_> = schedule
+            .instructions
+            .iter()
+            .filter_map(|i| match &i.action {
+                Action::Launch(l) if l.args.iter().any(|a| a.region.buffer.index() == replicated[0]) => Some(l),
+                _ => None,
+            })
+            .filter(|l| l.op == Op::AllReduceSumBf16)
+            .collect();
+        assert_eq!(reduces.len(), 1, "{strategy:?}");
+        assert_eq!((reduces[0].args[0].region.start, reduces[0].args[0].region.end), (0, 6));
+        // The Q bias is sharded (a gradient of its own); K's and V's are replicated parameters.
+        for role in [TensorRole::QueryBias, TensorRole::KeyBias, TensorRole::ValueBias] {
+            assert!(schedule.buffers.iter().any(|b| b.role == role && b.kind == BufferKind::Parameter), "{role:?}");
+        }
+        let report = planner::plan(&request(model.clone(), tensor, "h100x8", strategy)).unwrap();
+        if let Err(violations) = crate::check::check_plan(&report.plan) {
+            panic!("{strategy:?}: {} violations, first {}", violations.len(), violations[0]);
+        }
+    }
+}

@@ -1,6 +1,8 @@
 //! The checker against corrupted planner plans: each corruption of [`crate::fuzzing::plan_mutate`]
-//! applied deterministically to real plans (a tiny 4-layer memo plan at t = 1, and the 7B memo
-//! plan at 32K tokens on a800x8 with t = 8), each asserting the violation variant it must cause.
+//! applied deterministically to real plans (a tiny 4-layer memo plan at t = 1, the 7B memo plan
+//! at 32K tokens on a800x8 with t = 8, and a tiny Qwen2-shaped memo plan at t = 4 with replicated
+//! K/V, whose launches are the Llama family's ops), each asserting the violation variant it must
+//! cause.
 //! The fuzz target `plan_mutate` does the same with random plans and targets.
 
 use std::sync::OnceLock;
@@ -43,8 +45,62 @@ fn seven_b_32k() -> &'static Plan {
     })
 }
 
-fn plans() -> [(&'static str, &'static Plan); 2] {
-    [("tiny memo", tiny_memo()), ("7b 32k memo", seven_b_32k())]
+/// A tiny Qwen2-shaped model (4 layers, h 64, 4 query heads and 2 key/value heads, SwiGLU of 96,
+/// RMSNorm, Q/K/V biases, untied classifier), 64 tokens, t = 4 > kv_heads (K and V and their
+/// biases replicated, their gradients all-reduced), memo with α forced to 0.5: its launches are
+/// the Llama family's ops (`rms_norm`, `swiglu`, `linear_no_bias`,
+/// `linear_backward_weight_no_bias` and their kin).
+fn tiny_qwen_t4() -> &'static Plan {
+    static PLAN: OnceLock<Plan> = OnceLock::new();
+    PLAN.get_or_init(|| {
+        let mut model = ModelConfig::new("tiny-qwen", 4, 64, 4, 64, 1);
+        model.kv_heads = 2;
+        model.ffn_hidden = 96;
+        model.vocab = 101;
+        model.architecture = crate::model::Architecture {
+            biases: crate::model::Biases::QkvOnly,
+            ..crate::model::Architecture::llama(1e6, 1e-6)
+        };
+        let hardware = Hardware::preset("h100x8").unwrap();
+        let mut request = PlanRequest::new(model, Parallelism::new(4, 1), hardware, Strategy::Memo);
+        request.forced_alpha = Some(0.5);
+        planned(request)
+    })
+}
+
+fn plans() -> [(&'static str, &'static Plan); 3] {
+    [("tiny memo", tiny_memo()), ("7b 32k memo", seven_b_32k()), ("tiny qwen t4 memo", tiny_qwen_t4())]
+}
+
+/// The Llama-shaped plan runs the new ops, so every corruption above lands among them too.
+#[test]
+fn the_qwen_plan_runs_the_llama_ops() {
+    let ops: std::collections::BTreeSet<crate::plan::Op> = tiny_qwen_t4()
+        .instructions
+        .iter()
+        .filter_map(|i| match &i.action {
+            Action::Launch(l) => Some(l.op),
+            _ => None,
+        })
+        .collect();
+    use crate::plan::Op;
+    for op in [
+        Op::RmsNorm,
+        Op::RmsNormBackward,
+        Op::Swiglu,
+        Op::SwigluBackward,
+        Op::LinearNoBias,
+        Op::LinearBackwardWeightNoBias,
+        Op::Linear,
+        Op::LinearBackwardWeight,
+    ] {
+        assert!(ops.contains(&op), "{op:?}");
+    }
+    assert!(!ops.contains(&Op::LayerNorm) && !ops.contains(&Op::Gelu));
+    let roles = |role| tiny_qwen_t4().buffers.iter().any(|b| b.role == role);
+    assert!(
+        roles(crate::plan::TensorRole::ClassifierWeight) && roles(crate::plan::TensorRole::ReplicatedBiasGradients)
+    );
 }
 
 /// Applies the corruption and asserts the checker rejects it with what [`Applied::expected`]

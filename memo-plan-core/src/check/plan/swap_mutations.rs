@@ -16,11 +16,15 @@ use crate::planner::{self, PlanRequest};
 /// The rule 8 variants; any other violation is one rules 1-7 find as well.
 const RULE_8: [&str; 3] = ["swap_slot_mismatch", "swap_device_mismatch", "swapped_in_for_other_layer"];
 
-/// A preset model at `seq_len` tokens on a preset machine, `t` = its GPUs per node (at most 8).
+/// A preset model at `seq_len` tokens on a preset machine, `t` = its GPUs per node (at most 8),
+/// or the largest smaller `t` the model allows (Qwen2.5 7B's 28 heads: t = 4).
 fn preset_request(model: &str, machine: &str, seq_len: u64, strategy: Strategy) -> PlanRequest {
     let hardware = Hardware::preset(machine).unwrap();
-    let t = hardware.gpus_per_node.clamp(1, 8);
     let model = ModelConfig::preset(model, seq_len, 1).unwrap();
+    let t = (1..=hardware.gpus_per_node.clamp(1, 8))
+        .rev()
+        .find(|&t| Parallelism::new(t, 1).validate_for(&model).is_ok())
+        .unwrap();
     PlanRequest::new(model, Parallelism::new(t, 1), hardware, strategy)
 }
 
@@ -113,28 +117,32 @@ fn machine_names() -> Vec<&'static str> {
 }
 
 /// The planner's plans pass: 7B on every machine, every model on a800x8, every strategy (the
-/// full cross is the ignored test below; a debug build takes minutes over it).
+/// full cross is the ignored test below; a debug build takes minutes over it). Five machines
+/// (h200x8 added with the Llama family) and nine models (the four GPT shapes, then Llama 3.1 8B
+/// and 70B, Qwen2.5 7B and 72B, Mistral 7B: grouped K/V, SwiGLU, RMSNorm, untied classifiers).
 #[test]
 fn preset_plans_pass() {
-    assert_eq!(all_pass(&["7b"], &machine_names()), 16);
-    assert_eq!(all_pass(&model_names()[1..], &["a800x8"]), 12);
+    assert_eq!(machine_names().len(), 5);
+    assert_eq!(model_names().len(), 9);
+    assert_eq!(all_pass(&["7b"], &machine_names()), 5 * 4);
+    assert_eq!(all_pass(&model_names()[1..], &["a800x8"]), 8 * 4);
 }
 
-/// Every plan the planner makes passes: the four model presets on the four machines under the
+/// Every plan the planner makes passes: the nine model presets on the five machines under the
 /// four strategies.
 #[test]
-#[ignore = "64 plans up to 65B: minutes in a debug build; run by hand"]
+#[ignore = "180 plans up to 72B: minutes in a debug build; run by hand"]
 fn every_preset_plan_passes() {
-    assert_eq!(all_pass(&model_names(), &machine_names()), 64);
+    assert_eq!(all_pass(&model_names(), &machine_names()), 9 * 5 * 4);
 }
 
 /// Every swap-identity corruption is rejected: every swap-in of the tiny memo and full-swap
-/// plans, and 8 swap-ins spread over 7B's memo and full-swap plans (32K tokens, a800x8, t = 8),
-/// each kind twice. The exchanges (all but shifted rows) are seen by rule 8 alone: the checker
-/// passed them before it. `--nocapture` prints the counts.
+/// plans, and 8 swap-ins spread over 7B's and Llama 3.1 8B's memo and full-swap plans (32K
+/// tokens, a800x8, t = 8), each kind twice. The exchanges (all but shifted rows) are seen by rule
+/// 8 alone: the checker passed them before it. `--nocapture` prints the counts.
 #[test]
 fn swap_identity_corruptions_are_rejected() {
-    rejects_all(&["7b"], Some(8), 40);
+    rejects_all(&["7b", "llama3.1-8b"], Some(8), 40);
 }
 
 /// As above, over every preset model's memo and full-swap plans.

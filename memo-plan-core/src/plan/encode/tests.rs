@@ -181,6 +181,8 @@ pub(crate) fn edge_plan() -> Plan {
 #[derive(Debug)]
 struct Layout {
     model_name: usize,
+    kv_heads: usize,
+    architecture: usize,
     hardware_name: usize,
     measured_tag: usize,
     strategy: usize,
@@ -198,7 +200,13 @@ struct Layout {
 fn layout(plan: &Plan) -> Layout {
     let p = &plan.provenance;
     let model_name = HEADER_BYTES;
-    let hardware_name = model_name + 4 + p.model.name.len() + 4 + 6 * 8 + 2 * 8;
+    // The name, layers, the seven sizes (kv_heads after heads), then the architecture: FFN, norm
+    // and bias codes and the tied flag (a byte each), the rotary base and epsilon (f64 each), the
+    // rope scaling tag and, when present, its three f64 and a u64; then t and d.
+    let scaling = if p.model.architecture.rope_scaling.is_some() { 4 * 8 } else { 0 };
+    let architecture = 4 + 2 * 8 + 1 + scaling;
+    let kv_heads = model_name + 4 + p.model.name.len() + 4 + 2 * 8;
+    let hardware_name = model_name + 4 + p.model.name.len() + 4 + 7 * 8 + architecture + 2 * 8;
     let measured_tag = hardware_name + 4 + p.hardware.name.len() + 8 * 8;
     // The measured time, then the interconnect (bandwidth and latency, u64 each).
     let strategy = measured_tag + 1 + if p.hardware.measured_layer_forward_s.is_some() { 8 } else { 0 } + 16;
@@ -236,6 +244,8 @@ fn layout(plan: &Plan) -> Layout {
     }
     Layout {
         model_name,
+        kv_heads,
+        architecture: kv_heads + 5 * 8,
         hardware_name,
         measured_tag,
         strategy,
@@ -329,10 +339,30 @@ fn header_fields_sit_where_the_spec_says() {
 /// `PLAN_FORMAT_VERSION` breaks every plan file written before: this pins the sample plan's
 /// encoding, so such a change fails here first. Bump the version, update `spec/plan-format.md`,
 /// the numbers here and the seeds in `fuzz/corpus/plan_decode/`.
+///
+/// Version 4 (from version 3's 1340 bytes): `kv_heads` after `heads` (8 bytes) and the
+/// architecture after `micro_batch` (4 code/flag bytes, two f64, the rope scaling tag and its
+/// 3 f64 and u64: 53 bytes) make the sample 61 bytes longer.
 #[test]
-fn format_version_3_is_pinned() {
-    let bytes = sample_plan().encode();
-    assert_eq!((bytes.len(), checksum(&bytes[HEADER_BYTES..])), (1340, 0x99d4_a192));
+fn format_version_4_is_pinned() {
+    assert_eq!(PLAN_FORMAT_VERSION, 4);
+    let plan = sample_plan();
+    let bytes = plan.encode();
+    assert_eq!((bytes.len(), checksum(&bytes[HEADER_BYTES..])), (1340 + 8 + 53, 0x92d9_cda1));
+    // The new provenance fields sit where the spec's layout puts them.
+    let at = layout(&plan);
+    let u64_at = |offset: usize| u64::from_le_bytes(bytes[offset..offset + 8].try_into().unwrap());
+    assert_eq!((u64_at(at.kv_heads - 8), u64_at(at.kv_heads), u64_at(at.kv_heads + 8)), (2, 1, 32));
+    let a = at.architecture;
+    // SwiGLU 1, RMSNorm 1, biases on Q/K/V only 1, untied 0.
+    assert_eq!(&bytes[a..a + 4], &[1, 1, 1, 0]);
+    assert_eq!(f64::from_bits(u64_at(a + 4)), 500_000.0);
+    assert_eq!(f64::from_bits(u64_at(a + 12)), 1e-6);
+    assert_eq!(bytes[a + 20], 1, "rope scaling present");
+    let scaling = [u64_at(a + 21), u64_at(a + 29), u64_at(a + 37)].map(f64::from_bits);
+    assert_eq!((scaling, u64_at(a + 45)), ([8.0, 1.0, 4.0], 8192));
+    // Then the parallel layout: t 1, d 2.
+    assert_eq!((u64_at(a + 53), u64_at(a + 61)), (1, 2));
 }
 
 #[test]
@@ -396,26 +426,36 @@ fn header_errors() {
     let mut newer = good.clone();
     newer[header::VERSION] += 1;
     let error = decode_err(&newer);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 4, supported: 3 });
-    assert!(error.to_string().contains("written by plan format version 4"), "{error}");
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 5, supported: 4 });
+    assert!(error.to_string().contains("written by plan format version 5"), "{error}");
     assert!(!error.to_string().contains("older format"), "{error}");
+
+    // Version 3 (before the model's architecture) is refused whole, saying why.
+    let mut older = good.clone();
+    older[header::VERSION] = 3;
+    let error = decode_err(&older);
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 3, supported: 4 });
+    let message = error.to_string();
+    assert!(message.contains("written by plan format version 3; this build reads version 4 only"), "{message}");
+    assert!(message.contains("key/value heads and architecture") && message.contains("memo plan"), "{message}");
+    assert!(!message.contains("collective stream"), "{message}");
 
     // Version 2 (before the collective stream and per-rank programs) is refused whole, saying why.
     let mut older = good.clone();
     older[header::VERSION] = 2;
     let error = decode_err(&older);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 2, supported: 3 });
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 2, supported: 4 });
     let message = error.to_string();
-    assert!(message.contains("written by plan format version 2; this build reads version 3 only"), "{message}");
+    assert!(message.contains("written by plan format version 2; this build reads version 4 only"), "{message}");
     assert!(message.contains("no collective stream") && message.contains("memo plan"), "{message}");
 
     // Version 1 (before swap identities) is refused whole, saying why.
     let mut older = good.clone();
     older[header::VERSION] = 1;
     let error = decode_err(&older);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 1, supported: 3 });
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 1, supported: 4 });
     let message = error.to_string();
-    assert!(message.contains("written by plan format version 1; this build reads version 3 only"), "{message}");
+    assert!(message.contains("written by plan format version 1; this build reads version 4 only"), "{message}");
     assert!(message.contains("an older format") && message.contains("memo plan"), "{message}");
 
     let mut flagged = good.clone();
