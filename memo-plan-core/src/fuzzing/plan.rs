@@ -22,7 +22,7 @@ use alloc::string::String;
 use arbitrary::{Arbitrary, Result, Unstructured};
 
 use crate::check::check_plan;
-use crate::model::{ModelConfig, Parallelism, HARDWARE_PRESETS};
+use crate::model::{Architecture, Biases, Ffn, ModelConfig, Norm, Parallelism, HARDWARE_PRESETS};
 use crate::plan::{Plan, Strategy};
 use crate::planner::{self, PlanReport, PlanRequest, PLAN_BUDGET_NODES};
 
@@ -92,6 +92,24 @@ pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
     if u.ratio(1, 4)? {
         // Any FFN width `t` divides, not only 4h.
         model.ffn_hidden = tensor * u.int_in_range(1..=32)?;
+    }
+    if u.ratio(1, 2)? {
+        // The Llama family's shapes: K/V heads dividing the heads and either dividing t or
+        // divided by it (the replicated case), every FFN and norm kind, biases, tying.
+        let kv: alloc::vec::Vec<u64> =
+            (1..=heads).filter(|&g| heads % g == 0 && (g % tensor == 0 || tensor % g == 0)).collect();
+        model.kv_heads = *u.choose(&kv)?;
+        let ffn = *u.choose(&Ffn::ALL)?;
+        let biases = *u.choose(&Biases::ALL)?;
+        // SwiGLU with FFN biases is refused by validation: draw the others.
+        let biases = if ffn == Ffn::SwiGlu && biases == Biases::All { Biases::QkvOnly } else { biases };
+        model.architecture = Architecture {
+            ffn,
+            norm: *u.choose(&Norm::ALL)?,
+            biases,
+            tied_embeddings: u.arbitrary()?,
+            ..Architecture::GPT
+        };
     }
     let parallel = Parallelism::new(tensor, u.int_in_range(1..=OPTIONS.max_data)?);
     let mut hardware = u.choose(HARDWARE_PRESETS)?.hardware();
