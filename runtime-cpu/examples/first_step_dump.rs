@@ -20,7 +20,7 @@
 //! interleaved pairs `(2i, 2i + 1)` of each head of `q` and `k`.
 
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use memo_plan_core::plan::{BufferKind, Strategy, TensorRole};
@@ -64,7 +64,10 @@ fn key_name(role: TensorRole, layer: Option<u32>) -> String {
     }
 }
 
-fn run(args: &Args) -> Result<(), String> {
+/// Dumps the first step of training model `model` on `seq` tokens from parameters seeded by
+/// `seed` into `out`; returns a one-line summary. (`runtime-cpu/tests/torch_compare.rs` calls it.)
+pub fn dump(model: &str, seq: u64, seed: u64, out: &Path) -> Result<String, String> {
+    let args = Args { model: model.to_string(), seq, seed, out: out.to_path_buf() };
     let model = training_model(&args.model, args.seq)
         .ok_or_else(|| format!("unknown model {:?} (one of {})", args.model, TRAINING_MODELS.join(", ")))?;
     let options = TrainOptions {
@@ -106,7 +109,11 @@ fn run(args: &Args) -> Result<(), String> {
             let (rows, row_elements) = shape_of((*role, *layer))
                 .ok_or_else(|| format!("{kind} {} has no parameter of its shape", key_name(*role, *layer)))?;
             if rows * row_elements * 2 != bytes.len() as u64 {
-                return Err(format!("{kind} {}: {} bytes, not {rows} x {row_elements} bf16", key_name(*role, *layer), bytes.len()));
+                return Err(format!(
+                    "{kind} {}: {} bytes, not {rows} x {row_elements} bf16",
+                    key_name(*role, *layer),
+                    bytes.len()
+                ));
             }
             let file = format!("{kind}.{}.bf16", key_name(*role, *layer));
             write(&file, bytes)?;
@@ -153,7 +160,7 @@ fn run(args: &Args) -> Result<(), String> {
     let _ = writeln!(json, "  \"gradients\": [\n    {}\n  ]", grads.join(",\n    "));
     let _ = writeln!(json, "}}");
     write("manifest.json", json.as_bytes())?;
-    println!(
+    Ok(format!(
         "{}: {} tokens, seed {}, loss {loss}; {} parameters and {} gradients written to {}",
         args.model,
         tokens.len(),
@@ -161,13 +168,15 @@ fn run(args: &Args) -> Result<(), String> {
         parameters.len(),
         gradients.len(),
         args.out.display()
-    );
-    Ok(())
+    ))
 }
 
 fn main() -> ExitCode {
-    match parse().and_then(|args| run(&args)) {
-        Ok(()) => ExitCode::SUCCESS,
+    match parse().and_then(|args| dump(&args.model, args.seq, args.seed, &args.out)) {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("first_step_dump: {e}");
             ExitCode::FAILURE
