@@ -614,7 +614,7 @@ fn every_strategy_trains_the_llama_shaped_model_bit_identically_at_t_1_2_and_4()
 
 fn every_strategy_trains_bit_identically(m: &ModelConfig, ts: &[u64]) {
     for &t in ts {
-        let reference = train_parallel(&m, t, Strategy::KeepAll, None, STEPS);
+        let reference = train_parallel(m, t, Strategy::KeepAll, None, STEPS);
         let (first, last) = (f32::from_bits(reference.losses[0]), f32::from_bits(reference.losses[STEPS - 1]));
         assert!(last < first - 1.0, "t {t}: the loss falls ({first} -> {last})");
         for (strategy, alpha) in [
@@ -624,11 +624,11 @@ fn every_strategy_trains_bit_identically(m: &ModelConfig, ts: &[u64]) {
             (Strategy::FullSwap, None),
             (Strategy::FullRecompute, None),
         ] {
-            let run = train_parallel(&m, t, strategy, alpha, STEPS);
+            let run = train_parallel(m, t, strategy, alpha, STEPS);
             assert_eq!(run.losses, reference.losses, "t {t} {strategy:?} alpha {alpha:?}: losses differ from keep-all");
             assert!(run.parameters == reference.parameters, "t {t} {strategy:?} alpha {alpha:?}: parameters differ");
         }
-        let rerun = train_parallel(&m, t, Strategy::KeepAll, None, STEPS);
+        let rerun = train_parallel(m, t, Strategy::KeepAll, None, STEPS);
         assert_eq!(rerun.losses, reference.losses, "t {t}: a rerun differs");
         assert!(rerun.parameters == reference.parameters, "t {t}: a rerun's parameters differ");
     }
