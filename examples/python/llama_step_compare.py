@@ -260,15 +260,15 @@ def main(argv):
     args = parse_args(argv)
     try:
         import torch
-    except ImportError as e:
-        print(f"SKIP: torch is not installed ({e})")
+    except (ImportError, OSError) as e:  # OSError: a torch whose shared libraries do not load
+        print(f"SKIP: torch is not installed or does not load ({e})")
         return 0
     transformers = None
     if args.impl != "torch":
         try:
             import transformers
             import transformers.models.llama  # noqa: F401
-        except ImportError as e:
+        except (ImportError, OSError) as e:
             if args.impl == "hf":
                 print(f"SKIP: transformers is not installed ({e})")
                 return 0
