@@ -34,8 +34,10 @@ mod tests;
 
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
+use alloc::string::ToString;
 use alloc::vec::Vec;
 
+use crate::plan::shapes::{self, ArgShape, ShapeContext};
 use crate::plan::{
     Access, Action, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, Plan, Region, Stream, STREAMS,
 };
@@ -48,7 +50,7 @@ pub use violation::{BufferRef, ByteRange, CollectiveCall, PlanViolation, Space, 
 pub fn check_plan(plan: &Plan) -> Result<(), Vec<PlanViolation>> {
     let mut violations = Vec::new();
     let extents = check_buffers(plan, &mut violations);
-    Simulation::new(plan, &extents).run(&mut violations);
+    Simulation::new(plan, &extents, 0).run(&mut violations);
     let live = live_ranges(plan);
     check_overlap(plan, &extents, &live, &mut violations);
     check_totals(plan, &extents, &live, &mut violations);
@@ -198,10 +200,33 @@ struct Simulation<'p> {
     first_record: BTreeMap<u32, usize>,
     arena: Bytes,
     host: Bytes,
+    /// What the op table's shape rules need of the model, for the program's rank (rule 10).
+    shape_context: ShapeContext,
+}
+
+/// The op table's context for rank `rank`'s launches of `plan`: the model of its provenance,
+/// one GPU's share of it at the plan's `t`.
+fn shape_context(plan: &Plan, rank: u64) -> ShapeContext {
+    let model = &plan.provenance.model;
+    let ranks = plan.provenance.parallel.tensor.max(1);
+    ShapeContext {
+        hidden: model.hidden,
+        heads: model.heads / ranks,
+        kv_heads: model.kv_heads_on_gpu(ranks),
+        kv_replicated: model.kv_replicated(ranks),
+        rope_theta: model.architecture.rope_theta,
+        norm_eps: model.architecture.norm_eps,
+        seq_len: model.seq_len,
+        vocab: model.vocab,
+        loss_scale_tokens: model.micro_batch.saturating_mul(model.seq_len),
+        adamw_step: 1,
+        rank,
+        ranks,
+    }
 }
 
 impl<'p> Simulation<'p> {
-    fn new(plan: &'p Plan, extents: &'p [Option<Extent>]) -> Self {
+    fn new(plan: &'p Plan, extents: &'p [Option<Extent>], rank: u64) -> Self {
         let mut first_record = BTreeMap::new();
         for (index, instruction) in plan.instructions.iter().enumerate() {
             if let Action::Record(event) = instruction.action {
@@ -216,6 +241,7 @@ impl<'p> Simulation<'p> {
             first_record,
             arena: Bytes::new(),
             host: Bytes::new(),
+            shape_context: shape_context(plan, rank),
         }
     }
 
@@ -303,8 +329,16 @@ impl<'p> Simulation<'p> {
             });
         }
         let mut accesses = Vec::with_capacity(launch.args.len());
+        let mut shapes = Vec::with_capacity(launch.args.len());
         for (position, arg) in launch.args.iter().enumerate() {
             let resolved = self.resolve(index, arg.region, out);
+            // Only arguments inside their buffers (rule 1 reports the others).
+            if let Some(r) =
+                resolved.filter(|r| arg.region.start <= arg.region.end && arg.region.end <= r.buffer.buffer.rows)
+            {
+                let rows = arg.region.end - arg.region.start;
+                shapes.push(ArgShape { first_row: arg.region.start, rows, row_bytes: r.buffer.buffer.row_bytes });
+            }
             // The op's semantics decide what the runtime does; the arg's own mark
             // only counts past the end of the signature.
             let access = match signature.get(position) {
@@ -331,6 +365,13 @@ impl<'p> Simulation<'p> {
                     });
                 }
                 accesses.push((resolved, access));
+            }
+        }
+        // Rule 10, where every argument resolved and the count is the signature's (else rules 1
+        // and 2 have said what is wrong).
+        if shapes.len() == signature.len() && launch.args.len() == signature.len() {
+            if let Err(error) = shapes::check(launch.op, &shapes, &self.shape_context) {
+                out.push(PlanViolation::LaunchShape { instruction: index, op: launch.op, problem: error.to_string() });
             }
         }
         for &(resolved, access) in &accesses {
@@ -784,7 +825,7 @@ fn check_rank_programs(plan: &Plan, extents: &[Option<Extent>], out: &mut Vec<Pl
             totals: plan.totals,
         };
         let mut inner = Vec::new();
-        Simulation::new(&view, extents).run(&mut inner);
+        Simulation::new(&view, extents, u64::from(rank)).run(&mut inner);
         let live = live_ranges(&view);
         check_overlap(&view, extents, &live, &mut inner);
         check_collective_sizes(&view, &mut inner);

@@ -15,9 +15,13 @@ use crate::swap::AlphaBound;
 use BufferKind as K;
 use Stream::{Compute as C, DeviceToHost as D, HostToDevice as H};
 
+/// The mini step's model: rows of `h = 4` bf16 (8 bytes) and a vocabulary of 16, as its buffers
+/// have them (rule 10 checks the launches against it).
 fn provenance() -> Provenance {
+    let mut model = ModelConfig::new("mini", 2, 4, 2, 8, 1);
+    model.vocab = 16;
     Provenance {
-        model: ModelConfig::new("mini", 2, 8, 2, 8, 1),
+        model,
         parallel: Parallelism::single(),
         hardware: Hardware::preset("h200x1").expect("a preset"),
         interconnect: Interconnect::UNKNOWN,
@@ -185,6 +189,66 @@ fn wrong_access() {
     let v = &violations(&plan)[0];
     assert!(matches!(v, PlanViolation::WrongAccess { arg: 1, expected: Access::Write, found: Access::Read, .. }));
     assert_eq!(v.buffer(), Some(BufferId(5)));
+}
+
+/// Rule 10: the embedding's table is 15 rows where the model's vocabulary is 16.
+#[test]
+fn a_launch_of_the_wrong_shape() {
+    let mut plan = valid_plan();
+    args_mut(&mut plan, 0)[1].region.end = 15;
+    assert_eq!(found(&plan), [("launch_shape", Some(0))]);
+    let text = violations(&plan)[0].to_string();
+    assert!(text.contains("op `embedding`, argument `embedding`") && text.contains("16 rows"), "{text}");
+}
+
+/// Rule 10 on a planned Llama-shaped step: an attention launch given `q` for its keys (as wide
+/// as the queries, where the model has half as many K/V heads) is refused, at t = 1 and, with
+/// replicated K/V, in every rank program at t = 4.
+#[test]
+fn a_grouped_attention_with_keys_as_wide_as_queries() {
+    use crate::model::Architecture;
+    use crate::planner::{plan as make_plan, PlanRequest};
+    for tensor in [1u64, 4] {
+        let mut model = ModelConfig::new("llama-ish", 2, 32, 4, 16, 1);
+        model.kv_heads = 2;
+        model.ffn_hidden = 88;
+        model.vocab = 64;
+        model.architecture = Architecture::llama(10_000.0, 1e-5);
+        let mut hardware = Hardware::preset("h200x1").expect("a preset");
+        hardware.gpus_per_node = 8;
+        let mut request = PlanRequest::new(model, Parallelism::new(tensor, 1), hardware, Strategy::KeepAll);
+        request.interconnect = Interconnect { bytes_per_s: 1_000_000_000, latency_ns: 1_000 };
+        let mut plan = make_plan(&request).expect("the plan").plan;
+        assert_eq!(check_plan(&plan), Ok(()), "t = {tensor}");
+        let programs = plan.rank_programs.len();
+        let attention = |instructions: &[Instruction]| {
+            instructions
+                .iter()
+                .position(|i| matches!(&i.action, Action::Launch(l) if l.op == Op::Attention))
+                .expect("an attention launch")
+        };
+        let mut corrupt = |instructions: &mut Vec<Instruction>| -> usize {
+            let at = attention(instructions);
+            if let Action::Launch(launch) = &mut instructions[at].action {
+                launch.args[1].region = launch.args[0].region;
+            }
+            at
+        };
+        let at = corrupt(&mut plan.instructions);
+        for program in &mut plan.rank_programs {
+            corrupt(&mut program.instructions);
+        }
+        let found = violations(&plan);
+        let shape = |v: &PlanViolation| matches!(v, PlanViolation::LaunchShape { instruction, op: Op::Attention, .. } if *instruction == at);
+        assert!(found.iter().any(shape), "t = {tensor}: {found:?}");
+        let wrapped = found
+            .iter()
+            .filter(|v| matches!(v, PlanViolation::InRankProgram { violation, .. } if matches!(**violation, PlanViolation::LaunchShape { .. })))
+            .count();
+        assert_eq!(wrapped, programs, "t = {tensor}: every rank program's attention is refused");
+        let text = found.iter().find(|v| shape(v)).expect("found").to_string();
+        assert!(text.contains("argument `k`") && text.contains("kv_heads"), "{text}");
+    }
 }
 
 #[test]
@@ -633,7 +697,7 @@ fn long_plan(parameters: u32, pairs: u32) -> Plan {
         if layer >= 2 {
             instructions.push(wait(C, events - 3)); // the swap-out of layer - 2 is done
         }
-        instructions.push(launch(Op::Gelu, &[(0, 0, 8), (t, 0, 8)]));
+        instructions.push(launch(Op::Zero, &[(t, 0, 8)]));
         instructions.push(record(C, events));
         instructions.push(wait(D, events));
         let tensor = TensorRows { layer, role: TensorRole::Fc1Output, start: 0, end: 8 };

@@ -2,6 +2,7 @@
 //! `spec/validity.md`, each carrying the ids (instruction, buffer, event, byte range) that find it.
 
 use alloc::boxed::Box;
+use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
@@ -445,6 +446,17 @@ pub enum PlanViolation {
         /// Bytes of its output `y`.
         output_bytes: u64,
     },
+    /// A launch whose argument shapes break its op's shape rule in the op table
+    /// (`plan::shapes::check`, with the model of the provenance and the program's rank): the
+    /// kernel would read or write other bytes than the plan placed (rule 10).
+    LaunchShape {
+        /// The instruction.
+        instruction: usize,
+        /// The op.
+        op: Op,
+        /// The op table's error: the argument and what it needs.
+        problem: String,
+    },
     /// Rank `rank` issues another collective than rank 0 at position `position` of their
     /// collective sequences (another op or other sizes), or one of them has no collective there
     /// (rule 9: every rank issues the same collectives in the same order with the same sizes).
@@ -474,6 +486,7 @@ impl PlanViolation {
             Self::NoSuchBuffer { .. } => "no_such_buffer",
             Self::NoSuchEvent { .. } => "no_such_event",
             Self::WrongArgCount { .. } => "wrong_arg_count",
+            Self::LaunchShape { .. } => "launch_shape",
             Self::WrongAccess { .. } => "wrong_access",
             Self::RowsOutOfBounds { .. } => "rows_out_of_bounds",
             Self::LaunchWrongStream { .. } => "launch_wrong_stream",
@@ -514,6 +527,7 @@ impl PlanViolation {
             | Self::InRankProgram { .. }
             | Self::CollectiveMismatch { .. } => None,
             Self::CollectiveSize { instruction, .. }
+            | Self::LaunchShape { instruction, .. }
             | Self::Overlap { instruction, .. }
             | Self::NoSuchBuffer { instruction, .. }
             | Self::NoSuchEvent { instruction, .. }
@@ -572,6 +586,7 @@ impl PlanViolation {
             | Self::BadRank { .. }
             | Self::InRankProgram { .. }
             | Self::CollectiveSize { .. }
+            | Self::LaunchShape { .. }
             | Self::CollectiveMismatch { .. } => None,
         }
     }
@@ -758,6 +773,11 @@ impl fmt::Display for PlanViolation {
                 ),
             },
             Self::InRankProgram { rank, violation } => write!(f, "in rank {rank}'s own program: {violation}"),
+            Self::LaunchShape { instruction, op: _, problem } => write!(
+                f,
+                "instruction {instruction}: {problem} (the launch's shapes break the op table for this model, \
+                 spec/plan-format.md \"The ops\"; the plan is corrupt or was made for another model)"
+            ),
             Self::CollectiveSize { instruction, op, ranks, input_bytes, output_bytes } => {
                 let (expected, what) = match op {
                     Op::AllGather => ("its output t times its input", "output"),
