@@ -381,32 +381,58 @@ fn operation_counts_are_the_frontends() {
     assert_eq!(count(&r, true), (22, 22));
     let mut r = Recorder::default();
     let Ok(_) = backward_composite(&mut r, &shape, BackwardForm::Deterministic);
-    assert_eq!(count(&r, true), (21, 21));
+    assert_eq!(count(&r, true), (21, 21));    // Grouped K/V: the same forward; the backward sums dK and dV per group (two reductions).
+    let grouped = Shape::grouped(1, 16, 4, 16384, 128);
+    let mut r = Recorder::default();
+    let Ok(_) = forward_composite(&mut r, &grouped);
+    assert_eq!(count(&r, true), (14, 14));
+    let mut r = Recorder::default();
+    let Ok(_) = forward_fused(&mut r, &grouped);
+    assert_eq!(count(&r, true), (1, 3));
+    let mut r = Recorder::default();
+    let Ok(_) = backward_composite(&mut r, &grouped, BackwardForm::Accumulate);
+    assert_eq!(count(&r, true), (24, 24));
+    let mut r = Recorder::default();
+    let Ok(_) = backward_composite(&mut r, &grouped, BackwardForm::Deterministic);
+    assert_eq!(count(&r, true), (23, 23));
 }
 
-/// The golden recordings: 16K tokens, 16 heads of 128 (the shape measured on the H200).
+/// The golden recordings: 16K tokens, 16 heads of 128 (the shape measured on the H200); the
+/// same with 4 K/V heads (grouped-query attention, `attention-gqa-*`), and the backward with K/V
+/// replicated (one K/V head read from rows of 4, `attention-replicated-backward.txt`).
 #[test]
 fn golden_recordings() {
     let shape = Shape::plan(1, 16, 16384, 128);
+    let grouped = Shape::grouped(1, 16, 4, 16384, 128);
+    let replicated = Shape { kv_row: 4 * 128, ..Shape::grouped(1, 16, 1, 16384, 128) };
     let folder = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("golden");
     let bless = std::env::var_os("MEMO_BLESS").is_some();
     let mut recordings = Vec::new();
+    for (prefix, shape, what) in [
+        ("attention", &shape, String::new()),
+        ("attention-gqa", &grouped, " kv_heads=4".to_string()),
+    ] {
+        let mut r = Recorder::default();
+        let Ok(_) = forward_composite(&mut r, shape);
+        recordings.push((format!("{prefix}-forward-composite.txt"), r, what.clone()));
+        let mut r = Recorder::default();
+        let Ok(_) = forward_fused(&mut r, shape);
+        recordings.push((format!("{prefix}-forward-fused.txt"), r, what.clone()));
+        let mut r = Recorder::default();
+        let Ok(_) = backward_composite(&mut r, shape, BackwardForm::Accumulate);
+        recordings.push((format!("{prefix}-backward.txt"), r, what.clone()));
+        let mut r = Recorder::default();
+        let Ok(_) = backward_composite(&mut r, shape, BackwardForm::Deterministic);
+        recordings.push((format!("{prefix}-backward-deterministic.txt"), r, what));
+    }
     let mut r = Recorder::default();
-    let Ok(_) = forward_composite(&mut r, &shape);
-    recordings.push(("attention-forward-composite.txt", r));
-    let mut r = Recorder::default();
-    let Ok(_) = forward_fused(&mut r, &shape);
-    recordings.push(("attention-forward-fused.txt", r));
-    let mut r = Recorder::default();
-    let Ok(_) = backward_composite(&mut r, &shape, BackwardForm::Accumulate);
-    recordings.push(("attention-backward.txt", r));
-    let mut r = Recorder::default();
-    let Ok(_) = backward_composite(&mut r, &shape, BackwardForm::Deterministic);
-    recordings.push(("attention-backward-deterministic.txt", r));
-    for (name, recording) in recordings {
-        let path = folder.join(name);
+    let Ok(_) = backward_composite(&mut r, &replicated, BackwardForm::Accumulate);
+    let what = " kv_heads=1 of rows of 4 heads (K/V replicated)".to_string();
+    recordings.push(("attention-replicated-backward.txt".to_string(), r, what));
+    for (name, recording, what) in recordings {
+        let path = folder.join(&name);
         let text = format!(
-            "# cuDNN graph recorded by runtime-cuda (attention::record) for b=1 h=16 s=16384 d=128, plan layout.\n\
+            "# cuDNN graph recorded by runtime-cuda (attention::record) for b=1 h=16{what} s=16384 d=128, plan layout.\n\
              # Regenerate: MEMO_BLESS=1 cargo test -p runtime-cuda --lib attention::tests::golden\n{}",
             recording.text()
         );
@@ -656,6 +682,11 @@ fn scratch_is_a_function_of_the_shape() {
     let (offsets, total) = backward.layout();
     assert!(offsets.iter().all(|o| o % 256 == 0) && offsets.windows(2).all(|w| w[0] <= w[1]));
     assert_eq!(total, elements * 2 * 2 + elements * 4 + 16 * 16384 * 4);
+    // Grouped: the rotated k holds the K/V heads of `k` (all of them when replicated).
+    let grouped = AttentionShape { kv_heads: 4, group: 4, ..shape };
+    let backward = scratch(Op::AttentionBackward, &grouped, false, false, 0);
+    assert_eq!((backward.rotated_q, backward.rotated_k), (elements * 2, elements / 4 * 2));
+    assert_eq!((backward.dq_accumulator, backward.softmax_sum), (elements * 4, 16 * 16384 * 4));
     let head_major = scratch(Op::Attention, &shape, false, true, 0);
     assert_eq!(head_major.statistics, 16 * 16384 * 4);
     assert_eq!(scratch(Op::Linear, &shape, false, true, 5).total(), 0);
