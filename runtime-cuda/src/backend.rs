@@ -488,10 +488,9 @@ impl CudaBackend {
                     .saturating_mul(2);
                 for arg in [7, 8] {
                     let (pointer, len) = spans[arg];
-                    let bytes = usize::try_from(bytes)
-                        .ok()
-                        .filter(|&b| b as u64 <= len)
-                        .ok_or_else(|| kernel_error(format!("argument {arg}: {bytes} bytes of K/V gradient in {len}")))?;
+                    let bytes = usize::try_from(bytes).ok().filter(|&b| b as u64 <= len).ok_or_else(|| {
+                        kernel_error(format!("argument {arg}: {bytes} bytes of K/V gradient in {len}"))
+                    })?;
                     // Safety: `bytes` lie inside argument `arg`'s span (checked just above); the
                     // stream orders this memset before the plan that writes the used head.
                     unsafe { cudarc::driver::result::memset_d8_async(pointer, 0, bytes, cuda_stream.cu_stream()) }

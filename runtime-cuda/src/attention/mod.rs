@@ -149,7 +149,9 @@ pub fn scratch(
     let rotated_k = rows.saturating_mul(shape.kv_heads).saturating_mul(shape.head_dim).saturating_mul(2);
     let statistics = if head_major_statistics { heads_rows.saturating_mul(4) } else { 0 };
     match op {
-        Op::Attention => AttentionScratch { rotated_q: rotated, rotated_k, statistics, workspace, ..Default::default() },
+        Op::Attention => {
+            AttentionScratch { rotated_q: rotated, rotated_k, statistics, workspace, ..Default::default() }
+        }
         Op::AttentionBackward => AttentionScratch {
             rotated_q: rotated,
             rotated_k,

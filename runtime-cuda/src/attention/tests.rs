@@ -381,7 +381,7 @@ fn operation_counts_are_the_frontends() {
     assert_eq!(count(&r, true), (22, 22));
     let mut r = Recorder::default();
     let Ok(_) = backward_composite(&mut r, &shape, BackwardForm::Deterministic);
-    assert_eq!(count(&r, true), (21, 21));    // Grouped K/V: the same forward; the backward sums dK and dV per group (two reductions).
+    assert_eq!(count(&r, true), (21, 21)); // Grouped K/V: the same forward; the backward sums dK and dV per group (two reductions).
     let grouped = Shape::grouped(1, 16, 4, 16384, 128);
     let mut r = Recorder::default();
     let Ok(_) = forward_composite(&mut r, &grouped);
@@ -408,10 +408,9 @@ fn golden_recordings() {
     let folder = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("golden");
     let bless = std::env::var_os("MEMO_BLESS").is_some();
     let mut recordings = Vec::new();
-    for (prefix, shape, what) in [
-        ("attention", &shape, String::new()),
-        ("attention-gqa", &grouped, " kv_heads=4".to_string()),
-    ] {
+    for (prefix, shape, what) in
+        [("attention", &shape, String::new()), ("attention-gqa", &grouped, " kv_heads=4".to_string())]
+    {
         let mut r = Recorder::default();
         let Ok(_) = forward_composite(&mut r, shape);
         recordings.push((format!("{prefix}-forward-composite.txt"), r, what.clone()));
@@ -522,7 +521,8 @@ fn cpu_attention(g: &AttentionShape, x: &Inputs, rank: usize, ranks: usize, repl
         ops::execute_on_rank(Op::Attention, &mut args, &context, group, 1).unwrap();
     }
     // dk and dv start as garbage: the op must write every element (zeros for unused heads).
-    let (mut dq, mut dk, mut dv) = (vec![0u8; rows * row_bytes], vec![0x7fu8; rows * kv_bytes], vec![0x7fu8; rows * kv_bytes]);
+    let (mut dq, mut dk, mut dv) =
+        (vec![0u8; rows * row_bytes], vec![0x7fu8; rows * kv_bytes], vec![0x7fu8; rows * kv_bytes]);
     {
         let mut args = vec![
             arg(ArgData::Read(&q), rows, row_bytes),
@@ -590,7 +590,10 @@ fn grouped_and_replicated_key_values_are_described_as_cudnn_groups() {
             (view.shape.kv_heads, view.shape.kv_row, view.offset, view.zero_gradients)
         })
         .collect();
-    assert_eq!(described, [(2, 32, 0, false), (1, 32, 0, false), (1, 32, 0, true), (1, 32, 16, true), (1, 16, 0, false)]);
+    assert_eq!(
+        described,
+        [(2, 32, 0, false), (1, 32, 0, false), (1, 32, 0, true), (1, 32, 16, true), (1, 16, 0, false)]
+    );
     // Multi-head attention is the multi-head shape.
     let mha = key_value_view(&multi_head(&Shape::plan(2, 3, 77, 64))).unwrap();
     assert_eq!(mha, KeyValueView { shape: Shape::plan(2, 3, 77, 64), offset: 0, zero_gradients: false });
@@ -639,7 +642,8 @@ fn replicated_gradients_without_the_zeroing_are_caught() {
     let g = geometry(&GROUPED[3]);
     let view = key_value_view(&g).unwrap();
     let x = inputs(&view.shape, 4);
-    let got = interpret_view(&KeyValueView { zero_gradients: false, ..view }, &x, false, BackwardForm::Accumulate, None);
+    let got =
+        interpret_view(&KeyValueView { zero_gradients: false, ..view }, &x, false, BackwardForm::Accumulate, None);
     assert!(max_error(&got.dk, &reference(&g, &x).dk).is_nan());
 }
 
