@@ -17,7 +17,7 @@ use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport
 
 use crate::attention::cudnn::{version_text, Cudnn, Pass};
 use crate::attention::graph::{uid, BackwardForm, Shape, StatsLayout};
-use crate::attention::{self, AttentionChoice, AttentionScratch};
+use crate::attention::{self, AttentionChoice, AttentionScratch, KeyValueView};
 use crate::exec::{self, Resolved};
 
 #[path = "collectives.rs"]
@@ -359,21 +359,17 @@ impl CudaBackend {
         None
     }
 
-    /// The pass and graph shape of an attention launch of `geometry` under the current choice.
-    fn cudnn_pass(&self, op: Op, geometry: &AttentionShape) -> Result<(Pass, Shape), String> {
-        let int = |v: u64| i64::try_from(v).map_err(|_| format!("attention dimension {v} above 2^63"));
-        let shape = Shape::plan(
-            int(geometry.sequences)?,
-            int(geometry.heads)?,
-            int(geometry.seq_len)?,
-            int(geometry.head_dim)?,
-        );
+    /// The pass of an attention launch of `geometry` under the current choice, and how its K/V
+    /// heads are shown to cuDNN ([`attention::key_value_view`]: the graph shape, the offset into
+    /// the K/V rows, whether dk and dv are zeroed first).
+    fn cudnn_pass(&self, op: Op, geometry: &AttentionShape) -> Result<(Pass, KeyValueView), String> {
+        let view = attention::key_value_view(geometry)?;
         let deterministic = matches!(self.attention, AttentionChoice::Cudnn { deterministic: true });
         let pass = match op {
             Op::Attention => Pass::Forward { fused: self.cudnn.as_ref().is_some_and(|c| c.fused) },
             _ => Pass::Backward(if deterministic { BackwardForm::Deterministic } else { BackwardForm::Accumulate }),
         };
-        Ok((pass, shape))
+        Ok((pass, view))
     }
 
     /// What attention launch `op` of `geometry` needs on the device besides its arguments, for
@@ -386,8 +382,14 @@ impl CudaBackend {
             return Ok(AttentionScratch::default());
         }
         self.bind()?;
-        let (pass, shape) = self.cudnn_pass(op, geometry).map_err(BackendError::Other)?;
-        let Some((pass, built, workspace)) = self.cudnn_workspace(pass, &shape) else {
+        let (pass, view) = match self.cudnn_pass(op, geometry) {
+            Ok(found) => found,
+            Err(why) => {
+                self.leave_cudnn(&format!("cuDNN cannot describe this attention launch: {why}"));
+                return Ok(AttentionScratch::default());
+            }
+        };
+        let Some((pass, built, workspace)) = self.cudnn_workspace(pass, &view.shape) else {
             return Ok(AttentionScratch::default());
         };
         let deterministic = pass == Pass::Backward(BackwardForm::Deterministic);
@@ -415,8 +417,14 @@ impl CudaBackend {
         if geometry.sequences == 0 || geometry.seq_len == 0 {
             return Ok(true);
         }
-        let (pass, shape) = self.cudnn_pass(op, &geometry).map_err(kernel_error)?;
-        let Some((pass, shape, workspace)) = self.cudnn_workspace(pass, &shape) else { return Ok(false) };
+        let (pass, view) = match self.cudnn_pass(op, &geometry) {
+            Ok(found) => found,
+            Err(why) => {
+                self.leave_cudnn(&format!("cuDNN cannot describe this attention launch: {why}"));
+                return Ok(false);
+            }
+        };
+        let Some((pass, shape, workspace)) = self.cudnn_workspace(pass, &view.shape) else { return Ok(false) };
         let deterministic = pass == Pass::Backward(BackwardForm::Deterministic);
         let head_major = shape.stats == StatsLayout::HeadMajor;
         let needs = attention::scratch(op, &geometry, deterministic, head_major, workspace);
@@ -437,18 +445,26 @@ impl CudaBackend {
                 .map_err(|message| kernel_error(format!("op `{}` (cuDNN path): {message}", op.name())))
         };
         let ptr = |arg: usize| Param::Ptr { arg, byte_offset: 0 };
+        // k and dk hold `kv_heads` heads a row (every K/V head of the model when replicated):
+        // rotated (and rotated back) as rows of that many heads.
+        let kv_geometry = AttentionShape { heads: geometry.kv_heads, ..geometry };
         run(&rope_step(ptr(0), Param::Scratch { byte_offset: rotated_q }, &geometry, false, context.rope_theta), self)?;
-        run(&rope_step(ptr(1), Param::Scratch { byte_offset: rotated_k }, &geometry, false, context.rope_theta), self)?;
+        run(
+            &rope_step(ptr(1), Param::Scratch { byte_offset: rotated_k }, &kv_geometry, false, context.rope_theta),
+            self,
+        )?;
         let address =
             |arg: usize| spans.get(arg).map(|s| s.0).ok_or_else(|| kernel_error(format!("no argument {arg}")));
+        // The one K/V head cuDNN sees when K and V are replicated starts this far into each row.
+        let kv_offset = view.offset * 2;
         let stats = Param::Scratch { byte_offset: statistics };
         if head_major && op == Op::AttentionBackward {
             run(&lse_transpose_step(ptr(4), stats, &geometry, true), self)?;
         }
         let mut pointers = vec![
             (uid::Q, base + rotated_q),
-            (uid::K, base + rotated_k),
-            (uid::V, address(2)?),
+            (uid::K, base + rotated_k + kv_offset),
+            (uid::V, address(2)? + kv_offset),
             (uid::O, address(3)?),
             (uid::STATS, if head_major { base + statistics } else { address(4)? }),
         ];
@@ -456,10 +472,31 @@ impl CudaBackend {
             pointers.extend([
                 (uid::DO, address(5)?),
                 (uid::DQ, address(6)?),
-                (uid::DK, address(7)?),
-                (uid::DV, address(8)?),
+                (uid::DK, address(7)? + kv_offset),
+                (uid::DV, address(8)? + kv_offset),
                 (uid::SOFTMAX_SUM, base + sums),
             ]);
+            if view.zero_gradients {
+                // The graph writes the columns of its one K/V head only: the other heads' columns
+                // of dk and dv (no query head of this launch uses them) are zeroed first, whole
+                // buffers, on the launch stream.
+                let bytes = geometry
+                    .sequences
+                    .saturating_mul(geometry.seq_len)
+                    .saturating_mul(geometry.kv_heads)
+                    .saturating_mul(geometry.head_dim)
+                    .saturating_mul(2);
+                for arg in [7, 8] {
+                    let (pointer, len) = spans[arg];
+                    let bytes = usize::try_from(bytes).ok().filter(|&b| b as u64 <= len).ok_or_else(|| {
+                        kernel_error(format!("argument {arg}: {bytes} bytes of K/V gradient in {len}"))
+                    })?;
+                    // Safety: `bytes` lie inside argument `arg`'s span (checked just above); the
+                    // stream orders this memset before the plan that writes the used head.
+                    unsafe { cudarc::driver::result::memset_d8_async(pointer, 0, bytes, cuda_stream.cu_stream()) }
+                        .map_err(|e| kernel_error(format!("zeroing the unused K/V heads' gradients: {e}")))?;
+                }
+            }
             if !deterministic {
                 pointers.push((uid::DQ_ACCUM, base + accumulator));
                 let bytes = usize::try_from(needs.dq_accumulator)
@@ -480,7 +517,9 @@ impl CudaBackend {
         // Safety: every pointer addresses the extent its tensor spans: q, k (rotated) and the
         // accumulator, sums and workspace in the scratch laid out above for this shape; v, o,
         // lse, dout, dq, dk, dv are the launch's arguments, bounds-checked spans whose rows the
-        // op table checked (`rows * heads * head_dim` bf16, `rows * heads` f32); the stream
+        // op table checked (`rows * heads * head_dim` bf16 for q, o, dout, dq, `rows * kv_heads *
+        // head_dim` for k, v, dk, dv, `rows * heads` f32); k, v, dk, dv from `kv_offset`, which
+        // `key_value_view` keeps one head short of a row's end (h_kv = 1 then); the stream
         // orders the rotations before and the rotations back after; the plan orders the rest.
         unsafe { plan.execute(handle, &pointers, base + work, scale) }.map_err(kernel_error)?;
         if head_major && op == Op::Attention {
@@ -488,7 +527,7 @@ impl CudaBackend {
         }
         if op == Op::AttentionBackward {
             run(&rope_step(ptr(6), ptr(6), &geometry, true, context.rope_theta), self)?;
-            run(&rope_step(ptr(7), ptr(7), &geometry, true, context.rope_theta), self)?;
+            run(&rope_step(ptr(7), ptr(7), &kv_geometry, true, context.rope_theta), self)?;
         }
         Ok(true)
     }

@@ -239,8 +239,8 @@ fn cpu_context(ctx: &KernelContext) -> OpContext {
     OpContext {
         hidden: ctx.hidden as usize,
         heads: ctx.heads as usize,
-        kv_heads: 0,
-        kv_replicated: false,
+        kv_heads: ctx.kv_heads as usize,
+        kv_replicated: ctx.kv_replicated,
         rope_theta: 10_000.0,
         norm_eps: 1e-5,
         seq_len: ctx.seq_len as usize,
@@ -262,7 +262,8 @@ fn run_cpu(op: Op, shapes: &[(u64, u64, Fill)], data: &mut [Vec<u8>], ctx: &Kern
             row_bytes: row_bytes as usize,
         })
         .collect();
-    ops::execute_with_threads(op, &mut args, &cpu_context(ctx), 1).map_err(|e| e.to_string())
+    let group = ops::Group { rank: ctx.rank as usize, ranks: ctx.ranks.max(1) as usize };
+    ops::execute_on_rank(op, &mut args, &cpu_context(ctx), group, 1).map_err(|e| e.to_string())
 }
 
 /// Places the arguments 256-aligned in a fresh arena, uploads them, launches `op` as instruction
@@ -547,6 +548,27 @@ fn attention_matches_the_cpu_reference_under_every_choice() {
             ),
             wide,
         ));
+        if matches!(choice, AttentionChoice::Cudnn { .. }) {
+            // Grouped K/V on cuDNN (our kernels run multi-head attention only): 4 query heads of
+            // 64 on 2 K/V heads; K/V replicated at t = 4 (2 K/V heads, 2 query heads a rank),
+            // rank 2 reading K/V head 1 of each row, its dk and dv head 0 zero.
+            let grouped = KernelContext { hidden: 256, heads: 4, kv_heads: 2, seq_len: 200, ..context() };
+            let replicated = KernelContext {
+                hidden: 128,
+                heads: 2,
+                kv_heads: 2,
+                kv_replicated: true,
+                seq_len: 200,
+                rank: 2,
+                ranks: 4,
+                ..context()
+            };
+            for ctx in [grouped, replicated] {
+                let (q, k, lse) = ((r, ctx.heads * 128, b), (r, ctx.kv_heads * 128, b), (r, ctx.heads * 4, Fill::F32));
+                cases.push(((Op::Attention, vec![q, k, k, q, lse]), ctx));
+                cases.push(((Op::AttentionBackward, vec![q, k, k, q, lse, q, q, k, k]), ctx));
+            }
+        }
         for (case, ((op, shapes), ctx)) in cases.into_iter().enumerate() {
             let mut rng = Rng(0xa77e_0000 + case as u64);
             let mut inputs: Vec<Vec<u8>> =
@@ -559,7 +581,16 @@ fn attention_matches_the_cpu_reference_under_every_choice() {
             }
             let mut cpu = inputs.clone();
             run_cpu(op, &shapes, &mut cpu, &ctx).expect("the CPU reference");
-            let label = format!("{} {} s={}", choice.name(), op.name(), ctx.seq_len);
+            let label = format!(
+                "{} {} s={} heads={} kv_heads={} rank {} of {}",
+                choice.name(),
+                op.name(),
+                ctx.seq_len,
+                ctx.heads,
+                ctx.kv_heads,
+                ctx.rank,
+                ctx.ranks
+            );
             let dump = std::env::var_os("MEMO_ATTENTION_DUMP").map(std::path::PathBuf::from);
             let out = match run_gpu(&mut gpu, op, &shapes, &inputs, &ctx) {
                 Ok(out) => out,
@@ -569,7 +600,10 @@ fn attention_matches_the_cpu_reference_under_every_choice() {
                 }
             };
             if let Some(dir) = &dump {
-                let stem = format!("{}-{}-s{}", choice.name(), op.name(), ctx.seq_len);
+                let mut stem = format!("{}-{}-s{}", choice.name(), op.name(), ctx.seq_len);
+                if ctx.kv_heads != 0 {
+                    stem = format!("{stem}-kv{}-rank{}", ctx.kv_heads, ctx.rank);
+                }
                 let written = std::fs::create_dir_all(dir).and_then(|()| {
                     for (index, bytes) in out.iter().enumerate() {
                         std::fs::write(dir.join(format!("{stem}-{}.bin", op.signature()[index].0)), bytes)?;

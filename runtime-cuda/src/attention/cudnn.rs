@@ -695,7 +695,8 @@ mod tests {
     /// On a GPU with cuDNN (scripts/gpu-check.sh; elsewhere SKIP, or a failure when
     /// `MEMO_REQUIRE_CUDNN` is set): the plan of every pass, with the plan's token-major
     /// statistics and with cuDNN's head-major ones, at 16K tokens x 16 heads of 128 and at 200
-    /// tokens x 2 heads of 64 (two sequences), each printed with its engine and workspace or why
+    /// tokens x 2 heads of 64 (two sequences), the same with grouped K/V (4 and 2 K/V heads),
+    /// and one replicated K/V head read from rows of two, each printed with its engine and workspace or why
     /// it did not build. Whether cuDNN takes the plan's LSE layout is the question this answers
     /// (issue 17, item 2). Asserts that the composite forward and the backward build in one of
     /// the layouts for each shape: else the cuDNN path cannot run at all.
@@ -720,11 +721,23 @@ mod tests {
             passes.insert(0, Pass::Forward { fused: true });
         }
         let mut unusable = Vec::new();
-        for (b, h, s, d) in [(1, 16, 16384, 128), (2, 2, 200, 64)] {
+        // Multi-head; grouped-query (4 K/V heads for 16, 2 for 4: cuDNN's h_kv); K/V replicated
+        // (one K/V head read from rows of 2, at the offset the backend adds to the pointers).
+        let replicated = Shape { kv_row: 2 * 64, ..Shape::grouped(2, 4, 1, 200, 64) };
+        let shapes = [
+            Shape::plan(1, 16, 16384, 128),
+            Shape::plan(2, 2, 200, 64),
+            Shape::grouped(1, 16, 4, 16384, 128),
+            Shape::grouped(2, 4, 2, 200, 64),
+            replicated,
+        ];
+        for base in shapes {
+            let (b, h, s, d) = (base.batch, base.heads, base.seq, base.head_dim);
+            let (b, h) = (format!("{b}"), format!("{h} kv_heads={} kv_row={}", base.kv_heads, base.kv_row));
             for pass in &passes {
                 let mut built = false;
                 for stats in [StatsLayout::TokenMajor, StatsLayout::HeadMajor] {
-                    let shape = Shape { stats, ..Shape::plan(b, h, s, d) };
+                    let shape = Shape { stats, ..base };
                     match cudnn.plan(*pass, &shape) {
                         Ok(plan) => {
                             built = true;

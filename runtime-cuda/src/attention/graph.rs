@@ -12,7 +12,14 @@
 //!   written by one matmul ([`BackwardForm::Deterministic`], the "dP workspace" form).
 //!
 //! Every tensor is logical (B, H, S, D) with explicit strides: the plan's row-major
-//! `[tokens, heads * head_dim]` buffers are strided views ("bshd"), no copies. The plan's
+//! `[tokens, heads * head_dim]` buffers are strided views ("bshd"), no copies.
+//!
+//! Grouped-query attention as cuDNN has it: k, v, dk and dv have [`Shape::kv_heads`] heads
+//! (`h_kv`, dividing `h_q`; query head `i` attends with K/V head `i / (h_q / h_kv)`) in rows of
+//! [`Shape::kv_row`] elements. The matmuls broadcast K and V over each group; the backward
+//! computes dK and dV per query head (virtual, bf16, packed) and sums each group with a
+//! reduction into dK and dV, as the frontend does ("red_dK_head", "red_dV_head"). With
+//! `kv_heads == heads` the graphs are the multi-head ones, descriptor for descriptor. The plan's
 //! log-sum-exp is `[tokens, heads]` f32 ([`StatsLayout::TokenMajor`]); cuDNN's frontend uses
 //! (B, H, S, 1) packed ([`StatsLayout::HeadMajor`]). Which one cuDNN accepts for its statistics
 //! is decided at plan build on the GPU (the token-major view is tried first).
@@ -292,8 +299,14 @@ pub struct Shape {
     pub seq: i64,
     /// Elements per head.
     pub head_dim: i64,
-    /// Elements per token row of q, k, v, o and the gradients (`heads * head_dim` in the plan).
+    /// Elements per token row of q, o, dO and dQ (`heads * head_dim` in the plan).
     pub row: i64,
+    /// K/V heads as cuDNN sees them (`h_kv`): they divide `heads`; `heads` for multi-head
+    /// attention.
+    pub kv_heads: i64,
+    /// Elements per token row of k, v, dK and dV (`kv_heads * head_dim` in the plan; more when
+    /// the graph reads one head of a row holding every K/V head of the model).
+    pub kv_row: i64,
     /// The statistics' layout.
     pub stats: StatsLayout,
 }
@@ -301,19 +314,45 @@ pub struct Shape {
 impl Shape {
     /// The plan's layout: rows of `heads * head_dim`, token-major statistics.
     pub fn plan(batch: i64, heads: i64, seq: i64, head_dim: i64) -> Self {
-        Shape { batch, heads, seq, head_dim, row: heads * head_dim, stats: StatsLayout::TokenMajor }
+        Self::grouped(batch, heads, heads, seq, head_dim)
+    }
+
+    /// The plan's layout with `kv_heads` K/V heads (grouped-query attention; `kv_heads` divides
+    /// `heads`): rows of `kv_heads * head_dim` for k, v, dK and dV.
+    pub fn grouped(batch: i64, heads: i64, kv_heads: i64, seq: i64, head_dim: i64) -> Self {
+        Shape {
+            batch,
+            heads,
+            seq,
+            head_dim,
+            row: heads * head_dim,
+            kv_heads,
+            kv_row: kv_heads * head_dim,
+            stats: StatsLayout::TokenMajor,
+        }
+    }
+
+    /// Whether K and V have fewer heads than Q (the backward then sums dK and dV per group).
+    fn is_grouped(&self) -> bool {
+        self.kv_heads != self.heads
+    }
+
+    /// (B, H_kv, S, D) over a row-major `[tokens, kv_row]` buffer: k, v, dK, dV.
+    fn kv_bshd(&self) -> ([i64; 4], [i64; 4]) {
+        let (b, h, s, d, r) = (self.batch, self.kv_heads, self.seq, self.head_dim, self.kv_row);
+        ([b, h, s, d], [s * r, d, r, 1])
+    }
+
+    /// (B, H_kv, D, S): the same buffer transposed by strides.
+    fn kv_bhds(&self) -> ([i64; 4], [i64; 4]) {
+        let (b, h, s, d, r) = (self.batch, self.kv_heads, self.seq, self.head_dim, self.kv_row);
+        ([b, h, d, s], [s * r, d, 1, r])
     }
 
     /// (B, H, S, D) over a row-major `[tokens, row]` buffer.
     fn bshd(&self) -> ([i64; 4], [i64; 4]) {
         let (b, h, s, d, r) = (self.batch, self.heads, self.seq, self.head_dim, self.row);
         ([b, h, s, d], [s * r, d, r, 1])
-    }
-
-    /// (B, H, D, S): the same buffer transposed by strides.
-    fn bhds(&self) -> ([i64; 4], [i64; 4]) {
-        let (b, h, s, d, r) = (self.batch, self.heads, self.seq, self.head_dim, self.row);
-        ([b, h, d, s], [s * r, d, 1, r])
     }
 
     /// (B, H, S, S) scores, packed.
@@ -456,6 +495,30 @@ impl<'a, B: GraphBuilder> Emitter<'a, B> {
         Ok(())
     }
 
+    /// `a @ b` into the K/V gradient `output` (dV = P^T dO, dK = dS^T Q): one matmul when K and
+    /// V have every query head's head, else the frontend's GQA form: a matmul into a virtual
+    /// per-query-head gradient (bf16, packed), then a reduction that sums each group of
+    /// `heads / kv_heads` query heads into `output`.
+    fn grouped_matmul(
+        &mut self,
+        shape: &Shape,
+        a: Uid,
+        b: Uid,
+        output: Uid,
+        (name, full_name): (&'static str, &'static str),
+    ) -> Result<(), B::Error> {
+        if !shape.is_grouped() {
+            let c = self.real(output, name, DataType::Bf16, shape.bshd())?;
+            self.op(Operation::Matmul { a, b, c })?;
+            return Ok(());
+        }
+        let full = self.virt(full_name, DataType::Bf16, shape.packed())?;
+        self.op(Operation::Matmul { a, b, c: full })?;
+        let c = self.real(output, name, DataType::Bf16, shape.kv_bshd())?;
+        self.op(Operation::Reduction { op: ReduceOp::Add, x: full, y: c })?;
+        Ok(())
+    }
+
     /// The main graph of every op emitted.
     fn finish(self) -> Result<GraphId, B::Error> {
         let ops = self.ops;
@@ -470,7 +533,7 @@ pub fn forward_composite<B: GraphBuilder>(builder: &mut B, shape: &Shape) -> Res
     let scores = shape.scores();
     let rows = shape.rows();
     let q = e.real(uid::Q, "q", DataType::Bf16, shape.bshd())?;
-    let kt = e.real(uid::K, "k_transposed", DataType::Bf16, shape.bhds())?;
+    let kt = e.real(uid::K, "k_transposed", DataType::Bf16, shape.kv_bhds())?;
     let s0 = e.virt("scores", DataType::F32, scores)?;
     e.op(Operation::Matmul { a: q, b: kt, c: s0 })?;
     let scale = e.scalar(uid::SCALE, "scale")?;
@@ -493,7 +556,7 @@ pub fn forward_composite<B: GraphBuilder>(builder: &mut B, shape: &Shape) -> Res
     e.pointwise(PointwiseMode::Add, max, Some(log), stats)?;
     let p = e.virt("probabilities", DataType::Bf16, scores)?;
     e.pointwise(PointwiseMode::Div, exp, Some(sum), p)?;
-    let v = e.real(uid::V, "v", DataType::Bf16, shape.bshd())?;
+    let v = e.real(uid::V, "v", DataType::Bf16, shape.kv_bshd())?;
     let o = e.real(uid::O, "o", DataType::Bf16, shape.bshd())?;
     e.op(Operation::Matmul { a: p, b: v, c: o })?;
     e.finish()
@@ -505,8 +568,8 @@ pub fn forward_fused<B: GraphBuilder>(builder: &mut B, shape: &Shape) -> Result<
     let scores = shape.scores();
     let mut e = Emitter::new(builder);
     let q = e.real(uid::Q, "q", DataType::Bf16, shape.bshd())?;
-    let k = e.real(uid::K, "k", DataType::Bf16, shape.bshd())?;
-    let v = e.real(uid::V, "v", DataType::Bf16, shape.bshd())?;
+    let k = e.real(uid::K, "k", DataType::Bf16, shape.kv_bshd())?;
+    let v = e.real(uid::V, "v", DataType::Bf16, shape.kv_bshd())?;
     let o = e.real(uid::O, "o", DataType::Bf16, shape.bshd())?;
     let scale = e.scalar(uid::SCALE, "scale")?;
     let neg_inf = e.scalar(uid::NEG_INF, "neg_inf")?;
@@ -525,7 +588,8 @@ pub fn forward_fused<B: GraphBuilder>(builder: &mut B, shape: &Shape) -> Result<
 }
 
 /// The backward as the frontend's composite graph (22 operations with
-/// [`BackwardForm::Accumulate`], 21 with [`BackwardForm::Deterministic`]): softmax sums
+/// [`BackwardForm::Accumulate`], 21 with [`BackwardForm::Deterministic`]; two reductions more
+/// with grouped K/V, summing dK and dV over each group): softmax sums
 /// `rowsum(dO * O)`, the probabilities again from the statistics (`P = exp(mask(S * scale) - LSE)`),
 /// `dV = P^T dO`, `dS = P * (dO V^T - sums) * scale`, `dK = dS^T Q`, `dQ = dS K`. Returns the
 /// main graph.
@@ -551,7 +615,7 @@ pub fn backward_composite<B: GraphBuilder>(
     e.pointwise(PointwiseMode::Mul, row_sum, Some(one), sums)?;
     // 4-11: the probabilities.
     let q = e.real(uid::Q, "q", DataType::Bf16, shape.bshd())?;
-    let kt = e.real(uid::K, "k_transposed", DataType::Bf16, shape.bhds())?;
+    let kt = e.real(uid::K, "k_transposed", DataType::Bf16, shape.kv_bhds())?;
     let s0 = e.virt("scores", DataType::F32, scores)?;
     e.op(Operation::Matmul { a: q, b: kt, c: s0 })?;
     let scale = e.scalar(uid::SCALE, "scale")?;
@@ -568,10 +632,9 @@ pub fn backward_composite<B: GraphBuilder>(
     // 12-13: dV = P^T dO.
     let pt = e.virt("probabilities_transposed", DataType::Bf16, shape.scores_transposed())?;
     e.op(Operation::Reshape { x: p, y: pt })?;
-    let dv = e.real(uid::DV, "dv", DataType::Bf16, shape.bshd())?;
-    e.op(Operation::Matmul { a: pt, b: d_o, c: dv })?;
+    e.grouped_matmul(shape, pt, d_o, uid::DV, ("dv", "dv_full_heads"))?;
     // 14-17: dS.
-    let vt = e.real(uid::V, "v_transposed", DataType::Bf16, shape.bhds())?;
+    let vt = e.real(uid::V, "v_transposed", DataType::Bf16, shape.kv_bhds())?;
     let dp = e.virt("dp", DataType::F32, scores)?;
     e.op(Operation::Matmul { a: d_o, b: vt, c: dp })?;
     let dp_minus = e.virt("dp_minus_sum", DataType::F32, scores)?;
@@ -583,10 +646,9 @@ pub fn backward_composite<B: GraphBuilder>(
     // 18-19: dK = dS^T Q.
     let dst = e.virt("ds_transposed", DataType::Bf16, shape.scores_transposed())?;
     e.op(Operation::Reshape { x: ds, y: dst })?;
-    let dk = e.real(uid::DK, "dk", DataType::Bf16, shape.bshd())?;
-    e.op(Operation::Matmul { a: dst, b: q, c: dk })?;
+    e.grouped_matmul(shape, dst, q, uid::DK, ("dk", "dk_full_heads"))?;
     // 20-22: dQ = dS K.
-    let kn = e.virt("k", DataType::F32, shape.bshd())?;
+    let kn = e.virt("k", DataType::F32, shape.kv_bshd())?;
     e.op(Operation::Reshape { x: kt, y: kn })?;
     match form {
         BackwardForm::Accumulate => {

@@ -94,21 +94,35 @@ impl Machine<'_> {
 
     /// `uid` broadcast to `dims`, row-major (one lookup of its memory, then strided reads).
     fn gather(&self, uid: Uid, dims: [i64; 4]) -> Result<Vec<f64>, String> {
+        self.gather_as(uid, dims, false)
+    }
+
+    /// [`Machine::gather`], and when `grouped` (a matmul's or the fused operation's operands) a
+    /// batch dim (0 or 1) of `have` that divides the wanted `want` is read in groups: index `i`
+    /// reads `i / (want / have)` (grouped-query attention: query head `i` reads K/V head
+    /// `i / (h_q / h_kv)`).
+    fn gather_as(&self, uid: Uid, dims: [i64; 4], grouped: bool) -> Result<Vec<f64>, String> {
         let t = self.tensor(uid)?;
+        let mut divisors = [1usize; 4];
         for (axis, (&have, &want)) in t.dims.iter().zip(&dims).enumerate() {
-            if have != 1 && have != want {
+            if have == 1 {
+                divisors[axis] = usize::MAX;
+            } else if grouped && axis < 2 && have > 0 && want % have == 0 {
+                divisors[axis] = (want / have) as usize;
+            } else if have != want {
                 return Err(format!("tensor {uid} ({}) dim {axis} is {have}, not 1 or {want}", t.name));
             }
         }
         let memory = self.memory(uid)?;
-        let mut strides = t.strides;
-        for (stride, &dim) in strides.iter_mut().zip(&t.dims) {
-            if dim == 1 {
-                *stride = 0;
-            }
-        }
-        let view = Tensor { strides, ..t };
-        Ok(indices(dims).map(|index| memory[offset(&view, index)]).collect())
+        Ok(indices(dims)
+            .map(|index| {
+                let mut at = [0usize; 4];
+                for axis in 0..4 {
+                    at[axis] = index[axis].checked_div(divisors[axis]).unwrap_or(0);
+                }
+                memory[offset(&t, at)]
+            })
+            .collect())
     }
 
     /// Writes `values` (row-major over `uid`'s dims) into `uid`'s memory.
@@ -180,8 +194,10 @@ impl Machine<'_> {
                 if ta.dims[2] != m || tb.dims[2] != k || tb.dims[3] != n {
                     return Err(format!("matmul {:?} x {:?} -> {:?}", ta.dims, tb.dims, tc.dims));
                 }
-                let (ga, gb) =
-                    (self.gather(a, [tc.dims[0], tc.dims[1], m, k])?, self.gather(b, [tc.dims[0], tc.dims[1], k, n])?);
+                let (ga, gb) = (
+                    self.gather_as(a, [tc.dims[0], tc.dims[1], m, k], true)?,
+                    self.gather_as(b, [tc.dims[0], tc.dims[1], k, n], true)?,
+                );
                 let (m, k, n) = (m as usize, k as usize, n as usize);
                 let mut values = Vec::new();
                 for index in indices(tc.dims) {
@@ -194,8 +210,11 @@ impl Machine<'_> {
             }
             Operation::Reduction { op, x, y } => {
                 let (tx, ty) = (self.tensor(x)?, self.tensor(y)?);
+                // An output dim of 1 sums the axis; one that divides the input's sums groups of
+                // consecutive indices (the frontend's per-group dK and dV: query heads
+                // `g * j .. g * (j + 1)` into K/V head `j`); equal dims are kept.
                 for axis in 0..4 {
-                    if ty.dims[axis] != 1 && ty.dims[axis] != tx.dims[axis] {
+                    if ty.dims[axis] <= 0 || tx.dims[axis] % ty.dims[axis] != 0 {
                         return Err(format!("reduction {:?} -> {:?}", tx.dims, ty.dims));
                     }
                 }
@@ -205,11 +224,12 @@ impl Machine<'_> {
                 };
                 let mut out: Vec<f64> = indices(ty.dims).map(|_| start).collect();
                 let ydims = ty.dims.map(|d| d as usize);
+                let groups: Vec<usize> = (0..4).map(|axis| (tx.dims[axis] / ty.dims[axis]) as usize).collect();
                 let vx = self.gather(x, tx.dims)?;
                 for (index, v) in indices(tx.dims).zip(vx) {
                     let mut at = 0;
                     for axis in 0..4 {
-                        at = at * ydims[axis] + if ydims[axis] == 1 { 0 } else { index[axis] };
+                        at = at * ydims[axis] + index[axis] / groups[axis];
                     }
                     out[at] = match op {
                         ReduceOp::Max => out[at].max(v),
@@ -262,7 +282,8 @@ impl Machine<'_> {
                 let dims = self.tensor(mask_input)?.dims;
                 let (rows, d) = (dims[2] as usize, tq.dims[3] as usize);
                 let s = self.gather(scale, [1; 4])?.first().copied().ok_or("sdpa_fwd: no scale")?;
-                let (vq, vk, vv) = (self.gather(q, tq.dims)?, self.gather(k, tq.dims)?, self.gather(v, to.dims)?);
+                let (vq, vk, vv) =
+                    (self.gather(q, tq.dims)?, self.gather_as(k, tq.dims, true)?, self.gather_as(v, to.dims, true)?);
                 let mut scores = Vec::new();
                 for index in indices(dims) {
                     let head = (index[0] * dims[1] as usize + index[1]) * rows;

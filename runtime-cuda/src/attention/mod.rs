@@ -21,6 +21,7 @@ pub mod record;
 #[cfg(test)]
 mod tests;
 
+use graph::Shape;
 use memo_kernels::AttentionVariant;
 use memo_plan_core::plan::shapes::AttentionShape;
 use memo_plan_core::plan::Op;
@@ -89,7 +90,7 @@ pub fn probe_cudnn() -> Result<String, String> {
 pub struct AttentionScratch {
     /// q rotated by RoPE (bf16, tokens x heads x head_dim).
     pub rotated_q: u64,
-    /// k rotated by RoPE (same size).
+    /// k rotated by RoPE (bf16, tokens x kv_heads x head_dim: every K/V head of `k`).
     pub rotated_k: u64,
     /// Backward, accumulating form only: the f32 dQ accumulator, B*H*S*D*4 (zeroed before use).
     pub dq_accumulator: u64,
@@ -145,14 +146,15 @@ pub fn scratch(
     let heads_rows = rows.saturating_mul(shape.heads);
     let elements = heads_rows.saturating_mul(shape.head_dim);
     let rotated = elements.saturating_mul(2);
+    let rotated_k = rows.saturating_mul(shape.kv_heads).saturating_mul(shape.head_dim).saturating_mul(2);
     let statistics = if head_major_statistics { heads_rows.saturating_mul(4) } else { 0 };
     match op {
         Op::Attention => {
-            AttentionScratch { rotated_q: rotated, rotated_k: rotated, statistics, workspace, ..Default::default() }
+            AttentionScratch { rotated_q: rotated, rotated_k, statistics, workspace, ..Default::default() }
         }
         Op::AttentionBackward => AttentionScratch {
             rotated_q: rotated,
-            rotated_k: rotated,
+            rotated_k,
             dq_accumulator: if deterministic { 0 } else { elements.saturating_mul(4) },
             softmax_sum: heads_rows.saturating_mul(4),
             statistics,
@@ -160,4 +162,64 @@ pub fn scratch(
         },
         _ => AttentionScratch::default(),
     }
+}
+
+/// How one launch's K and V (and dK, dV) are shown to cuDNN ([`key_value_view`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyValueView {
+    /// The graphs' shape (the plan's token-major statistics; the backend may switch them).
+    pub shape: Shape,
+    /// Elements from the start of each row of k, v, dk and dv to the first one cuDNN reads or
+    /// writes: added (in bytes, twice this) to the four pointers of the variant pack.
+    pub offset: u64,
+    /// Whether dk and dv are zeroed before the backward: their rows hold K/V heads that no query
+    /// head of the launch uses, which the graph does not write and the op's contract makes 0.
+    pub zero_gradients: bool,
+}
+
+/// How the K/V heads of an attention launch of `geometry` are described to cuDNN, whose grouped
+/// attention maps query head `i` to K/V head `i / (h_q / h_kv)`:
+/// - `first_query == 0` and `group == heads / kv_heads` (multi-head, grouped-query and
+///   multi-query attention on this rank's share of the heads): `h_kv = kv_heads`, rows of
+///   `kv_heads * head_dim`, offset 0;
+/// - else (K and V replicated: they hold every K/V head of the model, and every query head of
+///   the launch uses the one head `kv_head(0)`, as the model's rule `t % kv_heads == 0` makes
+///   it): `h_kv = 1` at an offset of `kv_head(0) * head_dim` elements in rows of the full
+///   `kv_heads * head_dim`, and dk and dv zeroed before the backward when they hold other heads.
+///
+/// An error (in one line) when neither describes the launch: query heads that use several K/V
+/// heads without cuDNN's grouping, a dimension above `i64`, or an offset that is not a multiple
+/// of 16 bytes (cuDNN's promised alignment).
+pub fn key_value_view(geometry: &AttentionShape) -> Result<KeyValueView, String> {
+    let int = |v: u64| i64::try_from(v).map_err(|_| format!("attention dimension {v} above 2^63"));
+    let (heads, kv_heads) = (geometry.heads, geometry.kv_heads);
+    if heads == 0 || kv_heads == 0 {
+        return Err(format!("attention with {heads} query and {kv_heads} K/V heads"));
+    }
+    let (b, h, s, d) = (int(geometry.sequences)?, int(heads)?, int(geometry.seq_len)?, int(geometry.head_dim)?);
+    let kv_row = int(kv_heads.saturating_mul(geometry.head_dim))?;
+    if geometry.first_query == 0 && heads.is_multiple_of(kv_heads) && geometry.group == heads / kv_heads {
+        let shape = Shape::grouped(b, h, int(kv_heads)?, s, d);
+        return Ok(KeyValueView { shape, offset: 0, zero_gradients: false });
+    }
+    let (first, last) = (geometry.kv_head(0), geometry.kv_head(heads - 1));
+    if first != last || first >= kv_heads {
+        return Err(format!(
+            "query heads {}..{} use K/V heads {first}..={last} of {kv_heads} (group {}): cuDNN's grouped attention \
+             needs them to use K/V heads from 0 in groups of heads / kv_heads, or all one head",
+            geometry.first_query,
+            geometry.first_query.saturating_add(heads),
+            geometry.group
+        ));
+    }
+    let offset = first.saturating_mul(geometry.head_dim);
+    if !offset.saturating_mul(2).is_multiple_of(16) {
+        return Err(format!(
+            "K/V head {first} starts {} bytes into its row, not a multiple of 16 (head dimension {})",
+            offset.saturating_mul(2),
+            geometry.head_dim
+        ));
+    }
+    let shape = Shape { kv_heads: 1, kv_row, ..Shape::grouped(b, h, 1, s, d) };
+    Ok(KeyValueView { shape, offset, zero_gradients: kv_heads > 1 })
 }
