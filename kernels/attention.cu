@@ -1,18 +1,25 @@
 // attention.cu: causal attention with rotary positions, FlashAttention-2 style (memory O(s)).
 //
 // Numerics follow runtime-cpu/src/ops/attention.rs (spec/plan-format.md, "Numerics every backend
-// follows"). Layout: q, k, v, out, dout, dq, dk, dv are `sequences * s` rows of `heads * D` bf16
-// (head h in elements [h*D, (h+1)*D)); lse is one f32 per (row, head). Row r is position r % s of
-// sequence r / s. RoPE (base theta, a parameter: the model's rope_theta; pairs (2i, 2i+1)) rotates q and k as their tiles are loaded;
+// follows"). Layout: q, out, dout, dq are `sequences * s` rows of `heads * D` bf16 (head h in
+// elements [h*D, (h+1)*D)); k, v, dk, dv rows of `kv_heads * D` bf16; lse is one f32 per (row,
+// query head). Row r is position r % s of sequence r / s. Grouped-query attention: query head h
+// attends with K/V head (first_query + h) / group (memo_plan_core's AttentionShape::kv_head;
+// multi-head attention is kv_heads = heads, group = 1, first_query = 0). RoPE (base theta, a
+// parameter: the model's rope_theta; pairs (2i, 2i+1)) rotates q and k as their tiles are loaded;
 // dq and dk are rotated back before they are stored (gradients of the un-rotated q, k).
 //
 // Kernels (D = head dim 16, 32, 64 or 128; grid x = ceil(s / 64) tiles of 64 "owner" rows,
-// y = heads, z = sequences; 128 threads; static shared memory under 48 KiB, no dynamic):
-//   memo_attention_forward_dD        (q, k, v, out, lse, s, heads, scale, theta_bits)
+// y = query heads (forward, dq) or K/V heads (dk/dv), z = sequences; 128 threads; static shared
+// memory under 48 KiB, no dynamic). Every kernel takes (..., s, heads, kv_heads, group,
+// first_query, scale, theta_bits):
+//   memo_attention_forward_dD        (q, k, v, out, lse, ...)
 //       owner = 64 query rows; streams key tiles up to the causal limit; online softmax.
-//   memo_attention_backward_dkdv_dD  (q, k, v, out, lse, dout, dq, dk, dv, s, heads, scale,
-//                                     theta_bits)
-//       owner = 64 keys; streams query tiles from the owner's first key on; writes dk, dv.
+//   memo_attention_backward_dkdv_dD  (q, k, v, out, lse, dout, dq, dk, dv, ...)
+//       owner = 64 keys of one K/V head; for each query head of the launch that uses it, in
+//       increasing order, streams the query tiles from the owner's first key on, all into the
+//       same f32 accumulators (dk, dv summed over the group deterministically, no atomics and no
+//       scratch); a K/V head no query head of the launch uses (replicated K/V) gets zeros.
 //   memo_attention_backward_dq_dD    (same parameters)
 //       owner = 64 query rows; streams key tiles up to the causal limit; writes dq.
 // The backward needs no scratch memory and no atomics: each kernel recomputes the probabilities
@@ -88,6 +95,12 @@ __device__ __forceinline__ memo_u64 memo_attn_elem(memo_u32 seq, memo_u32 s, mem
 __device__ __forceinline__ memo_u64 memo_attn_lse_index(memo_u32 seq, memo_u32 s, memo_u32 pos, memo_u32 heads,
                                                        memo_u32 head) {
     return ((memo_u64)seq * s + pos) * heads + head;
+}
+
+// Grouped-query attention: the K/V head of query head `head` of this launch (kernels/src/attention.rs,
+// memo_plan_core's AttentionShape::kv_head): `(first_query + head) / group`.
+__device__ __forceinline__ memo_u32 memo_attn_kv_head(memo_u32 head, memo_u32 group, memo_u32 first_query) {
+    return (first_query + head) / group;
 }
 
 __device__ __forceinline__ memo_u32 memo_attn_pack(float lo, float hi) {
@@ -223,20 +236,22 @@ template <int D, int N> struct MemoAttnStream {
 #endif
     }
 
-    // After the barrier that frees the shared tiles: writes this iteration's tiles from
-    // `first_pos` on (`a_s` rotated by `inv_freq`, `b_s` not); the baseline loads them now, the
-    // pipelined variant commits the staged words and, when there is a next iteration, starts
-    // the loads of its tiles (from `next_pos`) before the math of this one.
+    // After the barrier that frees the shared tiles: writes this iteration's tiles of head
+    // `head` from `first_pos` on (`a_s` rotated by `inv_freq`, `b_s` not); the baseline loads
+    // them now, the pipelined variant commits the staged words and, when there is a next
+    // iteration, starts the loads of its tiles (head `next_head` from `next_pos`: the dk/dv
+    // kernel moves on to the next query head of its group) before the math of this one.
     __device__ __forceinline__ void tiles(memo_bf16* a_s, const memo_bf16* a_src, memo_bf16* b_s,
                                           const memo_bf16* b_src, memo_u32 seq, memo_u32 head, memo_u32 s,
-                                          memo_u32 row_elems, memo_u32 first_pos, bool has_next, memo_u32 next_pos,
-                                          const double* inv_freq) {
+                                          memo_u32 row_elems, memo_u32 first_pos, bool has_next, memo_u32 next_head,
+                                          memo_u32 next_pos, const double* inv_freq) {
 #if MEMO_ATTN_PIPELINED
         memo_attn_commit<D, N>(a_s, a, s, first_pos, inv_freq);
         memo_attn_commit<D, N>(b_s, b, s, first_pos, nullptr);
-        if (has_next) begin(a_src, b_src, seq, head, s, row_elems, next_pos);
+        if (has_next) begin(a_src, b_src, seq, next_head, s, row_elems, next_pos);
 #else
         (void)has_next;
+        (void)next_head;
         (void)next_pos;
         memo_attn_load<D>(a_s, a_src, seq, head, s, row_elems, first_pos, N, inv_freq);
         memo_attn_load<D>(b_s, b_src, seq, head, s, row_elems, first_pos, N, nullptr);
@@ -493,6 +508,7 @@ __device__ __forceinline__ float memo_quad_sum(float v) {
 template <int D>
 __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const memo_bf16* k, const memo_bf16* v,
                                                        memo_bf16* out, float* lse, memo_u32 s, memo_u32 heads,
+                                                       memo_u32 kv_heads, memo_u32 group, memo_u32 first_query,
                                                        float scale, memo_u64 theta_bits) {
     constexpr int N = MemoAttnTiles<D>::FORWARD;
     constexpr int LD = D + 8;
@@ -504,10 +520,11 @@ __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const
     // Longest tiles (most keys) first.
     const memo_u32 q0 = (gridDim.x - 1 - blockIdx.x) * MEMO_ATTN_OWNER;
     const memo_u32 head = blockIdx.y, seq = blockIdx.z, row_elems = heads * D;
+    const memo_u32 kv = memo_attn_kv_head(head, group, first_query), kv_row_elems = kv_heads * D;
     const memo_u32 q_last = min(q0 + MEMO_ATTN_OWNER - 1, s - 1);  // last key any row of the tile sees
 
-    MemoAttnStream<D, N> keys;  // k and v
-    keys.begin(k, v, seq, head, s, row_elems, 0);
+    MemoAttnStream<D, N> keys;  // k and v (K/V head kv)
+    keys.begin(k, v, seq, kv, s, kv_row_elems, 0);
     memo_attn_inv_freq<D>(inv_freq, theta_bits);
     __syncthreads();
     memo_attn_load<D>(q_s, q, seq, head, s, row_elems, q0, MEMO_ATTN_OWNER, inv_freq);
@@ -524,7 +541,7 @@ __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const
     float m[2] = {MEMO_ATTN_NEG_INF, MEMO_ATTN_NEG_INF}, l[2] = {0.0f, 0.0f};
     for (memo_u32 k0 = 0; k0 <= q_last; k0 += N) {
         __syncthreads();  // the previous tiles are consumed (and q_s is written, first time)
-        keys.tiles(k_s, k, v_s, v, seq, head, s, row_elems, k0, k0 + N <= q_last, k0 + N, inv_freq);
+        keys.tiles(k_s, k, v_s, v, seq, kv, s, kv_row_elems, k0, k0 + N <= q_last, kv, k0 + N, inv_freq);
         __syncthreads();
         float sc[N / 8][4];
         memo_mma_abt<D, N / 8>(sc, q_s + warp * 16 * LD, k_s, g, t);
@@ -592,7 +609,7 @@ __device__ __forceinline__ void memo_attention_forward(const memo_bf16* q, const
     float m = MEMO_ATTN_NEG_INF, l = 0.0f;
     for (memo_u32 k0 = 0; k0 <= q_last; k0 += N) {
         __syncthreads();
-        keys.tiles(k_s, k, v_s, v, seq, head, s, row_elems, k0, k0 + N <= q_last, k0 + N, inv_freq);
+        keys.tiles(k_s, k, v_s, v, seq, kv, s, kv_row_elems, k0, k0 + N <= q_last, kv, k0 + N, inv_freq);
         __syncthreads();
         float sc[N];
         float tile_max = MEMO_ATTN_NEG_INF;
@@ -638,8 +655,9 @@ template <int D>
 __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q, const memo_bf16* k,
                                                              const memo_bf16* v, const memo_bf16* out,
                                                              const float* lse, const memo_bf16* dout, memo_bf16* dk,
-                                                             memo_bf16* dv, memo_u32 s, memo_u32 heads, float scale,
-                                                             memo_u64 theta_bits) {
+                                                             memo_bf16* dv, memo_u32 s, memo_u32 heads,
+                                                             memo_u32 kv_heads, memo_u32 group, memo_u32 first_query,
+                                                             float scale, memo_u64 theta_bits) {
     constexpr int N = MemoAttnTiles<D>::BACKWARD;
     constexpr int LD = D + 8;
     __shared__ __align__(16) memo_bf16 k_s[MEMO_ATTN_OWNER * LD];
@@ -651,14 +669,21 @@ __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q,
     __shared__ double inv_freq[D / 2];
 
     const memo_u32 k0 = blockIdx.x * MEMO_ATTN_OWNER;  // the longest (earliest) key tiles first
-    const memo_u32 head = blockIdx.y, seq = blockIdx.z, row_elems = heads * D;
+    const memo_u32 kv = blockIdx.y, seq = blockIdx.z, row_elems = heads * D, kv_row_elems = kv_heads * D;
+    // The query heads of this launch that use K/V head kv, [h_begin, h_end): those with
+    // kv * group <= first_query + head < (kv + 1) * group. Their dk and dv are summed in the same
+    // f32 accumulators, head after head in increasing order (deterministic, no atomics); a K/V
+    // head no query head uses (K and V replicated) keeps zero accumulators and stores zeros.
+    const memo_u32 kv_first = kv * group, kv_end = kv_first + group;
+    const memo_u32 h_begin = kv_first > first_query ? kv_first - first_query : 0;
+    const memo_u32 h_end = min(kv_end > first_query ? kv_end - first_query : 0, heads);
 
-    MemoAttnStream<D, N> queries;  // q and dout
-    queries.begin(q, dout, seq, head, s, row_elems, k0);
+    MemoAttnStream<D, N> queries;  // q and dout (query head h_begin first)
+    if (h_begin < h_end) queries.begin(q, dout, seq, h_begin, s, row_elems, k0);
     memo_attn_inv_freq<D>(inv_freq, theta_bits);
     __syncthreads();
-    memo_attn_load<D>(k_s, k, seq, head, s, row_elems, k0, MEMO_ATTN_OWNER, inv_freq);
-    memo_attn_load<D>(v_s, v, seq, head, s, row_elems, k0, MEMO_ATTN_OWNER, nullptr);
+    memo_attn_load<D>(k_s, k, seq, kv, s, kv_row_elems, k0, MEMO_ATTN_OWNER, inv_freq);
+    memo_attn_load<D>(v_s, v, seq, kv, s, kv_row_elems, k0, MEMO_ATTN_OWNER, nullptr);
 
 #if MEMO_ATTN_TENSOR
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -677,66 +702,74 @@ __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q,
     for (int c = 0; c < D / 2; ++c) dk_acc[c] = dv_acc[c] = 0.0f;
 #endif
 
-    for (memo_u32 i0 = k0; i0 < s; i0 += N) {
-        __syncthreads();  // the previous query tile is consumed (and k_s, v_s written, first time)
-        queries.tiles(q_s, q, do_s, dout, seq, head, s, row_elems, i0, i0 + N < s, i0 + N, inv_freq);
-        __syncthreads();
-        memo_attn_row_stats<D, N>(lse_s, delta_s, do_s, out, lse, seq, head, s, heads, i0);
-        __syncthreads();
+    for (memo_u32 head = h_begin; head < h_end; ++head) {
+        for (memo_u32 i0 = k0; i0 < s; i0 += N) {
+            __syncthreads();  // the previous query tile is consumed (and k_s, v_s written, first time)
+            // The next tile: this head's next query tile, or the next head's first (k0 < s).
+            const bool same_head = i0 + N < s;
+            queries.tiles(q_s, q, do_s, dout, seq, head, s, row_elems, i0, same_head || head + 1 < h_end,
+                          same_head ? head : head + 1, same_head ? i0 + N : k0, inv_freq);
+            __syncthreads();
+            memo_attn_row_stats<D, N>(lse_s, delta_s, do_s, out, lse, seq, head, s, heads, i0);
+            __syncthreads();
 #if MEMO_ATTN_TENSOR
-        // Transposed scores: rows = this warp's 16 keys, columns = the tile's N queries.
-        float p[N / 8][4], ds[N / 8][4];
-        memo_mma_abt<D, N / 8>(p, k_s + warp * 16 * LD, q_s, g, t);
-        memo_mma_abt<D, N / 8>(ds, v_s + warp * 16 * LD, do_s, g, t);  // dP^T = V dO^T
-        // Every query of the tile at or after the block's last key and inside the sequence.
-        const bool visible = MEMO_ATTN_PIPELINED && i0 >= k0 + MEMO_ATTN_OWNER - 1 && i0 + N <= s;
+            // Transposed scores: rows = this warp's 16 keys, columns = the tile's N queries.
+            float p[N / 8][4], ds[N / 8][4];
+            memo_mma_abt<D, N / 8>(p, k_s + warp * 16 * LD, q_s, g, t);
+            memo_mma_abt<D, N / 8>(ds, v_s + warp * 16 * LD, do_s, g, t);  // dP^T = V dO^T
+            // Every query of the tile at or after the block's last key and inside the sequence.
+            const bool visible = MEMO_ATTN_PIPELINED && i0 >= k0 + MEMO_ATTN_OWNER - 1 && i0 + N <= s;
 #pragma unroll
-        for (int n = 0; n < N / 8; ++n) {
+            for (int n = 0; n < N / 8; ++n) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int i = n * 8 + 2 * t + (e & 1);
-                const memo_u32 qpos = i0 + i;
-                const memo_u32 kpos = e < 2 ? key0 : key1;
-                const bool live = visible || (kpos <= qpos && qpos < s);
-                const float pij = live ? expf(p[n][e] * scale - lse_s[i]) : 0.0f;
-                p[n][e] = pij;
-                ds[n][e] = pij * (ds[n][e] - delta_s[i]);
+                for (int e = 0; e < 4; ++e) {
+                    const int i = n * 8 + 2 * t + (e & 1);
+                    const memo_u32 qpos = i0 + i;
+                    const memo_u32 kpos = e < 2 ? key0 : key1;
+                    const bool live = visible || (kpos <= qpos && qpos < s);
+                    const float pij = live ? expf(p[n][e] * scale - lse_s[i]) : 0.0f;
+                    p[n][e] = pij;
+                    ds[n][e] = pij * (ds[n][e] - delta_s[i]);
+                }
             }
-        }
-        memo_mma_px<D, N / 8>(dv_acc, p, do_s, g, t);  // dV += P^T dO
-        memo_mma_px<D, N / 8>(dk_acc, ds, q_s, g, t);  // dK += dS^T Q
+            memo_mma_px<D, N / 8>(dv_acc, p, do_s, g, t);  // dV += P^T dO
+            memo_mma_px<D, N / 8>(dk_acc, ds, q_s, g, t);  // dK += dS^T Q
 #else
-        for (int i = 0; i < N; ++i) {
-            const memo_u32 qpos = i0 + i;
-            if (key <= qpos && qpos < s) {
-                float dot = 0.0f, dp = 0.0f;
-                for (int c = 0; c < D; ++c) {
-                    dot += memo_attn_at(q_s, i * LD + c) * memo_attn_at(k_s, r * LD + c);
-                    dp += memo_attn_at(do_s, i * LD + c) * memo_attn_at(v_s, r * LD + c);
-                }
-                const float pij = expf(dot * scale - lse_s[i]);
-                const float dsij = pij * (dp - delta_s[i]);
+            for (int i = 0; i < N; ++i) {
+                const memo_u32 qpos = i0 + i;
+                if (key <= qpos && qpos < s) {
+                    float dot = 0.0f, dp = 0.0f;
+                    for (int c = 0; c < D; ++c) {
+                        dot += memo_attn_at(q_s, i * LD + c) * memo_attn_at(k_s, r * LD + c);
+                        dp += memo_attn_at(do_s, i * LD + c) * memo_attn_at(v_s, r * LD + c);
+                    }
+                    const float pij = expf(dot * scale - lse_s[i]);
+                    const float dsij = pij * (dp - delta_s[i]);
 #pragma unroll
-                for (int c = 0; c < D / 2; ++c) {
-                    dv_acc[c] += pij * memo_attn_at(do_s, i * LD + c0 + c);
-                    dk_acc[c] += dsij * memo_attn_at(q_s, i * LD + c0 + c);
+                    for (int c = 0; c < D / 2; ++c) {
+                        dv_acc[c] += pij * memo_attn_at(do_s, i * LD + c0 + c);
+                        dk_acc[c] += dsij * memo_attn_at(q_s, i * LD + c0 + c);
+                    }
                 }
             }
-        }
 #endif
+        }
     }
 
+    // dk is rotated back, except for an unused K/V head: its zeros stay +0.0 (a rotation could
+    // make -0.0), as the CPU reference writes them.
+    const double* dk_rope = h_begin < h_end ? inv_freq : nullptr;
 #if MEMO_ATTN_TENSOR
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
         const int pair = n * 4 + t;
         if (key0 < s) {
-            memo_attn_store_pair<D>(dk, seq, head, s, row_elems, key0, pair, dk_acc[n][0] * scale, dk_acc[n][1] * scale, inv_freq);
-            memo_attn_store_pair<D>(dv, seq, head, s, row_elems, key0, pair, dv_acc[n][0], dv_acc[n][1], nullptr);
+            memo_attn_store_pair<D>(dk, seq, kv, s, kv_row_elems, key0, pair, dk_acc[n][0] * scale, dk_acc[n][1] * scale, dk_rope);
+            memo_attn_store_pair<D>(dv, seq, kv, s, kv_row_elems, key0, pair, dv_acc[n][0], dv_acc[n][1], nullptr);
         }
         if (key1 < s) {
-            memo_attn_store_pair<D>(dk, seq, head, s, row_elems, key1, pair, dk_acc[n][2] * scale, dk_acc[n][3] * scale, inv_freq);
-            memo_attn_store_pair<D>(dv, seq, head, s, row_elems, key1, pair, dv_acc[n][2], dv_acc[n][3], nullptr);
+            memo_attn_store_pair<D>(dk, seq, kv, s, kv_row_elems, key1, pair, dk_acc[n][2] * scale, dk_acc[n][3] * scale, dk_rope);
+            memo_attn_store_pair<D>(dv, seq, kv, s, kv_row_elems, key1, pair, dv_acc[n][2], dv_acc[n][3], nullptr);
         }
     }
 #else
@@ -744,8 +777,8 @@ __device__ __forceinline__ void memo_attention_backward_dkdv(const memo_bf16* q,
 #pragma unroll
         for (int c = 0; c < D / 2; c += 2) {
             const int pair = (c0 + c) / 2;
-            memo_attn_store_pair<D>(dk, seq, head, s, row_elems, key, pair, dk_acc[c] * scale, dk_acc[c + 1] * scale, inv_freq);
-            memo_attn_store_pair<D>(dv, seq, head, s, row_elems, key, pair, dv_acc[c], dv_acc[c + 1], nullptr);
+            memo_attn_store_pair<D>(dk, seq, kv, s, kv_row_elems, key, pair, dk_acc[c] * scale, dk_acc[c + 1] * scale, dk_rope);
+            memo_attn_store_pair<D>(dv, seq, kv, s, kv_row_elems, key, pair, dv_acc[c], dv_acc[c + 1], nullptr);
         }
     }
 #endif
@@ -758,7 +791,8 @@ template <int D>
 __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, const memo_bf16* k, const memo_bf16* v,
                                                            const memo_bf16* out, const float* lse,
                                                            const memo_bf16* dout, memo_bf16* dq, memo_u32 s,
-                                                           memo_u32 heads, float scale, memo_u64 theta_bits) {
+                                                           memo_u32 heads, memo_u32 kv_heads, memo_u32 group,
+                                                           memo_u32 first_query, float scale, memo_u64 theta_bits) {
     constexpr int N = MemoAttnTiles<D>::BACKWARD;
     constexpr int LD = D + 8;
     __shared__ __align__(16) memo_bf16 q_s[MEMO_ATTN_OWNER * LD];
@@ -771,10 +805,11 @@ __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, c
 
     const memo_u32 q0 = (gridDim.x - 1 - blockIdx.x) * MEMO_ATTN_OWNER;  // longest tiles first
     const memo_u32 head = blockIdx.y, seq = blockIdx.z, row_elems = heads * D;
+    const memo_u32 kv = memo_attn_kv_head(head, group, first_query), kv_row_elems = kv_heads * D;
     const memo_u32 q_last = min(q0 + MEMO_ATTN_OWNER - 1, s - 1);
 
-    MemoAttnStream<D, N> keys;  // k and v
-    keys.begin(k, v, seq, head, s, row_elems, 0);
+    MemoAttnStream<D, N> keys;  // k and v (K/V head kv)
+    keys.begin(k, v, seq, kv, s, kv_row_elems, 0);
     memo_attn_inv_freq<D>(inv_freq, theta_bits);
     __syncthreads();
     memo_attn_load<D>(q_s, q, seq, head, s, row_elems, q0, MEMO_ATTN_OWNER, inv_freq);
@@ -805,7 +840,7 @@ __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, c
 
     for (memo_u32 k0 = 0; k0 <= q_last; k0 += N) {
         __syncthreads();  // the previous key tile is consumed
-        keys.tiles(k_s, k, v_s, v, seq, head, s, row_elems, k0, k0 + N <= q_last, k0 + N, inv_freq);
+        keys.tiles(k_s, k, v_s, v, seq, kv, s, kv_row_elems, k0, k0 + N <= q_last, kv, k0 + N, inv_freq);
         __syncthreads();
 #if MEMO_ATTN_TENSOR
         float p[N / 8][4], ds[N / 8][4];
@@ -864,26 +899,29 @@ __device__ __forceinline__ void memo_attention_backward_dq(const memo_bf16* q, c
 // Entry points, one per head dim.
 
 #define MEMO_ATTENTION_KERNELS(D)                                                                            \
-    extern "C" __global__ void MEMO_LAUNCH_BOUNDS(MEMO_ATTN_THREADS)                                         \
-        memo_attention_forward_d##D(const memo_bf16* q, const memo_bf16* k, const memo_bf16* v,              \
-                                    memo_bf16* out, float* lse, memo_u32 s, memo_u32 heads, float scale,     \
-                                    memo_u64 theta_bits) {                                                   \
-        memo_attention_forward<D>(q, k, v, out, lse, s, heads, scale, theta_bits);                          \
+    extern "C" __global__ void MEMO_LAUNCH_BOUNDS(MEMO_ATTN_THREADS) memo_attention_forward_d##D(             \
+        const memo_bf16* q, const memo_bf16* k, const memo_bf16* v, memo_bf16* out, float* lse, memo_u32 s,  \
+        memo_u32 heads, memo_u32 kv_heads, memo_u32 group, memo_u32 first_query, float scale,                \
+        memo_u64 theta_bits) {                                                                               \
+        memo_attention_forward<D>(q, k, v, out, lse, s, heads, kv_heads, group, first_query, scale,         \
+                                  theta_bits);                                                               \
     }                                                                                                        \
     extern "C" __global__ void MEMO_LAUNCH_BOUNDS(MEMO_ATTN_THREADS) memo_attention_backward_dkdv_d##D(      \
         const memo_bf16* q, const memo_bf16* k, const memo_bf16* v, const memo_bf16* out, const float* lse, \
         const memo_bf16* dout, memo_bf16* dq, memo_bf16* dk, memo_bf16* dv, memo_u32 s, memo_u32 heads,     \
-        float scale, memo_u64 theta_bits) {                                                                  \
+        memo_u32 kv_heads, memo_u32 group, memo_u32 first_query, float scale, memo_u64 theta_bits) {         \
         (void)dq;                                                                                            \
-        memo_attention_backward_dkdv<D>(q, k, v, out, lse, dout, dk, dv, s, heads, scale, theta_bits);      \
+        memo_attention_backward_dkdv<D>(q, k, v, out, lse, dout, dk, dv, s, heads, kv_heads, group,         \
+                                        first_query, scale, theta_bits);                                     \
     }                                                                                                        \
     extern "C" __global__ void MEMO_LAUNCH_BOUNDS(MEMO_ATTN_THREADS) memo_attention_backward_dq_d##D(        \
         const memo_bf16* q, const memo_bf16* k, const memo_bf16* v, const memo_bf16* out, const float* lse, \
         const memo_bf16* dout, memo_bf16* dq, memo_bf16* dk, memo_bf16* dv, memo_u32 s, memo_u32 heads,     \
-        float scale, memo_u64 theta_bits) {                                                                  \
+        memo_u32 kv_heads, memo_u32 group, memo_u32 first_query, float scale, memo_u64 theta_bits) {         \
         (void)dk;                                                                                            \
         (void)dv;                                                                                            \
-        memo_attention_backward_dq<D>(q, k, v, out, lse, dout, dq, s, heads, scale, theta_bits);            \
+        memo_attention_backward_dq<D>(q, k, v, out, lse, dout, dq, s, heads, kv_heads, group, first_query,  \
+                                      scale, theta_bits);                                                    \
     }
 
 MEMO_ATTENTION_KERNELS(16)

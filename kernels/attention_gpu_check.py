@@ -24,6 +24,7 @@ import ctypes
 import glob
 import math
 import os
+import struct
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -117,10 +118,17 @@ class Driver:
         self.check(self.cuda.cuModuleGetFunction(ctypes.byref(function), module, name.encode()), name)
         holders = []
         for kind, value in params:
-            holders.append({"ptr": ctypes.c_uint64, "u32": ctypes.c_uint32, "f32": ctypes.c_float}[kind](value))
+            holders.append({"ptr": ctypes.c_uint64, "u32": ctypes.c_uint32, "u64": ctypes.c_uint64, "f32": ctypes.c_float}[kind](value))
         pointers = (ctypes.c_void_p * len(holders))(*[ctypes.addressof(h) for h in holders])
         rc = self.cuda.cuLaunchKernel(function, *grid, THREADS, 1, 1, 0, None, pointers, None)
         self.check(rc, f"cuLaunchKernel {name} grid {grid}")
+
+
+def kernel_tail(s, heads, scale):
+    """The scalar parameters after the pointers (kernels/src/attention.rs): s, heads, kv_heads,
+    group, first_query (multi-head attention: heads, 1, 0), scale, RoPE's base 10000 as f64 bits."""
+    theta_bits = struct.unpack("<Q", struct.pack("<d", 10000.0))[0]
+    return [("u32", s), ("u32", heads), ("u32", heads), ("u32", 1), ("u32", 0), ("f32", scale), ("u64", theta_bits)]
 
 
 def reference(torch, q, k, v, dout, b, s, heads, d):
@@ -181,7 +189,7 @@ def run(driver, module, torch, b, s, heads, d, seed):
     dq, dk, dv = (torch.full((rows, width), nan, dtype=torch.bfloat16, device="cuda") for _ in range(3))
     grid = ((s + OWNER_ROWS - 1) // OWNER_ROWS, heads, b)
     scale = 1.0 / math.sqrt(d)
-    tail = [("u32", s), ("u32", heads), ("f32", scale)]
+    tail = kernel_tail(s, heads, scale)
     driver.launch(module, f"memo_attention_forward_d{d}", grid, [("ptr", x.data_ptr()) for x in (q, k, v, out, lse)] + tail)
     torch.cuda.synchronize()
     # The backward takes the kernel's own out and lse, as a training step would.
@@ -210,7 +218,7 @@ def timing(driver, module, torch, d):
     lse = torch.empty(rows, heads, device="cuda")
     dq, dk, dv = (torch.empty_like(q) for _ in range(3))
     grid = ((s + OWNER_ROWS - 1) // OWNER_ROWS, heads, b)
-    tail = [("u32", s), ("u32", heads), ("f32", 1.0 / math.sqrt(d))]
+    tail = kernel_tail(s, heads, 1.0 / math.sqrt(d))
     pointers = [("ptr", x.data_ptr()) for x in (q, k, v, out, lse, dout, dq, dk, dv)]
     fwd = lambda: driver.launch(module, f"memo_attention_forward_d{d}", grid, pointers[:5] + tail)
     bwd = lambda: (

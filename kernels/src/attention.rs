@@ -1,10 +1,15 @@
 //! Launch recipes of `attention` and `attention_backward` (kernels in `kernels/attention.cu`).
 //!
 //! Every kernel works on tiles of [`OWNER_ROWS`] rows of one head of one sequence: grid
-//! `(ceil(s / 64), heads, sequences)`, [`THREADS`] threads, static shared memory only (under
-//! 48 KiB, so no opt-in attribute is needed). The forward is one kernel; the backward is two
-//! independent kernels (dk and dv per key tile, dq per query tile) that need no scratch memory and
-//! no atomics. The shapes are the op table's (`memo_plan_core::plan::shapes::check`, the CPU
+//! `(ceil(s / 64), heads, sequences)` (the dk/dv kernel: `kv_heads` on y), [`THREADS`] threads,
+//! static shared memory only (under 48 KiB, so no opt-in attribute is needed). The forward is one
+//! kernel; the backward is two independent kernels (dk and dv per key tile of a K/V head, dq per
+//! query tile) that need no scratch memory and no atomics. Grouped-query attention: query head `i`
+//! uses K/V head `(first_query + i) / group`
+//! ([`AttentionShape::kv_head`](memo_plan_core::plan::shapes::AttentionShape::kv_head)); the dk/dv
+//! block of a K/V head sums the gradients of the launch's query heads that use it, in increasing
+//! head order, in its f32 accumulators (deterministic), and stores zeros for a K/V head none of
+//! them uses (replicated K/V). The shapes are the op table's (`memo_plan_core::plan::shapes::check`, the CPU
 //! reference's check too), so a launch the CPU reference refuses is refused here with the same
 //! error; head dims other than [`HEAD_DIMS`] have no kernel and are refused.
 //!
@@ -52,6 +57,12 @@ const GRID_YZ_MAX: u64 = 65_535;
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Geometry {
     heads: u64,
+    /// Key/value heads in k, v, dk, dv.
+    kv_heads: u64,
+    /// Query heads per K/V head in the whole model.
+    group: u64,
+    /// This launch's query head 0 as the K/V heads count them (`AttentionShape::first_query`).
+    first_query: u64,
     head_dim: u64,
     seq_len: u64,
     sequences: u64,
@@ -70,14 +81,6 @@ impl Geometry {
         };
         let a = shape.attention_geometry()?;
         let (heads, head_dim, s, sequences) = (a.heads, a.head_dim, a.seq_len, a.sequences);
-        if a.kv_heads != heads || a.group != 1 || a.first_query != 0 {
-            let reason = format!(
-                "grouped-query attention ({heads} query heads on {} key/value heads) has no hand-written GPU kernel \
-                 yet; the kernels need as many key/value heads as query heads (set kv_heads to the head count)",
-                a.kv_heads
-            );
-            return Err(unsupported(Some("k"), reason));
-        }
         if !HEAD_DIMS.contains(&head_dim) {
             let reason = format!(
                 "head dimension {head_dim} ({} bytes per row / {heads} heads) has no GPU kernel; the supported head \
@@ -93,21 +96,43 @@ impl Geometry {
                 format!("= {s} is too long for the GPU kernels (at most {})", u64::from(u32::MAX) - OWNER_ROWS);
             return Err(OpError::context(op, "seq_len", problem));
         }
-        if heads > GRID_YZ_MAX || sequences > GRID_YZ_MAX {
+        if heads > GRID_YZ_MAX || a.kv_heads > GRID_YZ_MAX || sequences > GRID_YZ_MAX {
             let reason = format!(
-                "{heads} heads and {sequences} sequences in one launch: the GPU kernels take at most {GRID_YZ_MAX} of \
-                 each (split the launch)"
+                "{heads} heads ({} key/value heads) and {sequences} sequences in one launch: the GPU kernels take at \
+                 most {GRID_YZ_MAX} of each (split the launch)",
+                a.kv_heads
             );
             return Err(unsupported(None, reason));
         }
-        Ok(Geometry { heads, head_dim, seq_len: s, sequences, rope_theta: ctx.rope_theta })
+        // The kernels compute (first_query + head) / group and kv_head * group in u32.
+        let last_query = a.first_query.saturating_add(heads);
+        if a.group == 0 || last_query > u64::from(u32::MAX) || a.kv_heads.saturating_mul(a.group) > u64::from(u32::MAX)
+        {
+            let reason = format!(
+                "query heads {}..{last_query} in groups of {} on {} key/value heads are beyond the GPU kernels' 32-bit \
+                 head indices",
+                a.first_query, a.group, a.kv_heads
+            );
+            return Err(unsupported(Some("k"), reason));
+        }
+        Ok(Geometry {
+            heads,
+            kv_heads: a.kv_heads,
+            group: a.group,
+            first_query: a.first_query,
+            head_dim,
+            seq_len: s,
+            sequences,
+            rope_theta: ctx.rope_theta,
+        })
     }
 
-    /// `(ceil(s / 64), heads, sequences)`.
-    fn grid(&self) -> [u32; 3] {
+    /// `(ceil(s / 64), heads, sequences)`: `heads` is the query heads, or the K/V heads for the
+    /// dk/dv kernel.
+    fn grid(&self, heads: u64) -> [u32; 3] {
         // Geometry::new bounds all three (s <= u32::MAX - 64, heads and sequences <= 65535).
         let tiles = self.seq_len.div_ceil(OWNER_ROWS);
-        [to_u32(tiles), to_u32(self.heads), to_u32(self.sequences)]
+        [to_u32(tiles), to_u32(heads), to_u32(self.sequences)]
     }
 
     /// The scale of the scores, computed as the CPU reference does.
@@ -116,12 +141,15 @@ impl Geometry {
         1.0 / (self.head_dim as f32).sqrt()
     }
 
-    /// A launch of `kernel` over every tile with these pointer arguments.
-    fn launch(&self, kernel: &'static str, pointers: impl IntoIterator<Item = usize>) -> Step {
+    /// A launch of `kernel` over every tile of `grid_heads` heads with these pointer arguments.
+    fn launch(&self, kernel: &'static str, grid_heads: u64, pointers: impl IntoIterator<Item = usize>) -> Step {
         let mut params: Vec<Param> = pointers.into_iter().map(|arg| Param::Ptr { arg, byte_offset: 0 }).collect();
         params.extend([
             Param::U32(to_u32(self.seq_len)),
             Param::U32(to_u32(self.heads)),
+            Param::U32(to_u32(self.kv_heads)),
+            Param::U32(to_u32(self.group)),
+            Param::U32(to_u32(self.first_query)),
             Param::F32(self.scale()),
             // RoPE's base as the bits of an f64: the kernels take the inverse frequencies
             // theta^(-2i/D) in double, as the CPU does.
@@ -129,7 +157,7 @@ impl Geometry {
         ]);
         Step::Kernel(KernelLaunch {
             kernel,
-            grid: self.grid(),
+            grid: self.grid(grid_heads),
             block: [THREADS, 1, 1],
             shared_bytes: 0,
             params,
@@ -160,9 +188,10 @@ fn kernel(op: Op, stage: &str, head_dim: u64) -> Result<&'static str, RecipeErro
     })
 }
 
-/// `attention` (arguments q, k, v, out, lse): one kernel; `attention_backward` (arguments q, k,
-/// v, out, lse, dout, dq, dk, dv): the dk/dv kernel, then the dq kernel (independent of each
-/// other; each gets all nine pointers). `shape` is the op table's check of `args`.
+/// `attention` (arguments q, k, v, out, lse): one kernel over the query heads; `attention_backward`
+/// (arguments q, k, v, out, lse, dout, dq, dk, dv): the dk/dv kernel over the K/V heads, then the
+/// dq kernel over the query heads (independent of each other; each gets all nine pointers).
+/// `shape` is the op table's check of `args`.
 pub(crate) fn steps(shape: &OpShape, args: &[ArgShape], ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
     let op = shape.op;
     let q = args.first().copied().unwrap_or_default();
@@ -171,11 +200,11 @@ pub(crate) fn steps(shape: &OpShape, args: &[ArgShape], ctx: &KernelContext) -> 
         return Ok(Vec::new());
     }
     if op == Op::Attention {
-        return Ok(vec![g.launch(kernel(op, "forward", g.head_dim)?, 0..5)]);
+        return Ok(vec![g.launch(kernel(op, "forward", g.head_dim)?, g.heads, 0..5)]);
     }
     Ok(vec![
-        g.launch(kernel(op, "backward_dkdv", g.head_dim)?, 0..9),
-        g.launch(kernel(op, "backward_dq", g.head_dim)?, 0..9),
+        g.launch(kernel(op, "backward_dkdv", g.head_dim)?, g.kv_heads, 0..9),
+        g.launch(kernel(op, "backward_dq", g.head_dim)?, g.heads, 0..9),
     ])
 }
 

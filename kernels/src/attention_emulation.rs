@@ -57,21 +57,39 @@ impl Path {
     }
 }
 
-/// The launch's shapes (the kernels' `s`, `heads`, D and gridDim.z) and RoPE's base (their
-/// `theta_bits`).
+/// The launch's shapes (the kernels' `s`, `heads`, `kv_heads`, `group`, `first_query`, D and
+/// gridDim.z) and RoPE's base (their `theta_bits`).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Shape {
     pub(super) s: usize,
     pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+    pub(super) group: usize,
+    pub(super) first_query: usize,
     pub(super) d: usize,
     pub(super) sequences: usize,
     pub(super) theta: f64,
 }
 
 impl Shape {
-    /// `memo_attn_elem`.
-    fn elem(&self, seq: usize, pos: usize, head: usize) -> usize {
-        (seq * self.s + pos) * (self.heads * self.d) + head * self.d
+    /// `memo_attn_elem`: element (seq, pos, head, 0) of a tensor of `row_elems` bf16 per row.
+    fn elem(&self, seq: usize, pos: usize, row_elems: usize, head: usize) -> usize {
+        (seq * self.s + pos) * row_elems + head * self.d
+    }
+
+    /// The kernels' `row_elems`: a row of q, out, dout, dq.
+    fn row(&self) -> usize {
+        self.heads * self.d
+    }
+
+    /// The kernels' `kv_row_elems`: a row of k, v, dk, dv.
+    fn kv_row(&self) -> usize {
+        self.kv_heads * self.d
+    }
+
+    /// `memo_attn_kv_head`.
+    fn kv_head(&self, head: usize) -> usize {
+        (self.first_query + head) / self.group
     }
 
     /// `memo_attn_lse_index`.
@@ -189,6 +207,7 @@ fn load(
     sh: &Shape,
     seq: usize,
     head: usize,
+    row_elems: usize,
     first_pos: usize,
     rows: usize,
     inv_freq: Option<&[f64]>,
@@ -198,7 +217,7 @@ fn load(
         let mut row = at.row0;
         while row < rows {
             let pos = first_pos + row;
-            let bits = if pos < sh.s { word(src, sh.elem(seq, pos, head) + 2 * at.pair) } else { 0 };
+            let bits = if pos < sh.s { word(src, sh.elem(seq, pos, row_elems, head) + 2 * at.pair) } else { 0 };
             at.put(dst, sh.d + 8, row, pos < sh.s, bits, inv_freq.is_some());
             row += at.step;
         }
@@ -210,7 +229,13 @@ fn load(
 pub(super) type Stage = Vec<Vec<u32>>;
 
 /// `memo_attn_fetch`.
-fn fetch(src: &[u16], sh: &Shape, seq: usize, head: usize, first_pos: usize, rows: usize) -> Stage {
+fn fetch(
+    src: &[u16],
+    sh: &Shape,
+    (seq, head, row_elems): (usize, usize, usize),
+    first_pos: usize,
+    rows: usize,
+) -> Stage {
     let pairs = sh.d / 2;
     let step = THREADS / pairs;
     assert_eq!(rows % step, 0, "every thread stages the same number of rows");
@@ -221,7 +246,7 @@ fn fetch(src: &[u16], sh: &Shape, seq: usize, head: usize, first_pos: usize, row
                 .map(|i| {
                     let pos = first_pos + row0 + i * step;
                     if pos < sh.s {
-                        word(src, sh.elem(seq, pos, head) + 2 * pair)
+                        word(src, sh.elem(seq, pos, row_elems, head) + 2 * pair)
                     } else {
                         0
                     }
@@ -242,10 +267,11 @@ fn commit(dst: &mut [u16], stage: &Stage, sh: &Shape, first_pos: usize, inv_freq
     }
 }
 
-/// Two streamed tiles (`a` rotated by `a_rope`, `b` not) of `rows` rows from `first_pos` on,
-/// as one loop iteration of a kernel stages them: `memo_attn_load` in the baseline paths; in the
-/// pipelined path, `memo_attn_commit` of the words fetched for `first_pos` one iteration earlier
-/// (`staged`, fetched on the first call), then `memo_attn_fetch` of `next_pos` when there is one.
+/// Two streamed tiles (`a` rotated by `a_rope`, `b` not) of head `head` (rows of `row_elems`),
+/// `rows` rows from `first_pos` on, as one loop iteration of a kernel stages them:
+/// `memo_attn_load` in the baseline paths; in the pipelined path, `memo_attn_commit` of the words
+/// fetched one iteration earlier (`staged`, fetched on the first call), then `memo_attn_fetch` of
+/// the next iteration's `(head, first_pos)` when there is one.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn stream_tiles(
     path: Path,
@@ -253,22 +279,25 @@ pub(super) fn stream_tiles(
     (a_s, a, a_rope): (&mut [u16], &[u16], Option<&[f64]>),
     (b_s, b): (&mut [u16], &[u16]),
     sh: &Shape,
-    (seq, head): (usize, usize),
+    (seq, head, row_elems): (usize, usize, usize),
     first_pos: usize,
     rows: usize,
-    next_pos: Option<usize>,
+    next: Option<(usize, usize)>,
 ) {
     if path != Path::Pipelined {
-        load(a_s, a, sh, seq, head, first_pos, rows, a_rope);
-        load(b_s, b, sh, seq, head, first_pos, rows, None);
+        load(a_s, a, sh, seq, head, row_elems, first_pos, rows, a_rope);
+        load(b_s, b, sh, seq, head, row_elems, first_pos, rows, None);
         return;
     }
-    let (a_words, b_words) = staged
-        .take()
-        .unwrap_or_else(|| (fetch(a, sh, seq, head, first_pos, rows), fetch(b, sh, seq, head, first_pos, rows)));
+    let src_at = (seq, head, row_elems);
+    let (a_words, b_words) =
+        staged.take().unwrap_or_else(|| (fetch(a, sh, src_at, first_pos, rows), fetch(b, sh, src_at, first_pos, rows)));
     commit(a_s, &a_words, sh, first_pos, a_rope);
     commit(b_s, &b_words, sh, first_pos, None);
-    *staged = next_pos.map(|next| (fetch(a, sh, seq, head, next, rows), fetch(b, sh, seq, head, next, rows)));
+    *staged = next.map(|(next_head, next_pos)| {
+        let src_at = (seq, next_head, row_elems);
+        (fetch(a, sh, src_at, next_pos, rows), fetch(b, sh, src_at, next_pos, rows))
+    });
 }
 
 /// `memo_attn_row_stats`: in the pipelined path `THREADS / rows` lanes share a row, each sums
@@ -296,7 +325,7 @@ pub(super) fn row_stats(
         let (mut l, mut parts) = (0.0f32, vec![0.0f32; lanes]);
         if pos < sh.s {
             l = lse[sh.lse_index(seq, pos, head)];
-            let o = sh.elem(seq, pos, head);
+            let o = sh.elem(seq, pos, sh.row(), head);
             for (part, delta) in parts.iter_mut().enumerate() {
                 for i in 0..share {
                     let c = 2 * (part * share + i);
@@ -322,8 +351,7 @@ pub(super) fn row_stats(
 fn store_pair(
     dst: &mut [u16],
     sh: &Shape,
-    seq: usize,
-    head: usize,
+    (seq, head, row_elems): (usize, usize, usize),
     pos: usize,
     pair: usize,
     mut x0: f32,
@@ -337,7 +365,7 @@ fn store_pair(
         x0 = y0;
         x1 = y1;
     }
-    store_word(dst, sh.elem(seq, pos, head) + 2 * pair, pack(x0, x1));
+    store_word(dst, sh.elem(seq, pos, row_elems, head) + 2 * pair, pack(x0, x1));
 }
 
 fn at(tile: &[u16], i: usize) -> f32 {
@@ -546,11 +574,12 @@ pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], path: Path) -
     let grid_x = s.div_ceil(OWNER);
     let inv_freq = inv_freq(d, sh.theta);
     let inv = Some(inv_freq.as_slice());
-    for (seq, head, block_x) in grid(sh, grid_x) {
+    for (seq, head, block_x) in grid(sh.heads, sh.sequences, grid_x) {
         let q0 = (grid_x - 1 - block_x) * OWNER;
         let q_last = (q0 + OWNER - 1).min(s - 1);
+        let (kv, row_elems, kv_row_elems) = (sh.kv_head(head), sh.row(), sh.kv_row());
         let (mut q_s, mut k_s, mut v_s) = (vec![0u16; OWNER * ld], vec![0u16; n * ld], vec![0u16; n * ld]);
-        load(&mut q_s, q, sh, seq, head, q0, OWNER, inv);
+        load(&mut q_s, q, sh, seq, head, row_elems, q0, OWNER, inv);
         if path.tensor() {
             let mut o: Vec<Acc> = (0..WARPS).map(|_| acc(d / 8)).collect();
             let mut m = [[[f32::NEG_INFINITY; 2]; LANES]; WARPS];
@@ -558,8 +587,9 @@ pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], path: Path) -
             let mut staged = None;
             let mut k0 = 0;
             while k0 <= q_last {
-                let next = (k0 + n <= q_last).then_some(k0 + n);
-                stream_tiles(path, &mut staged, (&mut k_s, k, inv), (&mut v_s, v), sh, (seq, head), k0, n, next);
+                let next = (k0 + n <= q_last).then_some((kv, k0 + n));
+                let src_at = (seq, kv, kv_row_elems);
+                stream_tiles(path, &mut staged, (&mut k_s, k, inv), (&mut v_s, v), sh, src_at, k0, n, next);
                 let visible = path == Path::Pipelined && k0 + n <= q0 + 1;
                 for warp in 0..WARPS {
                     let mut sc = mma_abt(d, n / 8, &q_s[warp * 16 * ld..], &k_s);
@@ -619,10 +649,28 @@ pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], path: Path) -
                     for (nn, tile) in o[warp][lane].iter().enumerate() {
                         let pair = nn * 4 + t;
                         if pos0 < s {
-                            store_pair(out, sh, seq, head, pos0, pair, tile[0] / sum0, tile[1] / sum0, None);
+                            store_pair(
+                                out,
+                                sh,
+                                (seq, head, row_elems),
+                                pos0,
+                                pair,
+                                tile[0] / sum0,
+                                tile[1] / sum0,
+                                None,
+                            );
                         }
                         if pos1 < s {
-                            store_pair(out, sh, seq, head, pos1, pair, tile[2] / sum1, tile[3] / sum1, None);
+                            store_pair(
+                                out,
+                                sh,
+                                (seq, head, row_elems),
+                                pos1,
+                                pair,
+                                tile[2] / sum1,
+                                tile[3] / sum1,
+                                None,
+                            );
                         }
                     }
                     if t == 0 {
@@ -642,8 +690,8 @@ pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], path: Path) -
             let mut l = vec![0.0f32; 2 * OWNER];
             let mut k0 = 0;
             while k0 <= q_last {
-                load(&mut k_s, k, sh, seq, head, k0, n, inv);
-                load(&mut v_s, v, sh, seq, head, k0, n, None);
+                load(&mut k_s, k, sh, seq, kv, kv_row_elems, k0, n, inv);
+                load(&mut v_s, v, sh, seq, kv, kv_row_elems, k0, n, None);
                 for thread in 0..2 * OWNER {
                     let (r, half) = (thread >> 1, thread & 1);
                     let c0 = half * (d / 2);
@@ -688,7 +736,8 @@ pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], path: Path) -
                 if pos < s {
                     let a = &acc[thread];
                     for c in (0..d / 2).step_by(2) {
-                        store_pair(out, sh, seq, head, pos, (c0 + c) / 2, a[c] / l[thread], a[c + 1] / l[thread], None);
+                        let (x0, x1) = (a[c] / l[thread], a[c + 1] / l[thread]);
+                        store_pair(out, sh, (seq, head, row_elems), pos, (c0 + c) / 2, x0, x1, None);
                     }
                     if half == 0 {
                         lse[sh.lse_index(seq, pos, head)] = m[thread] + l[thread].ln();
@@ -701,8 +750,7 @@ pub(super) fn forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16], path: Path) -
 }
 
 /// Blocks `(seq, head, block_x)` of a grid `(grid_x, heads, sequences)`.
-fn grid(sh: &Shape, grid_x: usize) -> impl Iterator<Item = (usize, usize, usize)> {
-    let (heads, sequences) = (sh.heads, sh.sequences);
+fn grid(heads: usize, sequences: usize, grid_x: usize) -> impl Iterator<Item = (usize, usize, usize)> {
     (0..sequences).flat_map(move |seq| (0..heads).flat_map(move |head| (0..grid_x).map(move |x| (seq, head, x))))
 }
 

@@ -114,6 +114,9 @@ fn forward_launches_one_block_per_tile_head_and_sequence() {
             expected.extend([
                 Param::U32(s as u32),
                 Param::U32(heads as u32),
+                Param::U32(heads as u32),
+                Param::U32(1),
+                Param::U32(0),
                 Param::F32(scale),
                 Param::U64(500_000f64.to_bits()),
             ]);
@@ -122,19 +125,49 @@ fn forward_launches_one_block_per_tile_head_and_sequence() {
     }
 }
 
-/// Grouped-query attention (fewer key/value heads) has no hand-written kernel: both ops refuse it
-/// as unsupported, saying why.
+/// Grouped-query attention: the forward and dq kernels run over the query heads, the dk/dv kernel
+/// over the K/V heads; every kernel gets `kv_heads`, `group` and `first_query` (the op table's
+/// geometry: `first_query = rank * heads` when K and V are replicated).
 #[test]
-fn grouped_query_attention_is_refused_as_unsupported() {
-    let (heads, kv_heads, d, rows) = (4, 2, 64, 128);
-    let mut ctx = context(heads, rows);
-    ctx.kv_heads = kv_heads;
-    let (q, kv) = (wide(0, rows, heads, d), wide(0, rows, kv_heads, d));
-    let forward = [q, kv, kv, q, lse(0, rows, heads)];
-    let backward = [q, kv, kv, q, lse(0, rows, heads), q, q, kv, kv];
-    for e in [forward_steps(&forward, &ctx).expect_err("gqa"), backward_steps(&backward, &ctx).expect_err("gqa")] {
-        assert!(matches!(e.kind, memo_plan_core::plan::shapes::OpErrorKind::Unsupported { .. }), "{e}");
-        assert!(e.to_string().contains("grouped-query attention"), "{e}");
+fn grouped_query_attention_launches_the_dkdv_kernel_per_key_value_head() {
+    // (heads, kv_heads in the tensor, replicated, rank, ranks, group, first_query)
+    for (heads, kv_heads, replicated, rank, ranks, group, first_query) in
+        [(4, 2, false, 0, 1, 2, 0), (4, 1, false, 0, 1, 4, 0), (2, 2, true, 1, 3, 3, 2), (1, 2, true, 5, 8, 4, 5)]
+    {
+        let (d, rows, b) = (64, 128, 2);
+        let mut ctx = context(heads, rows / b);
+        ctx.kv_heads = kv_heads;
+        ctx.kv_replicated = replicated;
+        ctx.rank = rank;
+        ctx.ranks = ranks;
+        let (q, kv) = (wide(0, rows, heads, d), wide(0, rows, kv_heads, d));
+        let forward = [q, kv, kv, q, lse(0, rows, heads)];
+        let backward = [q, kv, kv, q, lse(0, rows, heads), q, q, kv, kv];
+        let tail = |count: usize| {
+            let mut params = pointers(count);
+            params.extend([
+                Param::U32((rows / b) as u32),
+                Param::U32(heads as u32),
+                Param::U32(kv_heads as u32),
+                Param::U32(group),
+                Param::U32(first_query),
+                Param::F32(1.0 / (d as f32).sqrt()),
+                Param::U64(10_000f64.to_bits()),
+            ]);
+            params
+        };
+        let what = format!("heads={heads} kv_heads={kv_heads} rank {rank} of {ranks}");
+        let steps = forward_steps(&forward, &ctx).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let launch = kernel(&steps[0]);
+        assert_eq!(launch.grid, [1, heads as u32, b as u32], "{what}");
+        assert_eq!(launch.params, tail(5), "{what}");
+        let steps = backward_steps(&backward, &ctx).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let (dkdv, dq) = (kernel(&steps[0]), kernel(&steps[1]));
+        assert_eq!(dkdv.kernel, "memo_attention_backward_dkdv_d64");
+        assert_eq!(dkdv.grid, [1, kv_heads as u32, b as u32], "{what}");
+        assert_eq!(dq.grid, [1, heads as u32, b as u32], "{what}");
+        assert_eq!(dkdv.params, tail(9), "{what}");
+        assert_eq!(dq.params, tail(9), "{what}");
     }
 }
 
@@ -161,6 +194,9 @@ fn backward_launches_the_dkdv_then_the_dq_kernel_with_all_nine_pointers() {
                 expected.extend([
                     Param::U32(s as u32),
                     Param::U32(heads as u32),
+                    Param::U32(heads as u32),
+                    Param::U32(1),
+                    Param::U32(0),
                     Param::F32(1.0 / (head_dim as f32).sqrt()),
                     Param::U64(10_000f64.to_bits()),
                 ]);
@@ -277,9 +313,74 @@ fn launches_beyond_the_grid_limits_are_refused() {
 
 mod versus_cpu {
     use memo_plan_core::plan::Op;
-    use runtime_cpu::ops::{execute_with_threads, Arg, ArgData, OpContext};
+    use runtime_cpu::ops::{execute_on_rank, Arg, ArgData, Group, OpContext};
 
     use crate::attention::emulation::{self, backward_kernels::Inputs, bf16_to_f32, f32_to_bf16, Path, Shape};
+    use crate::{launch_steps, ArgShape, Param, Step};
+
+    /// A launch's heads as the context gives them: `heads` query heads, `kv_heads` K/V heads in
+    /// k and v (all of the model's when `replicated`), this GPU rank `rank` of `ranks`.
+    #[derive(Clone, Copy, Debug)]
+    struct Heads {
+        heads: usize,
+        kv_heads: usize,
+        replicated: bool,
+        rank: usize,
+        ranks: usize,
+    }
+
+    impl Heads {
+        fn mha(heads: usize) -> Heads {
+            Heads { heads, kv_heads: heads, replicated: false, rank: 0, ranks: 1 }
+        }
+
+        fn gqa(heads: usize, kv_heads: usize) -> Heads {
+            Heads { heads, kv_heads, replicated: false, rank: 0, ranks: 1 }
+        }
+
+        fn replicated(heads: usize, kv_heads: usize, rank: usize, ranks: usize) -> Heads {
+            Heads { heads, kv_heads, replicated: true, rank, ranks }
+        }
+    }
+
+    /// The emulated kernels' shape, its `kv_heads`, `group` and `first_query` read from the
+    /// recipe's forward launch (so the emulation runs what the recipe launches).
+    fn shape(b: usize, s: usize, d: usize, h: Heads) -> Shape {
+        let ctx = memo_runtime::KernelContext {
+            hidden: (h.heads * d) as u64,
+            heads: h.heads as u64,
+            kv_heads: h.kv_heads as u64,
+            kv_replicated: h.replicated,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
+            seq_len: s as u64,
+            vocab: 0,
+            loss_scale_tokens: 1,
+            adamw: memo_runtime::AdamW::default(),
+            rank: h.rank as u64,
+            ranks: h.ranks as u64,
+        };
+        let rows = (b * s) as u64;
+        let wide = |heads: usize, bytes: usize| ArgShape { first_row: 0, rows, row_bytes: (heads * bytes) as u64 };
+        let (q, kv) = (wide(h.heads, 2 * d), wide(h.kv_heads, 2 * d));
+        let steps = launch_steps(Op::Attention, &[q, kv, kv, q, wide(h.heads, 4)], &ctx).expect("recipe");
+        let Some(Step::Kernel(launch)) = steps.first() else { panic!("no kernel step: {steps:?}") };
+        let u32_at = |i: usize| match launch.params[i] {
+            Param::U32(x) => x as usize,
+            ref other => panic!("parameter {i} is {other:?}"),
+        };
+        assert_eq!((u32_at(5), u32_at(6), u32_at(7)), (s, h.heads, h.kv_heads));
+        Shape {
+            s,
+            heads: h.heads,
+            kv_heads: h.kv_heads,
+            group: u32_at(8),
+            first_query: u32_at(9),
+            d,
+            sequences: b,
+            theta: 10_000.0,
+        }
+    }
 
     /// splitmix64: the same values on every platform.
     struct Rng(u64);
@@ -316,12 +417,12 @@ mod versus_cpu {
         x.chunks_exact(4).map(|p| f32::from_le_bytes([p[0], p[1], p[2], p[3]])).collect()
     }
 
-    fn context(sh: &Shape) -> OpContext {
+    fn context(sh: &Shape, h: Heads) -> OpContext {
         OpContext {
             hidden: sh.heads * sh.d,
             heads: sh.heads,
-            kv_heads: 0,
-            kv_replicated: false,
+            kv_heads: h.kv_heads,
+            kv_replicated: h.replicated,
             rope_theta: 10_000.0,
             norm_eps: 1e-5,
             seq_len: sh.s,
@@ -336,42 +437,45 @@ mod versus_cpu {
         Arg { data, first_row: sh.s, rows: sh.sequences * sh.s, row_bytes }
     }
 
-    /// runtime-cpu's forward: (out, lse).
-    fn cpu_forward(sh: &Shape, q: &[u16], k: &[u16], v: &[u16]) -> (Vec<u16>, Vec<f32>) {
+    /// runtime-cpu's forward: (out, lse), as rank `h.rank` of `h.ranks`.
+    fn cpu_forward(sh: &Shape, h: Heads, q: &[u16], k: &[u16], v: &[u16]) -> (Vec<u16>, Vec<f32>) {
         let (q, k, v) = (bytes(q), bytes(k), bytes(v));
         let mut out = vec![0u8; q.len()];
         let mut lse = vec![0u8; sh.sequences * sh.s * sh.heads * 4];
-        let wide = sh.heads * sh.d * 2;
+        let (wide, kv_wide) = (sh.heads * sh.d * 2, sh.kv_heads * sh.d * 2);
         let mut args = vec![
             arg(ArgData::Read(&q), sh, wide),
-            arg(ArgData::Read(&k), sh, wide),
-            arg(ArgData::Read(&v), sh, wide),
+            arg(ArgData::Read(&k), sh, kv_wide),
+            arg(ArgData::Read(&v), sh, kv_wide),
             arg(ArgData::Write(&mut out), sh, wide),
             arg(ArgData::Write(&mut lse), sh, sh.heads * 4),
         ];
-        execute_with_threads(Op::Attention, &mut args, &context(sh), 1).expect("cpu forward");
+        let group = Group { rank: h.rank, ranks: h.ranks };
+        execute_on_rank(Op::Attention, &mut args, &context(sh, h), group, 1).expect("cpu forward");
         drop(args);
         (bf16s_of(&out), f32s_of(&lse))
     }
 
-    /// runtime-cpu's backward: (dq, dk, dv).
-    fn cpu_backward(sh: &Shape, x: &Inputs<'_>) -> [Vec<u16>; 3] {
+    /// runtime-cpu's backward: (dq, dk, dv), as rank `h.rank` of `h.ranks`.
+    fn cpu_backward(sh: &Shape, h: Heads, x: &Inputs<'_>) -> [Vec<u16>; 3] {
         let (q, k, v, out, dout) = (bytes(x.q), bytes(x.k), bytes(x.v), bytes(x.out), bytes(x.dout));
         let lse: Vec<u8> = x.lse.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let (mut dq, mut dk, mut dv) = (vec![0u8; q.len()], vec![0u8; q.len()], vec![0u8; q.len()]);
-        let wide = sh.heads * sh.d * 2;
+        // dk and dv start as NaN: every element must be written (zeros for unused K/V heads).
+        let (mut dq, mut dk, mut dv) = (vec![0u8; q.len()], vec![0xffu8; k.len()], vec![0xffu8; k.len()]);
+        let (wide, kv_wide) = (sh.heads * sh.d * 2, sh.kv_heads * sh.d * 2);
         let mut args = vec![
             arg(ArgData::Read(&q), sh, wide),
-            arg(ArgData::Read(&k), sh, wide),
-            arg(ArgData::Read(&v), sh, wide),
+            arg(ArgData::Read(&k), sh, kv_wide),
+            arg(ArgData::Read(&v), sh, kv_wide),
             arg(ArgData::Read(&out), sh, wide),
             arg(ArgData::Read(&lse), sh, sh.heads * 4),
             arg(ArgData::Read(&dout), sh, wide),
             arg(ArgData::Write(&mut dq), sh, wide),
-            arg(ArgData::Write(&mut dk), sh, wide),
-            arg(ArgData::Write(&mut dv), sh, wide),
+            arg(ArgData::Write(&mut dk), sh, kv_wide),
+            arg(ArgData::Write(&mut dv), sh, kv_wide),
         ];
-        execute_with_threads(Op::AttentionBackward, &mut args, &context(sh), 1).expect("cpu backward");
+        let group = Group { rank: h.rank, ranks: h.ranks };
+        execute_on_rank(Op::AttentionBackward, &mut args, &context(sh, h), group, 1).expect("cpu backward");
         drop(args);
         [bf16s_of(&dq), bf16s_of(&dk), bf16s_of(&dv)]
     }
@@ -402,20 +506,39 @@ mod versus_cpu {
     /// bf16 (the CPU keeps f32), the tensor path also P and dS; a wrong index, mask or
     /// rescaling gives errors of order 1.
     fn check(b: usize, s: usize, heads: usize, d: usize, seed: u64) {
-        let sh = Shape { s, heads, d, sequences: b, theta: 10_000.0 };
+        check_heads(b, s, d, Heads::mha(heads), seed);
+    }
+
+    /// [`check`] with grouped-query heads. Returns the emulation's dk of every path (bf16 bits).
+    fn check_heads(b: usize, s: usize, d: usize, h: Heads, seed: u64) -> Vec<Vec<u16>> {
+        let sh = shape(b, s, d, h);
+        let heads = h.heads;
         let mut rng = Rng(seed);
-        let count = b * s * heads * d;
+        let (count, kv_count) = (b * s * heads * d, b * s * sh.kv_heads * d);
         let (q, k, v, dout) =
-            (rng.bf16s(count, 2.0), rng.bf16s(count, 2.0), rng.bf16s(count, 1.0), rng.bf16s(count, 1.0));
-        let (out, lse) = cpu_forward(&sh, &q, &k, &v);
+            (rng.bf16s(count, 2.0), rng.bf16s(kv_count, 2.0), rng.bf16s(kv_count, 1.0), rng.bf16s(count, 1.0));
+        let (out, lse) = cpu_forward(&sh, h, &q, &k, &v);
         let inputs = Inputs { q: &q, k: &k, v: &v, out: &out, lse: &lse, dout: &dout };
-        let [dq, dk, dv] = cpu_backward(&sh, &inputs);
+        let [dq, dk, dv] = cpu_backward(&sh, h, &inputs);
+        let mut dks = Vec::new();
         for path in Path::ALL {
-            let what = format!("{path:?} b={b} s={s} heads={heads} d={d}");
+            let what = format!(
+                "{path:?} b={b} s={s} heads={heads} kv_heads={} group={} first_query={} d={d}",
+                sh.kv_heads, sh.group, sh.first_query
+            );
             let forward = emulation::forward(&sh, &q, &k, &v, path);
             let out_error = relative_error(&format!("{what} out"), &widen(&forward.out), &widen(&out));
             let lse_error = forward.lse.iter().zip(&lse).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
             let grads = emulation::backward(&sh, &inputs, path);
+            // A K/V head no query head of the launch uses: zeros, exactly.
+            for kv in (0..sh.kv_heads).filter(|&kv| (0..heads).all(|head| (sh.first_query + head) / sh.group != kv)) {
+                for row in 0..b * s {
+                    let at = (row * sh.kv_heads + kv) * d;
+                    for x in [&grads.dk, &grads.dv, &dk, &dv] {
+                        assert!(x[at..at + d].iter().all(|&v| v == 0), "{what}: unused K/V head {kv} row {row}");
+                    }
+                }
+            }
             let pairs = [(&grads.dq, &dq), (&grads.dk, &dk), (&grads.dv, &dv)].map(|(a, b)| (widen(a), widen(b)));
             let errors: Vec<f32> = ["dq", "dk", "dv"]
                 .iter()
@@ -437,7 +560,33 @@ mod versus_cpu {
                     "{what}: {name} off by {error:e} of its largest value (rms {rms:e})"
                 );
             }
+            dks.push(grads.dk);
         }
+        dks
+    }
+
+    #[test]
+    fn grouped_query_attention_two_query_heads_per_key_value_head() {
+        check_heads(2, 65, 16, Heads::gqa(4, 2), 11);
+        check_heads(1, 100, 32, Heads::gqa(4, 2), 12);
+    }
+
+    #[test]
+    fn grouped_query_attention_one_key_value_head() {
+        check_heads(1, 70, 16, Heads::gqa(4, 1), 13);
+        check_heads(2, 33, 64, Heads::gqa(3, 1), 14);
+    }
+
+    /// K and V replicated (more ranks than K/V heads): `first_query = rank * heads`, a rank's
+    /// query heads may span two K/V heads or leave one unused (its dk, dv are zeros).
+    #[test]
+    fn grouped_query_attention_with_replicated_key_value_heads() {
+        // 6 query heads in groups of 3 on 2 K/V heads, 3 ranks of 2 query heads.
+        // Rank 1: query heads 2, 3 use K/V heads 0 and 1; rank 2: both use K/V head 1.
+        check_heads(1, 80, 16, Heads::replicated(2, 2, 1, 3), 15);
+        check_heads(2, 40, 32, Heads::replicated(2, 2, 2, 3), 16);
+        // 8 query heads in groups of 4 on 2 K/V heads, 8 ranks of 1: rank 5 uses K/V head 1.
+        check_heads(1, 64, 16, Heads::replicated(1, 2, 5, 8), 17);
     }
 
     #[test]
