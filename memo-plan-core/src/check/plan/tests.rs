@@ -227,7 +227,7 @@ fn a_grouped_attention_with_keys_as_wide_as_queries() {
                 .position(|i| matches!(&i.action, Action::Launch(l) if l.op == Op::Attention))
                 .expect("an attention launch")
         };
-        let mut corrupt = |instructions: &mut Vec<Instruction>| -> usize {
+        let corrupt = |instructions: &mut Vec<Instruction>| -> usize {
             let at = attention(instructions);
             if let Action::Launch(launch) = &mut instructions[at].action {
                 launch.args[1].region = launch.args[0].region;
