@@ -106,6 +106,43 @@ typedef struct MemoPlan MemoPlan;
 // freed by `memo_trace_free`).
 typedef struct MemoTrace MemoTrace;
 
+// A model's shape and architecture (`spec/cost-model.md` section 1). The names are static text
+// (never freed, never NULL).
+typedef struct MemoModel {
+  // Parameters of the whole model (embedding, layers, final norm, an untied classifier).
+  uint64_t parameter_count;
+  // Hidden size.
+  uint64_t hidden;
+  // Query heads.
+  uint64_t heads;
+  // Key/value heads (fewer than `heads` with grouped-query attention).
+  uint64_t kv_heads;
+  // FFN width.
+  uint64_t ffn_hidden;
+  // Vocabulary size.
+  uint64_t vocab;
+  // Tokens per sequence.
+  uint64_t seq_len;
+  // Sequences per micro-batch.
+  uint64_t micro_batch;
+  // The rotary base.
+  double rope_theta;
+  // The norms' epsilon.
+  double norm_eps;
+  // The FFN: `"gelu"` or `"swiglu"`.
+  const char *ffn;
+  // The norm: `"layernorm"` or `"rmsnorm"`.
+  const char *norm;
+  // Which projections have biases: `"all"`, `"qkv"` or `"none"`.
+  const char *biases;
+  // Transformer layers.
+  uint32_t layers;
+  // 1 when the classifier is the word embedding, 0 when it is a matrix of its own.
+  uint32_t tied_embeddings;
+  // 1 when the model has Llama 3.1's rope rescaling (planned, not trained), else 0.
+  uint32_t rope_scaling;
+} MemoModel;
+
 // What `memo_place` solves for. Start from `memo_place_options_default()` and change fields.
 typedef struct MemoPlaceOptions {
   // Find a placement whose peak is at most this many bytes (still minimised as far as the
@@ -294,6 +331,27 @@ typedef struct MemoAllocatorStats {
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+// Reads the Hugging Face `config.json` text `json[0 .. len)` (UTF-8) as the planner does, for
+// sequences of `seq_len` tokens, `micro_batch` at a time, and writes the model to `*out`. A
+// config the planner cannot describe exactly (mixture of experts, sliding windows, latent
+// attention, an unknown `model_type`, a missing or mistyped field, malformed JSON) is refused
+// with `MEMO_STATUS_INVALID_ARGUMENT`, the last error naming the field.
+//
+// # Safety
+// `json` is valid for reading `len` bytes (or NULL with `len` 0); `out` is NULL (refused) or
+// valid for writing one `MemoModel`.
+MemoStatus memo_model_from_hf_config(const uint8_t *json,
+                                     size_t len,
+                                     uint64_t seq_len,
+                                     uint64_t micro_batch,
+                                     struct MemoModel *out);
+
+// Writes the model a loaded plan was made for to `*out`.
+//
+// # Safety
+// `out` is NULL (refused) or valid for writing one `MemoModel`.
+MemoStatus memo_plan_model(const struct MemoPlan *plan, struct MemoModel *out);
 
 // The options `memo_place` uses when given NULL: no capacity, alignment 1, the solver's default
 // node budget.

@@ -22,12 +22,14 @@
 
 mod ffi_util;
 mod handles;
+pub mod model;
 pub mod placement;
 pub mod plan_file;
 pub mod record_replay;
 pub mod status;
 mod trace_builder;
 
+pub use model::MemoModel;
 pub use placement::{
     MemoPlaceOptions, MemoPlacedBuffer, MemoPlacement, MemoPlacementSummary, MemoTrace, MEMO_NO_CAPACITY,
 };

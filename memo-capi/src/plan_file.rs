@@ -112,7 +112,7 @@ pub struct MemoPlanBuffer {
 
 /// A decoded plan and, once asked for, the checker's violations (one message each).
 pub(crate) struct LoadedPlan {
-    plan: Plan,
+    pub(crate) plan: Plan,
     violations: OnceLock<Vec<String>>,
 }
 
@@ -125,7 +125,7 @@ impl LoadedPlan {
 }
 
 /// The plan `plan` names (a shared copy: the registry lock is released on return).
-fn loaded(plan: *const MemoPlan) -> Result<Arc<LoadedPlan>, CapiError> {
+pub(crate) fn loaded(plan: *const MemoPlan) -> Result<Arc<LoadedPlan>, CapiError> {
     if plan.is_null() {
         return Err(CapiError::null("plan"));
     }
