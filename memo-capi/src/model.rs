@@ -51,9 +51,9 @@ pub struct MemoModel {
 
 impl MemoModel {
     fn of(model: &ModelConfig) -> Result<Self, CapiError> {
-        let parameter_count = model.parameter_count().map_err(|e| {
-            CapiError::new(MemoStatus::InvalidArgument, format!("the model is not valid: {e}"))
-        })?;
+        let parameter_count = model
+            .parameter_count()
+            .map_err(|e| CapiError::new(MemoStatus::InvalidArgument, format!("the model is not valid: {e}")))?;
         let a = &model.architecture;
         Ok(MemoModel {
             parameter_count,
@@ -99,9 +99,8 @@ pub unsafe extern "C" fn memo_model_from_hf_config(
         }
         // Safety: forwarded from this function's contract.
         let bytes = unsafe { bytes_arg(json, len, "json")? };
-        let text = std::str::from_utf8(bytes).map_err(|e| {
-            CapiError::new(MemoStatus::InvalidArgument, format!("the config is not UTF-8 text ({e})"))
-        })?;
+        let text = std::str::from_utf8(bytes)
+            .map_err(|e| CapiError::new(MemoStatus::InvalidArgument, format!("the config is not UTF-8 text ({e})")))?;
         let model = model_from_hf_config(text, "config", seq_len, micro_batch)
             .map_err(|e| CapiError::new(MemoStatus::InvalidArgument, e.to_string()))?;
         let described = MemoModel::of(&model)?;

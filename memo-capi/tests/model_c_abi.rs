@@ -39,7 +39,10 @@ fn a_config_gives_the_published_model() {
     assert_eq!(llama.parameter_count, 8_030_261_248);
     assert_eq!((llama.layers, llama.hidden, llama.heads, llama.kv_heads, llama.ffn_hidden), (32, 4096, 32, 8, 14336));
     assert_eq!((llama.vocab, llama.seq_len, llama.micro_batch), (128_256, 8192, 1));
-    assert_eq!((name(llama.ffn), name(llama.norm), name(llama.biases)), ("swiglu".into(), "rmsnorm".into(), "none".into()));
+    assert_eq!(
+        (name(llama.ffn), name(llama.norm), name(llama.biases)),
+        ("swiglu".into(), "rmsnorm".into(), "none".into())
+    );
     assert_eq!((llama.tied_embeddings, llama.rope_scaling, llama.rope_theta), (0, 1, 500_000.0));
     let qwen = from_config(QWEN_7B).unwrap();
     assert_eq!(qwen.parameter_count, 7_615_616_512);

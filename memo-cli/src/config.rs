@@ -695,12 +695,18 @@ pub fn model_arg(arg: &str, seq_len: u64, micro_batch: u64) -> Result<ModelConfi
         model.micro_batch = micro_batch;
         return Ok(model);
     }
+    if let Some(path) = hf_config_arg(arg) {
+        return hf_model(&path, seq_len, micro_batch);
+    }
     if arg.ends_with(".toml") || Path::new(arg).is_file() {
         return model_from_file(arg.as_ref(), seq_len, micro_batch);
     }
     Err(Failure::new(
         exit::BAD_INPUT,
-        format!("--model {arg}: no such model or file; use tiny, small, tiny-llama, small-llama or a TOML file with a [model] table"),
+        format!(
+            "--model {arg}: no such model or file; use tiny, small, tiny-llama, small-llama, a TOML file with a [model] \
+             table or a Hugging Face config.json"
+        ),
     ))
 }
 
