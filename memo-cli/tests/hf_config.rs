@@ -21,7 +21,13 @@ fn a_llama_config_json_plans_like_its_preset() {
     let output = memo(&args, None);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(stdout.starts_with("llama3.1-8b (32 layers, h 4096, 32 heads), 8192 tokens"), "{stdout}");
+    assert!(
+        stdout.starts_with(
+            "llama3.1-8b (32 layers, h 4096, 32 heads, 8 K/V heads, SwiGLU FFN 14336, RMSNorm, no biases, untied, \
+             rope theta 500000 (llama3 scaling)), 8192 tokens"
+        ),
+        "{stdout}"
+    );
     for strategy in ["memo", "full-recompute", "full-swap", "keep-all"] {
         assert!(stdout.contains(strategy), "{strategy}: {stdout}");
     }

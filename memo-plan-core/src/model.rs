@@ -156,6 +156,14 @@ pub enum ModelError {
         /// `heads`.
         heads: u64,
     },
+    /// The head dimension `hidden / heads` is odd: rotary positions rotate pairs of a head's
+    /// elements, so no kernel can run it.
+    OddHeadDimension {
+        /// `hidden`.
+        hidden: u64,
+        /// `heads`.
+        heads: u64,
+    },
     /// `kv_heads` does not divide `heads` (each key/value head serves the same number of query
     /// heads).
     KvHeadsDoNotDivideHeads {
@@ -235,6 +243,12 @@ impl fmt::Display for ModelError {
                 f,
                 "hidden = {hidden} is not a multiple of heads = {heads}: choose heads that divide hidden \
                  (head size = hidden / heads)"
+            ),
+            ModelError::OddHeadDimension { hidden, heads } => write!(
+                f,
+                "the head dimension hidden / heads = {hidden} / {heads} = {} is odd: rotary positions rotate pairs \
+                 of each head's elements; choose heads so that hidden / heads is even",
+                hidden / heads
             ),
             ModelError::KvHeadsDoNotDivideHeads { heads, kv_heads } => write!(
                 f,
@@ -416,8 +430,9 @@ impl ModelConfig {
         self.hidden.checked_div(self.heads).unwrap_or(0)
     }
 
-    /// Checks that every field is at least 1, that `heads` divides `hidden`, that `kv_heads`
-    /// divides `heads`, and the architecture's numbers. (Sizes computed later report their own
+    /// Checks that every field is at least 1, that `heads` divides `hidden` into an even head
+    /// dimension (RoPE rotates pairs), that `kv_heads` divides `heads`, and the architecture's
+    /// numbers. (Sizes computed later report their own
     /// overflow.)
     pub fn validate(&self) -> Result<(), ModelError> {
         let fields = [
@@ -435,6 +450,9 @@ impl ModelConfig {
         }
         if !self.hidden.is_multiple_of(self.heads) {
             return Err(ModelError::HeadsDoNotDivideHidden { hidden: self.hidden, heads: self.heads });
+        }
+        if !self.head_dim().is_multiple_of(2) {
+            return Err(ModelError::OddHeadDimension { hidden: self.hidden, heads: self.heads });
         }
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(ModelError::KvHeadsDoNotDivideHeads { heads: self.heads, kv_heads: self.kv_heads });

@@ -5,7 +5,7 @@
 //! `tests/golden/README.md`, which lists each file's size, arena and checksum.
 
 use memo_plan_core::check::check_plan;
-use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
+use memo_plan_core::model::{Architecture, Hardware, ModelConfig, Parallelism};
 use memo_plan_core::plan::{Plan, Strategy};
 use memo_plan_core::planner::{plan, PlanRequest};
 
@@ -20,6 +20,13 @@ fn cases() -> Vec<(String, PlanRequest)> {
     let model = ModelConfig::new("tiny", 3, 64, 4, 128, 2);
     let request = PlanRequest::new(model, Parallelism::new(2, 1), Hardware::preset("mi300x8").unwrap(), Strategy::Memo);
     out.push(("tiny-3l-128x2-t2-memo".to_string(), request));
+    // The Llama family: 4 query and 2 K/V heads at t = 4 (K/V replicated), SwiGLU, RMSNorm,
+    // no biases, an untied classifier.
+    let mut model = ModelConfig::new("tiny-llama", 3, 64, 4, 128, 1);
+    (model.kv_heads, model.ffn_hidden, model.vocab) = (2, 176, 256);
+    model.architecture = Architecture::llama(10_000.0, 1e-5);
+    let request = PlanRequest::new(model, Parallelism::new(4, 1), Hardware::preset("mi300x8").unwrap(), Strategy::Memo);
+    out.push(("tiny-llama-3l-128-t4-memo".to_string(), request));
     let model = ModelConfig::preset("7b", 1 << 20, 1).unwrap();
     let request = PlanRequest::new(model, Parallelism::new(8, 1), Hardware::preset("a800x8").unwrap(), Strategy::Memo);
     out.push(("7b-1m-t8-a800x8-memo".to_string(), request));

@@ -358,7 +358,7 @@ mod tests {
         let mut model = ModelConfig::preset("7b", 1024, 1).unwrap();
         model.layers = 4;
         model.hidden = 256;
-        model.heads = 4;
+        (model.heads, model.kv_heads) = (4, 4);
         model.ffn_hidden = 1024;
         let request =
             PlanRequest::new(model, Parallelism { tensor: 1, data: 1 }, Hardware::preset("a800x8").unwrap(), strategy);

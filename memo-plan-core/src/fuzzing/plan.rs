@@ -35,7 +35,8 @@ pub struct Options {
     pub tensor_degrees: [u64; 3],
     /// Heads are `t * k` for `k` in `1..=max_heads_per_tensor`.
     pub max_heads_per_tensor: u64,
-    /// Hidden is `heads * d` for a head size `d` in `1..=max_head_size`.
+    /// Hidden is `heads * d` for an even head size `d` in `2..=max_head_size` (RoPE rotates
+    /// pairs; the model's validation refuses odd ones).
     pub max_head_size: u64,
     /// The sequence is a multiple of `t` of at most this many tokens.
     pub max_seq_len: u64,
@@ -83,7 +84,7 @@ impl<'a> Arbitrary<'a> for PlanCase {
 pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
     let tensor = *u.choose(&OPTIONS.tensor_degrees)?;
     let heads = tensor * u.int_in_range(1..=OPTIONS.max_heads_per_tensor)?;
-    let hidden = heads * u.int_in_range(1..=OPTIONS.max_head_size)?;
+    let hidden = heads * 2 * u.int_in_range(1..=OPTIONS.max_head_size / 2)?;
     let seq_len = tensor * u.int_in_range(1..=OPTIONS.max_seq_len / tensor)?;
     let layers = u.int_in_range(1..=OPTIONS.max_layers)?;
     let micro_batch = u.int_in_range(1..=OPTIONS.max_micro_batch)?;
@@ -286,7 +287,7 @@ mod tests {
     #[test]
     fn the_smallest_request_plans() {
         for strategy in Strategy::ALL {
-            let mut model = ModelConfig::new("fuzz", 1, 1, 1, 1, 1);
+            let mut model = ModelConfig::new("fuzz", 1, 2, 1, 1, 1);
             model.vocab = 1;
             let hardware = Hardware::preset("a800x8").unwrap();
             check(PlanCase { request: PlanRequest::new(model, Parallelism::single(), hardware, strategy) });
