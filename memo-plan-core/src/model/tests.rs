@@ -193,7 +193,8 @@ fn tensor_parallel_must_divide_heads_ffn_and_seq() {
 
 #[test]
 fn huge_values_are_overflow_errors_not_panics() {
-    let model = ModelConfig::new("huge", u32::MAX, u64::MAX, 1, u64::MAX, u64::MAX);
+    // The largest even hidden size (an odd head dimension is refused before any size is computed).
+    let model = ModelConfig::new("huge", u32::MAX, u64::MAX - 1, 1, u64::MAX, u64::MAX);
     assert!(matches!(model.parameter_count(), Err(ModelError::Overflow { .. })));
     assert!(matches!(model.skeletal_set(&Parallelism::single()), Err(ModelError::Overflow { .. })));
     assert!(matches!(model.model_state_bytes(&Parallelism::single()), Err(ModelError::Overflow { .. })));
@@ -204,7 +205,7 @@ fn huge_values_are_overflow_errors_not_panics() {
     assert!(matches!(e, ModelError::Overflow { .. }));
     assert!(format!("{e}").contains("use a shorter seq_len"));
     // The 4h default saturates rather than wrapping; the overflow is reported later.
-    let model = ModelConfig::new("wide", 1, u64::MAX / 2, 1, 1, 1);
+    let model = ModelConfig::new("wide", 1, u64::MAX / 2 + 1, 1, 1, 1);
     assert_eq!(model.ffn_hidden, u64::MAX);
     assert!(matches!(model.parameter_count(), Err(ModelError::Overflow { .. })));
 }
