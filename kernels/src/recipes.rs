@@ -127,7 +127,7 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
         Op::LinearBackwardInput => linear_backward_input(&a, &s, false),
         Op::LinearBackwardInputAccumulate => linear_backward_input(&a, &s, true),
         Op::LinearBackwardWeight => linear_backward_weight(&a, &s),
-        Op::LayerNormBackward => layer_norm_backward(&a, &s, ctx),
+        Op::LayerNormBackward => norm_backward(&a, &s, ctx, false),
         Op::Classifier => classifier(&a, &s),
         Op::CrossEntropy => cross_entropy(&a, &s, ctx),
         Op::ClassifierBackwardWeight => classifier_backward_weight(&a, &s),
@@ -145,7 +145,7 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
         Op::CrossEntropySums => cross_entropy_sums(&a, &s, ctx),
         Op::CrossEntropyFinish => cross_entropy_finish(&a, &s, ctx),
         Op::RmsNorm => rms_norm(&a, &s, ctx),
-        Op::RmsNormBackward => rms_norm_backward(&a, &s, ctx),
+        Op::RmsNormBackward => norm_backward(&a, &s, ctx, true),
         Op::Swiglu => swiglu(&a, &s, "memo_swiglu_forward", &[0, 1]),
         Op::SwigluBackward => swiglu(&a, &s, "memo_swiglu_backward", &[0, 1, 2]),
         Op::LinearBackwardWeightNoBias => linear_backward_weight_no_bias(&a, &s),
@@ -251,67 +251,6 @@ fn rms_norm(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, Rec
     Ok(vec![kernel("memo_rms_norm_forward", [blocks(rows, 1), 1, 1], BLOCK, params, 0)])
 }
 
-/// `rms_norm_backward` [x, scale, dy, dx, dscale].
-///
-/// Scratch: each row's rstd at 0, then the row-chunk partial sums of dscale (summed in chunk
-/// order by `memo_column_sum_finish`, as `layer_norm_backward`'s).
-fn rms_norm_backward(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
-    let (rows, h) = (s.rows, s.width);
-    let width = a.small(0, h, "`hidden`")?;
-    if width == 0 {
-        return Ok(Vec::new());
-    }
-    if rows == 0 {
-        return Ok(vec![Step::Zero { arg: 4 }]);
-    }
-    let (per_chunk, chunks) = column_chunks(rows);
-    let stats_bytes = rows.checked_mul(WORD).ok_or_else(|| a.error(0, "fewer rows".into(), rows.to_string()))?;
-    let partial = align(stats_bytes);
-    let scratch = partial + chunks * h * WORD;
-    let column_blocks = blocks(h, u64::from(BLOCK));
-    let chunks32 = chunks as u32; // at most COLUMN_CHUNKS
-    Ok(vec![
-        kernel(
-            "memo_rms_norm_backward_rows",
-            [blocks(rows, 1), 1, 1],
-            BLOCK,
-            vec![
-                ptr(0),
-                ptr(1),
-                ptr(2),
-                ptr(3),
-                Param::Scratch { byte_offset: 0 },
-                Param::U64(rows),
-                Param::U32(width),
-                norm_eps(ctx),
-            ],
-            scratch,
-        ),
-        kernel(
-            "memo_rms_norm_backward_params",
-            [column_blocks, chunks32, 1],
-            BLOCK,
-            vec![
-                ptr(0),
-                ptr(2),
-                Param::Scratch { byte_offset: 0 },
-                Param::Scratch { byte_offset: partial },
-                Param::U64(rows),
-                Param::U32(width),
-                Param::U64(per_chunk),
-            ],
-            scratch,
-        ),
-        kernel(
-            "memo_column_sum_finish",
-            [column_blocks, 1, 1],
-            BLOCK,
-            vec![Param::Scratch { byte_offset: partial }, ptr(4), Param::U32(chunks32), Param::U32(width)],
-            scratch,
-        ),
-    ])
-}
-
 /// `swiglu` [x, y] and `swiglu_backward` [x, dy, dx]: one thread per gated element (`rows * w`),
 /// the pointer arguments `pointers` in order, then the rows and `w`.
 fn swiglu(a: &Args, s: &OpShape, name: &'static str, pointers: &[usize]) -> Result<Vec<Step>, RecipeError> {
@@ -325,77 +264,65 @@ fn swiglu(a: &Args, s: &OpShape, name: &'static str, pointers: &[usize]) -> Resu
     Ok(vec![kernel(name, [blocks(n, u64::from(BLOCK)), 1, 1], BLOCK, params, 0)])
 }
 
-/// `layer_norm_backward` [x, scale, dy, dx, dscale, dshift].
+/// The norms' backward: `layer_norm_backward` [x, scale, dy, dx, dscale, dshift] (the kernels
+/// `memo_layer_norm_backward_*`, two statistics per row, two parameter gradients) and
+/// `rms_norm_backward` [x, scale, dy, dx, dscale] (`memo_rms_norm_backward_*`, one statistic,
+/// one gradient).
 ///
-/// Scratch: each row's (mean, rstd) at 0, then the row-chunk partial sums of dscale and dshift.
-fn layer_norm_backward(a: &Args, s: &OpShape, ctx: &KernelContext) -> Result<Vec<Step>, RecipeError> {
+/// Scratch: each row's statistics at 0 (LayerNorm: mean and rstd; RMSNorm: rstd), then per
+/// parameter gradient its row-chunk partial sums, each summed in chunk order by
+/// `memo_column_sum_finish` into its argument (4, then 5).
+fn norm_backward(a: &Args, s: &OpShape, ctx: &KernelContext, rms: bool) -> Result<Vec<Step>, RecipeError> {
+    let (kernels, statistics, gradients): ([&'static str; 2], u64, &[usize]) = if rms {
+        (["memo_rms_norm_backward_rows", "memo_rms_norm_backward_params"], 1, &[4])
+    } else {
+        (["memo_layer_norm_backward_rows", "memo_layer_norm_backward_params"], 2, &[4, 5])
+    };
     let (rows, h) = (s.rows, s.width);
     let width = a.small(0, h, "`hidden`")?;
     if width == 0 {
         return Ok(Vec::new());
     }
     if rows == 0 {
-        return Ok(vec![Step::Zero { arg: 4 }, Step::Zero { arg: 5 }]);
+        return Ok(gradients.iter().map(|&arg| Step::Zero { arg }).collect());
     }
     let (per_chunk, chunks) = column_chunks(rows);
-    let stats_bytes = rows.checked_mul(2 * WORD).ok_or_else(|| a.error(0, "fewer rows".into(), rows.to_string()))?;
+    let stats_bytes =
+        rows.checked_mul(statistics * WORD).ok_or_else(|| a.error(0, "fewer rows".into(), rows.to_string()))?;
     let partial = align(stats_bytes);
-    let partial_bytes = 2 * chunks * h * WORD;
-    let scratch = partial + partial_bytes;
+    let per_gradient = chunks * h * WORD;
+    let scratch = partial + gradients.len() as u64 * per_gradient;
     let column_blocks = blocks(h, u64::from(BLOCK));
     let chunks32 = chunks as u32; // at most COLUMN_CHUNKS
-    Ok(vec![
-        kernel(
-            "memo_layer_norm_backward_rows",
-            [blocks(rows, 1), 1, 1],
-            BLOCK,
-            vec![
-                ptr(0),
-                ptr(1),
-                ptr(2),
-                ptr(3),
-                Param::Scratch { byte_offset: 0 },
-                Param::U64(rows),
-                Param::U32(width),
-                norm_eps(ctx),
-            ],
-            scratch,
-        ),
-        kernel(
-            "memo_layer_norm_backward_params",
-            [column_blocks, chunks32, 1],
-            BLOCK,
-            vec![
-                ptr(0),
-                ptr(2),
-                Param::Scratch { byte_offset: 0 },
-                Param::Scratch { byte_offset: partial },
-                Param::U64(rows),
-                Param::U32(width),
-                Param::U64(per_chunk),
-            ],
-            scratch,
-        ),
-        kernel(
-            "memo_column_sum_finish",
-            [column_blocks, 1, 1],
-            BLOCK,
-            vec![Param::Scratch { byte_offset: partial }, ptr(4), Param::U32(chunks32), Param::U32(width)],
-            scratch,
-        ),
-        kernel(
-            "memo_column_sum_finish",
-            [column_blocks, 1, 1],
-            BLOCK,
-            vec![
-                Param::Scratch { byte_offset: partial + chunks * h * WORD },
-                ptr(5),
-                Param::U32(chunks32),
-                Param::U32(width),
-            ],
-            scratch,
-        ),
-    ])
+    let rows_params = vec![
+        ptr(0),
+        ptr(1),
+        ptr(2),
+        ptr(3),
+        Param::Scratch { byte_offset: 0 },
+        Param::U64(rows),
+        Param::U32(width),
+        norm_eps(ctx),
+    ];
+    let params_params = vec![
+        ptr(0),
+        ptr(2),
+        Param::Scratch { byte_offset: 0 },
+        Param::Scratch { byte_offset: partial },
+        Param::U64(rows),
+        Param::U32(width),
+        Param::U64(per_chunk),
+    ];
+    let mut steps = vec![
+        kernel(kernels[0], [blocks(rows, 1), 1, 1], BLOCK, rows_params, scratch),
+        kernel(kernels[1], [column_blocks, chunks32, 1], BLOCK, params_params, scratch),
+    ];
+    for (index, &arg) in gradients.iter().enumerate() {
+        let sums = Param::Scratch { byte_offset: partial + index as u64 * per_gradient };
+        let params = vec![sums, ptr(arg), Param::U32(chunks32), Param::U32(width)];
+        steps.push(kernel("memo_column_sum_finish", [column_blocks, 1, 1], BLOCK, params, scratch));
+    }
+    Ok(steps)
 }
 
 /// A GEMM, or what an empty contraction means: `C = 0` (beta 0) or nothing (beta 1).

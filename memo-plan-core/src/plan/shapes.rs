@@ -393,8 +393,7 @@ pub fn check(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, O
     match op {
         Op::Embedding => embedding(args, ctx, Op::Embedding),
         Op::EmbeddingBackward => embedding(args, ctx, Op::EmbeddingBackward),
-        Op::LayerNorm => layer_norm(args, ctx),
-        Op::LayerNormBackward => layer_norm_backward(args, ctx),
+        Op::LayerNorm | Op::LayerNormBackward | Op::RmsNorm | Op::RmsNormBackward => norm(op, args, ctx),
         Op::Linear => linear(args),
         Op::LinearBackwardInput | Op::LinearBackwardInputAccumulate => linear_backward_input(op, args),
         Op::LinearBackwardWeight => linear_backward_weight(args),
@@ -419,38 +418,9 @@ pub fn check(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, O
         Op::LinearNoBias => linear_no_bias(args),
         Op::AddBias => add_bias(args),
         Op::CrossEntropyMax | Op::CrossEntropySums | Op::CrossEntropyFinish => cross_entropy_part(op, args, ctx),
-        Op::RmsNorm => rms_norm(args, ctx),
-        Op::RmsNormBackward => rms_norm_backward(args, ctx),
         Op::Swiglu | Op::SwigluBackward => swiglu(op, args),
         Op::LinearBackwardWeightNoBias => linear_backward_weight_no_bias(args),
     }
-}
-
-/// `rms_norm` [x, scale, y].
-fn rms_norm(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
-    let op = Op::RmsNorm;
-    let [x, scale, y] = arguments(op, args)?;
-    let h = ctx.hidden;
-    x.want_elems(h, BF16, HIDDEN)?;
-    scale.norm_vector(h)?;
-    y.want_rows(x.s.rows, "one row per row of `x`")?;
-    y.want_elems(h, BF16, HIDDEN)?;
-    Ok(shape(op, x.s.rows, h, 0))
-}
-
-/// `rms_norm_backward` [x, scale, dy, dx, dscale].
-fn rms_norm_backward(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
-    let op = Op::RmsNormBackward;
-    let [x, scale, dy, dx, dscale] = arguments(op, args)?;
-    let h = ctx.hidden;
-    x.want_elems(h, BF16, HIDDEN)?;
-    scale.norm_vector(h)?;
-    dy.want_rows(x.s.rows, "one gradient row per row of `x`")?;
-    dy.want_elems(h, BF16, HIDDEN)?;
-    dx.want_rows(x.s.rows, "one row per row of `x`")?;
-    dx.want_elems(h, BF16, HIDDEN)?;
-    dscale.norm_vector(h)?;
-    Ok(shape(op, x.s.rows, h, 0))
 }
 
 /// `swiglu` [x, y] and `swiglu_backward` [x, dy, dx]: `x` (and `dx`) rows of `2w` bf16, the gate
@@ -706,32 +676,26 @@ fn embedding(args: &[ArgShape], ctx: &ShapeContext, op: Op) -> Result<OpShape, O
     Ok(shape(op, tokens.s.rows, table.s.row_bytes / BF16, table.s.rows))
 }
 
-/// `layer_norm` [x, scale, shift, y].
-fn layer_norm(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
-    let op = Op::LayerNorm;
-    let [x, scale, shift, y] = arguments(op, args)?;
+/// The norms: `layer_norm` [x, scale, shift, y], `layer_norm_backward` [x, scale, dy, dx,
+/// dscale, dshift], `rms_norm` [x, scale, y], `rms_norm_backward` [x, scale, dy, dx, dscale]: by
+/// their names in the signature, the rows (`x`, `y`, `dy`, `dx`) are `h` bf16 wide, one per row
+/// of `x`, and the vectors (`scale`, `shift` and their gradients) one row of `h` bf16.
+fn norm(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    check_argument_count(op, args.len())?;
     let h = ctx.hidden;
+    let x = Arg::at(op, args, 0);
     x.want_elems(h, BF16, HIDDEN)?;
-    scale.norm_vector(h)?;
-    shift.norm_vector(h)?;
-    y.want_rows(x.s.rows, "one row per row of `x`")?;
-    y.want_elems(h, BF16, HIDDEN)?;
-    Ok(shape(op, x.s.rows, h, 0))
-}
-
-/// `layer_norm_backward` [x, scale, dy, dx, dscale, dshift].
-fn layer_norm_backward(args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
-    let op = Op::LayerNormBackward;
-    let [x, scale, dy, dx, dscale, dshift] = arguments(op, args)?;
-    let h = ctx.hidden;
-    x.want_elems(h, BF16, HIDDEN)?;
-    scale.norm_vector(h)?;
-    dy.want_rows(x.s.rows, "one gradient row per row of `x`")?;
-    dy.want_elems(h, BF16, HIDDEN)?;
-    dx.want_rows(x.s.rows, "one row per row of `x`")?;
-    dx.want_elems(h, BF16, HIDDEN)?;
-    dscale.norm_vector(h)?;
-    dshift.norm_vector(h)?;
+    for index in 1..args.len() {
+        let arg = Arg::at(op, args, index);
+        match arg.name {
+            "scale" | "shift" | "dscale" | "dshift" => arg.norm_vector(h)?,
+            _ => {
+                let why = if arg.name == "dy" { "one gradient row per row of `x`" } else { "one row per row of `x`" };
+                arg.want_rows(x.s.rows, why)?;
+                arg.want_elems(h, BF16, HIDDEN)?;
+            }
+        }
+    }
     Ok(shape(op, x.s.rows, h, 0))
 }
 
