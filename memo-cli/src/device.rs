@@ -228,7 +228,10 @@ impl StepFlops {
     /// The counts of one step of `model` (one GPU, no tensor parallelism) on `hardware`.
     pub fn of(model: &ModelConfig, hardware: &Hardware) -> Result<Self, Failure> {
         let bad = |e: String| Failure::new(exit::BAD_INPUT, format!("cannot count the model's FLOPs: {e}"));
-        let parameters = model.parameter_count().map_err(|e| bad(e.to_string()))?;
+        // N: the parameters whose products a token goes through. An untied model's input embedding
+        // is a lookup, not a product, so it is left out (a tied one's table is the classifier).
+        let lookup = if model.architecture.tied_embeddings { 0 } else { model.vocab.saturating_mul(model.hidden) };
+        let parameters = model.parameter_count().map_err(|e| bad(e.to_string()))?.saturating_sub(lookup);
         let tokens = model.seq_len.saturating_mul(model.micro_batch);
         let flops = memo_plan_core::cost::step_flops(
             model,
