@@ -188,6 +188,9 @@ pub enum ModelError {
         /// Its value.
         value: f64,
     },
+    /// SwiGLU with biases on the FFN's products (`Biases::All`): no model of the family has them,
+    /// and the tensor-parallel split of a `[gate | up]` bias is not implemented.
+    SwiGluWithFfnBiases,
     /// The tensor-parallel degree does not divide a size it splits.
     NotDivisibleByTensorParallel {
         /// The field that must be a multiple of `t` (`heads`, `ffn_hidden`, `seq_len`).
@@ -261,7 +264,7 @@ impl fmt::Display for ModelError {
                  rank holds kv_heads / t key/value heads) or kv_heads must divide t (each key/value head is \
                  replicated on t / kv_heads ranks); use a t that is a divisor or a multiple of {kv_heads}"
             ),
-            ModelError::BadArchitecture { field: "biases", .. } => f.write_str(
+            ModelError::SwiGluWithFfnBiases => f.write_str(
                 "biases = all with a SwiGLU FFN is not supported (no model of the Llama family has FFN biases): \
                  use biases = qkv or none",
             ),
@@ -457,7 +460,7 @@ impl ModelConfig {
         if !self.heads.is_multiple_of(self.kv_heads) {
             return Err(ModelError::KvHeadsDoNotDivideHeads { heads: self.heads, kv_heads: self.kv_heads });
         }
-        self.architecture.validate().map_err(|(field, value)| ModelError::BadArchitecture { field, value })
+        self.architecture.validate()
     }
 
     /// Parameters of the whole model (not per GPU), with `d = hidden / heads`, `g = kv_heads`:

@@ -13,6 +13,7 @@ use half::bf16;
 use memo_plan_core::check::CheckedPlan;
 use memo_plan_core::generate::SplitMix64;
 use memo_plan_core::model::{Architecture, Hardware, ModelConfig, Parallelism};
+use memo_plan_core::plan::shapes::ShapeContext;
 use memo_plan_core::plan::{Buffer, BufferId, BufferKind, Strategy, TensorRole};
 use memo_plan_core::planner::{self, PlanReport, PlanRequest};
 
@@ -214,16 +215,18 @@ impl<B: Backend> Trainer<B> {
         replay.allocate(&mut backend)?;
         let allocated = std::time::Instant::now();
         let model = &options.model;
+        // The rank's share of the model, as the op table (and the plan's checker) sees it.
+        let shape = ShapeContext::for_model(model, rank, ranks);
         let context = KernelContext {
-            hidden: model.hidden,
-            heads: model.heads / ranks,
-            kv_heads: model.kv_heads_on_gpu(ranks),
-            kv_replicated: model.kv_replicated(ranks),
-            rope_theta: model.architecture.rope_theta,
-            norm_eps: model.architecture.norm_eps,
-            seq_len: model.seq_len,
-            vocab: model.vocab,
-            loss_scale_tokens: model.seq_len * model.micro_batch,
+            hidden: shape.hidden,
+            heads: shape.heads,
+            kv_heads: shape.kv_heads,
+            kv_replicated: shape.kv_replicated,
+            rope_theta: shape.rope_theta,
+            norm_eps: shape.norm_eps,
+            seq_len: shape.seq_len,
+            vocab: shape.vocab,
+            loss_scale_tokens: shape.loss_scale_tokens,
             adamw: options.adamw,
             rank,
             ranks,

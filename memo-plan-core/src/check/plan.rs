@@ -204,27 +204,6 @@ struct Simulation<'p> {
     shape_context: ShapeContext,
 }
 
-/// The op table's context for rank `rank`'s launches of `plan`: the model of its provenance,
-/// one GPU's share of it at the plan's `t`.
-fn shape_context(plan: &Plan, rank: u64) -> ShapeContext {
-    let model = &plan.provenance.model;
-    let ranks = plan.provenance.parallel.tensor.max(1);
-    ShapeContext {
-        hidden: model.hidden,
-        heads: model.heads / ranks,
-        kv_heads: model.kv_heads_on_gpu(ranks),
-        kv_replicated: model.kv_replicated(ranks),
-        rope_theta: model.architecture.rope_theta,
-        norm_eps: model.architecture.norm_eps,
-        seq_len: model.seq_len,
-        vocab: model.vocab,
-        loss_scale_tokens: model.micro_batch.saturating_mul(model.seq_len),
-        adamw_step: 1,
-        rank,
-        ranks,
-    }
-}
-
 impl<'p> Simulation<'p> {
     fn new(plan: &'p Plan, extents: &'p [Option<Extent>], rank: u64) -> Self {
         let mut first_record = BTreeMap::new();
@@ -241,7 +220,7 @@ impl<'p> Simulation<'p> {
             first_record,
             arena: Bytes::new(),
             host: Bytes::new(),
-            shape_context: shape_context(plan, rank),
+            shape_context: ShapeContext::for_model(&plan.provenance.model, rank, plan.provenance.parallel.tensor),
         }
     }
 
@@ -800,7 +779,7 @@ fn collectives(plan: &Plan, program: &[Instruction]) -> Vec<(usize, CollectiveCa
 }
 
 /// The rank programs (`Plan::rank_programs`): ranks in `0..t` and increasing; every rule of one
-/// program (1-6, 8 and rule 9's sizes) on each, reported inside [`PlanViolation::InRankProgram`];
+/// program (1-6, 8, 9's sizes and 10, with the program's rank) on each, reported inside [`PlanViolation::InRankProgram`];
 /// and rule 9 across ranks: every rank's sequence of collectives equals rank 0's.
 fn check_rank_programs(plan: &Plan, extents: &[Option<Extent>], out: &mut Vec<PlanViolation>) {
     if plan.rank_programs.is_empty() {

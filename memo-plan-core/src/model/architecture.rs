@@ -9,6 +9,8 @@
 
 use core::fmt;
 
+use super::ModelError;
+
 /// The feed-forward block of a layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "defmt", derive(defmt::Format))]
@@ -141,16 +143,12 @@ impl Architecture {
     /// report an overflow.
     pub fn skeletal_widths(&self, hidden: u64, heads: u64, kv_heads: u64, ffn: u64) -> SkeletalWidths {
         let head_dim = hidden.checked_div(heads).unwrap_or(0);
-        let fc1 = match self.ffn {
-            Ffn::Gelu => ffn,
-            Ffn::SwiGlu => ffn.saturating_mul(2),
-        };
         SkeletalWidths {
             hidden,
             query: hidden,
             key_value: kv_heads.saturating_mul(head_dim),
             lse: heads,
-            fc1,
+            fc1: ffn.saturating_mul(self.ffn_in_products()),
             activation: ffn,
         }
     }
@@ -174,30 +172,31 @@ impl Architecture {
     /// Checks the numbers the kernels use: a rotary base above 1, an epsilon above 0 and below 1,
     /// a rescaling with factors at least 1 and `low < high`; and that SwiGLU comes without FFN
     /// biases (no model of the family has them, and the tensor-parallel split of a `[gate | up]`
-    /// bias is not implemented). Returns the field at fault.
-    pub fn validate(&self) -> Result<(), (&'static str, f64)> {
+    /// bias is not implemented).
+    pub fn validate(&self) -> Result<(), ModelError> {
         if self.ffn == Ffn::SwiGlu && self.biases == Biases::All {
-            return Err(("biases", 0.0));
+            return Err(ModelError::SwiGluWithFfnBiases);
         }
+        let bad = |field: &'static str, value: f64| Err(ModelError::BadArchitecture { field, value });
         if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
-            return Err(("rope_theta", self.rope_theta));
+            return bad("rope_theta", self.rope_theta);
         }
         if !(self.norm_eps.is_finite() && self.norm_eps > 0.0 && self.norm_eps < 1.0) {
-            return Err(("norm_eps", self.norm_eps));
+            return bad("norm_eps", self.norm_eps);
         }
         if let Some(scaling) = self.rope_scaling {
             if !(scaling.factor.is_finite() && scaling.factor >= 1.0) {
-                return Err(("rope_scaling.factor", scaling.factor));
+                return bad("rope_scaling.factor", scaling.factor);
             }
             if !(scaling.low_freq_factor.is_finite()
                 && scaling.high_freq_factor.is_finite()
                 && scaling.low_freq_factor > 0.0
                 && scaling.low_freq_factor < scaling.high_freq_factor)
             {
-                return Err(("rope_scaling.low_freq_factor", scaling.low_freq_factor));
+                return bad("rope_scaling.low_freq_factor", scaling.low_freq_factor);
             }
             if scaling.original_max_positions == 0 {
-                return Err(("rope_scaling.original_max_position_embeddings", 0.0));
+                return bad("rope_scaling.original_max_position_embeddings", 0.0);
             }
         }
         Ok(())

@@ -21,7 +21,7 @@ use core::fmt;
 
 use serde_json::{Map, Value};
 
-use super::{Architecture, Biases, Ffn, ModelConfig, Norm, RopeScaling};
+use super::{Architecture, Biases, Ffn, ModelConfig, ModelError, Norm, RopeScaling};
 
 #[cfg(test)]
 mod tests;
@@ -537,12 +537,20 @@ fn scaling(scaling: &Fields<'_>) -> Result<Option<RopeScaling>, HfConfigError> {
 
 /// Checks the architecture's numbers, naming the config's fields.
 fn checked(architecture: Architecture, eps_key: &str) -> Result<Architecture, HfConfigError> {
-    architecture.validate().map_err(|(field, value)| HfConfigError::OutOfRange {
-        field: if field == "norm_eps" { eps_key.into() } else { field.into() },
-        value: format!("{value}"),
-        expected: "rope_theta is a rotary base above 1, the norm's epsilon a number between 0 and 1, \
-                   rope_scaling's factors at least 1 with low_freq_factor < high_freq_factor"
-            .into(),
+    architecture.validate().map_err(|error| match error {
+        ModelError::BadArchitecture { field, value } => HfConfigError::OutOfRange {
+            field: if field == "norm_eps" { eps_key.into() } else { field.into() },
+            value: format!("{value}"),
+            expected: "rope_theta is a rotary base above 1, the norm's epsilon a number between 0 and 1, \
+                       rope_scaling's factors at least 1 with low_freq_factor < high_freq_factor"
+                .into(),
+        },
+        // (SwiGLU with FFN biases: no family this reader maps produces it.)
+        other => HfConfigError::Unsupported {
+            field: "model_type".into(),
+            value: "this architecture".into(),
+            reason: other.to_string(),
+        },
     })?;
     Ok(architecture)
 }

@@ -91,6 +91,27 @@ impl Default for ShapeContext {
 }
 
 impl ShapeContext {
+    /// The context of rank `rank` of a group of `ranks` for `model`'s step: its share of the
+    /// heads, the K/V heads its K and V hold (and whether they are replicated), the sequence, the
+    /// vocabulary, the step's tokens, and AdamW's first step.
+    pub fn for_model(model: &crate::model::ModelConfig, rank: u64, ranks: u64) -> Self {
+        let ranks = ranks.max(1);
+        ShapeContext {
+            hidden: model.hidden,
+            heads: model.heads / ranks,
+            kv_heads: model.kv_heads_on_gpu(ranks),
+            kv_replicated: model.kv_replicated(ranks),
+            rope_theta: model.architecture.rope_theta,
+            norm_eps: model.architecture.norm_eps,
+            seq_len: model.seq_len,
+            vocab: model.vocab,
+            loss_scale_tokens: model.micro_batch.saturating_mul(model.seq_len),
+            adamw_step: 1,
+            rank,
+            ranks,
+        }
+    }
+
     /// Key/value heads in K and V: [`ShapeContext::kv_heads`], or `heads` when it is 0.
     pub fn kv_heads_in_tensor(&self) -> u64 {
         if self.kv_heads == 0 {

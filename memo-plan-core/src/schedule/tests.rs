@@ -253,17 +253,7 @@ fn every_launch_passes_the_op_tables_shape_rules_with_its_flops() {
             model.vocab = 101;
             let options = ScheduleOptions { strategy, alpha_fixed: ALPHA_ONE / 3 };
             let schedule = build(&model, &Parallelism::new(tensor, 1), &options).unwrap();
-            let ctx = ShapeContext {
-                hidden: model.hidden,
-                heads: model.heads / tensor,
-                seq_len: model.seq_len,
-                vocab: model.vocab,
-                loss_scale_tokens: model.micro_batch * model.seq_len,
-                adamw_step: 1,
-                rank,
-                ranks: tensor,
-                ..ShapeContext::default()
-            };
+            let ctx = ShapeContext::for_model(&model, rank, tensor);
             let mut products = 0;
             for instruction in &schedule.instructions {
                 let Action::Launch(launch) = &instruction.action else { continue };
@@ -434,20 +424,7 @@ fn tiny_llama() -> ModelConfig {
 /// used.
 fn check_launch_shapes(model: &ModelConfig, tensor: u64, rank: u64, schedule: &Schedule) -> Vec<Op> {
     use crate::plan::shapes::{self, ArgShape, ShapeContext};
-    let ctx = ShapeContext {
-        hidden: model.hidden,
-        heads: model.heads / tensor,
-        kv_heads: model.kv_heads_on_gpu(tensor),
-        kv_replicated: model.kv_replicated(tensor),
-        rope_theta: model.architecture.rope_theta,
-        norm_eps: model.architecture.norm_eps,
-        seq_len: model.seq_len,
-        vocab: model.vocab,
-        loss_scale_tokens: model.micro_batch * model.seq_len,
-        adamw_step: 1,
-        rank,
-        ranks: tensor,
-    };
+    let ctx = ShapeContext::for_model(model, rank, tensor);
     let mut ops = Vec::new();
     for instruction in &schedule.instructions {
         let Action::Launch(launch) = &instruction.action else { continue };
