@@ -246,34 +246,14 @@ fn the_checker_accepts_the_paper_setting() {
 /// table's count for its shapes.
 #[test]
 fn every_launch_passes_the_op_tables_shape_rules_with_its_flops() {
-    use crate::plan::shapes::{self, ArgShape, ShapeContext};
     for (strategy, tensor) in Strategy::ALL.into_iter().flat_map(|s| [(s, 1u64), (s, 2), (s, 4)]) {
         for rank in 0..tensor {
             let mut model = tiny(3, 96);
             model.vocab = 101;
             let options = ScheduleOptions { strategy, alpha_fixed: ALPHA_ONE / 3 };
             let schedule = build(&model, &Parallelism::new(tensor, 1), &options).unwrap();
-            let ctx = ShapeContext::for_model(&model, rank, tensor);
-            let mut products = 0;
-            for instruction in &schedule.instructions {
-                let Action::Launch(launch) = &instruction.action else { continue };
-                let args: Vec<ArgShape> = launch
-                    .args
-                    .iter()
-                    .map(|arg| {
-                        let buffer = schedule.buffers[arg.region.buffer.index()];
-                        let rows = arg.region.end - arg.region.start;
-                        ArgShape { first_row: arg.region.start, rows, row_bytes: buffer.row_bytes }
-                    })
-                    .collect();
-                let shape = shapes::check(launch.op, &args, &ctx)
-                    .unwrap_or_else(|e| panic!("{} ({}, t = {tensor}): {e}", launch.op.name(), strategy.name()));
-                if shape.matmul_flops() > 0 {
-                    assert_eq!(launch.flops, shape.matmul_flops(), "{}", launch.op.name());
-                    products += 1;
-                }
-            }
-            assert!(products > 10, "{products} matrix products");
+            let (_, products) = check_launch_shapes(&model, tensor, rank, &schedule);
+            assert!(products > 10, "{products} matrix products ({}, t = {tensor})", strategy.name());
         }
     }
 }
@@ -420,12 +400,12 @@ fn tiny_llama() -> ModelConfig {
 
 /// What every launch of `schedule` must pass for `model` at `t` on `rank`: the op table's shape
 /// rules with the context a backend gives it (this rank's query heads, the key/value heads its K
-/// and V hold, whether they are replicated, the model's rotary base and epsilon); returns the ops
-/// used.
-fn check_launch_shapes(model: &ModelConfig, tensor: u64, rank: u64, schedule: &Schedule) -> Vec<Op> {
+/// and V hold, whether they are replicated, the model's rotary base and epsilon), each matrix
+/// product's FLOPs the op table's count; returns the ops used and the matrix products.
+fn check_launch_shapes(model: &ModelConfig, tensor: u64, rank: u64, schedule: &Schedule) -> (Vec<Op>, usize) {
     use crate::plan::shapes::{self, ArgShape, ShapeContext};
     let ctx = ShapeContext::for_model(model, rank, tensor);
-    let mut ops = Vec::new();
+    let (mut ops, mut products) = (Vec::new(), 0);
     for instruction in &schedule.instructions {
         let Action::Launch(launch) = &instruction.action else { continue };
         let args: Vec<ArgShape> = launch
@@ -444,12 +424,13 @@ fn check_launch_shapes(model: &ModelConfig, tensor: u64, rank: u64, schedule: &S
             .unwrap_or_else(|e| panic!("{} ({}, t = {tensor}, rank {rank}): {e}", launch.op.name(), model.name));
         if shape.matmul_flops() > 0 {
             assert_eq!(launch.flops, shape.matmul_flops(), "{}", launch.op.name());
+            products += 1;
         }
         if !ops.contains(&launch.op) {
             ops.push(launch.op);
         }
     }
-    ops
+    (ops, products)
 }
 
 /// The Llama family's layer in the schedule: at t = 1, 2 and 4 (t = 4 > kv_heads = 2: K and V
@@ -467,7 +448,7 @@ fn llama_schedules_use_its_ops_and_pass_the_shape_rules_and_the_checker() {
                 .unwrap_or_else(|e| panic!("{strategy:?} t = {tensor}: {e}"));
             let mut ops = Vec::new();
             for rank in 0..tensor {
-                ops = check_launch_shapes(&model, tensor, rank, &schedule);
+                ops = check_launch_shapes(&model, tensor, rank, &schedule).0;
             }
             for op in [Op::RmsNorm, Op::RmsNormBackward, Op::Swiglu, Op::SwigluBackward, Op::LinearNoBias] {
                 assert!(ops.contains(&op), "{strategy:?} t = {tensor}: no {op:?}");
