@@ -45,7 +45,7 @@ Examples:
 
 The SVG shows the device arena (x: instruction or simulated time, y: address; one rectangle per
 buffer over its live range, coloured by kind; the arena size and the lower bound as lines) above
-the live bytes. The Chrome trace is the cost model's timeline of the three streams.";
+the live bytes. The Chrome trace is the cost model's timeline of the four streams.";
 
 /// The arguments of `memo show`.
 #[derive(Debug, clap::Args)]
@@ -75,7 +75,7 @@ pub struct ShowArgs {
     #[arg(long, value_name = "OTHER_PLAN", requires = "svg")]
     compare: Option<PathBuf>,
 
-    /// Write the simulated timeline of the three streams as Chrome trace-event JSON to this file
+    /// Write the simulated timeline of the four streams as Chrome trace-event JSON to this file
     #[arg(long, value_name = "FILE")]
     chrome_trace: Option<PathBuf>,
 }

@@ -19,7 +19,7 @@ use crate::human;
 pub const LONG_ABOUT: &str = "\
 Plan one training step of one GPU: where every tensor lives in one device arena, what is swapped
 to host memory and what is recomputed, and the program of kernel launches, copies and events on
-three streams. Each plan passes the independent plan checker before it is reported or written.
+four streams. Each plan passes the independent plan checker before it is reported or written.
 
 Without --strategy, all four strategies are planned and shown side by side: memo (token-wise swap
 and recompute), full-recompute (keep layer inputs only), full-swap (MEMO without the token split,

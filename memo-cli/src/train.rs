@@ -24,7 +24,7 @@ mod parallel;
 /// What `memo train --help` says it does.
 pub const LONG_ABOUT: &str = "\
 Train a GPT through a verified plan: the same instruction stream (launches, copies, events on
-three streams) that a GPU runs, on the CPU reference backend (real bf16 arithmetic) or on a GPU.
+four streams) that a GPU runs, on the CPU reference backend (real bf16 arithmetic) or on a GPU.
 The data is a byte-level tokenisation of --data (default: a public-domain text shipped with memo),
 or, with --task recall, a synthetic long-range task scored on held-out sequences per key-to-query
 distance.
@@ -140,7 +140,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "NAME", value_parser = parse_attention)]
     attention: Option<runtime_cuda::AttentionChoice>,
 
-    /// Write the measured timeline of the last step (three streams) as a Chrome trace-event file
+    /// Write the measured timeline of the last step (four streams) as a Chrome trace-event file
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
 

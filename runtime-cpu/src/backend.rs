@@ -2,7 +2,7 @@
 //! a thread executing its commands in order, events are real (a flag and a condition variable).
 //! Copies can be throttled to a bandwidth so that swap overlap is exercised for real.
 //!
-//! Memory is shared by the three stream threads through raw pointers. What makes that sound is the
+//! Memory is shared by the four stream threads through raw pointers. What makes that sound is the
 //! contract of the unsafe [`Backend::launch`] and [`Backend::copy`]: any two accesses to
 //! overlapping bytes, one of them a write, are ordered by stream order and events (the checked
 //! plan that [`memo_runtime::Replay`] replays proves it), and this backend honours stream order

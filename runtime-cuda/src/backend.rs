@@ -1,4 +1,4 @@
-//! [`CudaBackend`]: one device arena, one pinned host slab, three streams, the plan's events,
+//! [`CudaBackend`]: one device arena, one pinned host slab, four streams, the plan's events,
 //! and the kernels of `memo-kernels` compiled by NVRTC at construction.
 
 use std::collections::HashMap;
@@ -162,8 +162,8 @@ impl CudaBackend {
         let (major, minor) = ctx.compute_capability().map_err(driver_error("compute capability"))?;
         let sm = u32::try_from(major * 10 + minor).unwrap_or(0);
         let device_name = ctx.name().unwrap_or_else(|_| "unknown NVIDIA GPU".into());
-        let mut streams = Vec::with_capacity(3);
-        let mut blas = Vec::with_capacity(3);
+        let mut streams = Vec::with_capacity(Stream::ALL.len());
+        let mut blas = Vec::with_capacity(Stream::ALL.len());
         for stream in Stream::ALL {
             let created = ctx.new_stream().map_err(driver_error(stream.name()))?;
             blas.push(

@@ -1,7 +1,7 @@
 //! [`HipBackend`]: `memo_runtime::Backend` on an AMD GPU.
 //!
 //! One device arena (`hipMalloc`), one pinned host slab (`hipHostMalloc`, not write-combined),
-//! three non-blocking streams in `Stream::ALL` order, the plan's events (no timing). Launches go
+//! four non-blocking streams in `Stream::ALL` order, the plan's events (no timing). Launches go
 //! through `memo_kernels::launch_steps`; GEMMs through hipBLAS on the launch's stream. The plan's
 //! events are the only synchronisation between streams; nothing is tracked per allocation.
 //!

@@ -106,7 +106,7 @@ fn small_model() -> ModelConfig {
 }
 
 /// Memo at α = 0.5: swaps half of each token-split tensor and recomputes the rest, so the plan
-/// has launches, copies both ways and events on all three streams.
+/// has launches, copies both ways and events on the compute stream and both copy streams.
 fn options(strategy: Strategy) -> TrainOptions {
     TrainOptions {
         model: small_model(),

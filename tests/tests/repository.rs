@@ -99,3 +99,45 @@ fn every_path_the_documents_name_exists() {
     assert!(named > 50, "only {named} paths named: is the scan broken?");
     assert!(missing.is_empty(), "named but not in the repository:\n{}", missing.join("\n"));
 }
+
+/// Count words for the numbers a stream count can be written as.
+const COUNT_WORDS: [&str; 11] = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"];
+
+/// Every count of streams written before the word ("N streams", "a N-stream timeline", in words
+/// or digits) in the repository's documents, sources and `--help` texts (which live in
+/// `memo-cli/src`) names the plan's own stream count, `memo_plan_core::plan::STREAMS`: when the
+/// collective stream was added, six documents went on counting one stream fewer. Counts of one
+/// and two describe a stream or a pair of them, not the plan, so only counts from three up are
+/// held to the constant.
+#[test]
+fn every_stream_count_named_is_the_plans() {
+    let streams = memo_plan_core::plan::STREAMS;
+    let mut all = Vec::new();
+    files(&root(), &mut all);
+    all.retain(|p| p.extension().is_some_and(|e| ["md", "rs", "sh", "py", "toml", "txt"].contains(&e.to_str().unwrap_or(""))));
+    let mut named = 0;
+    let mut wrong = Vec::new();
+    for path in &all {
+        let Ok(text) = std::fs::read_to_string(path) else { continue };
+        for (number, line) in text.lines().enumerate() {
+            let lower = line.to_lowercase();
+            for (at, _) in lower.match_indices("stream") {
+                let before = lower[..at].trim_end_matches([' ', '-']);
+                if before.len() == lower[..at].len() {
+                    continue; // "upstream", "stream_count": not a count before it
+                }
+                let word = before.rsplit(|c: char| !c.is_alphanumeric()).next().unwrap_or("");
+                let count = word.parse::<usize>().ok().or_else(|| COUNT_WORDS.iter().position(|w| *w == word));
+                let Some(count) = count.filter(|&n| n >= 3) else { continue };
+                named += 1;
+                if count != streams {
+                    let shown = path.strip_prefix(root()).unwrap_or(path).display().to_string();
+                    wrong.push(format!("{shown}:{}: {}", number + 1, line.trim()));
+                }
+            }
+        }
+    }
+    // The README, the specs and the --help texts all name it: a scan that finds none is broken.
+    assert!(named >= 10, "found only {named} stream counts: the scan is broken");
+    assert!(wrong.is_empty(), "the plan has {streams} streams, but these lines say otherwise:\n{}", wrong.join("\n"));
+}
