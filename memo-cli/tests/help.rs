@@ -17,6 +17,9 @@ fn help_names_the_plans_stream_count() {
         let output = memo(&[command, "--help"], None);
         assert!(output.status.success(), "memo {command} --help fails");
         let help = String::from_utf8_lossy(&output.stdout);
-        assert!(help.contains(&format!("{count} streams")), "memo {command} --help does not say \"{count} streams\":\n{help}");
+        assert!(
+            help.contains(&format!("{count} streams")),
+            "memo {command} --help does not say \"{count} streams\":\n{help}"
+        );
     }
 }

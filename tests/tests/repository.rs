@@ -114,7 +114,9 @@ fn every_stream_count_named_is_the_plans() {
     let streams = memo_plan_core::plan::STREAMS;
     let mut all = Vec::new();
     files(&root(), &mut all);
-    all.retain(|p| p.extension().is_some_and(|e| ["md", "rs", "sh", "py", "toml", "txt"].contains(&e.to_str().unwrap_or(""))));
+    all.retain(|p| {
+        p.extension().is_some_and(|e| ["md", "rs", "sh", "py", "toml", "txt"].contains(&e.to_str().unwrap_or("")))
+    });
     let mut named = 0;
     let mut wrong = Vec::new();
     for path in &all {
