@@ -9,6 +9,7 @@
  *   cargo build -p memo-capi
  *   cc -std=c99 -Wall -Wextra -I memo-capi/include examples/c/place_memo_example.c \
  *      -L target/debug -lmemo_capi -Wl,-rpath,target/debug -o place_memo_example
+ *   (with CARGO_TARGET_DIR set, the library is in $CARGO_TARGET_DIR/debug instead)
  *   ./place_memo_example examples/traces/memo-layer.trace [plan.memo]
  *
  * Expected: the whole layer 2432 MB, the forward transients 512 MB, the backward transients

@@ -41,6 +41,7 @@ step, so that every iteration makes the same requests: the plan covers them all.
 
 import argparse
 import ctypes
+import importlib.util
 import json
 import os
 import re
@@ -284,8 +285,28 @@ def worker(args):
     print("RESULT " + json.dumps(result), flush=True)
 
 
+def refuse(message):
+    """One line on standard error and exit status 2: what is missing and what to do instead."""
+    print(f"replay_allocator.py: {message}", file=sys.stderr)
+    return 2
+
+
+def missing_for_the_comparison():
+    """Why the GPU comparison cannot run here (None when it can): PyTorch with CUDA and a GPU."""
+    if importlib.util.find_spec("torch") is None:
+        return "PyTorch is not installed"
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"PyTorch {torch.__version__} sees no CUDA GPU"
+    return None
+
+
 def driver(args):
     """Runs each allocator in a fresh process and prints the comparison."""
+    missing = missing_for_the_comparison()
+    if missing:
+        return refuse(f"{missing}: the comparison needs PyTorch with CUDA and an NVIDIA GPU (without them, --host-selftest checks the bindings)")
     results = []
     for mode in MODES:
         env = dict(os.environ)
@@ -300,7 +321,8 @@ def driver(args):
             print(f"   failed (exit {run.returncode}):\n{run.stdout}\n{run.stderr}", flush=True)
             continue
         results.append(json.loads(lines[-1][len("RESULT "):]))
-    print_table(results)
+    if results:
+        print_table(results)
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"config": vars(args), "results": results}, out, indent=2)
@@ -413,6 +435,8 @@ def main():
     parser.add_argument("--no-blocks", dest="blocks", action="store_false", help="memo: do not mark each layer's forward as a block (plan the iteration flat)")
     parser.add_argument("--json", help="driver: write all results to this file")
     args = parser.parse_args()
+    if not os.path.isfile(args.lib):
+        return refuse(f"no library at {args.lib}: build it with `cargo build --release -p memo-capi` (or pass its path with --lib)")
     if args.host_selftest:
         return host_selftest(args)
     if args.mode:

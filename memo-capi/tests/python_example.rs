@@ -1,6 +1,7 @@
 //! `examples/python/replay_allocator.py` compiles, and its host self-test (ctypes bindings checked
 //! against the header, one record/plan/replay cycle on the host backend; no GPU, no torch) passes
-//! against this crate's shared library. Prints SKIP and passes without python3.
+//! against this crate's shared library; without a GPU the comparison refuses in one line. Prints
+//! SKIP and passes without python3.
 #![cfg(target_os = "linux")]
 
 #[path = "../../tests/support/skip.rs"]
@@ -42,4 +43,15 @@ fn the_python_script_compiles_and_its_host_selftest_passes() {
     println!("{stdout}");
     assert!(run.status.success(), "the self-test failed:\n{stdout}\n{}", String::from_utf8_lossy(&run.stderr));
     assert!(stdout.contains("host selftest ok: memo-layer peak 2432 MB; replayed 11, fell back 1"), "{stdout}");
+
+    // Without a GPU (hidden here whether or not PyTorch is installed) or without the library, the
+    // comparison says in one line what it needs instead of three tracebacks from its workers.
+    for (lib, needs) in [(library.as_path(), "--host-selftest"), (Path::new("/nonexistent/libmemo_capi.so"), "cargo build")] {
+        let run = Command::new(python).arg(&script).arg("--lib").arg(lib).env("CUDA_VISIBLE_DEVICES", "").output().unwrap();
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{stderr}");
+        assert!(run.stdout.is_empty(), "{}", String::from_utf8_lossy(&run.stdout));
+        assert_eq!(stderr.lines().count(), 1, "one line:\n{stderr}");
+        assert!(stderr.starts_with("replay_allocator.py: ") && stderr.contains(needs), "{stderr}");
+    }
 }

@@ -337,6 +337,80 @@ fn picture_errors_say_what_to_do() {
     assert!(!Path::new("/tmp/never.svg").exists(), "nothing is written when the comparison plan is bad");
 }
 
+/// The README's picture's setting: keep-all and memo for the 7B model at 128K tokens on 8 A800
+/// with t = 8.
+const README_SETTING: [&str; 8] = ["--model", "7b", "--seq", "128K", "--machine", "a800x8", "--tp", "8"];
+
+/// The PNG text chunk (`tEXt`) that records the headings the README's picture shows, so a test
+/// can tell when the plans it pictures have changed and the picture has not.
+const HEADINGS_KEY: &str = "memo-headings";
+
+/// Plans the README's setting into `dir` (the file names appear in the column headings) and
+/// returns the side-by-side SVG `memo show --svg --compare` draws of them.
+fn readme_svg(dir: &Path) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let keep_all = plan_into("keep-all", &README_SETTING, dir.join("keep-all.memo").to_str().unwrap());
+    let memo_plan = plan_into("memo", &README_SETTING, dir.join("memo.memo").to_str().unwrap());
+    let svg_path = dir.join("memory-timeline.svg");
+    let svg_path = svg_path.to_str().unwrap();
+    let output = memo(&["show", &keep_all, "--svg", svg_path, "--compare", &memo_plan], None);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    std::fs::read_to_string(svg_path).unwrap()
+}
+
+/// The bold texts of a picture, one per line: its title and each panel's heading, which carry
+/// the model, the setting, each arena, lower bound and host slab.
+fn headings(svg: &str) -> String {
+    let mut found = Vec::new();
+    for piece in svg.split("<text ").skip(1) {
+        let Some((attributes, rest)) = piece.split_once('>') else { continue };
+        if attributes.contains("font-weight=\"bold\"") {
+            found.push(rest.split('<').next().unwrap_or("").to_string());
+        }
+    }
+    found.join("\n")
+}
+
+/// PNG's chunk checksum: CRC-32 of the chunk's type and data.
+fn png_crc(bytes: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(bytes);
+    hasher.finalize()
+}
+
+/// `png` with a `tEXt` chunk `key`=`text` before its closing `IEND` chunk.
+#[cfg(feature = "readme-picture")]
+fn with_text_chunk(png: &[u8], key: &str, text: &str) -> Vec<u8> {
+    let iend = png.len() - 12; // length (4), "IEND", no data, CRC (4)
+    let mut body = b"tEXt".to_vec();
+    body.extend_from_slice(key.as_bytes());
+    body.push(0);
+    body.extend_from_slice(text.as_bytes());
+    let mut out = png[..iend].to_vec();
+    out.extend_from_slice(&u32::try_from(body.len() - 4).unwrap().to_be_bytes());
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&png_crc(&body).to_be_bytes());
+    out.extend_from_slice(&png[iend..]);
+    out
+}
+
+/// The text of the `tEXt` chunk `key` in `png`, its checksum verified.
+fn text_chunk(png: &[u8], key: &str) -> Option<String> {
+    let mut at = 8; // the signature
+    while at + 12 <= png.len() {
+        let length = u32::from_be_bytes(png[at..at + 4].try_into().unwrap()) as usize;
+        let body = png.get(at + 4..at + 8 + length)?;
+        let crc = u32::from_be_bytes(png.get(at + 8 + length..at + 12 + length)?.try_into().unwrap());
+        if &body[..4] == b"tEXt" && png_crc(body) == crc {
+            if let Some(text) = body[4..].strip_prefix(key.as_bytes()).and_then(|t| t.strip_prefix(&[0])) {
+                return Some(String::from_utf8_lossy(text).into_owned());
+            }
+        }
+        at += 12 + length;
+    }
+    None
+}
+
 /// The README's picture: keep-all and memo for the 7B model at 128K tokens on 8 A800 with t = 8,
 /// side by side on one scale. Run it (from the repository root) with
 ///
@@ -345,26 +419,33 @@ fn picture_errors_say_what_to_do() {
 /// ```
 ///
 /// It runs the same commands the README shows, then renders the SVG with resvg to
-/// `docs/memory-timeline.png` (the feature brings the fonts for the labels).
+/// `docs/memory-timeline.png` (the feature brings the fonts for the labels), recording the
+/// headings it shows in a text chunk for `the_readme_picture_shows_todays_plans`.
 #[cfg(feature = "readme-picture")]
 #[test]
 #[ignore = "writes docs/memory-timeline.png; run it by hand when the picture changes"]
 fn readme_picture() {
-    let setting = ["--model", "7b", "--seq", "128K", "--machine", "a800x8", "--tp", "8"];
-    // The file names appear in the column headings.
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("readme-picture");
-    std::fs::create_dir_all(&dir).unwrap();
-    let keep_all = plan_into("keep-all", &setting, dir.join("keep-all.memo").to_str().unwrap());
-    let memo_plan = plan_into("memo", &setting, dir.join("memo.memo").to_str().unwrap());
-    let svg_path = dir.join("memory-timeline.svg");
-    let svg_path = svg_path.to_str().unwrap();
-    let output = memo(&["show", &keep_all, "--svg", svg_path, "--compare", &memo_plan], None);
-    assert_eq!(code(&output), 0, "{}", stderr(&output));
-    let svg = std::fs::read_to_string(svg_path).unwrap();
+    let svg = readme_svg(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("readme-picture"));
     let png = render(&svg, 1.0).encode_png().unwrap();
+    let png = with_text_chunk(&png, HEADINGS_KEY, &headings(&svg));
     let target = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/memory-timeline.png");
     std::fs::write(target, &png).unwrap();
     println!("wrote {target}: {} bytes (SVG {} bytes)", png.len(), svg.len());
+}
+
+/// The committed picture shows the plans `memo` makes today: its recorded headings (each
+/// arena, lower bound and host slab) are the ones the README's commands draw now. A change to
+/// the planner that moves them fails here until the picture is made again (`readme_picture`).
+#[test]
+fn the_readme_picture_shows_todays_plans() {
+    let bytes = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/memory-timeline.png")).unwrap();
+    let recorded = text_chunk(&bytes, HEADINGS_KEY).expect("docs/memory-timeline.png records its headings (made by readme_picture)");
+    let today = headings(&readme_svg(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("readme-picture-check")));
+    assert!(today.lines().count() == 3, "a title and two panel headings:\n{today}");
+    assert_eq!(
+        recorded, today,
+        "docs/memory-timeline.png is stale: run `cargo test -p memo-cli --features readme-picture --test pictures -- --ignored readme_picture`"
+    );
 }
 
 /// Without the feature the picture would have no labels: say how to run it instead.
