@@ -34,12 +34,13 @@ status=$?
 
 echo
 if [[ -s "$skip_log" ]]; then
-    echo "== skipped on this machine ($(wc -l <"$skip_log") checks), by reason:"
-    # "SKIP crate::test: why" -> one line per reason with its count and a first test.
+    echo "== skipped on this machine ($(wc -l <"$skip_log") checks), one line per reason (count, a first test, why):"
+    # "SKIP crate::test: why" -> one line per reason with its count and a first test. Tests that
+    # skip for one cause say it in the same words (tests/support/skip.rs), so each cause is one line.
     sed 's/^SKIP \([^ ]*\): /\1\t/' "$skip_log" | sort -t$'\t' -k2,2 -k1,1 |
         awk -F'\t' '{ n[$2]++; if (!($2 in first)) { first[$2] = $1; order[++k] = $2 } }
             END { for (i = 1; i <= k; i++) { r = order[i];
-                printf "   %3d x %s\n         (e.g. %s)\n", n[r], r, first[r] } }'
+                printf "   %3d x [%s] %s\n", n[r], first[r], r } }'
 else
     echo "== nothing was skipped"
 fi

@@ -2,7 +2,7 @@
 //! `examples/python/llama_step_compare.py` loads the dumped parameters into Hugging Face
 //! `transformers.LlamaForCausalLM` (or, without `transformers`, its compact PyTorch Llama) in
 //! float64 and compares the loss and every gradient within its bf16-derived bound. Runs where the
-//! Python interpreter (`MEMO_PYTHON`, else `python3`) imports torch; elsewhere it checks that the
+//! Python interpreter (`MEMO_TORCH_PYTHON`, else `python3`) imports torch; elsewhere it checks that the
 //! script says `SKIP: ...` and exits 0, and prints a SKIP line itself.
 #![cfg(target_os = "linux")]
 
@@ -18,7 +18,7 @@ use std::process::Command;
 
 #[test]
 fn the_first_llama_step_agrees_with_pytorch() {
-    let python = std::env::var("MEMO_PYTHON").unwrap_or_else(|_| "python3".to_string());
+    let python = std::env::var("MEMO_TORCH_PYTHON").unwrap_or_else(|_| "python3".to_string());
     if !Command::new(&python).arg("--version").output().is_ok_and(|o| o.status.success()) {
         skip::skip(format!("no {python} found"));
         return;
@@ -37,7 +37,7 @@ fn the_first_llama_step_agrees_with_pytorch() {
             String::from_utf8_lossy(&run.stderr)
         );
         assert!(run.stderr.is_empty(), "{}", String::from_utf8_lossy(&run.stderr));
-        skip::skip(format!("{python} cannot import torch (MEMO_PYTHON may name an interpreter that can)"));
+        skip::skip(format!("{python} cannot import torch (set MEMO_TORCH_PYTHON to an interpreter that can)"));
         return;
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -61,10 +61,16 @@ fn missing(library: &str, what: &str, stem: &str) -> BackendError {
             elsewhere.join(", ")
         )
     };
-    BackendError::Unavailable(format!(
-        "{library} ({what}) cannot be loaded: the CUDA backend needs it at run time; looked for {}; install it or put \
-         its folder on LD_LIBRARY_PATH{hint}",
+    // cudarc knows about fifteen names for libcuda; the first few say what kind of name was tried.
+    const SHOWN: usize = 3;
+    let looked_for = if names.len() > SHOWN {
+        format!("{} and {} other names", names[..SHOWN].join(", "), names.len() - SHOWN)
+    } else {
         names.join(", ")
+    };
+    BackendError::Unavailable(format!(
+        "{library} ({what}) cannot be loaded: the CUDA backend needs it at run time; looked for {looked_for}; install \
+         it or put its folder on LD_LIBRARY_PATH{hint}"
     ))
 }
 

@@ -515,8 +515,8 @@ fn a_measured_step_has_a_timeline() {
 #[test]
 fn attention_matches_the_cpu_reference_under_every_choice() {
     use runtime_cuda::AttentionChoice;
-    if CudaBackend::new(0).is_err() {
-        skip::skip("no CUDA device");
+    if let Err(error) = CudaBackend::new(0) {
+        skip::skip(format!("no CUDA device: {error}"));
         return;
     }
     let require_cudnn = std::env::var_os("MEMO_REQUIRE_CUDNN").is_some();

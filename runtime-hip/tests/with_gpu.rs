@@ -16,8 +16,8 @@ use runtime_hip::HipBackend;
 fn backend_or_skip() -> Option<HipBackend> {
     match HipBackend::new(0) {
         Ok(backend) => Some(backend),
-        Err(BackendError::Unavailable(reason)) => {
-            skip::skip(reason);
+        Err(error @ BackendError::Unavailable(_)) => {
+            skip::skip(format!("no HIP device: {error}"));
             None
         }
         Err(other) => panic!("a HIP installation and device are present but the backend failed: {other}"),

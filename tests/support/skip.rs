@@ -4,6 +4,10 @@
 use std::fmt::Display;
 use std::io::Write;
 
+/// `why` names the cause first, in the words every test skipping for it uses (`no CUDA device:
+/// <the backend's error>`, `no HIP device: ...`, `no usable NCCL: ...`), so that `scripts/test.sh`
+/// lists each cause on one line however many tests it stops.
+///
 /// Prints `SKIP <test>: <why>` (the test's name is its thread's, which the test harness sets)
 /// and, when `MEMO_SKIP_LOG` names a file, appends the same line to it: `scripts/test.sh` sets
 /// it and lists every skipped check at the end of the run, since the harness shows a passing

@@ -56,7 +56,7 @@ impl Case {
         match (self.open)() {
             Ok(backend) => Some(backend),
             Err(error) if self.name != "cpu" && !required(self.name) => {
-                skip::skip(format!("{}: {error}", self.name));
+                skip::skip(format!("no {} device: {error}", self.name.to_uppercase()));
                 None
             }
             Err(error) => panic!("the {} backend cannot be opened: {error}", self.name),

@@ -126,11 +126,17 @@ pub fn load(library: &'static str, names: &[&str], search: &LibrarySearch) -> Re
         }
     }
     if search.system {
+        // Names the loader simply did not find are listed once; any other failure with its error.
+        let mut not_found = Vec::new();
         for name in names {
             match open(Some(std::ffi::OsStr::new(name))) {
                 Ok(lib) => return Ok(Loaded { library: leak(lib), origin: (*name).to_string() }),
+                Err(e) if e.to_string().contains("No such file or directory") => not_found.push(*name),
                 Err(e) => tried.push(format!("{name} by the system search ({e})")),
             }
+        }
+        if !not_found.is_empty() {
+            tried.push(format!("{{{}}} by the system search (not found)", not_found.join(",")));
         }
     }
     Err(HipError::LibraryNotFound { library, tried })
