@@ -68,7 +68,7 @@ pub struct TrainArgs {
     model: String,
 
     /// Tokens per sequence (K = 1024)
-    #[arg(long, default_value = "256", value_name = "TOKENS", value_parser = parse_tokens)]
+    #[arg(long, default_value = "256", value_name = "TOKENS", value_parser = parse_tokens, allow_negative_numbers = true)]
     seq: u64,
 
     /// Sequences per step
