@@ -23,7 +23,17 @@ three streams. Each plan passes the independent plan checker before it is report
 
 Without --strategy, all four strategies are planned and shown side by side: memo (token-wise swap
 and recompute), full-recompute (keep layer inputs only), full-swap (MEMO without the token split,
-alpha = 1) and keep-all (keep every activation). Sizes are per GPU.";
+alpha = 1) and keep-all (keep every activation). Sizes are per GPU.
+
+Step times and MFU are the cost model's estimates (spec/cost-model.md), not measurements; the
+table shows MFU with attention halved for the causal mask (--json adds mfu_full). A machine
+changed by --config's [machine] keys or the machine flags is marked `(overridden)` in the header,
+with what changed. The tensor-parallel degree t cannot pass the machine's GPUs per node (no
+multi-node support yet). Without --strategy the command exits 8 when no strategy fits; with
+--max-seq, when no strategy fits any length (the table is printed first either way).
+
+Units: tokens take binary K, M, G (1M = 1,048,576); sizes decimal or binary units and fractions
+(141GB, 1.5TB, 80GiB); rates need a unit (12.5GB/s, 25GiB/s; FLOP/s: 312T).";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -206,7 +216,7 @@ fn table(config: &Config, planned: &[Planned]) -> String {
     }
     out.push('\n');
     out.push_str(&format!(
-        "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>10} {:>9}\n",
+        "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>12} {:>9} {:>11} {:>9}\n",
         "strategy",
         "fits",
         "device",
@@ -223,7 +233,7 @@ fn table(config: &Config, planned: &[Planned]) -> String {
         let r = &p.report;
         let t = &r.plan.totals;
         out.push_str(&format!(
-            "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>10.1}s {:>8.1}s {:>9.1}% {:>9}\n",
+            "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11.1}s {:>8.1}s {:>10.1}% {:>9}\n",
             r.plan.provenance.strategy.name(),
             if r.fits() { "yes" } else { "NO" },
             human::binary_units(r.device_bytes()),
@@ -448,13 +458,13 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
     } else {
         let mut out = heading(&config).replacen(&format!("{} tokens", config.model.seq_len), "longest sequence", 1);
         out.push_str(&format!(
-            "\n{:<15} {:>12} {:>8} {:>11} {:>11} {:>11} {:>10} {:>9}\n",
+            "\n{:<15} {:>12} {:>8} {:>11} {:>11} {:>12} {:>11} {:>9}\n",
             "strategy", "max tokens", "(K)", "device", "host/GPU", "step (est.)", "MFU (est.)", "search"
         ));
         for (m, elapsed) in &found {
             match (&m.seq_len, &m.report) {
                 (Some(tokens), Some(r)) => out.push_str(&format!(
-                    "{:<15} {:>12} {:>7}K {:>11} {:>11} {:>10.1}s {:>9.1}% {:>9}\n",
+                    "{:<15} {:>12} {:>7}K {:>11} {:>11} {:>11.1}s {:>10.1}% {:>9}\n",
                     m.strategy.name(),
                     tokens,
                     tokens >> 10,

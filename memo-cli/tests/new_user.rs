@@ -231,3 +231,24 @@ fn completions_are_written_for_bash_zsh_and_fish() {
     let message = assert_fails(&memo(&["completions", "tcsh"], None), 2);
     assert!(message.contains("tcsh") && message.contains("memo completions --help"), "{message}");
 }
+
+/// The README's copy of the main job's table is the table `memo plan` prints today (the last
+/// column, each plan's wall time, cut), with the note under it: the copy once showed MFU-c and
+/// MFU-f as if measured.
+#[test]
+fn the_readme_shows_the_main_job_table_as_printed() {
+    let args = ["plan", "--model", "7b", "--seq", "1M", "--machine", "a800x8", "--tp", "8"];
+    let output = memo(&args, None);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let text = stdout(&output);
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let table: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("strategy")).take(5).collect();
+    assert_eq!(table.len(), 5, "{text}");
+    for row in table {
+        // The plan column is the last one, right-aligned in 10 characters after its space.
+        let cut = row[..row.len() - 10].trim_end();
+        assert!(readme.contains(&format!("{cut}\n")), "README.md lacks the row {cut:?}");
+    }
+    let note: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("Estimates, not measurements")).take(4).collect();
+    assert!(readme.contains(&note.join("\n")), "README.md lacks the note under the table:\n{}", note.join("\n"));
+}

@@ -360,9 +360,11 @@ pub fn remedies(request: &PlanRequest, report: &PlanReport) -> Vec<String> {
     // The other remedies suggest a shorter sequence only where one fits: advice never says "plan a
     // shorter sequence" beside "fewer tokens will not do".
     let shorter = matches!(longest, Ok(MaxSequence { seq_len: Some(_), .. }));
+    // Likewise a higher t only where the node has more GPUs (a group spans one node).
+    let t = format!("a higher tensor-parallel degree than t = {}", p.parallel.tensor);
+    let higher_t = (p.parallel.tensor < p.hardware.gpus_per_node).then_some(t.as_str());
     if misfit.device_excess_bytes > 0 {
-        let t = format!("a higher tensor-parallel degree than t = {}", p.parallel.tensor);
-        let options = [shorter.then_some("a shorter sequence"), Some(t.as_str()), Some("another strategy")];
+        let options = [shorter.then_some("a shorter sequence"), higher_t, Some("another strategy")];
         out.push(format!(
             "device memory: the arena needs {}, {} more than the GPU's {}; try {}",
             binary_units(report.plan.totals.arena_bytes),
@@ -375,7 +377,7 @@ pub fn remedies(request: &PlanRequest, report: &PlanReport) -> Vec<String> {
         let options = [
             shorter.then_some("a shorter sequence"),
             Some("more host memory"),
-            Some("a higher t"),
+            higher_t,
             (p.strategy != Strategy::Memo).then_some("memo (which swaps only what fits)"),
         ];
         out.push(format!(

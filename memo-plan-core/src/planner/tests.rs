@@ -33,7 +33,13 @@ fn remedies_offer_no_shorter_sequence_when_none_fits() {
     assert!(remedies.iter().any(|x| x.starts_with("fewer tokens will not do")), "{remedies:?}");
     assert!(!remedies.iter().any(|x| x.contains("shorter sequence")), "{remedies:?}");
     let device = remedies.iter().find(|x| x.starts_with("device memory")).unwrap();
-    assert!(device.contains("more than the GPU's 1.00 MiB; try a higher tensor-parallel degree than t = 8 or another strategy"), "{device}");
+    // a800x8 has 8 GPUs per node: t = 8 is the most, so no higher t is offered either.
+    assert!(device.contains("more than the GPU's 1.00 MiB; try another strategy"), "{device}");
+    r.parallel = Parallelism::new(4, 1);
+    let report = plan(&r).unwrap();
+    let remedies = remedies(&r, &report);
+    let device = remedies.iter().find(|x| x.starts_with("device memory")).unwrap();
+    assert!(device.ends_with("try a higher tensor-parallel degree than t = 4 or another strategy"), "{device}");
     assert!(device.contains(" bytes) more"), "the exact shortfall: {device}");
 }
 
