@@ -825,8 +825,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("units.toml");
         let resolve = |machine: &str| {
-            std::fs::write(&path, format!("[model]\npreset = \"7b\"\nseq_len = \"32K\"\n[machine]\npreset = \"a800x8\"\n{machine}"))
-                .unwrap();
+            std::fs::write(
+                &path,
+                format!("[model]\npreset = \"7b\"\nseq_len = \"32K\"\n[machine]\npreset = \"a800x8\"\n{machine}"),
+            )
+            .unwrap();
             ConfigArgs { config: Some(path.clone()), tp: Some(8), ..ConfigArgs::default() }.resolve()
         };
         let message = |machine: &str| resolve(machine).unwrap_err().message().to_string();
@@ -834,7 +837,10 @@ mod tests {
         assert!(message("d2h = 12500\n").contains("machine.d2h = 12500: a rate needs a unit"));
         assert!(message("peak_flops = 312\n").contains("machine.peak_flops = 312: a FLOP rate needs a unit"));
         assert!(message("device_memory = -1\n").contains("can't be negative"));
-        let config = resolve("d2h = \"12.5GB/s\"\nh2d = \"25 GiB/s\"\ndevice_memory = 85899345920\nhost_memory_per_node = \"1.5TB\"\n").unwrap();
+        let config = resolve(
+            "d2h = \"12.5GB/s\"\nh2d = \"25 GiB/s\"\ndevice_memory = 85899345920\nhost_memory_per_node = \"1.5TB\"\n",
+        )
+        .unwrap();
         assert_eq!(config.hardware.d2h_bytes_per_s, 12_500_000_000);
         assert_eq!(config.hardware.h2d_bytes_per_s, 25 << 30);
         assert_eq!(config.hardware.device_memory_bytes, 80 << 30);

@@ -271,11 +271,7 @@ impl Reporter {
         let best = if progress.peak == 0 {
             "greedy placement under way".to_string()
         } else {
-            format!(
-                "best peak {} (gap {})",
-                human::binary_units(progress.peak),
-                gap(progress.peak, lower_bound)
-            )
+            format!("best peak {} (gap {})", human::binary_units(progress.peak), gap(progress.peak, lower_bound))
         };
         format!(
             "memo solve: {:.1} s: {best}, lower bound {}, {} nodes ({:.1}k nodes/s)",

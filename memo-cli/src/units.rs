@@ -13,7 +13,6 @@
 //!
 //! A negative number is refused with a message that says so.
 
-
 /// A non-negative decimal number as its digits without the point and the count of digits after it
 /// (`12.5` is `(125, 1)`).
 #[derive(Debug, PartialEq, Eq)]
@@ -200,13 +199,8 @@ pub fn parse_flops(text: &str) -> Result<u64, String> {
 /// `unit` after it: `12.345678901GB/s`, `312TFLOP/s`, `999B/s`. [`parse_rate`] and
 /// [`parse_flops`] read it back to the same count.
 pub fn exact_decimal(count: u64, unit: &str) -> String {
-    const PREFIXES: [(&str, u64); 5] = [
-        ("P", 1_000_000_000_000_000),
-        ("T", 1_000_000_000_000),
-        ("G", 1_000_000_000),
-        ("M", 1_000_000),
-        ("K", 1_000),
-    ];
+    const PREFIXES: [(&str, u64); 5] =
+        [("P", 1_000_000_000_000_000), ("T", 1_000_000_000_000), ("G", 1_000_000_000), ("M", 1_000_000), ("K", 1_000)];
     let Some(&(prefix, scale)) = PREFIXES.iter().find(|(_, scale)| count >= *scale) else {
         return format!("{count}{unit}");
     };

@@ -31,7 +31,10 @@ fn cluster(name: &str, machine: &str) -> String {
 fn a_rate_without_a_unit_is_refused_and_fractions_and_binary_prefixes_are_read() {
     let bare = cluster("units-bare.toml", "d2h = \"12500\"\n");
     let message = assert_fails(&memo(&["plan", "--config", &bare, "--strategy", "memo"], None), 2);
-    assert!(message.contains("units-bare.toml: machine.d2h = \"12500\": a rate needs a unit, e.g. 12.5GB/s"), "{message}");
+    assert!(
+        message.contains("units-bare.toml: machine.d2h = \"12500\": a rate needs a unit, e.g. 12.5GB/s"),
+        "{message}"
+    );
     let integer = cluster("units-integer.toml", "h2d = 12500\n");
     let message = assert_fails(&memo(&["plan", "--config", &integer, "--strategy", "memo"], None), 2);
     assert!(message.contains("machine.h2d = 12500: a rate needs a unit"), "{message}");
@@ -58,7 +61,10 @@ fn a_rate_without_a_unit_is_refused_and_fractions_and_binary_prefixes_are_read()
     );
     assert_eq!(code(&flagged), 0, "{}", stderr(&flagged));
     let overrides = json(&flagged)["machine_overrides"].clone();
-    assert!(overrides.to_string().contains(r#"{"field":"d2h","preset":25000000000,"value":500000000000}"#), "{overrides}");
+    assert!(
+        overrides.to_string().contains(r#"{"field":"d2h","preset":25000000000,"value":500000000000}"#),
+        "{overrides}"
+    );
     assert!(overrides.to_string().contains(&format!("\"value\":{}", 159u64 << 29)), "{overrides}");
 }
 
@@ -96,7 +102,10 @@ fn a_tensor_parallel_group_larger_than_a_node_is_refused_with_the_reason() {
     let mut more = args.to_vec();
     more.extend(["--gpus-per-node", "4"]);
     let message = assert_fails(&memo(&more, None), 2);
-    assert!(message.contains("h200x1 has 4 GPUs per node (as overridden)") && message.contains("--tp 4 or less"), "{message}");
+    assert!(
+        message.contains("h200x1 has 4 GPUs per node (as overridden)") && message.contains("--tp 4 or less"),
+        "{message}"
+    );
 }
 
 /// `--gpus-per-node 8` on h200x1 cut host memory per GPU eightfold while the header still said
@@ -113,10 +122,12 @@ fn machine_overrides_are_named_in_the_header_and_the_json() {
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     let text = stdout(&output);
     let header: Vec<&str> = text.lines().take(2).collect();
-    assert!(header[0].contains("on h200x1 (overridden): 140.00 GiB per GPU, 256.00 GiB host per node (32.00 GiB per GPU)"), "{text}");
+    assert!(
+        header[0].contains("on h200x1 (overridden): 140.00 GiB per GPU, 256.00 GiB host per node (32.00 GiB per GPU)"),
+        "{text}"
+    );
     assert_eq!(
-        header[1],
-        "machine h200x1 overridden: gpus_per_node 1 -> 8; host_memory_per_gpu 256.00 GiB -> 32.00 GiB",
+        header[1], "machine h200x1 overridden: gpus_per_node 1 -> 8; host_memory_per_gpu 256.00 GiB -> 32.00 GiB",
         "{text}"
     );
     overridden.push("--json");
@@ -175,7 +186,12 @@ fn the_headline_table_labels_cost_model_figures_as_estimates() {
     let header = text.lines().find(|l| l.starts_with("strategy")).unwrap();
     assert!(header.contains("step (est.)") && header.contains("MFU (est.)"), "{header}");
     assert!(!text.contains("MFU-f") && !text.contains("MFU-c"), "{text}");
-    assert!(text.contains("Estimates, not measurements: step, collect. and MFU come from the cost model (spec/cost-model.md)"), "{text}");
+    assert!(
+        text.contains(
+            "Estimates, not measurements: step, collect. and MFU come from the cost model (spec/cost-model.md)"
+        ),
+        "{text}"
+    );
     // JSON keeps both MFU figures.
     let mut json_args = args.to_vec();
     json_args.push("--json");

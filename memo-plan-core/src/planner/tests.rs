@@ -29,16 +29,16 @@ fn remedies_offer_no_shorter_sequence_when_none_fits() {
     r.hardware.device_memory_bytes = 1 << 20;
     let report = plan(&r).unwrap();
     assert!(!report.fits());
-    let remedies = remedies(&r, &report);
-    assert!(remedies.iter().any(|x| x.starts_with("fewer tokens will not do")), "{remedies:?}");
-    assert!(!remedies.iter().any(|x| x.contains("shorter sequence")), "{remedies:?}");
-    let device = remedies.iter().find(|x| x.starts_with("device memory")).unwrap();
+    let advice = remedies(&r, &report);
+    assert!(advice.iter().any(|x| x.starts_with("fewer tokens will not do")), "{advice:?}");
+    assert!(!advice.iter().any(|x| x.contains("shorter sequence")), "{advice:?}");
+    let device = advice.iter().find(|x| x.starts_with("device memory")).unwrap();
     // a800x8 has 8 GPUs per node: t = 8 is the most, so no higher t is offered either.
     assert!(device.contains("more than the GPU's 1.00 MiB; try another strategy"), "{device}");
     r.parallel = Parallelism::new(4, 1);
     let report = plan(&r).unwrap();
-    let remedies = remedies(&r, &report);
-    let device = remedies.iter().find(|x| x.starts_with("device memory")).unwrap();
+    let advice = remedies(&r, &report);
+    let device = advice.iter().find(|x| x.starts_with("device memory")).unwrap();
     assert!(device.ends_with("try a higher tensor-parallel degree than t = 4 or another strategy"), "{device}");
     assert!(device.contains(" bytes) more"), "the exact shortfall: {device}");
 }
@@ -67,8 +67,12 @@ fn remedy_and_max_seq_agree_for_every_strategy_on_every_machine() {
             };
             match quoted_longest(&remedies) {
                 Some(tokens) => {
-                    let memory = remedies.iter().filter(|r| r.starts_with("device memory") || r.starts_with("host memory"));
-                    assert!(memory.clone().count() > 0 && memory.clone().all(|r| r.contains("a shorter sequence")), "{remedies:?}");
+                    let memory =
+                        remedies.iter().filter(|r| r.starts_with("device memory") || r.starts_with("host memory"));
+                    assert!(
+                        memory.clone().count() > 0 && memory.clone().all(|r| r.contains("a shorter sequence")),
+                        "{remedies:?}"
+                    );
                     assert_eq!(tokens % 1024, 0, "{machine} {strategy:?}: {remedies:?}");
                     assert!(fits_at(tokens) && !fits_at(tokens + 1024), "{machine} {strategy:?}: {remedies:?}");
                 }
