@@ -224,7 +224,7 @@ struct KindBytes {
 }
 
 /// Each kind that has buffers, in `BufferKind::ALL`'s order. A 7B step at 128K tokens has 761
-/// transient buffers summing to 399 GiB, of which 9 GiB is live at once: only the peak compares
+/// transient buffers summing to 399 GiB, of which 1.67 GiB is live at once: only the peak compares
 /// with the arena.
 fn bytes_by_kind(plan: &Plan) -> Vec<KindBytes> {
     let ranges = crate::picture::plan::live_ranges(plan);
