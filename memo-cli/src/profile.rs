@@ -68,7 +68,7 @@ pub struct ProfileArgs {
     #[arg(long, default_value = "tiny", value_name = "MODEL")]
     model: String,
 
-    /// Tokens per sequence of the timed steps (K = 1024)
+    /// Tokens per sequence of the timed steps; K, M and G are binary (K = 1024)
     #[arg(long, default_value = "256", value_name = "TOKENS", value_parser = parse_tokens, allow_negative_numbers = true)]
     seq: u64,
 
