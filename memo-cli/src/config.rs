@@ -12,7 +12,7 @@
 //! heads = 32
 //! ffn_hidden = 16384
 //! vocab = 50257
-//! seq_len = "1M"           # tokens: K and M are binary (1M = 1,048,576)
+//! seq_len = "1M"           # tokens: K, M and G are binary (1M = 1,048,576)
 //! micro_batch = 1
 //!
 //! [parallel]
@@ -34,6 +34,11 @@
 //! interconnect_latency = "5us"        # one ring step of a collective (s, ms, us, ns; an integer is ns)
 //! ```
 //!
+//! Sizes and rates take the units of [`crate::units`], the same as the flags: decimal and binary
+//! prefixes and fractions (`1.5TB`, `141GB`, `12.5GB/s`, `25 GiB/s`); an integer (or a string
+//! without a unit) is bytes for a size, and refused for a rate (`d2h = "12500"`: a rate needs a
+//! unit, e.g. `12.5GB/s`).
+//!
 //! `--machine-file FILE` reads only a file's `[machine]` table (what `memo profile` writes) and
 //! replaces `--config`'s. A `[machine]` table without `preset` must give `device_memory`,
 //! `host_memory_per_node`, `d2h`, `h2d` and `peak_flops`; the machine is then named after the
@@ -52,7 +57,6 @@ use memo_plan_core::model::{
     model_from_hf_config, Architecture, Biases, Ffn, Hardware, Interconnect, ModelConfig, Norm, Parallelism,
     HARDWARE_PRESETS, MODEL_PRESETS,
 };
-use memo_plan_core::trace;
 use serde::Deserialize;
 
 use crate::exit::{self, Failure};
@@ -65,8 +69,8 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "NAME|PATH")]
     pub model: Option<String>,
 
-    /// Tokens per sequence; K and M are binary (1M = 1,048,576)
-    #[arg(long, value_name = "TOKENS", value_parser = parse_tokens)]
+    /// Tokens per sequence; K, M and G are binary (1M = 1,048,576)
+    #[arg(long, value_name = "TOKENS", value_parser = parse_tokens, allow_negative_numbers = true)]
     pub seq: Option<u64>,
 
     /// Machine preset (a800x8, h100x8, h200x1, mi300x8)
@@ -123,7 +127,7 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "V", help_heading = "Model overrides")]
     pub vocab: Option<u64>,
 
-    /// Memory of one GPU (e.g. 80GiB)
+    /// Memory of one GPU (e.g. 80GiB, 141GB)
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, help_heading = "Machine overrides")]
     pub device_memory: Option<u64>,
     /// Host memory of one node (e.g. 2TiB)
@@ -132,20 +136,20 @@ pub struct ConfigArgs {
     /// GPUs in one node
     #[arg(long, value_name = "N", help_heading = "Machine overrides")]
     pub gpus_per_node: Option<u64>,
-    /// Device-to-host bandwidth of one GPU (e.g. 25GB/s)
+    /// Device-to-host bandwidth of one GPU, with a unit (e.g. 25GB/s, 12.5GiB/s)
     #[arg(long, value_name = "RATE", value_parser = parse_rate, help_heading = "Machine overrides")]
     pub d2h: Option<u64>,
-    /// Host-to-device bandwidth of one GPU (e.g. 25GB/s)
+    /// Host-to-device bandwidth of one GPU, with a unit (e.g. 25GB/s, 12.5GiB/s)
     #[arg(long, value_name = "RATE", value_parser = parse_rate, help_heading = "Machine overrides")]
     pub h2d: Option<u64>,
     /// GPUs sharing one host uplink
     #[arg(long, value_name = "N", help_heading = "Machine overrides")]
     pub gpus_sharing_uplink: Option<u64>,
-    /// Dense bf16 peak FLOP/s of one GPU (e.g. 312T)
-    #[arg(long, value_name = "RATE", value_parser = parse_rate, help_heading = "Machine overrides")]
+    /// Dense bf16 peak FLOP/s of one GPU (e.g. 312T, 989.5TFLOP/s)
+    #[arg(long, value_name = "RATE", value_parser = parse_flops, help_heading = "Machine overrides")]
     pub peak_flops: Option<u64>,
     /// FLOP/s one GPU sustains (e.g. 187T)
-    #[arg(long, value_name = "RATE", value_parser = parse_rate, help_heading = "Machine overrides")]
+    #[arg(long, value_name = "RATE", value_parser = parse_flops, help_heading = "Machine overrides")]
     pub achieved_flops: Option<u64>,
     /// A measured forward time of one layer, in seconds
     #[arg(long, value_name = "SECONDS", help_heading = "Machine overrides")]
@@ -166,13 +170,86 @@ pub struct Config {
     pub hardware: Hardware,
     /// The links of the tensor-parallel group (the preset's, the file's, the flags').
     pub interconnect: Interconnect,
+    /// What the TOML file's `[machine]` fields and the machine flags changed in the machine's preset
+    /// (empty without a preset, or when nothing was changed).
+    pub machine_overrides: Vec<MachineOverride>,
 }
 
-/// A number in a TOML file: an integer, or a string with a unit.
+/// One field of a machine preset that a TOML field or a flag changed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MachineOverride {
+    /// The TOML key (`gpus_per_node`); `host_memory_per_gpu` for the share that follows from the
+    /// host memory and the GPUs per node.
+    pub field: &'static str,
+    /// The preset's value and the value planned for, in words (`256.00 GiB`, `50GB/s`).
+    pub preset_text: String,
+    pub value_text: String,
+    /// The same as JSON numbers (`null` for a measured layer time the preset lacks).
+    pub preset: serde_json::Value,
+    pub value: serde_json::Value,
+}
+
+impl MachineOverride {
+    /// `gpus_per_node 1 -> 8`.
+    pub fn text(&self) -> String {
+        format!("{} {} -> {}", self.field, self.preset_text, self.value_text)
+    }
+}
+
+/// The fields of `hardware` and `interconnect` that differ from the preset `preset` (and its
+/// interconnect), with the host memory per GPU that follows when the host memory or the GPUs per
+/// node changed.
+fn machine_overrides(preset: &Hardware, hardware: &Hardware, interconnect: &Interconnect) -> Vec<MachineOverride> {
+    use crate::human::binary_units;
+    use crate::units::exact_decimal;
+    let mut out = Vec::new();
+    let mut push = |field, before: u64, after: u64, text: &dyn Fn(u64) -> String| {
+        if before != after {
+            out.push(MachineOverride {
+                field,
+                preset_text: text(before),
+                value_text: text(after),
+                preset: before.into(),
+                value: after.into(),
+            });
+        }
+    };
+    let bytes = |n: u64| binary_units(n);
+    let count = |n: u64| n.to_string();
+    let rate = |n: u64| exact_decimal(n, "B/s");
+    let flops = |n: u64| exact_decimal(n, "FLOP/s");
+    let nanoseconds = |n: u64| format!("{n} ns");
+    push("device_memory", preset.device_memory_bytes, hardware.device_memory_bytes, &bytes);
+    push("host_memory_per_node", preset.host_memory_per_node_bytes, hardware.host_memory_per_node_bytes, &bytes);
+    push("gpus_per_node", preset.gpus_per_node, hardware.gpus_per_node, &count);
+    push("host_memory_per_gpu", preset.host_memory_per_gpu_bytes(), hardware.host_memory_per_gpu_bytes(), &bytes);
+    push("d2h", preset.d2h_bytes_per_s, hardware.d2h_bytes_per_s, &rate);
+    push("h2d", preset.h2d_bytes_per_s, hardware.h2d_bytes_per_s, &rate);
+    push("gpus_sharing_uplink", preset.gpus_sharing_uplink, hardware.gpus_sharing_uplink, &count);
+    push("peak_flops", preset.peak_flops, hardware.peak_flops, &flops);
+    push("achieved_flops", preset.achieved_flops, hardware.achieved_flops, &flops);
+    let preset_link = Interconnect::for_hardware(preset);
+    push("interconnect_bandwidth", preset_link.bytes_per_s, interconnect.bytes_per_s, &rate);
+    push("interconnect_latency", preset_link.latency_ns, interconnect.latency_ns, &nanoseconds);
+    if preset.measured_layer_forward_s != hardware.measured_layer_forward_s {
+        let text = |s: Option<f64>| s.map_or("none".to_string(), |s| format!("{s} s"));
+        out.push(MachineOverride {
+            field: "layer_forward_s",
+            preset_text: text(preset.measured_layer_forward_s),
+            value_text: text(hardware.measured_layer_forward_s),
+            preset: preset.measured_layer_forward_s.into(),
+            value: hardware.measured_layer_forward_s.into(),
+        });
+    }
+    out
+}
+
+/// A number in a TOML file: an integer, or a string with a unit. An integer is read as the same
+/// digits in a string would be (bytes for a size; a rate needs a unit, so it is refused).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 enum Quantity {
-    Integer(u64),
+    Integer(i64),
     Text(String),
 }
 
@@ -232,45 +309,7 @@ struct MachineTable {
     interconnect_latency: Option<Quantity>,
 }
 
-/// Tokens: a whole number, or with K or M (binary: 1K = 1024, 1M = 1,048,576).
-pub fn parse_tokens(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, multiplier) = match text.strip_suffix(['K', 'k']) {
-        Some(digits) => (digits, 1u64 << 10),
-        None => match text.strip_suffix('M') {
-            Some(digits) => (digits, 1 << 20),
-            None => (text, 1),
-        },
-    };
-    let expected = "expected a token count such as 32768, 256K or 1M (K and M are binary)";
-    let digits = digits.trim();
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(expected.to_string());
-    }
-    match digits.parse::<u64>().ok().and_then(|n| n.checked_mul(multiplier)) {
-        Some(0) => Err(format!("{expected}; 0 tokens is no sequence")),
-        Some(n) => Ok(n),
-        None => Err(format!("{text} tokens is too large: at most {} tokens (2^64 - 1)", u64::MAX)),
-    }
-}
-
-/// Bytes: a whole number with an optional unit (K, M, G, T, KB..TB decimal; KiB..TiB binary).
-/// A well-formed count past 2^64 - 1 bytes is told apart from a malformed one.
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    trace::parse_size(text).ok_or_else(|| {
-        let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-        let (digits, unit) = text.split_at(split);
-        // The unit is known when "1<unit>" parses; then only the size can be wrong.
-        if !digits.is_empty() && trace::parse_size(&format!("1{unit}")).is_some() {
-            format!("{text} is too large: at most {} bytes (2^64 - 1, about 16 EiB)", u64::MAX)
-        } else {
-            "expected a byte count such as 4096, 80GiB, 2TiB or 512MB (units K, M, G, T, KB..TB decimal; \
-             KiB..TiB binary)"
-                .to_string()
-        }
-    })
-}
+pub use crate::units::{parse_bytes, parse_flops, parse_rate, parse_tokens};
 
 /// A latency in nanoseconds: a number with a unit `s`, `ms`, `us` or `ns` (5us, 0.5ms), or a
 /// whole number of nanoseconds.
@@ -289,23 +328,22 @@ pub fn parse_latency(text: &str) -> Result<u64, String> {
     Ok(nanoseconds.round() as u64)
 }
 
-/// A rate per second: a byte count or a plain number with a decimal unit, `/s` optional
-/// (25GB/s, 312T).
-pub fn parse_rate(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let text = text.strip_suffix("/s").unwrap_or(text);
-    trace::parse_size(text.trim())
-        .filter(|&n| n > 0)
-        .ok_or_else(|| "expected a rate such as 25GB/s or 312T (units K, M, G, T decimal; KiB..TiB binary)".to_string())
+fn quantity(value: &Quantity, parse: fn(&str) -> Result<u64, String>, file: &str, key: &str) -> Result<u64, Failure> {
+    let (text, shown) = match value {
+        Quantity::Integer(n) => (n.to_string(), n.to_string()),
+        Quantity::Text(text) => (text.clone(), format!("{text:?}")),
+    };
+    parse(&text).map_err(|e| Failure::new(exit::BAD_INPUT, format!("{file}: {key} = {shown}: {e}")))
 }
 
-fn quantity(value: &Quantity, parse: fn(&str) -> Result<u64, String>, file: &str, key: &str) -> Result<u64, Failure> {
-    match value {
-        Quantity::Integer(n) => Ok(*n),
-        Quantity::Text(text) => {
-            parse(text).map_err(|e| Failure::new(exit::BAD_INPUT, format!("{file}: {key} = {text:?}: {e}")))
-        }
-    }
+/// The machine presets with more than one GPU per node: `a800x8 (8), h100x8 (8), ...`.
+fn multi_gpu_presets() -> String {
+    HARDWARE_PRESETS
+        .iter()
+        .filter(|p| p.gpus_per_node > 1)
+        .map(|p| format!("{} ({} GPUs)", p.name, p.gpus_per_node))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn preset_names<T>(presets: &[T], name: fn(&T) -> &'static str) -> String {
@@ -410,6 +448,7 @@ impl ConfigArgs {
             Some(path) => (read_file(path, "--machine-file")?.machine, path.display().to_string()),
             None => (file.machine, file_name.to_string()),
         };
+        let preset_name = self.machine.clone().or_else(|| machine_table.preset.clone());
         let mut hardware = machine_of_table(&machine_table, self.machine.as_deref(), &machine_file_name)?;
         let mut interconnect = interconnect_of_table(&machine_table, &hardware, &machine_file_name)?;
         apply(&mut interconnect.bytes_per_s, [self.interconnect_bandwidth]);
@@ -436,7 +475,30 @@ impl ConfigArgs {
         interconnect
             .validate_for(parallel.tensor)
             .map_err(|e| Failure::new(exit::BAD_INPUT, format!("machine: {e}")))?;
-        Ok(Config { model, parallel, hardware, interconnect })
+        let machine_overrides = match preset_name.as_deref().map(Hardware::preset) {
+            Some(Ok(preset)) => machine_overrides(&preset, &hardware, &interconnect),
+            _ => Vec::new(),
+        };
+        if parallel.tensor > hardware.gpus_per_node {
+            let gpus = hardware.gpus_per_node;
+            let changed = machine_overrides.iter().any(|o| o.field == "gpus_per_node");
+            return Err(Failure::new(
+                exit::BAD_INPUT,
+                format!(
+                    "parallel layout: t = {} needs {} GPUs in one node, but {} has {gpus} GPU{} per node{}: the \
+                     planner has no multi-node support yet (a tensor-parallel group spans one node); use {}, or a \
+                     machine with more GPUs per node ({})",
+                    parallel.tensor,
+                    parallel.tensor,
+                    hardware.name,
+                    if gpus == 1 { "" } else { "s" },
+                    if changed { " (as overridden)" } else { "" },
+                    if gpus == 1 { "--tp 1".to_string() } else { format!("--tp {gpus} or less") },
+                    multi_gpu_presets(),
+                ),
+            ));
+        }
+        Ok(Config { model, parallel, hardware, interconnect, machine_overrides })
     }
 }
 
@@ -513,8 +575,8 @@ fn machine_of_table(table: &MachineTable, preset_override: Option<&str>, file: &
     let host_memory = q(&f.host_memory_per_node, parse_bytes, "machine.host_memory_per_node")?;
     let d2h = q(&f.d2h, parse_rate, "machine.d2h")?;
     let h2d = q(&f.h2d, parse_rate, "machine.h2d")?;
-    let peak = q(&f.peak_flops, parse_rate, "machine.peak_flops")?;
-    let achieved = q(&f.achieved_flops, parse_rate, "machine.achieved_flops")?;
+    let peak = q(&f.peak_flops, parse_flops, "machine.peak_flops")?;
+    let achieved = q(&f.achieved_flops, parse_flops, "machine.achieved_flops")?;
     let mut hardware = match preset_override.map(str::to_string).or(f.preset.clone()) {
         Some(name) => Hardware::preset(&name).map_err(|_| {
             Failure::new(
@@ -758,19 +820,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_are_binary() {
-        assert_eq!(parse_tokens("1M"), Ok(1 << 20));
-        assert_eq!(parse_tokens("256K"), Ok(256 << 10));
-        assert_eq!(parse_tokens("4096"), Ok(4096));
-        assert!(parse_tokens("0").is_err());
-        assert!(parse_tokens("1G").is_err());
-    }
-
-    #[test]
-    fn rates_accept_per_second() {
-        assert_eq!(parse_rate("25GB/s"), Ok(25_000_000_000));
-        assert_eq!(parse_rate("312T"), Ok(312_000_000_000_000));
-        assert!(parse_rate("fast").is_err());
+    fn a_toml_rate_needs_a_unit_and_an_integer_size_is_bytes() {
+        let dir = std::env::temp_dir().join(format!("memo-config-units-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("units.toml");
+        let resolve = |machine: &str| {
+            std::fs::write(
+                &path,
+                format!("[model]\npreset = \"7b\"\nseq_len = \"32K\"\n[machine]\npreset = \"a800x8\"\n{machine}"),
+            )
+            .unwrap();
+            ConfigArgs { config: Some(path.clone()), tp: Some(8), ..ConfigArgs::default() }.resolve()
+        };
+        let message = |machine: &str| resolve(machine).unwrap_err().message().to_string();
+        assert!(message("d2h = \"12500\"\n").ends_with("machine.d2h = \"12500\": a rate needs a unit, e.g. 12.5GB/s or 25GiB/s (decimal KB/s..PB/s, binary KiB/s..PiB/s)"));
+        assert!(message("d2h = 12500\n").contains("machine.d2h = 12500: a rate needs a unit"));
+        assert!(message("peak_flops = 312\n").contains("machine.peak_flops = 312: a FLOP rate needs a unit"));
+        assert!(message("device_memory = -1\n").contains("can't be negative"));
+        let config = resolve(
+            "d2h = \"12.5GB/s\"\nh2d = \"25 GiB/s\"\ndevice_memory = 85899345920\nhost_memory_per_node = \"1.5TB\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.hardware.d2h_bytes_per_s, 12_500_000_000);
+        assert_eq!(config.hardware.h2d_bytes_per_s, 25 << 30);
+        assert_eq!(config.hardware.device_memory_bytes, 80 << 30);
+        assert_eq!(config.hardware.host_memory_per_node_bytes, 1_500_000_000_000);
+        std::fs::remove_dir_all(dir).ok();
     }
 
     #[test]

@@ -174,15 +174,13 @@ pub fn check_fits(planned: &PlannedStep) -> Result<(), Failure> {
     let (options, report) = (planned.options(), planned.report());
     match &report.misfit {
         None => Ok(()),
-        Some(misfit) => Err(Failure::new(
+        Some(_) => Err(Failure::new(
             exit::DOES_NOT_FIT,
             format!(
-                "the {} plan of {} tokens does not fit {}: {} device bytes and {} host bytes over; {}",
+                "the {} plan of {} tokens does not fit {}: {}",
                 options.strategy.name(),
                 options.model.seq_len,
                 options.hardware.name,
-                misfit.device_excess_bytes,
-                misfit.host_excess_bytes,
                 planner::remedies(&options.plan_request(), report).join("; ")
             ),
         )),

@@ -10,7 +10,9 @@
 //! | 5    | does not fit: the plan of the chosen `--strategy` needs more device or host memory than the machine has |
 //! | 6    | invalid plan: a plan file that decodes but breaks a plan rule (`memo check` lists them) |
 //! | 7    | device unavailable: the `--device` backend cannot be opened (no driver, no device, or not built); the backend's message says which |
+//! | 8    | nothing fits: `memo plan` without `--strategy` found no strategy whose plan fits the machine, or `--max-seq` found no length that any strategy fits (the table is still printed) |
 //! | 70   | internal error: a result failed its independent check (a bug: please report it) |
+//! | 130  | interrupted: a second Ctrl-C ended `memo solve` at once, before the best placement so far was printed |
 //!
 //! Every failure prints exactly one line on standard error, starting with `memo:`, that says what
 //! went wrong and what to do about it (after the progress lines, `memo solve: ...`, of a solve
@@ -35,6 +37,11 @@ pub const DOES_NOT_FIT: u8 = 5;
 pub const PLAN_INVALID: u8 = 6;
 /// The `--device` backend cannot be opened.
 pub const DEVICE_UNAVAILABLE: u8 = 7;
+/// Nothing fits: no strategy at the given length (`memo plan` without `--strategy`), or no length
+/// for any strategy (`--max-seq`).
+pub const NONE_FITS: u8 = 8;
+/// A second Ctrl-C ended the command at once (128 + SIGINT, as a shell reports an interrupt).
+pub const INTERRUPTED: u8 = 130;
 /// A result failed its independent check: a bug in `memo` (`EX_SOFTWARE` of `sysexits.h`).
 pub const INTERNAL_ERROR: u8 = 70;
 
@@ -51,7 +58,10 @@ Exit codes:
   5   the chosen strategy's plan does not fit the machine (the message says by how much, and what would fit)
   6   a plan file that decodes but breaks a plan rule (`memo check` lists every violation)
   7   the --device backend cannot be opened (no driver, no device, or not built: the message says which)
-  70  internal error: the result failed its independent check (please report it)";
+  8   nothing fits: memo plan without --strategy fits no strategy, or --max-seq fits no length with any
+      strategy (the table is printed first, then one line on standard error)
+  70  internal error: the result failed its independent check (please report it)
+  130 interrupted: a second Ctrl-C ended memo solve at once, without printing the best placement";
 
 /// Why a command failed: an exit code and a one-line message (without the `memo: ` prefix).
 #[derive(Debug)]

@@ -15,6 +15,7 @@ mod profile;
 mod recall;
 mod solve;
 mod train;
+mod units;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -51,6 +52,48 @@ enum Command {
     /// Measure a device (copy bandwidth, one layer's forward time) and write a [machine] TOML
     #[command(long_about = profile::LONG_ABOUT)]
     Profile(Box<profile::ProfileArgs>),
+    /// Print a shell completion script for memo (bash, zsh or fish) on standard output
+    #[command(long_about = COMPLETIONS_ABOUT, after_help = exit::HELP)]
+    Completions(CompletionsArgs),
+}
+
+const COMPLETIONS_ABOUT: &str = "\
+Print a shell completion script for memo (its subcommands, options and their values) on standard
+output. Load it in the shell, or install it where the shell looks:
+
+  source <(memo completions bash)                         # bash, this session
+  memo completions bash > ~/.local/share/bash-completion/completions/memo
+  memo completions zsh > \"${fpath[1]}/_memo\"              # zsh, then restart it
+  memo completions fish > ~/.config/fish/completions/memo.fish";
+
+/// The shells `memo completions` writes for.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// The arguments of `memo completions`.
+#[derive(Debug, clap::Args)]
+struct CompletionsArgs {
+    /// The shell: bash, zsh or fish
+    #[arg(value_name = "SHELL", value_enum)]
+    shell: CompletionShell,
+}
+
+/// Writes the completion script of `memo` for `args.shell` on standard output.
+fn completions(args: &CompletionsArgs) -> Result<(), Failure> {
+    let shell = match args.shell {
+        CompletionShell::Bash => clap_complete::Shell::Bash,
+        CompletionShell::Zsh => clap_complete::Shell::Zsh,
+        CompletionShell::Fish => clap_complete::Shell::Fish,
+    };
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "memo", &mut script);
+    std::io::stdout().lock().write_all(&script).map_err(|e| {
+        Failure::new(exit::IO_ERROR, format!("cannot write the completion script to standard output: {e}"))
+    })
 }
 
 fn main() -> ExitCode {
@@ -66,6 +109,7 @@ fn main() -> ExitCode {
         Command::Show(show_args) => inspect::run_show(show_args),
         Command::Train(train_args) => train::run(train_args),
         Command::Profile(profile_args) => profile::run(profile_args),
+        Command::Completions(completions_args) => completions(completions_args),
     };
     match result {
         Ok(()) => ExitCode::from(exit::SUCCESS),

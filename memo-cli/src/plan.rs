@@ -23,7 +23,17 @@ four streams. Each plan passes the independent plan checker before it is reporte
 
 Without --strategy, all four strategies are planned and shown side by side: memo (token-wise swap
 and recompute), full-recompute (keep layer inputs only), full-swap (MEMO without the token split,
-alpha = 1) and keep-all (keep every activation). Sizes are per GPU.";
+alpha = 1) and keep-all (keep every activation). Sizes are per GPU.
+
+Step times and MFU are the cost model's estimates (spec/cost-model.md), not measurements; the
+table shows MFU with attention halved for the causal mask (--json adds mfu_full). A machine
+changed by --config's [machine] keys or the machine flags is marked `(overridden)` in the header,
+with what changed. The tensor-parallel degree t cannot pass the machine's GPUs per node (no
+multi-node support yet). Without --strategy the command exits 8 when no strategy fits; with
+--max-seq, when no strategy fits any length (the table is printed first either way).
+
+Units: tokens take binary K, M, G (1M = 1,048,576); sizes decimal or binary units and fractions
+(141GB, 1.5TB, 80GiB); rates need a unit (12.5GB/s, 25GiB/s; FLOP/s: 312T).";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -118,6 +128,13 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
             exit::DOES_NOT_FIT,
             format!("the {} plan does not fit: {}", strategy.name(), one.remedies.join("; ")),
         )),
+        (None, all) if !all.iter().any(|p| p.report.fits()) => Err(Failure::new(
+            exit::NONE_FITS,
+            format!(
+                "no strategy fits {} tokens on {}: the table above says by how much and what would fit",
+                config.model.seq_len, config.hardware.name,
+            ),
+        )),
         _ => Ok(()),
     }
 }
@@ -162,8 +179,9 @@ fn heading(config: &Config) -> String {
     } else {
         String::new()
     };
+    let overridden = if config.machine_overrides.is_empty() { "" } else { " (overridden)" };
     let line = format!(
-        "{} ({}), {} tokens x {} sequence(s), t = {}, d = {}, on {}: {} per GPU, {} host per node \
+        "{} ({}), {} tokens x {} sequence(s), t = {}, d = {}, on {}{overridden}: {} per GPU, {} host per node \
          ({} per GPU)\n",
         m.name,
         m.shape_summary(),
@@ -176,10 +194,15 @@ fn heading(config: &Config) -> String {
         human::binary_units(h.host_memory_per_node_bytes),
         human::binary_units(h.host_memory_per_gpu_bytes()),
     );
-    match line.strip_suffix('\n') {
+    let mut text = match line.strip_suffix('\n') {
         Some(body) => format!("{body}{interconnect}\n"),
         None => line,
+    };
+    if !config.machine_overrides.is_empty() {
+        let changes: Vec<String> = config.machine_overrides.iter().map(|o| o.text()).collect();
+        text.push_str(&format!("machine {} overridden: {}\n", h.name, changes.join("; ")));
     }
+    text
 }
 
 fn table(config: &Config, planned: &[Planned]) -> String {
@@ -193,7 +216,7 @@ fn table(config: &Config, planned: &[Planned]) -> String {
     }
     out.push('\n');
     out.push_str(&format!(
-        "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>10} {:>9} {:>7} {:>7} {:>9}\n",
+        "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>12} {:>9} {:>11} {:>9}\n",
         "strategy",
         "fits",
         "device",
@@ -201,17 +224,16 @@ fn table(config: &Config, planned: &[Planned]) -> String {
         "params",
         "rounding",
         "host/GPU",
-        "step",
+        "step (est.)",
         "collect.",
-        "MFU-c",
-        "MFU-f",
+        "MFU (est.)",
         "plan"
     ));
     for p in planned {
         let r = &p.report;
         let t = &r.plan.totals;
         out.push_str(&format!(
-            "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9.1}s {:>8.1}s {:>6.1}% {:>6.1}% {:>9}\n",
+            "{:<15} {:>4} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11.1}s {:>8.1}s {:>10.1}% {:>9}\n",
             r.plan.provenance.strategy.name(),
             if r.fits() { "yes" } else { "NO" },
             human::binary_units(r.device_bytes()),
@@ -222,15 +244,10 @@ fn table(config: &Config, planned: &[Planned]) -> String {
             r.timeline.step_time_s,
             collective_s(r),
             r.mfu.causal_halved * 100.0,
-            r.mfu.full * 100.0,
             human::duration(p.elapsed),
         ));
     }
-    out.push_str(
-        "\nMFU-c: attention FLOPs halved for the causal mask; MFU-f: attention counted in full, so it can pass 100% \
-         (it credits work the causal kernel skips). Both exclude the recompute. collect.: seconds the collectives \
-         take on the collective stream (ring time over the interconnect; the compute stream waits for each).\n",
-    );
+    out.push_str(ESTIMATES_NOTE);
     for p in planned {
         let r = &p.report;
         let prov = &r.plan.provenance;
@@ -277,6 +294,14 @@ fn table(config: &Config, planned: &[Planned]) -> String {
     out
 }
 
+/// The line under the headline table: which figures are the cost model's, and what they count.
+pub const ESTIMATES_NOTE: &str = "
+Estimates, not measurements: step, collect. and MFU come from the cost model (spec/cost-model.md), not
+from a GPU. MFU: model FLOPs over the estimated step, attention halved for the causal mask, recompute
+excluded (--json adds mfu_full, attention counted in full). collect.: seconds the collectives take on
+the collective stream (ring time over the interconnect; the compute stream waits for each).
+";
+
 /// Seconds the step's collectives take on the collective stream.
 fn collective_s(report: &PlanReport) -> f64 {
     report.timeline.stream_busy_s(&report.plan, memo_plan_core::plan::Stream::Collective)
@@ -311,6 +336,8 @@ pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration
         "tensor_parallel": config.parallel.tensor,
         "data_parallel": config.parallel.data,
         "machine": config.hardware.name,
+        "machine_overrides": config.machine_overrides.iter().map(|o| json!({"field": o.field, "preset": o.preset,
+            "value": o.value})).collect::<Vec<_>>(),
         "alpha": prov.alpha,
         "alpha_bound": bound_name(prov.alpha_bound),
         "swapped_rows": prov.swapped_rows,
@@ -431,13 +458,13 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
     } else {
         let mut out = heading(&config).replacen(&format!("{} tokens", config.model.seq_len), "longest sequence", 1);
         out.push_str(&format!(
-            "\n{:<15} {:>12} {:>8} {:>11} {:>11} {:>10} {:>7} {:>9}\n",
-            "strategy", "max tokens", "(K)", "device", "host/GPU", "step", "MFU-c", "search"
+            "\n{:<15} {:>12} {:>8} {:>11} {:>11} {:>12} {:>11} {:>9}\n",
+            "strategy", "max tokens", "(K)", "device", "host/GPU", "step (est.)", "MFU (est.)", "search"
         ));
         for (m, elapsed) in &found {
             match (&m.seq_len, &m.report) {
                 (Some(tokens), Some(r)) => out.push_str(&format!(
-                    "{:<15} {:>12} {:>7}K {:>11} {:>11} {:>9.1}s {:>6.1}% {:>9}\n",
+                    "{:<15} {:>12} {:>7}K {:>11} {:>11} {:>11.1}s {:>10.1}% {:>9}\n",
                     m.strategy.name(),
                     tokens,
                     tokens >> 10,
@@ -461,7 +488,23 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
             }
         }
         out.push_str(&format!("\nSearched multiples of {granularity} tokens up to {}.\n", planner::MAX_SEQ_LIMIT));
+        out.push_str("Step and MFU are the cost model's estimates (spec/cost-model.md), not measurements.\n");
         out
     };
-    write_stdout(&text)
+    write_stdout(&text)?;
+    if found.iter().all(|(m, _)| m.seq_len.is_none()) {
+        let which = match args.strategy {
+            Some(strategy) => format!("strategy {}", strategy.name()),
+            None => "strategy".to_string(),
+        };
+        return Err(Failure::new(
+            exit::NONE_FITS,
+            format!(
+                "no {which} fits any length on {}, not even {granularity} tokens: the table above says what \
+                 stops each",
+                config.hardware.name,
+            ),
+        ));
+    }
+    Ok(())
 }

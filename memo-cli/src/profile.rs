@@ -68,8 +68,8 @@ pub struct ProfileArgs {
     #[arg(long, default_value = "tiny", value_name = "MODEL")]
     model: String,
 
-    /// Tokens per sequence of the timed steps (K = 1024)
-    #[arg(long, default_value = "256", value_name = "TOKENS", value_parser = parse_tokens)]
+    /// Tokens per sequence of the timed steps; K, M and G are binary (K = 1024)
+    #[arg(long, default_value = "256", value_name = "TOKENS", value_parser = parse_tokens, allow_negative_numbers = true)]
     seq: u64,
 
     /// The machine preset whose other fields the file keeps (a800x8, h100x8, h200x1, mi300x8)
@@ -415,11 +415,11 @@ fn machine_toml(
          device_memory = {device_memory}\n\
          host_memory_per_node = {host}\n\
          gpus_per_node = {gpus}\n\
-         d2h = {d2h}\n\
-         h2d = {h2d}\n\
+         d2h = \"{d2h}\"\n\
+         h2d = \"{h2d}\"\n\
          gpus_sharing_uplink = {sharing}\n\
-         peak_flops = {peak}\n\
-         achieved_flops = {achieved}\n\
+         peak_flops = \"{peak}\"\n\
+         achieved_flops = \"{achieved}\"\n\
          # layer_forward_s = {layer:e}\n",
         device = device.label(),
         model_name = model_arg,
@@ -434,8 +434,10 @@ fn machine_toml(
         device_memory = base.device_memory_bytes,
         host = base.host_memory_per_node_bytes,
         gpus = base.gpus_per_node,
-        d2h = rate(profile.d2h_bytes_per_s),
-        h2d = rate(profile.h2d_bytes_per_s),
+        d2h = crate::units::exact_decimal(rate(profile.d2h_bytes_per_s), "B/s"),
+        h2d = crate::units::exact_decimal(rate(profile.h2d_bytes_per_s), "B/s"),
+        peak = crate::units::exact_decimal(peak, "FLOP/s"),
+        achieved = crate::units::exact_decimal(achieved, "FLOP/s"),
         sharing = base.gpus_sharing_uplink,
         layer = profile.layer_forward_s,
     );

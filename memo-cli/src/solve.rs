@@ -26,7 +26,7 @@ bytes, optionally with a unit: K, M, G, T, KB, MB, GB, TB (powers of 1000) or Ki
 
 The solve is anytime: it stops at --time-limit (default 10 s), at --budget-nodes (no node limit
 unless given), or at Ctrl-C, and prints the best placement found by then, saying whether it is proven optimal and how far it is
-above the lower bound. The time limit covers the whole command: reading the trace, solving, and
+above the lower bound (a second Ctrl-C ends it at once, with exit 130 and no placement). The time limit covers the whole command: reading the trace, solving, and
 checking and writing the placement (the solver stops early enough to leave about a microsecond
 per buffer for those). Every solve ends with a checked placement or a verdict: a limit too short
 even for one placement gets the first one the solver makes (a start-order sweep), late. A solve
@@ -144,7 +144,10 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
     let solver_deadline = deadline.checked_sub(reserve);
     let first_placement_deadline =
         deadline.checked_add(args.time_limit / 10 + FIRST_PLACEMENT_GRACE).and_then(|d| d.checked_sub(reserve));
-    let mut reporter = Reporter { started, last: started };
+    // The live-bytes bound, known before the search: the progress lines never show a bound of 0 B
+    // while the solver's own (at least this one) is still being computed.
+    let live_bound = memo_plan_core::lifetime::lower_bound(&trace.buffers, options.alignment.max(1));
+    let mut reporter = Reporter { started, last: started, live_bound };
     // What made the callback stop the solve; a solve cut short otherwise ran out of nodes.
     let mut stopped_by = StoppedBy::Budget;
     let mut stop = |progress: &Progress| {
@@ -236,7 +239,7 @@ fn interrupt_flag() -> Arc<AtomicBool> {
     let seen = Arc::clone(&flag);
     let _ = ctrlc::set_handler(move || {
         if seen.swap(true, Ordering::Relaxed) {
-            std::process::exit(130);
+            std::process::exit(i32::from(exit::INTERRUPTED));
         }
     });
     flag
@@ -246,6 +249,8 @@ fn interrupt_flag() -> Arc<AtomicBool> {
 struct Reporter {
     started: Instant,
     last: Instant,
+    /// The trace's live-bytes lower bound, computed before the search.
+    live_bound: u64,
 }
 
 impl Reporter {
@@ -255,25 +260,26 @@ impl Reporter {
             return;
         }
         self.last = now;
-        let rate = progress.nodes as f64 / elapsed.as_secs_f64();
+        let _ = writeln!(io::stderr().lock(), "{}", self.line(elapsed, progress));
+    }
+
+    /// One progress line: `memo solve: 1.0 s: best peak 2.38 GiB (gap +0.00%), lower bound 2.38 GiB,
+    /// 123 nodes (0.1k nodes/s)`.
+    fn line(&self, elapsed: Duration, progress: &Progress) -> String {
+        let lower_bound = progress.lower_bound.max(self.live_bound);
+        let rate = progress.nodes as f64 / elapsed.as_secs_f64().max(f64::MIN_POSITIVE);
         let best = if progress.peak == 0 {
             "greedy placement under way".to_string()
         } else {
-            format!(
-                "best peak {} (gap {})",
-                human::binary_units(progress.peak),
-                gap(progress.peak, progress.lower_bound)
-            )
+            format!("best peak {} (gap {})", human::binary_units(progress.peak), gap(progress.peak, lower_bound))
         };
-        // Progress that cannot be written is no reason to stop the solve.
-        let _ = writeln!(
-            io::stderr().lock(),
+        format!(
             "memo solve: {:.1} s: {best}, lower bound {}, {} nodes ({:.1}k nodes/s)",
             elapsed.as_secs_f64(),
-            human::binary_units(progress.lower_bound),
+            human::binary_units(lower_bound),
             progress.nodes,
             rate / 1000.0
-        );
+        )
     }
 }
 
@@ -620,6 +626,22 @@ mod tests {
         assert!(failure.message().contains("please report it"), "{}", failure.message());
     }
 
+    /// The first progress line once said "lower bound 0 B": the solver had not computed its bound
+    /// yet. The trace's live-bytes bound is known before the search starts.
+    #[test]
+    fn progress_lines_show_the_live_bytes_bound_before_the_solver_has_one() {
+        let trace = trace::parse_trace(b"malloc 1 1GiB\nmalloc 2 1GiB\nfree 1 1GiB\nfree 2 1GiB\n").unwrap();
+        let now = Instant::now();
+        let live_bound = memo_plan_core::lifetime::lower_bound(&trace.buffers, 1);
+        let reporter = Reporter { started: now, last: now, live_bound };
+        let before = Progress { nodes: 0, peak: 0, lower_bound: 0, first_placement: true };
+        let line = reporter.line(Duration::from_secs(1), &before);
+        assert!(line.contains("greedy placement under way, lower bound 2.00 GiB,"), "{line}");
+        let later = Progress { nodes: 10, peak: 3 << 30, lower_bound: 2 << 30, first_placement: false };
+        let line = reporter.line(Duration::from_secs(2), &later);
+        assert!(line.contains("best peak 3.00 GiB (gap +50.00%), lower bound 2.00 GiB,"), "{line}");
+    }
+
     #[test]
     fn trace_errors_name_file_and_line() {
         let error = trace::parse_trace(b"malloc 1 10\nfree 2 10\n").unwrap_err();
@@ -632,7 +654,8 @@ mod tests {
     fn option_values_take_units() {
         assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
         assert_eq!(parse_bytes("512MB"), Ok(512_000_000));
-        assert!(parse_bytes("2 lots").unwrap_err().starts_with("expected a byte count"));
+        assert!(parse_bytes("2 lots").unwrap_err().contains("expected a byte count"));
+        assert_eq!(parse_bytes("1.5GiB"), Ok(3 << 29));
         assert_eq!(parse_nodes("100"), Ok(100));
         assert_eq!(parse_seconds("2.5"), Ok(Duration::from_millis(2500)));
         for bad in ["0", "-1", "NaN", "inf", "ten"] {

@@ -67,8 +67,8 @@ pub struct TrainArgs {
     #[arg(long, default_value = "tiny", value_name = "MODEL")]
     model: String,
 
-    /// Tokens per sequence (K = 1024)
-    #[arg(long, default_value = "256", value_name = "TOKENS", value_parser = parse_tokens)]
+    /// Tokens per sequence; K, M and G are binary (K = 1024)
+    #[arg(long, default_value = "256", value_name = "TOKENS", value_parser = parse_tokens, allow_negative_numbers = true)]
     seq: u64,
 
     /// Sequences per step
@@ -129,7 +129,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     warmup_steps: u64,
 
-    /// Throttle host<->device copies to this rate (e.g. 1GB/s) to exercise swap overlap
+    /// Throttle host<->device copies to this rate, with a unit (e.g. 1GB/s, 0.5GiB/s) to exercise swap overlap
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     copy_bandwidth: Option<u64>,
 

@@ -21,8 +21,8 @@ fn listed_codes(table: &str) -> Vec<i32> {
 fn the_readme_and_every_help_list_the_same_exit_codes() {
     let help = String::from_utf8(memo(&["--help"], None).stdout).unwrap();
     let table = exit_table(&help);
-    assert_eq!(listed_codes(&table), [0, 1, 2, 3, 4, 5, 6, 7, 70]);
-    for command in ["plan", "solve", "check", "show", "train", "profile"] {
+    assert_eq!(listed_codes(&table), [0, 1, 2, 3, 4, 5, 6, 7, 8, 70, 130]);
+    for command in ["plan", "solve", "check", "show", "train", "profile", "completions"] {
         let output = memo(&[command, "--help"], None);
         assert_eq!(code(&output), 0);
         assert_eq!(exit_table(&String::from_utf8_lossy(&output.stdout)), table, "memo {command} --help");
@@ -64,6 +64,10 @@ fn each_error_path_exits_with_the_code_of_its_kind() {
         ("solve --capacity 99999999999TiB {b}", 2, "too large|2^64 - 1"),
         ("plan --model 7b --seq 1M --machine a800x8 --strategy keep-all", 5, "does not fit|fewer tokens"),
         ("train --device cuda --steps 1", 7, ""),
+        ("plan --model 7b --seq 32K --machine a800x8 --tp 8 --layers 2 --device-memory 1GiB", 8, "no strategy fits"),
+        ("plan --model 7b --machine a800x8 --tp 8 --layers 2 --device-memory 1GiB --max-seq", 8, "any length"),
+        ("plan --model 7b --seq 32K --machine h200x1 --tp 8", 2, "no multi-node support"),
+        ("plan --model 7b --seq -5 --machine a800x8", 2, "can't be negative"),
     ];
     let fill = |text: &str| {
         text.replace("{plan}", plan)
@@ -88,8 +92,9 @@ fn each_error_path_exits_with_the_code_of_its_kind() {
             continue; // a machine with a working CUDA device trains; nothing to check here
         }
         // A misfit prints its table on stdout before failing; every other failure prints nothing there.
-        let message = if expected == 5 {
-            assert_eq!(code(&output), 5, "{}", stderr(&output));
+        let message = if expected == 5 || expected == 8 {
+            assert_eq!(code(&output), expected, "{}", stderr(&output));
+            assert_eq!(stderr(&output).lines().count(), 1, "{}", stderr(&output));
             stderr(&output)
         } else {
             assert_fails(&output, expected)

@@ -131,7 +131,8 @@ fn remedies_quote_the_longest_sequence_of_max_seq() {
     let rows = value["max_seq"].as_array().unwrap();
     let longest = |name: &str| rows.iter().find(|r| r["strategy"] == name).unwrap()["max_seq_len"].as_u64().unwrap();
     let output = memo(&[&["plan", "--seq", "64M", "--json"][..], &setting].concat(), None);
-    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    // No strategy fits: exit 8, after the JSON.
+    assert_eq!(code(&output), 8, "{}", stderr(&output));
     for plan in json(&output)["strategies"].as_array().unwrap() {
         let name = plan["strategy"].as_str().unwrap();
         assert_eq!(plan["fits"], false, "{name} fits 64M tokens");

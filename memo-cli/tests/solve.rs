@@ -212,7 +212,11 @@ fn two_threads_reach_the_peak_one_thread_proves() {
     let path = path.to_str().unwrap();
     let mut peaks = Vec::new();
     for threads in ["1", "2"] {
-        let output = memo(&["solve", "--json", "--threads", threads, "--budget-nodes", "100000000", path], None);
+        // Bounded by work (the node budget), not by time: the default 10 s limit stopped the
+        // one-thread proof on a loaded 2-core machine (9.5 s idle there).
+        let args =
+            ["solve", "--json", "--threads", threads, "--budget-nodes", "100000000", "--time-limit", "3600", path];
+        let output = memo(&args, None);
         assert_eq!(code(&output), 0, "{}", stderr(&output));
         let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
         assert_eq!(json["threads"].to_string(), threads);

@@ -157,7 +157,13 @@ fn a_plan_past_the_machines_memory_is_refused_on_every_backend() {
     .unwrap();
     let machine = machine.to_str().unwrap();
     let message = assert_fails(&train(&["--machine-file", machine, "--strategy", "keep-all", "--steps", "1"]), 5);
-    assert!(message.contains("does not fit") && message.contains("device bytes"), "{message}");
+    assert!(
+        message.contains("does not fit")
+            && message.contains(
+                "device memory: the arena needs 1.94 MiB, 966.75 KiB (989952 bytes) more than the GPU's 1.00 MiB"
+            ),
+        "{message}"
+    );
     let output = train(&["--strategy", "keep-all", "--steps", "1"]);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
 }

@@ -351,32 +351,46 @@ pub fn remedies(request: &PlanRequest, report: &PlanReport) -> Vec<String> {
     let mut out = Vec::new();
     let Some(misfit) = &report.misfit else { return out };
     let p = &report.plan.provenance;
-    if misfit.device_excess_bytes > 0 {
-        out.push(format!(
-            "device memory: the arena needs {} bytes, {} more than the GPU's {}; plan a shorter sequence, \
-             a higher tensor-parallel degree than t = {}, or another strategy",
-            report.plan.totals.arena_bytes,
-            misfit.device_excess_bytes,
-            p.hardware.device_memory_bytes,
-            p.parallel.tensor
-        ));
-    }
-    if misfit.host_excess_bytes > 0 {
-        out.push(format!(
-            "host memory: the swapped activations need {} bytes per GPU, {} more than its share ({}) of the \
-             node's {}; plan a shorter sequence, add host memory, raise t, or use memo (which swaps only what fits)",
-            report.plan.totals.host_bytes,
-            misfit.host_excess_bytes,
-            p.hardware.host_memory_per_gpu_bytes(),
-            p.hardware.host_memory_per_node_bytes
-        ));
-    }
     let granularity = max_seq_granularity(p.parallel.tensor);
     // The request misses at its own length, so (fitting being monotone in the length, as the
     // search assumes) the answer lies below it: searching only there gives the same answer as
     // the whole grid in fewer plans (10 instead of 16 at 1M tokens).
     let below = request.model.seq_len.div_ceil(granularity).saturating_sub(1).saturating_mul(granularity);
-    match max_seq(request, granularity, below.min(MAX_SEQ_LIMIT)) {
+    let longest = max_seq(request, granularity, below.min(MAX_SEQ_LIMIT));
+    // The other remedies suggest a shorter sequence only where one fits: advice never says "plan a
+    // shorter sequence" beside "fewer tokens will not do".
+    let shorter = matches!(longest, Ok(MaxSequence { seq_len: Some(_), .. }));
+    // Likewise a higher t only where the node has more GPUs (a group spans one node).
+    let t = format!("a higher tensor-parallel degree than t = {}", p.parallel.tensor);
+    let higher_t = (p.parallel.tensor < p.hardware.gpus_per_node).then_some(t.as_str());
+    if misfit.device_excess_bytes > 0 {
+        let options = [shorter.then_some("a shorter sequence"), higher_t, Some("another strategy")];
+        out.push(format!(
+            "device memory: the arena needs {}, {} more than the GPU's {}; try {}",
+            binary_units(report.plan.totals.arena_bytes),
+            units_and_bytes(misfit.device_excess_bytes),
+            binary_units(p.hardware.device_memory_bytes),
+            one_of(&options)
+        ));
+    }
+    if misfit.host_excess_bytes > 0 {
+        let options = [
+            shorter.then_some("a shorter sequence"),
+            Some("more host memory"),
+            higher_t,
+            (p.strategy != Strategy::Memo).then_some("memo (which swaps only what fits)"),
+        ];
+        out.push(format!(
+            "host memory: the swapped activations need {} per GPU, {} more than its share ({}) of the node's {}; \
+             try {}",
+            binary_units(report.plan.totals.host_bytes),
+            units_and_bytes(misfit.host_excess_bytes),
+            binary_units(p.hardware.host_memory_per_gpu_bytes()),
+            binary_units(p.hardware.host_memory_per_node_bytes),
+            one_of(&options)
+        ));
+    }
+    match longest {
         Ok(MaxSequence { seq_len: Some(tokens), .. }) => out.push(format!(
             "fewer tokens: {} fits at most {tokens} tokens here (multiples of {granularity}; `--max-seq` searches the same)",
             p.strategy.name()
@@ -389,6 +403,42 @@ pub fn remedies(request: &PlanRequest, report: &PlanReport) -> Vec<String> {
         Err(_) => {}
     }
     out
+}
+
+/// A byte count in the largest binary unit that keeps it at or above 1, to two decimals (rounded
+/// half up; integer arithmetic, so every platform prints the same): `1.88 GiB`; `512 B` below 1 KiB.
+pub fn binary_units(count: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if count < 1024 {
+        return alloc::format!("{count} B");
+    }
+    let mut unit = 0;
+    while unit + 1 < UNITS.len() && count >> (10 * (unit + 1)) > 0 {
+        unit += 1;
+    }
+    let scale = 1u128 << (10 * unit);
+    let hundredths = (u128::from(count) * 100 + scale / 2) / scale;
+    alloc::format!("{}.{:02} {}", hundredths / 100, hundredths % 100, UNITS[unit])
+}
+
+/// The given options as alternatives: `a, b or c`.
+fn one_of(options: &[Option<&str>]) -> String {
+    let given: Vec<&str> = options.iter().flatten().copied().collect();
+    match given.split_last() {
+        Some((last, [])) => String::from(*last),
+        Some((last, rest)) => alloc::format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+/// `1.88 GiB (2013265920 bytes)`: the rounded figure and the exact count, for a shortfall that a
+/// user may want to add exactly; `512 bytes` below 1 KiB.
+fn units_and_bytes(count: u64) -> String {
+    if count < 1024 {
+        alloc::format!("{count} bytes")
+    } else {
+        alloc::format!("{} ({count} bytes)", binary_units(count))
+    }
 }
 
 #[cfg(test)]

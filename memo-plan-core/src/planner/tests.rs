@@ -21,6 +21,28 @@ fn quoted_longest(remedies: &[String]) -> Option<u64> {
     after.split(' ').next()?.parse().ok()
 }
 
+/// On a GPU too small for any length, the advice once said "plan a shorter sequence" next to
+/// "fewer tokens will not do". Now only what may help is offered, with sizes in units.
+#[test]
+fn remedies_offer_no_shorter_sequence_when_none_fits() {
+    let mut r = request(3, 64 << 10, "a800x8", Strategy::Memo);
+    r.hardware.device_memory_bytes = 1 << 20;
+    let report = plan(&r).unwrap();
+    assert!(!report.fits());
+    let advice = remedies(&r, &report);
+    assert!(advice.iter().any(|x| x.starts_with("fewer tokens will not do")), "{advice:?}");
+    assert!(!advice.iter().any(|x| x.contains("shorter sequence")), "{advice:?}");
+    let device = advice.iter().find(|x| x.starts_with("device memory")).unwrap();
+    // a800x8 has 8 GPUs per node: t = 8 is the most, so no higher t is offered either.
+    assert!(device.contains("more than the GPU's 1.00 MiB; try another strategy"), "{device}");
+    r.parallel = Parallelism::new(4, 1);
+    let report = plan(&r).unwrap();
+    let advice = remedies(&r, &report);
+    let device = advice.iter().find(|x| x.starts_with("device memory")).unwrap();
+    assert!(device.ends_with("try a higher tensor-parallel degree than t = 4 or another strategy"), "{device}");
+    assert!(device.contains(" bytes) more"), "the exact shortfall: {device}");
+}
+
 /// The remedy of full-swap at 1M tokens once said "at most 4439240 tokens keep the always-swapped
 /// tensors in host memory" (a host-only bound on part of the swapped bytes) while `--max-seq` said
 /// 558080. Every misfit's quoted longest sequence is now `--max-seq`'s answer on every preset: a
@@ -45,11 +67,19 @@ fn remedy_and_max_seq_agree_for_every_strategy_on_every_machine() {
             };
             match quoted_longest(&remedies) {
                 Some(tokens) => {
+                    let memory =
+                        remedies.iter().filter(|r| r.starts_with("device memory") || r.starts_with("host memory"));
+                    assert!(
+                        memory.clone().count() > 0 && memory.clone().all(|r| r.contains("a shorter sequence")),
+                        "{remedies:?}"
+                    );
                     assert_eq!(tokens % 1024, 0, "{machine} {strategy:?}: {remedies:?}");
                     assert!(fits_at(tokens) && !fits_at(tokens + 1024), "{machine} {strategy:?}: {remedies:?}");
                 }
                 None => {
                     assert!(remedies.iter().any(|r| r.contains("does not fit even 1024 tokens")), "{remedies:?}");
+                    // Advice never contradicts itself: no "plan a shorter sequence" beside that.
+                    assert!(!remedies.iter().any(|r| r.contains("shorter sequence")), "{remedies:?}");
                     assert!(!fits_at(1024), "{machine} {strategy:?}");
                 }
             }
