@@ -18,6 +18,7 @@ use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport
 use crate::attention::cudnn::{version_text, Cudnn, Pass};
 use crate::attention::graph::{uid, BackwardForm, Shape, StatsLayout};
 use crate::attention::{self, AttentionChoice, AttentionScratch, KeyValueView};
+use crate::error::CudaError;
 use crate::exec::{self, Resolved};
 
 #[path = "collectives.rs"]
@@ -77,8 +78,6 @@ pub struct CudaBackend {
     variant: AttentionVariant,
     /// How attention runs now, for [`CudaBackend::describe`] (the line printed at construction).
     attention_note: String,
-    /// Whether the head-major statistics fallback was announced.
-    head_major_noted: bool,
     device_name: String,
     /// The NVRTC that compiled the kernels, for [`CudaBackend::describe`].
     nvrtc: String,
@@ -201,7 +200,6 @@ impl CudaBackend {
             attention,
             variant,
             attention_note,
-            head_major_noted: false,
             device_name,
             nvrtc,
             sm,
@@ -331,38 +329,26 @@ impl CudaBackend {
     /// leaves cuDNN ([`CudaBackend::leave_cudnn`]) and is `None`.
     fn cudnn_workspace(&mut self, pass: Pass, shape: &Shape) -> Option<(Pass, Shape, u64)> {
         let cudnn = self.cudnn.as_mut()?;
-        let token_major = match cudnn.plan(pass, shape) {
-            Ok(plan) => return Some((pass, *shape, plan.workspace)),
+        let why = match cudnn.plan_for(pass, shape) {
+            Ok((plan, built)) => return Some((pass, built, plan.workspace)),
             Err(why) => why,
         };
-        let head_major = Shape { stats: StatsLayout::HeadMajor, ..*shape };
-        if let Ok(plan) = cudnn.plan(pass, &head_major) {
-            let workspace = plan.workspace;
-            if !self.head_major_noted {
-                self.head_major_noted = true;
-                eprintln!(
-                    "attention: cuDNN refused the plan's token-major LSE view ({token_major}); its head-major layout \
-                     runs instead, transposed on every launch (interim: the plan's LSE layout should change)"
-                );
-            }
-            return Some((pass, head_major, workspace));
-        }
         if pass == (Pass::Forward { fused: true }) {
             eprintln!(
-                "attention: cuDNN {}: the fused forward did not build ({token_major}); the composite forward runs instead",
+                "attention: cuDNN {}: the fused forward did not build ({why}); the composite forward runs instead",
                 version_text(cudnn.version)
             );
             cudnn.fused = false;
             return self.cudnn_workspace(Pass::Forward { fused: false }, shape);
         }
-        self.leave_cudnn(&format!("cuDNN could not build the attention plan for {shape:?}: {token_major}"));
+        self.leave_cudnn(&format!("cuDNN could not build the attention plan for {shape:?}: {why}"));
         None
     }
 
     /// The pass of an attention launch of `geometry` under the current choice, and how its K/V
     /// heads are shown to cuDNN ([`attention::key_value_view`]: the graph shape, the offset into
     /// the K/V rows, whether dk and dv are zeroed first).
-    fn cudnn_pass(&self, op: Op, geometry: &AttentionShape) -> Result<(Pass, KeyValueView), String> {
+    fn cudnn_pass(&self, op: Op, geometry: &AttentionShape) -> Result<(Pass, KeyValueView), CudaError> {
         let view = attention::key_value_view(geometry)?;
         let deterministic = matches!(self.attention, AttentionChoice::Cudnn { deterministic: true });
         let pass = match op {
@@ -511,9 +497,10 @@ impl CudaBackend {
         }
         let scale = 1.0 / (geometry.head_dim as f32).sqrt();
         let cudnn = self.cudnn.as_mut().ok_or_else(|| kernel_error("cuDNN vanished".into()))?;
-        cudnn.set_stream(cuda_stream.cu_stream() as cudarc::cudnn::sys::cudaStream_t).map_err(kernel_error)?;
+        cudnn.set_stream(cuda_stream.cu_stream() as cudarc::cudnn::sys::cudaStream_t).map_err(|e| e.at(instruction))?;
         let handle = cudnn.handle();
-        let plan = cudnn.plan(pass, &shape).map_err(kernel_error)?;
+        let fill = cudnn.mask_fill();
+        let plan = cudnn.plan(pass, &shape).map_err(|e| e.at(instruction))?;
         // Safety: every pointer addresses the extent its tensor spans: q, k (rotated) and the
         // accumulator, sums and workspace in the scratch laid out above for this shape; v, o,
         // lse, dout, dq, dk, dv are the launch's arguments, bounds-checked spans whose rows the
@@ -521,7 +508,7 @@ impl CudaBackend {
         // head_dim` for k, v, dk, dv, `rows * heads` f32); k, v, dk, dv from `kv_offset`, which
         // `key_value_view` keeps one head short of a row's end (h_kv = 1 then); the stream
         // orders the rotations before and the rotations back after; the plan orders the rest.
-        unsafe { plan.execute(handle, &pointers, base + work, scale) }.map_err(kernel_error)?;
+        unsafe { plan.execute(handle, &pointers, base + work, scale, fill) }.map_err(|e| e.at(instruction))?;
         if head_major && op == Op::Attention {
             run(&lse_transpose_step(stats, ptr(4), &geometry, false), self)?;
         }

@@ -74,7 +74,7 @@ impl AttentionChoice {
 /// Opens cuDNN as the backend does (probe, version, `cudnnCreate`; on the default stream) and
 /// closes it again: the line that says what the cuDNN path would run, or why it cannot. Never
 /// panics, whatever library is (or is not) found.
-pub fn probe_cudnn() -> Result<String, String> {
+pub fn probe_cudnn() -> Result<String, crate::CudaError> {
     let opened = cudnn::Cudnn::open(std::ptr::null_mut())?;
     Ok(format!(
         "cuDNN {} {} forward",
@@ -190,11 +190,12 @@ pub struct KeyValueView {
 /// An error (in one line) when neither describes the launch: query heads that use several K/V
 /// heads without cuDNN's grouping, a dimension above `i64`, or an offset that is not a multiple
 /// of 16 bytes (cuDNN's promised alignment).
-pub fn key_value_view(geometry: &AttentionShape) -> Result<KeyValueView, String> {
-    let int = |v: u64| i64::try_from(v).map_err(|_| format!("attention dimension {v} above 2^63"));
+pub fn key_value_view(geometry: &AttentionShape) -> Result<KeyValueView, crate::CudaError> {
+    use crate::CudaError::Launch;
+    let int = |v: u64| i64::try_from(v).map_err(|_| Launch(format!("attention dimension {v} above 2^63")));
     let (heads, kv_heads) = (geometry.heads, geometry.kv_heads);
     if heads == 0 || kv_heads == 0 {
-        return Err(format!("attention with {heads} query and {kv_heads} K/V heads"));
+        return Err(Launch(format!("attention with {heads} query and {kv_heads} K/V heads")));
     }
     let (b, h, s, d) = (int(geometry.sequences)?, int(heads)?, int(geometry.seq_len)?, int(geometry.head_dim)?);
     let kv_row = int(kv_heads.saturating_mul(geometry.head_dim))?;
@@ -204,21 +205,21 @@ pub fn key_value_view(geometry: &AttentionShape) -> Result<KeyValueView, String>
     }
     let (first, last) = (geometry.kv_head(0), geometry.kv_head(heads - 1));
     if first != last || first >= kv_heads {
-        return Err(format!(
+        return Err(Launch(format!(
             "query heads {}..{} use K/V heads {first}..={last} of {kv_heads} (group {}): cuDNN's grouped attention \
              needs them to use K/V heads from 0 in groups of heads / kv_heads, or all one head",
             geometry.first_query,
             geometry.first_query.saturating_add(heads),
             geometry.group
-        ));
+        )));
     }
     let offset = first.saturating_mul(geometry.head_dim);
     if !offset.saturating_mul(2).is_multiple_of(16) {
-        return Err(format!(
+        return Err(Launch(format!(
             "K/V head {first} starts {} bytes into its row, not a multiple of 16 (head dimension {})",
             offset.saturating_mul(2),
             geometry.head_dim
-        ));
+        )));
     }
     let shape = Shape { kv_heads: 1, kv_row, ..Shape::grouped(b, h, 1, s, d) };
     Ok(KeyValueView { shape, offset, zero_gradients: kv_heads > 1 })
