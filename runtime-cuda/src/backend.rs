@@ -102,7 +102,7 @@ pub struct CudaBackend {
 }
 
 fn driver_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> BackendError + '_ {
-    move |error| BackendError::Other(format!("CUDA: {what}: {error}"))
+    move |error| CudaError::driver(what, error).into()
 }
 
 /// An allocation failure: out of memory, or the driver's other error as it is.
@@ -111,7 +111,7 @@ fn allocation_error(what: &'static str, bytes: u64) -> impl Fn(cudarc::driver::D
         if error.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
             BackendError::OutOfMemory { what, bytes }
         } else {
-            BackendError::Other(format!("CUDA: allocating {bytes} bytes for the {what}: {error}"))
+            CudaError::driver(format!("allocating {bytes} bytes for the {what}"), error).into()
         }
     }
 }
@@ -167,7 +167,11 @@ impl CudaBackend {
             let created = ctx.new_stream().map_err(driver_error(stream.name()))?;
             blas.push(
                 CudaBlas::new(created.clone())
-                    .map_err(|e| BackendError::Other(format!("cuBLAS handle for the {} stream: {e}", stream.name())))?,
+                    .map_err(|e| CudaError::Cublas {
+                        what: format!("a handle for the {} stream", stream.name()),
+                        status: e.to_string(),
+                    })
+                    .map_err(BackendError::from)?,
             );
             streams.push(created);
         }
@@ -745,7 +749,7 @@ impl Backend for CudaBackend {
         self.settle_collectives()?;
         for (stream, cuda_stream) in Stream::ALL.iter().zip(&self.streams) {
             cuda_stream.synchronize().map_err(|e| {
-                BackendError::Other(format!("{}: the {} stream failed: {e}", self.name(), stream.name()))
+                BackendError::from(CudaError::driver(format!("{}: the {} stream", self.name(), stream.name()), e))
             })?;
         }
         self.ctx.check_err().map_err(driver_error("an earlier asynchronous call"))?;

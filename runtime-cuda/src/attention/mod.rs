@@ -105,8 +105,9 @@ pub struct AttentionScratch {
     pub workspace: u64,
 }
 
-/// Alignment of each part of the scratch (cuDNN is promised 16; 256 is what allocators give).
-pub const SCRATCH_ALIGNMENT: u64 = 256;
+/// Alignment of each part of the scratch: the plan's ([`memo_plan_core::bilevel::ALIGNMENT`],
+/// 256 bytes, what allocators give; cuDNN is promised 16).
+pub const SCRATCH_ALIGNMENT: u64 = memo_plan_core::bilevel::ALIGNMENT;
 
 impl AttentionScratch {
     /// The parts' byte offsets (rotated q, rotated k, dQ accumulator, softmax sums, head-major
