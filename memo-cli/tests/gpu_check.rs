@@ -1,6 +1,7 @@
 //! `scripts/gpu-check.sh --dry-run`: the GPU machine's script, run here on the CPU backend with
 //! this build's `memo`, so that its control flow, its parsing and its table are tested where
-//! there is no GPU. Needs bash, coreutils' `timeout` and python3; says SKIP without them.
+//! there is no GPU; and `--plan`: its phases, budgets and commands fit 12 minutes with the
+//! numerics first. Needs bash, coreutils' `timeout` and python3; says SKIP without them.
 
 #[path = "../../tests/support/skip.rs"]
 mod skip;

@@ -1,15 +1,18 @@
-//! cuDNN's backend (graph) API through cudarc's `cudnn` sys layer: a small safe layer of our own
-//! (cudarc has no safe wrapper for graphs).
+//! cuDNN's backend (graph) API through bindings of our own ([`Api`]: every status a raw `u32`,
+//! read as [`CudnnStatus`]; the argument enums of cudarc's `cudnn` sys layer) and a small safe
+//! layer (cudarc has no safe wrapper for graphs).
 //!
 //! - [`Descriptor`] owns one backend descriptor and destroys it on drop; every attribute is set
 //!   through a typed setter, and every status is checked and turned into an error that names the
 //!   descriptor, the attribute and cuDNN's own last error string.
 //! - [`Builder`] is [`GraphBuilder`] on real descriptors; [`Plan`] runs the engine heuristics
-//!   (mode A), tries the engine configurations in order until one finalizes, and executes with a
-//!   variant pack on the handle's stream.
-//! - [`Cudnn`] is the library: probed before any cudarc cudnn call (cudarc panics when the
-//!   library is missing), its version read with `cudnnGetVersion`, one handle (the first failed
-//!   `cudnnCreate` ends the attempt), the plans cached per shape for the run.
+//!   (mode A, then the fallback list), tries each engine configuration once, at most
+//!   [`MAX_ENGINE_CONFIGS`], until one finalizes, and executes with a variant pack on the
+//!   handle's stream.
+//! - [`Cudnn`] is the library: loaded once (missing: an error, never a panic), its version read
+//!   with `cudnnGetVersion`, one handle (the first failed `cudnnCreate` ends the attempt), the
+//!   plans and the refusals cached per (pass, shape) for the run; the per-version rules
+//!   ([`stats_layout`], [`mask_fill`], [`refusal`]) decide what cuDNN is asked.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_void};

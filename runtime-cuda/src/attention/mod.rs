@@ -4,8 +4,10 @@
 //!   ([`graph::GraphBuilder`]) so that exactly what is handed to cuDNN can be recorded
 //!   ([`record::Recorder`]), compared with golden files and run by an f64 interpreter in the
 //!   tests (no GPU needed).
-//! - `cudnn` (private): the trait on cudarc's `cudnn` sys layer; descriptors owned and destroyed,
-//!   every status checked, engine heuristics mode A, execution plans cached per shape.
+//! - `cudnn` (private): the trait on cuDNN through bindings of our own (statuses read as
+//!   integers); descriptors owned and destroyed, every status checked, engine configurations
+//!   deduplicated and bounded, execution plans and refusals cached per (pass, shape), the LSE
+//!   layout and the version gates per cuDNN version.
 //! - [`scratch`]: the device bytes one attention launch needs besides its plan arguments, as a
 //!   function of its shape, for the planner ([`AttentionScratch`]).
 //!
@@ -96,9 +98,9 @@ pub struct AttentionScratch {
     pub dq_accumulator: u64,
     /// Backward only: the f32 softmax sums `rowsum(dO * O)`, B*H*S*4.
     pub softmax_sum: u64,
-    /// Only when cuDNN refuses the plan's token-major LSE view: the LSE in cuDNN's head-major
-    /// layout (f32, B*H*S*4), transposed from or to the plan's on every launch (interim: the
-    /// plan's layout should change instead, issue 17 item 2).
+    /// When cuDNN is given head-major statistics (the default; token-major only where the
+    /// version reads and writes such strides correctly, `spec/backends.md`): the LSE in cuDNN's
+    /// packed layout (f32, B*H*S*4), transposed from or to the plan's on every launch.
     pub statistics: u64,
     /// cuDNN's own workspace for the chosen execution plan (known only once the plan is built
     /// on the device: [`scratch`] takes it as an argument).
