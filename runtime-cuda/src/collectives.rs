@@ -41,12 +41,12 @@ impl Joined {
     fn get(&self, op: Op) -> Result<&Communicator, CudaError> {
         match (&self.comm, &self.aborted) {
             (Some(comm), _) => Ok(comm),
-            (None, Some(why)) => Err(CudaError::Nccl(format!(
+            (None, Some(why)) => Err(CudaError::Collective(format!(
                 "op `{}`: this backend's NCCL communicator was aborted earlier ({why}); the tensor-parallel group \
                  cannot go on: restart the run",
                 op.name()
             ))),
-            (None, None) => Err(CudaError::Nccl(format!(
+            (None, None) => Err(CudaError::Collective(format!(
                 "op `{}` is a collective and this backend has no NCCL communicator: a plan made with tensor \
                  parallelism t > 1 runs on one backend per rank, each joined to the group \
                  (`CudaBackend::join`; `memo train --device cuda --tensor-parallel T`)",
@@ -167,13 +167,13 @@ fn settle(stream: &CudaStream, comm: &Communicator) -> Result<(), CudaError> {
         // Safety: a live stream of this backend's context, which the caller made current.
         let state = unsafe { cuStreamQuery(stream.cu_stream()) };
         match state {
-            cudaError_enum::CUDA_SUCCESS => return comm.check().map_err(|e| CudaError::Nccl(e.to_string())),
+            cudaError_enum::CUDA_SUCCESS => return comm.check().map_err(CudaError::Nccl),
             cudaError_enum::CUDA_ERROR_NOT_READY => {}
             error => return Err(CudaError::driver("the collective stream", format!("{error:?}"))),
         }
-        comm.check().map_err(|e| CudaError::Nccl(e.to_string()))?;
+        comm.check().map_err(CudaError::Nccl)?;
         if start.elapsed() >= comm.timeout() {
-            return Err(CudaError::Nccl(format!(
+            return Err(CudaError::Collective(format!(
                 "rank {} of {}: the collective stream did not finish within {:?}: a peer rank never issued the \
                  same collective (it failed or stopped); NCCL's wait was aborted",
                 comm.rank(),
@@ -253,7 +253,7 @@ impl CudaBackend {
             }
         };
         if let Err(error) = result {
-            return Err(self.abort(instruction, op, CudaError::Nccl(error.to_string())));
+            return Err(self.abort(instruction, op, CudaError::Nccl(error)));
         }
         let end = self.mark(stream)?;
         self.note(instruction, start, end);
@@ -272,10 +272,15 @@ impl CudaBackend {
         match settle(stream, comm) {
             Ok(()) => Ok(()),
             Err(why) => {
+                self.drop_communicator(&why.to_string());
+                // The backend's name in front of what its own words do not say.
                 let name = self.name();
-                let why = why.to_string();
-                self.drop_communicator(&why);
-                Err(BackendError::from(CudaError::Nccl(format!("{name}: {why}"))))
+                let why = match why {
+                    CudaError::Collective(message) => CudaError::Collective(format!("{name}: {message}")),
+                    CudaError::Driver { what, error } => CudaError::Driver { what: format!("{name}: {what}"), error },
+                    other => other,
+                };
+                Err(BackendError::from(why))
             }
         }
     }

@@ -137,8 +137,11 @@ pub enum CudaError {
         /// cuBLAS's status.
         status: String,
     },
-    /// An NCCL call failed, or a collective launch does not match its communicator.
-    Nccl(String),
+    /// An NCCL call failed (`memo_nccl`'s error: the call and NCCL's result).
+    Nccl(memo_nccl::NcclError),
+    /// A collective launch without a usable communicator: none joined, one aborted earlier, or
+    /// a peer that never issued its collective within the communicator's timeout.
+    Collective(String),
     /// A launch's arguments do not fit what the step needs (a plan/recipe mismatch).
     Launch(String),
 }
@@ -174,7 +177,8 @@ impl fmt::Display for CudaError {
             CudaError::NvrtcLibrary(why) => write!(f, "NVRTC: {why}"),
             CudaError::Driver { what, error } => write!(f, "CUDA: {what}: {error}"),
             CudaError::Cublas { what, status } => write!(f, "cuBLAS: {what}: {status}"),
-            CudaError::Nccl(why) => write!(f, "NCCL: {why}"),
+            CudaError::Nccl(error) => write!(f, "NCCL: {error}"),
+            CudaError::Collective(why) => write!(f, "NCCL: {why}"),
             CudaError::Launch(why) => f.write_str(why),
         }
     }

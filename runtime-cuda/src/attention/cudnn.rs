@@ -1129,7 +1129,8 @@ int cudnnBackendExecute(void *h, void *p, void *v) {{ (void)h; (void)p; (void)v;
     /// One fake per case, in a child process each; returns the child's `FAKE` lines and the log.
     fn run_fake(version: usize, case: &str, engines: (&str, &str, &str)) -> Option<(Vec<String>, Vec<String>)> {
         if std::process::Command::new("cc").arg("--version").output().is_err() {
-            println!("SKIP: no C compiler (cc) to build the fake cuDNN");
+            let test = std::thread::current().name().unwrap_or("a fake-cuDNN test").to_string();
+            println!("SKIP runtime_cuda::{test}: no C compiler (cc) to build the fake cuDNN libraries");
             return None;
         }
         let dir = std::env::temp_dir().join(format!("memo-fake-cudnn-{}-{case}-{version}", std::process::id()));
