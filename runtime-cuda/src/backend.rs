@@ -15,7 +15,7 @@ use memo_plan_core::plan::shapes::AttentionShape;
 use memo_plan_core::plan::{EventId, Op, Stream};
 use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
 
-use crate::attention::cudnn::{version_text, Cudnn, Pass};
+use crate::attention::cudnn::{refusal, version_text, Cudnn, Pass};
 use crate::attention::graph::{uid, BackwardForm, Shape, StatsLayout};
 use crate::attention::{self, AttentionChoice, AttentionScratch, KeyValueView};
 use crate::error::CudaError;
@@ -329,14 +329,31 @@ impl CudaBackend {
     /// The cuDNN plan for `pass` on `shape` (built and cached now): the pass and the shape that
     /// built (a fused forward that does not build falls back to the composite one; statistics
     /// the plan's token-major view cuDNN refuses fall back to its head-major layout with a
-    /// transpose each launch; each with one line) and the plan's workspace. Any other failure
-    /// leaves cuDNN ([`CudaBackend::leave_cudnn`]) and is `None`.
+    /// transpose each launch; each with one line) and the plan's workspace. A pass a version
+    /// rule refuses at this shape ([`refusal`]) is `None` with cuDNN kept for the other launches
+    /// (those launches run on our kernels; one line per reason, added to
+    /// [`CudaBackend::attention`]). Any other failure leaves cuDNN
+    /// ([`CudaBackend::leave_cudnn`]) and is `None`.
     fn cudnn_workspace(&mut self, pass: Pass, shape: &Shape) -> Option<(Pass, Shape, u64)> {
         let cudnn = self.cudnn.as_mut()?;
         let why = match cudnn.plan_for(pass, shape) {
             Ok((plan, built)) => return Some((pass, built, plan.workspace)),
             Err(why) => why,
         };
+        // A version rule refuses this pass at this shape only (a known-bad backward, or one the
+        // frontend runs with a padding workaround we do not build): those launches run on our
+        // kernels, cuDNN keeps the others; said once per reason, and in `attention()`.
+        if let Some(reason) = refusal(cudnn.version, pass, shape) {
+            let line = format!(
+                "our kernels for the {pass:?} launches cuDNN {} refuses: {reason}",
+                version_text(cudnn.version)
+            );
+            if !self.attention_note.contains(&line) {
+                eprintln!("attention: {line}");
+                self.attention_note = format!("{}; {line}", self.attention_note);
+            }
+            return None;
+        }
         if pass == (Pass::Forward { fused: true }) {
             eprintln!(
                 "attention: cuDNN {}: the fused forward did not build ({why}); the composite forward runs instead",
@@ -389,7 +406,8 @@ impl CudaBackend {
 
     /// Runs an attention launch on cuDNN: rotates q and k into the scratch (`memo_rope`), runs
     /// the forward or backward plan, and (backward) rotates dq and dk back in place. `Ok(false)`:
-    /// cuDNN was left for our kernels (plan build failure), which then run the launch.
+    /// our kernels run the launch (cuDNN was left, or refuses this launch's shape by a version
+    /// rule).
     ///
     /// # Safety
     /// The contract of [`Backend::launch`]: the plan orders every access of the arguments.
