@@ -300,7 +300,8 @@ def cudnn_attention(raw, config):
                   if "attention throughput" in line]
     ran = [line.strip() for line in read(os.path.join(raw, "attention-ran.txt")).splitlines() if line.strip()]
     replay_code = rc_of(raw, "replay-allocator")[0]
-    plans = [line.strip() for line in read(os.path.join(raw, "cudnn-plans.out")).splitlines()
+    # Printed by runtime-cuda's lib tests (run once, with --nocapture, in phase 2).
+    plans = [line.strip() for line in read(os.path.join(raw, "test-runtime-cuda-lib-runtime_cuda.out")).splitlines()
              if line.startswith("cuDNN") or line.startswith("b=")]
     return {"kind": "cudnn_attention", "cudnn": config.get("cudnn"), "attention_ran": ran, "plans": plans,
             "check_exit": check_code, "check_status": status_of(check_code),

@@ -31,8 +31,8 @@ const COLUMN_CHUNKS: u64 = 64;
 const NORM_BLOCKS: u64 = 1024;
 /// Columns one block of `memo_embedding_backward` owns (`MEMO_EMB_TILE * MEMO_EMB_COLS`).
 const EMBEDDING_BACKWARD_COLUMNS: u64 = 256 * 8;
-/// Scratch offsets are rounded up to this (any vector load is aligned).
-const SCRATCH_ALIGN: u64 = 256;
+/// Scratch offsets are rounded up to this (any vector load is aligned): the plan's alignment.
+const SCRATCH_ALIGN: u64 = memo_plan_core::bilevel::ALIGNMENT;
 
 /// The launch, for the kernels' own limits (the op table's rules were checked by
 /// [`shapes::check`]): errors name the argument by its index.

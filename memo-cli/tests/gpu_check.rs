@@ -1,6 +1,7 @@
 //! `scripts/gpu-check.sh --dry-run`: the GPU machine's script, run here on the CPU backend with
 //! this build's `memo`, so that its control flow, its parsing and its table are tested where
-//! there is no GPU. Needs bash, coreutils' `timeout` and python3; says SKIP without them.
+//! there is no GPU; and `--plan`: its phases, budgets and commands fit 12 minutes with the
+//! numerics first. Needs bash, coreutils' `timeout` and python3; says SKIP without them.
 
 #[path = "../../tests/support/skip.rs"]
 mod skip;
@@ -51,7 +52,7 @@ fn the_dry_run_measures_every_strategy_and_prints_one_table() {
         // at a load of 5 on 2 cores, when full-recompute's was cut at the phase's end): the
         // script's logic is under test, not its speed.
         .env("VARIANT", "pipelined")
-        .env("PHASE3_S", "400")
+        .env("DRY_PHASE_S", "400")
         .env("CAP_TIMEOUT", "150")
         // A short profile: on a busy machine it may fail as too noisy, which the script records.
         .env("PROFILE_SEQ", "64")
@@ -62,6 +63,11 @@ fn the_dry_run_measures_every_strategy_and_prints_one_table() {
     let log = String::from_utf8_lossy(&output.stderr);
     // No test executables in this bundle: the script says so and exits 1, after every phase.
     assert_eq!(output.status.code(), Some(1), "{table}\n{log}");
+    // It printed the GPU run's plan first, and every phase's time.
+    assert!(log.contains("gpu-check plan:") && log.contains(" s of 720 s (12 minutes): fits"), "{log}");
+    for phase in 0..=5 {
+        assert!(log.contains(&format!("] phase {phase} took ")), "phase {phase}'s time:\n{log}");
+    }
     assert!(table.contains("DRY RUN") && table.contains("none ran"), "{table}");
     for strategy in ["keep-all", "full-recompute", "memo"] {
         let row = table
@@ -116,6 +122,74 @@ fn the_dry_run_measures_every_strategy_and_prints_one_table() {
     assert!(records.iter().any(|r| r["kind"] == "cudnn_attention"), "{jsonl}");
     assert!(records.iter().any(|r| r["kind"] == "peer"), "{jsonl}");
     let _ = std::fs::remove_dir_all(scratch);
+}
+
+/// `scripts/gpu-check.sh --plan`: the GPU run's phases with their budgets fit 12 minutes, the
+/// numerics (runtime-cuda's test-gpu and test-nccl) run before anything else on the GPU, and no
+/// command runs twice; budgets that exceed 12 minutes make it fail. Needs bash; runs nothing.
+#[test]
+fn the_plan_fits_twelve_minutes_with_the_numerics_first_and_nothing_twice() {
+    if !have("bash") {
+        skip::skip("bash is not installed");
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let plan = |budget: Option<&str>| {
+        let mut command = Command::new("bash");
+        command.arg(root.join("scripts/gpu-check.sh")).arg("--plan").current_dir(&root);
+        for variable in ["PHASE0_S", "PHASE1_S", "PHASE2_S", "PHASE3_S", "PHASE4_S", "PHASE5_S", "SEQS", "PEER_SEQS"] {
+            command.env_remove(variable);
+        }
+        if let Some(seconds) = budget {
+            command.env("PHASE3_S", seconds);
+        }
+        command.output().unwrap()
+    };
+    let output = plan(None);
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{text}\n{}", String::from_utf8_lossy(&output.stderr));
+    // "phase N NAME: budget B s (source)", then its commands ("  BOUND s  COMMAND").
+    let mut phases: Vec<(String, u64, Vec<String>)> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("phase ") {
+            let (name, budget) = rest.split_once(": budget ").unwrap();
+            let seconds: u64 = budget.split(' ').next().unwrap().parse().unwrap();
+            assert!(budget.contains('(') && budget.len() > 20, "each budget says where it comes from: {line}");
+            phases.push((name.to_string(), seconds, Vec::new()));
+        } else if line.starts_with("  ") {
+            let command = line.trim_start().split_once("s  ").unwrap().1.to_string();
+            phases.last_mut().unwrap().2.push(command);
+        }
+    }
+    let names: Vec<&str> = phases.iter().map(|(n, _, _)| n.as_str()).collect();
+    assert_eq!(names, ["0 machine", "1 numerics", "2 tests", "3 measurements", "4 capacity", "5 peer"], "{text}");
+    let total: u64 = phases.iter().map(|(_, b, _)| b).sum();
+    assert!(total <= 12 * 60, "{total} s:\n{text}");
+    assert!(text.contains(&format!("total: {total} s of 720 s (12 minutes): fits")), "{text}");
+    // The numerics first: the first commands that use the GPU beyond nvidia-smi are test-gpu,
+    // then test-nccl.
+    let commands: Vec<&String> = phases.iter().flat_map(|(_, _, c)| c).collect();
+    let first = commands.iter().position(|c| !c.starts_with("nvidia-smi")).unwrap();
+    assert!(commands[first].contains("test-runtime-cuda-test-gpu "), "{text}");
+    assert!(commands[first + 1].contains("test-runtime-cuda-test-nccl "), "{text}");
+    assert!(phases[1].2.iter().all(|c| !c.contains("memo train")), "{text}");
+    // Nothing twice: every command differs, and no test executable runs a test another run ran
+    // (test-gpu's one skipped test is the one run alone).
+    let mut seen = std::collections::HashSet::new();
+    for command in &commands {
+        assert!(seen.insert(command.as_str()), "run twice: {command}");
+    }
+    assert!(!text.contains("plans_build_on_a_gpu"), "the lib tests run once, with the plans' test in them:\n{text}");
+    let lib_runs = commands.iter().filter(|c| c.contains("test-runtime-cuda-lib-runtime_cuda")).count();
+    assert_eq!(lib_runs, 1, "{text}");
+    let gpu_runs: Vec<&&String> = commands.iter().filter(|c| c.contains("test-runtime-cuda-test-gpu")).collect();
+    assert_eq!(gpu_runs.len(), 2, "{text}");
+    assert!(gpu_runs[0].contains("--skip attention_throughput") && gpu_runs[1].contains("attention_throughput --exact"));
+    // Budgets past 12 minutes: the plan says so and fails.
+    let over = plan(Some("900"));
+    let text = String::from_utf8_lossy(&over.stdout);
+    assert_eq!(over.status.code(), Some(1), "{text}");
+    assert!(text.contains("DOES NOT FIT"), "{text}");
 }
 
 /// The PyTorch peer of the GPU run (`scripts/torch_peer.py`) on the CPU: every mode trains, and

@@ -35,8 +35,9 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub const MAX_PAYLOAD: usize = 4096;
 /// How long every rank waits for the whole exchange unless `MEMO_RENDEZVOUS_TIMEOUT` says.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
-/// Overrides the port of rank 0's listener (default `MASTER_PORT`): under a launcher whose own
-/// store already listens on `MASTER_PORT`, give every rank the same free port here.
+/// Overrides the port of rank 0's listener (default `MASTER_PORT + 1`: torchrun's own store
+/// already listens on `MASTER_PORT`); give every rank the same free port here when that one is
+/// taken too.
 pub const PORT_VARIABLE: &str = "MEMO_RENDEZVOUS_PORT";
 /// The whole exchange's timeout, in seconds (a positive number, fractions allowed).
 pub const TIMEOUT_VARIABLE: &str = "MEMO_RENDEZVOUS_TIMEOUT";
@@ -67,7 +68,8 @@ pub struct TorchrunEnv {
     pub local_rank: usize,
     /// `MASTER_ADDR`: the host name or address of rank 0.
     pub master_addr: String,
-    /// The port of rank 0's listener: `MEMO_RENDEZVOUS_PORT` if set, else `MASTER_PORT`.
+    /// The port of rank 0's listener: `MEMO_RENDEZVOUS_PORT` if set, else `MASTER_PORT + 1`
+    /// (clear of torchrun's store, which holds `MASTER_PORT` itself).
     pub port: u16,
     /// `MEMO_RENDEZVOUS_TIMEOUT` (seconds) if set, else [`DEFAULT_TIMEOUT`].
     pub timeout: Duration,
@@ -125,7 +127,21 @@ impl TorchrunEnv {
         }
         let port = match get(PORT_VARIABLE) {
             Some(value) => port_of(PORT_VARIABLE, value.to_string_lossy().into_owned())?,
-            None => port_of("MASTER_PORT", text("MASTER_PORT", PORT_FORM)?)?,
+            // torchrun's TCP store listens on MASTER_PORT: the rendezvous takes the next port.
+            None => {
+                let value = text("MASTER_PORT", PORT_FORM)?;
+                match port_of("MASTER_PORT", value.clone())?.checked_add(1) {
+                    Some(port) => port,
+                    None => {
+                        return Err(RendezvousError::MalformedVariable {
+                            name: "MASTER_PORT",
+                            value,
+                            expected: "a TCP port below 65535 (the rendezvous listens on MASTER_PORT + 1), or \
+                                       set MEMO_RENDEZVOUS_PORT",
+                        })
+                    }
+                }
+            }
         };
         let timeout = match get(TIMEOUT_VARIABLE) {
             None => DEFAULT_TIMEOUT,

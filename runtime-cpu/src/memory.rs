@@ -9,8 +9,8 @@ use memo_runtime::{BackendError, KernelArg, Space, Span};
 
 use crate::ops::ArgData;
 
-/// Alignment of both allocations: what GPU allocators give and the plan's offsets assume.
-const ALIGN: usize = 256;
+/// Alignment of both allocations: the plan's (what GPU allocators give and its offsets assume).
+const ALIGN: usize = memo_plan_core::bilevel::ALIGNMENT as usize;
 
 /// One allocation.
 struct Block {

@@ -15,9 +15,10 @@ use memo_plan_core::plan::shapes::AttentionShape;
 use memo_plan_core::plan::{EventId, Op, Stream};
 use memo_runtime::{Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
 
-use crate::attention::cudnn::{version_text, Cudnn, Pass};
+use crate::attention::cudnn::{refusal, version_text, Cudnn, Pass};
 use crate::attention::graph::{uid, BackwardForm, Shape, StatsLayout};
 use crate::attention::{self, AttentionChoice, AttentionScratch, KeyValueView};
+use crate::error::CudaError;
 use crate::exec::{self, Resolved};
 
 #[path = "collectives.rs"]
@@ -77,8 +78,6 @@ pub struct CudaBackend {
     variant: AttentionVariant,
     /// How attention runs now, for [`CudaBackend::describe`] (the line printed at construction).
     attention_note: String,
-    /// Whether the head-major statistics fallback was announced.
-    head_major_noted: bool,
     device_name: String,
     /// The NVRTC that compiled the kernels, for [`CudaBackend::describe`].
     nvrtc: String,
@@ -103,7 +102,7 @@ pub struct CudaBackend {
 }
 
 fn driver_error(what: &str) -> impl Fn(cudarc::driver::DriverError) -> BackendError + '_ {
-    move |error| BackendError::Other(format!("CUDA: {what}: {error}"))
+    move |error| CudaError::driver(what, error).into()
 }
 
 /// An allocation failure: out of memory, or the driver's other error as it is.
@@ -112,7 +111,7 @@ fn allocation_error(what: &'static str, bytes: u64) -> impl Fn(cudarc::driver::D
         if error.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
             BackendError::OutOfMemory { what, bytes }
         } else {
-            BackendError::Other(format!("CUDA: allocating {bytes} bytes for the {what}: {error}"))
+            CudaError::driver(format!("allocating {bytes} bytes for the {what}"), error).into()
         }
     }
 }
@@ -168,7 +167,11 @@ impl CudaBackend {
             let created = ctx.new_stream().map_err(driver_error(stream.name()))?;
             blas.push(
                 CudaBlas::new(created.clone())
-                    .map_err(|e| BackendError::Other(format!("cuBLAS handle for the {} stream: {e}", stream.name())))?,
+                    .map_err(|e| CudaError::Cublas {
+                        what: format!("a handle for the {} stream", stream.name()),
+                        status: e.to_string(),
+                    })
+                    .map_err(BackendError::from)?,
             );
             streams.push(created);
         }
@@ -201,7 +204,6 @@ impl CudaBackend {
             attention,
             variant,
             attention_note,
-            head_major_noted: false,
             device_name,
             nvrtc,
             sm,
@@ -327,42 +329,47 @@ impl CudaBackend {
     /// The cuDNN plan for `pass` on `shape` (built and cached now): the pass and the shape that
     /// built (a fused forward that does not build falls back to the composite one; statistics
     /// the plan's token-major view cuDNN refuses fall back to its head-major layout with a
-    /// transpose each launch; each with one line) and the plan's workspace. Any other failure
-    /// leaves cuDNN ([`CudaBackend::leave_cudnn`]) and is `None`.
+    /// transpose each launch; each with one line) and the plan's workspace. A pass a version
+    /// rule refuses at this shape ([`refusal`]) is `None` with cuDNN kept for the other launches
+    /// (those launches run on our kernels; one line per reason, added to
+    /// [`CudaBackend::attention`]). Any other failure leaves cuDNN
+    /// ([`CudaBackend::leave_cudnn`]) and is `None`.
     fn cudnn_workspace(&mut self, pass: Pass, shape: &Shape) -> Option<(Pass, Shape, u64)> {
         let cudnn = self.cudnn.as_mut()?;
-        let token_major = match cudnn.plan(pass, shape) {
-            Ok(plan) => return Some((pass, *shape, plan.workspace)),
+        let why = match cudnn.plan_for(pass, shape) {
+            Ok((plan, built)) => return Some((pass, built, plan.workspace)),
             Err(why) => why,
         };
-        let head_major = Shape { stats: StatsLayout::HeadMajor, ..*shape };
-        if let Ok(plan) = cudnn.plan(pass, &head_major) {
-            let workspace = plan.workspace;
-            if !self.head_major_noted {
-                self.head_major_noted = true;
-                eprintln!(
-                    "attention: cuDNN refused the plan's token-major LSE view ({token_major}); its head-major layout \
-                     runs instead, transposed on every launch (interim: the plan's LSE layout should change)"
-                );
+        // A version rule refuses this pass at this shape only (a known-bad backward, or one the
+        // frontend runs with a padding workaround we do not build): those launches run on our
+        // kernels, cuDNN keeps the others; said once per reason, and in `attention()`.
+        if let Some(reason) = refusal(cudnn.version, pass, shape) {
+            let line = format!(
+                "our kernels for the {pass:?} launches cuDNN {} refuses: {reason}",
+                version_text(cudnn.version)
+            );
+            if !self.attention_note.contains(&line) {
+                eprintln!("attention: {line}");
+                self.attention_note = format!("{}; {line}", self.attention_note);
             }
-            return Some((pass, head_major, workspace));
+            return None;
         }
         if pass == (Pass::Forward { fused: true }) {
             eprintln!(
-                "attention: cuDNN {}: the fused forward did not build ({token_major}); the composite forward runs instead",
+                "attention: cuDNN {}: the fused forward did not build ({why}); the composite forward runs instead",
                 version_text(cudnn.version)
             );
             cudnn.fused = false;
             return self.cudnn_workspace(Pass::Forward { fused: false }, shape);
         }
-        self.leave_cudnn(&format!("cuDNN could not build the attention plan for {shape:?}: {token_major}"));
+        self.leave_cudnn(&format!("cuDNN could not build the attention plan for {shape:?}: {why}"));
         None
     }
 
     /// The pass of an attention launch of `geometry` under the current choice, and how its K/V
     /// heads are shown to cuDNN ([`attention::key_value_view`]: the graph shape, the offset into
     /// the K/V rows, whether dk and dv are zeroed first).
-    fn cudnn_pass(&self, op: Op, geometry: &AttentionShape) -> Result<(Pass, KeyValueView), String> {
+    fn cudnn_pass(&self, op: Op, geometry: &AttentionShape) -> Result<(Pass, KeyValueView), CudaError> {
         let view = attention::key_value_view(geometry)?;
         let deterministic = matches!(self.attention, AttentionChoice::Cudnn { deterministic: true });
         let pass = match op {
@@ -399,7 +406,8 @@ impl CudaBackend {
 
     /// Runs an attention launch on cuDNN: rotates q and k into the scratch (`memo_rope`), runs
     /// the forward or backward plan, and (backward) rotates dq and dk back in place. `Ok(false)`:
-    /// cuDNN was left for our kernels (plan build failure), which then run the launch.
+    /// our kernels run the launch (cuDNN was left, or refuses this launch's shape by a version
+    /// rule).
     ///
     /// # Safety
     /// The contract of [`Backend::launch`]: the plan orders every access of the arguments.
@@ -511,9 +519,10 @@ impl CudaBackend {
         }
         let scale = 1.0 / (geometry.head_dim as f32).sqrt();
         let cudnn = self.cudnn.as_mut().ok_or_else(|| kernel_error("cuDNN vanished".into()))?;
-        cudnn.set_stream(cuda_stream.cu_stream() as cudarc::cudnn::sys::cudaStream_t).map_err(kernel_error)?;
+        cudnn.set_stream(cuda_stream.cu_stream() as cudarc::cudnn::sys::cudaStream_t).map_err(|e| e.at(instruction))?;
         let handle = cudnn.handle();
-        let plan = cudnn.plan(pass, &shape).map_err(kernel_error)?;
+        let fill = cudnn.mask_fill();
+        let plan = cudnn.plan(pass, &shape).map_err(|e| e.at(instruction))?;
         // Safety: every pointer addresses the extent its tensor spans: q, k (rotated) and the
         // accumulator, sums and workspace in the scratch laid out above for this shape; v, o,
         // lse, dout, dq, dk, dv are the launch's arguments, bounds-checked spans whose rows the
@@ -521,7 +530,7 @@ impl CudaBackend {
         // head_dim` for k, v, dk, dv, `rows * heads` f32); k, v, dk, dv from `kv_offset`, which
         // `key_value_view` keeps one head short of a row's end (h_kv = 1 then); the stream
         // orders the rotations before and the rotations back after; the plan orders the rest.
-        unsafe { plan.execute(handle, &pointers, base + work, scale) }.map_err(kernel_error)?;
+        unsafe { plan.execute(handle, &pointers, base + work, scale, fill) }.map_err(|e| e.at(instruction))?;
         if head_major && op == Op::Attention {
             run(&lse_transpose_step(stats, ptr(4), &geometry, false), self)?;
         }
@@ -758,7 +767,7 @@ impl Backend for CudaBackend {
         self.settle_collectives()?;
         for (stream, cuda_stream) in Stream::ALL.iter().zip(&self.streams) {
             cuda_stream.synchronize().map_err(|e| {
-                BackendError::Other(format!("{}: the {} stream failed: {e}", self.name(), stream.name()))
+                BackendError::from(CudaError::driver(format!("{}: the {} stream", self.name(), stream.name()), e))
             })?;
         }
         self.ctx.check_err().map_err(driver_error("an earlier asynchronous call"))?;

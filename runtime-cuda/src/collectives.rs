@@ -14,6 +14,8 @@
 //! for an all-gather, bf16 for a reduce-scatter, bf16 or f32 for the all-reduces; the reduction
 //! is NCCL's sum or max.
 
+use crate::error::CudaError;
+use crate::error::CudaError::Launch;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{cuStreamQuery, cudaError_enum};
@@ -36,20 +38,20 @@ pub(super) struct Joined {
 
 impl Joined {
     /// The communicator, or the error a collective launch without one is.
-    fn get(&self, op: Op) -> Result<&Communicator, String> {
+    fn get(&self, op: Op) -> Result<&Communicator, CudaError> {
         match (&self.comm, &self.aborted) {
             (Some(comm), _) => Ok(comm),
-            (None, Some(why)) => Err(format!(
+            (None, Some(why)) => Err(CudaError::Collective(format!(
                 "op `{}`: this backend's NCCL communicator was aborted earlier ({why}); the tensor-parallel group \
                  cannot go on: restart the run",
                 op.name()
-            )),
-            (None, None) => Err(format!(
+            ))),
+            (None, None) => Err(CudaError::Collective(format!(
                 "op `{}` is a collective and this backend has no NCCL communicator: a plan made with tensor \
                  parallelism t > 1 runs on one backend per rank, each joined to the group \
                  (`CudaBackend::join`; `memo train --device cuda --tensor-parallel T`)",
                 op.name()
-            )),
+            ))),
         }
     }
 }
@@ -88,19 +90,20 @@ pub(crate) fn call(
     spans: &[(u64, u64)],
     rank: usize,
     ranks: usize,
-) -> Result<Call, String> {
+) -> Result<Call, CudaError> {
     let name = op.name();
     let expected = if collective.in_place() { 1 } else { 2 };
     if spans.len() != expected {
-        return Err(format!("op `{name}` takes {expected} argument(s) (its signature), got {}", spans.len()));
+        return Err(Launch(format!("op `{name}` takes {expected} argument(s) (its signature), got {}", spans.len())));
     }
-    let bytes =
-        |len: u64| usize::try_from(len).map_err(|_| format!("op `{name}`: {len} bytes exceed the address space"));
+    let bytes = |len: u64| {
+        usize::try_from(len).map_err(|_| Launch(format!("op `{name}`: {len} bytes exceed the address space")))
+    };
     let whole = |len: usize, dtype: DataType| {
         if len.is_multiple_of(dtype.bytes()) {
             Ok(len / dtype.bytes())
         } else {
-            Err(format!("op `{name}`: {len} bytes are not whole {dtype:?} elements of {} bytes", dtype.bytes()))
+            Err(Launch(format!("op `{name}`: {len} bytes are not whole {dtype:?} elements of {} bytes", dtype.bytes())))
         }
     };
     let t = ranks as u64;
@@ -113,9 +116,9 @@ pub(crate) fn call(
         Collective::AllGather => {
             let ((x, x_len), (y, y_len)) = (spans[0], spans[1]);
             if x_len.checked_mul(t) != Some(y_len) {
-                return Err(format!(
+                return Err(Launch(format!(
                     "op `{name}`: y has {y_len} bytes where t = {ranks} times x's {x_len} are gathered"
-                ));
+                )));
             }
             // In place when x is this rank's block of y (NCCL's rule); otherwise disjoint.
             check_overlap(name, (x, x_len), (y, y_len), y + rank as u64 * x_len)?;
@@ -125,9 +128,9 @@ pub(crate) fn call(
             let dtype = data_type(element);
             let ((x, x_len), (y, y_len)) = (spans[0], spans[1]);
             if y_len.checked_mul(t) != Some(x_len) {
-                return Err(format!(
+                return Err(Launch(format!(
                     "op `{name}`: x has {x_len} bytes where t = {ranks} times y's {y_len} are reduced and scattered"
-                ));
+                )));
             }
             check_overlap(name, (y, y_len), (x, x_len), x + rank as u64 * y_len)?;
             Ok(Call::ReduceScatter { count: whole(bytes(y_len)?, dtype)?, dtype, op: ReduceOp::Sum })
@@ -137,15 +140,15 @@ pub(crate) fn call(
 
 /// `small` (one rank's block) and `large` (the whole world's) must be disjoint, or `small` must
 /// start at `in_place`, the address NCCL's in-place form puts it at.
-fn check_overlap(name: &str, small: (u64, u64), large: (u64, u64), in_place: u64) -> Result<(), String> {
+fn check_overlap(name: &str, small: (u64, u64), large: (u64, u64), in_place: u64) -> Result<(), CudaError> {
     let disjoint = small.0.saturating_add(small.1) <= large.0 || large.0.saturating_add(large.1) <= small.0;
     if disjoint || small.1 == 0 || small.0 == in_place {
         Ok(())
     } else {
-        Err(format!(
+        Err(Launch(format!(
             "op `{name}`: x and y overlap other than in NCCL's in-place layout (this rank's block of the larger \
              buffer); the plan is wrong"
-        ))
+        )))
     }
 }
 
@@ -157,26 +160,26 @@ const MAX_PAUSE: Duration = Duration::from_millis(10);
 /// never issues its collective would otherwise block the stream, and every stream waiting on
 /// it, for ever. `Err` (with why) when the stream fails, the communicator reports an error, or
 /// the timeout passes; the caller then aborts the communicator, which ends its kernels.
-fn settle(stream: &CudaStream, comm: &Communicator) -> Result<(), String> {
+fn settle(stream: &CudaStream, comm: &Communicator) -> Result<(), CudaError> {
     let start = Instant::now();
     let mut pause = Duration::from_micros(20);
     loop {
         // Safety: a live stream of this backend's context, which the caller made current.
         let state = unsafe { cuStreamQuery(stream.cu_stream()) };
         match state {
-            cudaError_enum::CUDA_SUCCESS => return comm.check().map_err(|e| e.to_string()),
+            cudaError_enum::CUDA_SUCCESS => return comm.check().map_err(CudaError::Nccl),
             cudaError_enum::CUDA_ERROR_NOT_READY => {}
-            error => return Err(format!("the collective stream failed: {error:?}")),
+            error => return Err(CudaError::driver("the collective stream", format!("{error:?}"))),
         }
-        comm.check().map_err(|e| e.to_string())?;
+        comm.check().map_err(CudaError::Nccl)?;
         if start.elapsed() >= comm.timeout() {
-            return Err(format!(
+            return Err(CudaError::Collective(format!(
                 "rank {} of {}: the collective stream did not finish within {:?}: a peer rank never issued the \
                  same collective (it failed or stopped); NCCL's wait was aborted",
                 comm.rank(),
                 comm.world_size(),
                 comm.timeout()
-            ));
+            )));
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(MAX_PAUSE);
@@ -227,7 +230,7 @@ impl CudaBackend {
         collective: Collective,
         spans: &[(u64, u64)],
     ) -> Result<(), BackendError> {
-        let kernel_error = |message: String| BackendError::Kernel { instruction, message };
+        let kernel_error = |error: CudaError| error.at(instruction);
         let comm = self.collectives.get(op).map_err(kernel_error)?;
         let call = call(op, collective, spans, comm.rank(), comm.world_size()).map_err(kernel_error)?;
         let raw_stream = nccl::stream(&self.streams[stream.index()]);
@@ -250,7 +253,7 @@ impl CudaBackend {
             }
         };
         if let Err(error) = result {
-            return Err(self.abort(instruction, op, error.to_string()));
+            return Err(self.abort(instruction, op, CudaError::Nccl(error)));
         }
         let end = self.mark(stream)?;
         self.note(instruction, start, end);
@@ -269,9 +272,15 @@ impl CudaBackend {
         match settle(stream, comm) {
             Ok(()) => Ok(()),
             Err(why) => {
+                self.drop_communicator(&why.to_string());
+                // The backend's name in front of what its own words do not say.
                 let name = self.name();
-                self.drop_communicator(&why);
-                Err(BackendError::Other(format!("{name}: NCCL: {why}")))
+                let why = match why {
+                    CudaError::Collective(message) => CudaError::Collective(format!("{name}: {message}")),
+                    CudaError::Driver { what, error } => CudaError::Driver { what: format!("{name}: {what}"), error },
+                    other => other,
+                };
+                Err(BackendError::from(why))
             }
         }
     }
@@ -286,9 +295,10 @@ impl CudaBackend {
     }
 
     /// Aborts the communicator after `op` failed with `why`, and the launch error saying so.
-    fn abort(&mut self, instruction: usize, op: Op, why: String) -> BackendError {
+    fn abort(&mut self, instruction: usize, op: Op, why: CudaError) -> BackendError {
+        let why = why.to_string();
         self.drop_communicator(&why);
-        BackendError::Kernel { instruction, message: format!("op `{}`: NCCL: {why}", op.name()) }
+        BackendError::Kernel { instruction, message: format!("op `{}`: {why}", op.name()) }
     }
 
     fn drop_communicator(&mut self, why: &str) {
@@ -320,8 +330,9 @@ mod tests {
                 "{op:?}"
             );
         }
-        let error =
-            call(Op::AllReduceSumF32, Collective::of_op(Op::AllReduceSumF32).unwrap(), &[(0, 6)], 0, 2).unwrap_err();
+        let error = call(Op::AllReduceSumF32, Collective::of_op(Op::AllReduceSumF32).unwrap(), &[(0, 6)], 0, 2)
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("not whole F32 elements"), "{error}");
     }
 
@@ -332,13 +343,13 @@ mod tests {
             call(Op::AllGather, gather, &[(0, 6), (1000, 12)], 0, 2),
             Ok(Call::AllGather { count: 6, dtype: DataType::U8 })
         );
-        let error = call(Op::AllGather, gather, &[(0, 6), (1000, 13)], 0, 2).unwrap_err();
+        let error = call(Op::AllGather, gather, &[(0, 6), (1000, 13)], 0, 2).unwrap_err().to_string();
         assert!(error.contains("y has 13 bytes where t = 2 times x's 6"), "{error}");
         // In place: x is rank 1's block of y.
         assert!(call(Op::AllGather, gather, &[(1006, 6), (1000, 12)], 1, 2).is_ok());
-        let error = call(Op::AllGather, gather, &[(1002, 6), (1000, 12)], 1, 2).unwrap_err();
+        let error = call(Op::AllGather, gather, &[(1002, 6), (1000, 12)], 1, 2).unwrap_err().to_string();
         assert!(error.contains("overlap"), "{error}");
-        let error = call(Op::AllGather, gather, &[(0, 6)], 0, 2).unwrap_err();
+        let error = call(Op::AllGather, gather, &[(0, 6)], 0, 2).unwrap_err().to_string();
         assert!(error.contains("takes 2 argument(s)"), "{error}");
     }
 
@@ -348,21 +359,24 @@ mod tests {
             call(Op::ReduceScatter, BF16_SUM, &[(0, 32), (1000, 8)], 3, 4),
             Ok(Call::ReduceScatter { count: 4, dtype: DataType::Bf16, op: ReduceOp::Sum })
         );
-        let error = call(Op::ReduceScatter, BF16_SUM, &[(0, 30), (1000, 8)], 0, 4).unwrap_err();
+        let error = call(Op::ReduceScatter, BF16_SUM, &[(0, 30), (1000, 8)], 0, 4).unwrap_err().to_string();
         assert!(error.contains("x has 30 bytes where t = 4 times y's 8"), "{error}");
-        let error = call(Op::ReduceScatter, BF16_SUM, &[(0, 6), (1000, 3)], 0, 2).unwrap_err();
+        let error = call(Op::ReduceScatter, BF16_SUM, &[(0, 6), (1000, 3)], 0, 2).unwrap_err().to_string();
         assert!(error.contains("not whole Bf16"), "{error}");
         // In place: y is rank 2's block of x; anything else that overlaps is refused.
         assert!(call(Op::ReduceScatter, BF16_SUM, &[(0, 32), (16, 8)], 2, 4).is_ok());
-        assert!(call(Op::ReduceScatter, BF16_SUM, &[(0, 32), (4, 8)], 2, 4).unwrap_err().contains("overlap"));
+        assert!(call(Op::ReduceScatter, BF16_SUM, &[(0, 32), (4, 8)], 2, 4)
+            .unwrap_err()
+            .to_string()
+            .contains("overlap"));
     }
 
     #[test]
     fn without_a_communicator_a_collective_says_how_to_get_one() {
         let joined = Joined::default();
-        let error = joined.get(Op::AllGather).unwrap_err();
+        let error = joined.get(Op::AllGather).unwrap_err().to_string();
         assert!(error.contains("no NCCL communicator") && error.contains("--tensor-parallel"), "{error}");
         let aborted = Joined { comm: None, aborted: Some("peer gone".into()) };
-        assert!(aborted.get(Op::AllGather).unwrap_err().contains("aborted earlier (peer gone)"));
+        assert!(aborted.get(Op::AllGather).unwrap_err().to_string().contains("aborted earlier (peer gone)"));
     }
 }

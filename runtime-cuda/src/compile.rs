@@ -12,7 +12,8 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction};
 use cudarc::nvrtc::{result, sys, Ptx};
 use memo_kernels::{compile_options, AttentionVariant, Source, Target, SOURCES};
-use memo_runtime::BackendError;
+
+use crate::error::CudaError;
 
 /// A program that is destroyed when dropped.
 struct Program(sys::nvrtcProgram);
@@ -37,33 +38,34 @@ fn log(program: &Program) -> String {
 }
 
 /// `source` compiled to a CUBIN with `options`; an error carries the log and the options.
-pub(crate) fn cubin(source: &Source, options: &[String]) -> Result<Vec<u8>, String> {
-    let text =
-        CString::new(source.standalone_text()).map_err(|_| format!("kernels/{} holds a NUL byte", source.name))?;
-    let name = CString::new(source.name).map_err(|_| format!("{} holds a NUL byte", source.name))?;
+pub(crate) fn cubin(source: &Source, options: &[String]) -> Result<Vec<u8>, CudaError> {
+    let library = |why: String| CudaError::NvrtcLibrary(why);
+    let text = CString::new(source.standalone_text())
+        .map_err(|_| library(format!("kernels/{} holds a NUL byte", source.name)))?;
+    let name = CString::new(source.name).map_err(|_| library(format!("{} holds a NUL byte", source.name)))?;
     let program = Program(
         result::create_program(&text, Some(&name))
-            .map_err(|e| format!("NVRTC cannot create a program of kernels/{}: {e:?}", source.name))?,
+            .map_err(|e| library(format!("cannot create a program of kernels/{}: {e:?}", source.name)))?,
     );
     // Safety: the program is live; the options are plain strings without NUL bytes.
     if let Err(error) = unsafe { result::compile_program(program.0, options) } {
-        return Err(format!(
-            "NVRTC cannot compile kernels/{} with {options:?} ({error:?}):\n{}",
-            source.name,
-            log(&program)
-        ));
+        return Err(CudaError::Nvrtc {
+            source: format!("kernels/{}", source.name),
+            options: options.to_vec(),
+            log: format!("({error:?})\n{}", log(&program)),
+        });
     }
     let mut size = 0usize;
     // Safety: the program is live and compiled for a real architecture (sm_XY), so it has a
     // CUBIN; `size` is a live local.
     unsafe { sys::nvrtcGetCUBINSize(program.0, &mut size) }
         .result()
-        .map_err(|e| format!("kernels/{}: no CUBIN ({e:?}); options {options:?}", source.name))?;
+        .map_err(|e| library(format!("kernels/{}: no CUBIN ({e:?}); options {options:?}", source.name)))?;
     let mut cubin = vec![0u8; size];
     // Safety: `cubin` holds the `size` bytes nvrtcGetCUBINSize reported.
     unsafe { sys::nvrtcGetCUBIN(program.0, cubin.as_mut_ptr().cast::<c_char>()) }
         .result()
-        .map_err(|e| format!("kernels/{}: reading the CUBIN: {e:?}", source.name))?;
+        .map_err(|e| library(format!("kernels/{}: reading the CUBIN: {e:?}", source.name)))?;
     Ok(cubin)
 }
 
@@ -73,26 +75,28 @@ pub(crate) fn kernels(
     ctx: &Arc<CudaContext>,
     sm: u32,
     attention: AttentionVariant,
-) -> Result<HashMap<&'static str, CudaFunction>, BackendError> {
+) -> Result<HashMap<&'static str, CudaFunction>, CudaError> {
     let mut options = compile_options(Target::Cuda { sm });
     options.extend(attention.options());
-    let cubins: Vec<Result<Vec<u8>, String>> = std::thread::scope(|scope| {
+    let cubins: Vec<Result<Vec<u8>, CudaError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = SOURCES.iter().map(|source| scope.spawn(|| cubin(source, &options))).collect();
         handles
             .into_iter()
-            .map(|handle| handle.join().unwrap_or_else(|_| Err("an NVRTC compile thread panicked".into())))
+            .map(|handle| {
+                handle.join().unwrap_or_else(|_| Err(CudaError::NvrtcLibrary("a compile thread panicked".into())))
+            })
             .collect()
     });
     let mut functions = HashMap::new();
     for (source, cubin) in SOURCES.iter().zip(cubins) {
-        let cubin = cubin.map_err(BackendError::Other)?;
+        let cubin = cubin?;
         let module = ctx
             .load_module(Ptx::from_binary(cubin))
-            .map_err(|e| BackendError::Other(format!("loading kernels/{} (sm_{sm}): {e}", source.name)))?;
+            .map_err(|e| CudaError::driver(format!("loading kernels/{} (sm_{sm})", source.name), e))?;
         for &kernel in source.kernels {
             let function = module
                 .load_function(kernel)
-                .map_err(|e| BackendError::Other(format!("kernels/{}: no kernel `{kernel}`: {e}", source.name)))?;
+                .map_err(|e| CudaError::driver(format!("kernels/{}: no kernel `{kernel}`", source.name), e))?;
             functions.insert(kernel, function);
         }
     }

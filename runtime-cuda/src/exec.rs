@@ -2,6 +2,8 @@
 //! turned into device addresses and scalars, a cuBLAS GEMM (bf16 in and out, f32 compute), or an
 //! async memset. Nothing here knows an op: `memo_kernels::launch_steps` decided everything.
 
+use crate::error::CudaError;
+use crate::error::CudaError::Launch;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -36,23 +38,25 @@ enum Value {
 
 impl Resolved<'_> {
     /// The address `byte_offset` bytes into argument `arg`, with `bytes` bytes after it.
-    fn pointer(&self, arg: usize, byte_offset: u64, bytes: u64) -> Result<CdevicePtr, String> {
+    fn pointer(&self, arg: usize, byte_offset: u64, bytes: u64) -> Result<CdevicePtr, CudaError> {
         let &(base, len) =
-            self.args.get(arg).ok_or_else(|| format!("the recipe names argument {arg}, which is missing"))?;
+            self.args.get(arg).ok_or_else(|| Launch(format!("the recipe names argument {arg}, which is missing")))?;
         match byte_offset.checked_add(bytes) {
             Some(end) if end <= len => Ok(base + byte_offset),
-            _ => Err(format!("the recipe reaches bytes [{byte_offset}, +{bytes}) of argument {arg}, which has {len}")),
+            _ => Err(Launch(format!(
+                "the recipe reaches bytes [{byte_offset}, +{bytes}) of argument {arg}, which has {len}"
+            ))),
         }
     }
 
-    fn value(&self, param: &Param) -> Result<Value, String> {
+    fn value(&self, param: &Param) -> Result<Value, CudaError> {
         Ok(match *param {
             // A kernel pointer may be one past the end only when nothing is read: bounds of the
             // pointed-to extent are the kernel's contract with the recipe, checked in its tests.
             Param::Ptr { arg, byte_offset } => Value::U64(self.pointer(arg, byte_offset, 0)?),
             Param::Scratch { byte_offset } => match self.scratch {
                 Some((base, bytes)) if byte_offset < bytes => Value::U64(base + byte_offset),
-                _ => return Err(format!("scratch offset {byte_offset} outside the recipe's scratch")),
+                _ => return Err(Launch(format!("scratch offset {byte_offset} outside the recipe's scratch"))),
             },
             Param::Status => Value::U64(self.status),
             Param::Instruction => Value::U32(self.instruction),
@@ -70,13 +74,14 @@ pub(crate) fn run_step(
     functions: &HashMap<&'static str, CudaFunction>,
     stream: &Arc<CudaStream>,
     blas: &CudaBlas,
-) -> Result<(), String> {
+) -> Result<(), CudaError> {
     match step {
         Step::Kernel(launch) => kernel(launch, resolved, functions, stream),
         Step::Gemm(gemm) => run_gemm(gemm, resolved, blas),
         Step::Zero { arg } => {
-            let &(address, len) = resolved.args.get(*arg).ok_or_else(|| format!("no argument {arg} to zero"))?;
-            let len = usize::try_from(len).map_err(|_| "a zero of more than usize bytes".to_string())?;
+            let &(address, len) =
+                resolved.args.get(*arg).ok_or_else(|| Launch(format!("no argument {arg} to zero")))?;
+            let len = usize::try_from(len).map_err(|_| Launch("a zero of more than usize bytes".into()))?;
             if len == 0 {
                 return Ok(());
             }
@@ -84,7 +89,7 @@ pub(crate) fn run_step(
             // and the plan orders this write against every other access of them (the contract of
             // the unsafe `Backend::launch` this serves).
             unsafe { cudarc::driver::result::memset_d8_async(address, 0, len, stream.cu_stream()) }
-                .map_err(|e| format!("zero: {e}"))
+                .map_err(|e| CudaError::driver("zero", e))
         }
     }
 }
@@ -94,9 +99,9 @@ fn kernel(
     resolved: &Resolved<'_>,
     functions: &HashMap<&'static str, CudaFunction>,
     stream: &Arc<CudaStream>,
-) -> Result<(), String> {
+) -> Result<(), CudaError> {
     let function = functions.get(launch.kernel).ok_or_else(|| {
-        format!("kernel `{}` was not compiled (it is in no memo_kernels::SOURCES entry)", launch.kernel)
+        Launch(format!("kernel `{}` was not compiled (it is in no memo_kernels::SOURCES entry)", launch.kernel))
     })?;
     let values: Vec<Value> = launch.params.iter().map(|p| resolved.value(p)).collect::<Result<_, _>>()?;
     let mut builder = stream.launch_builder(function);
@@ -117,7 +122,9 @@ fn kernel(
     // arena, the scratch or the status words, with the extents the recipe's shape checks
     // proved; the plan orders the accesses across streams (the contract of the unsafe
     // `Backend::launch` this serves). `values` outlives the launch call.
-    unsafe { builder.launch(config) }.map(|_| ()).map_err(|e| format!("kernel `{}`: {e}", launch.kernel))
+    unsafe { builder.launch(config) }
+        .map(|_| ())
+        .map_err(|e| CudaError::driver(format!("kernel `{}`", launch.kernel), e))
 }
 
 /// Bytes a column-major bf16 matrix of `rows x cols` with leading dimension `ld` spans.
@@ -134,21 +141,21 @@ fn operand_pointer(
     rows: u32,
     cols: u32,
     ld: u32,
-) -> Result<CdevicePtr, String> {
+) -> Result<CdevicePtr, CudaError> {
     if ld < rows.max(1) {
-        return Err(format!("leading dimension {ld} below the {rows} rows of a GEMM operand"));
+        return Err(Launch(format!("leading dimension {ld} below the {rows} rows of a GEMM operand")));
     }
     resolved.pointer(operand.arg, operand.byte_offset, extent(rows, cols, ld))
 }
 
-fn run_gemm(gemm: &Gemm, resolved: &Resolved<'_>, blas: &CudaBlas) -> Result<(), String> {
+fn run_gemm(gemm: &Gemm, resolved: &Resolved<'_>, blas: &CudaBlas) -> Result<(), CudaError> {
     // Stored shapes (column-major): A is m x k, or k x m when transposed; B is k x n, or n x k.
     let (a_rows, a_cols) = if gemm.transpose_a { (gemm.k, gemm.m) } else { (gemm.m, gemm.k) };
     let (b_rows, b_cols) = if gemm.transpose_b { (gemm.n, gemm.k) } else { (gemm.k, gemm.n) };
     let a = operand_pointer(resolved, gemm.a, a_rows, a_cols, gemm.lda)?;
     let b = operand_pointer(resolved, gemm.b, b_rows, b_cols, gemm.ldb)?;
     let c = operand_pointer(resolved, gemm.c, gemm.m, gemm.n, gemm.ldc)?;
-    let int = |v: u32| i32::try_from(v).map_err(|_| format!("GEMM dimension {v} above 2^31"));
+    let int = |v: u32| i32::try_from(v).map_err(|_| Launch(format!("GEMM dimension {v} above 2^31")));
     let op = |t: bool| if t { cublasOperation_t::CUBLAS_OP_T } else { cublasOperation_t::CUBLAS_OP_N };
     let (alpha, beta) = (gemm.alpha, gemm.beta);
     // Safety: `blas` is bound to the launch's stream; A, B and C lie inside their arguments for
@@ -177,7 +184,7 @@ fn run_gemm(gemm: &Gemm, resolved: &Resolved<'_>, blas: &CudaBlas) -> Result<(),
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
-    .map_err(|e| format!("cuBLAS GEMM {}x{}x{}: {e:?}", gemm.m, gemm.n, gemm.k))
+    .map_err(|e| CudaError::Cublas { what: format!("GEMM {}x{}x{}", gemm.m, gemm.n, gemm.k), status: format!("{e:?}") })
 }
 
 #[cfg(test)]

@@ -37,6 +37,7 @@
 pub mod attention;
 mod backend;
 mod compile;
+pub mod error;
 mod exec;
 pub mod nccl;
 pub mod nvrtc_check;
@@ -45,3 +46,4 @@ mod timing;
 
 pub use attention::{AttentionChoice, AttentionScratch};
 pub use backend::{CudaBackend, ATTENTION_VARIABLE};
+pub use error::{CudaError, CudnnStatus};

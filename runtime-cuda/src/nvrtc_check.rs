@@ -9,6 +9,8 @@
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
 
+use crate::error::CudaError;
+
 /// `nvrtcResult`: 0 is success.
 type NvrtcResult = c_int;
 /// `nvrtcProgram`.
@@ -58,52 +60,67 @@ impl Nvrtc {
         }
     }
 
-    /// Loads `libnvrtc.so` (or the path given) and resolves the functions used.
-    pub fn load(path: &Path) -> Result<Self, String> {
-        // Safety: loading NVRTC runs its initialisers, which have no preconditions on us; the
-        // library stays loaded as long as `self` lives, and every symbol is used only through it.
+    /// Loads the NVRTC library at `path` (`libnvrtc.so`, e.g. from [`Nvrtc::cache_folder`]) and
+    /// checks it has `nvrtcCreateProgram`.
+    ///
+    /// # Safety
+    /// `path` must be an NVRTC library (CUDA 12 or 13's `libnvrtc.so`): this runs its
+    /// initialisers, and [`Nvrtc::version`] and [`Nvrtc::compile`] call its functions through
+    /// the signatures of `nvrtc.h`, which nothing can check; a different library exporting
+    /// those names with other signatures is undefined behaviour. The path is trusted, not
+    /// verified.
+    pub unsafe fn load(path: &Path) -> Result<Self, CudaError> {
+        // Safety: the caller's promise (above): `path` is NVRTC, whose initialisers have no
+        // preconditions on us; the library stays loaded as long as `self` lives, and every
+        // symbol is used only through it.
         let library = unsafe { libloading::Library::new(path) }
-            .map_err(|e| format!("cannot load NVRTC from {}: {e}", path.display()))?;
+            .map_err(|e| CudaError::NvrtcLibrary(format!("cannot load NVRTC from {}: {e}", path.display())))?;
         let nvrtc = Nvrtc { library, path: path.to_path_buf() };
         nvrtc.symbol::<CreateProgram>(b"nvrtcCreateProgram\0")?;
         Ok(nvrtc)
     }
 
-    fn symbol<T: Copy>(&self, name: &[u8]) -> Result<T, String> {
+    fn symbol<T: Copy>(&self, name: &[u8]) -> Result<T, CudaError> {
         // Safety: each call site names a type `T` that is the documented C signature of `name`
-        // in nvrtc.h (CUDA 12); the pointer is copied out and used only while `self` lives.
+        // in nvrtc.h (CUDA 12), and `load`'s caller promised the library is NVRTC; the pointer
+        // is copied out and used only while `self` lives.
         let symbol = unsafe { self.library.get::<T>(name) }.map_err(|e| {
-            format!("{} lacks {}: {e}", self.path.display(), String::from_utf8_lossy(name).trim_end_matches('\0'))
+            CudaError::NvrtcLibrary(format!(
+                "{} lacks {}: {e}",
+                self.path.display(),
+                String::from_utf8_lossy(name).trim_end_matches('\0')
+            ))
         })?;
         Ok(*symbol)
     }
 
     /// NVRTC's (major, minor) version.
-    pub fn version(&self) -> Result<(i32, i32), String> {
+    pub fn version(&self) -> Result<(i32, i32), CudaError> {
         let version = self.symbol::<Version>(b"nvrtcVersion\0")?;
         let (mut major, mut minor) = (0, 0);
         // Safety: both pointers are to live locals, as nvrtcVersion requires.
         let status = unsafe { version(&mut major, &mut minor) };
         if status != 0 {
-            return Err(format!("nvrtcVersion failed with status {status}"));
+            return Err(CudaError::NvrtcLibrary(format!("nvrtcVersion failed with status {status}")));
         }
         Ok((major, minor))
     }
 
     /// Compiles `source` (named `name` in the log) with `options`; an error carries the log and
     /// the options.
-    pub fn compile(&self, name: &str, source: &str, options: &[String]) -> Result<Compiled, String> {
+    pub fn compile(&self, name: &str, source: &str, options: &[String]) -> Result<Compiled, CudaError> {
         let create = self.symbol::<CreateProgram>(b"nvrtcCreateProgram\0")?;
         let compile = self.symbol::<CompileProgram>(b"nvrtcCompileProgram\0")?;
         let log_size = self.symbol::<GetSize>(b"nvrtcGetProgramLogSize\0")?;
         let get_log = self.symbol::<GetBytes>(b"nvrtcGetProgramLog\0")?;
         let cubin_size = self.symbol::<GetSize>(b"nvrtcGetCUBINSize\0")?;
         let destroy = self.symbol::<DestroyProgram>(b"nvrtcDestroyProgram\0")?;
-        let c_source = CString::new(source).map_err(|_| format!("{name}: the source holds a NUL byte"))?;
-        let c_name = CString::new(name).map_err(|_| format!("{name}: the name holds a NUL byte"))?;
+        let nul = |what: String| CudaError::NvrtcLibrary(format!("{what} holds a NUL byte"));
+        let c_source = CString::new(source).map_err(|_| nul(format!("{name}: the source")))?;
+        let c_name = CString::new(name).map_err(|_| nul(format!("{name}: the name")))?;
         let c_options: Vec<CString> = options
             .iter()
-            .map(|o| CString::new(o.as_str()).map_err(|_| format!("option {o:?} holds a NUL byte")))
+            .map(|o| CString::new(o.as_str()).map_err(|_| nul(format!("option {o:?}"))))
             .collect::<Result<_, _>>()?;
         let option_ptrs: Vec<*const c_char> = c_options.iter().map(|o| o.as_ptr()).collect();
         let mut program: Program = std::ptr::null_mut();
@@ -112,9 +129,10 @@ impl Nvrtc {
         let status =
             unsafe { create(&mut program, c_source.as_ptr(), c_name.as_ptr(), 0, std::ptr::null(), std::ptr::null()) };
         if status != 0 {
-            return Err(format!("{name}: nvrtcCreateProgram failed with status {status}"));
+            return Err(CudaError::NvrtcLibrary(format!("{name}: nvrtcCreateProgram failed with status {status}")));
         }
-        let count = c_int::try_from(option_ptrs.len()).map_err(|_| "too many options".to_string())?;
+        let count =
+            c_int::try_from(option_ptrs.len()).map_err(|_| CudaError::NvrtcLibrary("too many options".into()))?;
         // Safety: `program` was created above; the option pointers live in `c_options`.
         let compiled = unsafe { compile(program, count, option_ptrs.as_ptr()) };
         let mut size = 0usize;
@@ -143,7 +161,7 @@ impl Nvrtc {
             if log.is_empty() {
                 log = format!("(no log; status {compiled})");
             }
-            return Err(format!("{name}: NVRTC compile failed with options {options:?}:\n{log}"));
+            return Err(CudaError::Nvrtc { source: name.to_string(), options: options.to_vec(), log });
         }
         Ok(Compiled { log, cubin_bytes })
     }

@@ -3,6 +3,7 @@
 //! after each launch and copy; at synchronize every event is read relative to the step's
 //! earliest one. Events come from a pool that is reused step after step.
 
+use crate::error::CudaError;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUevent_flags;
@@ -28,13 +29,13 @@ impl Timing {
         if self.used == self.pool.len() {
             let event = ctx
                 .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-                .map_err(|e| BackendError::Other(format!("CUDA: a timing event: {e}")))?;
+                .map_err(|e| BackendError::from(CudaError::driver("a timing event", e)))?;
             self.pool.push(event);
         }
         let index = self.used;
         self.pool[index]
             .record(stream)
-            .map_err(|e| BackendError::Other(format!("CUDA: recording a timing event: {e}")))?;
+            .map_err(|e| BackendError::from(CudaError::driver("recording a timing event", e)))?;
         self.used += 1;
         Ok(index)
     }
@@ -56,7 +57,7 @@ impl Timing {
             reference
                 .elapsed_ms(&self.pool[index])
                 .map(|ms| f64::from(ms) / 1e3)
-                .map_err(|e| BackendError::Other(format!("CUDA: reading a timing event: {e}")))
+                .map_err(|e| BackendError::from(CudaError::driver("reading a timing event", e)))
         };
         let mut spans = Vec::with_capacity(self.marks.len());
         for &(instruction, start, end) in &self.marks {

@@ -1,9 +1,13 @@
 //! The cuDNN probe against fake cuDNN libraries (no GPU, no cuDNN needed): a `libcudnn.so.9`
-//! compiled here with `cc` whose `cudnnGetVersion` says 8.9.7, and one that says 9.21.0 but
-//! whose `cudnnCreate` fails with `CUDNN_STATUS_NOT_INITIALIZED` (what a real cuDNN does on a
-//! machine without a GPU). Each is loaded in a child process (cudarc loads a library once per
-//! process) through `LD_LIBRARY_PATH`; the probe must answer one line saying why, never panic.
-//! Without `cc` the test prints SKIP.
+//! compiled here with `cc` whose `cudnnGetVersion` says 8.9.7, one that says 9.21.0 but whose
+//! `cudnnCreate` fails with `CUDNN_STATUS_NOT_INITIALIZED` (what a real cuDNN does on a machine
+//! without a GPU), and one whose `cudnnCreate` returns 12345, a status no header lists (a newer
+//! cuDNN's): it must be reported as "unknown status 12345" (statuses are read as integers, never
+//! as a Rust enum, where it would be undefined behaviour). Each is loaded in a child process
+//! (the library is loaded once per process) through `LD_LIBRARY_PATH`; the probe must answer one
+//! line saying why, never panic. Without `cc` the test prints SKIP. (The plan cache against a
+//! fake that refuses token-major statistics is runtime-cuda's lib test
+//! `attention::cudnn::tests::a_refused_plan_is_asked_of_cudnn_once`.)
 
 #[path = "../../tests/support/skip.rs"]
 mod skip;
@@ -25,8 +29,9 @@ fn probe_child() {
     }
 }
 
-/// A fake `libcudnn.so.9` in `dir` reporting `version`, whose `cudnnCreate` fails.
-fn fake(dir: &Path, version: u32) -> Result<(), String> {
+/// A fake `libcudnn.so.9` in `dir` reporting `version`, whose `cudnnCreate` returns `create`
+/// (every backend function exists and fails: none is reached).
+fn fake(dir: &Path, version: u32, create: u32) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
     let source = dir.join("fake_cudnn.c");
     std::fs::write(
@@ -34,9 +39,16 @@ fn fake(dir: &Path, version: u32) -> Result<(), String> {
         format!(
             "#include <stddef.h>\n\
              size_t cudnnGetVersion(void) {{ return {version}; }}\n\
-             int cudnnCreate(void **handle) {{ (void)handle; return 1001; }}\n\
+             int cudnnCreate(void **handle) {{ (void)handle; return {create}; }}\n\
              int cudnnDestroy(void *handle) {{ (void)handle; return 0; }}\n\
-             int cudnnSetStream(void *handle, void *stream) {{ (void)handle; (void)stream; return 0; }}\n"
+             int cudnnSetStream(void *handle, void *stream) {{ (void)handle; (void)stream; return 0; }}\n\
+             void cudnnGetLastErrorString(char *m, size_t n) {{ if (n) m[0] = 0; }}\n\
+             int cudnnBackendCreateDescriptor(int k, void **d) {{ (void)k; (void)d; return 4000; }}\n\
+             int cudnnBackendDestroyDescriptor(void *d) {{ (void)d; return 4000; }}\n\
+             int cudnnBackendSetAttribute(void *d, int a, int t, long c, const void *v) {{ (void)d; (void)a; (void)t; (void)c; (void)v; return 4000; }}\n\
+             int cudnnBackendGetAttribute(void *d, int a, int t, long r, long *c, void *v) {{ (void)d; (void)a; (void)t; (void)r; (void)c; (void)v; return 4000; }}\n\
+             int cudnnBackendFinalize(void *d) {{ (void)d; return 4000; }}\n\
+             int cudnnBackendExecute(void *h, void *p, void *v) {{ (void)h; (void)p; (void)v; return 4000; }}\n"
         ),
     )
     .map_err(|e| e.to_string())?;
@@ -77,7 +89,7 @@ fn probe_with(dir: &Path) -> String {
 }
 
 #[test]
-fn a_too_old_or_failing_cudnn_is_one_line_never_a_panic() {
+fn a_too_old_failing_or_unknown_status_cudnn_is_one_line_never_a_panic() {
     if std::env::var_os(CHILD).is_some() {
         return;
     }
@@ -86,15 +98,21 @@ fn a_too_old_or_failing_cudnn_is_one_line_never_a_panic() {
         return;
     }
     let root = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fake-cudnn");
-    let (old, failing) = (root.join("8.9.7"), root.join("9.21.0"));
-    fake(&old, 8907).expect("the 8.9.7 fake");
-    fake(&failing, 92100).expect("the 9.21.0 fake");
+    let (old, failing, unknown) = (root.join("8.9.7"), root.join("9.21.0"), root.join("9.99.0"));
+    fake(&old, 8907, 1001).expect("the 8.9.7 fake");
+    fake(&failing, 92100, 1001).expect("the 9.21.0 fake");
+    fake(&unknown, 99900, 12345).expect("the 9.99.0 fake");
     let line = probe_with(&old);
     assert!(line.starts_with("PROBE ERR") && line.contains("cuDNN 8.9.7 is too old"), "{line}");
     let line = probe_with(&failing);
     assert!(
         line.starts_with("PROBE ERR")
             && line.contains("cuDNN 9.21.0: cudnnCreate failed: CUDNN_STATUS_NOT_INITIALIZED"),
+        "{line}"
+    );
+    let line = probe_with(&unknown);
+    assert!(
+        line.starts_with("PROBE ERR") && line.contains("cuDNN 9.99.0: cudnnCreate failed: unknown status 12345"),
         "{line}"
     );
 }

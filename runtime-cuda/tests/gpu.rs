@@ -646,6 +646,9 @@ fn attention_matches_the_cpu_reference_under_every_choice() {
             }
             println!("{label}: compared");
         }
+        // What ran: a cuDNN version rule may have sent some launches to our kernels (the line
+        // says which and why; spec/backends.md's table), which MEMO_REQUIRE_CUDNN accepts.
+        println!("{}: attention ran as: {}", choice.name(), gpu.attention());
         if require_cudnn && matches!(choice, AttentionChoice::Cudnn { .. }) && !gpu.attention().starts_with("cuDNN") {
             failures.push(format!(
                 "{}: MEMO_REQUIRE_CUDNN is set but attention ran as: {}",

@@ -297,7 +297,8 @@ fn the_torchrun_variables_are_read() {
             world_size: 8,
             local_rank: 3,
             master_addr: "node-0".into(),
-            port: 29500,
+            // MASTER_PORT + 1: torchrun's store holds 29500 itself.
+            port: 29501,
             timeout: DEFAULT_TIMEOUT,
         })
     );
@@ -329,6 +330,7 @@ fn each_malformed_variable_is_named_with_its_value() {
         ("MASTER_ADDR", " ", "MASTER_ADDR"),
         ("MASTER_PORT", "70000", "MASTER_PORT"),
         ("MASTER_PORT", "0", "MASTER_PORT"),
+        ("MASTER_PORT", "65535", "MASTER_PORT"),
         (PORT_VARIABLE, "http", PORT_VARIABLE),
         (TIMEOUT_VARIABLE, "-1", TIMEOUT_VARIABLE),
         (TIMEOUT_VARIABLE, "NaN", TIMEOUT_VARIABLE),

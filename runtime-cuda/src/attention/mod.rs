@@ -4,8 +4,10 @@
 //!   ([`graph::GraphBuilder`]) so that exactly what is handed to cuDNN can be recorded
 //!   ([`record::Recorder`]), compared with golden files and run by an f64 interpreter in the
 //!   tests (no GPU needed).
-//! - `cudnn` (private): the trait on cudarc's `cudnn` sys layer; descriptors owned and destroyed,
-//!   every status checked, engine heuristics mode A, execution plans cached per shape.
+//! - `cudnn` (private): the trait on cuDNN through bindings of our own (statuses read as
+//!   integers); descriptors owned and destroyed, every status checked, engine configurations
+//!   deduplicated and bounded, execution plans and refusals cached per (pass, shape), the LSE
+//!   layout and the version gates per cuDNN version.
 //! - [`scratch`]: the device bytes one attention launch needs besides its plan arguments, as a
 //!   function of its shape, for the planner ([`AttentionScratch`]).
 //!
@@ -74,7 +76,7 @@ impl AttentionChoice {
 /// Opens cuDNN as the backend does (probe, version, `cudnnCreate`; on the default stream) and
 /// closes it again: the line that says what the cuDNN path would run, or why it cannot. Never
 /// panics, whatever library is (or is not) found.
-pub fn probe_cudnn() -> Result<String, String> {
+pub fn probe_cudnn() -> Result<String, crate::CudaError> {
     let opened = cudnn::Cudnn::open(std::ptr::null_mut())?;
     Ok(format!(
         "cuDNN {} {} forward",
@@ -96,17 +98,18 @@ pub struct AttentionScratch {
     pub dq_accumulator: u64,
     /// Backward only: the f32 softmax sums `rowsum(dO * O)`, B*H*S*4.
     pub softmax_sum: u64,
-    /// Only when cuDNN refuses the plan's token-major LSE view: the LSE in cuDNN's head-major
-    /// layout (f32, B*H*S*4), transposed from or to the plan's on every launch (interim: the
-    /// plan's layout should change instead, issue 17 item 2).
+    /// When cuDNN is given head-major statistics (the default; token-major only where the
+    /// version reads and writes such strides correctly, `spec/backends.md`): the LSE in cuDNN's
+    /// packed layout (f32, B*H*S*4), transposed from or to the plan's on every launch.
     pub statistics: u64,
     /// cuDNN's own workspace for the chosen execution plan (known only once the plan is built
     /// on the device: [`scratch`] takes it as an argument).
     pub workspace: u64,
 }
 
-/// Alignment of each part of the scratch (cuDNN is promised 16; 256 is what allocators give).
-pub const SCRATCH_ALIGNMENT: u64 = 256;
+/// Alignment of each part of the scratch: the plan's ([`memo_plan_core::bilevel::ALIGNMENT`],
+/// 256 bytes, what allocators give; cuDNN is promised 16).
+pub const SCRATCH_ALIGNMENT: u64 = memo_plan_core::bilevel::ALIGNMENT;
 
 impl AttentionScratch {
     /// The parts' byte offsets (rotated q, rotated k, dQ accumulator, softmax sums, head-major
@@ -190,11 +193,12 @@ pub struct KeyValueView {
 /// An error (in one line) when neither describes the launch: query heads that use several K/V
 /// heads without cuDNN's grouping, a dimension above `i64`, or an offset that is not a multiple
 /// of 16 bytes (cuDNN's promised alignment).
-pub fn key_value_view(geometry: &AttentionShape) -> Result<KeyValueView, String> {
-    let int = |v: u64| i64::try_from(v).map_err(|_| format!("attention dimension {v} above 2^63"));
+pub fn key_value_view(geometry: &AttentionShape) -> Result<KeyValueView, crate::CudaError> {
+    use crate::CudaError::Launch;
+    let int = |v: u64| i64::try_from(v).map_err(|_| Launch(format!("attention dimension {v} above 2^63")));
     let (heads, kv_heads) = (geometry.heads, geometry.kv_heads);
     if heads == 0 || kv_heads == 0 {
-        return Err(format!("attention with {heads} query and {kv_heads} K/V heads"));
+        return Err(Launch(format!("attention with {heads} query and {kv_heads} K/V heads")));
     }
     let (b, h, s, d) = (int(geometry.sequences)?, int(heads)?, int(geometry.seq_len)?, int(geometry.head_dim)?);
     let kv_row = int(kv_heads.saturating_mul(geometry.head_dim))?;
@@ -204,21 +208,21 @@ pub fn key_value_view(geometry: &AttentionShape) -> Result<KeyValueView, String>
     }
     let (first, last) = (geometry.kv_head(0), geometry.kv_head(heads - 1));
     if first != last || first >= kv_heads {
-        return Err(format!(
+        return Err(Launch(format!(
             "query heads {}..{} use K/V heads {first}..={last} of {kv_heads} (group {}): cuDNN's grouped attention \
              needs them to use K/V heads from 0 in groups of heads / kv_heads, or all one head",
             geometry.first_query,
             geometry.first_query.saturating_add(heads),
             geometry.group
-        ));
+        )));
     }
     let offset = first.saturating_mul(geometry.head_dim);
     if !offset.saturating_mul(2).is_multiple_of(16) {
-        return Err(format!(
+        return Err(Launch(format!(
             "K/V head {first} starts {} bytes into its row, not a multiple of 16 (head dimension {})",
             offset.saturating_mul(2),
             geometry.head_dim
-        ));
+        )));
     }
     let shape = Shape { kv_heads: 1, kv_row, ..Shape::grouped(b, h, 1, s, d) };
     Ok(KeyValueView { shape, offset, zero_gradients: kv_heads > 1 })

@@ -601,7 +601,7 @@ fn grouped_and_replicated_key_values_are_described_as_cudnn_groups() {
     // at t = 4, which the model's rule refuses): refused in one line, not mis-described.
     let split = geometry(&(1, 3, 3, 8, 16, 1, 4, true));
     assert_eq!((split.kv_head(0), split.kv_head(2)), (0, 1));
-    let error = key_value_view(&split).unwrap_err();
+    let error = key_value_view(&split).unwrap_err().to_string();
     assert!(error.contains("K/V heads 0..=1 of 3") && !error.contains('\n'), "{error}");
 }
 
