@@ -11,6 +11,7 @@
 //! | 6    | invalid plan: a plan file that decodes but breaks a plan rule (`memo check` lists them) |
 //! | 7    | device unavailable: the `--device` backend cannot be opened (no driver, no device, or not built); the backend's message says which |
 //! | 70   | internal error: a result failed its independent check (a bug: please report it) |
+//! | 130  | interrupted: Ctrl-C stopped `memo train` (its state saved; the line says where and the `--resume` command), or a second Ctrl-C ended `memo train` or `memo solve` at once |
 //!
 //! Every failure prints exactly one line on standard error, starting with `memo:`, that says what
 //! went wrong and what to do about it (after the progress lines, `memo solve: ...`, of a solve
@@ -37,6 +38,8 @@ pub const PLAN_INVALID: u8 = 6;
 pub const DEVICE_UNAVAILABLE: u8 = 7;
 /// A result failed its independent check: a bug in `memo` (`EX_SOFTWARE` of `sysexits.h`).
 pub const INTERNAL_ERROR: u8 = 70;
+/// Ctrl-C (SIGINT): 128 + 2, as a shell reports a process its interrupt ended.
+pub const INTERRUPTED: u8 = 130;
 
 /// The exit-code table as `--help` shows it.
 pub const HELP: &str = "\
@@ -51,7 +54,9 @@ Exit codes:
   5   the chosen strategy's plan does not fit the machine (the message says by how much, and what would fit)
   6   a plan file that decodes but breaks a plan rule (`memo check` lists every violation)
   7   the --device backend cannot be opened (no driver, no device, or not built: the message says which)
-  70  internal error: the result failed its independent check (please report it)";
+  70  internal error: the result failed its independent check (please report it)
+  130 interrupted: Ctrl-C stopped memo train, which saved its state and says where and how to
+      --resume; a second Ctrl-C ends memo train or memo solve at once";
 
 /// Why a command failed: an exit code and a one-line message (without the `memo: ` prefix).
 #[derive(Debug)]
