@@ -32,7 +32,13 @@ or, with --task recall, a synthetic long-range task scored on held-out sequences
 distance.
 Every strategy trains the same model bit for bit; only memory use and time differ.
 On a GPU the plan is made for --machine-file (what `memo profile` writes), else --machine, else
-the default machine (cuda: h200x1, hip: mi300x8); --json adds each step's time and MFU.";
+the default machine (cuda: h200x1, hip: mi300x8); --json adds each step's time and MFU.
+A step that runs past 2 s reports its progress on standard error every 10 s (instructions run,
+layer and phase; MEMO_PROGRESS_AFTER_MS sets the threshold, 0: every step). Ctrl-C stops the run
+at the last consistent state (mid-step before the optimizer update: at the next instruction, with
+the previous step's state; during the update: once it ends), saves it atomically in --checkpoint
+(else ./memo-train-checkpoint), prints where and the --resume command, and exits 130; a second
+Ctrl-C exits at once, saving nothing.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -146,7 +152,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
 
-    /// Checked mode: trap any access the executed events do not order (slower; for debugging)
+    /// Checked mode: trap any access the executed events do not order (slower; for debugging); the
+    /// run ends with what was checked
     #[arg(long, conflicts_with = "copy_bandwidth")]
     checked: bool,
 
@@ -160,8 +167,10 @@ pub struct TrainArgs {
     json: bool,
 
     /// Tensor- and sequence-parallel ranks (spec/tensor-parallel.md): T threads, each with its own
-    /// backend and arena (cuda:N: devices N..N+T-1 joined by NCCL; refused while the step's ops
-    /// lack GPU kernels); T must divide the heads, the FFN width and the sequence
+    /// backend and arena; T must divide the heads, the FFN width and the sequence. cpu: T threads
+    /// of one host. cuda:N: devices N..N+T-1 of this process joined by NCCL (every op of the step
+    /// has a GPU kernel, checked by CPU emulation; not yet run on GPUs). hip: refused (no RCCL
+    /// collectives yet)
     #[arg(long, default_value_t = 1, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
     tensor_parallel: u64,
 }
@@ -502,7 +511,9 @@ fn checked_line(args: &TrainArgs, checks: Option<CheckReport>, steps: u64) -> Op
     let text = format!(
         "checked: {} launches and copies ({} byte ranges) and {} waits of {steps} step(s) verified against the \
          executed events: 0 unordered accesses",
-        checks.instructions, checks.spans, checks.waits
+        progress::thousands(checks.instructions),
+        progress::thousands(checks.spans),
+        progress::thousands(checks.waits)
     );
     let value = json!({"instructions": checks.instructions, "byte_ranges": checks.spans, "waits": checks.waits,
                        "steps": steps, "violations": 0});
