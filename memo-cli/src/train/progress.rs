@@ -57,7 +57,8 @@ pub(super) fn after() -> Result<Duration, Failure> {
 
 /// Where each instruction of a program is, for progress lines: its layer (1-based) and phase.
 struct Places {
-    places: Vec<(Option<u32>, &'static str)>,
+    /// Per instruction: its layer, its phase, and the op of the launch it is or follows.
+    places: Vec<(Option<u32>, &'static str, &'static str)>,
     layers: u32,
 }
 
@@ -67,6 +68,7 @@ impl Places {
     fn of(program: &[Instruction], layers: u32) -> Self {
         let mut phase = "forward";
         let mut layer = None;
+        let mut op = "";
         let places = program
             .iter()
             .map(|instruction| {
@@ -77,8 +79,9 @@ impl Places {
                         phase = "backward";
                     }
                     layer = launch.layer.map(|l| l.saturating_add(1));
+                    op = launch.op.name();
                 }
-                (layer, phase)
+                (layer, phase, op)
             })
             .collect();
         Places { places, layers }
@@ -86,8 +89,8 @@ impl Places {
 
     fn describe(&self, instruction: usize) -> String {
         match self.places.get(instruction) {
-            Some((Some(layer), phase)) => format!("layer {layer} of {}, {phase}", self.layers),
-            Some((None, phase)) => (*phase).to_string(),
+            Some((Some(layer), phase, op)) => format!("layer {layer} of {}, {phase}: {op}", self.layers),
+            Some((None, phase, op)) => format!("{phase}: {op}"),
             None => "starting".to_string(),
         }
     }
@@ -173,7 +176,17 @@ impl Progress {
                 ),
                 None => format!("running (the {backend} backend does not report inside a step)"),
             };
-            format!("memo train: step {step}: {what}, {}", elapsed(running_for))
+            let stopping = match &control {
+                Some(control) if control.gate().stop_requested() => {
+                    if control.honoured() && !control.gate().committed() {
+                        "; Ctrl-C: stopping after this instruction (again: exit at once, saving nothing)"
+                    } else {
+                        "; Ctrl-C: stopping after this step (again: exit at once, saving nothing)"
+                    }
+                }
+                _ => "",
+            };
+            format!("memo train: step {step}: {what}, {}{stopping}", elapsed(running_for))
         };
         let thread = std::thread::Builder::new()
             .name("memo-progress".into())
@@ -312,7 +325,10 @@ pub(super) fn interrupted(
             ),
             _ => "nothing to save; start again with the same command".to_string(),
         };
-        return Failure::new(exit::INTERRUPTED, format!("interrupted (Ctrl-C) before step {} ran: {what}", first + 1));
+        return Failure::new(
+            exit::INTERRUPTED,
+            format!("interrupted (Ctrl-C) before step {} completed (its update had not begun): {what}", first + 1),
+        );
     }
     let dir = match interrupted_dir(args) {
         Ok(dir) => dir,
