@@ -319,13 +319,16 @@ impl<B: Backend> Trainer<B> {
     /// [`Trainer::steps_taken`]) as they were; a step is not begun once a stop was asked for.
     pub fn step(&mut self, tokens: &[u32], targets: &[u32]) -> Result<f32, RuntimeError> {
         if let Some(control) = &self.control {
+            if control.gate().stop_requested() {
+                return Err(BackendError::Interrupted.into());
+            }
             control.gate().begin_step();
         }
         self.run_step(tokens, targets)
     }
 
-    /// [`Trainer::step`] without resetting the gate (a tensor-parallel step resets it once for
-    /// every rank, before any runs).
+    /// [`Trainer::step`] without asking or resetting the gate (a tensor-parallel step does both
+    /// once for every rank, before any runs, so that the ranks decide alike).
     fn run_step(&mut self, tokens: &[u32], targets: &[u32]) -> Result<f32, RuntimeError> {
         let expected = (self.replay.span(self.tokens).len / 4) as usize;
         if tokens.len() != expected || targets.len() != expected {
@@ -335,9 +338,6 @@ impl<B: Backend> Trainer<B> {
             return Err(TokenError::OutsideVocabulary { token: *bad, vocab: self.context.vocab }.into());
         }
         if let Some(control) = &self.control {
-            if control.gate().stop_requested() {
-                return Err(BackendError::Interrupted.into());
-            }
             control.begin_step();
         }
         let to_bytes = |values: &[u32]| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
@@ -349,8 +349,12 @@ impl<B: Backend> Trainer<B> {
         context.adamw.lr = self.context.adamw.lr_at(self.step);
         if let Err(error) = self.replay.run(&mut self.backend, &context) {
             // Stopped before any rank began the update: whatever failed (this rank's stop, or a
-            // peer's collective aborted by it), the previous step's state is intact.
-            let stopped = self.control.as_ref().is_some_and(|c| c.gate().stop_requested() && !c.gate().committed());
+            // peer's collective aborted by it), the previous step's state is intact. Only a
+            // backend that honours the control asks the gate before each update.
+            let stopped = self
+                .control
+                .as_ref()
+                .is_some_and(|c| c.honoured() && c.gate().stop_requested() && !c.gate().committed());
             if stopped {
                 self.step -= 1;
                 return Err(BackendError::Interrupted.into());

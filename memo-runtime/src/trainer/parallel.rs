@@ -177,8 +177,11 @@ impl<B: Backend + Send> ParallelTrainer<B> {
             return Err(TokenError::OutsideVocabulary { token: *bad, vocab: context.vocab }.into());
         }
         let r = expected / t.max(1);
-        // One gate for every rank: reset once, before any rank runs.
+        // One gate for every rank: asked and reset once, before any rank runs.
         if let Some(control) = &self.ranks[0].control {
+            if control.gate().stop_requested() {
+                return Err(BackendError::Interrupted.into());
+            }
             control.gate().begin_step();
         }
         let results = on_every_rank(&mut self.ranks, &self.groups, |k, trainer| {
