@@ -293,8 +293,14 @@ fn tensor_parallel_trains_checkpoints_and_resumes_bit_identically() {
 /// sends SIGINT once its stderr shows step `at` running (bounded by work: the run has far more
 /// steps than it can take before the signal lands); returns its exit code and stderr.
 fn interrupt_at(extra: &[&str], at: u64) -> (i32, String) {
+    interrupt_in(Path::new("."), extra, at)
+}
+
+/// [`interrupt_at`] with `dir` as the current directory.
+fn interrupt_in(dir: &Path, extra: &[&str], at: u64) -> (i32, String) {
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_memo"))
+        .current_dir(dir)
         .args(["train", "--device", "cpu", "--model", "tiny", "--seq", "32"])
         .args(extra)
         .env("MEMO_PROGRESS_AFTER_MS", "0")
@@ -362,6 +368,23 @@ fn ctrl_c_saves_the_state_and_resume_continues_bit_identically() {
         let output = train(&["--steps", &total, "--tensor-parallel", t, "--checkpoint", straight.to_str().unwrap()]);
         assert_eq!(code(&output), 0, "{}", stderr(&output));
         assert!(checkpoint_bytes(&straight) == checkpoint_bytes(&stopped), "t = {t}: the resumed run differs");
+    }
+}
+
+/// Without `--checkpoint`, Ctrl-C saves in `./memo-train-checkpoint`, and never over another
+/// run's checkpoint: the next interrupted run saves in `./memo-train-checkpoint-2`.
+#[test]
+fn ctrl_c_without_a_checkpoint_directory_saves_in_a_fresh_one() {
+    let dir = fresh_dir("ctrl-c-default");
+    std::fs::create_dir_all(&dir).unwrap();
+    for (n, name) in [(1, "memo-train-checkpoint"), (2, "memo-train-checkpoint-2")] {
+        let (exit_code, text) = interrupt_in(&dir, &["--steps", "1000000"], 2);
+        assert_eq!(exit_code, 130, "{text}");
+        let last = text.lines().last().unwrap();
+        assert!(last.contains(&format!(" is saved in {name}/checkpoint.memo;")), "run {n}: {last}");
+        assert!(last.ends_with(&format!("--steps 1000000 --checkpoint {name} --resume")), "run {n}: {last}");
+        let saved = memo_runtime::checkpoint::Checkpoint::load(&dir.join(name)).expect("the checkpoint");
+        assert!(saved.step >= 1, "{last}");
     }
 }
 
