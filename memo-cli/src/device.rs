@@ -146,6 +146,7 @@ pub fn runtime_exit_code(error: &RuntimeError) -> u8 {
         RuntimeError::Backend(BackendError::Unavailable(_)) => exit::DEVICE_UNAVAILABLE,
         RuntimeError::Invalid(_) | RuntimeError::RanksDiverged(_) => exit::INTERNAL_ERROR,
         RuntimeError::Rank { error, .. } => runtime_exit_code(error),
+        RuntimeError::Backend(BackendError::Interrupted) => exit::INTERRUPTED,
         RuntimeError::Backend(
             BackendError::OutOfBounds { .. }
             | BackendError::Kernel { .. }

@@ -12,7 +12,7 @@
 //! | 7    | device unavailable: the `--device` backend cannot be opened (no driver, no device, or not built); the backend's message says which |
 //! | 8    | nothing fits: `memo plan` without `--strategy` found no strategy whose plan fits the machine, or `--max-seq` found no length that any strategy fits (the table is still printed) |
 //! | 70   | internal error: a result failed its independent check (a bug: please report it) |
-//! | 130  | interrupted: a second Ctrl-C ended `memo solve` at once, before the best placement so far was printed |
+//! | 130  | interrupted: Ctrl-C stopped `memo train` (its state saved; the line says where and the `--resume` command), or a second Ctrl-C ended `memo train` or `memo solve` at once |
 //!
 //! Every failure prints exactly one line on standard error, starting with `memo:`, that says what
 //! went wrong and what to do about it (after the progress lines, `memo solve: ...`, of a solve
@@ -40,10 +40,10 @@ pub const DEVICE_UNAVAILABLE: u8 = 7;
 /// Nothing fits: no strategy at the given length (`memo plan` without `--strategy`), or no length
 /// for any strategy (`--max-seq`).
 pub const NONE_FITS: u8 = 8;
-/// A second Ctrl-C ended the command at once (128 + SIGINT, as a shell reports an interrupt).
-pub const INTERRUPTED: u8 = 130;
 /// A result failed its independent check: a bug in `memo` (`EX_SOFTWARE` of `sysexits.h`).
 pub const INTERNAL_ERROR: u8 = 70;
+/// Ctrl-C (SIGINT): 128 + 2, as a shell reports a process its interrupt ended.
+pub const INTERRUPTED: u8 = 130;
 
 /// The exit-code table as `--help` shows it.
 pub const HELP: &str = "\
@@ -61,7 +61,8 @@ Exit codes:
   8   nothing fits: memo plan without --strategy fits no strategy, or --max-seq fits no length with any
       strategy (the table is printed first, then one line on standard error)
   70  internal error: the result failed its independent check (please report it)
-  130 interrupted: a second Ctrl-C ended memo solve at once, without printing the best placement";
+  130 interrupted: Ctrl-C stopped memo train, which saved its state and says where and how to
+      --resume; a second Ctrl-C ends memo train or memo solve at once";
 
 /// Why a command failed: an exit code and a one-line message (without the `memo: ` prefix).
 #[derive(Debug)]

@@ -3,6 +3,7 @@
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use memo_plan_core::model::ModelConfig;
@@ -10,7 +11,7 @@ use memo_plan_core::plan::Strategy;
 use memo_runtime::checkpoint::{fingerprint, Checkpoint};
 use memo_runtime::data::TextData;
 use memo_runtime::recall::{RecallTask, MIN_RECALL_SEQ_LEN};
-use memo_runtime::{AdamW, MemoryReport, TrainOptions, Trainer};
+use memo_runtime::{AdamW, BackendError, CheckReport, MemoryReport, RuntimeError, StopGate, TrainOptions, Trainer};
 use runtime_cpu::CpuBackend;
 use serde_json::json;
 
@@ -20,6 +21,7 @@ use crate::exit::{self, Failure};
 use crate::human;
 
 mod parallel;
+mod progress;
 
 /// What `memo train --help` says it does.
 pub const LONG_ABOUT: &str = "\
@@ -30,7 +32,13 @@ or, with --task recall, a synthetic long-range task scored on held-out sequences
 distance.
 Every strategy trains the same model bit for bit; only memory use and time differ.
 On a GPU the plan is made for --machine-file (what `memo profile` writes), else --machine, else
-the default machine (cuda: h200x1, hip: mi300x8); --json adds each step's time and MFU.";
+the default machine (cuda: h200x1, hip: mi300x8); --json adds each step's time and MFU.
+A step that runs past 2 s reports its progress on standard error every 10 s (instructions run,
+layer and phase; MEMO_PROGRESS_AFTER_MS sets the threshold, 0: every step). Ctrl-C stops the run
+at the last consistent state (mid-step before the optimizer update: at the next instruction, with
+the previous step's state; during the update: once it ends), saves it atomically in --checkpoint
+(else ./memo-train-checkpoint), prints where and the --resume command, and exits 130; a second
+Ctrl-C exits at once, saving nothing.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -120,13 +128,14 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
 
-    /// AdamW learning rate
-    #[arg(long, default_value_t = 3e-3)]
+    /// AdamW learning rate (the default was 3e-3 before 2026-12-07: the tiny model's loss spiked
+    /// by up to 7.5 nats in its first 40 steps at it, with or without warm-up)
+    #[arg(long, default_value_t = 1.5e-3)]
     lr: f32,
 
     /// Raise the learning rate linearly from lr/N to lr over the first N steps (0: none); wide
-    /// models need it (width 2048 diverges in one step at 3e-4 without)
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// models need more (width 2048 diverges in one step at 3e-4 without)
+    #[arg(long, value_name = "N", default_value_t = 10)]
     warmup_steps: u64,
 
     /// Throttle host<->device copies to this rate, with a unit (e.g. 1GB/s, 0.5GiB/s) to exercise swap overlap
@@ -144,7 +153,8 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
 
-    /// Checked mode: trap any access the executed events do not order (slower; for debugging)
+    /// Checked mode: trap any access the executed events do not order (slower; for debugging); the
+    /// run ends with what was checked
     #[arg(long, conflicts_with = "copy_bandwidth")]
     checked: bool,
 
@@ -158,8 +168,10 @@ pub struct TrainArgs {
     json: bool,
 
     /// Tensor- and sequence-parallel ranks (spec/tensor-parallel.md): T threads, each with its own
-    /// backend and arena (cuda:N: devices N..N+T-1 joined by NCCL; refused while the step's ops
-    /// lack GPU kernels); T must divide the heads, the FFN width and the sequence
+    /// backend and arena; T must divide the heads, the FFN width and the sequence. cpu: T threads
+    /// of one host. cuda:N: devices N..N+T-1 of this process joined by NCCL (every op of the step
+    /// has a GPU kernel, checked by CPU emulation; not yet run on GPUs). hip: refused (no RCCL
+    /// collectives yet)
     #[arg(long, default_value_t = 1, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
     tensor_parallel: u64,
 }
@@ -171,8 +183,10 @@ fn parse_strategy(text: &str) -> Result<Strategy, String> {
 /// Runs `memo train`: options, data, the plan (made once: the fit check and the trainer share
 /// it), the backend, the steps, the trace and the summary, each a function below.
 pub fn run(args: &TrainArgs) -> Result<(), Failure> {
+    let after = progress::after()?;
+    let gate = progress::interrupt_gate();
     if args.tensor_parallel > 1 {
-        return parallel::run(args);
+        return parallel::run(args, gate, after);
     }
     let model = model(args)?;
     let mut data = data_source(args, &model)?;
@@ -184,6 +198,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
     let (backend, open_s) = open_backend(args)?;
     let step_flops = StepFlops::of(&model, &options.hardware)?;
     let mut trainer = Trainer::with_plan(backend, planned).map_err(runtime_failure)?;
+    let control = trainer.set_stop_gate(Arc::clone(&gate));
     let print = fingerprint(&model, args.seed);
     if args.resume {
         resume(args, &mut trainer, &mut data, print)?;
@@ -195,8 +210,25 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         print_header(args, &model, &trainer, memory, unigram);
     }
     let mut out = std::io::stdout().lock();
-    let steps = Steps { args, model: &model, step_flops: &step_flops, memory, print, interactive };
-    let trained = steps.train(&mut trainer, &mut data, &mut out)?;
+    let watch = progress::Progress::start(
+        after,
+        trainer.program(),
+        model.layers,
+        Some(control),
+        args.device.label(),
+        interactive,
+    );
+    let steps = Steps { args, model: &model, step_flops: &step_flops, memory, print, interactive, gate: &gate };
+    let trained = steps.train(&mut trainer, &mut data, &mut out, &watch)?;
+    drop(watch);
+    if trained.interrupted {
+        if interactive {
+            eprintln!();
+        }
+        return Err(progress::interrupted(args, trainer.steps_taken(), trained.first, |dir| {
+            save_checkpoint(&mut trainer, print, data.position(), dir)
+        }));
+    }
     if let Some(path) = &args.trace {
         write_trace(args, &mut trainer, path)?;
     }
@@ -208,7 +240,16 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         crate::recall::evaluate_and_report(&mut trainer, args.seed, args.eval_sequences, args.json, &mut out)?;
     }
     let tokens_per_s = (trainer.steps_taken() - trained.first) as f64 * tokens_per_step(&model) / elapsed.max(1e-9);
-    let summary = Summary { model: &model, options: &options, step_flops, memory, open_s, unigram, tokens_per_s };
+    let summary = Summary {
+        model: &model,
+        options: &options,
+        step_flops,
+        memory,
+        open_s,
+        unigram,
+        tokens_per_s,
+        first: trained.first,
+    };
     report(args, &mut trainer, &summary, trained.last_loss, interactive, &mut out)
 }
 
@@ -346,6 +387,8 @@ struct Trained {
     last_loss: f32,
     /// Seconds spent evaluating between steps: not training, so left out of tokens/s.
     evaluation_s: f64,
+    /// Ctrl-C stopped the run (at the state after the steps taken).
+    interrupted: bool,
 }
 
 /// What the training steps report with.
@@ -359,6 +402,8 @@ struct Steps<'a> {
     print: u64,
     /// Progress overwrites one line of a terminal.
     interactive: bool,
+    /// Asked to stop by Ctrl-C.
+    gate: &'a StopGate,
 }
 
 impl Steps<'_> {
@@ -369,16 +414,32 @@ impl Steps<'_> {
         trainer: &mut Trainer<AnyBackend>,
         data: &mut Source,
         out: &mut impl Write,
+        watch: &progress::Progress,
     ) -> Result<Trained, Failure> {
-        let Steps { args, model, step_flops, memory, print, interactive } = *self;
+        let Steps { args, model, step_flops, memory, print, interactive, gate } = *self;
         let started = Instant::now();
         let first = trainer.steps_taken();
         let mut last_loss = f32::NAN;
         let mut evaluation_s = 0.0;
         while trainer.steps_taken() < args.steps {
+            if gate.stop_requested() {
+                return Ok(Trained { started, first, last_loss, evaluation_s, interrupted: true });
+            }
             let step_started = Instant::now();
+            let position = data.position();
             let (tokens, targets) = data.next_batch(model.micro_batch as usize, model.seq_len as usize);
-            last_loss = trainer.step(&tokens, &targets).map_err(runtime_failure)?;
+            watch.begin(trainer.steps_taken() + 1);
+            let result = trainer.step(&tokens, &targets);
+            watch.end();
+            last_loss = match result {
+                Ok(loss) => loss,
+                Err(RuntimeError::Backend(BackendError::Interrupted)) => {
+                    // Stopped before its update: the state is the previous step's, and so is the data.
+                    data.seek(position);
+                    return Ok(Trained { started, first, last_loss, evaluation_s, interrupted: true });
+                }
+                Err(error) => return Err(runtime_failure(error)),
+            };
             let step_time_s = step_started.elapsed().as_secs_f64().max(1e-9);
             let tokens_per_s = tokens_per_step(model) / step_time_s;
             let step = trainer.steps_taken();
@@ -394,16 +455,13 @@ impl Steps<'_> {
                 }
                 writeln!(out, "{line}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;
             } else if interactive {
-                eprint!("\rstep {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s   ", args.steps);
+                eprint!("\rstep {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s\x1b[K", args.steps);
             } else if step.is_multiple_of(10) || step == args.steps {
                 eprintln!("step {step}/{} loss {last_loss:.4} {tokens_per_s:.0} tokens/s", args.steps);
             }
             if let Some(dir) = &args.checkpoint {
                 if step.is_multiple_of(args.checkpoint_every.max(1)) || step == args.steps {
-                    let checkpoint = trainer.checkpoint(print, data.position()).map_err(runtime_failure)?;
-                    checkpoint.save(dir).map_err(|e| {
-                        Failure::new(exit::IO_ERROR, format!("cannot save the checkpoint in {}: {e}", dir.display()))
-                    })?;
+                    save_checkpoint(trainer, print, data.position(), dir)?;
                 }
             }
             // The evaluation replays the forward only; the final one follows the trace, which must
@@ -414,12 +472,53 @@ impl Steps<'_> {
                     eprintln!();
                 }
                 let evaluation_started = Instant::now();
-                crate::recall::evaluate_and_report(trainer, args.seed, args.eval_sequences, args.json, out)?;
+                let evaluated =
+                    crate::recall::evaluate_and_report(trainer, args.seed, args.eval_sequences, args.json, out);
+                match evaluated {
+                    // Ctrl-C stopped the evaluation: the state after the step is intact.
+                    Err(_) if gate.stop_requested() => {
+                        return Ok(Trained { started, first, last_loss, evaluation_s, interrupted: true })
+                    }
+                    result => {
+                        result?;
+                    }
+                }
                 evaluation_s += evaluation_started.elapsed().as_secs_f64();
             }
         }
-        Ok(Trained { started, first, last_loss, evaluation_s })
+        Ok(Trained { started, first, last_loss, evaluation_s, interrupted: false })
     }
+}
+
+/// Saves the trainer's state in `dir` (atomically: `Checkpoint::save`).
+fn save_checkpoint(
+    trainer: &mut Trainer<AnyBackend>,
+    print: u64,
+    data_position: u64,
+    dir: &std::path::Path,
+) -> Result<(), Failure> {
+    let checkpoint = trainer.checkpoint(print, data_position).map_err(runtime_failure)?;
+    checkpoint
+        .save(dir)
+        .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot save the checkpoint in {}: {e}", dir.display())))
+}
+
+/// What `--checked` verified, for the last lines: `None` without `--checked`.
+fn checked_line(args: &TrainArgs, checks: Option<CheckReport>, steps: u64) -> Option<(String, serde_json::Value)> {
+    if !args.checked {
+        return None;
+    }
+    let checks = checks.unwrap_or_default();
+    let text = format!(
+        "checked: {} launches and copies ({} byte ranges) and {} waits of {steps} step(s) verified against the \
+         executed events: 0 unordered accesses",
+        progress::thousands(checks.instructions),
+        progress::thousands(checks.spans),
+        progress::thousands(checks.waits)
+    );
+    let value = json!({"instructions": checks.instructions, "byte_ranges": checks.spans, "waits": checks.waits,
+                       "steps": steps, "violations": 0});
+    Some((text, value))
 }
 
 /// Writes the measured timeline of the last step to `--trace` as a Chrome trace-event file.
@@ -458,6 +557,8 @@ struct Summary<'a> {
     unigram: Option<f64>,
     /// Training tokens per second over the steps of this run.
     tokens_per_s: f64,
+    /// Steps taken before this run (a resumed checkpoint's).
+    first: u64,
 }
 
 /// The last word: a JSON summary line with `--json`, else a `done:` line on stderr.
@@ -469,7 +570,7 @@ fn report(
     interactive: bool,
     out: &mut impl Write,
 ) -> Result<(), Failure> {
-    let Summary { model, options, step_flops, memory, open_s, unigram, tokens_per_s } = *summary;
+    let Summary { model, options, step_flops, memory, open_s, unigram, tokens_per_s, .. } = *summary;
     let parameters = model.parameter_count().map_err(|e| Failure::new(exit::BAD_INPUT, e.to_string()))?;
     let plan = &trainer.report().plan;
     let (totals, alpha, swaps) = (plan.totals, plan.provenance.alpha, plan.provenance.swap_summary());
@@ -485,11 +586,19 @@ fn report(
         "setup_s": {"open_backend": open_s, "plan": setup.plan_s, "allocate": setup.allocate_s,
                     "initialise": setup.initialise_s},
     });
+    let checked = checked_line(args, trainer.checks(), trainer.steps_taken() - summary.first);
+    let mut line = line;
+    if let Some((_, value)) = &checked {
+        line["checked"] = value.clone();
+    }
     if args.json {
         writeln!(out, "{line}").map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write: {e}")))?;
     } else {
         if interactive {
             eprintln!();
+        }
+        if let Some((text, _)) = &checked {
+            eprintln!("{text}");
         }
         eprintln!(
             "done: {} steps, final loss {last_loss:.4}{}, {:.0} tokens/s",

@@ -163,6 +163,10 @@ pub enum BackendError {
     },
     /// Checked mode caught an access the plan did not order.
     Unordered(String),
+    /// The step was stopped at an instruction boundary before its update began (a stop asked for
+    /// through [`crate::control::StopGate`]): the parameters and optimizer state are the previous
+    /// step's.
+    Interrupted,
     /// Anything else.
     Other(String),
 }
@@ -183,6 +187,9 @@ impl fmt::Display for BackendError {
             ),
             BackendError::Kernel { instruction, message } => write!(f, "instruction {instruction}: {message}"),
             BackendError::Unordered(message) => write!(f, "checked mode: {message}"),
+            BackendError::Interrupted => {
+                f.write_str("the step was stopped before its update began (the previous step's state is intact)")
+            }
             BackendError::Other(message) => f.write_str(message),
         }
     }
@@ -201,6 +208,18 @@ pub struct MemoryReport {
     /// its deterministic reductions, grown during the first step; the plan does not count them).
     /// 0 on the CPU.
     pub scratch_bytes: u64,
+}
+
+/// What a checked backend verified against the executed events so far (cumulative over the
+/// steps; a violation fails its step, so a run that goes on has none).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    /// Launches and copies whose every access was checked.
+    pub instructions: u64,
+    /// Byte ranges (arguments' spans, copies' sources and destinations) checked.
+    pub spans: u64,
+    /// Waits whose event was checked to have been recorded before they returned.
+    pub waits: u64,
 }
 
 /// A device that replays plans. Work is enqueued per stream; [`Backend::synchronize`] waits.
@@ -271,6 +290,21 @@ pub trait Backend {
     fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
         None
     }
+
+    /// Reports each instruction it runs to `control` and asks it before running one, stopping
+    /// the step at that boundary ([`BackendError::Interrupted`]) when it says so
+    /// (`crate::control`); `None` removes it. Returns whether the backend does so; one that does
+    /// not (the default) runs every step to its end.
+    fn control(&mut self, control: Option<std::sync::Arc<crate::control::StepControl>>) -> bool {
+        let _ = control;
+        false
+    }
+
+    /// In a checked mode that verifies every access against the executed events: what it has
+    /// verified so far. `None` for a backend that does not check.
+    fn checks(&self) -> Option<CheckReport> {
+        None
+    }
 }
 
 /// A boxed backend is a backend: `Trainer<Box<dyn Backend>>` serves whichever device was chosen
@@ -318,5 +352,13 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
         (**self).timings()
+    }
+
+    fn control(&mut self, control: Option<std::sync::Arc<crate::control::StepControl>>) -> bool {
+        (**self).control(control)
+    }
+
+    fn checks(&self) -> Option<CheckReport> {
+        (**self).checks()
     }
 }

@@ -13,6 +13,7 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod collective;
+pub mod control;
 pub mod data;
 pub mod error;
 pub mod interpret;
@@ -20,8 +21,9 @@ pub mod recall;
 pub mod rendezvous;
 pub mod trainer;
 
-pub use backend::{AdamW, Backend, BackendError, KernelArg, KernelContext, MemoryReport, Space, Span};
+pub use backend::{AdamW, Backend, BackendError, CheckReport, KernelArg, KernelContext, MemoryReport, Space, Span};
 pub use collective::{Collectives, LocalGroup, LocalRank};
+pub use control::{StepControl, StopGate};
 pub use error::{CheckpointMismatch, PlanMismatch, RuntimeError, TokenError};
 pub use interpret::Replay;
 pub use trainer::{

@@ -7,7 +7,7 @@
 //! does), biases and norm shifts 0, norm scales 1. AdamW's state starts at master = the bf16
 //! parameter, m = v = 0.
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use half::bf16;
 use memo_plan_core::check::CheckedPlan;
@@ -17,8 +17,9 @@ use memo_plan_core::plan::shapes::ShapeContext;
 use memo_plan_core::plan::{Buffer, BufferId, BufferKind, Strategy, TensorRole};
 use memo_plan_core::planner::{self, PlanReport, PlanRequest};
 
-use crate::backend::{AdamW, Backend, KernelContext, MemoryReport};
+use crate::backend::{AdamW, Backend, BackendError, CheckReport, KernelContext, MemoryReport};
 use crate::checkpoint::{Checkpoint, SavedTensor, StateKind};
+use crate::control::{StepControl, StopGate};
 use crate::error::{CheckpointMismatch, PlanMismatch, RuntimeError, TokenError};
 use crate::interpret::Replay;
 
@@ -163,6 +164,8 @@ pub struct Trainer<B: Backend> {
     /// This rank and the group's size (0 and 1 on one GPU).
     rank: u64,
     ranks: u64,
+    /// Progress and stopping ([`Trainer::set_stop_gate`]), when asked for.
+    control: Option<Arc<StepControl>>,
 }
 
 /// Seconds [`Trainer::new`] spent in each of its stages (on a GPU, allocation pins the host slab
@@ -235,8 +238,20 @@ impl<B: Backend> Trainer<B> {
         let targets = find(&report, TensorRole::Targets)?;
         let loss = find(&report, TensorRole::Loss)?;
         let mut setup = SetupTimes { plan_s, allocate_s: (allocated - checking).as_secs_f64(), initialise_s: 0.0 };
-        let mut trainer =
-            Trainer { backend, replay, report, context, tokens, targets, loss, step: 0, setup, rank, ranks };
+        let mut trainer = Trainer {
+            backend,
+            replay,
+            report,
+            context,
+            tokens,
+            targets,
+            loss,
+            step: 0,
+            setup,
+            rank,
+            ranks,
+            control: None,
+        };
         trainer.initialise(options.seed)?;
         setup.initialise_s = allocated.elapsed().as_secs_f64();
         trainer.setup = setup;
@@ -298,13 +313,32 @@ impl<B: Backend> Trainer<B> {
 
     /// One training step on `tokens` with next-token `targets` (`micro_batch * seq_len` each;
     /// on a rank of a tensor-parallel group, its `1/t` of the rows); returns the mean loss.
+    ///
+    /// With a stop gate ([`Trainer::set_stop_gate`]) a step asked to stop before its update
+    /// began ends with [`BackendError::Interrupted`] and leaves the previous step's state (and
+    /// [`Trainer::steps_taken`]) as they were; a step is not begun once a stop was asked for.
     pub fn step(&mut self, tokens: &[u32], targets: &[u32]) -> Result<f32, RuntimeError> {
+        if let Some(control) = &self.control {
+            if control.gate().stop_requested() {
+                return Err(BackendError::Interrupted.into());
+            }
+            control.gate().begin_step();
+        }
+        self.run_step(tokens, targets)
+    }
+
+    /// [`Trainer::step`] without asking or resetting the gate (a tensor-parallel step does both
+    /// once for every rank, before any runs, so that the ranks decide alike).
+    fn run_step(&mut self, tokens: &[u32], targets: &[u32]) -> Result<f32, RuntimeError> {
         let expected = (self.replay.span(self.tokens).len / 4) as usize;
         if tokens.len() != expected || targets.len() != expected {
             return Err(TokenError::StepLength { expected, tokens: tokens.len(), targets: targets.len() }.into());
         }
         if let Some(bad) = tokens.iter().chain(targets).find(|&&t| u64::from(t) >= self.context.vocab) {
             return Err(TokenError::OutsideVocabulary { token: *bad, vocab: self.context.vocab }.into());
+        }
+        if let Some(control) = &self.control {
+            control.begin_step();
         }
         let to_bytes = |values: &[u32]| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
         self.backend.upload(self.replay.span(self.tokens), &to_bytes(tokens))?;
@@ -313,10 +347,67 @@ impl<B: Backend> Trainer<B> {
         let mut context = self.context;
         context.adamw.step = self.step;
         context.adamw.lr = self.context.adamw.lr_at(self.step);
-        self.replay.run(&mut self.backend, &context)?;
+        if let Err(error) = self.replay.run(&mut self.backend, &context) {
+            // Stopped before any rank began the update: whatever failed (this rank's stop, or a
+            // peer's collective aborted by it), the previous step's state is intact. Only a
+            // backend that honours the control asks the gate before each update.
+            let stopped = self
+                .control
+                .as_ref()
+                .is_some_and(|c| c.honoured() && c.gate().stop_requested() && !c.gate().committed());
+            if stopped {
+                self.step -= 1;
+                return Err(BackendError::Interrupted.into());
+            }
+            return Err(error);
+        }
         let loss = self.backend.download(self.replay.span(self.loss))?;
         let sum = f32::from_le_bytes([loss[0], loss[1], loss[2], loss[3]]);
         Ok(sum / self.context.loss_scale_tokens as f32)
+    }
+
+    /// Lets `gate` stop the steps (at an instruction boundary before the update, on a backend
+    /// that honours it, else between steps) and count what they run (`crate::control`). Returns
+    /// the control the backend reports to; [`StepControl::honoured`] says whether it does.
+    pub fn set_stop_gate(&mut self, gate: Arc<StopGate>) -> Arc<StepControl> {
+        let plan = self.replay.plan();
+        let persistent = |buffer: BufferId| {
+            plan.buffers
+                .get(buffer.index())
+                .is_some_and(|b| matches!(b.kind, BufferKind::Parameter | BufferKind::OptimizerState))
+        };
+        let commits = self
+            .replay
+            .program()
+            .iter()
+            .map(|instruction| match &instruction.action {
+                memo_plan_core::plan::Action::Launch(launch) => {
+                    launch.args.iter().any(|arg| arg.access.writes() && persistent(arg.region.buffer))
+                }
+                memo_plan_core::plan::Action::Copy { dst, .. } => persistent(dst.buffer),
+                _ => false,
+            })
+            .collect();
+        let control = StepControl::new(gate, commits);
+        let honoured = self.backend.control(Some(Arc::clone(&control)));
+        control.set_honoured(honoured);
+        self.control = Some(Arc::clone(&control));
+        control
+    }
+
+    /// The control of [`Trainer::set_stop_gate`], if set.
+    pub fn step_control(&self) -> Option<&Arc<StepControl>> {
+        self.control.as_ref()
+    }
+
+    /// What a checked backend has verified so far (`None` when it does not check).
+    pub fn checks(&self) -> Option<CheckReport> {
+        self.backend.checks()
+    }
+
+    /// The instructions of this rank's program, for progress reports.
+    pub fn program(&self) -> &[memo_plan_core::plan::Instruction] {
+        self.replay.program()
     }
 
     /// Every parameter's bytes, keyed by (role, layer) and sorted by it: comparable across

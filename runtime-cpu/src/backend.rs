@@ -23,7 +23,10 @@ use std::time::Duration;
 
 use memo_plan_core::plan::{Access, EventId, Op, Stream};
 use memo_runtime::collective::Collective;
-use memo_runtime::{Backend, BackendError, Collectives, KernelArg, KernelContext, MemoryReport, Space, Span};
+use memo_runtime::control::StepControl;
+use memo_runtime::{
+    Backend, BackendError, CheckReport, Collectives, KernelArg, KernelContext, MemoryReport, Space, Span,
+};
 
 use crate::checked::Shadow;
 use crate::memory::Memory;
@@ -69,6 +72,8 @@ struct SharedState {
     timing: Option<(std::time::Instant, Vec<Timing>)>,
     /// The spans of the last synchronised step that ran instructions.
     last_timing: Vec<Timing>,
+    /// Told what runs, and asked before each instruction ([`Backend::control`]).
+    control: Option<Arc<StepControl>>,
 }
 
 /// One measured instruction: (plan index, start, end) in seconds from the step's start.
@@ -86,8 +91,10 @@ impl Shared {
         self.changed.notify_all();
     }
 
-    fn failed(&self) -> bool {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).error.is_some()
+    /// Whether the step failed, and the control to report to.
+    fn failed_and_control(&self) -> (bool, Option<Arc<StepControl>>) {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        (state.error.is_some(), state.control.clone())
     }
 }
 
@@ -119,7 +126,13 @@ impl CpuBackend {
     /// A backend whose copies take `bytes / rate` seconds at least, like a host link.
     pub fn with_copy_bandwidth(copy_bytes_per_s: Option<u64>) -> Self {
         let shared = Arc::new(Shared {
-            state: Mutex::new(SharedState { recorded: Vec::new(), error: None, timing: None, last_timing: Vec::new() }),
+            state: Mutex::new(SharedState {
+                recorded: Vec::new(),
+                error: None,
+                timing: None,
+                last_timing: Vec::new(),
+                control: None,
+            }),
             changed: Condvar::new(),
             group: None,
         });
@@ -158,9 +171,18 @@ impl CpuBackend {
     pub fn with_collectives(mut self, group: Arc<dyn Collectives>) -> Self {
         self.stop_workers();
         self.memory = None;
-        let timing = self.shared.state.lock().unwrap_or_else(|p| p.into_inner()).timing.take();
+        let (timing, control) = {
+            let mut state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
+            (state.timing.take(), state.control.take())
+        };
         self.shared = Arc::new(Shared {
-            state: Mutex::new(SharedState { recorded: Vec::new(), error: None, timing, last_timing: Vec::new() }),
+            state: Mutex::new(SharedState {
+                recorded: Vec::new(),
+                error: None,
+                timing,
+                last_timing: Vec::new(),
+                control,
+            }),
             changed: Condvar::new(),
             group: Some(group),
         });
@@ -277,6 +299,32 @@ fn run_worker(receiver: Receiver<Command>, context: WorkerContext) {
 }
 
 fn run_command(command: Command, context: &WorkerContext) {
+    let WorkerContext { shared, .. } = context;
+    let Some(instruction) = instruction_of(&command) else {
+        return execute(command, context);
+    };
+    let (failed, control) = shared.failed_and_control();
+    // After an error, nothing more runs; waits fall through so no thread blocks forever.
+    if failed {
+        return;
+    }
+    if let Some(control) = &control {
+        // Stopping at this boundary, before the update began (`memo_runtime::control`).
+        if !control.may_run(instruction) {
+            shared.fail(BackendError::Interrupted);
+            return;
+        }
+        if context.stream == Stream::Compute {
+            control.compute_began(instruction);
+        }
+    }
+    execute(command, context);
+    if let Some(control) = &control {
+        control.finished_one();
+    }
+}
+
+fn execute(command: Command, context: &WorkerContext) {
     let WorkerContext { memory, shared, copy_bytes_per_s, .. } = context;
     let copy_bytes_per_s = *copy_bytes_per_s;
     {
@@ -284,8 +332,6 @@ fn run_command(command: Command, context: &WorkerContext) {
             Command::Flush(done) => {
                 let _ = done.send(());
             }
-            // After an error, nothing more runs; waits fall through so no thread blocks forever.
-            _ if shared.failed() => {}
             Command::Launch { instruction, op, args, context: kernel } => {
                 let reads: Vec<Span> = args.iter().filter(|a| a.access.reads()).map(|a| a.span).collect();
                 let writes: Vec<Span> = args.iter().filter(|a| a.access.writes()).map(|a| a.span).collect();
@@ -489,6 +535,16 @@ impl Backend for CpuBackend {
     fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
         let state = self.shared.state.lock().unwrap_or_else(|p| p.into_inner());
         state.timing.as_ref().map(|_| state.last_timing.clone())
+    }
+
+    /// Every stream thread reports to `control` and asks it before each instruction.
+    fn control(&mut self, control: Option<Arc<StepControl>>) -> bool {
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner()).control = control;
+        true
+    }
+
+    fn checks(&self) -> Option<CheckReport> {
+        self.shadow.as_ref().map(|shadow| shadow.report())
     }
 
     /// Waits for every stream, then resets the events for the next step.

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use memo_plan_core::plan::{EventId, Stream};
-use memo_runtime::{Space, Span};
+use memo_runtime::{CheckReport, Space, Span};
 
 /// Streams of a plan: one clock entry and one latest read per stream.
 const STREAMS: usize = Stream::ALL.len();
@@ -40,10 +40,17 @@ struct State {
     spaces: [BTreeMap<u64, Segment>; 2],
 }
 
+/// What every step so far verified (kept across [`Shadow::reset`]).
+#[derive(Default)]
+struct Counts {
+    report: CheckReport,
+}
+
 /// The shadow state of a checked backend.
 #[derive(Default)]
 pub struct Shadow {
     state: Mutex<State>,
+    counts: Mutex<Counts>,
 }
 
 fn space_index(space: Space) -> usize {
@@ -79,6 +86,12 @@ impl Shadow {
         }
     }
 
+    /// What the checks have verified so far, over every step: launches and copies, their byte
+    /// ranges, and waits (a violation fails its step, so none of these found one).
+    pub fn report(&self) -> CheckReport {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner()).report
+    }
+
     /// A wait on `stream` that has returned: the stream learns the event's clock.
     pub fn waited(&self, stream: Stream, event: EventId) -> Result<(), String> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
@@ -93,6 +106,8 @@ impl Shadow {
         for (mine, theirs) in own.iter_mut().zip(clock) {
             *mine = (*mine).max(theirs);
         }
+        drop(state);
+        self.counts.lock().unwrap_or_else(|p| p.into_inner()).report.waits += 1;
         Ok(())
     }
 
@@ -156,6 +171,10 @@ impl Shadow {
                 }
             }
         }
+        drop(state);
+        let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        counts.report.instructions += 1;
+        counts.report.spans += (reads.iter().chain(writes).filter(|span| span.len > 0).count()) as u64;
         Ok(())
     }
 }

@@ -20,7 +20,9 @@ use memo_plan_core::plan::{Action, Op};
 use memo_runtime::checkpoint::{fingerprint, Checkpoint};
 use memo_runtime::collective::{CollectiveError, Element, Reduction};
 use memo_runtime::rendezvous::TorchrunEnv;
-use memo_runtime::{Backend, Collectives, LocalGroup, ParallelTrainer, PlannedStep};
+use memo_runtime::{
+    Backend, BackendError, Collectives, LocalGroup, ParallelTrainer, PlannedStep, RuntimeError, StopGate,
+};
 use runtime_cpu::CpuBackend;
 use runtime_cuda::CudaBackend;
 use serde_json::json;
@@ -224,7 +226,8 @@ fn cuda_ranks(args: &TrainArgs) -> Result<Vec<Rank<CudaBackend>>, Failure> {
 
 /// Trains with `--tensor-parallel T` ranks: plan once, refuse what cannot run, start the ranks
 /// (CPU threads, or CUDA devices joined by NCCL), then [`train`].
-pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
+pub(super) fn run(args: &TrainArgs, gate: Arc<StopGate>, after: Duration) -> Result<(), Failure> {
+    let watching = Watching { gate, after };
     let t = args.tensor_parallel;
     let model = super::model(args)?;
     refuse(args, &model)?;
@@ -255,7 +258,7 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
             }
             let ranks = cuda_ranks(args)?;
             let trainer = ParallelTrainer::with_plan(planned, ranks).map_err(runtime_failure)?;
-            train(args, &model, data, trainer, opening.elapsed().as_secs_f64(), "NVIDIA GPUs, NCCL")
+            train(args, &model, data, trainer, opening.elapsed().as_secs_f64(), "NVIDIA GPUs, NCCL", watching)
         }
         _ => {
             let ranks = LocalGroup::ranks(t as usize)
@@ -272,9 +275,28 @@ pub(super) fn run(args: &TrainArgs) -> Result<(), Failure> {
                 })
                 .collect();
             let trainer = ParallelTrainer::with_plan(planned, ranks).map_err(runtime_failure)?;
-            train(args, &model, data, trainer, opening.elapsed().as_secs_f64(), "CPU threads")
+            train(args, &model, data, trainer, opening.elapsed().as_secs_f64(), "CPU threads", watching)
         }
     }
+}
+
+/// Ctrl-C's gate and when a running step reports its progress.
+struct Watching {
+    gate: Arc<StopGate>,
+    after: Duration,
+}
+
+/// Saves every rank's state in `dir` (atomically: `Checkpoint::save`).
+fn save_checkpoint<B: Backend + Send>(
+    trainer: &mut ParallelTrainer<B>,
+    print: u64,
+    data_position: u64,
+    dir: &std::path::Path,
+) -> Result<(), Failure> {
+    let checkpoint = trainer.checkpoint(print, data_position).map_err(runtime_failure)?;
+    checkpoint
+        .save(dir)
+        .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot save the checkpoint in {}: {e}", dir.display())))
 }
 
 /// The steps (progress or `--json` lines), checkpoints of every rank's shards, the trace and the
@@ -286,10 +308,12 @@ fn train<B: Backend + Send>(
     mut trainer: ParallelTrainer<B>,
     open_s: f64,
     how: &str,
+    watching: Watching,
 ) -> Result<(), Failure> {
     let t = args.tensor_parallel;
     let model = model.clone();
     let print = fingerprint(&model, args.seed);
+    let controls = trainer.set_stop_gate(Arc::clone(&watching.gate));
     if args.resume {
         let dir = args.checkpoint.as_deref().unwrap_or(std::path::Path::new("."));
         let checkpoint = Checkpoint::load(dir).map_err(|e| Failure::new(exit::BAD_INPUT, e))?;
@@ -330,10 +354,37 @@ fn train<B: Backend + Send>(
     let started = Instant::now();
     let first = trainer.steps_taken();
     let mut last_loss = f32::NAN;
+    let program = trainer.rank(0).map(|rank| rank.program().to_vec()).unwrap_or_default();
+    let watch = super::progress::Progress::start(
+        watching.after,
+        &program,
+        model.layers,
+        controls.first().cloned(),
+        args.device.label(),
+        false,
+    );
+    let mut interrupted = false;
     while trainer.steps_taken() < args.steps {
+        if watching.gate.stop_requested() {
+            interrupted = true;
+            break;
+        }
         let step_started = Instant::now();
+        let position = data.position();
         let (tokens, targets) = data.next_batch(model.micro_batch as usize, model.seq_len as usize);
-        last_loss = trainer.step(&tokens, &targets).map_err(runtime_failure)?;
+        watch.begin(trainer.steps_taken() + 1);
+        let result = trainer.step(&tokens, &targets);
+        watch.end();
+        last_loss = match result {
+            Ok(loss) => loss,
+            Err(RuntimeError::Backend(BackendError::Interrupted)) => {
+                // Stopped on every rank before the update: the previous step's state and data.
+                data.seek(position);
+                interrupted = true;
+                break;
+            }
+            Err(error) => return Err(runtime_failure(error)),
+        };
         let step_time_s = step_started.elapsed().as_secs_f64().max(1e-9);
         let tokens_per_s = super::tokens_per_step(&model) / step_time_s;
         let step = trainer.steps_taken();
@@ -351,22 +402,26 @@ fn train<B: Backend + Send>(
         }
         if let Some(dir) = &args.checkpoint {
             if step.is_multiple_of(args.checkpoint_every.max(1)) || step == args.steps {
-                let checkpoint = trainer.checkpoint(print, data.position()).map_err(runtime_failure)?;
-                checkpoint.save(dir).map_err(|e| {
-                    Failure::new(exit::IO_ERROR, format!("cannot save the checkpoint in {}: {e}", dir.display()))
-                })?;
+                save_checkpoint(&mut trainer, print, data.position(), dir)?;
             }
         }
+    }
+    drop(watch);
+    if interrupted {
+        return Err(super::progress::interrupted(args, trainer.steps_taken(), first, |dir| {
+            save_checkpoint(&mut trainer, print, data.position(), dir)
+        }));
     }
     if let Some(path) = &args.trace {
         write_rank_0_trace(&mut trainer, path, how)?;
     }
     let elapsed = started.elapsed().as_secs_f64();
     let tokens_per_s = (trainer.steps_taken() - first) as f64 * super::tokens_per_step(&model) / elapsed.max(1e-9);
+    let checked = super::checked_line(args, trainer.checks(), trainer.steps_taken() - first);
     let plan = &trainer.report().plan;
     let setup = trainer.setup_times();
     if args.json {
-        let line = json!({
+        let mut line = json!({
             "summary": true, "steps": trainer.steps_taken(), "final_loss": last_loss, "unigram_entropy": unigram,
             "tokens_per_s": tokens_per_s, "strategy": args.strategy.name(), "tensor_parallel": t,
             "alpha": plan.provenance.alpha, "swaps": plan.provenance.swap_summary(),
@@ -374,8 +429,14 @@ fn train<B: Backend + Send>(
             "setup_s": {"open_backend": open_s, "plan": setup.plan_s, "allocate": setup.allocate_s,
                         "initialise": setup.initialise_s},
         });
+        if let Some((_, value)) = checked {
+            line["checked"] = value;
+        }
         writeln!(out, "{line}").map_err(write_error)?;
     } else {
+        if let Some((text, _)) = checked {
+            eprintln!("{text}");
+        }
         eprintln!(
             "done: {} steps, final loss {last_loss:.4}{}, {tokens_per_s:.0} tokens/s",
             trainer.steps_taken(),

@@ -12,9 +12,10 @@ use memo_plan_core::plan::{Buffer, BufferKind, TensorRole};
 use memo_plan_core::schedule::{replicated_gradient_rows, ReplicatedPool};
 
 use super::{NamedBytes, PlannedStep, SetupTimes, Shard, ShardLayout, Trainer};
-use crate::backend::{Backend, MemoryReport};
+use crate::backend::{Backend, BackendError, CheckReport, MemoryReport};
 use crate::checkpoint::{Checkpoint, StateKind};
 use crate::collective::Collectives;
+use crate::control::{StepControl, StopGate};
 use crate::error::{CheckpointMismatch, RuntimeError, TokenError};
 
 /// A model trained with tensor and sequence parallelism over `t` ranks in this process.
@@ -96,6 +97,10 @@ fn split_replicated_gradients(bytes: &[u8], buffer: &Buffer, model: &ModelConfig
     out
 }
 
+fn is_interrupted<R>(result: &Result<R, RuntimeError>) -> bool {
+    matches!(result, Err(RuntimeError::Backend(BackendError::Interrupted)))
+}
+
 /// The first rank's error, tagged with its rank; else every rank's value.
 fn first_error<R>(results: Vec<Result<R, RuntimeError>>) -> Result<Vec<R>, RuntimeError> {
     let mut values = Vec::with_capacity(results.len());
@@ -172,9 +177,26 @@ impl<B: Backend + Send> ParallelTrainer<B> {
             return Err(TokenError::OutsideVocabulary { token: *bad, vocab: context.vocab }.into());
         }
         let r = expected / t.max(1);
-        let losses = first_error(on_every_rank(&mut self.ranks, &self.groups, |k, trainer| {
-            trainer.step(&tokens[k * r..(k + 1) * r], &targets[k * r..(k + 1) * r])
-        }))?;
+        // One gate for every rank: asked and reset once, before any rank runs.
+        if let Some(control) = &self.ranks[0].control {
+            if control.gate().stop_requested() {
+                return Err(BackendError::Interrupted.into());
+            }
+            control.gate().begin_step();
+        }
+        let results = on_every_rank(&mut self.ranks, &self.groups, |k, trainer| {
+            trainer.run_step(&tokens[k * r..(k + 1) * r], &targets[k * r..(k + 1) * r])
+        });
+        // Stopped before any rank began the update: every rank kept the previous step's state.
+        if results.iter().any(is_interrupted) {
+            if results.iter().any(Result::is_ok) {
+                return Err(RuntimeError::RanksDiverged(
+                    "a rank finished a step that another rank stopped before its update".into(),
+                ));
+            }
+            return Err(BackendError::Interrupted.into());
+        }
+        let losses = first_error(results)?;
         if let Some((k, loss)) = losses.iter().enumerate().find(|(_, l)| l.to_bits() != losses[0].to_bits()) {
             return Err(RuntimeError::RanksDiverged(format!(
                 "rank {k}'s loss {loss} differs from rank 0's {}",
@@ -182,6 +204,24 @@ impl<B: Backend + Send> ParallelTrainer<B> {
             )));
         }
         Ok(losses[0])
+    }
+
+    /// Lets `gate` stop the steps of every rank consistently (`crate::control`): one control per
+    /// rank, in rank order.
+    pub fn set_stop_gate(&mut self, gate: Arc<StopGate>) -> Vec<Arc<StepControl>> {
+        self.ranks.iter_mut().map(|trainer| trainer.set_stop_gate(Arc::clone(&gate))).collect()
+    }
+
+    /// What the ranks' checked backends have verified so far, summed (`None` when they do not
+    /// check).
+    pub fn checks(&self) -> Option<CheckReport> {
+        self.ranks.iter().map(Trainer::checks).try_fold(CheckReport::default(), |sum, checks| {
+            checks.map(|c| CheckReport {
+                instructions: sum.instructions + c.instructions,
+                spans: sum.spans + c.spans,
+                waits: sum.waits + c.waits,
+            })
+        })
     }
 
     /// Rank `rank`'s trainer (its plan, its buffers, its backend).
