@@ -17,9 +17,10 @@
 //!   of a stream happens-before a write only if all of that stream's earlier reads do, so one per
 //!   stream is enough). Reads of an instruction are checked and recorded before its writes.
 //!
-//! Live ranges and totals are recomputed separately; the overlap test sorts the live device
-//! buffers by the start of their live range and compares each with those that start before it
-//! ends (quadratic only in buffers live at once).
+//! Live ranges and totals are recomputed separately; the overlap test sweeps the live device
+//! buffers in order of their live ranges and compares each entering buffer with the live ones
+//! whose bytes it meets, found in a max tree of byte ends (linear-logarithmic in buffers, plus
+//! the pairs it reports).
 
 mod checked;
 mod swap;
@@ -647,21 +648,50 @@ fn live_device_buffers(extents: &[Option<Extent>], live: &[Option<(usize, usize)
         .collect()
 }
 
-/// Rule 6: device buffers live at the same instruction share no arena bytes.
+/// Rule 6: device buffers live at the same instruction share no arena bytes. Every overlapping
+/// pair is reported once, at the later live range's first instruction (ties: the higher index).
+///
+/// A sweep over the instructions: buffers enter in order of their first instruction and leave
+/// once an entering one starts after their last. Each entering buffer is compared only with the
+/// live ones whose bytes it meets, found in an [`EndTree`] over the buffers sorted by first byte:
+/// O((buffers + pairs reported) log buffers), where comparing each with every buffer that starts
+/// inside its live range was quadratic in layers (the model state is live over the whole step).
 fn check_overlap(
     plan: &Plan,
     extents: &[Option<Extent>],
     live: &[Option<(usize, usize)>],
     out: &mut Vec<PlanViolation>,
 ) {
-    let mut items = live_device_buffers(extents, live);
-    items.sort_unstable_by_key(|b| (b.first, b.index));
-    for (i, a) in items.iter().enumerate() {
-        for b in items[i + 1..].iter().take_while(|b| b.first <= a.last) {
+    let items = live_device_buffers(extents, live);
+    // Entering order: (first instruction, index); leaving order: last instruction.
+    let mut entering: Vec<usize> = (0..items.len()).collect();
+    entering.sort_unstable_by_key(|&i| (items[i].first, items[i].index));
+    let mut leaving = entering.clone();
+    leaving.sort_unstable_by_key(|&i| items[i].last);
+    // Each item's slot among the items sorted by first byte.
+    let mut by_start: Vec<usize> = (0..items.len()).collect();
+    by_start.sort_unstable_by_key(|&i| (items[i].start, items[i].index));
+    let mut slot = alloc::vec![0usize; items.len()];
+    for (position, &i) in by_start.iter().enumerate() {
+        slot[i] = position;
+    }
+    let mut tree = EndTree::new(items.len());
+    let mut left = 0;
+    let mut met = Vec::new();
+    for &i in &entering {
+        let b = items[i];
+        while let Some(&gone) = leaving.get(left).filter(|&&gone| items[gone].last < b.first) {
+            tree.set(slot[gone], 0);
+            left += 1;
+        }
+        // The live buffers starting below b's end, then those of them ending above b's start.
+        let below = by_start.partition_point(|&j| u128::from(items[j].start) < b.end);
+        met.clear();
+        tree.collect_above(below, u128::from(b.start), &mut met);
+        met.sort_unstable();
+        for &position in &met {
+            let a = items[by_start[position]];
             let (start, end) = (a.start.max(b.start), a.end.min(b.end));
-            if u128::from(start) >= end {
-                continue;
-            }
             let (low, high) = (a.index.min(b.index), a.index.max(b.index));
             let (Some(first), Some(second)) = (buffer_ref(plan, id_of(low)), buffer_ref(plan, id_of(high))) else {
                 continue;
@@ -672,6 +702,52 @@ fn check_overlap(
                 second,
                 bytes: ByteRange { space: Space::Arena, start, end: u64::try_from(end).unwrap_or(u64::MAX) },
             });
+        }
+        tree.set(slot[i], b.end);
+    }
+}
+
+/// A max tree over slots: each slot holds the end of a live buffer's bytes, or 0 when the slot's
+/// buffer is not live (a live buffer has bytes, so its end is above 0).
+struct EndTree {
+    /// Leaves at `leaves..2 * leaves`; node `n`'s children at `2n` and `2n + 1`.
+    max: Vec<u128>,
+    leaves: usize,
+}
+
+impl EndTree {
+    fn new(slots: usize) -> Self {
+        let leaves = slots.max(1).next_power_of_two();
+        EndTree { max: alloc::vec![0; 2 * leaves], leaves }
+    }
+
+    fn set(&mut self, slot: usize, end: u128) {
+        let mut node = self.leaves + slot;
+        if let Some(leaf) = self.max.get_mut(node) {
+            *leaf = end;
+        }
+        while node > 1 {
+            node /= 2;
+            self.max[node] = self.max[2 * node].max(self.max[2 * node + 1]);
+        }
+    }
+
+    /// Pushes every slot below `below` whose end is above `start` (any order). Visits only
+    /// subtrees that hold one: O((1 + found) log slots).
+    fn collect_above(&self, below: usize, start: u128, found: &mut Vec<usize>) {
+        // (node, first slot it covers, slots it covers)
+        let mut stack = alloc::vec![(1usize, 0usize, self.leaves)];
+        while let Some((node, first, width)) = stack.pop() {
+            if first >= below || self.max[node] <= start {
+                continue;
+            }
+            if width == 1 {
+                found.push(first);
+                continue;
+            }
+            let half = width / 2;
+            stack.push((2 * node + 1, first + half, half));
+            stack.push((2 * node, first, half));
         }
     }
 }
