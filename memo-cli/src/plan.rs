@@ -25,7 +25,12 @@ three streams. Each plan passes the independent plan checker before it is report
 
 Without --strategy, all four strategies are planned and shown side by side: memo (token-wise swap
 and recompute), full-recompute (keep layer inputs only), full-swap (MEMO without the token split,
-alpha = 1) and keep-all (keep every activation). Sizes are per GPU.";
+alpha = 1) and keep-all (keep every activation). Sizes are per GPU.
+
+Planning time grows about linearly in layers (BENCHMARKS.md). A run past 2 s reports progress on
+standard error (`memo plan: <seconds> s: ...`: each strategy and stage, each length --max-seq
+probes); like every command that may run past 2 s. A step that would take more than
+--plan-memory (4 GiB) to plan is refused before it is built, with the memory it would need.";
 
 const EXAMPLES: &str = "\
 Examples:

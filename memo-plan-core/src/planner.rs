@@ -58,20 +58,28 @@ impl PlanRequest {
     }
 }
 
-/// The most memory a plan may take to make by default: 16 GiB (about 12 million instructions).
-/// Planning a million-token step of a 7B model takes about 30 MiB; models with thousands of layers
-/// take gigabytes, and a request past this is refused up front instead of running for minutes.
-pub const DEFAULT_PLAN_MEMORY_LIMIT: u64 = 16 << 30;
+/// The most memory a plan may take to make by default: 4 GiB (by [`estimate`]: about 27,000
+/// layers of 7B under memo at t = 8). A million-token step of a 7B model is some 10,000
+/// instructions; a model with tens of thousands of layers is refused up front instead of running
+/// for many minutes (`memo plan --plan-memory` raises the limit).
+pub const DEFAULT_PLAN_MEMORY_LIMIT: u64 = 4 << 30;
 
 /// Bytes of planner memory per instruction of the step, in [`estimate`]: the instruction itself
-/// (its arguments on the heap), its span in the timeline, its share of the checker's state, and
-/// the copies the planner and the checker hold at once. Measured as peak resident memory over
-/// instructions of `memo plan` with 100 to 2,000 layers (about 1.0-1.3 KiB), rounded up.
-pub const PLAN_BYTES_PER_INSTRUCTION: u64 = 1536;
+/// (its arguments on the heap), its span in the timeline, its lifetimes and its share of the
+/// checker's state. Peak resident memory of `memo plan --strategy memo` (7B, 4K tokens, t = 8,
+/// everything fitting) was 45 MB at 500 layers and 161 MB at 2,000 (140,232 and 561,732
+/// instructions; 58,948 and 235,948 buffers): about 220 bytes per instruction with its share of
+/// buffers, here rounded up with room to spare.
+pub const PLAN_BYTES_PER_INSTRUCTION: u64 = 384;
 
 /// Bytes of planner memory per buffer of the step, in [`estimate`] (the buffer, its lifetime, its
 /// level-1 and level-2 requests, the checker's extents and live ranges).
-pub const PLAN_BYTES_PER_BUFFER: u64 = 512;
+pub const PLAN_BYTES_PER_BUFFER: u64 = 256;
+
+/// Bytes [`estimate`] adds for the placement's overlap graphs, which stop growing at 40 million
+/// pairs (`arena::OVERLAP_PAIR_LIMIT`): keep-all at 500 layers (4,000-odd level-2 requests
+/// all overlapping) peaked at 323 MB for 57,066 instructions.
+pub const PLAN_GRAPH_BYTES: u64 = 512 << 20;
 
 /// How large a step's plan is, before it is made: [`estimate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,7 +89,7 @@ pub struct PlanSize {
     /// Buffers of the step.
     pub buffers: u64,
     /// The memory planning takes, about ([`PLAN_BYTES_PER_INSTRUCTION`] per instruction,
-    /// [`PLAN_BYTES_PER_BUFFER`] per buffer).
+    /// [`PLAN_BYTES_PER_BUFFER`] per buffer, and [`PLAN_GRAPH_BYTES`]).
     pub bytes: u64,
 }
 
@@ -113,7 +121,8 @@ pub fn estimate(
     };
     let bytes = instructions
         .saturating_mul(PLAN_BYTES_PER_INSTRUCTION)
-        .saturating_add(buffers.saturating_mul(PLAN_BYTES_PER_BUFFER));
+        .saturating_add(buffers.saturating_mul(PLAN_BYTES_PER_BUFFER))
+        .saturating_add(PLAN_GRAPH_BYTES);
     Ok(PlanSize { instructions, buffers, bytes })
 }
 

@@ -141,7 +141,9 @@ fn the_size_estimate_counts_the_step_exactly() {
             assert_eq!(size.buffers, report.plan.buffers.len() as u64, "{strategy:?} {layers}");
             assert_eq!(
                 size.bytes,
-                size.instructions * PLAN_BYTES_PER_INSTRUCTION + size.buffers * PLAN_BYTES_PER_BUFFER
+                size.instructions * PLAN_BYTES_PER_INSTRUCTION
+                    + size.buffers * PLAN_BYTES_PER_BUFFER
+                    + PLAN_GRAPH_BYTES
             );
         }
     }
