@@ -229,12 +229,19 @@ fn a_plan_past_the_threshold_reports_each_strategy_and_stage_on_stderr() {
         }
     }
     let quiet = memo(&args, None);
-    let table = |o: &std::process::Output| {
-        // The last column is each plan's wall time.
+    let table = |o: &std::process::Output| -> Vec<Vec<String>> {
+        // A strategy's row ends with its wall time to plan (`3.753 ms`), which differs run to run.
+        let strategies = ["memo", "full-recompute", "full-swap", "keep-all"];
         String::from_utf8_lossy(&o.stdout)
             .lines()
-            .map(|l| l.rsplit_once(' ').map_or(l, |(a, _)| a).to_string())
-            .collect::<Vec<_>>()
+            .map(|line| {
+                let mut words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+                if words.first().is_some_and(|w| strategies.contains(&w.as_str())) && words.len() > 2 {
+                    words.truncate(words.len() - 2);
+                }
+                words
+            })
+            .collect()
     };
     assert_eq!(table(&output), table(&quiet));
 }
@@ -263,10 +270,20 @@ fn max_seq_reports_each_probe_and_a_failure_keeps_its_one_line() {
     for probe in ["probe 1 at 1024 tokens", "probe 2 at ", "probe 3 at "] {
         assert!(message.contains(probe), "{probe}: {message}");
     }
-    let failed = memo_with_progress(&plan_args(&["--strategy", "keep-all", "--layers", "8"]));
-    let line = assert_fails(&failed, 5);
-    assert!(line.contains("does not fit"), "{line}");
+    // Refused after the progress began: progress lines, then the one failure line.
+    let small =
+        ["plan", "--model", "7b", "--seq", "4K", "--machine", "h200x8", "--layers", "2", "--plan-memory", "1MiB"];
+    let failed = memo_with_progress(&small);
+    let line = assert_fails(&failed, 2);
+    assert!(line.contains("over the limit"), "{line}");
     assert!(stderr(&failed).lines().count() > 1, "progress lines before the failure: {}", stderr(&failed));
+    // A plan that does not fit prints its table, then the progress lines end before the failure.
+    let misfit = memo_with_progress(&plan_args(&["--strategy", "keep-all", "--layers", "8"]));
+    assert_eq!(code(&misfit), 5);
+    let message = stderr(&misfit);
+    let (last, progress) = message.lines().collect::<Vec<_>>().split_last().map(|(l, p)| (*l, p.to_vec())).unwrap();
+    assert!(last.starts_with("memo: the keep-all plan does not fit"), "{message}");
+    assert!(!progress.is_empty() && progress.iter().all(|l| l.starts_with("memo plan: ")), "{message}");
 }
 
 /// `memo plan --layers 100000 --hidden 65536` ran 10+ minutes at 4.2 GB. It is refused up front
