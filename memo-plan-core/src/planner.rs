@@ -186,7 +186,7 @@ impl fmt::Display for PlanError {
             PlanError::TooLarge { layers, size, limit_bytes } => write!(
                 f,
                 "planning {layers} layers would take about {} of memory ({} bytes: {} instructions, {} buffers), \
-                 over the limit of {} ({limit_bytes} bytes); plan fewer layers or a shorter sequence, \
+                 over the limit of {} ({limit_bytes} bytes); plan fewer layers, \
                  or raise the limit (memo plan --plan-memory) if this machine has the memory",
                 Gib(size.bytes),
                 size.bytes,
