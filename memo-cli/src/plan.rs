@@ -27,9 +27,9 @@ Without --strategy, all four strategies are planned and shown side by side: memo
 and recompute), full-recompute (keep layer inputs only), full-swap (MEMO without the token split,
 alpha = 1) and keep-all (keep every activation). Sizes are per GPU.
 
-Planning time grows about linearly in layers (BENCHMARKS.md). A run past 2 s reports progress on
-standard error (`memo plan: <seconds> s: ...`: each strategy and stage, each length --max-seq
-probes); like every command that may run past 2 s. A step that would take more than
+Any command that may run past 2 s reports progress on standard error: past 2 s, memo plan prints
+`memo plan: <seconds> s: ...` lines (each strategy and stage, each length --max-seq probes).
+Planning time grows about linearly in layers (BENCHMARKS.md); a step that would take more than
 --plan-memory (4 GiB) to plan is refused before it is built, with the memory it would need.";
 
 const EXAMPLES: &str = "\
