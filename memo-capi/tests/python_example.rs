@@ -46,8 +46,11 @@ fn the_python_script_compiles_and_its_host_selftest_passes() {
 
     // Without a GPU (hidden here whether or not PyTorch is installed) or without the library, the
     // comparison says in one line what it needs instead of three tracebacks from its workers.
-    for (lib, needs) in [(library.as_path(), "--host-selftest"), (Path::new("/nonexistent/libmemo_capi.so"), "cargo build")] {
-        let run = Command::new(python).arg(&script).arg("--lib").arg(lib).env("CUDA_VISIBLE_DEVICES", "").output().unwrap();
+    for (lib, needs) in
+        [(library.as_path(), "--host-selftest"), (Path::new("/nonexistent/libmemo_capi.so"), "cargo build")]
+    {
+        let run =
+            Command::new(python).arg(&script).arg("--lib").arg(lib).env("CUDA_VISIBLE_DEVICES", "").output().unwrap();
         let stderr = String::from_utf8_lossy(&run.stderr);
         assert_eq!(run.status.code(), Some(2), "{stderr}");
         assert!(run.stdout.is_empty(), "{}", String::from_utf8_lossy(&run.stdout));

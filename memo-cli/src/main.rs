@@ -12,6 +12,7 @@ mod inspect;
 mod picture;
 mod plan;
 mod profile;
+mod progress;
 mod recall;
 mod solve;
 mod train;

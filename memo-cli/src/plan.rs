@@ -15,6 +15,8 @@ use crate::config::{Config, ConfigArgs};
 use crate::exit::{self, Failure};
 use crate::human;
 
+mod progress;
+
 /// What `memo plan --help` says it does.
 pub const LONG_ABOUT: &str = "\
 Plan one training step of one GPU: where every tensor lives in one device arena, what is swapped
@@ -33,7 +35,12 @@ multi-node support yet). Without --strategy the command exits 8 when no strategy
 --max-seq, when no strategy fits any length (the table is printed first either way).
 
 Units: tokens take binary K, M, G (1M = 1,048,576); sizes decimal or binary units and fractions
-(141GB, 1.5TB, 80GiB); rates need a unit (12.5GB/s, 25GiB/s; FLOP/s: 312T).";
+(141GB, 1.5TB, 80GiB); rates need a unit (12.5GB/s, 25GiB/s; FLOP/s: 312T).
+
+Any command that may run past 2 s reports progress on standard error: past 2 s, memo plan prints
+`memo plan: <seconds> s: ...` lines (each strategy and stage, each length --max-seq probes).
+Planning time grows about linearly in layers (BENCHMARKS.md); a step that would take more than
+--plan-memory (4 GiB) to plan is refused before it is built, with the memory it would need.";
 
 const EXAMPLES: &str = "\
 Examples:
@@ -70,6 +77,12 @@ pub struct PlanArgs {
     #[arg(long, value_name = "N", default_value_t = PLAN_BUDGET_NODES)]
     budget_nodes: u64,
 
+    /// The most memory planning may take (as estimated from the step's instructions and
+    /// buffers before it is built); a larger step is refused with the size it would need
+    #[arg(long, value_name = "BYTES", value_parser = crate::config::parse_bytes,
+          default_value_t = planner::DEFAULT_PLAN_MEMORY_LIMIT, hide_default_value = true)]
+    plan_memory: u64,
+
     /// Print JSON instead of the table
     #[arg(long)]
     json: bool,
@@ -103,16 +116,32 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
         None => Strategy::ALL.to_vec(),
     };
     let mut planned = Vec::new();
-    for strategy in strategies {
+    let progress = progress::Reporter::start(crate::progress::after()?);
+    let count = strategies.len();
+    for (index, strategy) in strategies.into_iter().enumerate() {
         let forced_alpha = if strategy == Strategy::Memo { args.alpha } else { None };
-        let request = PlanRequest { forced_alpha, budget_nodes: args.budget_nodes, ..request(&config, strategy) };
+        let request = PlanRequest {
+            forced_alpha,
+            budget_nodes: args.budget_nodes,
+            memory_limit_bytes: args.plan_memory,
+            ..request(&config, strategy)
+        };
+        let context = format!("strategy {} ({} of {count})", strategy.name(), index + 1);
+        progress.context(context.clone());
         let started = Instant::now();
-        let report = planner::plan(&request).map_err(|e| strategy_failure(strategy, &e))?;
+        let report =
+            planner::plan_observed(&request, &mut progress.observer()).map_err(|e| strategy_failure(strategy, &e))?;
         let elapsed = started.elapsed();
+        progress.detail(format!("check ({} instructions)", report.plan.instructions.len()));
         crate::checked::check(&report.plan)?;
-        let remedies = planner::remedies(&request, &report);
+        if !report.fits() {
+            progress.context(format!("{context}, does not fit: searching the longest sequence that does"));
+        }
+        let remedies = planner::remedies_observed(&request, &report, &mut progress.observer());
         planned.push(Planned { report, elapsed, remedies });
     }
+    // The progress lines end before the result.
+    drop(progress);
     if let (Some(path), [one]) = (&args.output, planned.as_slice()) {
         let bytes = crate::checked::write_plan(path, &one.report.plan)?;
         eprintln!(
@@ -418,16 +447,31 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
         None => Strategy::ALL.to_vec(),
     };
     let mut found: Vec<(MaxSequence, Duration)> = Vec::new();
-    for strategy in strategies {
+    let progress = progress::Reporter::start(crate::progress::after()?);
+    let count = strategies.len();
+    for (index, strategy) in strategies.into_iter().enumerate() {
         let forced_alpha = if strategy == Strategy::Memo { args.alpha } else { None };
-        let request = PlanRequest { forced_alpha, budget_nodes: args.budget_nodes, ..request(&config, strategy) };
+        let request = PlanRequest {
+            forced_alpha,
+            budget_nodes: args.budget_nodes,
+            memory_limit_bytes: args.plan_memory,
+            ..request(&config, strategy)
+        };
+        progress.context(format!("--max-seq, strategy {} ({} of {count})", strategy.name(), index + 1));
         let started = Instant::now();
-        let result = planner::longest_sequence(&request).map_err(|e| strategy_failure(strategy, &e))?;
+        let result = planner::longest_sequence_observed(&request, &mut progress.observer())
+            .map_err(|e| strategy_failure(strategy, &e))?;
         if let Some(report) = &result.report {
+            progress.detail(format!(
+                "check of the plan at {} tokens ({} instructions)",
+                report.plan.provenance.model.seq_len,
+                report.plan.instructions.len()
+            ));
             crate::checked::check(&report.plan)?;
         }
         found.push((result, started.elapsed()));
     }
+    drop(progress);
     let text = if args.json {
         let rows: Vec<Value> = found
             .iter()

@@ -183,7 +183,7 @@ fn parse_strategy(text: &str) -> Result<Strategy, String> {
 /// Runs `memo train`: options, data, the plan (made once: the fit check and the trainer share
 /// it), the backend, the steps, the trace and the summary, each a function below.
 pub fn run(args: &TrainArgs) -> Result<(), Failure> {
-    let after = progress::after()?;
+    let after = crate::progress::after()?;
     let gate = progress::interrupt_gate();
     if args.tensor_parallel > 1 {
         return parallel::run(args, gate, after);

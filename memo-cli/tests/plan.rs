@@ -193,3 +193,112 @@ fn collectives_cost_time_and_the_interconnect_flags_change_it() {
     assert_ne!(code(&bad), 0);
     assert!(stderr(&bad).contains("expected a latency"), "{}", stderr(&bad));
 }
+
+/// `memo plan` with the progress threshold at 0 (`MEMO_PROGRESS_AFTER_MS`, what a run past 2 s does):
+/// its output and its stderr.
+fn memo_with_progress(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_memo"))
+        .args(args)
+        .env("MEMO_PROGRESS_AFTER_MS", "0")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("the memo binary runs")
+}
+
+/// A `memo plan` of 10+ minutes and a `--max-seq` search of 22 s once printed nothing until they
+/// ended. Past the threshold (2 s; forced to 0 here, so the test bounds no time) each strategy,
+/// each stage and the check are reported on stderr as `memo plan: <seconds> s: ...` lines, and
+/// the table on stdout is the same.
+#[test]
+fn a_plan_past_the_threshold_reports_each_strategy_and_stage_on_stderr() {
+    let args = ["plan", "--model", "7b", "--seq", "4K", "--machine", "h200x8", "--tp", "8", "--layers", "4"];
+    let output = memo_with_progress(&args);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let message = stderr(&output);
+    for line in message.lines() {
+        let (_, rest) = line.split_once(": ").unwrap();
+        assert!(line.starts_with("memo plan: ") && rest.contains(" s: "), "{message}");
+    }
+    for strategy in ["memo", "full-recompute", "full-swap", "keep-all"] {
+        for stage in ["alpha", "schedule", "placement", "simulate", "check"] {
+            let wanted = format!("strategy {strategy} (");
+            assert!(
+                message.lines().any(|l| l.contains(&wanted) && l.ends_with(stage)
+                    || l.contains(&wanted) && l.contains(&format!(": {stage} ("))),
+                "{strategy} {stage}: {message}"
+            );
+        }
+    }
+    let quiet = memo(&args, None);
+    let table = |o: &std::process::Output| -> Vec<Vec<String>> {
+        // A strategy's row ends with its wall time to plan (`3.753 ms`), which differs run to run.
+        let strategies = ["memo", "full-recompute", "full-swap", "keep-all"];
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(|line| {
+                let mut words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+                if words.first().is_some_and(|w| strategies.contains(&w.as_str())) && words.len() > 2 {
+                    words.truncate(words.len() - 2);
+                }
+                words
+            })
+            .collect()
+    };
+    assert_eq!(table(&output), table(&quiet));
+}
+
+/// `--max-seq` reports each length it probes, for each strategy; a failing plan's progress lines
+/// keep the failure contract (progress lines, then one `memo:` line).
+#[test]
+fn max_seq_reports_each_probe_and_a_failure_keeps_its_one_line() {
+    let output = memo_with_progress(&[
+        "plan",
+        "--model",
+        "7b",
+        "--machine",
+        "h200x8",
+        "--tp",
+        "8",
+        "--layers",
+        "2",
+        "--max-seq",
+        "--strategy",
+        "keep-all",
+    ]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let message = stderr(&output);
+    assert!(message.contains("memo plan: ") && message.contains("--max-seq, strategy keep-all (1 of 1)"), "{message}");
+    for probe in ["probe 1 at 1024 tokens", "probe 2 at ", "probe 3 at "] {
+        assert!(message.contains(probe), "{probe}: {message}");
+    }
+    // Refused after the progress began: progress lines, then the one failure line.
+    let small =
+        ["plan", "--model", "7b", "--seq", "4K", "--machine", "h200x8", "--layers", "2", "--plan-memory", "1MiB"];
+    let failed = memo_with_progress(&small);
+    let line = assert_fails(&failed, 2);
+    assert!(line.contains("over the limit"), "{line}");
+    assert!(stderr(&failed).lines().count() > 1, "progress lines before the failure: {}", stderr(&failed));
+    // A plan that does not fit prints its table, then the progress lines end before the failure.
+    let misfit = memo_with_progress(&plan_args(&["--strategy", "keep-all", "--layers", "8"]));
+    assert_eq!(code(&misfit), 5);
+    let message = stderr(&misfit);
+    let (last, progress) = message.lines().collect::<Vec<_>>().split_last().map(|(l, p)| (*l, p.to_vec())).unwrap();
+    assert!(last.starts_with("memo: the keep-all plan does not fit"), "{message}");
+    assert!(!progress.is_empty() && progress.iter().all(|l| l.starts_with("memo plan: ")), "{message}");
+}
+
+/// `memo plan --layers 100000 --hidden 65536` ran 10+ minutes at 4.2 GB. It is refused up front
+/// (exit 2) with the memory it would take and how to go on; `--plan-memory` sets the limit.
+#[test]
+fn a_step_too_large_to_plan_is_refused_up_front() {
+    let args =
+        ["plan", "--model", "7b", "--seq", "4K", "--machine", "h200x8", "--layers", "100000", "--hidden", "65536"];
+    let message = assert_fails(&memo(&args, None), 2);
+    for part in ["planning 100000 layers would take about", "GiB", "bytes", "--plan-memory", "fewer layers"] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+    let small =
+        ["plan", "--model", "7b", "--seq", "4K", "--machine", "h200x8", "--layers", "2", "--plan-memory", "1MiB"];
+    let message = assert_fails(&memo(&small, None), 2);
+    assert!(message.contains("over the limit of 0.0 GiB (1048576 bytes)"), "{message}");
+}

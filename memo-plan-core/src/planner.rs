@@ -35,6 +35,10 @@ pub struct PlanRequest {
     pub forced_alpha: Option<f64>,
     /// Node budget of each arena solve.
     pub budget_nodes: u64,
+    /// The most memory planning may take, in bytes, as [`estimate`] reckons it: a request over
+    /// it is refused before the step is built ([`PlanError::TooLarge`]).
+    /// [`DEFAULT_PLAN_MEMORY_LIMIT`] by default.
+    pub memory_limit_bytes: u64,
 }
 
 impl PlanRequest {
@@ -49,8 +53,77 @@ impl PlanRequest {
             strategy,
             forced_alpha: None,
             budget_nodes: PLAN_BUDGET_NODES,
+            memory_limit_bytes: DEFAULT_PLAN_MEMORY_LIMIT,
         }
     }
+}
+
+/// The most memory a plan may take to make by default: 4 GiB (by [`estimate`]: about 27,000
+/// layers of 7B under memo at t = 8). A million-token step of a 7B model is some 10,000
+/// instructions; a model with tens of thousands of layers is refused up front instead of running
+/// for many minutes (`memo plan --plan-memory` raises the limit).
+pub const DEFAULT_PLAN_MEMORY_LIMIT: u64 = 4 << 30;
+
+/// Bytes of planner memory per instruction of the step, in [`estimate`]: the instruction itself
+/// (its arguments on the heap), its span in the timeline, its lifetimes and its share of the
+/// checker's state. Peak resident memory of `memo plan --strategy memo` (7B, 4K tokens, t = 8,
+/// everything fitting) was 45 MB at 500 layers and 161 MB at 2,000 (140,232 and 561,732
+/// instructions; 58,948 and 235,948 buffers): about 220 bytes per instruction with its share of
+/// buffers, here rounded up with room to spare.
+pub const PLAN_BYTES_PER_INSTRUCTION: u64 = 384;
+
+/// Bytes of planner memory per buffer of the step, in [`estimate`] (the buffer, its lifetime, its
+/// level-1 and level-2 requests, the checker's extents and live ranges).
+pub const PLAN_BYTES_PER_BUFFER: u64 = 256;
+
+/// Bytes [`estimate`] adds for the placement's overlap graphs, which stop growing at 40 million
+/// pairs (`arena::OVERLAP_PAIR_LIMIT`): keep-all at 500 layers (4,000-odd level-2 requests
+/// all overlapping) peaked at 323 MB for 57,066 instructions.
+pub const PLAN_GRAPH_BYTES: u64 = 512 << 20;
+
+/// How large a step's plan is, before it is made: [`estimate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanSize {
+    /// Instructions of the step.
+    pub instructions: u64,
+    /// Buffers of the step.
+    pub buffers: u64,
+    /// The memory planning takes, about ([`PLAN_BYTES_PER_INSTRUCTION`] per instruction,
+    /// [`PLAN_BYTES_PER_BUFFER`] per buffer, and [`PLAN_GRAPH_BYTES`]).
+    pub bytes: u64,
+}
+
+/// The size of the step a request asks for, from the schedules of two and three of its layers (a
+/// step is its embedding and classifier, its first and last layer, and the same instructions for
+/// every layer between), without building the whole step: the instructions and buffers are exact
+/// when every middle layer adds the same count, as the schedule's do. `alpha_fixed` as [`schedule::alpha_to_fixed`] gives it.
+pub fn estimate(
+    model: &ModelConfig,
+    parallel: &Parallelism,
+    strategy: Strategy,
+    alpha_fixed: u64,
+) -> Result<PlanSize, PlanError> {
+    let options = ScheduleOptions { strategy, alpha_fixed };
+    let counts = |layers: u32| -> Result<(u64, u64), PlanError> {
+        let small = ModelConfig { layers, ..model.clone() };
+        let schedule = schedule::build(&small, parallel, &options)?;
+        Ok((schedule.instructions.len() as u64, schedule.buffers.len() as u64))
+    };
+    let (instructions, buffers) = if model.layers <= 3 {
+        counts(model.layers)?
+    } else {
+        // Two layers are the first and the last; the third is a middle one, as every further one.
+        let (two, three) = (counts(2)?, counts(3)?);
+        let extra = u64::from(model.layers - 2);
+        let extend =
+            |at_two: u64, at_three: u64| at_two.saturating_add(at_three.saturating_sub(at_two).saturating_mul(extra));
+        (extend(two.0, three.0), extend(two.1, three.1))
+    };
+    let bytes = instructions
+        .saturating_mul(PLAN_BYTES_PER_INSTRUCTION)
+        .saturating_add(buffers.saturating_mul(PLAN_BYTES_PER_BUFFER))
+        .saturating_add(PLAN_GRAPH_BYTES);
+    Ok(PlanSize { instructions, buffers, bytes })
 }
 
 /// Node budget of each placement problem of a plan. Level-1 and level-2 problems have tens to a
@@ -74,6 +147,15 @@ pub enum PlanError {
     AlphaWithoutMemo {
         /// The strategy asked for.
         strategy: Strategy,
+    },
+    /// Planning would take more memory than the request allows ([`PlanRequest::memory_limit_bytes`]).
+    TooLarge {
+        /// The layers of the model.
+        layers: u32,
+        /// What planning would take.
+        size: PlanSize,
+        /// The limit.
+        limit_bytes: u64,
     },
 }
 
@@ -101,7 +183,28 @@ impl fmt::Display for PlanError {
                 "a forced alpha applies to the memo strategy only, not {}: drop --alpha or use --strategy memo",
                 strategy.name()
             ),
+            PlanError::TooLarge { layers, size, limit_bytes } => write!(
+                f,
+                "planning {layers} layers would take about {} of memory ({} bytes: {} instructions, {} buffers), \
+                 over the limit of {} ({limit_bytes} bytes); plan fewer layers, \
+                 or raise the limit (memo plan --plan-memory) if this machine has the memory",
+                Gib(size.bytes),
+                size.bytes,
+                size.instructions,
+                size.buffers,
+                Gib(*limit_bytes)
+            ),
         }
+    }
+}
+
+/// Bytes in GiB with one decimal, for messages.
+struct Gib(u64);
+
+impl fmt::Display for Gib {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let tenths = (u128::from(self.0) * 10 + (1 << 29)) >> 30;
+        write!(f, "{}.{} GiB", tenths / 10, tenths % 10)
     }
 }
 
@@ -145,9 +248,82 @@ pub struct Misfit {
     pub host_excess_bytes: u64,
 }
 
+/// A stage of making one plan, in the order [`plan_observed`] enters them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// α from MEMO's LP (`memo`, `full-swap`) and the checks of the request.
+    Alpha,
+    /// The instruction stream (`schedule`).
+    Schedule,
+    /// Bi-level placement (`bilevel`).
+    Placement,
+    /// The timeline (`simulate`).
+    Simulate,
+}
+
+impl Stage {
+    /// The stage's name in progress reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Alpha => "alpha",
+            Stage::Schedule => "schedule",
+            Stage::Placement => "placement",
+            Stage::Simulate => "simulate",
+        }
+    }
+}
+
+/// What the planner is about to do, for a caller that reports progress (a `no_std` observer:
+/// any `FnMut(Progress)`). Cheap to make; the planner calls the observer a few times per plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Planning `strategy` at `seq_len` tokens, entering `stage`. `instructions` and `buffers`:
+    /// the schedule's sizes once it is built (0 before).
+    Stage {
+        /// The strategy planned.
+        strategy: Strategy,
+        /// Its sequence length.
+        seq_len: u64,
+        /// The stage entered.
+        stage: Stage,
+        /// Instructions of the schedule (0 until it is built).
+        instructions: usize,
+        /// Buffers of the schedule (0 until it is built).
+        buffers: usize,
+    },
+    /// A longest-sequence search ([`max_seq_observed`]) is about to plan `seq_len` tokens, its
+    /// `probe`-th plan (from 1).
+    Probe {
+        /// The strategy searched.
+        strategy: Strategy,
+        /// The length probed.
+        seq_len: u64,
+        /// Plans made by this search so far, this one included.
+        probe: u32,
+    },
+}
+
 /// Plans one strategy.
 pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
-    let PlanRequest { model, parallel, hardware, interconnect, strategy, forced_alpha, budget_nodes } = request;
+    plan_observed(request, &mut |_| {})
+}
+
+/// [`plan`], telling `observe` each stage it enters.
+pub fn plan_observed(request: &PlanRequest, observe: &mut dyn FnMut(Progress)) -> Result<PlanReport, PlanError> {
+    let PlanRequest {
+        model,
+        parallel,
+        hardware,
+        interconnect,
+        strategy,
+        forced_alpha,
+        budget_nodes,
+        memory_limit_bytes,
+    } = request;
+    let mut stage = |stage: Stage, instructions: usize, buffers: usize| {
+        observe(Progress::Stage { strategy: *strategy, seq_len: model.seq_len, stage, instructions, buffers })
+    };
+    stage(Stage::Alpha, 0, 0);
     model.validate()?;
     parallel.validate_for(model)?;
     hardware.validate()?;
@@ -165,7 +341,14 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
     };
     let (alpha, alpha_bound) = swap.map_or((0.0, AlphaBound::None), |s| (s.alpha, s.bound));
     let alpha_fixed = schedule::alpha_to_fixed(alpha);
+    // Refused before the step is built, when building it would take too much memory.
+    let size = estimate(model, parallel, *strategy, alpha_fixed)?;
+    if size.bytes > *memory_limit_bytes {
+        return Err(PlanError::TooLarge { layers: model.layers, size, limit_bytes: *memory_limit_bytes });
+    }
+    stage(Stage::Schedule, 0, 0);
     let schedule = schedule::build(model, parallel, &ScheduleOptions { strategy: *strategy, alpha_fixed })?;
+    stage(Stage::Placement, schedule.instructions.len(), schedule.buffers.len());
     let placement = bilevel::place(&schedule, *budget_nodes)?;
     let plan = Plan {
         provenance: Provenance {
@@ -187,6 +370,7 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
         rank_programs: Vec::new(),
         totals: placement.totals,
     };
+    stage(Stage::Simulate, plan.instructions.len(), plan.buffers.len());
     let timeline = simulate::simulate(&plan)?;
     let mfu = cost::mfu(model, parallel, hardware, timeline.step_time_s.max(f64::MIN_POSITIVE))?;
     let device_excess_bytes = plan.totals.arena_bytes.saturating_sub(hardware.device_memory_bytes);
@@ -268,6 +452,16 @@ impl SequenceLimit {
 /// `limit` tokens. Assumes fitting is monotone in the sequence length (memory grows with it). An
 /// error planning `granularity` tokens is returned; at longer lengths one counts as "does not fit".
 pub fn max_seq(request: &PlanRequest, granularity: u64, limit: u64) -> Result<MaxSequence, PlanError> {
+    max_seq_observed(request, granularity, limit, &mut |_| {})
+}
+
+/// [`max_seq`], telling `observe` each length it probes and each stage of its plans.
+pub fn max_seq_observed(
+    request: &PlanRequest,
+    granularity: u64,
+    limit: u64,
+    observe: &mut dyn FnMut(Progress),
+) -> Result<MaxSequence, PlanError> {
     let step = granularity.max(1);
     let mut attempt = request.clone();
     let mut made = 0u32;
@@ -275,7 +469,8 @@ pub fn max_seq(request: &PlanRequest, granularity: u64, limit: u64) -> Result<Ma
     let mut try_len = |tokens: u64| -> Result<Result<PlanReport, Option<PlanReport>>, PlanError> {
         attempt.model.seq_len = tokens;
         made += 1;
-        match plan(&attempt) {
+        observe(Progress::Probe { strategy: attempt.strategy, seq_len: tokens, probe: made });
+        match plan_observed(&attempt, observe) {
             Ok(report) if report.fits() => Ok(Ok(report)),
             Ok(report) => Ok(Err(Some(report))),
             // Only the length changed since the shortest one planned: a length too long to plan
@@ -339,7 +534,15 @@ pub fn max_seq_granularity(tensor: u64) -> u64 {
 /// ([`max_seq_granularity`] up to [`MAX_SEQ_LIMIT`]): what `memo plan --max-seq` prints and what
 /// the remedies of a misfit quote, from this one computation.
 pub fn longest_sequence(request: &PlanRequest) -> Result<MaxSequence, PlanError> {
-    max_seq(request, max_seq_granularity(request.parallel.tensor), MAX_SEQ_LIMIT)
+    longest_sequence_observed(request, &mut |_| {})
+}
+
+/// [`longest_sequence`], telling `observe` each length it probes and each stage of its plans.
+pub fn longest_sequence_observed(
+    request: &PlanRequest,
+    observe: &mut dyn FnMut(Progress),
+) -> Result<MaxSequence, PlanError> {
+    max_seq_observed(request, max_seq_granularity(request.parallel.tensor), MAX_SEQ_LIMIT, observe)
 }
 
 /// What would make a misfit fit, in words, for messages. `request` is the request `report` was
@@ -347,6 +550,11 @@ pub fn longest_sequence(request: &PlanRequest) -> Result<MaxSequence, PlanError>
 /// same grid, below the request's length), so it agrees with `--max-seq`. It plans a dozen times
 /// or so: call this once per report.
 pub fn remedies(request: &PlanRequest, report: &PlanReport) -> Vec<String> {
+    remedies_observed(request, report, &mut |_| {})
+}
+
+/// [`remedies`], telling `observe` each length its search probes and each stage of its plans.
+pub fn remedies_observed(request: &PlanRequest, report: &PlanReport, observe: &mut dyn FnMut(Progress)) -> Vec<String> {
     use alloc::format;
     let mut out = Vec::new();
     let Some(misfit) = &report.misfit else { return out };
@@ -356,7 +564,7 @@ pub fn remedies(request: &PlanRequest, report: &PlanReport) -> Vec<String> {
     // search assumes) the answer lies below it: searching only there gives the same answer as
     // the whole grid in fewer plans (10 instead of 16 at 1M tokens).
     let below = request.model.seq_len.div_ceil(granularity).saturating_sub(1).saturating_mul(granularity);
-    let longest = max_seq(request, granularity, below.min(MAX_SEQ_LIMIT));
+    let longest = max_seq_observed(request, granularity, below.min(MAX_SEQ_LIMIT), observe);
     // The other remedies suggest a shorter sequence only where one fits: advice never says "plan a
     // shorter sequence" beside "fewer tokens will not do".
     let shorter = matches!(longest, Ok(MaxSequence { seq_len: Some(_), .. }));

@@ -1,5 +1,5 @@
 //! What `memo train` says while it runs and when it is stopped: progress lines on standard error
-//! for a step that runs past `MEMO_PROGRESS_AFTER_MS` (default 2 s), and Ctrl-C: the first stops
+//! for a step that runs past `MEMO_PROGRESS_AFTER_MS` (`crate::progress`, default 2 s), and Ctrl-C: the first stops
 //! the run at a consistent state (`memo_runtime::control`) and saves it, a second exits at once.
 
 use std::ffi::OsString;
@@ -16,11 +16,6 @@ use memo_runtime::{StepControl, StopGate};
 use super::TrainArgs;
 use crate::exit::{self, Failure};
 
-/// The environment variable that sets after how many milliseconds a running step reports its
-/// progress (default [`DEFAULT_AFTER`]; 0: every step reports).
-pub const AFTER_VARIABLE: &str = "MEMO_PROGRESS_AFTER_MS";
-/// A step running past this reports its progress.
-const DEFAULT_AFTER: Duration = Duration::from_secs(2);
 /// Then once every this long while it runs.
 const INTERVAL: Duration = Duration::from_secs(10);
 
@@ -39,20 +34,6 @@ pub(super) fn interrupt_gate() -> Arc<StopGate> {
         asked.request_stop();
     });
     gate
-}
-
-/// After how long a step reports its progress: [`AFTER_VARIABLE`], else 2 s.
-pub(super) fn after() -> Result<Duration, Failure> {
-    let Some(value) = std::env::var_os(AFTER_VARIABLE) else { return Ok(DEFAULT_AFTER) };
-    value.to_str().and_then(|v| v.trim().parse::<u64>().ok()).map(Duration::from_millis).ok_or_else(|| {
-        Failure::new(
-            exit::BAD_INPUT,
-            format!(
-                "{AFTER_VARIABLE}={}: expected whole milliseconds (e.g. 0 to report every step, 2000 the default)",
-                value.to_string_lossy()
-            ),
-        )
-    })
 }
 
 /// Where each instruction of a program is, for progress lines: its layer (1-based) and phase.

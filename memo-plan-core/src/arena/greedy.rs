@@ -155,11 +155,19 @@ pub(crate) struct ComponentPlacement {
 pub(crate) fn best_greedy(
     items: &[Item],
     members: &[u32],
+    first: ComponentPlacement,
     overlaps: Option<&Overlaps>,
     sections: &Sections,
     control: &mut Control,
 ) -> ComponentPlacement {
-    let mut best = first_placement(items, members, control);
+    let mut best = first;
+    // Only a strictly lower peak replaces the best so far, so once it is at the lower bound the
+    // orders left cannot change the answer (each costs a pass over the overlap graph).
+    let lower_bound = sections.lower_bound();
+    let settled = |best: &ComponentPlacement| best.peak <= lower_bound;
+    if settled(&best) {
+        return best;
+    }
     let Some(overlaps) = overlaps else {
         // Too dense for a graph: the other sweeps that need none, time reversed (by end, latest
         // first) and first fit, each O(n log n).
@@ -171,6 +179,9 @@ pub(crate) fn best_greedy(
                 Some(candidate) if candidate.peak < best.peak => best = candidate,
                 Some(_) => {}
                 None => break,
+            }
+            if settled(&best) {
+                break;
             }
         }
         return best;
@@ -211,6 +222,9 @@ pub(crate) fn best_greedy(
                 Some(candidate) if candidate.peak < best.peak => best = candidate,
                 Some(_) => {}
                 None => return best,
+            }
+            if settled(&best) {
+                return best;
             }
         }
     }

@@ -346,9 +346,16 @@ fn solve_nested(
         .iter()
         .map(|leaf| {
             let sections = Sections::new(&items, &leaf.items);
-            let overlaps = Overlaps::build_polled(&items, &leaf.items, OVERLAP_PAIR_LIMIT, Some(&mut control));
-            let best = greedy::best_greedy(&items, &leaf.items, overlaps.as_ref(), &sections, &mut control);
             let proven_lower = sections.lower_bound();
+            let first = greedy::first_placement(&items, &leaf.items, &mut control);
+            if first.peak <= proven_lower {
+                // At the lower bound: no other order can do better (only a strictly lower peak
+                // replaces the first placement), so neither the overlap graph (quadratic in the
+                // component's buffers, up to `OVERLAP_PAIR_LIMIT` pairs) nor the orders are made.
+                return LeafState { base: leaf.base, sections, overlaps: None, best: first, proven_lower };
+            }
+            let overlaps = Overlaps::build_polled(&items, &leaf.items, OVERLAP_PAIR_LIMIT, Some(&mut control));
+            let best = greedy::best_greedy(&items, &leaf.items, first, overlaps.as_ref(), &sections, &mut control);
             LeafState { base: leaf.base, sections, overlaps, best, proven_lower }
         })
         .collect();
@@ -357,11 +364,16 @@ fn solve_nested(
     let mut greedy_peak_units = leaves.iter().map(|l| l.base + l.best.peak).fold(peak_units, u64::max);
     // The classic orders on the whole instance, ties in input order: the reductions keep the
     // optimum, not every greedy result, so a whole-instance order can beat the per-component
-    // portfolio; with them, the answer is never worse than any classic order.
+    // portfolio; with them, the answer is never worse than any classic order. Only a strictly
+    // lower peak is taken, so at the lower bound they are not run (nor their graph built).
     let all: Vec<u32> = (0..items.len() as u32).collect();
-    let whole = Overlaps::build_polled(&items, &all, WHOLE_GREEDY_PAIR_LIMIT, Some(&mut control))
-        .and_then(|graph| greedy::best_classic(&items, &all, &graph, &mut control))
-        .filter(|placement| placement.peak < greedy_peak_units);
+    let whole = if greedy_peak_units > lower_bound_units {
+        Overlaps::build_polled(&items, &all, WHOLE_GREEDY_PAIR_LIMIT, Some(&mut control))
+            .and_then(|graph| greedy::best_classic(&items, &all, &graph, &mut control))
+            .filter(|placement| placement.peak < greedy_peak_units)
+    } else {
+        None
+    };
     if let Some(placement) = &whole {
         greedy_peak_units = placement.peak;
     }

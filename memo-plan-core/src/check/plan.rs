@@ -17,9 +17,10 @@
 //!   of a stream happens-before a write only if all of that stream's earlier reads do, so one per
 //!   stream is enough). Reads of an instruction are checked and recorded before its writes.
 //!
-//! Live ranges and totals are recomputed separately; the overlap test sorts the live device
-//! buffers by the start of their live range and compares each with those that start before it
-//! ends (quadratic only in buffers live at once).
+//! Live ranges and totals are recomputed separately; the overlap test sweeps the live device
+//! buffers in order of their live ranges and compares each entering buffer with the live ones
+//! whose bytes it meets, found in a max tree of byte ends (linear-logarithmic in buffers, plus
+//! the pairs it reports).
 
 mod checked;
 mod swap;
@@ -48,19 +49,28 @@ pub use violation::{BufferRef, ByteRange, CollectiveCall, PlanViolation, Space, 
 /// Checks `plan` against every rule of `spec/validity.md`; returns all violations, sorted by
 /// [`PlanViolation::sort_key`], or `Ok(())`. Never panics, whatever the plan holds.
 pub fn check_plan(plan: &Plan) -> Result<(), Vec<PlanViolation>> {
+    check_plan_counted(plan).0
+}
+
+/// [`check_plan`], and the work it did: instructions, buffers and byte segments visited, and the
+/// nodes of the overlap test's tree. A count, not a time, so tests can bound how the checker's
+/// work grows with the plan (linearly, up to a logarithm) on any machine.
+pub fn check_plan_counted(plan: &Plan) -> (Result<(), Vec<PlanViolation>>, u64) {
     let mut violations = Vec::new();
+    let mut work = 0u64;
     let extents = check_buffers(plan, &mut violations);
-    Simulation::new(plan, &extents, 0).run(&mut violations);
+    work += plan.buffers.len() as u64;
+    work += Simulation::new(plan, &extents, 0).run(&mut violations);
     let live = live_ranges(plan);
-    check_overlap(plan, &extents, &live, &mut violations);
+    work += check_overlap(plan, &extents, &live, &mut violations);
     check_totals(plan, &extents, &live, &mut violations);
     check_collective_sizes(plan, &mut violations);
-    check_rank_programs(plan, &extents, &mut violations);
+    work += check_rank_programs(plan, &extents, &mut violations);
     if violations.is_empty() {
-        return Ok(());
+        return (Ok(()), work);
     }
     violations.sort_by_key(PlanViolation::sort_key);
-    Err(violations)
+    (Err(violations), work)
 }
 
 /// Where a buffer's bytes are: its space, first byte, size and end (`None` when its size
@@ -202,6 +212,8 @@ struct Simulation<'p> {
     host: Bytes,
     /// What the op table's shape rules need of the model, for the program's rank (rule 10).
     shape_context: ShapeContext,
+    /// Instructions and byte segments visited.
+    work: u64,
 }
 
 impl<'p> Simulation<'p> {
@@ -221,11 +233,14 @@ impl<'p> Simulation<'p> {
             arena: Bytes::new(),
             host: Bytes::new(),
             shape_context: ShapeContext::for_model(&plan.provenance.model, rank, plan.provenance.parallel.tensor),
+            work: 0,
         }
     }
 
-    fn run(mut self, out: &mut Vec<PlanViolation>) {
+    /// Runs the pass; returns its work (instructions and byte segments visited).
+    fn run(mut self, out: &mut Vec<PlanViolation>) -> u64 {
         let plan = self.plan;
+        self.work += plan.instructions.len() as u64;
         for (index, instruction) in plan.instructions.iter().enumerate() {
             let stream = instruction.stream;
             let s = stream.index();
@@ -271,6 +286,7 @@ impl<'p> Simulation<'p> {
             }
         }
         self.dead_host_writes(out);
+        self.work.saturating_add(self.host.segments.len() as u64)
     }
 
     /// Rule 4b: host-slab bytes whose last write nothing reads afterwards. Swapped-out data exists
@@ -466,7 +482,9 @@ impl<'p> Simulation<'p> {
             _ => false,
         };
         let mut found = Findings::default();
+        let mut visited = 0u64;
         for (&start, (end, cell)) in self.space(range.space).range_mut(range.start, range.end) {
+            visited += 1;
             match cell.writer {
                 None if !initialised => found.add(Problem::Unwritten, None, start, *end),
                 None => {}
@@ -481,6 +499,7 @@ impl<'p> Simulation<'p> {
             }
             cell.readers[stream.index()] = Some(me);
         }
+        self.work = self.work.saturating_add(visited);
         found.report(self.plan, me, target.buffer, range.space, layer, out);
     }
 
@@ -490,7 +509,9 @@ impl<'p> Simulation<'p> {
         let clock = self.clocks[stream.index()];
         let me = Touch { instruction, buffer: target.buffer.id, stream, tick: clock[stream.index()] };
         let mut found = Findings::default();
+        let mut visited = 0u64;
         for (&start, (end, cell)) in self.space(range.space).range_mut(range.start, range.end) {
+            visited += 1;
             if let Some(writer) = cell.writer.filter(|w| !w.happens_before(stream, &clock)) {
                 found.add(Problem::RaceWithWrite, Some(writer), start, *end);
             }
@@ -499,6 +520,7 @@ impl<'p> Simulation<'p> {
             }
             *cell = Cell { writer: Some(me), readers: [None; STREAMS] };
         }
+        self.work = self.work.saturating_add(visited);
         found.report(self.plan, me, target.buffer, range.space, None, out);
     }
 }
@@ -647,21 +669,50 @@ fn live_device_buffers(extents: &[Option<Extent>], live: &[Option<(usize, usize)
         .collect()
 }
 
-/// Rule 6: device buffers live at the same instruction share no arena bytes.
+/// Rule 6: device buffers live at the same instruction share no arena bytes. Every overlapping
+/// pair is reported once, at the later live range's first instruction (ties: the higher index).
+///
+/// A sweep over the instructions: buffers enter in order of their first instruction and leave
+/// once an entering one starts after their last. Each entering buffer is compared only with the
+/// live ones whose bytes it meets, found in an [`EndTree`] over the buffers sorted by first byte:
+/// O((buffers + pairs reported) log buffers), where comparing each with every buffer that starts
+/// inside its live range was quadratic in layers (the model state is live over the whole step).
 fn check_overlap(
     plan: &Plan,
     extents: &[Option<Extent>],
     live: &[Option<(usize, usize)>],
     out: &mut Vec<PlanViolation>,
-) {
-    let mut items = live_device_buffers(extents, live);
-    items.sort_unstable_by_key(|b| (b.first, b.index));
-    for (i, a) in items.iter().enumerate() {
-        for b in items[i + 1..].iter().take_while(|b| b.first <= a.last) {
+) -> u64 {
+    let items = live_device_buffers(extents, live);
+    // Entering order: (first instruction, index); leaving order: last instruction.
+    let mut entering: Vec<usize> = (0..items.len()).collect();
+    entering.sort_unstable_by_key(|&i| (items[i].first, items[i].index));
+    let mut leaving = entering.clone();
+    leaving.sort_unstable_by_key(|&i| items[i].last);
+    // Each item's slot among the items sorted by first byte.
+    let mut by_start: Vec<usize> = (0..items.len()).collect();
+    by_start.sort_unstable_by_key(|&i| (items[i].start, items[i].index));
+    let mut slot = alloc::vec![0usize; items.len()];
+    for (position, &i) in by_start.iter().enumerate() {
+        slot[i] = position;
+    }
+    let mut tree = EndTree::new(items.len());
+    let mut left = 0;
+    let mut met = Vec::new();
+    for &i in &entering {
+        let b = items[i];
+        while let Some(&gone) = leaving.get(left).filter(|&&gone| items[gone].last < b.first) {
+            tree.set(slot[gone], 0);
+            left += 1;
+        }
+        // The live buffers starting below b's end, then those of them ending above b's start.
+        let below = by_start.partition_point(|&j| u128::from(items[j].start) < b.end);
+        met.clear();
+        tree.collect_above(below, u128::from(b.start), &mut met);
+        met.sort_unstable();
+        for &position in &met {
+            let a = items[by_start[position]];
             let (start, end) = (a.start.max(b.start), a.end.min(b.end));
-            if u128::from(start) >= end {
-                continue;
-            }
             let (low, high) = (a.index.min(b.index), a.index.max(b.index));
             let (Some(first), Some(second)) = (buffer_ref(plan, id_of(low)), buffer_ref(plan, id_of(high))) else {
                 continue;
@@ -672,6 +723,56 @@ fn check_overlap(
                 second,
                 bytes: ByteRange { space: Space::Arena, start, end: u64::try_from(end).unwrap_or(u64::MAX) },
             });
+        }
+        tree.set(slot[i], b.end);
+    }
+    (items.len() as u64).saturating_add(tree.visited)
+}
+
+/// A max tree over slots: each slot holds the end of a live buffer's bytes, or 0 when the slot's
+/// buffer is not live (a live buffer has bytes, so its end is above 0).
+struct EndTree {
+    /// Leaves at `leaves..2 * leaves`; node `n`'s children at `2n` and `2n + 1`.
+    max: Vec<u128>,
+    leaves: usize,
+    /// Nodes visited by [`EndTree::collect_above`] so far (the checker's work count).
+    visited: u64,
+}
+
+impl EndTree {
+    fn new(slots: usize) -> Self {
+        let leaves = slots.max(1).next_power_of_two();
+        EndTree { max: alloc::vec![0; 2 * leaves], leaves, visited: 0 }
+    }
+
+    fn set(&mut self, slot: usize, end: u128) {
+        let mut node = self.leaves + slot;
+        if let Some(leaf) = self.max.get_mut(node) {
+            *leaf = end;
+        }
+        while node > 1 {
+            node /= 2;
+            self.max[node] = self.max[2 * node].max(self.max[2 * node + 1]);
+        }
+    }
+
+    /// Pushes every slot below `below` whose end is above `start` (any order). Visits only
+    /// subtrees that hold one: O((1 + found) log slots).
+    fn collect_above(&mut self, below: usize, start: u128, found: &mut Vec<usize>) {
+        // (node, first slot it covers, slots it covers)
+        let mut stack = alloc::vec![(1usize, 0usize, self.leaves)];
+        while let Some((node, first, width)) = stack.pop() {
+            self.visited += 1;
+            if first >= below || self.max[node] <= start {
+                continue;
+            }
+            if width == 1 {
+                found.push(first);
+                continue;
+            }
+            let half = width / 2;
+            stack.push((2 * node + 1, first + half, half));
+            stack.push((2 * node, first, half));
         }
     }
 }
@@ -781,9 +882,10 @@ fn collectives(plan: &Plan, program: &[Instruction]) -> Vec<(usize, CollectiveCa
 /// The rank programs (`Plan::rank_programs`): ranks in `0..t` and increasing; every rule of one
 /// program (1-6, 8, 9's sizes and 10, with the program's rank) on each, reported inside [`PlanViolation::InRankProgram`];
 /// and rule 9 across ranks: every rank's sequence of collectives equals rank 0's.
-fn check_rank_programs(plan: &Plan, extents: &[Option<Extent>], out: &mut Vec<PlanViolation>) {
+fn check_rank_programs(plan: &Plan, extents: &[Option<Extent>], out: &mut Vec<PlanViolation>) -> u64 {
+    let mut work = 0u64;
     if plan.rank_programs.is_empty() {
-        return;
+        return work;
     }
     let ranks = plan.provenance.parallel.tensor;
     let mut previous: Option<u32> = None;
@@ -804,9 +906,9 @@ fn check_rank_programs(plan: &Plan, extents: &[Option<Extent>], out: &mut Vec<Pl
             totals: plan.totals,
         };
         let mut inner = Vec::new();
-        Simulation::new(&view, extents, u64::from(rank)).run(&mut inner);
+        work = work.saturating_add(Simulation::new(&view, extents, u64::from(rank)).run(&mut inner));
         let live = live_ranges(&view);
-        check_overlap(&view, extents, &live, &mut inner);
+        work = work.saturating_add(check_overlap(&view, extents, &live, &mut inner));
         check_collective_sizes(&view, &mut inner);
         inner.sort_by_key(PlanViolation::sort_key);
         out.extend(inner.into_iter().map(|v| PlanViolation::InRankProgram { rank, violation: Box::new(v) }));
@@ -841,4 +943,5 @@ fn check_rank_programs(plan: &Plan, extents: &[Option<Extent>], out: &mut Vec<Pl
             });
         }
     }
+    work
 }

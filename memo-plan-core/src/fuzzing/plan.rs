@@ -147,7 +147,16 @@ pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
             latency_ns: u.int_in_range(0..=1_000_000_000)?,
         };
     }
-    Ok(PlanRequest { model, parallel, hardware, interconnect, strategy, forced_alpha, budget_nodes })
+    Ok(PlanRequest {
+        model,
+        parallel,
+        hardware,
+        interconnect,
+        strategy,
+        forced_alpha,
+        budget_nodes,
+        memory_limit_bytes: crate::planner::DEFAULT_PLAN_MEMORY_LIMIT,
+    })
 }
 
 /// A short description of a request for panic messages (the `Debug` form is long).

@@ -135,3 +135,121 @@ fn the_swap_summary_says_which_layers_swap() {
     let full = summary(6, Strategy::FullSwap);
     assert!(full.contains("all 4096 rows of each token-split tensor (nothing recomputed)"), "{full}");
 }
+
+/// `memo plan --layers 1000` took 4.4 s where 200 layers took 0.26 s: the checker compared the
+/// model state (live over the whole step, a few buffers per layer) with every buffer that started
+/// after it, quadratic in layers. The checker's work, counted (never timed), now doubles with the
+/// layers, as do the plan's instructions and buffers, for every strategy.
+#[test]
+fn planning_work_grows_linearly_in_layers() {
+    for strategy in Strategy::ALL {
+        let work = |layers: u32| {
+            let report = plan(&request(layers, 4 << 10, "h200x8", strategy)).unwrap();
+            let (result, work) = crate::check::plan::check_plan_counted(&report.plan);
+            assert!(result.is_ok(), "{strategy:?} at {layers} layers: {result:?}");
+            (report.plan.instructions.len() as f64, report.plan.buffers.len() as f64, work as f64)
+        };
+        let (small, large) = (work(16), work(32));
+        let ratios = [large.0 / small.0, large.1 / small.1, large.2 / small.2];
+        for (what, ratio) in ["instructions", "buffers", "checker work"].into_iter().zip(ratios) {
+            assert!((1.5..=2.2).contains(&ratio), "{strategy:?}: {what} x{ratio:.2} from 16 to 32 layers");
+        }
+    }
+}
+
+/// The estimate a request is refused by counts the step's instructions and buffers exactly, for
+/// every strategy, without building the step.
+#[test]
+fn the_size_estimate_counts_the_step_exactly() {
+    for strategy in Strategy::ALL {
+        for layers in [1, 2, 3, 4, 7] {
+            let r = request(layers, 64 << 10, "h200x8", strategy);
+            let report = plan(&r).unwrap();
+            let alpha_fixed = schedule::alpha_to_fixed(report.plan.provenance.alpha);
+            let size = estimate(&r.model, &r.parallel, strategy, alpha_fixed).unwrap();
+            assert_eq!(size.instructions, report.plan.instructions.len() as u64, "{strategy:?} {layers}");
+            assert_eq!(size.buffers, report.plan.buffers.len() as u64, "{strategy:?} {layers}");
+            assert_eq!(
+                size.bytes,
+                size.instructions * PLAN_BYTES_PER_INSTRUCTION
+                    + size.buffers * PLAN_BYTES_PER_BUFFER
+                    + PLAN_GRAPH_BYTES
+            );
+        }
+    }
+}
+
+/// `memo plan --layers 100000 --hidden 65536` ran for 10+ minutes at 4.2 GB, silently. A step
+/// that would take more than the limit to plan is refused before it is built, naming the memory
+/// it would take and how to proceed; a raised limit lets a small step through.
+#[test]
+fn a_step_too_large_to_plan_is_refused_with_the_memory_it_needs() {
+    let mut r = request(100_000, 4 << 10, "h200x8", Strategy::Memo);
+    r.model.hidden = 65536;
+    r.model.ffn_hidden = 4 * 65536;
+    match plan(&r) {
+        Err(PlanError::TooLarge { layers, size, limit_bytes }) => {
+            assert_eq!((layers, limit_bytes), (100_000, DEFAULT_PLAN_MEMORY_LIMIT));
+            assert!(size.bytes > limit_bytes && size.instructions > 10_000_000, "{size:?}");
+            let message = format!("{}", plan(&r).unwrap_err());
+            for part in [&format!("({} bytes", size.bytes), "GiB", "--plan-memory", "fewer layers"] {
+                assert!(message.contains(part), "{part}: {message}");
+            }
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    // The same bound, just under a small step's estimate, refuses it; at the estimate it plans.
+    let small = request(4, 4 << 10, "h200x8", Strategy::Memo);
+    let report = plan(&small).unwrap();
+    let size =
+        estimate(&small.model, &small.parallel, Strategy::Memo, schedule::alpha_to_fixed(report.plan.provenance.alpha))
+            .unwrap();
+    assert!(matches!(
+        plan(&PlanRequest { memory_limit_bytes: size.bytes - 1, ..small.clone() }),
+        Err(PlanError::TooLarge { .. })
+    ));
+    assert!(plan(&PlanRequest { memory_limit_bytes: size.bytes, ..small }).is_ok());
+}
+
+/// The observer hears each stage of each plan in order, with the schedule's sizes once it is
+/// built, and each length a search probes before its plan's stages.
+#[test]
+fn the_observer_hears_every_stage_and_probe() {
+    let r = request(3, 64 << 10, "h200x8", Strategy::Memo);
+    let mut heard = Vec::new();
+    let report = plan_observed(&r, &mut |p| heard.push(p)).unwrap();
+    let stages: Vec<Stage> = heard
+        .iter()
+        .map(|p| match *p {
+            Progress::Stage { stage, strategy, seq_len, .. } => {
+                assert_eq!((strategy, seq_len), (Strategy::Memo, 64 << 10));
+                stage
+            }
+            Progress::Probe { .. } => panic!("a plan probes nothing: {p:?}"),
+        })
+        .collect();
+    assert_eq!(stages, [Stage::Alpha, Stage::Schedule, Stage::Placement, Stage::Simulate]);
+    let Progress::Stage { instructions, buffers, .. } = heard[2] else { unreachable!() };
+    assert_eq!((instructions, buffers), (report.plan.instructions.len(), report.plan.buffers.len()));
+
+    let mut heard = Vec::new();
+    let found = longest_sequence_observed(&r, &mut |p| heard.push(p)).unwrap();
+    let probes: Vec<(u32, u64)> = heard
+        .iter()
+        .filter_map(|p| match *p {
+            Progress::Probe { probe, seq_len, .. } => Some((probe, seq_len)),
+            Progress::Stage { .. } => None,
+        })
+        .collect();
+    assert_eq!(probes.len() as u32, found.plans_made);
+    assert!(probes.iter().enumerate().all(|(k, &(probe, _))| probe as usize == k + 1), "{probes:?}");
+    // Each probe is followed by its plan's stages at its length.
+    for window in heard.windows(2) {
+        if let [Progress::Probe { seq_len, .. }, next] = window {
+            assert!(
+                matches!(next, Progress::Stage { stage: Stage::Alpha, seq_len: s, .. } if s == seq_len),
+                "{window:?}"
+            );
+        }
+    }
+}
