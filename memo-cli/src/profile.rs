@@ -1,5 +1,7 @@
 //! `memo profile`: measure a device through the `Backend` trait (copy bandwidth each way, one
-//! layer's forward time) and write a `[machine]` TOML that `--machine-file` reads.
+//! layer's forward time, attention's and one GEMM's FLOP/s) and write a `[machine]` TOML that
+//! `--machine-file` reads (the cost model times attention launches and matrix products at the
+//! measured kernel rates).
 //!
 //! The layer time is measured by difference: the keep-all plan of the model cut to `2` and to `4`
 //! layers trains steps on the device, and `(median step(4) - median step(2)) / 2 / 3` is one
