@@ -30,6 +30,9 @@
 //! peak_flops = "312T"
 //! achieved_flops = "187T"
 //! layer_forward_s = 1.25   # a measured forward time of one layer, replacing the FLOP estimate
+//! attention_forward_flops = "45TFLOP/s"   # measured kernel rates (`memo profile`): attention
+//! attention_backward_flops = "27TFLOP/s"  # launches and matrix products are timed at them
+//! gemm_flops = "600TFLOP/s"                # instead of achieved_flops (`spec/cost-model.md` §7)
 //! interconnect_bandwidth = "200GB/s"  # GPU-to-GPU link of the tensor-parallel group, per direction
 //! interconnect_latency = "5us"        # one ring step of a collective (s, ms, us, ns; an integer is ns)
 //! ```
@@ -54,8 +57,8 @@
 use std::path::{Path, PathBuf};
 
 use memo_plan_core::model::{
-    model_from_hf_config, Architecture, Biases, Ffn, Hardware, Interconnect, ModelConfig, Norm, Parallelism,
-    HARDWARE_PRESETS, MODEL_PRESETS,
+    model_from_hf_config, Architecture, Biases, Ffn, Hardware, Interconnect, MeasuredRates, ModelConfig, Norm,
+    Parallelism, HARDWARE_PRESETS, MODEL_PRESETS,
 };
 use serde::Deserialize;
 
@@ -173,6 +176,9 @@ pub struct Config {
     /// What the TOML file's `[machine]` fields and the machine flags changed in the machine's preset
     /// (empty without a preset, or when nothing was changed).
     pub machine_overrides: Vec<MachineOverride>,
+    /// The file whose `[machine]` table was read (`--machine-file`, else `--config`); empty when
+    /// neither was given.
+    pub machine_source: String,
 }
 
 /// One field of a machine preset that a TOML field or a flag changed.
@@ -231,6 +237,19 @@ fn machine_overrides(preset: &Hardware, hardware: &Hardware, interconnect: &Inte
     let preset_link = Interconnect::for_hardware(preset);
     push("interconnect_bandwidth", preset_link.bytes_per_s, interconnect.bytes_per_s, &rate);
     push("interconnect_latency", preset_link.latency_ns, interconnect.latency_ns, &nanoseconds);
+    for ((field, before), (_, after)) in preset.measured_rates.named().into_iter().zip(hardware.measured_rates.named())
+    {
+        if before != after {
+            let text = |r: Option<u64>| r.map_or("none".to_string(), |r| exact_decimal(r, "FLOP/s"));
+            out.push(MachineOverride {
+                field,
+                preset_text: text(before),
+                value_text: text(after),
+                preset: before.into(),
+                value: after.into(),
+            });
+        }
+    }
     if preset.measured_layer_forward_s != hardware.measured_layer_forward_s {
         let text = |s: Option<f64>| s.map_or("none".to_string(), |s| format!("{s} s"));
         out.push(MachineOverride {
@@ -305,6 +324,9 @@ struct MachineTable {
     peak_flops: Option<Quantity>,
     achieved_flops: Option<Quantity>,
     layer_forward_s: Option<f64>,
+    attention_forward_flops: Option<Quantity>,
+    attention_backward_flops: Option<Quantity>,
+    gemm_flops: Option<Quantity>,
     interconnect_bandwidth: Option<Quantity>,
     interconnect_latency: Option<Quantity>,
 }
@@ -498,7 +520,7 @@ impl ConfigArgs {
                 ),
             ));
         }
-        Ok(Config { model, parallel, hardware, interconnect, machine_overrides })
+        Ok(Config { model, parallel, hardware, interconnect, machine_overrides, machine_source: machine_file_name })
     }
 }
 
@@ -577,6 +599,11 @@ fn machine_of_table(table: &MachineTable, preset_override: Option<&str>, file: &
     let h2d = q(&f.h2d, parse_rate, "machine.h2d")?;
     let peak = q(&f.peak_flops, parse_flops, "machine.peak_flops")?;
     let achieved = q(&f.achieved_flops, parse_flops, "machine.achieved_flops")?;
+    let measured_rates = MeasuredRates {
+        attention_forward_flops: q(&f.attention_forward_flops, parse_flops, "machine.attention_forward_flops")?,
+        attention_backward_flops: q(&f.attention_backward_flops, parse_flops, "machine.attention_backward_flops")?,
+        gemm_flops: q(&f.gemm_flops, parse_flops, "machine.gemm_flops")?,
+    };
     let mut hardware = match preset_override.map(str::to_string).or(f.preset.clone()) {
         Some(name) => Hardware::preset(&name).map_err(|_| {
             Failure::new(
@@ -596,6 +623,7 @@ fn machine_of_table(table: &MachineTable, preset_override: Option<&str>, file: &
                 peak_flops: peak,
                 achieved_flops: peak / 100 * memo_plan_core::model::ACHIEVED_PERCENT_OF_PEAK,
                 measured_layer_forward_s: None,
+                measured_rates: MeasuredRates::NONE,
             },
             _ if file.is_empty() || [device_memory, host_memory, d2h, h2d, peak].iter().all(Option::is_none) => {
                 return Err(Failure::new(
@@ -629,6 +657,7 @@ fn machine_of_table(table: &MachineTable, preset_override: Option<&str>, file: &
     if let Some(seconds) = f.layer_forward_s {
         hardware.measured_layer_forward_s = Some(seconds);
     }
+    hardware.measured_rates = measured_rates;
     Ok(hardware)
 }
 

@@ -231,7 +231,35 @@ fn heading(config: &Config) -> String {
         let changes: Vec<String> = config.machine_overrides.iter().map(|o| o.text()).collect();
         text.push_str(&format!("machine {} overridden: {}\n", h.name, changes.join("; ")));
     }
+    if let Some(line) = measured_rates_note(h, &config.machine_source) {
+        text.push_str(&line);
+        text.push('\n');
+    }
     text
+}
+
+/// What the step estimate takes from the machine's measured kernel rates, in one line; `None`
+/// when it has none.
+fn measured_rates_note(hardware: &memo_plan_core::model::Hardware, source: &str) -> Option<String> {
+    let rates = &hardware.measured_rates;
+    if rates.is_empty() {
+        return None;
+    }
+    let given: Vec<String> = rates
+        .named()
+        .iter()
+        .filter_map(|(key, rate)| rate.map(|r| format!("{key} {}", crate::units::exact_decimal(r, "FLOP/s"))))
+        .collect();
+    let missing: Vec<&str> = rates.named().iter().filter(|(_, r)| r.is_none()).map(|(key, _)| *key).collect();
+    let mut line = format!(
+        "step (est.) uses the measured kernel rates of {source}: {} (attention launches and matrix products at \
+         them; other launches at achieved_flops)",
+        given.join(", ")
+    );
+    if !missing.is_empty() {
+        line.push_str(&format!("; not measured, so at achieved_flops: {}", missing.join(", ")));
+    }
+    Some(line)
 }
 
 fn table(config: &Config, planned: &[Planned]) -> String {
@@ -347,6 +375,16 @@ fn alignment_padding(plan: &memo_plan_core::plan::Plan) -> u64 {
         .sum()
 }
 
+/// `{attention_forward_flops, attention_backward_flops, gemm_flops}` (FLOP/s, `null` for one not
+/// measured) when the step was timed with the machine's measured kernel rates, else `null`.
+fn measured_rates_json(hardware: &memo_plan_core::model::Hardware) -> Value {
+    let rates = &hardware.measured_rates;
+    if rates.is_empty() {
+        return Value::Null;
+    }
+    Value::Object(rates.named().iter().map(|(key, rate)| (key.to_string(), json!(rate))).collect())
+}
+
 /// The JSON object of one plan (`spec/cost-model.md` lists the fields).
 pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration, remedies: &[String]) -> Value {
     let r = planned_report;
@@ -378,6 +416,7 @@ pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration
         "host_bytes": t.host_bytes,
         "skeletal_bytes_per_layer": skeletal,
         "step_time_s": r.timeline.step_time_s,
+        "measured_rates": measured_rates_json(&config.hardware),
         "compute_stall_s": r.timeline.compute_stall_s(),
         "collective_s": collective_s(r),
         "collectives": r.plan.instructions.iter().filter(|i| i.stream == memo_plan_core::plan::Stream::Collective

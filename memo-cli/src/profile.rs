@@ -1,5 +1,7 @@
 //! `memo profile`: measure a device through the `Backend` trait (copy bandwidth each way, one
-//! layer's forward time) and write a `[machine]` TOML that `--machine-file` reads.
+//! layer's forward time, attention's and one GEMM's FLOP/s) and write a `[machine]` TOML that
+//! `--machine-file` reads (the cost model times attention launches and matrix products at the
+//! measured kernel rates).
 //!
 //! The layer time is measured by difference: the keep-all plan of the model cut to `2` and to `4`
 //! layers trains steps on the device, and `(median step(4) - median step(2)) / 2 / 3` is one
@@ -40,10 +42,13 @@ that `memo plan --machine-file` and `memo train --machine-file` read:
                    difference of their median step times (a layer's backward costs twice its
                    forward, as the cost model assumes);
   achieved_flops   that layer's forward FLOPs (attention halved for the causal mask) over it.
-Also measured and reported (--json, and comments in the file; the cost model does not use them
-yet): attention's forward and backward FLOP/s (causal FLOPs) and one GEMM's (the layer's first
-FFN product) at the profiled shape, one launch each through the backend (on CUDA the attention
-that MEMO_CUDA_ATTENTION picks, cuDNN by default).
+  attention_forward_flops, attention_backward_flops, gemm_flops
+                   attention's forward and backward FLOP/s (causal FLOPs; the backward's are 5/2
+                   of the forward's) and one GEMM's (the layer's first FFN product) at the
+                   profiled shape, the median of --repeats launches each through the backend (on
+                   CUDA the attention that MEMO_CUDA_ATTENTION picks, cuDNN by default); a plan
+                   times its attention launches and matrix products at them, other launches at
+                   achieved_flops.
 The other fields (device and host memory, peak FLOP/s) come from --machine (default: h200x1 for
 cuda, mi300x8 for hip, a 64 GiB host for cpu). The file gives the measured rate, achieved_flops:
 a plan for any model and sequence times its layers at that rate (the profiled shape gets the
@@ -106,13 +111,15 @@ pub struct Profile {
     pub step_s: [f64; 2],
 }
 
-/// Rates of single ops at the profiled shape (measured, reported; the cost model does not use
-/// them yet).
+/// Rates of single ops at the profiled shape, written as the machine file's
+/// `attention_forward_flops`, `attention_backward_flops` and `gemm_flops`: the cost model times
+/// attention launches and matrix products at them (`spec/cost-model.md` section 7).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct OpRates {
     /// Attention forward, FLOP/s (causal FLOPs: 4 s^2/2 h).
     pub attention_forward_flops: f64,
-    /// Attention backward, FLOP/s (2.5 times the forward's FLOPs).
+    /// Attention backward, FLOP/s (the FLOPs it executes: 5/2 of the forward's,
+    /// [`memo_plan_core::cost::attention_backward_executed_flops`]).
     pub attention_backward_flops: f64,
     /// The layer's first FFN matrix product (`linear`, s x hidden -> s x ffn_hidden), FLOP/s.
     pub gemm_flops: f64,
@@ -160,18 +167,7 @@ pub fn run(args: &ProfileArgs) -> Result<(), Failure> {
     }
     let profile = Profile { d2h_bytes_per_s: d2h, h2d_bytes_per_s: h2d, layer_forward_s: per_layer / 3.0, step_s };
     let rates = op_rates(&args.device, &model, repeats)?;
-    let mut text = machine_toml(&args.device, &args.model, &model, &base, &profile, copy_bytes, repeats)?;
-    text.push_str(&format!(
-        "# Single ops at {} tokens (median of {repeats}, wall clock around launch and synchronize; not\n\
-         # used by the cost model yet): attention_forward_flops = {:.4e}, attention_backward_flops = {:.4e}\n\
-         # (causal FLOPs), gemm_flops = {:.4e} (linear {} -> {}).\n",
-        model.seq_len,
-        rates.attention_forward_flops,
-        rates.attention_backward_flops,
-        rates.gemm_flops,
-        model.hidden,
-        model.ffn_hidden
-    ));
+    let text = machine_toml(&args.device, &args.model, &model, &base, &profile, &rates, copy_bytes, repeats)?;
     let mut out = std::io::stdout().lock();
     let write_failed = |e: std::io::Error| Failure::new(exit::IO_ERROR, format!("cannot write: {e}"));
     match &args.out {
@@ -325,7 +321,7 @@ fn op_rates(device: &Device, model: &ModelConfig, repeats: usize) -> Result<OpRa
         (
             Op::AttentionBackward,
             vec![(s, row), (s, kv), (s, kv), (s, row), (s, lse), (s, row), (s, row), (s, kv), (s, kv)],
-            2.5 * attention_flops,
+            memo_plan_core::cost::attention_backward_executed_flops(attention_flops),
         ),
         (Op::Linear, vec![(s, row), (ffn, row), (1, ffn * 2), (s, ffn * 2)], 2.0 * (s * h * ffn) as f64),
     ];
@@ -379,12 +375,14 @@ fn median(values: &mut [f64]) -> f64 {
 }
 
 /// The `[machine]` TOML: the base machine with the measured fields, every field written out.
+#[allow(clippy::too_many_arguments)]
 fn machine_toml(
     device: &Device,
     model_arg: &str,
     model: &ModelConfig,
     base: &Hardware,
     profile: &Profile,
+    rates: &OpRates,
     copy_bytes: u64,
     repeats: usize,
 ) -> Result<String, Failure> {
@@ -392,10 +390,11 @@ fn machine_toml(
         .map_err(|e| Failure::new(exit::BAD_INPUT, format!("cannot count the layer's FLOPs: {e}")))?
         .total();
     let achieved = (layer_flops as f64 / profile.layer_forward_s).round().max(1.0) as u64;
-    // A device faster than its description's peak (the CPU's nominal figure) raises the peak:
-    // the planner refuses achieved above peak.
-    let peak = base.peak_flops.max(achieved);
     let rate = |r: f64| (r.round().max(1.0)) as u64;
+    let kernels = [rates.attention_forward_flops, rates.attention_backward_flops, rates.gemm_flops].map(rate);
+    // A device faster than its description's peak (the CPU's nominal figure) raises the peak:
+    // the planner refuses achieved or a measured kernel rate above peak.
+    let peak = kernels.into_iter().fold(base.peak_flops.max(achieved), u64::max);
     let preset = if memo_plan_core::model::HARDWARE_PRESETS.iter().any(|p| p.name == base.name) {
         format!("preset = {:?}\n", base.name)
     } else {
@@ -420,7 +419,14 @@ fn machine_toml(
          gpus_sharing_uplink = {sharing}\n\
          peak_flops = \"{peak}\"\n\
          achieved_flops = \"{achieved}\"\n\
-         # layer_forward_s = {layer:e}\n",
+         # layer_forward_s = {layer:e}\n\
+         # Single ops at {seq} tokens of one sequence (the median of {repeats} launches, wall clock around\n\
+         # launch and synchronize): attention (causal FLOPs; the backward's are 5/2 of the forward's) and\n\
+         # one linear {h} -> {ffn}. The cost model times attention launches and matrix products at these\n\
+         # rates, other launches at achieved_flops (spec/cost-model.md section 7).\n\
+         attention_forward_flops = \"{attention_forward}\"\n\
+         attention_backward_flops = \"{attention_backward}\"\n\
+         gemm_flops = \"{gemm}\"\n",
         device = device.label(),
         model_name = model_arg,
         seq = model.seq_len,
@@ -430,7 +436,12 @@ fn machine_toml(
         s0 = profile.step_s[0],
         s1 = profile.step_s[1],
         base_name = base.name,
-        raised = if peak > base.peak_flops { " (peak raised to the measured rate)" } else { "" },
+        raised = if peak > base.peak_flops { " (peak raised to the fastest measured rate)" } else { "" },
+        h = model.hidden,
+        ffn = model.ffn_hidden,
+        attention_forward = crate::units::exact_decimal(kernels[0], "FLOP/s"),
+        attention_backward = crate::units::exact_decimal(kernels[1], "FLOP/s"),
+        gemm = crate::units::exact_decimal(kernels[2], "FLOP/s"),
         device_memory = base.device_memory_bytes,
         host = base.host_memory_per_node_bytes,
         gpus = base.gpus_per_node,

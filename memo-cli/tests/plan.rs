@@ -301,4 +301,73 @@ fn a_step_too_large_to_plan_is_refused_up_front() {
         ["plan", "--model", "7b", "--seq", "4K", "--machine", "h200x8", "--layers", "2", "--plan-memory", "1MiB"];
     let message = assert_fails(&memo(&small, None), 2);
     assert!(message.contains("over the limit of 0.0 GiB (1048576 bytes)"), "{message}");
+
+/// `memo plan --machine-file` with measured kernel rates (what `memo profile` writes) predicts
+/// from them: keep-all at t = 1 is the compute stream's launches, so the step is the cost model's
+/// formula `n (A / a_f + (5/2) A / a_b) + G / g` (A one layer's causal attention FLOPs, G the
+/// step's GEMM FLOPs), not the preset's `FLOPs / (60% of peak)`; halving the GEMM rate adds `G / g`.
+#[test]
+fn a_profile_with_kernel_rates_predicts_from_them() {
+    use memo_plan_core::cost::{layer_forward_flops, step_flops, AttentionFlops};
+    use memo_plan_core::model::{ModelConfig, Parallelism};
+    let (forward, backward, gemm) = (45e12, 27.5e12, 600e12);
+    let machine = |gemm: &str| {
+        format!(
+            "[machine]\npreset = \"h200x1\"\nattention_forward_flops = \"45TFLOP/s\"\n\
+             attention_backward_flops = \"27.5T\"\ngemm_flops = \"{gemm}\"\n"
+        )
+    };
+    let measured = scratch("rates.toml", machine("600TFLOP/s").as_bytes());
+    let slower = scratch("rates-half-gemm.toml", machine("300TFLOP/s").as_bytes());
+    let common = ["plan", "--model", "7b", "--layers", "4", "--seq", "8K", "--strategy", "keep-all", "--json"];
+    let run = |extra: &[&str]| {
+        let output = memo(&[&common[..], extra].concat(), None);
+        assert_eq!(code(&output), 0, "{}", stderr(&output));
+        json(&output)
+    };
+    let preset = run(&["--machine", "h200x1"]);
+    let with_rates = run(&["--machine-file", measured.to_str().unwrap()]);
+    let half_gemm = run(&["--machine-file", slower.to_str().unwrap()]);
+    assert_eq!(preset["measured_rates"], serde_json::Value::Null);
+    assert_eq!(with_rates["measured_rates"]["gemm_flops"], 600_000_000_000_000u64);
+    assert_eq!(with_rates["measured_rates"]["attention_backward_flops"], 27_500_000_000_000u64);
+
+    let mut model = ModelConfig::preset("7b", 8192, 1).unwrap();
+    model.layers = 4;
+    let single = Parallelism::single();
+    let attention = layer_forward_flops(&model, &single, AttentionFlops::CausalHalved).unwrap().attention() as f64;
+    let step = step_flops(&model, &single, AttentionFlops::CausalHalved, 1.0).unwrap();
+    let gemm_flops = step.model_flops as f64 - 3.0 * 4.0 * attention;
+    let formula = 4.0 * (attention / forward + 2.5 * attention / backward) + gemm_flops / gemm;
+    let predicted = with_rates["step_time_s"].as_f64().unwrap();
+    assert!((predicted - formula).abs() <= 1e-9 * formula, "{predicted} vs {formula}");
+    let at_preset = preset["step_time_s"].as_f64().unwrap();
+    assert!(at_preset < predicted / 2.0, "the preset's {at_preset} s vs the measured rates' {predicted} s");
+    let added = half_gemm["step_time_s"].as_f64().unwrap() - predicted;
+    let expected = gemm_flops / (gemm / 2.0) - gemm_flops / gemm;
+    assert!((added - expected).abs() <= 1e-9 * expected, "{added} vs {expected}");
+
+    // The text says so, naming the file and the rates.
+    let output = memo(
+        &["plan", "--model", "7b", "--layers", "4", "--seq", "8K", "--machine-file", measured.to_str().unwrap()],
+        None,
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        text.contains(&format!(
+            "step (est.) uses the measured kernel rates of {}: attention_forward_flops 45TFLOP/s, \
+             attention_backward_flops 27.5TFLOP/s, gemm_flops 600TFLOP/s",
+            measured.display()
+        )),
+        "{text}"
+    );
+    // A rate without a unit, or above the peak, is refused.
+    let bare = scratch("rates-bare.toml", b"[machine]\npreset = \"h200x1\"\ngemm_flops = \"600\"\n");
+    let output = memo(&["plan", "--model", "7b", "--seq", "8K", "--machine-file", bare.to_str().unwrap()], None);
+    assert_eq!(code(&output), 2, "{}", stderr(&output));
+    assert!(stderr(&output).contains("machine.gemm_flops"), "{}", stderr(&output));
+    let fast = scratch("rates-fast.toml", b"[machine]\npreset = \"h200x1\"\ngemm_flops = \"2P\"\n");
+    let output = memo(&["plan", "--model", "7b", "--seq", "8K", "--machine-file", fast.to_str().unwrap()], None);
+    assert_eq!(code(&output), 2, "{}", stderr(&output));
+    assert!(stderr(&output).contains("gemm_flops = 2000000000000000 is above peak_flops"), "{}", stderr(&output));
 }

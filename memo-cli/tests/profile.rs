@@ -53,6 +53,21 @@ fn the_profile_is_a_machine_file_for_plan_and_train() {
         let causal = plan["mfu_causal"].as_f64().unwrap();
         assert!(causal > 0.0 && causal <= 1.0, "MFU-c {causal} of {plan}");
     }
+    // The measured kernel rates round-trip: profile's writer -> plan's reader, the step timed with
+    // them (the FLOP/s whole numbers, as written).
+    for plan in plans["strategies"].as_array().unwrap() {
+        for key in ["attention_forward_flops", "attention_backward_flops", "gemm_flops"] {
+            let written = measured[key].as_f64().unwrap().round().max(1.0) as u64;
+            assert_eq!(plan["measured_rates"][key].as_u64(), Some(written), "{key}: {plan}");
+        }
+    }
+    let output = memo(&["plan", "--model", "7b", "--layers", "4", "--seq", "4K", "--machine-file", file], None);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let table = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        table.contains(&format!("step (est.) uses the measured kernel rates of {file}: attention_forward_flops ")),
+        "{table}"
+    );
 
     // A layer time of the tiny model written back as a live line is refused for 7B: it would run
     // the 7B layer above the peak.

@@ -291,7 +291,9 @@ pub fn step_flops(
 }
 
 /// `T_layer`, one layer's forward time on one GPU, in seconds: the hardware's measured value when
-/// it has one, else `layer forward FLOPs / achieved_flops`. Pass
+/// it has one, else the layer's GEMM FLOPs over the GEMM rate plus its attention FLOPs over the
+/// attention forward rate ([`LaunchRates`]: the measured rates where the machine has them,
+/// `achieved_flops` otherwise, so `layer forward FLOPs / achieved_flops` without them). Pass
 /// [`AttentionFlops::CausalHalved`] for a causal GPT: FlashAttention skips the masked half.
 pub fn layer_forward_time_s(
     model: &ModelConfig,
@@ -299,12 +301,81 @@ pub fn layer_forward_time_s(
     hardware: &Hardware,
     attention: AttentionFlops,
 ) -> Result<f64, CostError> {
-    let flops = layer_forward_flops(model, parallel, attention)?.total();
-    let rate = flops_per_s(model, parallel, hardware)?;
+    let flops = layer_forward_flops(model, parallel, attention)?;
+    let rates = LaunchRates::of(model, parallel, hardware)?;
     Ok(match hardware.measured_layer_forward_s {
         Some(seconds) => seconds,
-        None => flops as f64 / rate,
+        None if hardware.measured_rates.is_empty() => flops.total() as f64 / rates.achieved,
+        None => flops.gemm() as f64 / rates.gemm + flops.attention() as f64 / rates.attention_forward,
     })
+}
+
+/// FLOPs an attention backward executes for a forward of `forward_flops`: FlashAttention's backward
+/// runs five `s x s` products (the recomputed scores, `dV`, `dP`, `dQ`, `dK`) against the
+/// forward's two, so 5/2 of the forward (the convention of FlashAttention's own benchmarks and of
+/// `memo profile`'s `attention_backward_flops`). The model's count, which MFU and the plan's launches
+/// use, is 2x the forward (section 5), so a backward launch executes 5/4 of its counted FLOPs.
+pub fn attention_backward_executed_flops(forward_flops: f64) -> f64 {
+    forward_flops * 2.5
+}
+
+/// The FLOP rates the timeline runs launches at (`spec/cost-model.md` section 7), per second.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LaunchRates {
+    /// `achieved_flops`, or the rate a measured layer time implies ([`flops_per_s`]): every launch
+    /// with FLOPs whose kind has no measured rate.
+    pub achieved: f64,
+    /// Attention forward launches: the measured `attention_forward_flops`, else `achieved`.
+    pub attention_forward: f64,
+    /// Attention backward launches, in executed FLOPs ([`attention_backward_executed_flops`]):
+    /// the measured `attention_backward_flops`, else `achieved` (then over the counted FLOPs, as
+    /// before measured rates: the backward counted at 2x the forward).
+    pub attention_backward: Option<f64>,
+    /// Matrix-product launches (linear layers, their backward, the classifier): the measured
+    /// `gemm_flops`, else `achieved`.
+    pub gemm: f64,
+}
+
+impl LaunchRates {
+    /// The rates of `hardware` for `model` on `parallel` (the model is needed for a measured layer
+    /// time's rate). Errors as [`flops_per_s`].
+    pub fn of(model: &ModelConfig, parallel: &Parallelism, hardware: &Hardware) -> Result<Self, CostError> {
+        let achieved = flops_per_s(model, parallel, hardware)?;
+        let measured = &hardware.measured_rates;
+        // validate() (in flops_per_s) made every measured rate at least 1.
+        let rate = |r: Option<u64>| r.map(|r| r as f64);
+        Ok(LaunchRates {
+            achieved,
+            attention_forward: rate(measured.attention_forward_flops).unwrap_or(achieved),
+            attention_backward: rate(measured.attention_backward_flops),
+            gemm: rate(measured.gemm_flops).unwrap_or(achieved),
+        })
+    }
+
+    /// Seconds a launch of `op` counted at `flops` FLOPs (its [`crate::plan::Launch::flops`])
+    /// takes: attention forward `flops / attention_forward`; attention backward `(5/4) flops /
+    /// attention_backward` with a measured backward rate (the executed FLOPs over it), else `flops
+    /// / achieved`; matrix products `flops / gemm`; any other op `flops / achieved` (memory-bound
+    /// ops count 0 FLOPs, so 0 s). Collectives are timed by [`collective_time_s`], not here.
+    pub fn launch_time_s(&self, op: Op, flops: u64) -> f64 {
+        let flops = flops as f64;
+        match op {
+            Op::Attention => flops / self.attention_forward,
+            Op::AttentionBackward => match self.attention_backward {
+                Some(rate) => attention_backward_executed_flops(flops / 2.0) / rate,
+                None => flops / self.achieved,
+            },
+            Op::Linear
+            | Op::LinearNoBias
+            | Op::LinearBackwardInput
+            | Op::LinearBackwardInputAccumulate
+            | Op::LinearBackwardWeight
+            | Op::LinearBackwardWeightNoBias
+            | Op::Classifier
+            | Op::ClassifierBackwardWeight => flops / self.gemm,
+            _ => flops / self.achieved,
+        }
+    }
 }
 
 /// The FLOP rate of one GPU: `achieved_flops`, or, with a measured layer forward time, one

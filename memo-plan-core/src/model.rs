@@ -100,6 +100,49 @@ pub struct Hardware {
     /// A measured forward time of one layer, in seconds, for this model and sequence. When given,
     /// it replaces `FLOPs / achieved_flops` (MEMO takes T_layer from a profile).
     pub measured_layer_forward_s: Option<f64>,
+    /// FLOP/s of single kernels measured on this machine (`memo profile`): when given, the cost
+    /// model times attention and matrix-product launches at them instead of `achieved_flops`.
+    pub measured_rates: MeasuredRates,
+}
+
+/// FLOP rates of single kernels measured on one GPU (`memo profile`'s `attention_forward_flops`,
+/// `attention_backward_flops` and `gemm_flops`), each optional. The cost model
+/// (`spec/cost-model.md` section 7) times an attention forward launch at
+/// `attention_forward_flops`, an attention backward launch at `attention_backward_flops` and every
+/// matrix-product launch (the linear layers, their backward, the classifier) at `gemm_flops`;
+/// a launch whose rate is absent, and every other launch, is timed as without them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub struct MeasuredRates {
+    /// One attention forward's FLOP/s, counting its two products with the causal half skipped
+    /// (`2 b s^2 h / t` per launch, as the plan's launches count them).
+    pub attention_forward_flops: Option<u64>,
+    /// One attention backward's FLOP/s, counting what FlashAttention's backward executes: 5/2 of
+    /// the forward's FLOPs ([`crate::cost::attention_backward_executed_flops`]; the plan's launch
+    /// counts the model's 2x).
+    pub attention_backward_flops: Option<u64>,
+    /// One matrix product's FLOP/s (`2 * rows * in * out`).
+    pub gemm_flops: Option<u64>,
+}
+
+impl MeasuredRates {
+    /// No measured rate.
+    pub const NONE: MeasuredRates =
+        MeasuredRates { attention_forward_flops: None, attention_backward_flops: None, gemm_flops: None };
+
+    /// The rates by their machine-file key, in report order.
+    pub fn named(&self) -> [(&'static str, Option<u64>); 3] {
+        [
+            ("attention_forward_flops", self.attention_forward_flops),
+            ("attention_backward_flops", self.attention_backward_flops),
+            ("gemm_flops", self.gemm_flops),
+        ]
+    }
+
+    /// Whether no rate is given.
+    pub fn is_empty(&self) -> bool {
+        self.named().iter().all(|(_, rate)| rate.is_none())
+    }
 }
 
 /// The links between the GPUs of one tensor-parallel group (`spec/cost-model.md`, "Collectives"):
@@ -212,6 +255,15 @@ pub enum ModelError {
         /// `peak_flops`.
         peak: u64,
     },
+    /// A measured kernel rate ([`MeasuredRates`]) is above `peak_flops`.
+    MeasuredRateAbovePeak {
+        /// Its key (`gemm_flops`, ...).
+        field: &'static str,
+        /// The rate.
+        rate: u64,
+        /// `peak_flops`.
+        peak: u64,
+    },
     /// `measured_layer_forward_s` is not a finite number above 0.
     BadMeasuredTime {
         /// The value given.
@@ -302,6 +354,11 @@ impl fmt::Display for ModelError {
                 f,
                 "achieved_flops = {achieved} is above peak_flops = {peak}: achieved_flops is what one \
                  GPU sustains in practice and must be at most the peak"
+            ),
+            ModelError::MeasuredRateAbovePeak { field, rate, peak } => write!(
+                f,
+                "{field} = {rate} is above peak_flops = {peak}: a measured kernel rate is at most the \
+                 peak; raise peak_flops or measure again"
             ),
             ModelError::BadMeasuredTime { seconds } => write!(
                 f,
@@ -646,7 +703,8 @@ impl Hardware {
             .ok_or_else(|| ModelError::UnknownHardware { name: String::from(name) })
     }
 
-    /// Checks that every count and rate is at least 1, that `achieved_flops <= peak_flops`, and
+    /// Checks that every count and rate is at least 1, that `achieved_flops` and every measured
+    /// kernel rate are at most `peak_flops`, and
     /// that a measured layer time is a finite positive number. A time source is required:
     /// `achieved_flops` may be 0 only when `measured_layer_forward_s` is given.
     pub fn validate(&self) -> Result<(), ModelError> {
@@ -663,6 +721,15 @@ impl Hardware {
         }
         if self.achieved_flops > self.peak_flops {
             return Err(ModelError::AchievedAbovePeak { achieved: self.achieved_flops, peak: self.peak_flops });
+        }
+        for (field, rate) in self.measured_rates.named() {
+            match rate {
+                Some(0) => return Err(zero(field)),
+                Some(rate) if rate > self.peak_flops => {
+                    return Err(ModelError::MeasuredRateAbovePeak { field, rate, peak: self.peak_flops })
+                }
+                _ => {}
+            }
         }
         match self.measured_layer_forward_s {
             Some(seconds) if !(seconds.is_finite() && seconds > 0.0) => Err(ModelError::BadMeasuredTime { seconds }),

@@ -2,8 +2,10 @@
 //! simulated in issue order.
 //!
 //! Each stream runs its instructions one after another. A launch takes its FLOPs divided by the
-//! rate the machine sustains (`achieved_flops`, or the rate implied by a measured layer time);
-//! memory-bound launches (0 FLOPs: norms, GeLU, adds) take no time in this model. A collective
+//! rate the machine sustains: an attention or matrix-product launch at the machine's measured
+//! kernel rate when it has one ([`cost::LaunchRates`]), every other launch at `achieved_flops`
+//! (or the rate implied by a measured layer time); memory-bound launches (0 FLOPs: norms, GeLU,
+//! adds) take no time in this model. A collective
 //! takes its ring time over the interconnect ([`cost::collective_time_s`]). A copy takes its bytes divided by the per-GPU bandwidth of its direction while every
 //! GPU on the uplink copies. A record marks the time its stream reached it; a wait moves its
 //! stream to that time if it is later. Because every wait follows its record in issue order, one
@@ -35,14 +37,15 @@ pub struct Timeline {
     pub busy_s: [f64; 3],
     /// Seconds the compute, d2h and h2d streams spend waiting for events.
     pub stall_s: [f64; 3],
-    /// The FLOP rate a launch runs at.
+    /// The FLOP rate a launch runs at when its kind has no measured rate (`achieved_flops`, or
+    /// the rate a measured layer time implies).
     pub flops_per_s: f64,
 }
 
 /// Simulates `plan` on its own hardware.
 pub fn simulate(plan: &Plan) -> Result<Timeline, CostError> {
     let p = &plan.provenance;
-    let rate = cost::flops_per_s(&p.model, &p.parallel, &p.hardware)?;
+    let rates = cost::LaunchRates::of(&p.model, &p.parallel, &p.hardware)?;
     let bandwidth = [
         1.0, // compute: no copies
         p.hardware.d2h_effective_bytes_per_s().max(1) as f64,
@@ -66,7 +69,7 @@ pub fn simulate(plan: &Plan) -> Result<Timeline, CostError> {
                 });
                 start + cost::collective_time_s(launch.op, bytes, ranks, &p.interconnect)
             }
-            Action::Launch(launch) => start + launch.flops as f64 / rate,
+            Action::Launch(launch) => start + rates.launch_time_s(launch.op, launch.flops),
             Action::Copy { src, .. } => {
                 let bytes = plan.buffer(src.buffer).map_or(0, |b| (src.end - src.start).saturating_mul(b.row_bytes));
                 start + bytes as f64 / bandwidth[s]
@@ -92,7 +95,7 @@ pub fn simulate(plan: &Plan) -> Result<Timeline, CostError> {
         step_time_s,
         busy_s: [busy[0], busy[1], busy[2]],
         stall_s: [stall[0], stall[1], stall[2]],
-        flops_per_s: rate,
+        flops_per_s: rates.achieved,
     })
 }
 

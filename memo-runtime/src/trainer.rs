@@ -44,6 +44,7 @@ pub fn cpu_hardware(device_memory_bytes: u64) -> Hardware {
         peak_flops: 20_000_000_000,
         achieved_flops: 20_000_000_000,
         measured_layer_forward_s: None,
+        measured_rates: memo_plan_core::model::MeasuredRates::NONE,
     }
 }
 

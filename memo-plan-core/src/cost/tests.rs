@@ -221,3 +221,101 @@ fn the_paper_settings_step_includes_its_collectives() {
     // Full swap at this α hides its copies: the step is compute plus the collectives it waits for.
     assert!((saved - collectives_saved).abs() < 1e-6 * report.timeline.step_time_s, "{saved} vs {collectives_saved}");
 }
+
+/// A machine with measured kernel rates: every attention launch of the plan takes its FLOPs over
+/// the measured attention rate (the backward its executed 5/2 of the forward's FLOPs over the
+/// backward rate), every matrix product its FLOPs over the GEMM rate, exactly; the step changes
+/// from the preset's, and halving the GEMM rate adds exactly the step's GEMM FLOPs over the new
+/// rate minus over the old (keep-all at t = 1: the step is the compute stream's launches).
+#[test]
+fn measured_rates_time_attention_and_gemm_launches() {
+    use crate::model::MeasuredRates;
+    use crate::plan::{Action, Op, Strategy, Stream};
+    use crate::planner::{plan, PlanRequest};
+    let mut model = ModelConfig::preset("7b", 8192, 1).unwrap();
+    model.layers = 4;
+    let parallel = Parallelism::single();
+    let preset = Hardware::preset("h200x1").unwrap();
+    let (forward, backward, gemm) = (45_000_000_000_000u64, 27_500_000_000_000u64, 600_000_000_000_000u64);
+    let mut measured = preset.clone();
+    measured.measured_rates = MeasuredRates {
+        attention_forward_flops: Some(forward),
+        attention_backward_flops: Some(backward),
+        gemm_flops: Some(gemm),
+    };
+    let layer = layer_forward_flops(&model, &parallel, AttentionFlops::CausalHalved).unwrap();
+    let report = plan(&PlanRequest::new(model.clone(), parallel, measured.clone(), Strategy::KeepAll)).unwrap();
+    let (mut attention_launches, mut backward_launches, mut gemm_flops) = (0, 0, 0u128);
+    // A span is `end - start` of the stream's clock: the launch's time up to the clock's rounding.
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b;
+    for (instruction, span) in report.plan.instructions.iter().zip(&report.timeline.spans) {
+        let Action::Launch(launch) = &instruction.action else { continue };
+        let seconds = span.end_s - span.start_s;
+        match launch.op {
+            Op::Attention => {
+                assert_eq!(u128::from(launch.flops), layer.attention());
+                assert!(close(seconds, layer.attention() as f64 / forward as f64), "{seconds}");
+                attention_launches += 1;
+            }
+            Op::AttentionBackward => {
+                // The backward executes 5/2 of the forward's FLOPs: 5 s x s products against 2.
+                assert!(close(seconds, (layer.attention() * 5 / 2) as f64 / backward as f64), "{seconds}");
+                backward_launches += 1;
+            }
+            _ if launch.flops > 0 => {
+                assert!(close(seconds, launch.flops as f64 / gemm as f64), "{}", launch.op.name());
+                gemm_flops += u128::from(launch.flops);
+            }
+            _ => assert_eq!(seconds, 0.0, "{}", launch.op.name()),
+        }
+    }
+    assert_eq!((attention_launches, backward_launches), (4, 4));
+    // Keep-all recomputes nothing: the GEMM FLOPs are the model's less its attention.
+    let step = step_flops(&model, &parallel, AttentionFlops::CausalHalved, 1.0).unwrap();
+    assert_eq!(gemm_flops, step.model_flops - 3 * 4 * layer.attention());
+    let by_formula = 4.0 * (layer.attention() as f64 / forward as f64)
+        + 4.0 * ((layer.attention() * 5 / 2) as f64 / backward as f64)
+        + gemm_flops as f64 / gemm as f64;
+    let busy = report.timeline.busy_s[Stream::Compute.index()];
+    assert!((busy - by_formula).abs() <= 1e-12 * by_formula, "{busy} vs {by_formula}");
+    assert_eq!(report.timeline.step_time_s, busy);
+    let at_preset = plan(&PlanRequest::new(model.clone(), parallel, preset.clone(), Strategy::KeepAll)).unwrap();
+    assert!(at_preset.timeline.step_time_s < report.timeline.step_time_s / 2.0);
+    // Half the GEMM rate: the GEMMs take twice as long, nothing else changes.
+    let mut slower = measured.clone();
+    slower.measured_rates.gemm_flops = Some(gemm / 2);
+    let halved = plan(&PlanRequest::new(model.clone(), parallel, slower, Strategy::KeepAll)).unwrap();
+    let added = halved.timeline.step_time_s - report.timeline.step_time_s;
+    let expected = gemm_flops as f64 / (gemm / 2) as f64 - gemm_flops as f64 / gemm as f64;
+    assert!((added - expected).abs() <= 1e-9 * expected, "{added} vs {expected}");
+    // T_layer (the swap fraction's) follows the same rates.
+    let t_layer = layer_forward_time_s(&model, &parallel, &measured, AttentionFlops::CausalHalved).unwrap();
+    assert_eq!(t_layer, layer.gemm() as f64 / gemm as f64 + layer.attention() as f64 / forward as f64);
+    // Only the GEMM rate: attention launches stay at achieved_flops.
+    let mut gemm_only = preset.clone();
+    gemm_only.measured_rates.gemm_flops = Some(gemm);
+    let rates = LaunchRates::of(&model, &parallel, &gemm_only).unwrap();
+    assert_eq!(rates.launch_time_s(Op::Attention, 1000), 1000.0 / preset.achieved_flops as f64);
+    assert_eq!(rates.launch_time_s(Op::AttentionBackward, 1000), 1000.0 / preset.achieved_flops as f64);
+    assert_eq!(rates.launch_time_s(Op::LinearBackwardWeight, 1000), 1000.0 / gemm as f64);
+}
+
+/// A measured kernel rate of 0 or above the peak is refused, naming its key.
+#[test]
+fn measured_rates_above_peak_or_zero_are_refused() {
+    let mut hardware = Hardware::preset("h200x1").unwrap();
+    hardware.measured_rates.attention_backward_flops = Some(hardware.peak_flops + 1);
+    let error = hardware.validate().unwrap_err();
+    assert_eq!(
+        error,
+        ModelError::MeasuredRateAbovePeak {
+            field: "attention_backward_flops",
+            rate: hardware.peak_flops + 1,
+            peak: hardware.peak_flops
+        }
+    );
+    assert!(format!("{error}").contains("attention_backward_flops"));
+    hardware.measured_rates.attention_backward_flops = None;
+    hardware.measured_rates.gemm_flops = Some(0);
+    assert_eq!(hardware.validate().unwrap_err(), ModelError::Zero { field: "gemm_flops" });
+}

@@ -175,6 +175,7 @@ fn provenance(u: &mut Unstructured<'_>) -> Result<Provenance> {
         peak_flops: u.arbitrary()?,
         achieved_flops: u.arbitrary()?,
         measured_layer_forward_s: measured,
+        measured_rates: crate::model::MeasuredRates::NONE,
     };
     let alpha = match u.int_in_range(0..=3u8)? {
         0 => 0.0,

@@ -265,6 +265,7 @@ impl HardwarePreset {
             peak_flops: self.peak_flops,
             achieved_flops: self.peak_flops / 100 * ACHIEVED_PERCENT_OF_PEAK,
             measured_layer_forward_s: None,
+            measured_rates: super::MeasuredRates::NONE,
         }
     }
 }

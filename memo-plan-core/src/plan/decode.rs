@@ -676,6 +676,8 @@ fn provenance(r: &mut Reader<'_>) -> Result<Provenance> {
                 s.is_finite() && s > 0.0
             })
         })?,
+        // Not in format version 4: a decoded plan is timed without measured kernel rates.
+        measured_rates: crate::model::MeasuredRates::NONE,
     };
     let interconnect = Interconnect { bytes_per_s: r.u64()?, latency_ns: r.u64()? };
     let strategy = r.code8("strategy code", Strategy::from_code)?;

@@ -328,6 +328,7 @@ fn no_input_makes_any_entry_point_panic() {
             achieved_flops: pick(),
             measured_layer_forward_s: [None, Some(0.0), Some(1e-300), Some(1e300), Some(f64::NAN)]
                 [(pick() % 5) as usize],
+            measured_rates: crate::model::MeasuredRates::NONE,
         };
         let alpha = [0.0, 0.5, 1.0, -1.0, f64::NAN][(pick() % 5) as usize];
         let _ = model.parameter_count();

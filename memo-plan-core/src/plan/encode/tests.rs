@@ -62,6 +62,7 @@ fn provenance(strategy: Strategy, alpha: f64, measured: Option<f64>) -> Provenan
             peak_flops: 312_000_000_000_000,
             achieved_flops: 187_200_000_000_000,
             measured_layer_forward_s: measured,
+            measured_rates: crate::model::MeasuredRates::NONE,
         },
         strategy,
         alpha,
