@@ -213,7 +213,8 @@ fn two_threads_reach_the_peak_one_thread_proves() {
     let mut peaks = Vec::new();
     for threads in ["1", "2"] {
         // Bounded by nodes, not by the clock: a loaded machine's debug build proves it in 30-60 s.
-        let args = ["solve", "--json", "--threads", threads, "--budget-nodes", "100000000", "--time-limit", "100000", path];
+        let args =
+            ["solve", "--json", "--threads", threads, "--budget-nodes", "100000000", "--time-limit", "100000", path];
         let output = memo(&args, None);
         assert_eq!(code(&output), 0, "{}", stderr(&output));
         let json: serde_json::Value = serde_json::from_slice(&output.stdout).expect("one JSON object");

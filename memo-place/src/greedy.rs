@@ -266,8 +266,8 @@ pub(crate) fn best_classic(
             match in_order(items, members, overlaps, &ordering, fit, control) {
                 Some(candidate) if best.as_ref().is_none_or(|b| candidate.peak < b.peak) => best = Some(candidate),
                 Some(_) => {}
-                None if control.stopped() => return best,
-                None => {} // past the work cap over the tree: the next order may fit it
+                // Stopped, or past the work cap over the tree: the other orders cost about as much.
+                None => return best,
             }
         }
     }
@@ -275,13 +275,13 @@ pub(crate) fn best_classic(
 }
 
 /// The peak of every classic order ([`classic_order`]) with best fit, then first fit, each over a
-/// tree of lifetimes ([`in_order`] without a graph).
-pub(crate) fn classic_peaks(items: &[Item], members: &[u32], control: &mut Control) -> Vec<u64> {
+/// tree of lifetimes ([`in_order`] without a graph); `None` for one past `CLASSIC_TREE_WORK`.
+pub(crate) fn classic_peaks(items: &[Item], members: &[u32], control: &mut Control) -> Vec<Option<u64>> {
     let mut peaks = Vec::with_capacity(2 * CLASSIC_ORDERS);
     for k in 0..CLASSIC_ORDERS {
         let ordering = classic_order(items, members, k);
         for fit in [Fit::Best, Fit::First] {
-            peaks.extend(in_order(items, members, None, &ordering, fit, control).map(|p| p.peak));
+            peaks.push(in_order(items, members, None, &ordering, fit, control).map(|p| p.peak));
         }
     }
     peaks

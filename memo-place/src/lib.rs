@@ -303,16 +303,18 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
 
 /// The peaks of the classic greedy orders of the literature on `buffers` under `alignment`, each
 /// order with best fit then first fit: size, lifetime, start (ascending) and area, in that order
-/// (8 peaks; ties as `solve` breaks them). The baselines `solve` is never worse than; they need no
-/// overlap graph, so they run on traces of any density. `None` where `solve` fails on the input
-/// (an empty lifetime, footprints past `u64`).
-pub fn classic_peaks(buffers: &[BufferLifetime], alignment: u64) -> Option<Vec<u64>> {
+/// (8 peaks; ties as `solve` breaks them): the baselines `solve` is never worse than. They need no
+/// overlap graph; an order that reads more than `CLASSIC_TREE_WORK` (2^22) offset intervals is
+/// dropped (`None`), as `solve` drops it. `None` in all where `solve` fails on the input (an empty
+/// lifetime, footprints past `u64`).
+pub fn classic_peaks(buffers: &[BufferLifetime], alignment: u64) -> Option<Vec<Option<u64>>> {
     let alignment = alignment.max(1);
     let (items, _) = items_of(buffers, alignment).ok()?;
     let members: Vec<u32> = (0..items.len() as u32).collect();
     let mut never = |_: &Progress| false;
     let mut control = Control::new(&mut never);
-    Some(greedy::classic_peaks(&items, &members, &mut control).into_iter().map(|p| p * alignment).collect())
+    let peaks = greedy::classic_peaks(&items, &members, &mut control);
+    Some(peaks.into_iter().map(|p| p.map(|p| p * alignment)).collect())
 }
 
 /// [`solve`], stopped early when `stop` says so: it is polled every 16 search nodes, between greedy
