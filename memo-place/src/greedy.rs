@@ -464,33 +464,79 @@ fn start_order(items: &[Item], members: &[u32]) -> Vec<u32> {
     order
 }
 
-/// The forward sweep; with `keep` = (offsets, step), the buffers starting before that step keep
-/// the given offsets (a valid placement's) and only the later ones are placed by the sweep. With
-/// `control`, polled every [`GREEDY_POLL_EVERY`] buffers: `None` if it stopped the sweep.
-fn sweep_forward(
-    items: &[Item],
-    members: &[u32],
-    fit: Fit,
-    mut noise: Option<&mut SplitMix64>,
-    keep: Option<(&[u64], u32)>,
-    noise_until: u32,
-    mut control: Option<&mut Control>,
-) -> Option<ComponentPlacement> {
-    use alloc::collections::{BTreeSet, BinaryHeap};
-    use core::cmp::Reverse;
-    let order = start_order(items, members);
-    let mut offsets = vec![0u64; members.len()];
-    let mut peak = 0;
-    // Live ranges offset -> end; free gaps below the highest end, as (size, offset) for best fit
-    // and by offset for first fit (kept only for first fit); ends to come.
-    let by_offset = fit == Fit::First;
-    let mut ranges: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut gaps: BTreeSet<(u64, u64)> = BTreeSet::new();
-    let mut gaps_by_offset = GapTree::new();
-    let mut ending: BinaryHeap<Reverse<(u32, u64)>> = BinaryHeap::new();
-    if let Some((kept, from)) = keep {
-        // The kept buffers at their offsets; those alive at `from` make the live state the sweep
-        // starts from (their ranges, the gaps between them from 0 up, their ends).
+/// The live state of a forward sweep: the ranges alive (offset -> end), the free gaps between
+/// them below the highest end, as (size, offset) for best fit and, for first fit only, by offset;
+/// and the ends to come (step, offset), earliest first.
+struct Live {
+    ranges: BTreeMap<u64, u64>,
+    gaps: alloc::collections::BTreeSet<(u64, u64)>,
+    by_offset: Option<GapTree>,
+    ending: alloc::collections::BinaryHeap<core::cmp::Reverse<(u32, u64)>>,
+}
+
+impl Live {
+    fn new(fit: Fit) -> Live {
+        Live {
+            ranges: BTreeMap::new(),
+            gaps: alloc::collections::BTreeSet::new(),
+            by_offset: (fit == Fit::First).then(GapTree::new),
+            ending: alloc::collections::BinaryHeap::new(),
+        }
+    }
+
+    fn open_gap(&mut self, offset: u64, size: u64) {
+        self.gaps.insert((size, offset));
+        if let Some(tree) = &mut self.by_offset {
+            tree.insert(offset, size);
+        }
+    }
+
+    fn close_gap(&mut self, offset: u64, size: u64) {
+        self.gaps.remove(&(size, offset));
+        if let Some(tree) = &mut self.by_offset {
+            tree.remove(offset);
+        }
+    }
+
+    /// A range `[offset, end)` alive until step `upper`.
+    fn add(&mut self, offset: u64, end: u64, upper: u32) {
+        self.ranges.insert(offset, end);
+        self.ending.push(core::cmp::Reverse((upper, offset)));
+    }
+
+    /// Ends every range whose buffer ends by step `step`, merging the gaps around it.
+    fn end_until(&mut self, step: u32) {
+        while let Some(&core::cmp::Reverse((upper, offset))) = self.ending.peek() {
+            if upper > step {
+                break;
+            }
+            self.ending.pop();
+            let end = self.ranges.remove(&offset).unwrap_or(offset);
+            let below = self.ranges.range(..offset).next_back().map_or(0, |(_, &e)| e);
+            let above = self.ranges.range(end..).next().map(|(&start, _)| start);
+            if below < offset {
+                self.close_gap(below, offset - below);
+            }
+            if let Some(above) = above {
+                if end < above {
+                    self.close_gap(end, above - end);
+                }
+                self.open_gap(below, above - below);
+            }
+        }
+    }
+
+    /// The live state at step `from` of a placement whose buffers starting before it keep
+    /// `kept` (the first `count` of `order`); records their offsets in `offsets`, returns their peak.
+    fn keep(
+        &mut self,
+        (items, members): (&[Item], &[u32]),
+        order: &[u32],
+        kept: &[u64],
+        from: u32,
+        offsets: &mut [u64],
+    ) -> u64 {
+        let mut peak = 0;
         let mut live: Vec<(u64, u64, u32)> = Vec::new();
         for &local in order.iter().take_while(|&&l| items[members[l as usize] as usize].lower < from) {
             let item = &items[members[local as usize] as usize];
@@ -505,80 +551,65 @@ fn sweep_forward(
         let mut cursor = 0;
         for &(offset, end, upper) in &live {
             if offset > cursor {
-                gaps.insert((offset - cursor, cursor));
-                if by_offset {
-                    gaps_by_offset.insert(cursor, offset - cursor);
-                }
+                self.open_gap(cursor, offset - cursor);
             }
             cursor = cursor.max(end);
-            ranges.insert(offset, end);
-            ending.push(Reverse((upper, offset)));
+            self.add(offset, end, upper);
         }
+        peak
     }
+
+    /// The gap for a buffer of `size`: best fit (with `noise`, passing over the tightest with
+    /// probability 1/8, repeatedly) or first fit; `None` if none fits.
+    fn choose(&self, size: u64, noise: Option<&mut SplitMix64>) -> Option<(u64, u64)> {
+        if let Some(tree) = &self.by_offset {
+            return tree.first_fit(size);
+        }
+        let mut fitting = self.gaps.range((size, 0)..);
+        let mut chosen = fitting.next().copied();
+        if let Some(rng) = noise {
+            while chosen.is_some() && rng.below(8) == 0 {
+                match fitting.next() {
+                    Some(&next) => chosen = Some(next),
+                    None => break,
+                }
+            }
+        }
+        chosen
+    }
+}
+
+/// The forward sweep; with `keep` = (offsets, step), the buffers starting before that step keep
+/// the given offsets (a valid placement's) and only the later ones are placed by the sweep. With
+/// `control`, polled every [`GREEDY_POLL_EVERY`] buffers: `None` if it stopped the sweep.
+fn sweep_forward(
+    items: &[Item],
+    members: &[u32],
+    fit: Fit,
+    mut noise: Option<&mut SplitMix64>,
+    keep: Option<(&[u64], u32)>,
+    noise_until: u32,
+    mut control: Option<&mut Control>,
+) -> Option<ComponentPlacement> {
+    let order = start_order(items, members);
+    let mut offsets = vec![0u64; members.len()];
+    let mut live = Live::new(fit);
+    let mut peak = keep.map_or(0, |(kept, from)| live.keep((items, members), &order, kept, from, &mut offsets));
     for (position, &local) in order.iter().enumerate() {
         if position % GREEDY_POLL_EVERY == GREEDY_POLL_EVERY - 1 && control.as_deref_mut().is_some_and(Control::poll) {
             return None;
         }
         let item = &items[members[local as usize] as usize];
-        while let Some(&Reverse((upper, offset))) = ending.peek() {
-            if upper > item.lower {
-                break;
-            }
-            ending.pop();
-            let end = ranges.remove(&offset).unwrap_or(offset);
-            let below = ranges.range(..offset).next_back().map_or(0, |(_, &e)| e);
-            let above = ranges.range(end..).next().map(|(&start, _)| start);
-            if below < offset {
-                gaps.remove(&(offset - below, below));
-                if by_offset {
-                    gaps_by_offset.remove(below);
-                }
-            }
-            if let Some(above) = above {
-                if end < above {
-                    gaps.remove(&(above - end, end));
-                    if by_offset {
-                        gaps_by_offset.remove(end);
-                    }
-                }
-                gaps.insert((above - below, below));
-                if by_offset {
-                    gaps_by_offset.insert(below, above - below);
-                }
-            }
-        }
-        let top = ranges.iter().next_back().map_or(0, |(_, &e)| e);
+        live.end_until(item.lower);
         if keep.is_some_and(|(_, from)| item.lower < from) {
             continue; // kept, and in the live state already
         }
-        let chosen = match fit {
-            Fit::Best => match noise.as_deref_mut().filter(|_| item.lower <= noise_until) {
-                None => gaps.range((item.size, 0)..).next().copied(),
-                Some(rng) => {
-                    let mut fitting = gaps.range((item.size, 0)..);
-                    let mut chosen = fitting.next().copied();
-                    while chosen.is_some() && rng.below(8) == 0 {
-                        match fitting.next() {
-                            Some(&next) => chosen = Some(next),
-                            None => break,
-                        }
-                    }
-                    chosen
-                }
-            },
-            Fit::First => gaps_by_offset.first_fit(item.size),
-        };
-        let offset = match chosen {
+        let top = live.ranges.iter().next_back().map_or(0, |(_, &e)| e);
+        let offset = match live.choose(item.size, noise.as_deref_mut().filter(|_| item.lower <= noise_until)) {
             Some((size, offset)) => {
-                gaps.remove(&(size, offset));
-                if by_offset {
-                    gaps_by_offset.remove(offset);
-                }
+                live.close_gap(offset, size);
                 if size > item.size {
-                    gaps.insert((size - item.size, offset + item.size));
-                    if by_offset {
-                        gaps_by_offset.insert(offset + item.size, size - item.size);
-                    }
+                    live.open_gap(offset + item.size, size - item.size);
                 }
                 offset
             }
@@ -586,8 +617,7 @@ fn sweep_forward(
         };
         offsets[local as usize] = offset;
         peak = peak.max(offset + item.size);
-        ranges.insert(offset, offset + item.size);
-        ending.push(Reverse((item.upper, offset)));
+        live.add(offset, offset + item.size, item.upper);
     }
     Some(ComponentPlacement { offsets, peak })
 }

@@ -404,15 +404,7 @@ fn solve_nested(
         }
     }
 
-    let mut proven_lower_units = peak_units;
-    for (leaf, members) in leaves.iter().zip(&reduced.leaves) {
-        for (local, &item) in members.items.iter().enumerate() {
-            offsets_units[item as usize] = leaf.base + leaf.best.offsets[local];
-        }
-        peak_units = peak_units.max(leaf.base + leaf.best.peak);
-        proven_lower_units = proven_lower_units.max(leaf.base + leaf.proven_lower);
-    }
-
+    let proven_lower_units = place_leaves(&leaves, &reduced, &mut offsets_units, &mut peak_units);
     // At the lower bound already, no order can do better.
     let whole =
         if classic_done || peak_units == lower_bound_units { whole } else { late_classic(&items, &mut control) };
@@ -455,6 +447,26 @@ fn pair_limit(limit: usize) -> usize {
         return 0;
     }
     limit
+}
+
+/// Writes each leaf's best placement into `offsets_units` (above its base) and raises `peak_units`
+/// to it; returns the highest proven lower bound over the leaves and `peak_units` as given (the
+/// peeled buffers').
+fn place_leaves(
+    leaves: &[LeafState],
+    reduced: &decompose::Decomposition,
+    offsets_units: &mut [u64],
+    peak_units: &mut u64,
+) -> u64 {
+    let mut proven_lower_units = *peak_units;
+    for (leaf, members) in leaves.iter().zip(&reduced.leaves) {
+        for (local, &item) in members.items.iter().enumerate() {
+            offsets_units[item as usize] = leaf.base + leaf.best.offsets[local];
+        }
+        *peak_units = (*peak_units).max(leaf.base + leaf.best.peak);
+        proven_lower_units = proven_lower_units.max(leaf.base + leaf.proven_lower);
+    }
+    proven_lower_units
 }
 
 /// Each buffer's offset in bytes: its item's in `offsets_units`, 0 for a buffer of no bytes.
