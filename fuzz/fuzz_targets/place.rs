@@ -1,3 +1,3 @@
 #![no_main]
-use memo_plan_core::fuzzing::place::{check, PlaceCase};
+use memo_place::fuzzing::place::{check, PlaceCase};
 libfuzzer_sys::fuzz_target!(|case: PlaceCase| check(case));

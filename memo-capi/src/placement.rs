@@ -1,7 +1,8 @@
 //! The placement half of the C ABI: traces and placements (their handles: `handles.rs`).
 //! Solving copies the trace out first, so a long solve holds no lock.
 
-use memo_plan_core::{parse_trace, solve, BufferLifetime, Solution, SolveError, SolveOptions};
+use memo_place::{solve, BufferLifetime, Solution, SolveError, SolveOptions};
+use memo_plan_core::parse_trace;
 
 use crate::ffi_util::{bytes_arg, write_out};
 use crate::handles::{bad_handle, handle_of, pointer_of, registry};

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use memo_plan_core::arena::{self, Progress, SearchMix, Solution, SolveError, SolveOptions, DEFAULT_BUDGET_NODES};
-use memo_plan_core::check::check_placement;
+use memo_place::check::check_placement;
+use memo_place::{Progress, SearchMix, Solution, SolveError, SolveOptions, DEFAULT_BUDGET_NODES};
 use memo_plan_core::trace::{self, Trace, TraceError, TraceFormat};
 
 use crate::config::parse_bytes;
@@ -166,7 +166,7 @@ pub fn run(args: &SolveArgs) -> Result<(), Failure> {
         stopped_by = reason;
         true
     };
-    let result = arena::solve_portfolio(&trace.buffers, &options, mixes, &mut stop);
+    let result = memo_place::solve_portfolio(&trace.buffers, &options, mixes, &mut stop);
     let elapsed = started.elapsed();
     let limits = Limits { time_limit: args.time_limit, budget_nodes: args.budget_nodes, stopped_by };
     let solution = result.map_err(|e| solve_failure(&name, &e, &options, &limits))?;
@@ -618,7 +618,7 @@ mod tests {
     fn a_placement_that_fails_the_check_is_an_internal_error() {
         let trace = trace::parse_trace(b"malloc 1 10\nmalloc 2 10\nfree 1 10\nfree 2 10\n").unwrap();
         let options = SolveOptions::default();
-        let mut solution = arena::solve(&trace.buffers, &options).unwrap();
+        let mut solution = memo_place::solve(&trace.buffers, &options).unwrap();
         assert!(check("t", &trace, &options, &solution).is_ok());
         solution.offsets = vec![0, 5];
         let failure = check("t", &trace, &options, &solution).unwrap_err();

@@ -19,10 +19,10 @@ use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 use core::fmt;
 
-use crate::arena::{SolveError, SolveOptions};
 use crate::lifetime::BufferLifetime;
 use crate::plan::{Action, Buffer, BufferKind, Instruction, Place, PlacementSummary, Totals};
 use crate::schedule::{Block, Phase, Schedule};
+use memo_place::{SolveError, SolveOptions};
 
 mod levels;
 pub use levels::{place_two_level, Level2Request, TwoLevelPlacement};

@@ -3,11 +3,10 @@
 //! Modules (see `ARCHITECTURE.md` beside this crate for the map and its invariants):
 //! - [`trace`]: memory request traces, in MEMO's `malloc`/`free` text form and the `id,lower,upper,size`
 //!   CSV form of public dynamic-storage-allocation (DSA) benchmarks;
-//! - [`lifetime`]: buffer lifetimes, the live-bytes profile and its maximum, the lower bound of any
-//!   placement;
-//! - [`arena`]: exact arena placement (greedy portfolio, then a MiniMalloc-style branch-and-bound);
-//!   with the `mip` feature, `arena::mip` solves MEMO's MIP formulation with `microlp`, a
-//!   cross-check for small instances;
+//! - [`lifetime`] (from `memo-place`): buffer lifetimes, the live-bytes profile and its maximum,
+//!   the lower bound of any placement;
+//! - arena placement is the `memo-place` crate (greedy orders, then a MiniMalloc-style
+//!   branch-and-bound); its entry points are re-exported here ([`solve`], [`SolveOptions`], ...);
 //! - [`model`], [`swap`], [`cost`]: model and machine descriptions with presets, MEMO's swap
 //!   fraction α and the constraint that binds it, FLOPs per op and MFU (`spec/cost-model.md`);
 //! - [`plan`]: the plan, one GPU's training step as a program over buffers on four streams
@@ -18,7 +17,8 @@
 //! - [`planner`]: the front door, model + machine + strategy -> a placed plan and its report;
 //! - [`check`]: independent checkers for placements and for plans, sharing no code with what they
 //!   check;
-//! - [`generate`]: deterministic instance generators (known optimum, training-step shaped);
+//! - [`generate`] (from `memo-place`): deterministic instance generators (known optimum,
+//!   training-step shaped);
 //! - with the `fuzzing` feature, `fuzzing`: the harnesses behind the cargo-fuzz targets in `fuzz/`.
 //!
 //! Placement is integer arithmetic and deterministic: same input, same output, on every platform.
@@ -67,16 +67,11 @@ extern crate alloc;
 #[cfg(any(test, feature = "std"))]
 extern crate std;
 
-mod log;
-
-pub mod arena;
 pub mod bilevel;
 pub mod check;
 pub mod cost;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod generate;
-pub mod lifetime;
 pub mod model;
 pub mod plan;
 pub mod planner;
@@ -86,7 +81,8 @@ pub mod swap;
 pub mod trace;
 
 #[cfg(feature = "std")]
-pub use arena::solve_portfolio;
-pub use arena::{solve, solve_with, Progress, SearchMix, Solution, SolveError, SolveOptions, SolveStats};
-pub use lifetime::{lower_bound, BufferLifetime};
+pub use memo_place::solve_portfolio;
+pub use memo_place::{generate, lifetime};
+pub use memo_place::{lower_bound, BufferLifetime};
+pub use memo_place::{solve, solve_with, Progress, SearchMix, Solution, SolveError, SolveOptions, SolveStats};
 pub use trace::{parse_trace, Trace, TraceError, TraceFormat};

@@ -21,8 +21,8 @@
 //!
 //! The caller still runs the independent checker on the result.
 
+use memo_place::{BufferLifetime, SolveOptions};
 use memo_plan_core::bilevel::{place_two_level, Level2Request, PlacementError};
-use memo_plan_core::{BufferLifetime, SolveOptions};
 
 use crate::status::{CapiError, MemoStatus};
 

@@ -6,8 +6,7 @@ use std::ffi::{c_char, c_int, c_void};
 use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use memo_plan_core::arena::DEFAULT_BUDGET_NODES;
-use memo_plan_core::SolveOptions;
+use memo_place::{SolveOptions, DEFAULT_BUDGET_NODES};
 
 use super::cuda::CudaAllocator;
 use super::host::HostAllocator;

@@ -34,7 +34,7 @@ mod tests;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use memo_plan_core::SolveOptions;
+use memo_place::SolveOptions;
 
 pub use plan::{ReplayPlan, Slot};
 use record::Recorder;

@@ -2,10 +2,11 @@
 //! recorded iteration's trace: bi-level when the trace has block markers ([`super::blocks`]),
 //! else as one instance.
 
-use memo_plan_core::check::check_placement;
-use memo_plan_core::lifetime::footprint;
+use memo_place::check::check_placement;
+use memo_place::lifetime::footprint;
+use memo_place::{lower_bound, solve, BufferLifetime, SolveOptions};
+use memo_plan_core::parse_trace;
 use memo_plan_core::trace::{Trace, TraceFormat};
-use memo_plan_core::{lower_bound, parse_trace, solve, BufferLifetime, SolveOptions};
 
 use super::blocks::{block_spans, place_bilevel, BlockSpan};
 use crate::placement::solve_error;

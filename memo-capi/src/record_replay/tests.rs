@@ -5,9 +5,10 @@ mod blocks;
 
 use std::collections::BTreeMap;
 
-use memo_plan_core::check::check_placement;
-use memo_plan_core::generate::SplitMix64;
-use memo_plan_core::{parse_trace, BufferLifetime};
+use memo_place::check::check_placement;
+use memo_place::generate::SplitMix64;
+use memo_place::BufferLifetime;
+use memo_plan_core::parse_trace;
 
 use super::plan::{replay_solve_options, MEMO_DEFAULT_REPLAY_ALIGNMENT};
 use super::*;

@@ -17,7 +17,7 @@ pub mod svg;
 
 use std::path::Path;
 
-use memo_plan_core::arena::Solution;
+use memo_place::Solution;
 use memo_plan_core::plan::Plan;
 use memo_plan_core::trace::Trace;
 

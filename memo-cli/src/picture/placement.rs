@@ -2,7 +2,7 @@
 //! each buffer a rectangle over its lifetime `[lower, upper)`, with the lower bound, the peak and
 //! any capacity as lines, and the live bytes below.
 
-use memo_plan_core::arena::Solution;
+use memo_place::Solution;
 use memo_plan_core::trace::Trace;
 
 use super::axis;
@@ -137,11 +137,9 @@ mod tests {
         let steps = live_steps(&trace, 64);
         let values: Vec<(f64, f64, u64)> = steps.iter().map(|s| (s.x0, s.x1, s.by_class[0])).collect();
         assert_eq!(values, [(0.0, 2.0, 128), (2.0, 3.0, 192), (3.0, 5.0, 128), (5.0, 4e9, 64)]);
-        let solution = memo_plan_core::arena::solve(
-            &trace.buffers,
-            &memo_plan_core::arena::SolveOptions { alignment: 64, ..Default::default() },
-        )
-        .unwrap();
+        let solution =
+            memo_place::solve(&trace.buffers, &memo_place::SolveOptions { alignment: 64, ..Default::default() })
+                .unwrap();
         assert_eq!(solution.lower_bound, 192);
         let figure = figure("t", &trace, &solution, 64, None);
         assert_eq!(figure.columns[0].x_max, 4e9);

@@ -17,9 +17,9 @@ use alloc::collections::BTreeMap;
 use alloc::vec::Vec;
 
 use super::PlacementError;
-use crate::arena::{self, SolveOptions};
 use crate::lifetime::{footprint, BufferLifetime};
 use crate::plan::PlacementSummary;
+use memo_place::SolveOptions;
 
 /// One request of level 2.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,7 +155,7 @@ fn solve(
         .enumerate()
         .map(|(i, (lower, upper, size))| BufferLifetime { id: i as u64, lower, upper, size })
         .collect();
-    let solution = arena::solve(&lifetimes, options)?;
+    let solution = memo_place::solve(&lifetimes, options)?;
     let summary = PlacementSummary {
         buffers: lifetimes.len() as u32,
         peak_bytes: solution.peak,

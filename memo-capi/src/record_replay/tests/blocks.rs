@@ -4,9 +4,8 @@
 
 use std::time::Instant;
 
-use memo_plan_core::arena::DEFAULT_BUDGET_NODES;
-use memo_plan_core::check::check_placement;
-use memo_plan_core::lower_bound;
+use memo_place::check::check_placement;
+use memo_place::{lower_bound, DEFAULT_BUDGET_NODES};
 
 use super::super::blocks::{block_spans, BlockSpan};
 use super::*;

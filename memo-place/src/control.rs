@@ -1,0 +1,80 @@
+//! How a caller stops a solve early: a callback, polled while the search runs, that sees the
+//! progress so far and answers whether to stop. The library keeps no clock (`no_std`, and
+//! deterministic when nobody stops it): a command line puts its time limit and its Ctrl-C flag in
+//! the callback.
+
+use crate::tuning::*;
+
+/// What a solve tells its stop callback each time it polls it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Search nodes visited so far, over the whole solve.
+    pub nodes: u64,
+    /// The peak of the best placement found so far, in bytes (0 before the first one).
+    pub peak: u64,
+    /// The best proven lower bound so far, in bytes.
+    pub lower_bound: u64,
+    /// Whether a component's first placement (its start-order sweep) is under way. A stop now
+    /// *stacks* that component instead (every buffer at its own offset: valid at once, but with
+    /// the sum of the sizes as its peak), so a caller may hold a soft limit back until it ends and
+    /// stop here only at a hard one.
+    pub first_placement: bool,
+}
+
+/// The callback and what it is shown, shared by every search of one solve.
+pub(crate) struct Control<'a> {
+    stop: &'a mut dyn FnMut(&Progress) -> bool,
+    pub(crate) progress: Progress,
+    /// Nodes counted since the last poll.
+    since_poll: u64,
+    stopped: bool,
+}
+
+impl<'a> Control<'a> {
+    pub(crate) fn new(stop: &'a mut dyn FnMut(&Progress) -> bool) -> Self {
+        Control { stop, progress: Progress::default(), since_poll: 0, stopped: false }
+    }
+
+    /// Counts `count` nodes; polls the callback when enough have passed. Returns whether the solve
+    /// must stop (sticky: once stopped, always stopped).
+    pub(crate) fn tick(&mut self, count: u64) -> bool {
+        if self.stopped {
+            return true;
+        }
+        self.progress.nodes = self.progress.nodes.saturating_add(count);
+        self.since_poll = self.since_poll.saturating_add(count);
+        if self.since_poll >= POLL_EVERY {
+            self.since_poll = 0;
+            self.stopped = (self.stop)(&self.progress);
+        }
+        self.stopped
+    }
+
+    /// Polls the callback now (between and inside phases that count no nodes: greedy orders and
+    /// sweeps, overlap-graph builds, every `GREEDY_POLL_EVERY` buffers).
+    pub(crate) fn poll(&mut self) -> bool {
+        if !self.stopped {
+            self.since_poll = 0;
+            self.stopped = (self.stop)(&self.progress);
+        }
+        self.stopped
+    }
+
+    /// Runs `first` (a component's first placement) with `progress.first_placement` set, asking
+    /// the callback afresh even after an earlier stop: until the first placement ends it may hold
+    /// a soft limit back (see `Progress::first_placement`). An earlier stop still stands after it.
+    pub(crate) fn first_placement<R>(&mut self, first: impl FnOnce(&mut Self) -> R) -> R {
+        let stopped_before = self.stopped;
+        self.stopped = false;
+        self.progress.first_placement = true;
+        let result = first(self);
+        self.progress.first_placement = false;
+        self.stopped |= stopped_before;
+        result
+    }
+
+    /// Whether the callback asked to stop.
+    pub(crate) fn stopped(&self) -> bool {
+        self.stopped
+    }
+}
