@@ -38,7 +38,7 @@
 #define MEMO_MODE_REPLAY 2
 
 // The smallest alignment a plan may use: device pointers must be at least as aligned as
-// `cudaMalloc`'s (256 bytes), which kernels rely on.
+// `cudaMalloc`'s (256 bytes), which kernels rely on. The same as the planner's alignment.
 #define MEMO_MIN_DEVICE_ALIGNMENT 256
 
 // The alignment plans use by default: PyTorch's caching allocator rounds every block to 512

@@ -13,10 +13,10 @@ use crate::placement::solve_error;
 use crate::status::{CapiError, MemoStatus};
 
 /// The smallest alignment a plan may use: device pointers must be at least as aligned as
-/// `cudaMalloc`'s (256 bytes), which kernels rely on. A literal for the C header (cbindgen
-/// writes `#define MEMO_MIN_DEVICE_ALIGNMENT 256`); it is the planner's
-/// `memo_plan_core::bilevel::ALIGNMENT`, which the assertion below holds it to.
+/// `cudaMalloc`'s (256 bytes), which kernels rely on. The same as the planner's alignment.
 pub const MEMO_MIN_DEVICE_ALIGNMENT: u64 = 256;
+// A literal, not `memo_plan_core::bilevel::ALIGNMENT`, so that cbindgen can write it into the C
+// header; held to the planner's constant here.
 const _: () = assert!(MEMO_MIN_DEVICE_ALIGNMENT == memo_plan_core::bilevel::ALIGNMENT);
 
 /// The alignment plans use by default: PyTorch's caching allocator rounds every block to 512
