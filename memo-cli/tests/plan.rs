@@ -301,6 +301,7 @@ fn a_step_too_large_to_plan_is_refused_up_front() {
         ["plan", "--model", "7b", "--seq", "4K", "--machine", "h200x8", "--layers", "2", "--plan-memory", "1MiB"];
     let message = assert_fails(&memo(&small, None), 2);
     assert!(message.contains("over the limit of 0.0 GiB (1048576 bytes)"), "{message}");
+}
 
 /// `memo plan --machine-file` with measured kernel rates (what `memo profile` writes) predicts
 /// from them: keep-all at t = 1 is the compute stream's launches, so the step is the cost model's
