@@ -12,6 +12,7 @@ use core::fmt;
 use crate::bilevel::{self, PlacementError};
 use crate::cost::{self, CostError, Mfu};
 use crate::model::{Hardware, Interconnect, ModelConfig, ModelError, Parallelism};
+use crate::plan::scratch::{NoScratch, ScratchSizer};
 use crate::plan::{BufferKind, Plan, Provenance, Strategy, TensorRole};
 use crate::schedule::{self, ScheduleError, ScheduleOptions};
 use crate::simulate::{self, Timeline};
@@ -145,8 +146,15 @@ pub struct Misfit {
     pub host_excess_bytes: u64,
 }
 
-/// Plans one strategy.
+/// Plans one strategy for a backend whose kernels need no scratch ([`NoScratch`]).
 pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
+    plan_with_scratch(request, &NoScratch)
+}
+
+/// Plans one strategy; every launch for which `scratch` (the backend's, asked before planning)
+/// wants bytes gets a scratch transient of that size as its trailing argument
+/// ([`schedule::add_scratch`]), placed with the other buffers.
+pub fn plan_with_scratch(request: &PlanRequest, scratch: &dyn ScratchSizer) -> Result<PlanReport, PlanError> {
     let PlanRequest { model, parallel, hardware, interconnect, strategy, forced_alpha, budget_nodes } = request;
     model.validate()?;
     parallel.validate_for(model)?;
@@ -165,7 +173,8 @@ pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
     };
     let (alpha, alpha_bound) = swap.map_or((0.0, AlphaBound::None), |s| (s.alpha, s.bound));
     let alpha_fixed = schedule::alpha_to_fixed(alpha);
-    let schedule = schedule::build(model, parallel, &ScheduleOptions { strategy: *strategy, alpha_fixed })?;
+    let mut schedule = schedule::build(model, parallel, &ScheduleOptions { strategy: *strategy, alpha_fixed })?;
+    schedule::add_scratch(&mut schedule, model, parallel, scratch)?;
     let placement = bilevel::place(&schedule, *budget_nodes)?;
     let plan = Plan {
         provenance: Provenance {

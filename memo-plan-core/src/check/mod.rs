@@ -5,4 +5,4 @@ pub mod placement;
 pub mod plan;
 
 pub use placement::{check_placement, PlacementViolation};
-pub use plan::{check_plan, CheckedPlan, PlanViolation};
+pub use plan::{check_plan, check_plan_scratch, CheckedPlan, PlanViolation};
