@@ -184,7 +184,9 @@ fn the_plan_fits_twelve_minutes_with_the_numerics_first_and_nothing_twice() {
     assert_eq!(lib_runs, 1, "{text}");
     let gpu_runs: Vec<&&String> = commands.iter().filter(|c| c.contains("test-runtime-cuda-test-gpu")).collect();
     assert_eq!(gpu_runs.len(), 2, "{text}");
-    assert!(gpu_runs[0].contains("--skip attention_throughput") && gpu_runs[1].contains("attention_throughput --exact"));
+    assert!(
+        gpu_runs[0].contains("--skip attention_throughput") && gpu_runs[1].contains("attention_throughput --exact")
+    );
     // Budgets past 12 minutes: the plan says so and fails.
     let over = plan(Some("900"));
     let text = String::from_utf8_lossy(&over.stdout);

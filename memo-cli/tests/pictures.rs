@@ -439,7 +439,8 @@ fn readme_picture() {
 #[test]
 fn the_readme_picture_shows_todays_plans() {
     let bytes = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/memory-timeline.png")).unwrap();
-    let recorded = text_chunk(&bytes, HEADINGS_KEY).expect("docs/memory-timeline.png records its headings (made by readme_picture)");
+    let recorded = text_chunk(&bytes, HEADINGS_KEY)
+        .expect("docs/memory-timeline.png records its headings (made by readme_picture)");
     let today = headings(&readme_svg(&Path::new(env!("CARGO_TARGET_TMPDIR")).join("readme-picture-check")));
     assert!(today.lines().count() == 3, "a title and two panel headings:\n{today}");
     assert_eq!(

@@ -409,7 +409,7 @@ impl CudaBackend {
     /// [`CudaBackend::attention_scratch`] (which builds the cuDNN plans now, cached for the run).
     /// A plan made with it carries every launch's scratch, so [`Backend::memory`]'s
     /// `scratch_bytes` stays 0.
-    pub fn scratch_sizer(
+    pub fn cuda_scratch_sizer(
         &mut self,
         model: &memo_plan_core::model::ModelConfig,
         tensor: u64,
@@ -576,17 +576,12 @@ impl CudaBackend {
         spans: &[(CUdeviceptr, u64)],
         needed: u64,
     ) -> Result<Option<(CUdeviceptr, u64)>, String> {
-        if needed == 0 {
-            return Ok(None);
-        }
-        match spans.get(op.signature().len()) {
-            Some(&(base, len)) if len >= needed => Ok(Some((base, len))),
-            Some(&(_, len)) => Err(format!(
-                "op `{}`: the plan gives {len} bytes of scratch, the kernels need {needed} (the plan was made \
-                 for another backend's scratch sizer)",
-                op.name()
-            )),
-            None => self.ensure_scratch(stream, needed).map(|base| Some((base, needed))).map_err(|e| e.to_string()),
+        match crate::scratch::source(op, spans, needed)? {
+            crate::scratch::Source::None => Ok(None),
+            crate::scratch::Source::Plan(base, len) => Ok(Some((base, len))),
+            crate::scratch::Source::Stream => {
+                self.ensure_scratch(stream, needed).map(|base| Some((base, needed))).map_err(|e| e.to_string())
+            }
         }
     }
 
@@ -845,6 +840,14 @@ impl Backend for CudaBackend {
 
     fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
         self.timing.as_ref().map(Timing::last)
+    }
+
+    fn scratch_sizer(
+        &mut self,
+        model: &memo_plan_core::model::ModelConfig,
+        tensor: u64,
+    ) -> Result<Box<dyn memo_plan_core::plan::scratch::ScratchSizer>, BackendError> {
+        Ok(Box::new(self.cuda_scratch_sizer(model, tensor)?))
     }
 
     fn memory(&self) -> MemoryReport {

@@ -31,7 +31,7 @@ impl CudaScratch {
     }
 
     /// The attention launches' geometries of `model` at `tensor`-way parallelism, one per
-    /// (op, rank with another shape context): what [`crate::CudaBackend::scratch_sizer`] asks
+    /// (op, rank with another shape context): what [`crate::CudaBackend::cuda_scratch_sizer`] asks
     /// cuDNN about. Attention runs over whole sequences of the step's head-sharded rows.
     pub fn attention_geometries(model: &ModelConfig, tensor: u64) -> Vec<(Op, AttentionShape)> {
         let ranks = tensor.max(1);
@@ -62,6 +62,35 @@ impl CudaScratch {
             }
         }
         out
+    }
+}
+
+/// Where one launch's scratch comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// It needs none.
+    None,
+    /// The plan's: its argument past the signature (address, bytes).
+    Plan(u64, u64),
+    /// The stream's scratch memory, grown on demand outside the arena (a plan made without
+    /// [`CudaScratch`]): what `MemoryReport::scratch_bytes` counts.
+    Stream,
+}
+
+/// The scratch of a launch of `op` over `spans` (the signature's arguments, then maybe its
+/// scratch) whose kernels need `needed` bytes; `Err` (the message) when the plan's is smaller.
+pub(crate) fn source(op: Op, spans: &[(u64, u64)], needed: u64) -> Result<Source, String> {
+    if needed == 0 {
+        return Ok(Source::None);
+    }
+    match spans.get(op.signature().len()) {
+        Some(&(base, len)) if len >= needed => Ok(Source::Plan(base, len)),
+        Some(&(_, len)) => Err(format!(
+            "op `{}`: the plan gives {len} bytes of scratch, the kernels need {needed} (the plan was made for \
+             another backend's scratch sizer)",
+            op.name()
+        )),
+        None => Ok(Source::Stream),
     }
 }
 
@@ -135,6 +164,49 @@ mod tests {
                     assert!(buffer.bytes().unwrap() >= 1 << 20);
                 }
             }
+            // The backend's choice for every launch: the plan's scratch, never the stream's, so
+            // nothing grows outside the arena (`scratch_device_bytes` 0). The launch's spans as
+            // arena offsets, its needs as the sizer's (what the kernels and cuDNN ask).
+            let ctx = ShapeContext::for_model(&plan.provenance.model, 0, tensor);
+            let (mut from_plan, mut outside) = (0, 0);
+            for instruction in &plan.instructions {
+                let Action::Launch(launch) = &instruction.action else { continue };
+                let span = |a: &memo_plan_core::plan::Arg| {
+                    let b = plan.buffers[a.region.buffer.index()];
+                    let memo_plan_core::plan::Place::Device { offset } = b.place else { unreachable!() };
+                    (offset + a.region.start * b.row_bytes, (a.region.end - a.region.start) * b.row_bytes)
+                };
+                let spans: Vec<(u64, u64)> = launch.args.iter().map(span).collect();
+                let signature = launch.op.signature().len();
+                let shapes: Vec<ArgShape> = launch.args[..signature]
+                    .iter()
+                    .map(|a| ArgShape {
+                        first_row: a.region.start,
+                        rows: a.region.end - a.region.start,
+                        row_bytes: plan.buffers[a.region.buffer.index()].row_bytes,
+                    })
+                    .collect();
+                match source(launch.op, &spans, sizer.scratch_bytes(launch.op, &shapes, &ctx)).unwrap() {
+                    Source::Plan(..) => from_plan += 1,
+                    Source::Stream => outside += 1,
+                    Source::None => {}
+                }
+            }
+            assert!(from_plan > 0 && outside == 0, "{from_plan} from the plan, {outside} outside");
+            // A plan made without the sizer: the same launches grow the stream's scratch.
+            let bare = memo_plan_core::planner::plan(&request).unwrap().plan;
+            let without = bare.instructions.iter().filter_map(|i| match &i.action {
+                Action::Launch(l) => Some(l),
+                _ => None,
+            });
+            assert!(without.clone().all(|l| l.scratch().is_none()));
+            assert_eq!(source(Op::Attention, &[(0, 8); 5], 64), Ok(Source::Stream));
+            assert!(source(Op::Attention, &[(0, 8); 6], 64).is_err());
+            assert_eq!(
+                source(Op::Attention, &[(0, 8), (0, 8), (0, 8), (0, 8), (0, 8), (512, 64)], 64),
+                Ok(Source::Plan(512, 64))
+            );
+
             // The recipes' sizer alone leaves cuDNN's attention scratch out: refused.
             let recipes_only = plan_with_scratch(&request, &RecipeScratch).unwrap().plan;
             let refused = check_plan_scratch(&recipes_only, &sizer).unwrap_err();

@@ -564,6 +564,16 @@ impl Backend for HipBackend {
         self.device.take_deferred().map_err(BackendError::from)
     }
 
+    /// The recipes' scratch ([`memo_kernels::RecipeScratch`]): HIP runs every op, attention
+    /// included, on our kernels.
+    fn scratch_sizer(
+        &mut self,
+        _model: &memo_plan_core::model::ModelConfig,
+        _tensor: u64,
+    ) -> Result<Box<dyn memo_plan_core::plan::scratch::ScratchSizer>, BackendError> {
+        Ok(Box::new(memo_kernels::RecipeScratch))
+    }
+
     fn memory(&self) -> MemoryReport {
         MemoryReport {
             device_bytes: self.size_of(Space::Device),
