@@ -197,9 +197,10 @@ pub struct MemoryReport {
     pub device_bytes: u64,
     /// Pinned host bytes allocated (the slab).
     pub host_bytes: u64,
-    /// Device bytes a GPU backend's kernels hold beyond the arena as scratch (the partial sums of
-    /// its deterministic reductions, grown during the first step; the plan does not count them).
-    /// 0 on the CPU.
+    /// Device bytes a GPU backend's kernels hold beyond the arena as scratch, for launches whose
+    /// plan gives them none (a plan made without [`Backend::scratch_sizer`]: the partial sums of
+    /// the deterministic reductions, cuDNN attention's needs; grown during the first step). 0 when
+    /// the plan carries every launch's scratch (`memo train`'s plans), and on the CPU.
     pub scratch_bytes: u64,
 }
 
