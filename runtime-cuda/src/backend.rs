@@ -459,10 +459,14 @@ impl CudaBackend {
         let ([rotated_q, rotated_k, accumulator, sums, statistics, work], total) = needs.layout();
         // The plan's scratch for this launch; a plan made without the backend's sizer: the
         // stream's scratch, grown on demand like the kernels' partial sums.
-        let (base, total) = match self.launch_scratch(stream, op, spans, total) {
-            Ok(Some(scratch)) => scratch,
-            Ok(None) => (0, 0),
-            Err(message) => return Err(kernel_error(message)),
+        let (base, total) = match crate::scratch::source(op, spans, total) {
+            Ok(crate::scratch::Source::Plan(base, len)) => (base, len),
+            Ok(crate::scratch::Source::None) => (0, 0),
+            // No scratch in the plan, or less than this cuDNN plan needs (its engine, and so its
+            // workspace, is chosen again at run time and may differ from what was asked before
+            // planning): the stream's, counted in `memory().scratch_bytes`, rather than failing
+            // the run.
+            Ok(crate::scratch::Source::Stream) | Err(_) => (self.ensure_scratch(stream, total)?, total),
         };
         let status = self.status.device_ptr(&self.streams[0]).0;
         let resolved = Resolved {
