@@ -35,6 +35,8 @@ mod emulation;
 mod emulation_backend;
 mod recipes;
 #[cfg(test)]
+mod scratch_tests;
+#[cfg(test)]
 mod tests;
 
 /// The portability header (`memo_gpu.h`): bf16 type and conversions, warp size, shuffles,
@@ -229,6 +231,33 @@ pub struct KernelLaunch {
     /// The same value on every step of a launch: a backend sizes its scratch with
     /// [`scratch_bytes`].
     pub scratch_bytes: u64,
+}
+
+/// The recipes' scratch as the planner asks for it (`spec/plan-format.md`, "Launch scratch"):
+/// for each launch, [`scratch_bytes`] of its [`launch_steps`], a pure function of the op and its
+/// shapes, so a backend that runs these recipes (CUDA, HIP) answers it before planning, with no
+/// device. A launch the recipes refuse asks nothing (the backend refuses it when it runs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecipeScratch;
+
+impl memo_plan_core::plan::scratch::ScratchSizer for RecipeScratch {
+    fn scratch_bytes(&self, op: Op, args: &[ArgShape], ctx: &memo_plan_core::plan::shapes::ShapeContext) -> u64 {
+        let context = KernelContext {
+            hidden: ctx.hidden,
+            heads: ctx.heads,
+            kv_heads: ctx.kv_heads,
+            kv_replicated: ctx.kv_replicated,
+            rope_theta: ctx.rope_theta,
+            norm_eps: ctx.norm_eps,
+            seq_len: ctx.seq_len,
+            vocab: ctx.vocab,
+            loss_scale_tokens: ctx.loss_scale_tokens,
+            adamw: memo_runtime::AdamW { step: ctx.adamw_step, ..memo_runtime::AdamW::default() },
+            rank: ctx.rank,
+            ranks: ctx.ranks,
+        };
+        launch_steps(op, args, &context).map_or(0, |steps| scratch_bytes(&steps))
+    }
 }
 
 /// The scratch memory `steps` need: the largest [`KernelLaunch::scratch_bytes`].

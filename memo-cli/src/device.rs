@@ -169,6 +169,22 @@ pub fn plan_step(options: &TrainOptions) -> Result<PlannedStep, Failure> {
     PlannedStep::new(options).map_err(runtime_failure)
 }
 
+/// The step planned again with `backend`'s launch scratch (`Backend::scratch_sizer`,
+/// `spec/plan-format.md` "Launch scratch") when `planned` lacks some of it (a GPU backend's
+/// kernels need scratch; the CPU's need none and keep `planned`), and refused like `check_fits`
+/// if it then does not fit. The plan owns every byte the launches use.
+pub fn plan_scratch(backend: &mut AnyBackend, planned: PlannedStep) -> Result<PlannedStep, Failure> {
+    let tensor = planned.tensor();
+    let sizer = backend.scratch_sizer(&planned.options().model, tensor).map_err(|e| runtime_failure(e.into()))?;
+    if memo_plan_core::check::check_plan_scratch(&planned.report().plan, &*sizer).is_ok() {
+        return Ok(planned);
+    }
+    let replanned =
+        PlannedStep::tensor_parallel_with_scratch(planned.options(), tensor, &*sizer).map_err(runtime_failure)?;
+    check_fits(&replanned)?;
+    Ok(replanned)
+}
+
 /// Refuses, before anything is allocated, a plan that does not fit the machine (exit 5): a GPU
 /// would fail to allocate the arena, and a host slab larger than the host would be worse.
 pub fn check_fits(planned: &PlannedStep) -> Result<(), Failure> {

@@ -195,7 +195,8 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
     // not fit it is refused (exit 5) before anything is allocated.
     let planned = crate::device::plan_step(&options)?;
     crate::device::check_fits(&planned)?;
-    let (backend, open_s) = open_backend(args)?;
+    let (mut backend, open_s) = open_backend(args)?;
+    let planned = crate::device::plan_scratch(&mut backend, planned)?;
     let step_flops = StepFlops::of(&model, &options.hardware)?;
     let mut trainer = Trainer::with_plan(backend, planned).map_err(runtime_failure)?;
     let control = trainer.set_stop_gate(Arc::clone(&gate));

@@ -12,6 +12,7 @@ use core::fmt;
 use crate::bilevel::{self, PlacementError};
 use crate::cost::{self, CostError, Mfu};
 use crate::model::{Hardware, Interconnect, ModelConfig, ModelError, Parallelism};
+use crate::plan::scratch::{NoScratch, ScratchSizer};
 use crate::plan::{BufferKind, Plan, Provenance, Strategy, TensorRole};
 use crate::schedule::{self, ScheduleError, ScheduleOptions};
 use crate::simulate::{self, Timeline};
@@ -303,13 +304,29 @@ pub enum Progress {
     },
 }
 
-/// Plans one strategy.
+/// Plans one strategy for a backend whose kernels need no scratch ([`NoScratch`]).
 pub fn plan(request: &PlanRequest) -> Result<PlanReport, PlanError> {
-    plan_observed(request, &mut |_| {})
+    plan_with(request, &NoScratch, &mut |_| {})
 }
 
 /// [`plan`], telling `observe` each stage it enters.
 pub fn plan_observed(request: &PlanRequest, observe: &mut dyn FnMut(Progress)) -> Result<PlanReport, PlanError> {
+    plan_with(request, &NoScratch, observe)
+}
+
+/// Plans one strategy; every launch for which `scratch` (the backend's, asked before planning)
+/// wants bytes gets a scratch transient of that size as its trailing argument
+/// ([`schedule::add_scratch`]), placed with the other buffers.
+pub fn plan_with_scratch(request: &PlanRequest, scratch: &dyn ScratchSizer) -> Result<PlanReport, PlanError> {
+    plan_with(request, scratch, &mut |_| {})
+}
+
+/// The planner: [`plan_with_scratch`] telling `observe` each stage it enters.
+pub fn plan_with(
+    request: &PlanRequest,
+    scratch: &dyn ScratchSizer,
+    observe: &mut dyn FnMut(Progress),
+) -> Result<PlanReport, PlanError> {
     let PlanRequest {
         model,
         parallel,
@@ -347,7 +364,8 @@ pub fn plan_observed(request: &PlanRequest, observe: &mut dyn FnMut(Progress)) -
         return Err(PlanError::TooLarge { layers: model.layers, size, limit_bytes: *memory_limit_bytes });
     }
     stage(Stage::Schedule, 0, 0);
-    let schedule = schedule::build(model, parallel, &ScheduleOptions { strategy: *strategy, alpha_fixed })?;
+    let mut schedule = schedule::build(model, parallel, &ScheduleOptions { strategy: *strategy, alpha_fixed })?;
+    schedule::add_scratch(&mut schedule, model, parallel, scratch)?;
     stage(Stage::Placement, schedule.instructions.len(), schedule.buffers.len());
     let placement = bilevel::place(&schedule, *budget_nodes)?;
     let plan = Plan {

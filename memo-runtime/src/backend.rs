@@ -204,9 +204,10 @@ pub struct MemoryReport {
     pub device_bytes: u64,
     /// Pinned host bytes allocated (the slab).
     pub host_bytes: u64,
-    /// Device bytes a GPU backend's kernels hold beyond the arena as scratch (the partial sums of
-    /// its deterministic reductions, grown during the first step; the plan does not count them).
-    /// 0 on the CPU.
+    /// Device bytes a GPU backend's kernels hold beyond the arena as scratch, for launches whose
+    /// plan gives them none (a plan made without [`Backend::scratch_sizer`]: the partial sums of
+    /// the deterministic reductions, cuDNN attention's needs; grown during the first step). 0 when
+    /// the plan carries every launch's scratch (`memo train`'s plans), and on the CPU.
     pub scratch_bytes: u64,
 }
 
@@ -284,6 +285,19 @@ pub trait Backend {
     /// What is allocated.
     fn memory(&self) -> MemoryReport;
 
+    /// The scratch each launch of a plan of `model` at `tensor`-way parallelism needs on this
+    /// backend besides its arguments, asked before planning (`spec/plan-format.md`, "Launch
+    /// scratch"): plan with it (`PlannedStep::with_scratch`) and the plan owns those bytes, so
+    /// [`MemoryReport::scratch_bytes`] stays 0. The default: none.
+    fn scratch_sizer(
+        &mut self,
+        model: &memo_plan_core::model::ModelConfig,
+        tensor: u64,
+    ) -> Result<Box<dyn memo_plan_core::plan::scratch::ScratchSizer>, BackendError> {
+        let _ = (model, tensor);
+        Ok(Box::new(memo_plan_core::plan::scratch::NoScratch))
+    }
+
     /// When the backend measures: each instruction of the last synchronised step with its start
     /// and end in seconds from the step's start, `(instruction, start, end)`. `None` when it does
     /// not measure.
@@ -322,6 +336,13 @@ impl<B: Backend + ?Sized> Backend for Box<B> {
     }
     fn download(&mut self, span: Span) -> Result<Vec<u8>, BackendError> {
         (**self).download(span)
+    }
+    fn scratch_sizer(
+        &mut self,
+        model: &memo_plan_core::model::ModelConfig,
+        tensor: u64,
+    ) -> Result<Box<dyn memo_plan_core::plan::scratch::ScratchSizer>, BackendError> {
+        (**self).scratch_sizer(model, tensor)
     }
     unsafe fn launch(
         &mut self,

@@ -118,6 +118,24 @@ impl PlannedStep {
     /// (`spec/tensor-parallel.md`); the planner refuses a `tensor` that does not divide the
     /// heads, the FFN width and the sequence.
     pub fn tensor_parallel(options: &TrainOptions, tensor: u64) -> Result<Self, RuntimeError> {
+        Self::tensor_parallel_with_scratch(options, tensor, &memo_plan_core::plan::scratch::NoScratch)
+    }
+
+    /// Plans the step of `options` (on one GPU) with the launch scratch `scratch` asks
+    /// ([`Backend::scratch_sizer`], `spec/plan-format.md` "Launch scratch").
+    pub fn with_scratch(
+        options: &TrainOptions,
+        scratch: &dyn memo_plan_core::plan::scratch::ScratchSizer,
+    ) -> Result<Self, RuntimeError> {
+        Self::tensor_parallel_with_scratch(options, 1, scratch)
+    }
+
+    /// [`PlannedStep::tensor_parallel`] with the launch scratch `scratch` asks.
+    pub fn tensor_parallel_with_scratch(
+        options: &TrainOptions,
+        tensor: u64,
+        scratch: &dyn memo_plan_core::plan::scratch::ScratchSizer,
+    ) -> Result<Self, RuntimeError> {
         if options.model.architecture.rope_scaling.is_some() {
             return Err(RuntimeError::ModelNotTrainable(
                 "its rope_scaling (Llama 3.1's rescaled rotary frequencies) is not implemented by the kernels; \
@@ -128,7 +146,7 @@ impl PlannedStep {
         let started = std::time::Instant::now();
         let mut request = options.plan_request();
         request.parallel = Parallelism { tensor, ..request.parallel };
-        let report = planner::plan(&request)?;
+        let report = planner::plan_with_scratch(&request, scratch)?;
         Ok(PlannedStep { options: options.clone(), report, plan_s: started.elapsed().as_secs_f64() })
     }
 

@@ -515,7 +515,10 @@ impl Backend for CpuBackend {
         args: &[KernelArg],
         context: &KernelContext,
     ) -> Result<(), BackendError> {
-        self.send(stream, Command::Launch { instruction, op, args: args.to_vec(), context: *context })
+        // The signature's arguments: the CPU's ops need no scratch, so a launch's scratch argument
+        // (a plan made for a GPU backend's sizer) is left unused.
+        let args = args.iter().take(op.signature().len()).cloned().collect();
+        self.send(stream, Command::Launch { instruction, op, args, context: *context })
     }
 
     unsafe fn copy(&mut self, instruction: usize, stream: Stream, src: Span, dst: Span) -> Result<(), BackendError> {

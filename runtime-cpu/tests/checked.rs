@@ -118,3 +118,56 @@ fn events_that_were_not_allocated_are_refused() {
     ));
     backend.synchronize().unwrap();
 }
+
+/// A scratch sizer shaped like a GPU backend's: every attention launch and every squared
+/// gradient norm asks some bytes.
+#[derive(Debug)]
+struct SomeScratch;
+
+impl memo_plan_core::plan::scratch::ScratchSizer for SomeScratch {
+    fn scratch_bytes(
+        &self,
+        op: memo_plan_core::plan::Op,
+        args: &[memo_plan_core::plan::shapes::ArgShape],
+        _ctx: &memo_plan_core::plan::shapes::ShapeContext,
+    ) -> u64 {
+        use memo_plan_core::plan::Op;
+        match op {
+            Op::Attention | Op::AttentionBackward => args.first().map_or(0, |q| q.rows * q.row_bytes),
+            Op::GradNormSquared => 300,
+            _ => 0,
+        }
+    }
+}
+
+/// A plan made for a GPU backend's scratch sizer runs on the CPU (whose ops need none) in
+/// checked mode, the scratch arguments ordered like any other, and trains to the same bits as
+/// the plan without them.
+#[test]
+fn a_plan_with_launch_scratch_trains_the_same_on_the_cpu() {
+    let m = model(3, 16, 2, 16, 1);
+    let options = TrainOptions {
+        model: m.clone(),
+        strategy: Strategy::Memo,
+        forced_alpha: Some(0.5),
+        hardware: cpu_hardware(1 << 30),
+        seed: 3,
+        adamw: AdamW::default(),
+    };
+    let with = memo_runtime::PlannedStep::with_scratch(&options, &SomeScratch).unwrap();
+    let scratch = with.report().plan.buffers.iter().filter(|b| b.role == memo_plan_core::plan::TensorRole::Scratch);
+    assert!(scratch.count() >= 6);
+    let mut losses = Vec::new();
+    for planned in [with, memo_runtime::PlannedStep::new(&options).unwrap()] {
+        let mut trainer = Trainer::with_plan(CpuBackend::checked(), planned).unwrap();
+        let mut data = TextData::from_bytes(DEFAULT_TEXT.as_bytes()).unwrap();
+        let mut run = Vec::new();
+        for _ in 0..2 {
+            let (tokens, targets) = data.next_batch(m.micro_batch as usize, m.seq_len as usize);
+            run.push(trainer.step(&tokens, &targets).unwrap().to_bits());
+        }
+        assert_eq!(trainer.memory().scratch_bytes, 0);
+        losses.push(run);
+    }
+    assert_eq!(losses[0], losses[1]);
+}

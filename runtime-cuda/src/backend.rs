@@ -404,6 +404,26 @@ impl CudaBackend {
         Ok(attention::scratch(op, geometry, deterministic, head_major, workspace))
     }
 
+    /// The scratch sizer to plan `model` at `tensor`-way parallelism with, before planning
+    /// (`spec/backends.md`): the recipes' scratch, and each attention launch's
+    /// [`CudaBackend::attention_scratch`] (which builds the cuDNN plans now, cached for the run).
+    /// A plan made with it carries every launch's scratch, so [`Backend::memory`]'s
+    /// `scratch_bytes` stays 0.
+    pub fn cuda_scratch_sizer(
+        &mut self,
+        model: &memo_plan_core::model::ModelConfig,
+        tensor: u64,
+    ) -> Result<crate::CudaScratch, BackendError> {
+        let mut sizer = crate::CudaScratch::default();
+        for (op, geometry) in crate::CudaScratch::attention_geometries(model, tensor) {
+            let bytes = self.attention_scratch(op, &geometry)?.layout().1;
+            if bytes > 0 {
+                sizer = sizer.with_attention(op, geometry, bytes);
+            }
+        }
+        Ok(sizer)
+    }
+
     /// Runs an attention launch on cuDNN: rotates q and k into the scratch (`memo_rope`), runs
     /// the forward or backward plan, and (backward) rotates dq and dk back in place. `Ok(false)`:
     /// our kernels run the launch (cuDNN was left, or refuses this launch's shape by a version
@@ -437,9 +457,17 @@ impl CudaBackend {
         let head_major = shape.stats == StatsLayout::HeadMajor;
         let needs = attention::scratch(op, &geometry, deterministic, head_major, workspace);
         let ([rotated_q, rotated_k, accumulator, sums, statistics, work], total) = needs.layout();
-        // Interim until the plan carries it (spec/backends.md): the stream's scratch, grown on
-        // demand like the kernels' partial sums.
-        let base = self.ensure_scratch(stream, total)?;
+        // The plan's scratch for this launch; a plan made without the backend's sizer: the
+        // stream's scratch, grown on demand like the kernels' partial sums.
+        let (base, total) = match crate::scratch::source(op, spans, total) {
+            Ok(crate::scratch::Source::Plan(base, len)) => (base, len),
+            Ok(crate::scratch::Source::None) => (0, 0),
+            // No scratch in the plan, or less than this cuDNN plan needs (its engine, and so its
+            // workspace, is chosen again at run time and may differ from what was asked before
+            // planning): the stream's, counted in `memory().scratch_bytes`, rather than failing
+            // the run.
+            Ok(crate::scratch::Source::Stream) | Err(_) => (self.ensure_scratch(stream, total)?, total),
+        };
         let status = self.status.device_ptr(&self.streams[0]).0;
         let resolved = Resolved {
             args: spans,
@@ -539,6 +567,26 @@ impl CudaBackend {
             run(&rope_step(ptr(7), ptr(7), &kv_geometry, true, context.rope_theta), self)?;
         }
         Ok(true)
+    }
+
+    /// The scratch of one launch that needs `needed` bytes: the plan's, its argument past `op`'s
+    /// signature (`spec/plan-format.md`, "Launch scratch"), when it has one; else (a plan made
+    /// without [`crate::CudaScratch`]) the stream's scratch memory grown on demand, outside the
+    /// arena. `Err` (the message) when the plan's is smaller than `needed`.
+    fn launch_scratch(
+        &mut self,
+        stream: Stream,
+        op: Op,
+        spans: &[(CUdeviceptr, u64)],
+        needed: u64,
+    ) -> Result<Option<(CUdeviceptr, u64)>, String> {
+        match crate::scratch::source(op, spans, needed)? {
+            crate::scratch::Source::None => Ok(None),
+            crate::scratch::Source::Plan(base, len) => Ok(Some((base, len))),
+            crate::scratch::Source::Stream => {
+                self.ensure_scratch(stream, needed).map(|base| Some((base, needed))).map_err(|e| e.to_string())
+            }
+        }
     }
 
     /// Grows the scratch memory of `stream` to `bytes` (waits for the device first: the old
@@ -672,8 +720,12 @@ impl Backend for CudaBackend {
             // Safety: this method's own contract, passed on.
             return unsafe { self.launch_collective(instruction, stream, op, collective, &spans) };
         }
-        let shapes: Vec<ArgShape> =
-            args.iter().map(|a| ArgShape { first_row: a.first_row, rows: a.rows, row_bytes: a.row_bytes }).collect();
+        // The signature's arguments; one past them is the launch's scratch.
+        let shapes: Vec<ArgShape> = args
+            .iter()
+            .take(op.signature().len())
+            .map(|a| ArgShape { first_row: a.first_row, rows: a.rows, row_bytes: a.row_bytes })
+            .collect();
         if matches!(op, Op::Attention | Op::AttentionBackward) && self.cudnn.is_some() {
             let start = self.mark(stream)?;
             // Safety: this function's own contract (the plan orders the accesses), passed on.
@@ -685,8 +737,7 @@ impl Backend for CudaBackend {
             }
         }
         let steps = launch_steps(op, &shapes, context).map_err(|e| kernel_error(e.to_string()))?;
-        let needed = scratch_bytes(&steps);
-        let scratch = if needed > 0 { Some((self.ensure_scratch(stream, needed)?, needed)) } else { None };
+        let scratch = self.launch_scratch(stream, op, &spans, scratch_bytes(&steps)).map_err(kernel_error)?;
         let status = self.status.device_ptr(&self.streams[0]).0;
         let resolved =
             Resolved { args: &spans, scratch, status, instruction: u32::try_from(instruction).unwrap_or(u32::MAX) };
@@ -793,6 +844,14 @@ impl Backend for CudaBackend {
 
     fn timings(&mut self) -> Option<Vec<(usize, f64, f64)>> {
         self.timing.as_ref().map(Timing::last)
+    }
+
+    fn scratch_sizer(
+        &mut self,
+        model: &memo_plan_core::model::ModelConfig,
+        tensor: u64,
+    ) -> Result<Box<dyn memo_plan_core::plan::scratch::ScratchSizer>, BackendError> {
+        Ok(Box::new(self.cuda_scratch_sizer(model, tensor)?))
     }
 
     fn memory(&self) -> MemoryReport {

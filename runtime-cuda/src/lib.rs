@@ -42,8 +42,10 @@ mod exec;
 pub mod nccl;
 pub mod nvrtc_check;
 mod probe;
+mod scratch;
 mod timing;
 
 pub use attention::{AttentionChoice, AttentionScratch};
 pub use backend::{CudaBackend, ATTENTION_VARIABLE};
 pub use error::{CudaError, CudnnStatus};
+pub use scratch::CudaScratch;

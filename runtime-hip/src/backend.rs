@@ -46,6 +46,9 @@ pub struct HipBackend {
     host: Option<PinnedHostBuffer>,
     /// Each stream's kernel scratch memory (`Param::Scratch`), grown on demand.
     scratch: Vec<Option<DeviceBuffer>>,
+    /// The running launch's scratch from the plan (its argument past the signature: address,
+    /// bytes), used instead of the stream's while it is set.
+    plan_scratch: Option<(u64, u64)>,
     /// The `memo_kernels::STATUS_WORDS` status words kernels report bad input in
     /// (`Param::Status`), zeroed at allocation and after each read at synchronize.
     status: Option<DeviceBuffer>,
@@ -108,6 +111,7 @@ impl HipBackend {
             arena: None,
             host: None,
             scratch: PlanStream::ALL.iter().map(|_| None).collect(),
+            plan_scratch: None,
             status: None,
             streams,
             modules,
@@ -174,7 +178,9 @@ impl HipBackend {
         Layout {
             arena: region(self.arena.as_ref().map(|b| (b.base(), b.bytes()))),
             host: region(self.host.as_ref().map(|b| (b.base(), b.bytes()))),
-            scratch: region(self.scratch.get(stream).and_then(Option::as_ref).map(|b| (b.base(), b.bytes()))),
+            scratch: self.plan_scratch.unwrap_or_else(|| {
+                region(self.scratch.get(stream).and_then(Option::as_ref).map(|b| (b.base(), b.bytes())))
+            }),
             status: self.status.as_ref().map(DeviceBuffer::base),
         }
     }
@@ -558,6 +564,16 @@ impl Backend for HipBackend {
         self.device.take_deferred().map_err(BackendError::from)
     }
 
+    /// The recipes' scratch ([`memo_kernels::RecipeScratch`]): HIP runs every op, attention
+    /// included, on our kernels.
+    fn scratch_sizer(
+        &mut self,
+        _model: &memo_plan_core::model::ModelConfig,
+        _tensor: u64,
+    ) -> Result<Box<dyn memo_plan_core::plan::scratch::ScratchSizer>, BackendError> {
+        Ok(Box::new(memo_kernels::RecipeScratch))
+    }
+
     fn memory(&self) -> MemoryReport {
         MemoryReport {
             device_bytes: self.size_of(Space::Device),
@@ -580,20 +596,39 @@ impl HipBackend {
     ) -> Result<(), BackendError> {
         self.stream(stream)?;
         let mut shapes = Vec::with_capacity(args.len());
+        let signature = op.signature().len();
         for (index, arg) in args.iter().enumerate() {
             if arg.span.space != Space::Device {
                 return Err(kernel_error(instruction, op, format!("argument {index} is not in the device arena")));
             }
             self.address(arg.span)?;
-            shapes.push(ArgShape { first_row: arg.first_row, rows: arg.rows, row_bytes: arg.row_bytes });
+            if index < signature {
+                shapes.push(ArgShape { first_row: arg.first_row, rows: arg.rows, row_bytes: arg.row_bytes });
+            }
         }
         let steps = memo_kernels::launch_steps(op, &shapes, context)
             .map_err(|e| BackendError::Kernel { instruction, message: e.to_string() })?;
-        self.ensure_scratch(instruction, stream.index(), memo_kernels::scratch_bytes(&steps))?;
-        for step in &steps {
-            self.run_step(instruction, op, args, stream.index(), step)?;
+        let needed = memo_kernels::scratch_bytes(&steps);
+        // The plan's scratch (its argument past the signature) when it has one; else (a plan
+        // made without `memo_kernels::RecipeScratch`) the stream's, grown on demand.
+        self.plan_scratch = None;
+        match args.get(signature) {
+            Some(scratch) if scratch.span.len >= needed => {
+                self.plan_scratch = Some((self.address(scratch.span)?, scratch.span.len));
+            }
+            Some(scratch) => {
+                let message = format!(
+                    "the plan gives {} bytes of scratch, the kernels need {needed} (the plan was made for another \
+                     backend's scratch sizer)",
+                    scratch.span.len
+                );
+                return Err(kernel_error(instruction, op, message));
+            }
+            None => self.ensure_scratch(instruction, stream.index(), needed)?,
         }
-        Ok(())
+        let ran = steps.iter().try_for_each(|step| self.run_step(instruction, op, args, stream.index(), step));
+        self.plan_scratch = None;
+        ran
     }
 
     fn enqueue_copy(

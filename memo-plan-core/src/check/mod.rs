@@ -6,4 +6,4 @@ pub use memo_place::check as placement;
 pub mod plan;
 
 pub use placement::{check_placement, PlacementViolation};
-pub use plan::{check_plan, CheckedPlan, PlanViolation};
+pub use plan::{check_plan, check_plan_scratch, CheckedPlan, PlanViolation};

@@ -28,6 +28,8 @@ mod violation;
 
 #[cfg(all(test, feature = "fuzzing"))]
 mod mutations;
+#[cfg(test)]
+mod scratch_tests;
 #[cfg(all(test, feature = "fuzzing"))]
 mod swap_mutations;
 #[cfg(test)]
@@ -38,9 +40,11 @@ use alloc::collections::BTreeMap;
 use alloc::string::ToString;
 use alloc::vec::Vec;
 
+use crate::plan::scratch::ScratchSizer;
 use crate::plan::shapes::{self, ArgShape, ShapeContext};
 use crate::plan::{
-    Access, Action, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, Plan, Region, Stream, STREAMS,
+    Access, Action, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, Plan, Region, Stream, TensorRole,
+    STREAMS,
 };
 
 pub use checked::CheckedPlan;
@@ -71,6 +75,96 @@ pub fn check_plan_counted(plan: &Plan) -> (Result<(), Vec<PlanViolation>>, u64) 
     }
     violations.sort_by_key(PlanViolation::sort_key);
     (Err(violations), work)
+}
+
+/// [`check_plan`], then rule 11's sizes against a backend's `sizer`: every launch's scratch
+/// argument (0 bytes without one) holds at least the bytes `sizer` asks for the launch's shapes,
+/// so no kernel writes past it. The shared program is held to the sizer for ranks 0 and `t - 1`
+/// (the ranks whose shape contexts differ: the last holds the vocabulary's short shard), each
+/// rank's own program for its rank. Returns every violation, sorted like [`check_plan`]'s. Never
+/// panics, whatever the plan holds.
+pub fn check_plan_scratch(plan: &Plan, sizer: &dyn ScratchSizer) -> Result<(), Vec<PlanViolation>> {
+    let mut violations = check_plan(plan).err().unwrap_or_default();
+    let ranks = plan.provenance.parallel.tensor.max(1);
+    let mut shared = Vec::new();
+    for rank in [0, ranks - 1] {
+        if !shared.contains(&rank) && !plan.rank_programs.iter().any(|p| u64::from(p.rank) == rank) {
+            shared.push(rank);
+        }
+    }
+    for rank in shared {
+        check_scratch_sizes(plan, &plan.instructions, rank, sizer, &mut violations);
+    }
+    for program in plan.rank_programs.iter().filter(|p| u64::from(p.rank) < ranks) {
+        let mut inner = Vec::new();
+        check_scratch_sizes(plan, &program.instructions, u64::from(program.rank), sizer, &mut inner);
+        let rank = program.rank;
+        violations.extend(inner.into_iter().map(|v| PlanViolation::InRankProgram { rank, violation: Box::new(v) }));
+    }
+    if violations.is_empty() {
+        return Ok(());
+    }
+    violations.sort_by_key(PlanViolation::sort_key);
+    violations.dedup();
+    Err(violations)
+}
+
+/// Rule 11's sizes over one program for one rank; launches whose signature arguments do not all
+/// lie inside their buffers are left to rule 1.
+fn check_scratch_sizes(
+    plan: &Plan,
+    instructions: &[Instruction],
+    rank: u64,
+    sizer: &dyn ScratchSizer,
+    out: &mut Vec<PlanViolation>,
+) {
+    let ctx = ShapeContext::for_model(&plan.provenance.model, rank, plan.provenance.parallel.tensor);
+    let mut shapes = Vec::new();
+    for (index, instruction) in instructions.iter().enumerate() {
+        let Action::Launch(launch) = &instruction.action else { continue };
+        let signature = launch.op.signature().len();
+        shapes.clear();
+        for arg in launch.args.iter().take(signature) {
+            let Some(buffer) = plan.buffer(arg.region.buffer) else { break };
+            if arg.region.start > arg.region.end || arg.region.end > buffer.rows {
+                break;
+            }
+            let rows = arg.region.end - arg.region.start;
+            shapes.push(ArgShape { first_row: arg.region.start, rows, row_bytes: buffer.row_bytes });
+        }
+        if shapes.len() != signature {
+            continue;
+        }
+        let needed = sizer.scratch_bytes(launch.op, &shapes, &ctx);
+        let found = launch.scratch().map_or(0, |arg| region_bytes(plan, &arg.region));
+        if found < needed {
+            out.push(PlanViolation::ScratchTooSmall { instruction: index, op: launch.op, needed, found });
+        }
+    }
+}
+
+/// Rule 11's structure: what is wrong with `arg` as the launch's scratch argument (`scratch`:
+/// it is the one past the signature) or, at a signature position, with a scratch buffer there.
+fn scratch_problem(scratch: bool, arg: &crate::plan::Arg, resolved: Option<Resolved>) -> Option<&'static str> {
+    let buffer = resolved.map(|r| r.buffer.buffer);
+    if !scratch {
+        return buffer
+            .filter(|b| b.role == TensorRole::Scratch)
+            .map(|_| "uses a scratch buffer as an argument of its signature");
+    }
+    if arg.access != Access::Write {
+        return Some("reads its scratch argument (a scratch is written by its launch only)");
+    }
+    let buffer = buffer?;
+    if buffer.role != TensorRole::Scratch {
+        Some("has an argument past its signature that is not a scratch buffer")
+    } else if buffer.kind != BufferKind::Transient {
+        Some("has a scratch buffer that is not a transient")
+    } else if arg.region.start != 0 || arg.region.end != buffer.rows {
+        Some("uses part of its scratch buffer (a scratch argument is the whole buffer)")
+    } else {
+        None
+    }
 }
 
 /// Where a buffer's bytes are: its space, first byte, size and end (`None` when its size
@@ -315,7 +409,8 @@ impl<'p> Simulation<'p> {
             out.push(PlanViolation::LaunchWrongStream { instruction: index, op: launch.op, stream, expected });
         }
         let signature = launch.op.signature();
-        if signature.len() != launch.args.len() {
+        // One argument past the signature is the launch's scratch (rule 11).
+        if launch.args.len() != signature.len() && launch.args.len() != signature.len() + 1 {
             out.push(PlanViolation::WrongArgCount {
                 instruction: index,
                 op: launch.op,
@@ -332,7 +427,13 @@ impl<'p> Simulation<'p> {
                 resolved.filter(|r| arg.region.start <= arg.region.end && arg.region.end <= r.buffer.buffer.rows)
             {
                 let rows = arg.region.end - arg.region.start;
-                shapes.push(ArgShape { first_row: arg.region.start, rows, row_bytes: r.buffer.buffer.row_bytes });
+                if position < signature.len() {
+                    shapes.push(ArgShape { first_row: arg.region.start, rows, row_bytes: r.buffer.buffer.row_bytes });
+                }
+            }
+            if let Some(problem) = scratch_problem(position == signature.len(), arg, resolved) {
+                let buffer = resolved.map(|r| r.buffer);
+                out.push(PlanViolation::BadScratch { instruction: index, op: launch.op, buffer, problem });
             }
             // The op's semantics decide what the runtime does; the arg's own mark
             // only counts past the end of the signature.
@@ -364,7 +465,7 @@ impl<'p> Simulation<'p> {
         }
         // Rule 10, where every argument resolved and the count is the signature's (else rules 1
         // and 2 have said what is wrong).
-        if shapes.len() == signature.len() && launch.args.len() == signature.len() {
+        if shapes.len() == signature.len() && launch.args.len() >= signature.len() {
             if let Err(error) = shapes::check(launch.op, &shapes, &self.shape_context) {
                 out.push(PlanViolation::LaunchShape { instruction: index, op: launch.op, problem: error.to_string() });
             }

@@ -249,6 +249,10 @@ fn instruction(u: &mut Unstructured<'_>, buffers: &[Buffer], events: u32) -> Res
             for &(_, access) in op.signature() {
                 args.push(Arg { region: region(u, buffers)?, access });
             }
+            // Sometimes a scratch argument (plan format 5).
+            if u.ratio(1, 8)? {
+                args.push(Arg { region: region(u, buffers)?, access: crate::plan::Access::Write });
+            }
             Action::Launch(Launch { op, args, layer: u.arbitrary()?, flops: u.arbitrary()? })
         }
         1 => {

@@ -668,9 +668,10 @@ fn malform(plan: &mut Plan, target: usize, detail: u64) -> Option<(String, Expec
                     (format!("instruction {at} lost its last argument"), "wrong_arg_count", Some(at))
                 }
                 4 => {
+                    // Two more: one past the signature is a scratch (rule 11), two are too many.
                     let extra = *launch.args.first()?;
-                    launch.args.push(extra);
-                    (format!("instruction {at} got an argument more"), "wrong_arg_count", Some(at))
+                    launch.args.extend([extra, extra]);
+                    (format!("instruction {at} got two arguments more"), "wrong_arg_count", Some(at))
                 }
                 5 => {
                     use crate::plan::Access;

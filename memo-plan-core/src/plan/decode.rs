@@ -310,6 +310,12 @@ impl fmt::Display for PlanDecodeError {
                         " (an older format: version 3 plans do not carry the model's key/value heads and \
                          architecture: FFN, norm, biases, tying, rotary base and scaling, epsilon)",
                     )?;
+                } else if *found == 4 {
+                    // Version 4 plans keep the kernels' scratch outside the plan.
+                    f.write_str(
+                        " (an older format: version 4 plans carry no launch scratch, which a GPU backend's kernels \
+                         then hold outside the arena)",
+                    )?;
                 } else if found < supported {
                     // Version 2 plans have no collective stream, interconnect or per-rank programs.
                     f.write_str(
@@ -402,7 +408,7 @@ impl fmt::Display for PlanDecodeError {
                 for (index, (name, _)) in op.signature().iter().enumerate() {
                     write!(f, "{}{name}", if index > 0 { ", " } else { "" })?;
                 }
-                write!(f, "): {RECREATE}")
+                write!(f, "), and maybe one more, its scratch: {RECREATE}")
             }
             PlanDecodeError::ArgumentAccess { instruction, op, operand, found, expected } => write!(
                 f,
@@ -778,12 +784,14 @@ fn instruction(r: &mut Reader<'_>, index: u32, buffers: &[Buffer], events: u32) 
             let flops = r.u64()?;
             let signature = op.signature();
             let found = r.u8()?;
-            if usize::from(found) != signature.len() {
+            // The signature's arguments, then maybe the launch's scratch (written).
+            if usize::from(found) != signature.len() && usize::from(found) != signature.len() + 1 {
                 let expected = signature.len() as u8;
                 return Err(PlanDecodeError::ArgumentCount { instruction: index, op, found, expected });
             }
-            let mut args = Vec::with_capacity(signature.len());
-            for (position, &(name, expected)) in signature.iter().enumerate() {
+            let mut args = Vec::with_capacity(usize::from(found));
+            let scratch = (usize::from(found) > signature.len()).then_some(("scratch", Access::Write));
+            for (position, &(name, expected)) in signature.iter().chain(scratch.as_ref()).enumerate() {
                 let operand = Operand::Arg { index: position as u8, name };
                 let region = region(r, index, operand, buffers)?;
                 let access = r.code8("access code", |code| ACCESSES.get(usize::from(code)).copied())?;

@@ -185,6 +185,8 @@ fn instruction_json(out: &mut String, index: usize, instruction: &Instruction) -
                 out.push_str(if position == 0 { "{\"param\": " } else { ", {\"param\": " });
                 match signature.get(position) {
                     Some((name, _)) => write!(out, "\"{name}\"")?,
+                    // The launch's scratch (a malformed plan may carry more: null).
+                    None if position == signature.len() => out.push_str("\"scratch\""),
                     None => out.push_str("null"),
                 }
                 out.push_str(", ");
@@ -283,7 +285,7 @@ mod tests {
         let plan = sample_plan();
         let text = plan.to_json();
         let json = parse(&text);
-        assert_eq!(json["format_version"], 4);
+        assert_eq!(json["format_version"], 5);
         let p = &json["provenance"];
         assert_eq!(p["model"]["name"].as_str(), Some(plan.provenance.model.name.as_str()));
         assert_eq!(p["model"]["layers"], 2);
@@ -409,9 +411,16 @@ mod tests {
         let mut plan = sample_plan();
         if let Action::Launch(launch) = &mut plan.instructions[8].action {
             launch.args.push(launch.args[0]);
+            launch.args.push(launch.args[0]);
         }
+        // The first past the signature is the launch's scratch; any further one has no name.
         let json = parse(&plan.to_json());
-        assert_eq!(json["instructions"][8]["launch"]["args"][1]["param"], Value::Null);
+        let signature = match &plan.instructions[8].action {
+            Action::Launch(launch) => launch.op.signature().len(),
+            _ => unreachable!(),
+        };
+        assert_eq!(json["instructions"][8]["launch"]["args"][signature]["param"], "scratch");
+        assert_eq!(json["instructions"][8]["launch"]["args"][signature + 1]["param"], Value::Null);
     }
 
     #[test]

@@ -41,6 +41,7 @@ use crate::swap::AlphaBound;
 pub mod decode;
 pub mod encode;
 pub mod json;
+pub mod scratch;
 pub mod shapes;
 
 pub use decode::PlanDecodeError;
@@ -52,7 +53,9 @@ pub use decode::PlanDecodeError;
 /// per-rank programs ([`Plan::rank_programs`]).
 /// Version 4 added the model's architecture (key/value heads, FFN and norm kinds, biases, tying,
 /// the rotary base and rescaling, the norm's epsilon) and the ops of the Llama family's layer.
-pub const PLAN_FORMAT_VERSION: u16 = 4;
+/// Version 5 added launch scratch: a launch may carry one argument past its signature, a whole
+/// [`TensorRole::Scratch`] transient it writes ([`Launch::scratch`]).
+pub const PLAN_FORMAT_VERSION: u16 = 5;
 
 /// Index of a buffer in [`Plan::buffers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -352,6 +355,10 @@ named_enum! {
         /// Gradient (t > kv_heads): the replicated K and V biases' gradients back to back, one
         /// all-reduce (the weights' are rows of [`TensorRole::ReplicatedGradients`]).
         ReplicatedBiasGradients => "replicated_bias_gradients",
+        /// Transient: one launch's scratch, the bytes its kernels need besides its arguments (its
+        /// trailing argument, [`Launch::scratch`]; one row of the bytes a
+        /// [`scratch::ScratchSizer`] asked for). Live only during that launch.
+        Scratch => "scratch",
     }
 }
 
@@ -662,13 +669,22 @@ pub struct Arg {
 pub struct Launch {
     /// The kernel.
     pub op: Op,
-    /// Its arguments, in [`Op::signature`] order.
+    /// Its arguments, in [`Op::signature`] order, then, when its kernels need scratch memory, one
+    /// more: the whole of a [`TensorRole::Scratch`] transient, [`Access::Write`]
+    /// ([`Launch::scratch`]).
     pub args: Vec<Arg>,
     /// The layer it belongs to, for reports; `None` outside the layers.
     pub layer: Option<u32>,
     /// Matrix-product FLOPs of the launch (`spec/cost-model.md`), for the time model; 0 for
     /// memory-bound ops.
     pub flops: u64,
+}
+
+impl Launch {
+    /// The launch's scratch argument: the one past [`Op::signature`], if any.
+    pub fn scratch(&self) -> Option<&Arg> {
+        self.args.get(self.op.signature().len())
+    }
 }
 
 /// What an instruction does.

@@ -22,6 +22,7 @@
 //! backward that last read it.
 
 mod layer;
+mod scratch;
 
 use alloc::vec::Vec;
 use core::fmt;
@@ -35,6 +36,7 @@ use crate::plan::{
 };
 
 pub use layer::SKELETAL_ROLES;
+pub use scratch::add_scratch;
 
 /// Bytes of one token id or target (u32).
 const TOKEN_ID_BYTES: u64 = 4;

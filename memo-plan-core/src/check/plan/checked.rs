@@ -10,7 +10,8 @@
 
 use alloc::vec::Vec;
 
-use super::{check_plan, PlanViolation};
+use super::{check_plan, check_plan_scratch, PlanViolation};
+use crate::plan::scratch::ScratchSizer;
 use crate::plan::Plan;
 
 /// A plan that breaks none of the rules of `spec/validity.md`. Only [`CheckedPlan::check`]
@@ -25,6 +26,14 @@ impl CheckedPlan {
     /// [`check_plan`] sorts them).
     pub fn check(plan: Plan) -> Result<Self, Vec<PlanViolation>> {
         check_plan(&plan)?;
+        Ok(CheckedPlan { plan })
+    }
+
+    /// Checks `plan` with [`check_plan_scratch`] against the scratch `sizer` of the backend that
+    /// will run it: the checked plan (every launch's scratch in the plan, at least what the
+    /// backend's kernels use), or every violation found.
+    pub fn check_scratch(plan: Plan, sizer: &dyn ScratchSizer) -> Result<Self, Vec<PlanViolation>> {
+        check_plan_scratch(&plan, sizer)?;
         Ok(CheckedPlan { plan })
     }
 

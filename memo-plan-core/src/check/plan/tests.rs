@@ -174,9 +174,13 @@ fn a_checked_plan_is_made_only_from_a_plan_that_passes() {
 #[test]
 fn wrong_arg_count() {
     let mut plan = valid_plan();
+    // One argument past the signature is a scratch: buffer 4 is none (rule 11).
     args_mut(&mut plan, 7).push(Arg { region: Region::rows(BufferId(4), 0, 8), access: Access::Write });
-    assert_eq!(found(&plan), [("wrong_arg_count", Some(7))]);
-    assert!(matches!(violations(&plan)[0], PlanViolation::WrongArgCount { op: Op::Zero, expected: 1, found: 2, .. }));
+    assert_eq!(found(&plan), [("bad_scratch", Some(7))]);
+    // Two are one too many.
+    args_mut(&mut plan, 7).push(Arg { region: Region::rows(BufferId(4), 0, 8), access: Access::Write });
+    assert_eq!(found(&plan), [("wrong_arg_count", Some(7)), ("bad_scratch", Some(7))]);
+    assert!(matches!(violations(&plan)[0], PlanViolation::WrongArgCount { op: Op::Zero, expected: 1, found: 3, .. }));
 }
 
 /// The checker follows the op's signature, not the argument's mark: marking Gelu's output a

@@ -457,6 +457,32 @@ pub enum PlanViolation {
         /// The op table's error: the argument and what it needs.
         problem: String,
     },
+    /// A launch's argument past its signature that is not a scratch argument: the whole of a
+    /// device [`TensorRole::Scratch`](crate::plan::TensorRole::Scratch) transient, written; or
+    /// a scratch buffer used as one of a signature's arguments (rule 11).
+    BadScratch {
+        /// The instruction.
+        instruction: usize,
+        /// The op.
+        op: Op,
+        /// The buffer, if it exists.
+        buffer: Option<BufferRef>,
+        /// What is wrong.
+        problem: &'static str,
+    },
+    /// A launch whose scratch (0 without a scratch argument) is smaller than the backend's
+    /// sizer asks for its shapes ([`crate::check::check_plan_scratch`], rule 11): its kernels
+    /// would write past it.
+    ScratchTooSmall {
+        /// The instruction.
+        instruction: usize,
+        /// The op.
+        op: Op,
+        /// Bytes the sizer asks.
+        needed: u64,
+        /// Bytes of the launch's scratch.
+        found: u64,
+    },
     /// Rank `rank` issues another collective than rank 0 at position `position` of their
     /// collective sequences (another op or other sizes), or one of them has no collective there
     /// (rule 9: every rank issues the same collectives in the same order with the same sizes).
@@ -511,6 +537,8 @@ impl PlanViolation {
             Self::InRankProgram { .. } => "in_rank_program",
             Self::CollectiveSize { .. } => "collective_size",
             Self::CollectiveMismatch { .. } => "collective_mismatch",
+            Self::BadScratch { .. } => "bad_scratch",
+            Self::ScratchTooSmall { .. } => "scratch_too_small",
         }
     }
 
@@ -528,6 +556,8 @@ impl PlanViolation {
             | Self::CollectiveMismatch { .. } => None,
             Self::CollectiveSize { instruction, .. }
             | Self::LaunchShape { instruction, .. }
+            | Self::BadScratch { instruction, .. }
+            | Self::ScratchTooSmall { instruction, .. }
             | Self::Overlap { instruction, .. }
             | Self::NoSuchBuffer { instruction, .. }
             | Self::NoSuchEvent { instruction, .. }
@@ -572,7 +602,7 @@ impl PlanViolation {
             Self::SwapSlotMismatch { slot, .. } => Some(slot.id),
             Self::SwapDeviceMismatch { device, .. } => Some(device.id),
             Self::CopyNotHostDevice { src, .. } | Self::CopySizeMismatch { src, .. } => Some(src.id),
-            Self::WrongAccess { buffer, .. } => buffer.map(|b| b.id),
+            Self::WrongAccess { buffer, .. } | Self::BadScratch { buffer, .. } => buffer.map(|b| b.id),
             Self::NoSuchBuffer { buffer, .. } => Some(*buffer),
             Self::NoSuchEvent { .. }
             | Self::WrongArgCount { .. }
@@ -587,6 +617,7 @@ impl PlanViolation {
             | Self::InRankProgram { .. }
             | Self::CollectiveSize { .. }
             | Self::LaunchShape { .. }
+            | Self::ScratchTooSmall { .. }
             | Self::CollectiveMismatch { .. } => None,
         }
     }
@@ -773,6 +804,23 @@ impl fmt::Display for PlanViolation {
                 ),
             },
             Self::InRankProgram { rank, violation } => write!(f, "in rank {rank}'s own program: {violation}"),
+            Self::BadScratch { instruction, op, buffer, problem } => {
+                write!(f, "instruction {instruction}: {} ", op.name())?;
+                if let Some(buffer) = buffer {
+                    write!(f, "({buffer}) ")?;
+                }
+                write!(
+                    f,
+                    "{problem} (a launch's scratch is one argument past its signature, the whole of a device \
+                     scratch transient, written, and used by no other argument: spec/validity.md rule 11)"
+                )
+            }
+            Self::ScratchTooSmall { instruction, op, needed, found } => write!(
+                f,
+                "instruction {instruction}: {} needs {needed} bytes of scratch for its shapes on this backend, \
+                 the launch has {found} (plan it with the backend's scratch sizer: spec/validity.md rule 11)",
+                op.name()
+            ),
             Self::LaunchShape { instruction, op: _, problem } => write!(
                 f,
                 "instruction {instruction}: {problem} (the launch's shapes break the op table for this model, \

@@ -345,8 +345,8 @@ fn header_fields_sit_where_the_spec_says() {
 /// architecture after `micro_batch` (4 code/flag bytes, two f64, the rope scaling tag and its
 /// 3 f64 and u64: 53 bytes) make the sample 61 bytes longer.
 #[test]
-fn format_version_4_is_pinned() {
-    assert_eq!(PLAN_FORMAT_VERSION, 4);
+fn format_version_5_is_pinned() {
+    assert_eq!(PLAN_FORMAT_VERSION, 5);
     let plan = sample_plan();
     let bytes = plan.encode();
     assert_eq!((bytes.len(), checksum(&bytes[HEADER_BYTES..])), (1340 + 8 + 53, 0x92d9_cda1));
@@ -427,17 +427,25 @@ fn header_errors() {
     let mut newer = good.clone();
     newer[header::VERSION] += 1;
     let error = decode_err(&newer);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 5, supported: 4 });
-    assert!(error.to_string().contains("written by plan format version 5"), "{error}");
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 6, supported: 5 });
+    assert!(error.to_string().contains("written by plan format version 6"), "{error}");
     assert!(!error.to_string().contains("older format"), "{error}");
+
+    // Version 4 (before launch scratch) is refused whole, saying why.
+    let mut older = good.clone();
+    older[header::VERSION] = 4;
+    let error = decode_err(&older);
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 4, supported: 5 });
+    let message = error.to_string();
+    assert!(message.contains("version 4 plans carry no launch scratch") && message.contains("memo plan"), "{message}");
 
     // Version 3 (before the model's architecture) is refused whole, saying why.
     let mut older = good.clone();
     older[header::VERSION] = 3;
     let error = decode_err(&older);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 3, supported: 4 });
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 3, supported: 5 });
     let message = error.to_string();
-    assert!(message.contains("written by plan format version 3; this build reads version 4 only"), "{message}");
+    assert!(message.contains("written by plan format version 3; this build reads version 5 only"), "{message}");
     assert!(message.contains("key/value heads and architecture") && message.contains("memo plan"), "{message}");
     assert!(!message.contains("collective stream"), "{message}");
 
@@ -445,18 +453,18 @@ fn header_errors() {
     let mut older = good.clone();
     older[header::VERSION] = 2;
     let error = decode_err(&older);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 2, supported: 4 });
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 2, supported: 5 });
     let message = error.to_string();
-    assert!(message.contains("written by plan format version 2; this build reads version 4 only"), "{message}");
+    assert!(message.contains("written by plan format version 2; this build reads version 5 only"), "{message}");
     assert!(message.contains("no collective stream") && message.contains("memo plan"), "{message}");
 
     // Version 1 (before swap identities) is refused whole, saying why.
     let mut older = good.clone();
     older[header::VERSION] = 1;
     let error = decode_err(&older);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 1, supported: 4 });
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 1, supported: 5 });
     let message = error.to_string();
-    assert!(message.contains("written by plan format version 1; this build reads version 4 only"), "{message}");
+    assert!(message.contains("written by plan format version 1; this build reads version 5 only"), "{message}");
     assert!(message.contains("an older format") && message.contains("memo plan"), "{message}");
 
     let mut flagged = good.clone();
