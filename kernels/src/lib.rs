@@ -242,21 +242,26 @@ pub struct RecipeScratch;
 
 impl memo_plan_core::plan::scratch::ScratchSizer for RecipeScratch {
     fn scratch_bytes(&self, op: Op, args: &[ArgShape], ctx: &memo_plan_core::plan::shapes::ShapeContext) -> u64 {
-        let context = KernelContext {
-            hidden: ctx.hidden,
-            heads: ctx.heads,
-            kv_heads: ctx.kv_heads,
-            kv_replicated: ctx.kv_replicated,
-            rope_theta: ctx.rope_theta,
-            norm_eps: ctx.norm_eps,
-            seq_len: ctx.seq_len,
-            vocab: ctx.vocab,
-            loss_scale_tokens: ctx.loss_scale_tokens,
-            adamw: memo_runtime::AdamW { step: ctx.adamw_step, ..memo_runtime::AdamW::default() },
-            rank: ctx.rank,
-            ranks: ctx.ranks,
-        };
-        launch_steps(op, args, &context).map_or(0, |steps| scratch_bytes(&steps))
+        launch_steps(op, args, &kernel_context(ctx)).map_or(0, |steps| scratch_bytes(&steps))
+    }
+}
+
+/// The kernels' context for the op table's shape context, as a backend sizes scratch before
+/// planning (the optimizer's settings, but its step, do not size anything: defaults).
+pub fn kernel_context(ctx: &memo_plan_core::plan::shapes::ShapeContext) -> KernelContext {
+    KernelContext {
+        hidden: ctx.hidden,
+        heads: ctx.heads,
+        kv_heads: ctx.kv_heads,
+        kv_replicated: ctx.kv_replicated,
+        rope_theta: ctx.rope_theta,
+        norm_eps: ctx.norm_eps,
+        seq_len: ctx.seq_len,
+        vocab: ctx.vocab,
+        loss_scale_tokens: ctx.loss_scale_tokens,
+        adamw: memo_runtime::AdamW { step: ctx.adamw_step, ..memo_runtime::AdamW::default() },
+        rank: ctx.rank,
+        ranks: ctx.ranks,
     }
 }
 

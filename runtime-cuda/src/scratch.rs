@@ -6,12 +6,11 @@
 //! cuDNN plan's workspace). A plan made with it owns every byte the launches use, so
 //! `MemoryReport::scratch_bytes` stays 0.
 
-use memo_kernels::{attention_shape, ArgShape, RecipeScratch};
+use memo_kernels::{attention_shape, kernel_context, ArgShape, RecipeScratch};
 use memo_plan_core::model::ModelConfig;
 use memo_plan_core::plan::scratch::ScratchSizer;
 use memo_plan_core::plan::shapes::{AttentionShape, ShapeContext};
 use memo_plan_core::plan::Op;
-use memo_runtime::{AdamW, KernelContext};
 
 /// The CUDA backend's [`ScratchSizer`]: [`RecipeScratch`], and the cuDNN attention launches'
 /// bytes by (op, geometry), the larger of the two.
@@ -94,23 +93,6 @@ pub(crate) fn source(op: Op, spans: &[(u64, u64)], needed: u64) -> Result<Source
     }
 }
 
-/// The kernels' context for a shape context (the optimizer's settings do not size scratch).
-fn kernel_context(ctx: &ShapeContext) -> KernelContext {
-    KernelContext {
-        hidden: ctx.hidden,
-        heads: ctx.heads,
-        kv_heads: ctx.kv_heads,
-        kv_replicated: ctx.kv_replicated,
-        rope_theta: ctx.rope_theta,
-        norm_eps: ctx.norm_eps,
-        seq_len: ctx.seq_len,
-        vocab: ctx.vocab,
-        loss_scale_tokens: ctx.loss_scale_tokens,
-        adamw: AdamW { step: ctx.adamw_step, ..AdamW::default() },
-        rank: ctx.rank,
-        ranks: ctx.ranks,
-    }
-}
 
 impl ScratchSizer for CudaScratch {
     fn scratch_bytes(&self, op: Op, args: &[ArgShape], ctx: &ShapeContext) -> u64 {
