@@ -93,7 +93,6 @@ pub(crate) fn source(op: Op, spans: &[(u64, u64)], needed: u64) -> Result<Source
     }
 }
 
-
 impl ScratchSizer for CudaScratch {
     fn scratch_bytes(&self, op: Op, args: &[ArgShape], ctx: &ShapeContext) -> u64 {
         let recipes = RecipeScratch.scratch_bytes(op, args, ctx);
