@@ -225,15 +225,18 @@ impl fmt::Display for SwapFraction {
         if self.forward_stall_s > 0.0 {
             write!(
                 f,
-                "; forward stall {:.4} s per layer (the copy needs {:.3e} B/s to hide)",
-                self.forward_stall_s, self.bandwidth_for_no_stall_bytes_per_s
+                "; forward stall {:.4} s per layer (the copy needs {:.2} GB/s to hide)",
+                self.forward_stall_s,
+                self.bandwidth_for_no_stall_bytes_per_s / 1e9
             )?;
         }
         if self.host_shortfall_bytes > 0 {
             write!(
                 f,
-                "; host memory short by {} bytes per GPU (needs {})",
-                self.host_shortfall_bytes, self.host_bytes_needed
+                "; host memory short by {} per GPU ({} bytes; needs {})",
+                crate::planner::binary_units(self.host_shortfall_bytes),
+                self.host_shortfall_bytes,
+                crate::planner::binary_units(self.host_bytes_needed)
             )?;
             if let Some(tokens) = self.max_seq_len_for_host {
                 write!(f, "; at most {tokens} tokens keep the always-swapped tensors within it")?;
