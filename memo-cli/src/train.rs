@@ -128,8 +128,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
 
-    /// AdamW learning rate (the default was 3e-3 before 2026-12-07: the tiny model's loss spiked
-    /// by up to 7.5 nats in its first 40 steps at it, with or without warm-up)
+    /// AdamW learning rate (not 3e-3: at it the tiny model's loss spiked by up to 7.5 nats in its
+    /// first 40 steps, with or without warm-up)
     #[arg(long, default_value_t = 1.5e-3)]
     lr: f32,
 

@@ -1,4 +1,4 @@
-//! What a new user tripped on (issue 40), each case as they ran it: units that were misread or
+//! What a new user tripped on, each case as they ran it: units that were misread or
 //! refused, machines overridden in silence, exit codes that said "fine" when nothing fitted,
 //! `memo show`'s summed sizes beside the arena, cost-model figures shown as if measured, and no
 //! shell completions. Every run here is bounded by its work (few layers, short sequences), never
