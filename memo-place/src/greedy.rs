@@ -258,30 +258,33 @@ fn classic_order(items: &[Item], members: &[u32], k: usize) -> Vec<u32> {
     o
 }
 
-/// The best of the classic orders ([`classic_order`], best and first fit) on `members`, or `None`
-/// if `control` stopped it before the first finished.
+/// The best of the classic orders ([`classic_order`], first fit, then best fit) on `members`, or
+/// `None` if `control` stopped it before the first finished. Each order costs `members.len()`
+/// nodes from `nodes_left` and starts only while they are left.
 pub(crate) fn best_classic(
     items: &[Item],
     members: &[u32],
     overlaps: Option<&Overlaps>,
+    nodes_left: &mut u64,
     control: &mut Control,
 ) -> Option<ComponentPlacement> {
+    let cost = members.len() as u64;
     let mut best: Option<ComponentPlacement> = None;
     for k in 0..CLASSIC_ORDERS {
-        if control.poll() {
+        if control.poll() || *nodes_left < cost {
             return best;
         }
         // Sorted only when its turn comes, so a stop skips the sorting too.
         let ordering = classic_order(items, members, k);
-        for fit in [Fit::Best, Fit::First] {
-            if control.poll() {
+        for fit in [Fit::First, Fit::Best] {
+            if control.poll() || *nodes_left < cost {
                 return best;
             }
+            *nodes_left -= cost;
             match in_order(items, members, overlaps, &ordering, fit, control) {
                 Some(candidate) if best.as_ref().is_none_or(|b| candidate.peak < b.peak) => best = Some(candidate),
                 Some(_) => {}
-                // Stopped, or past the work cap over the tree: the other orders cost about as much.
-                None => return best,
+                None => return best, // stopped
             }
         }
     }
@@ -289,22 +292,21 @@ pub(crate) fn best_classic(
 }
 
 /// The peak of every classic order ([`classic_order`]) with best fit, then first fit, each over a
-/// tree of lifetimes ([`in_order`] without a graph); `None` for one past `CLASSIC_TREE_WORK`.
-pub(crate) fn classic_peaks(items: &[Item], members: &[u32], control: &mut Control) -> Vec<Option<u64>> {
+/// tree of lifetimes ([`in_order`] without a graph); `None` if `control` stopped one.
+pub(crate) fn classic_peaks(items: &[Item], members: &[u32], control: &mut Control) -> Option<Vec<u64>> {
     let mut peaks = Vec::with_capacity(2 * CLASSIC_ORDERS);
     for k in 0..CLASSIC_ORDERS {
         let ordering = classic_order(items, members, k);
         for fit in [Fit::Best, Fit::First] {
-            peaks.push(in_order(items, members, None, &ordering, fit, control).map(|p| p.peak));
+            peaks.push(in_order(items, members, None, &ordering, fit, control)?.peak);
         }
     }
-    peaks
+    Some(peaks)
 }
 
 /// Places members in `order`, each at a gap among its already placed neighbours (from the overlap
 /// graph when there is one, else from a [`TimeTree`] of the placed ranges, which gives their
-/// union: the same gaps); `None` if `control` stopped it first, or if over the tree it read more
-/// than `CLASSIC_TREE_WORK` intervals.
+/// union: the same gaps); `None` if `control` stopped it first.
 pub(crate) fn in_order(
     items: &[Item],
     members: &[u32],
@@ -321,7 +323,6 @@ pub(crate) fn in_order(
     // Neighbours looked at since the last poll: on a dense component a few buffers take as long as
     // thousands on a sparse one.
     let mut work = 0;
-    let mut tree_work = 0;
     for (placed, &local) in order.iter().enumerate() {
         if (placed % GREEDY_POLL_EVERY == GREEDY_POLL_EVERY - 1 || work > PAIRS_PER_POLL) && control.poll() {
             return None;
@@ -330,29 +331,27 @@ pub(crate) fn in_order(
             work = 0;
         }
         let item = &items[members[local as usize] as usize];
-        taken.clear();
-        match (overlaps, tree.as_ref()) {
+        let offset = match (overlaps, tree.as_mut()) {
             (Some(graph), _) => {
+                taken.clear();
                 for &other in graph.of(local as usize) {
                     let offset = offsets[other as usize];
                     if offset != UNPLACED {
                         taken.push((offset, offset + items[members[other as usize] as usize].size));
                     }
                 }
+                work += taken.len();
+                taken.sort_unstable();
+                choose_gap(&taken, item.size, fit)
             }
-            (None, Some(tree)) => tree.taken(item, &mut taken),
+            (None, Some(tree)) => {
+                let (offset, read) = tree.fit(item, item.size, fit);
+                work += read;
+                tree.insert(item, offset, offset + item.size);
+                offset
+            }
             (None, None) => unreachable!("a tree is built whenever there is no graph"),
-        }
-        work += taken.len();
-        tree_work += if tree.is_some() { taken.len() } else { 0 };
-        if tree_work > CLASSIC_TREE_WORK {
-            return None;
-        }
-        taken.sort_unstable();
-        let offset = choose_gap(&taken, item.size, fit);
-        if let Some(tree) = tree.as_mut() {
-            tree.insert(item, offset, offset + item.size);
-        }
+        };
         offsets[local as usize] = offset;
         peak = peak.max(offset + item.size);
     }

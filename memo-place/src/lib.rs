@@ -303,18 +303,17 @@ pub fn solve(buffers: &[BufferLifetime], options: &SolveOptions) -> Result<Solut
 
 /// The peaks of the classic greedy orders of the literature on `buffers` under `alignment`, each
 /// order with best fit then first fit: size, lifetime, start (ascending) and area, in that order
-/// (8 peaks; ties as `solve` breaks them): the baselines `solve` is never worse than. They need no
-/// overlap graph; an order that reads more than `CLASSIC_TREE_WORK` (2^22) offset intervals is
-/// dropped (`None`), as `solve` drops it. `None` in all where `solve` fails on the input (an empty
-/// lifetime, footprints past `u64`).
-pub fn classic_peaks(buffers: &[BufferLifetime], alignment: u64) -> Option<Vec<Option<u64>>> {
+/// (8 peaks; ties as `solve` breaks them): the baselines `solve` is never worse than once it has
+/// run them (a solve stopped first may not have). They need no overlap graph. `None` where `solve`
+/// fails on the input (an empty lifetime, footprints past `u64`).
+pub fn classic_peaks(buffers: &[BufferLifetime], alignment: u64) -> Option<Vec<u64>> {
     let alignment = alignment.max(1);
     let (items, _) = items_of(buffers, alignment).ok()?;
     let members: Vec<u32> = (0..items.len() as u32).collect();
     let mut never = |_: &Progress| false;
     let mut control = Control::new(&mut never);
-    let peaks = greedy::classic_peaks(&items, &members, &mut control);
-    Some(peaks.into_iter().map(|p| p.map(|p| p * alignment)).collect())
+    let peaks = greedy::classic_peaks(&items, &members, &mut control)?;
+    Some(peaks.into_iter().map(|p| p * alignment).collect())
 }
 
 /// [`solve`], stopped early when `stop` says so: it is polled every 16 search nodes, between greedy
@@ -406,8 +405,11 @@ fn solve_nested(
 
     let proven_lower_units = place_leaves(&leaves, &reduced, &mut offsets_units, &mut peak_units);
     // At the lower bound already, no order can do better.
-    let whole =
-        if classic_done || peak_units == lower_bound_units { whole } else { late_classic(&items, &mut control) };
+    let whole = if classic_done || peak_units == lower_bound_units {
+        whole
+    } else {
+        late_classic(&items, peak_units, lower_bound_units, (&mut nodes_left, &mut nodes), &mut control)
+    };
     if let Some(placement) = whole.filter(|placement| placement.peak < peak_units) {
         peak_units = placement.peak;
         offsets_units = placement.offsets;
@@ -555,7 +557,7 @@ fn greedy_stage(items: &[Item], reduced: &decompose::Decomposition, control: &mu
         let graph = Overlaps::build_polled(items, &all, pair_limit(WHOLE_GREEDY_PAIR_LIMIT), Some(&mut *control));
         let classic_done = graph.is_some();
         let whole = graph
-            .and_then(|graph| greedy::best_classic(items, &all, Some(&graph), control))
+            .and_then(|graph| greedy::best_classic(items, &all, Some(&graph), &mut { u64::MAX }, control))
             .filter(|placement| placement.peak < greedy_peak_units);
         (whole, classic_done)
     } else {
@@ -575,15 +577,27 @@ fn greedy_stage(items: &[Item], reduced: &decompose::Decomposition, control: &mu
 }
 
 /// The classic orders on the whole instance when it has too many pairs for a graph: over a tree
-/// of lifetimes (each order at most `CLASSIC_TREE_WORK` intervals read), after the leaves are
-/// improved (they take seconds on a dense trace, which a time limit gives to the leaves' search
-/// first), and not at all once the solve is stopped.
-fn late_classic(items: &[Item], control: &mut Control) -> Option<ComponentPlacement> {
+/// of lifetimes, after the leaves are improved (on a dense trace they take seconds, which a time
+/// limit gives to the leaves' search first), each charged a node per buffer and stopped with the
+/// solve. When the best of them beats `peak` (the leaves' placement), the improvement search
+/// (`repair`) goes on from it on the whole instance, towards `goal`, with the nodes left.
+fn late_classic(
+    items: &[Item],
+    peak: u64,
+    goal: u64,
+    budget: (&mut u64, &mut u64),
+    control: &mut Control,
+) -> Option<ComponentPlacement> {
+    let (nodes_left, nodes) = budget;
     if control.stopped() {
         return None;
     }
     let all: Vec<u32> = (0..items.len() as u32).collect();
-    greedy::best_classic(items, &all, None, control)
+    let before = *nodes_left;
+    let mut best = greedy::best_classic(items, &all, None, nodes_left, control).filter(|p| p.peak < peak)?;
+    *nodes += before - *nodes_left;
+    *nodes += repair::repair(items, &all, &mut best, goal, nodes_left, control);
+    Some(best)
 }
 
 /// How improving one component ended.
@@ -690,6 +704,22 @@ struct LeafState {
 }
 
 impl LeafState {
+    /// Lowers the best peak with `repair` (the improvement search), spending at most `most` of
+    /// the nodes left, and shows a lower peak to the stop callback.
+    fn repair(&mut self, items: &[Item], members: &[u32], goal: u64, most: u64, budget: &mut Budget) {
+        let mut share = (*budget.nodes_left).min(most);
+        let given = share;
+        let peak = self.best.peak;
+        repair::repair(items, members, &mut self.best, goal, &mut share, budget.control);
+        *budget.nodes_left -= given - share;
+        *budget.nodes += given - share;
+        if self.best.peak < peak {
+            let shown = budget.shown;
+            budget.control.progress.peak =
+                shown.others.max(self.base + self.best.peak).min(shown.whole) * shown.alignment;
+        }
+    }
+
     /// One capacity, searched under each tie-break order in turn with a node limit that doubles
     /// every round (deterministic restarts), until one run finds a placement or proves there is
     /// none, or the budget is spent. Any one run's "infeasible" is a proof: each run is complete.
@@ -805,16 +835,18 @@ impl LeafState {
         if budget.control.stopped() {
             return Improvement::BudgetExhausted; // a stopped solve improves nothing more
         }
+        let searchable = self.overlaps.is_some() && members.len() <= EXACT_SEARCH_MAX_BUFFERS;
+        if searchable && members.len() > REPAIR_FIRST_BUFFERS {
+            // A large leaf: the repair's first starts and rounds often reach the goal in
+            // milliseconds where the exact search takes seconds, and sometimes where it does not.
+            self.repair(items, members, goal, REPAIR_FIRST_NODES_PER_BUFFER * members.len() as u64, budget);
+            if self.best.peak <= goal {
+                return Improvement::Settled;
+            }
+        }
         let Some(overlaps) = self.overlaps.as_ref().filter(|_| members.len() <= EXACT_SEARCH_MAX_BUFFERS) else {
             // Too large for the exact search: `repair` lowers the greedy peak instead.
-            let peak = self.best.peak;
-            let spent = repair::repair(items, members, &mut self.best, goal, budget.nodes_left, budget.control);
-            *budget.nodes += spent;
-            if self.best.peak < peak {
-                let shown = budget.shown;
-                budget.control.progress.peak =
-                    shown.others.max(self.base + self.best.peak).min(shown.whole) * shown.alignment;
-            }
+            self.repair(items, members, goal, u64::MAX, budget);
             return Improvement::TooLarge;
         };
         let ranks = search_ranks(items, members, &self.sections);

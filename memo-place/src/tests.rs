@@ -507,28 +507,32 @@ std::thread_local! {
 }
 
 /// Dense components (no overlap graph: every pair limit 0 here) get the classic orders too, over
-/// a tree of lifetimes, and the repair starts from the best: on random instances with long
-/// lifetimes the solve is never worse than any classic order (the independent oracle's), with
-/// the greedy stage alone and with a small node budget.
+/// a tree of lifetimes, after the leaves' improvement, charged a node per buffer: on random
+/// instances with long lifetimes a solve with the nodes for them is never worse than any classic
+/// order (the independent oracle's); with a node budget of 0 (the sweeps alone) they do not run.
 #[cfg(feature = "fuzzing")]
 #[test]
 fn without_a_graph_never_worse_than_any_classic_order() {
     use crate::fuzzing::oracle::classic_greedy_peaks;
     GRAPH_FREE.with(|g| g.set(true));
     let mut rng = SplitMix64::new(43);
+    let mut worse_without_the_orders = 0;
     for case in 0..60u64 {
         let count = 20 + (case % 60) as usize;
         // Long lifetimes over few steps: most pairs overlap.
         let buffers = random_buffers(&mut rng, count, 12 + (case % 5) * 8, 1 << (4 + case % 16));
         let alignment = [1, 8, 256][(case % 3) as usize];
         let classic = classic_greedy_peaks(&buffers, alignment).unwrap().into_iter().min().unwrap();
-        for budget_nodes in [0, 2_000] {
-            let options = SolveOptions { alignment, budget_nodes, ..SolveOptions::default() };
-            let solution = solve_checked(&buffers, &options).unwrap();
-            assert!(solution.peak <= classic, "case {case}, budget {budget_nodes}: {} > {classic}", solution.peak);
-        }
+        let options = SolveOptions { alignment, budget_nodes: u64::MAX, ..SolveOptions::default() };
+        let solution = solve_checked(&buffers, &options).unwrap();
+        assert!(solution.peak <= classic, "case {case}: {} > {classic}", solution.peak);
+        let sweeps = SolveOptions { alignment, budget_nodes: 0, ..SolveOptions::default() };
+        let greedy = solve_checked(&buffers, &sweeps).unwrap();
+        worse_without_the_orders += usize::from(greedy.peak > classic);
     }
     GRAPH_FREE.with(|g| g.set(false));
+    // The orders matter: the sweeps alone are worse than some order on this many cases.
+    assert!(worse_without_the_orders >= 5, "{worse_without_the_orders}");
 }
 
 /// The classic orders find the same placements with the graph as with the tree of lifetimes.
@@ -542,8 +546,8 @@ fn classic_orders_place_alike_with_the_graph_and_with_the_tree() {
         let graph = Overlaps::build(&items, &members, usize::MAX).unwrap();
         let mut never = |_: &Progress| false;
         let mut control = control::Control::new(&mut never);
-        let with_graph = greedy::best_classic(&items, &members, Some(&graph), &mut control).unwrap();
-        let with_tree = greedy::best_classic(&items, &members, None, &mut control).unwrap();
+        let with_graph = greedy::best_classic(&items, &members, Some(&graph), &mut { u64::MAX }, &mut control).unwrap();
+        let with_tree = greedy::best_classic(&items, &members, None, &mut { u64::MAX }, &mut control).unwrap();
         assert_eq!((with_graph.offsets, with_graph.peak), (with_tree.offsets, with_tree.peak), "case {case}");
     }
 }

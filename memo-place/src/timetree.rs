@@ -6,18 +6,30 @@
 //! A query for `[lower, upper)` walks the same way: a node it partly meets gives its `spanning`
 //! set (those buffers span the node, so they meet the query), a node inside the query its
 //! `meeting` set. Their union is exactly the union of the ranges of the placed buffers that meet
-//! the query, which is all a best or first fit needs (`greedy::choose_gap`). Stacked buffers merge
-//! into one interval, so on a dense trace a query reads a few intervals per node, not one per
-//! overlapping buffer: the classic orders run on components of any density (`greedy::in_order`).
+//! the query, which is all a best or first fit needs. Stacked buffers merge into one interval, so
+//! on a dense trace a query reads a few sorted runs per node, not one range per overlapping
+//! buffer: the classic orders run on components of any density (`greedy::in_order`).
+//!
+//! The sets are sorted vectors (a query reads them in order; an insertion moves the tail), and a
+//! fit never sorts them together: a first fit leapfrogs from offset 0 (each set lifts the
+//! candidate past its interval in the way, until none is), and a best fit walks the union's
+//! gaps with one cursor per set, skipping the sets' intervals it has passed.
 
-use alloc::collections::BTreeMap;
 use alloc::vec;
 use alloc::vec::Vec;
 
+use super::greedy::Fit;
 use super::Item;
 
-/// Disjoint, non-touching offset intervals, start -> end.
-type Spans = BTreeMap<u64, u64>;
+/// The most nodes one walk reaches: four a level (two it partly meets, two inside it), a level
+/// per bit of a node index.
+const WALK_MOST_NODES: usize = 4 * usize::BITS as usize;
+
+/// Sets of a query with at most this many intervals are merged into one before the fit.
+const SMALL_SET: usize = 32;
+
+/// Disjoint, non-touching offset intervals `(start, end)`, ascending.
+type Spans = Vec<(u64, u64)>;
 
 pub(crate) struct TimeTree {
     /// The distinct time points of the members' lifetimes, ascending; leaf `i` is the steps
@@ -28,22 +40,100 @@ pub(crate) struct TimeTree {
     /// Per node: the ranges of the buffers filed at it or below (that meet its time range and
     /// do not span its parent's).
     meeting: Vec<Spans>,
+    /// A query's sets of at most `SMALL_SET` intervals, merged (kept to reuse its memory).
+    small: Spans,
 }
 
 /// Adds `[start, end)` to `spans`, merging what it overlaps or touches.
-fn add(spans: &mut Spans, mut start: u64, mut end: u64) {
-    if let Some((&before, &before_end)) = spans.range(..=start).next_back() {
-        if before_end >= start {
-            start = before;
-            end = end.max(before_end);
-            spans.remove(&before);
+fn add(spans: &mut Spans, start: u64, end: u64) {
+    // The intervals from the first ending at or after `start` to the last starting at or before
+    // `end` touch the new one: they merge with it into one.
+    let first = spans.partition_point(|&(_, e)| e < start);
+    let last = spans.partition_point(|&(s, _)| s <= end);
+    if first == last {
+        spans.insert(first, (start, end));
+        return;
+    }
+    let merged = (start.min(spans[first].0), end.max(spans[last - 1].1));
+    spans[first] = merged;
+    spans.drain(first + 1..last);
+}
+
+/// The sets of one query with a cursor each: the first interval of the set that ends above the
+/// candidate offset. Candidates only rise during a query, so cursors only move forward (galloping:
+/// a query passes over many short intervals of a set at once).
+struct Cursors<'a> {
+    sets: &'a [&'a [(u64, u64)]],
+    at: [usize; WALK_MOST_NODES],
+}
+
+impl Cursors<'_> {
+    /// Moves set `i`'s cursor to its first interval ending above `x`.
+    fn advance(&mut self, i: usize, x: u64) -> usize {
+        let set = self.sets[i];
+        let mut low = self.at[i];
+        if low < set.len() && set[low].1 <= x {
+            let mut step = 1;
+            while low + step < set.len() && set[low + step].1 <= x {
+                low += step;
+                step *= 2;
+            }
+            let high = (low + step).min(set.len());
+            low += 1 + set[low + 1..high].partition_point(|&(_, e)| e <= x);
+        }
+        self.at[i] = low;
+        low
+    }
+
+    /// The lowest `y >= x` such that `[y, y + size)` meets no interval of any set: each set lifts
+    /// the candidate past its intervals in the way, until none is.
+    fn first_free(&mut self, mut x: u64, size: u64) -> u64 {
+        loop {
+            let before = x;
+            for i in 0..self.sets.len() {
+                let mut k = self.advance(i, x);
+                let set = self.sets[i];
+                while k < set.len() && set[k].0 < x + size {
+                    x = set[k].1;
+                    k += 1;
+                }
+                self.at[i] = k;
+            }
+            if x == before {
+                return x;
+            }
         }
     }
-    while let Some((&next, &next_end)) = spans.range(start..=end).next() {
-        end = end.max(next_end);
-        spans.remove(&next);
+
+    /// Where the union's free gap from `x` ends (after [`Cursors::first_free`] gave `x`): the
+    /// lowest start of the intervals at the cursors.
+    fn gap_end(&self) -> u64 {
+        self.sets.iter().zip(&self.at).filter_map(|(set, &k)| set.get(k)).map(|&(s, _)| s).min().unwrap_or(u64::MAX)
     }
-    spans.insert(start, end);
+}
+
+/// The offset `fit` chooses for a buffer of `size` among the union of `sets`: the lowest free
+/// gap, or the smallest (ties: the lowest); above everything when no gap between fits.
+fn choose(sets: &[&[(u64, u64)]], size: u64, fit: Fit) -> u64 {
+    let top = sets.iter().filter_map(|s| s.last()).map(|&(_, e)| e).max().unwrap_or(0);
+    let mut cursors = Cursors { sets, at: [0; WALK_MOST_NODES] };
+    let mut x = cursors.first_free(0, size);
+    if matches!(fit, Fit::First) {
+        return x;
+    }
+    let mut chosen: Option<(u64, u64)> = None; // (gap, offset)
+    while x < top {
+        let end = cursors.gap_end();
+        let gap = end - x;
+        if chosen.is_none_or(|(best, _)| gap < best) {
+            chosen = Some((gap, x));
+            if gap == size {
+                break; // nothing fits tighter
+            }
+        }
+        x = cursors.first_free(end, size);
+    }
+    chosen.map_or(top, |(_, offset)| offset)
 }
 
 impl TimeTree {
@@ -54,7 +144,12 @@ impl TimeTree {
         points.sort_unstable();
         points.dedup();
         let nodes = 2 * points.len().saturating_sub(1).max(1).next_power_of_two();
-        TimeTree { points, spanning: vec![Spans::new(); nodes], meeting: vec![Spans::new(); nodes] }
+        TimeTree {
+            points,
+            spanning: vec![Spans::new(); nodes],
+            meeting: vec![Spans::new(); nodes],
+            small: Spans::new(),
+        }
     }
 
     /// Calls `visit(node, inside)` for every node a lifetime's walk reaches: `inside` when the
@@ -62,8 +157,13 @@ impl TimeTree {
     fn walk(&self, item: &Item, mut visit: impl FnMut(usize, bool)) {
         let first = self.points.partition_point(|&p| p < item.lower);
         let last = self.points.partition_point(|&p| p < item.upper);
-        let mut stack = vec![(1usize, 0usize, self.spanning.len() / 2)];
-        while let Some((node, low, high)) = stack.pop() {
+        // At most two nodes wait per level, and a level per bit of a node index.
+        let mut stack = [(0usize, 0usize, 0usize); 2 * usize::BITS as usize];
+        stack[0] = (1, 0, self.spanning.len() / 2);
+        let mut waiting = 1;
+        while waiting > 0 {
+            waiting -= 1;
+            let (node, low, high) = stack[waiting];
             let inside = first <= low && high <= last;
             visit(node, inside);
             if inside {
@@ -71,19 +171,25 @@ impl TimeTree {
             }
             let middle = (low + high) / 2;
             if first < middle {
-                stack.push((2 * node, low, middle));
+                stack[waiting] = (2 * node, low, middle);
+                waiting += 1;
             }
             if last > middle {
-                stack.push((2 * node + 1, middle, high));
+                stack[waiting] = (2 * node + 1, middle, high);
+                waiting += 1;
             }
         }
     }
 
     /// Files a placed buffer with lifetime `item` at `[offset, end)`.
     pub(crate) fn insert(&mut self, item: &Item, offset: u64, end: u64) {
-        let mut reached = Vec::new();
-        self.walk(item, |node, inside| reached.push((node, inside)));
-        for (node, inside) in reached {
+        let mut reached = [(0usize, false); WALK_MOST_NODES];
+        let mut count = 0;
+        self.walk(item, |node, inside| {
+            reached[count] = (node, inside);
+            count += 1;
+        });
+        for &(node, inside) in &reached[..count] {
             if inside {
                 add(&mut self.spanning[node], offset, end);
             }
@@ -91,36 +197,60 @@ impl TimeTree {
         }
     }
 
-    /// Appends to `taken` intervals whose union is the union of the ranges of the filed buffers
-    /// that share a step with `item` (unsorted; they may overlap).
-    pub(crate) fn taken(&self, item: &Item, taken: &mut Vec<(u64, u64)>) {
+    /// The offset `fit` chooses for a buffer with lifetime `item` of `size` among the ranges of the
+    /// filed buffers that share a step with it (`greedy::choose_gap` over their union), and the
+    /// intervals the query had to go through (its work). The sets of a few intervals (most of a
+    /// walk's, near the leaves) are merged into one first: each set costs every step of the
+    /// query's leapfrog a look.
+    pub(crate) fn fit(&mut self, item: &Item, size: u64, fit: Fit) -> (u64, usize) {
+        let mut small = core::mem::take(&mut self.small);
+        small.clear();
+        let mut nodes = [(0usize, false); WALK_MOST_NODES];
+        let mut count = 0;
         self.walk(item, |node, inside| {
-            let spans = if inside { &self.meeting[node] } else { &self.spanning[node] };
-            taken.extend(spans.iter().map(|(&start, &end)| (start, end)));
+            nodes[count] = (node, inside);
+            count += 1;
         });
+        let spans = |&(node, inside): &(usize, bool)| if inside { &self.meeting[node] } else { &self.spanning[node] };
+        let mut sets: [&[(u64, u64)]; WALK_MOST_NODES] = [&[]; WALK_MOST_NODES];
+        let mut large = 0;
+        for node in &nodes[..count] {
+            let set = spans(node);
+            if set.len() <= SMALL_SET {
+                small.extend_from_slice(set);
+            } else {
+                sets[large] = set;
+                large += 1;
+            }
+        }
+        small.sort_unstable();
+        let mut merged = 0;
+        for k in 0..small.len() {
+            match merged {
+                0 => merged = 1,
+                _ if small[merged - 1].1 >= small[k].0 => small[merged - 1].1 = small[merged - 1].1.max(small[k].1),
+                _ => {
+                    small[merged] = small[k];
+                    merged += 1;
+                }
+            }
+        }
+        sets[large] = &small[..merged];
+        let offset = choose(&sets[..=large], size, fit);
+        let read = sets[..=large].iter().map(|set| set.len()).sum();
+        self.small = small;
+        (offset, read)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::greedy::choose_gap;
     use crate::rng::SplitMix64;
 
-    /// The union of intervals, as sorted disjoint non-touching intervals.
-    fn union(mut intervals: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
-        intervals.sort_unstable();
-        let mut out: Vec<(u64, u64)> = Vec::new();
-        for (start, end) in intervals {
-            match out.last_mut() {
-                Some(last) if last.1 >= start => last.1 = last.1.max(end),
-                _ => out.push((start, end)),
-            }
-        }
-        out
-    }
-
     #[test]
-    fn gives_the_union_of_the_ranges_of_the_filed_buffers_that_meet_the_query() {
+    fn fits_as_choose_gap_does_over_the_ranges_of_the_filed_buffers_that_meet_the_query() {
         let mut rng = SplitMix64::new(3);
         for case in 0..60 {
             let n = 1 + case * 3;
@@ -134,13 +264,17 @@ mod tests {
             let offsets: Vec<u64> = (0..n).map(|_| rng.below(60)).collect();
             let mut tree = TimeTree::new(&items, &members);
             for (local, item) in items.iter().enumerate() {
-                let mut taken = Vec::new();
-                tree.taken(item, &mut taken);
-                let expected: Vec<(u64, u64)> = (0..local)
+                let mut taken: Vec<(u64, u64)> = (0..local)
                     .filter(|&o| items[o].lower < item.upper && item.lower < items[o].upper)
                     .map(|o| (offsets[o], offsets[o] + items[o].size))
                     .collect();
-                assert_eq!(union(taken), union(expected), "case {case}, buffer {local}");
+                taken.sort_unstable();
+                for fit in [Fit::Best, Fit::First] {
+                    for size in [1, item.size, 7] {
+                        let expected = choose_gap(&taken, size, fit);
+                        assert_eq!(tree.fit(item, size, fit).0, expected, "case {case}, buffer {local}, {fit:?}");
+                    }
+                }
                 tree.insert(item, offsets[local], offsets[local] + item.size);
             }
         }

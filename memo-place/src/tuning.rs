@@ -13,7 +13,16 @@ pub const DEFAULT_BUDGET_NODES: u64 = 2_000_000;
 /// search for large components (`repair`): each search node costs time linear in the component, so
 /// larger ones would spend the budget slowly. Measured: BENCHMARKS.md, "Earlier: the skyline search
 /// alone (2026-12-02, load 3-5)".
-pub(crate) const EXACT_SEARCH_MAX_BUFFERS: usize = 600;
+pub(crate) const EXACT_SEARCH_MAX_BUFFERS: usize = 4096;
+
+/// Components with more buffers than this get a share of the improvement search (`repair`)
+/// before the exact search: on operator graphs of 1,000-3,000 buffers it reaches the lower bound
+/// on some the exact search does not settle in seconds. Measured: BENCHMARKS.md, "Exact search on
+/// 1,000-3,000 buffers".
+pub(crate) const REPAIR_FIRST_BUFFERS: usize = 600;
+
+/// That share, in nodes per buffer: the peak-first starts (64) and 256 rounds.
+pub(crate) const REPAIR_FIRST_NODES_PER_BUFFER: u64 = 320;
 
 /// Components whose overlap graph would have more pairs than this get no graph: the graph-free
 /// sweeps, then the repair (bounds memory to about 8 bytes a pair).
@@ -168,11 +177,6 @@ pub(crate) const TILING_FIRST_WORK_PER_BUFFER: u64 = 64;
 pub(crate) const OPEN_MOST: usize = 10;
 
 // greedy.rs
-
-/// The most offset intervals a classic order over a tree of lifetimes (no overlap graph) may read;
-/// an order past it is dropped: on a dense trace an order costs about a second per 2^26 intervals.
-/// Measured: BENCHMARKS.md, "Issue 43: the solver as a crate of its own; dense traces".
-pub(crate) const CLASSIC_TREE_WORK: usize = 1 << 22;
 
 /// Buffers a greedy order or sweep places (or an overlap graph build visits) between two polls of
 /// the stop callback: an order over a large component takes up to seconds, longer than a time limit
