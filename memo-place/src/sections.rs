@@ -14,8 +14,7 @@ pub(crate) struct Sections {
     /// Live units in each section.
     pub totals: Vec<u64>,
     /// `range_max[j][k]`: the largest total over sections `k .. k + 2^j` (a sparse table), built
-    /// when first asked for: a solve stopped early never needs it (about 8 MB for the 65,132 sections of a
-    /// 105,779-buffer trace).
+    /// when first asked for (a solve stopped early never needs it).
     range_max: OnceCell<Vec<Vec<u64>>>,
 }
 
