@@ -44,13 +44,11 @@ pub(crate) enum Tiebreak {
 /// instances the other does not (BENCHMARKS.md, "Eighteenth pass").
 pub(crate) const SLACK_TIEBREAKS: [Tiebreak; 2] = [Tiebreak::Larger, Tiebreak::Tighter];
 
-/// The bounds search of a zero-slack component (a filled instance's too) in the `Balanced` and
-/// `Restarts` mixes: ties to the larger area; more orders placed no more (BENCHMARKS.md, "Eighteenth
-/// pass").
+/// The bounds search of a zero-slack component in the `Balanced` and `Restarts` mixes: ties to the
+/// larger area; more orders placed no more (BENCHMARKS.md, "Eighteenth pass").
 pub(crate) const ZERO_SLACK_TIEBREAKS: [Tiebreak; 1] = [Tiebreak::LargerArea];
 
-/// A decision on the search's stack: `buffer` fixed at `value` (the first branch), or kept off
-/// it (the second); `trail` is the trail's length before it.
+/// A decision: `buffer` fixed at `value` (first branch) or kept off it; `trail` its length before.
 #[derive(Clone, Copy)]
 struct Decision {
     buffer: u32,
@@ -134,9 +132,8 @@ impl Bounds {
         tiebreaks.iter().map(|&tiebreak| Bounds { tiebreak, ..fresh.clone() }).collect()
     }
 
-    /// Searches on from where the last run stopped, within `*nodes_left` nodes, narrowing offsets
-    /// to the zero-slack `domains` where there are some (they may have tightened since); returns the
-    /// outcome and the nodes spent. A stop through `control` ends the run as `BudgetExhausted`.
+    /// Searches on from where the last run stopped within `*nodes_left` nodes, narrowing to the
+    /// zero-slack `domains` (they may have tightened since); the outcome and the nodes spent.
     pub(crate) fn run(
         &mut self,
         domains: Option<&Domains>,
@@ -150,8 +147,7 @@ impl Bounds {
         (outcome, self.nodes)
     }
 
-    /// Charges `decisions` nodes and the work not charged yet to the budget, ticking the stop
-    /// callback; `false` when the budget is spent or a stop was asked for.
+    /// Charges `decisions` nodes and the work not charged yet; `false` when spent or stopped.
     fn charge(&mut self, decisions: u64, control: &mut Control) -> bool {
         let units = (self.work - self.charged) / BOUNDS_WORK_PER_NODE;
         self.charged += units * BOUNDS_WORK_PER_NODE;
@@ -243,8 +239,7 @@ impl Bounds {
         }
     }
 
-    /// Sets a buffer's interval (on the trail) and queues its sections; an empty one is left for
-    /// `propagate` to find.
+    /// Sets a buffer's interval (on the trail) and queues its sections.
     fn set_bounds(&mut self, l: usize, lo: u64, hi: u64) {
         self.trail.push((l as u32, self.lo[l], self.hi[l]));
         self.lo[l] = lo;
@@ -272,7 +267,7 @@ impl Bounds {
     }
 
     /// Narrows the queued sections until nothing narrows: `Some(false)` when an interval empties,
-    /// `None` when the budget ran out or a stop was asked for first.
+    /// `None` when out of budget or stopped.
     fn propagate(&mut self, domains: Option<&Domains>, control: &mut Control) -> Option<bool> {
         self.work += self.lo.len() as u64;
         if (0..self.lo.len()).any(|l| self.lo[l] > self.hi[l]) {
@@ -406,8 +401,7 @@ impl Bounds {
         for b in 0..self.tasks.len() {
             let Task { lo: lo_b, hi: hi_b, size: size_b, .. } = self.tasks[b];
             let mut narrowed = hi_b;
-            // Detectable precedences (upside down: the tasks that cannot end below `b`'s latest
-            // start lie above it, so `b` ends before the latest they can all start).
+            // Detectable precedences, upside down.
             self.set.clear();
             self.work += self.tasks.len() as u64;
             for (k, task) in self.tasks.iter().enumerate() {

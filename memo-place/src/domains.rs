@@ -107,13 +107,11 @@ impl Domains {
     }
 
     /// Keeps in each domain only the offsets some *tiling* of a section uses (its buffers stacked
-    /// from 0 to the capacity without a gap, each at an offset of its domain): every zero-slack
-    /// placement tiles every section so. A section with no tiling refutes the capacity; a section
-    /// whose domains changed is tiled again; one past the round's state limit waits for the next
-    /// round with four times the limit. Spends at most `work` states, telling `spent` after each
-    /// section (it answers whether to stop), returns the states spent, and goes on next call where
-    /// it stopped. A section's buffers may each have values although no two fit together, which
-    /// the domains alone cannot see (BENCHMARKS.md, "Fifteenth pass").
+    /// from 0 to the capacity without a gap at offsets of their domains), as every zero-slack
+    /// placement tiles every section; a section with no tiling refutes the capacity. Sections are
+    /// tiled again when their domains change, in rounds of a state limit (fourfold a round), within
+    /// `work` states, telling `spent` after each section (it answers whether to stop); returns the
+    /// states spent, and the next call goes on (BENCHMARKS.md, "Fifteenth pass").
     pub(crate) fn tighten(
         &mut self,
         items: &[Item],
@@ -261,8 +259,8 @@ impl<'d> Tiler<'d> {
         Some(Tiler { domains, held, size, starts, unlisted, capacity, used, seen, work: 0, work_limit })
     }
 
-    /// Whether the buffers not in `placed` (total `offset`) tile `[offset, capacity)`, recording
-    /// the offsets used; `false` also once the work limit is reached.
+    /// Whether the buffers not in `placed` (total `offset`) tile `[offset, capacity)`, recording the
+    /// offsets used; `false` also at the work limit.
     fn tile(&mut self, placed: u64, offset: u64) -> bool {
         if offset == self.capacity {
             return true; // zero slack: every buffer is placed exactly here

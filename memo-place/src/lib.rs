@@ -67,11 +67,10 @@ pub use tuning::DEFAULT_BUDGET_NODES;
 /// What to solve for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SolveOptions {
-    /// Find a placement whose peak is at most this many bytes (the peak is still minimised as far
-    /// as the budget allows). `None`: only minimise.
+    /// Find a placement whose peak is at most this many bytes (still minimising the peak as far as
+    /// the budget allows). `None`: only minimise.
     pub capacity: Option<u64>,
-    /// Every offset is a multiple of this (0 or 1: no alignment); every buffer occupies its size
-    /// rounded up to it.
+    /// Every offset is a multiple of this (0 or 1: none); a buffer occupies its size rounded up.
     pub alignment: u64,
     /// Node budget of the exact search, over the whole solve.
     pub budget_nodes: u64,
@@ -90,8 +89,7 @@ impl Default for SolveOptions {
 /// `solve_portfolio` (feature `std`) to run side by side. Each alone is deterministic.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SearchMix {
-    /// The best alone: filled instances and window modules first, then the bounds searches (with
-    /// slack two orders, at zero slack one), each with `BOUNDS_SHARE` times the restarts' nodes.
+    /// The best alone: filled instances and window modules, then the bounds searches.
     #[default]
     Balanced,
     /// `Balanced` without the bounds searches of components with slack, beside `Bounds`.
@@ -102,8 +100,7 @@ pub enum SearchMix {
 }
 
 impl SearchMix {
-    /// The mixes to run side by side on `threads` threads: one thread, `Balanced`; two,
-    /// `Restarts` and `Bounds`; more, all three.
+    /// The mixes to run side by side on `threads` threads (one: `Balanced`; two: the other two).
     pub fn portfolio(threads: usize) -> &'static [SearchMix] {
         match threads {
             0 | 1 => &[SearchMix::Balanced],
@@ -124,8 +121,7 @@ impl SearchMix {
         }
     }
 
-    /// A filled instance's bounds-search share (times its modules' nodes): `Restarts` gives its
-    /// filled instances the time `Balanced` gives the leaf's bounds searches.
+    /// A filled instance's bounds-search share (times its modules' nodes).
     fn filled_bounds_share(self) -> u64 {
         match self {
             SearchMix::Restarts => RESTARTS_FILLED_BOUNDS_SHARE,
@@ -150,14 +146,11 @@ impl SearchMix {
 /// One step of a round of the exact search at one capacity ([`SearchMix::round`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {
-    /// The round's next restarts, this many (`usize::MAX`: the rest): the skyline search under
-    /// one tie-break order each, up to the round's node limit.
+    /// The round's next restarts, this many (`usize::MAX`: the rest), up to the round's node limit.
     Restarts(usize),
-    /// The component's bounds searches (the mix's orders), each on from where it stopped, with
-    /// the mix's share times the nodes of all the round's restarts.
+    /// The component's bounds searches, each on from where it stopped, with the mix's share.
     Bounds,
-    /// The filled instances' searches, then the window modules with as many nodes as all the
-    /// round's restarts.
+    /// The filled instances' searches, then the window modules, each with the restarts' nodes.
     FilledAndModules,
 }
 
@@ -215,8 +208,7 @@ pub enum SolveError {
         /// A proven lower bound on every placement's peak, above the capacity.
         lower_bound: u64,
     },
-    /// No placement under the capacity was found before the budget ran out or the solve was
-    /// stopped; one may exist.
+    /// No placement under the capacity was found within the budget or before a stop; one may exist.
     NotFoundWithinBudget {
         /// The capacity asked for.
         capacity: u64,
@@ -264,8 +256,7 @@ pub(crate) struct Item {
 
 #[cfg(test)]
 impl Item {
-    /// The items of `buffers` as they are (alignment 1, none empty), in order: tests build their
-    /// components straight from generated buffers.
+    /// The items of `buffers` as they are (alignment 1, none empty), in order.
     pub(crate) fn all_of(buffers: &[BufferLifetime]) -> Vec<Item> {
         buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect()
     }
@@ -343,8 +334,7 @@ fn solve_nested(
     order.sort_unstable_by_key(|&i| (core::cmp::Reverse(leaves[i].base + leaves[i].best.peak), i));
     let mut target = lower_bound_units;
     for (k, &i) in order.iter().enumerate() {
-        // The arena's peak apart from this leaf: the leaves done so far (in `target`) and the
-        // highest of those still to come (the next in `order`), for the progress shown.
+        // The arena's peak apart from this leaf, for the progress shown.
         let others = order.get(k + 1).map_or(target, |&j| target.max(leaves[j].base + leaves[j].best.peak));
         let shown = Shown { others, whole: whole.as_ref().map_or(u64::MAX, |w| w.peak), alignment };
         let leaf = &mut leaves[i];
@@ -407,8 +397,7 @@ fn solve_nested(
     })
 }
 
-/// The pair limit of a graph `solve_nested` builds: `limit`, or 0 where a test asks for the
-/// graph-free paths of dense components on small instances (`tests::GRAPH_FREE`).
+/// The pair limit of a graph `solve_nested` builds: 0 where a test asks for the graph-free paths.
 fn pair_limit(limit: usize) -> usize {
     #[cfg(test)]
     if tests::GRAPH_FREE.with(core::cell::Cell::get) {
@@ -579,8 +568,7 @@ struct Budget<'a, 'c> {
 }
 
 impl Budget<'_, '_> {
-    /// Places a zero-slack component under `capacity` by its window modules (`modules`), with at
-    /// most `allowance` of the nodes left; charges the nodes spent.
+    /// Places a zero-slack component by its window modules within `allowance`; charges the nodes.
     fn place_by_modules(
         &mut self,
         modules: &mut modules::Modules,
@@ -623,8 +611,7 @@ impl Budget<'_, '_> {
         SearchOutcome::BudgetExhausted
     }
 
-    /// Tightens a zero-slack search's domains with at most `allowance` of the nodes left, a tiling
-    /// state counted as a node.
+    /// Tightens a zero-slack search's domains within `allowance`, a tiling state counted as a node.
     fn tighten(&mut self, shared: &mut search::Shared, (items, members): (&[Item], &[u32]), allowance: u64) {
         let allowance = allowance.min(*self.nodes_left);
         let control = &mut *self.control;
@@ -859,8 +846,8 @@ struct Filled {
     shared: search::Shared,
     /// The filled instance's window modules (it has zero slack), kept across its searches.
     modules: modules::Modules,
-    /// Whether its flat splits run each search with the round's allowance; `false` once a
-    /// near-perfect instance's have run with all the budget.
+    /// Whether its flat splits still run with each search's allowance (not after a near-perfect
+    /// instance's ran with all the budget).
     splits_pending: bool,
     /// Few fillers: the component is a perfect packing with a few pieces missing.
     near_perfect: bool,
@@ -948,8 +935,7 @@ impl Filled {
         if let Some(placement) = budget.place_by_modules(&mut self.modules, filled, capacity, allowance) {
             return Some(own(placement));
         }
-        // Then its bounds searches, on from where they stopped (their "infeasible" holds for these
-        // fillers only).
+        // Then its bounds searches (their "infeasible" holds for these fillers only).
         let allowance = allowance.saturating_mul(budget.mix.filled_bounds_share());
         let domains = self.shared.domains();
         let (tiebreaks, _) = budget.mix.bounds_searches(true);
@@ -988,8 +974,8 @@ impl Filled {
     }
 }
 
-/// Keeps what a search of a leaf (at `base`) at `capacity` settled: a better placement, or a
-/// higher proven bound; and shows it to the stop callback.
+/// Keeps what a search of a leaf at `capacity` settled (a better placement, a higher bound) and
+/// shows it to the stop callback.
 fn record(
     best: &mut ComponentPlacement,
     proven_lower: &mut u64,

@@ -74,7 +74,7 @@ pub enum MipError {
         buffers: usize,
     },
     /// The footprints, in units of their greatest common divisor, add up to more than
-    /// [`MIP_MAX_UNITS`] (or a footprint overflows a `u64`).
+    /// [`MIP_MAX_UNITS`] (or one overflows a `u64`).
     TooLarge {
         /// The sum of the footprints in units (saturated at `u128::MAX`).
         units: u128,
@@ -246,8 +246,8 @@ pub fn solve_mip(buffers: &[BufferLifetime], alignment: u64) -> Result<MipSoluti
     Ok(MipSolution { offsets, peak, nodes })
 }
 
-/// The lowest offsets (in units) that put every buffer above those `below` it lists, or `None` if
-/// that order has a cycle. Offsets follow a topological order: each is the highest end below it.
+/// The lowest offsets (in units) that put every buffer above those `below` it lists (each at the
+/// highest end below it, in topological order), or `None` if that order has a cycle.
 fn lowest_placement(sizes: &[u64], below: &[Vec<usize>]) -> Option<Vec<u64>> {
     let n = sizes.len();
     let mut offsets = vec![0u64; n];

@@ -18,15 +18,18 @@ pub(crate) struct Sections {
     range_max: OnceCell<Vec<Vec<u64>>>,
 }
 
+/// The distinct lifetime endpoints of `members`, sorted: their section boundaries.
+pub(crate) fn endpoints(items: &[Item], members: &[u32]) -> Vec<u32> {
+    let mut points: Vec<u32> =
+        members.iter().flat_map(|&m| [items[m as usize].lower, items[m as usize].upper]).collect();
+    points.sort_unstable();
+    points.dedup();
+    points
+}
+
 impl Sections {
     pub(crate) fn new(items: &[Item], members: &[u32]) -> Sections {
-        let mut points: Vec<u32> = Vec::with_capacity(members.len() * 2);
-        for &m in members {
-            points.push(items[m as usize].lower);
-            points.push(items[m as usize].upper);
-        }
-        points.sort_unstable();
-        points.dedup();
+        let points = endpoints(items, members);
         let count = points.len().saturating_sub(1);
         // Difference array over sections, then a prefix sum.
         let mut delta = alloc::vec![0i128; count + 1];

@@ -8,6 +8,7 @@
 use alloc::vec::Vec;
 
 use super::{pick, Budget, Rounds, Step, SubsetSums, SUMS_PER_NODE};
+use crate::sections::endpoints;
 use crate::tuning::*;
 use crate::Item;
 
@@ -42,10 +43,7 @@ enum Balance {
 impl Network {
     /// The network of `component` (local indices into `items`).
     fn new(items: &[Item], component: &[u32]) -> Network {
-        let mut points: Vec<u32> =
-            component.iter().flat_map(|&l| [items[l as usize].lower, items[l as usize].upper]).collect();
-        points.sort_unstable();
-        points.dedup();
+        let points = endpoints(items, component);
         let boundary = |t: u32| points.partition_point(|&p| p < t);
         let mut keyed: Vec<(usize, usize, u32)> = component
             .iter()

@@ -17,6 +17,7 @@ use alloc::vec::Vec;
 
 use super::{Budget, Finder, Splitter};
 use crate::lifetime::{live_profile, BufferLifetime};
+use crate::sections::endpoints;
 use crate::tuning::*;
 use crate::Item;
 
@@ -87,10 +88,7 @@ impl Splitter<'_, '_> {
     /// the first, four times more each round, while the component's share lasts.
     fn pinwheel_rounds(&mut self, component: &[u32], height: u64, base: u64, work: u64) -> bool {
         let items = &self.items;
-        let mut points: Vec<u32> =
-            component.iter().flat_map(|&l| [items[l as usize].lower, items[l as usize].upper]).collect();
-        points.sort_unstable();
-        points.dedup();
+        let points = endpoints(items, component);
         let (Some(&t0), Some(&t1)) = (points.first(), points.last()) else { return false };
         let inner: Vec<u32> = points.iter().copied().filter(|&p| t0 < p && p < t1).collect();
         // For each inner boundary, the latest end and the earliest start of a buffer crossing it.

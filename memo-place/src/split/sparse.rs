@@ -13,6 +13,7 @@ use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
 
 use super::{hash, pick, Budget, Group, Rounds, Step, SubsetSums, SUBSET_SUMS_LIMIT, SUMS_PER_NODE};
+use crate::sections::endpoints;
 use crate::tuning::*;
 use crate::Item;
 
@@ -253,10 +254,7 @@ struct Deferred {
 impl Search {
     /// The search of `component` (full height `height`), or `None` without a candidate height.
     pub(super) fn new(items: &[Item], component: &[u32], height: u64, budget: &mut Budget) -> Option<Search> {
-        let mut points: Vec<u32> =
-            component.iter().flat_map(|&l| [items[l as usize].lower, items[l as usize].upper]).collect();
-        points.sort_unstable();
-        points.dedup();
+        let points = endpoints(items, component);
         let sections = points.len().checked_sub(1).filter(|&s| s > 0)?;
         let boundary = |t: u32| points.partition_point(|&p| p < t);
         let span: Vec<(usize, usize, u32)> = component
