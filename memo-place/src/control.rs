@@ -31,8 +31,7 @@ impl<'a> Control<'a> {
         Control { stop, progress: Progress::default(), since_poll: 0, stopped: false }
     }
 
-    /// Counts `count` nodes; polls the callback when enough have passed. Returns whether the solve
-    /// must stop (sticky: once stopped, always stopped).
+    /// Counts `count` nodes, polling the callback when enough have passed; whether to stop (sticky).
     pub(crate) fn tick(&mut self, count: u64) -> bool {
         if self.stopped {
             return true;

@@ -7,8 +7,7 @@ use alloc::vec::Vec;
 
 use super::Item;
 
-/// A component left after the reductions: its items (indices into the item list) sit at `base`
-/// units and above.
+/// A component left after the reductions: its items sit at `base` units and above.
 #[derive(Clone, Debug)]
 pub(crate) struct Leaf {
     pub base: u64,
@@ -22,8 +21,7 @@ pub(crate) struct Decomposition {
     pub leaves: Vec<Leaf>,
 }
 
-/// Applies temporal decomposition and peeling to all items; iterative, so deep nestings cannot
-/// overflow the stack.
+/// Applies temporal decomposition and peeling to all items, iteratively (no deep recursion).
 pub(crate) fn decompose(items: &[Item]) -> Decomposition {
     let mut fixed = Vec::new();
     let mut leaves = Vec::new();

@@ -35,8 +35,7 @@ struct Tightening {
 }
 
 impl Domains {
-    /// The domains of `members` at `capacity`, or `None` unless every section is exactly full there
-    /// and some buffer gets a domain.
+    /// The domains of `members` at `capacity`; `None` unless it is zero slack and some are found.
     pub(crate) fn of(items: &[Item], members: &[u32], sections: &Sections, capacity: u64) -> Option<Domains> {
         if sections.totals.iter().any(|&t| t != capacity) {
             return None;
@@ -212,8 +211,7 @@ impl Domains {
     }
 }
 
-/// The tilings of one section and the offsets they use; `None` from `new` when more than
-/// `TILING_MOST_UNLISTED` of its buffers have no listed domain.
+/// The tilings of one section and the offsets they use (`None` past `TILING_MOST_UNLISTED`).
 struct Tiler<'d> {
     domains: &'d Domains,
     /// The section's buffers (local indices), by position.

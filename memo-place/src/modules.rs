@@ -18,8 +18,7 @@ use super::{solve_nested, Item, SearchMix, SolveError, SolveOptions};
 use crate::lifetime::BufferLifetime;
 use crate::tuning::*;
 
-/// A range of sections `[first, end)` and the buffers (indices into the component's `members`)
-/// that live inside it, their live total `height` in each of its sections.
+/// A range of sections `[first, end)` and the buffers living inside it, `height` in each section.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Module {
     pub first: usize,
@@ -95,8 +94,7 @@ pub(crate) struct Modules {
     found: Option<Vec<Module>>,
     /// Each module's placement, offsets by position in its `inside`, once placed.
     placed: Vec<Option<Vec<u64>>>,
-    /// No try can place the component (no modules or too few buffers in them, a part proven
-    /// infeasible, or the depth limit).
+    /// No try can place the component (no good modules, a part infeasible, or the depth limit).
     never: bool,
     /// How many modules deep the component is; its parts are one deeper.
     depth: u32,
@@ -105,8 +103,7 @@ pub(crate) struct Modules {
 }
 
 impl Modules {
-    /// No try yet, for a component `depth` modules deep with search mix `mix`; `may_place` false
-    /// makes every try a no-op.
+    /// No try yet, `depth` modules deep with search mix `mix`; `may_place` false: every try fails.
     pub(crate) fn new(may_place: bool, depth: u32, mix: SearchMix) -> Modules {
         let never = !may_place || depth >= MODULE_DEPTH_LIMIT;
         Modules { found: None, placed: Vec::new(), never, depth, mix }
@@ -204,8 +201,7 @@ fn lifetime(item: &Item, id: u64) -> BufferLifetime {
     BufferLifetime { id, lower: item.lower, upper: item.upper, size: item.size }
 }
 
-/// Solves one part under `capacity` with the whole pipeline, one level deeper than `depth` and
-/// with the same search mix, within `*nodes_left` nodes.
+/// Solves one part under `capacity` with the whole pipeline, one level deeper, within `*nodes_left`.
 fn solve_part(
     buffers: &[BufferLifetime],
     capacity: u64,

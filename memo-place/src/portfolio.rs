@@ -41,8 +41,7 @@ pub fn solve_portfolio(
     let shared = Mutex::new(Shared { progress: alloc::vec![Progress::default(); mixes.len()], stop });
     // `settled`: a worker's answer is final; `stopped`: the caller's callback said stop.
     let (shared, settled, stopped) = (&shared, &AtomicBool::new(false), &AtomicBool::new(false));
-    // One worker: a solve under `mix` whose polls go through `shared`, one in
-    // `POLLS_PER_SHARED_POLL`, and each inside a first placement.
+    // One worker: a solve under `mix` whose polls go through `shared`.
     let worker = move |index: usize, mix: SearchMix| {
         let mut polls = 0u32;
         let result = solve_with(buffers, &SolveOptions { mix, ..*options }, &mut |progress: &Progress| {
@@ -83,8 +82,7 @@ pub fn solve_portfolio(
     })
 }
 
-/// The workers' progress as one: every node, the lowest peak found (0 while none has one), the
-/// highest lower bound.
+/// The workers' progress as one: every node, the lowest peak (0: none), the highest bound.
 fn together(progress: &[Progress], first_placement: bool) -> Progress {
     Progress {
         nodes: progress.iter().fold(0u64, |sum, p| sum.saturating_add(p.nodes)),
@@ -94,8 +92,7 @@ fn together(progress: &[Progress], first_placement: bool) -> Progress {
     }
 }
 
-/// Whether a worker's answer is final, so the others may stop: a placement proven optimal, or
-/// an error no search changes (infeasibility proven, or bad input).
+/// Whether a worker's answer is final: a proven optimum, or an error no search changes.
 fn settles(result: &Result<Solution, SolveError>) -> bool {
     match result {
         Ok(solution) => solution.optimal,
@@ -104,8 +101,7 @@ fn settles(result: &Result<Solution, SolveError>) -> bool {
     }
 }
 
-/// The answer of the workers' results (`first`, then `rest`, in mix order), as
-/// `solve_portfolio` says.
+/// The answer of the workers' results (`first`, then `rest`, in mix order).
 fn best_of(
     first: Result<Solution, SolveError>,
     rest: impl Iterator<Item = Result<Solution, SolveError>>,
@@ -136,8 +132,7 @@ fn best_of(
     }
 }
 
-/// The nodes a worker's result spent; `None` for an error that is the answer whatever the
-/// others found (infeasibility proven, or bad input).
+/// The nodes a worker's result spent; `None` for an error that is the answer whatever the others.
 fn nodes_spent(result: &Result<Solution, SolveError>) -> Option<u64> {
     match result {
         Ok(solution) => Some(solution.stats.nodes),

@@ -9,8 +9,7 @@ use alloc::vec::Vec;
 const RANGE_MIX: u128 = 0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835;
 
 pub(crate) struct Refuted {
-    /// Open addressing with linear probing; 0 marks an empty slot (a fingerprint of 0 is stored
-    /// as 1).
+    /// Open addressing with linear probing; 0 marks an empty slot (a fingerprint of 0 is stored as 1).
     slots: Vec<u128>,
     len: usize,
 }

@@ -13,8 +13,7 @@ pub(crate) struct Sections {
     points: Vec<u32>,
     /// Live units in each section.
     pub totals: Vec<u64>,
-    /// `range_max[j][k]`: the largest total over sections `k .. k + 2^j` (a sparse table), built
-    /// when first asked for (a solve stopped early never needs it).
+    /// `range_max[j][k]`: the largest total over sections `k .. k + 2^j`, built when first needed.
     range_max: OnceCell<Vec<Vec<u64>>>,
 }
 

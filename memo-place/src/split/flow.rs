@@ -80,8 +80,7 @@ impl Network {
     }
 }
 
-/// The search of one component, resumable: attempts (a seed edge and its flow) are tried in rounds
-/// with a work limit that doubles.
+/// The search of one component, resumable: attempts (a seed edge and its flow) in [`Rounds`].
 pub(super) struct Search {
     network: Network,
     height: u64,
@@ -298,8 +297,7 @@ impl Propagation<'_, '_, '_> {
             return Balance::Impossible;
         }
         let (low, high) = (low as u64, high as u64);
-        // First the amount that would settle the boundary alone, none, all; then the other sums
-        // in range, largest first (the last edge can only take the settling one).
+        // The settling amount, none, all; then the other sums in range, largest first.
         let exact = if starts { need } else { -need };
         let mut first: Vec<u64> = Vec::new();
         if (i128::from(low)..=i128::from(high)).contains(&exact) {

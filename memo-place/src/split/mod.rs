@@ -25,10 +25,9 @@ use super::{search_ranks, Item};
 use crate::rng::mix;
 use crate::tuning::*;
 
-/// Places `members` (indices into `items`) under `capacity`, where every section is exactly full,
-/// by flat splits, within `*nodes_left` nodes. The members from position `own` on are fillers,
-/// which parts that fail may have cut anew (`Splitter::refill`). Returns the placement (offsets by
-/// position in `members`) if one was found, and the nodes spent; a stop ends it as the budget would.
+/// Places `members` under `capacity`, every section exactly full, by flat splits within
+/// `*nodes_left` nodes; the members from position `own` on are fillers. The placement (offsets by
+/// position in `members`) if one was found, and the nodes spent.
 pub(crate) fn place(
     items: &[Item],
     members: &[u32],
@@ -191,8 +190,7 @@ impl SubsetSums {
         self.add_bounded(sizes, limit, u64::MAX);
     }
 
-    /// These sums with more sizes added, keeping at most `limit`, none above `bound` (`complete`
-    /// then means complete up to `bound`).
+    /// These sums with more sizes added, at most `limit`, none above `bound` (`complete` up to it).
     fn add_bounded(&mut self, sizes: impl Iterator<Item = u64>, limit: usize, bound: u64) {
         let sums = &mut self.sums;
         let mut next: Vec<u64> = Vec::new();
@@ -282,8 +280,7 @@ impl SubsetSums {
     }
 }
 
-/// Buffers that join a sweep at the same step and leave it at the same step (`end`), with what
-/// their subsets can add up to.
+/// Buffers that join a sweep at one step and leave it at one step (`end`), and their subset sums.
 #[derive(Clone)]
 struct Group {
     end: u32,
@@ -401,7 +398,7 @@ fn witness(sizes: &[u64], amount: u64, budget: &mut Budget, work: &mut u64) -> O
 }
 
 /// Adds members of `members` (largest first) adding up to `amount` to `out`; `false` if none was
-/// found (within `PICK_WORK` nodes).
+/// found within `PICK_WORK` nodes.
 fn pick(items: &[Item], members: &[u32], amount: u64, out: &mut Vec<u32>, budget: &mut Budget) -> bool {
     let sizes: Vec<u64> = members.iter().map(|&l| items[l as usize].size).collect();
     let mut picked = Vec::new();
@@ -520,8 +517,7 @@ impl Splitter<'_, '_> {
         true
     }
 
-    /// Places one temporal component: peel, split, or search; a component (members and height)
-    /// that failed once fails at once.
+    /// Places one temporal component (peel, split, or search); one that failed before fails at once.
     fn solve_component(&mut self, component: Vec<u32>, height: u64, base: u64) -> bool {
         if !self.budget.spend() {
             return false;
@@ -666,8 +662,7 @@ impl Splitter<'_, '_> {
             self.depth -= 1;
         }
         if self.is_whole(&component) {
-            // Nothing split off: the caller's exact search takes the whole, with every restart
-            // (BENCHMARKS.md, "Ninth pass").
+            // Nothing split off: the caller's search takes the whole (BENCHMARKS.md, "Ninth pass").
             return false;
         }
         self.search_component(&component, height, base)
@@ -727,8 +722,7 @@ impl Splitter<'_, '_> {
     }
 }
 
-/// Both flat-subset searches of one component, taking turns; each call goes on where the last
-/// stopped, so a split that fails further down is followed by a different one.
+/// Both flat-subset searches of one component, taking turns, each going on where it stopped.
 struct Finder {
     sparse: Option<sparse::Search>,
     flow: Option<flow::Search>,

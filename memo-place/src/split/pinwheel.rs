@@ -21,12 +21,10 @@ use crate::sections::endpoints;
 use crate::tuning::*;
 use crate::Item;
 
-/// An outer piece (left or right) found: its buffers (the component's local indices, sorted) and
-/// its height.
+/// An outer piece (left or right) found: its buffers (local indices, sorted) and its height.
 type OuterPiece = (Vec<u32>, u64);
 
-/// The buffers of one side of a pair (all before `x1`, or all after `x2`), as items of their own
-/// (positions map back to the component's local indices), and the side's window.
+/// The buffers of one side of a pair (before `x1` or after `x2`) as items, and the side's window.
 struct Side {
     items: Vec<Item>,
     /// The component's local index of each item.
@@ -77,15 +75,14 @@ impl Side {
 }
 
 impl Splitter<'_, '_> {
-    /// Places `component` (zero slack at `height`, one temporal component) at `base` by a
-    /// pinwheel split, if one is found within its share of nodes.
+    /// Places `component` (zero slack at `height`) at `base` by a pinwheel split, if one is found.
     pub(super) fn pinwheel(&mut self, component: &[u32], height: u64, base: u64) -> bool {
         let work = PINWHEEL_WORK_PER_BUFFER.saturating_mul(component.len() as u64);
         self.pinwheel_rounds(component, height, base, work)
     }
 
-    /// The boundary pairs in rounds, each side's searches with `SIDE_FIRST_WORK` nodes a pair in
-    /// the first, four times more each round, while the component's share lasts.
+    /// The boundary pairs in rounds, each side's searches with `SIDE_FIRST_WORK` nodes a pair,
+    /// four times more each round, while the component's share lasts.
     fn pinwheel_rounds(&mut self, component: &[u32], height: u64, base: u64, work: u64) -> bool {
         let items = &self.items;
         let points = endpoints(items, component);
@@ -250,8 +247,7 @@ impl Splitter<'_, '_> {
         Some(shares)
     }
 
-    /// Places the five pieces of the pinwheel; `shares[l]` puts a middle buffer in the bottom (0),
-    /// centre (1) or top (2).
+    /// Places the five pieces; `shares[l]` puts a middle buffer in the bottom, centre or top.
     fn place_pinwheel(
         &mut self,
         component: &[u32],
@@ -284,9 +280,8 @@ impl Splitter<'_, '_> {
     }
 }
 
-/// The depth-first search of `Splitter::share_middle`: buffer `k` onwards (by start) into the
-/// pieces with room for it in every section it spans; the sections before the next buffer's
-/// start have all their buffers then, so their rooms must be used up.
+/// The search of `Splitter::share_middle`: buffer `k` onwards (by start) into the pieces with room
+/// for it; the sections before the next buffer's start must then have their rooms used up.
 fn share(
     spans: &[(usize, usize, u64)],
     k: usize,

@@ -44,8 +44,8 @@ impl Direction {
         Direction { groups, reach, failed: BTreeSet::new() }
     }
 
-    /// From step `i` on, the bytes the subset's buffers free at a step are made up by the buffers
-    /// joining there; `chosen` records (step, group, amount) on the way.
+    /// From step `i` on, the bytes freed at a step are made up by buffers joining there, recording
+    /// (step, group, amount) in `chosen`.
     fn sweep(
         &mut self,
         mut i: usize,
@@ -77,8 +77,7 @@ impl Direction {
         }
     }
 
-    /// At step `i`, chooses amounts of groups `g..` adding up to `needed`, adds them to `live`
-    /// (amount alive per leaving step), then sweeps on.
+    /// At step `i`, chooses amounts of groups `g..` adding up to `needed` into `live`, then sweeps on.
     fn amounts(
         &mut self,
         (i, g): (usize, usize),
@@ -129,11 +128,10 @@ impl Direction {
     }
 }
 
-/// Heights up to `height / 2` that are a sum of whole lifetime classes in nearly every one of up to
-/// `WHOLE_FILTER_SECTIONS` sections spread over time, fewest misses first, then lowest (at most
-/// `WHOLE_HEIGHTS_LIMIT`), and the work spent. In a crowded component the lowest heights are mostly
-/// coincidences; a slab of a perfect packing mostly takes whole classes, and sums that agree far
-/// apart in time rarely are. Only an order: nothing is left out.
+/// Heights up to `height / 2` that sum whole lifetime classes in nearly every one of up to
+/// `WHOLE_FILTER_SECTIONS` sections spread over time (fewest misses first, at most
+/// `WHOLE_HEIGHTS_LIMIT`), and the work spent: in a crowded component the lowest heights are
+/// mostly coincidences, while a slab of a perfect packing mostly takes whole classes.
 fn whole_class_heights(
     items: &[Item],
     span: &[(usize, usize, u32)],
@@ -183,8 +181,7 @@ fn whole_class_heights(
     let tolerance = sums.len() / WHOLE_TOLERANCE_SHARE;
     // The candidates come from the section with the fewest sums (the fewest to check).
     sums.sort_by_key(|s| s.sums.len());
-    // Candidates: the sums of one section, each scored by the sections that cannot have it as a
-    // sum of whole classes (a few may cut a class).
+    // Candidates: one section's sums, scored by the sections that cannot make them of whole classes.
     let mut scored: Vec<(usize, u64)> = Vec::new();
     for &a in sums[0].between(1, height / 2) {
         let mut misses = 0;
