@@ -1,10 +1,9 @@
-//! The solver's tuning constants, in one place: node budgets and allowances, size and density
-//! limits, the shares of a round. Each says why in one line; a section comment names the
-//! BENCHMARKS.md section that measured the values below it ("not measured": a bound on work or
-//! memory). `ARCHITECTURE.md` beside this crate lists them in a table, which a test holds equal.
+//! The solver's tuning constants, in one place: node budgets and allowances, size and density limits,
+//! the shares of a round. Each says why in one line; a section comment names the BENCHMARKS.md section
+//! that measured the values below it by its heading's start ("not measured": a bound on work or memory).
+//! `ARCHITECTURE.md` beside this crate lists them in a table, with the headings whole; a test holds it equal.
 
-// lib.rs. Not measured (bounds on time and memory, or set once) but `EXACT_SEARCH_MAX_BUFFERS`: BENCHMARKS.md,
-// "Earlier: the skyline search alone (2026-12-02, load 3-5)".
+// lib.rs. Not measured (bounds on time and memory) but `EXACT_SEARCH_MAX_BUFFERS`: BENCHMARKS.md, "Earlier: ...".
 /// The exact search's default node budget, shared by a solve's components: a few seconds at most.
 pub const DEFAULT_BUDGET_NODES: u64 = 2_000_000;
 /// Larger components go to `repair`: a search node costs time linear in the component.
@@ -22,9 +21,8 @@ pub(crate) const DESCENT_FIRST_NODES_PER_BUFFER: u64 = 64;
 /// Unsettled searches a descent round allows before the next round starts again from the goal.
 pub(crate) const DESCENT_UNSETTLED_PROBES: u32 = 3;
 
-// lib.rs. Measured: BENCHMARKS.md, "Nineteenth pass: search mixes side by side (`solve_portfolio`, `memo solve
-// --threads`)", but `BOUNDS_SHARE` in "Seventeenth pass: the bounds search", `FILLED_BOUNDS_SHARE` in "Eighteenth
-// pass: ...", `FILLERS_PER_BUFFER` in "Second pass: ..." and `NEAR_PERFECT_BUFFERS_PER_FILLER` in "Fifteenth pass".
+// lib.rs. BENCHMARKS.md, "Nineteenth pass"; `BOUNDS_SHARE`: "Seventeenth pass"; `FILLED_BOUNDS_SHARE`: "Eighteenth
+// pass"; `FILLERS_PER_BUFFER`: "Second pass"; `NEAR_PERFECT_BUFFERS_PER_FILLER`: "Fifteenth pass".
 /// Tiling states per restart node with which a zero-slack search past its first round tightens its domains.
 pub(crate) const TIGHTEN_PER_RESTART_NODE: u64 = 64;
 /// The bounds search's nodes per node of a round's restarts: its nodes cost more and settle cores with few.
@@ -52,9 +50,7 @@ pub(crate) const BOUNDS_CHARGE_EVERY: u64 = 16 * BOUNDS_WORK_PER_NODE;
 /// Nodes between two polls of the callback (a clock read costs a few percent at most).
 pub(crate) const POLL_EVERY: u64 = 16;
 
-// domains.rs. Measured: BENCHMARKS.md, "Fifth pass: the section bound by levels, zero-slack domains, shared
-// refutations (search)"; the tilings: "Fifteenth pass: near-perfect filled instances; section tilings tighten the
-// domains".
+// domains.rs. BENCHMARKS.md, "Fifth pass" (the domains) and "Fifteenth pass" (the tilings).
 /// Sections per buffer (the sparsest) whose subset sums are intersected.
 pub(crate) const DOMAIN_SECTIONS: usize = 4;
 /// The most other buffers of a section whose subset sums are enumerated (2^12 sums).
@@ -78,8 +74,7 @@ pub(crate) const TILING_FIRST_WORK_PER_BUFFER: u64 = 64;
 /// The most fillers open at once for [`fewest`]: it branches over their subsets (`2^OPEN_MOST`).
 pub(crate) const OPEN_MOST: usize = 10;
 
-// greedy.rs. Measured: BENCHMARKS.md, "Arena placement as a crate of its own (`memo-place`, issue 43)" and
-// "`memo solve --time-limit` on 100k buffers (fourth pass)".
+// greedy.rs. BENCHMARKS.md, "Arena placement as a crate of its own" and "`memo solve --time-limit` on 100k buffers".
 /// The most offset intervals a classic order over a tree of lifetimes may read before it is dropped.
 pub(crate) const CLASSIC_TREE_WORK: usize = 1 << 22;
 /// Buffers placed between two polls of the callback: 2,048 of a 100k-buffer sweep take about 3 ms.
@@ -95,34 +90,29 @@ pub(crate) const MODULE_DEPTH_LIMIT: u32 = 8;
 /// Modules are used only where the rest keeps at most this share (percent) of the component's buffers.
 pub(crate) const MODULE_REST_MOST_PERCENT: usize = 50;
 
-// portfolio.rs. Measured: BENCHMARKS.md, "Nineteenth pass: search mixes side by side (`solve_portfolio`, `memo
-// solve --threads`)".
+// portfolio.rs. Measured: BENCHMARKS.md, "Nineteenth pass: search mixes side by side".
 /// A worker asks the caller's callback, under the lock, at one of this many of its polls.
 #[cfg(feature = "std")]
 pub(crate) const POLLS_PER_SHARED_POLL: u32 = 8;
 
-// refuted.rs. Measured: BENCHMARKS.md, "Fifth pass: the section bound by levels, zero-slack domains, shared
-// refutations (search)".
+// refuted.rs. Measured: BENCHMARKS.md, "Fifth pass: the section bound by levels, zero-slack domains, ...".
 /// The most fingerprints kept (16 bytes each, in a table at most twice that size: 32 MiB).
 pub(crate) const REFUTED_MOST: usize = 1 << 20;
 /// Slots in a new table (it doubles when half full).
 pub(crate) const REFUTED_FIRST_SLOTS: usize = 1 << 10;
 
-// repair.rs. Measured: BENCHMARKS.md, "Second pass: look-ahead, filled search, large-neighbourhood repair (branch
-// issue19b)" and "Third pass: peak-first starts for large leaves (branch issue19c)".
+// repair.rs. Measured: BENCHMARKS.md, "Second pass" (rounds) and "Third pass" (peak-first starts).
 /// The most rounds for one component (each costs one node per buffer).
 pub(crate) const REPAIR_MOST_ROUNDS: u32 = 4096;
 /// Steps tried by the peak-first starts.
 pub(crate) const PEAK_FIRST_STEPS: usize = 8;
 
-// search.rs. Measured: BENCHMARKS.md, "Fifth pass: the section bound by levels, zero-slack domains, shared
-// refutations (search)".
+// search.rs. Measured: BENCHMARKS.md, "Fifth pass: the section bound by levels, zero-slack domains, ...".
 /// Larger sections skip the bound by levels and, in higher valleys, the count of fills: their sort cost more.
 pub(crate) const LEVELS_MOST_BUFFERS: usize = 48;
 
-// split/flow.rs and split/mod.rs. Measured: BENCHMARKS.md, "Before: flat splits alone (commit fd29ddb, rebuilt and
-// run at 08:48 UTC, same load)", the refills: "Twenty-first pass: fillers cut anew where a part fails (60 of 60
-// at 1 s)".
+// split/flow.rs and split/mod.rs. Measured: BENCHMARKS.md, "Before: flat splits alone (commit fd29ddb, ...)"; the
+// `REFILL_*` ones: "Twenty-first pass: fillers cut anew where a part fails".
 /// The flow attempts tried in the first round (doubling a round).
 pub(crate) const FLOW_FIRST_WINDOW: usize = 16;
 /// The work limit of each flow attempt in the first round (doubling a round).
@@ -164,8 +154,8 @@ pub(crate) const MIDDLE_WORK: u64 = 4096;
 /// Nodes per buffer for all the outer pieces' searches: a component that is no pinwheel leaves the rest.
 pub(crate) const PINWHEEL_WORK_PER_BUFFER: u64 = 2048;
 
-// split/sparse.rs. Measured: BENCHMARKS.md, "Before: flat splits alone (commit fd29ddb, rebuilt and run at 08:48
-// UTC, same load)", the `WHOLE_*` ones: "Now: flat splits with whole-class heights (commit f9292b9, 08:54 UTC)".
+// split/sparse.rs. Measured: BENCHMARKS.md, "Before: flat splits alone (commit fd29ddb, ...)"; the `WHOLE_*` ones:
+// "Now: flat splits with whole-class heights".
 /// Sections (the sparsest after the chosen one) whose subset sums filter the heights.
 pub(crate) const FILTER_SECTIONS: usize = 8;
 /// A filtering section's sums must all be known within this many.
