@@ -85,8 +85,7 @@ impl Default for SolveOptions {
 }
 
 /// How a round of the exact search shares its nodes among its searches (`ARCHITECTURE.md`, "The
-/// search mixes"). `Balanced` is the best alone; `Restarts` and `Bounds` split its work, for
-/// `solve_portfolio` (feature `std`) to run side by side. Each alone is deterministic.
+/// search mixes"): `Balanced` is the best alone, `Restarts` and `Bounds` halves for `solve_portfolio`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SearchMix {
     /// The best alone: filled instances and window modules, then the bounds searches.
@@ -109,9 +108,8 @@ impl SearchMix {
         }
     }
 
-    /// One round of the exact search at one capacity (`LeafState::search_with_restarts`), as data:
-    /// the filled instances and window modules after the first two restarts (which settle
-    /// MiniMalloc's J and K alone), the bounds searches after them but in `Bounds` with slack.
+    /// One round of the exact search at one capacity, as data: the filled instances and modules
+    /// after the first two restarts (enough for many), the bounds searches after them, or first.
     fn round(self, zero_slack: bool) -> &'static [Step] {
         use Step::{Bounds, FilledAndModules, Restarts};
         if self == SearchMix::Bounds && !zero_slack {

@@ -112,7 +112,7 @@ impl fmt::Display for MipError {
                 f,
                 "{buffers} buffers of non-zero size, above the MIP's limit of {MIP_MAX_BUFFERS}: the MIP is a \
                  cross-check for small instances (its branch and bound grows exponentially with the pairs of \
-                 buffers alive together); use arena::solve for larger ones"
+                 buffers alive together); use memo_place::solve for larger ones"
             ),
             Self::TooLarge { units } => write!(
                 f,

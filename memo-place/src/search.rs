@@ -33,9 +33,8 @@ use crate::tuning::*;
 pub(crate) struct Shared {
     domains: Option<Domains>,
     failed: Refuted,
-    /// Per section, how often a skyline search found it unfillable. Among the sections with the
-    /// fewest candidates the most dead ends go first, so a known hard spot is met early (the
-    /// weighted-degree heuristic of constraint solvers, as a tie-break). Orders only, no proofs.
+    /// Per section, how often a skyline search found it unfillable: among equally few candidates the
+    /// most dead ends go first (weighted degree, as a tie-break), so a hard spot is met early.
     dead_ends: Vec<u32>,
 }
 
@@ -1079,9 +1078,8 @@ impl Search<'_, '_> {
         self.dirty.retain(|&s| section_mark[s as usize] == mark);
     }
 
-    /// The section bound over the partition's sections: the unplaced buffers of every section
-    /// stack above its floor and above `offset` (later placements in this partition never go
-    /// lower, by the canonical order).
+    /// The section bound: the unplaced buffers of every section stack above its floor and above
+    /// `offset` (later placements in this partition never go lower, by the canonical order).
     fn sections_fit(&self, sections: Range<usize>, offset: u64) -> bool {
         self.floor[sections.clone()]
             .iter()
