@@ -108,8 +108,9 @@ impl SearchMix {
         }
     }
 
-    /// One round of the exact search at one capacity, as data: the filled instances and modules
-    /// after the first two restarts (enough for many), the bounds searches after them, or first.
+    /// One round of the exact search at one capacity, as data: the filled instances and modules after
+    /// the first two restarts (which alone settle many leaves), then the bounds searches (in `Bounds`
+    /// with slack, before them).
     fn round(self, zero_slack: bool) -> &'static [Step] {
         use Step::{Bounds, FilledAndModules, Restarts};
         if self == SearchMix::Bounds && !zero_slack {
