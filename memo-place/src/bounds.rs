@@ -1,33 +1,12 @@
-//! The bounds search: a constraint-programming search over offset intervals, for the cores the
-//! skyline search cannot settle.
-//!
-//! Every buffer has an interval of possible offsets, `[lo, hi]` (from 0, or its domain, up to the
-//! capacity less its size). In each section the buffers must not overlap: a *disjunctive
-//! resource* (offsets for start times), on which the classic rules of scheduling narrow the
-//! intervals, each also run upside down (offsets measured from the capacity) so that both ends
-//! narrow:
-//! - *detectable precedences*: the buffers that cannot end below `b`'s latest start lie above it,
-//!   so `b` ends before the latest they can all start;
-//! - *not-last*: if the buffers whose `hi` is at most some `h` cannot all be done by `b`'s latest
-//!   start, `b` is not above all of them, so it lies below one and ends by `h`;
-//! - *overload* and *edge-finding*: the buffers that must end by some `e` must fit below it (else
-//!   there is no placement), and a buffer that cannot end by `e` together with them lies above
-//!   all of them, so it starts no lower than the earliest they can all be done.
-//!
-//! A buffer's interval holds in all its sections, so what narrows in one is carried to the others
-//! until nothing narrows, or an interval empties (the state has no placement). The search fixes
-//! the buffer with the lowest `lo` (ties by its `Tiebreak`: the largest, the narrowest interval,
-//! the larger area or the wider) at `lo`, and on failure excludes that offset (`lo + 1`, raised
-//! further by the rules), depth-first. It is complete: "infeasible" is a proof. The work of the
-//! rules counts as nodes (`BOUNDS_WORK_PER_NODE`). The search is kept between runs: each goes on
-//! where the last ran out of budget.
-//!
-//! Why: the skyline search checks what a placement does to the floors and the section bounds,
-//! not what it does to the buffers' upper ends. On pinwheel 300 seed 6's 187-buffer core its 16th
-//! placement left no placement, and it went on 17 placements deeper before its first dead end and
-//! did not leave that subtree within 10 s. These rules (those of OR-Tools' CP-SAT no-overlap
-//! constraint, which refutes that state before any branch) refute it at once, and the bounds
-//! search places the core in 0.06 s (BENCHMARKS.md).
+//! The bounds search: a constraint-programming search over offset intervals `[lo, hi]`, for the
+//! cores the skyline search cannot settle (it never checks what a placement does to the buffers'
+//! upper ends). Each section is a *disjunctive resource*, on which the classic scheduling rules
+//! narrow the intervals, each also run upside down so that both ends narrow: detectable
+//! precedences, not-last, overload and edge-finding (the rules of CP-SAT's no-overlap constraint).
+//! What narrows in one section is carried to the buffer's others until nothing narrows or an
+//! interval empties. The search fixes the buffer with the lowest `lo` (ties by `Tiebreak`) at `lo`,
+//! or on failure excludes it, depth-first; complete, so "infeasible" is a proof. The rules' work
+//! counts as nodes, and a search goes on each run where the last stopped.
 
 use alloc::vec::Vec;
 
@@ -51,36 +30,25 @@ struct Task {
 /// Which of the unfixed buffers with the lowest `lo` the search fixes first.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Tiebreak {
-    /// The larger. (The smaller first, CP-SAT's default, did not place pinwheel 300 seed 6's core
-    /// in 5 s without its conflict learning; the larger first did in 0.06 s.)
+    /// The larger (the smaller first, CP-SAT's default, leans on conflict learning we lack).
     Larger,
     /// The one with the narrower interval (`hi - lo`): the fewest places left.
     Tighter,
-    /// The one with the larger area: its size times the sections it spans (the most of the
-    /// sections' room it takes at once).
+    /// The one with the larger area: its size times the sections it spans.
     LargerArea,
     /// The one spanning more sections.
     Wider,
 }
 
-/// The bounds searches of a component with slack in the `Balanced` mix (`SearchMix`), one per
-/// order, side by side: each places instances the other does not (alone on the leaves, with 3 M
-/// nodes: holes 500 seed 3 `Tighter` in 0.13 s, `Larger` not; holes 300 seed 6 `Larger` in 0.11
-/// s, `Tighter` not). In the solve, holes 500 seed 3 is placed in 2.4 s, not within 10 s with
-/// `Larger` alone, and others pay 0-8% (BENCHMARKS.md).
+/// The bounds searches of a component with slack in the `Balanced` mix, side by side: each places
+/// instances the other does not (BENCHMARKS.md, "Eighteenth pass").
 pub(crate) const SLACK_TIEBREAKS: [Tiebreak; 2] = [Tiebreak::Larger, Tiebreak::Tighter];
 
-/// The bounds searches of a zero-slack component (a filled instance's too) in the `Balanced` and
-/// `Restarts` mixes: one, ties to the larger area. Against the largest first it took pinwheel
-/// 500 seed 4 from 0.41 to 0.09 s and seed 6 from 0.89 to 0.46 s, the other pinwheels, the holes
-/// sets and MiniMalloc's A-K within noise. More orders placed no more instances: with four (the
-/// largest, the larger area, the wider and the narrowest first) on every leaf, the one more
-/// placed was holes 500 seed 3 (a leaf with slack), and pinwheel 500 seed 2 took 1.38 s instead
-/// of 0.83 s (BENCHMARKS.md).
+/// The bounds search of a zero-slack component in the `Balanced` and `Restarts` mixes: ties to the
+/// larger area; more orders placed no more (BENCHMARKS.md, "Eighteenth pass").
 pub(crate) const ZERO_SLACK_TIEBREAKS: [Tiebreak; 1] = [Tiebreak::LargerArea];
 
-/// A decision on the search's stack: `buffer` fixed at `value` (the first branch), or kept off
-/// it (the second); `trail` is the trail's length before it.
+/// A decision: `buffer` fixed at `value` (first branch) or kept off it; `trail` its length before.
 #[derive(Clone, Copy)]
 struct Decision {
     buffer: u32,
@@ -90,8 +58,7 @@ struct Decision {
 }
 
 /// The bounds search of one component at one capacity, kept between runs: each run goes on from
-/// where the last stopped (its intervals, trail and decisions), so a search given a budget round
-/// by round does no work twice.
+/// where the last stopped, so a search given a budget round by round does no work twice.
 #[derive(Clone)]
 pub(crate) struct Bounds {
     tiebreak: Tiebreak,
@@ -104,11 +71,9 @@ pub(crate) struct Bounds {
     trail: Vec<(u32, u64, u64)>,
     /// The decisions taken, the latest last.
     stack: Vec<Decision>,
-    /// Whether the intervals were narrowed to the domains and every section queued (the first
-    /// run does it).
+    /// Whether the intervals were narrowed to the domains and every section queued (first run).
     started: bool,
-    /// The outcome of a propagation whose node the budget could not pay for: the next run takes
-    /// it up instead of propagating again (a conflict found leaves nothing queued to find it by).
+    /// The outcome of a propagation whose node the budget could not pay for, for the next run.
     pending: Option<bool>,
     queue: Vec<usize>,
     queued: Vec<bool>,
@@ -128,9 +93,8 @@ pub(crate) struct Bounds {
 }
 
 impl Bounds {
-    /// The searches of the component (`members` of `items`, over `sections`) under `capacity`,
-    /// one per order of `tiebreaks`; none when a section holds more than `BOUNDS_MOST_BUFFERS`
-    /// buffers (not searched).
+    /// The searches of the component under `capacity`, one per order of `tiebreaks`; none when a
+    /// section holds more than `BOUNDS_MOST_BUFFERS` buffers.
     pub(crate) fn new(
         (items, members, sections): (&[Item], &[u32], &Sections),
         capacity: u64,
@@ -168,11 +132,8 @@ impl Bounds {
         tiebreaks.iter().map(|&tiebreak| Bounds { tiebreak, ..fresh.clone() }).collect()
     }
 
-    /// Searches on from where the last run stopped, within `*nodes_left` nodes (decremented by
-    /// what is spent), narrowing offsets to the zero-slack `domains` where there are some (they
-    /// may have tightened since an earlier run: a value they drop has no placement); returns the
-    /// outcome and the nodes spent. A stop asked for through `control` ends the run as
-    /// `BudgetExhausted`, as the budget running out does; the next run goes on.
+    /// Searches on from where the last run stopped within `*nodes_left` nodes, narrowing to the
+    /// zero-slack `domains` (they may have tightened since); the outcome and the nodes spent.
     pub(crate) fn run(
         &mut self,
         domains: Option<&Domains>,
@@ -186,8 +147,7 @@ impl Bounds {
         (outcome, self.nodes)
     }
 
-    /// Charges `decisions` nodes and the work not charged yet to the budget, ticking the stop
-    /// callback; `false` when the budget is spent or a stop was asked for.
+    /// Charges `decisions` nodes and the work not charged yet; `false` when spent or stopped.
     fn charge(&mut self, decisions: u64, control: &mut Control) -> bool {
         let units = (self.work - self.charged) / BOUNDS_WORK_PER_NODE;
         self.charged += units * BOUNDS_WORK_PER_NODE;
@@ -261,15 +221,13 @@ impl Bounds {
         }
     }
 
-    /// The unfixed buffer with the lowest `lo`, ties by the search's `Tiebreak`, then to the
-    /// lower index.
+    /// The unfixed buffer with the lowest `lo`, ties by `Tiebreak`, then to the lower index.
     fn choose(&mut self) -> Option<usize> {
         self.work += self.lo.len() as u64;
         (0..self.lo.len()).filter(|&l| self.lo[l] < self.hi[l]).min_by_key(|&l| (self.lo[l], self.tie_key(l), l))
     }
 
-    /// Buffer `l`'s rank under the search's `Tiebreak`, the lowest first (the larger, the
-    /// narrower interval, the larger area, the wider).
+    /// Buffer `l`'s rank under the search's `Tiebreak`, the lowest first.
     fn tie_key(&self, l: usize) -> u64 {
         let (start, end) = self.rows.spans[l];
         let span = u64::from(end - start);
@@ -281,8 +239,7 @@ impl Bounds {
         }
     }
 
-    /// Sets a buffer's interval (recorded on the trail) and queues its sections; an empty
-    /// interval is left for `propagate` to find.
+    /// Sets a buffer's interval (on the trail) and queues its sections.
     fn set_bounds(&mut self, l: usize, lo: u64, hi: u64) {
         self.trail.push((l as u32, self.lo[l], self.hi[l]));
         self.lo[l] = lo;
@@ -310,7 +267,7 @@ impl Bounds {
     }
 
     /// Narrows the queued sections until nothing narrows: `Some(false)` when an interval empties,
-    /// `None` when the budget ran out or a stop was asked for first.
+    /// `None` when out of budget or stopped.
     fn propagate(&mut self, domains: Option<&Domains>, control: &mut Control) -> Option<bool> {
         self.work += self.lo.len() as u64;
         if (0..self.lo.len()).any(|l| self.lo[l] > self.hi[l]) {
@@ -434,8 +391,7 @@ impl Bounds {
     }
 
     /// Detectable precedences and not-last, narrowing every task's `hi` against the intervals as
-    /// they were read (the new ends are kept apart until all are found); `false` when an interval
-    /// empties.
+    /// read; `false` when an interval empties.
     fn narrow_highs(&mut self) -> bool {
         self.by_hi.clear();
         self.by_hi.extend(0..self.tasks.len() as u32);
@@ -445,8 +401,7 @@ impl Bounds {
         for b in 0..self.tasks.len() {
             let Task { lo: lo_b, hi: hi_b, size: size_b, .. } = self.tasks[b];
             let mut narrowed = hi_b;
-            // Detectable precedences (upside down: the tasks that cannot end below `b`'s latest
-            // start lie above it, so `b` ends before the latest they can all start).
+            // Detectable precedences, upside down.
             self.set.clear();
             self.work += self.tasks.len() as u64;
             for (k, task) in self.tasks.iter().enumerate() {

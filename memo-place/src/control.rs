@@ -1,7 +1,5 @@
-//! How a caller stops a solve early: a callback, polled while the search runs, that sees the
-//! progress so far and answers whether to stop. The library keeps no clock (`no_std`, and
-//! deterministic when nobody stops it): a command line puts its time limit and its Ctrl-C flag in
-//! the callback.
+//! How a caller stops a solve early: a callback, polled while the search runs with the progress so
+//! far, answers whether to stop. The library keeps no clock (`no_std`, deterministic).
 
 use crate::tuning::*;
 
@@ -14,10 +12,8 @@ pub struct Progress {
     pub peak: u64,
     /// The best proven lower bound so far, in bytes.
     pub lower_bound: u64,
-    /// Whether a component's first placement (its start-order sweep) is under way. A stop now
-    /// *stacks* that component instead (every buffer at its own offset: valid at once, but with
-    /// the sum of the sizes as its peak), so a caller may hold a soft limit back until it ends and
-    /// stop here only at a hard one.
+    /// Whether a component's first placement (its start-order sweep) is under way: a stop now
+    /// *stacks* that component (valid at once, a poor peak), so a caller may hold a soft limit back.
     pub first_placement: bool,
 }
 
@@ -35,8 +31,7 @@ impl<'a> Control<'a> {
         Control { stop, progress: Progress::default(), since_poll: 0, stopped: false }
     }
 
-    /// Counts `count` nodes; polls the callback when enough have passed. Returns whether the solve
-    /// must stop (sticky: once stopped, always stopped).
+    /// Counts `count` nodes, polling the callback when enough have passed; whether to stop (sticky).
     pub(crate) fn tick(&mut self, count: u64) -> bool {
         if self.stopped {
             return true;
@@ -50,8 +45,7 @@ impl<'a> Control<'a> {
         self.stopped
     }
 
-    /// Polls the callback now (between and inside phases that count no nodes: greedy orders and
-    /// sweeps, overlap-graph builds, every `GREEDY_POLL_EVERY` buffers).
+    /// Polls the callback now (in work that counts no nodes: greedy orders, sweeps, graph builds).
     pub(crate) fn poll(&mut self) -> bool {
         if !self.stopped {
             self.since_poll = 0;
@@ -60,9 +54,8 @@ impl<'a> Control<'a> {
         self.stopped
     }
 
-    /// Runs `first` (a component's first placement) with `progress.first_placement` set, asking
-    /// the callback afresh even after an earlier stop: until the first placement ends it may hold
-    /// a soft limit back (see `Progress::first_placement`). An earlier stop still stands after it.
+    /// Runs `first` (a component's first placement) with `progress.first_placement` set, asking the
+    /// callback afresh even after an earlier stop, which still stands after it.
     pub(crate) fn first_placement<R>(&mut self, first: impl FnOnce(&mut Self) -> R) -> R {
         let stopped_before = self.stopped;
         self.stopped = false;

@@ -1,22 +1,13 @@
-//! Reductions that keep optimality and shrink the search: temporal decomposition and peeling.
-//!
-//! - Temporal components: buffers that never share a step with any buffer of another group can
-//!   be placed independently; the arena is the highest of the groups.
-//! - Peeling: a buffer alive at the same time as *every* other buffer of its component can sit at
-//!   the bottom of it. Every other buffer lies wholly above or below it in any placement; moving it
-//!   to the bottom and lifting the ones below by its size keeps the placement valid and the peak.
-//!   Weights, gradients and optimizer state of a training step are such buffers; once they are
-//!   peeled, the rest of a step often splits into components again.
-//!
-//! Applied until nothing changes, this leaves "leaf" components, each with a base offset (the
-//! bytes peeled under it), which the greedy portfolio and the exact search then place.
+//! Reductions that keep optimality: temporal components (groups that never share a step are placed
+//! independently) and peeling (a buffer alive with *every* other of its component can sit at its
+//! bottom: in any placement the others lie wholly above or below it). Applied until nothing
+//! changes, they leave "leaf" components, each with a base offset (the bytes peeled under it).
 
 use alloc::vec::Vec;
 
 use super::Item;
 
-/// A component left after the reductions: its items (indices into the item list) sit at `base`
-/// units and above.
+/// A component left after the reductions: its items sit at `base` units and above.
 #[derive(Clone, Debug)]
 pub(crate) struct Leaf {
     pub base: u64,
@@ -30,8 +21,7 @@ pub(crate) struct Decomposition {
     pub leaves: Vec<Leaf>,
 }
 
-/// Applies temporal decomposition and peeling to all items. Deterministic; iterative (no
-/// recursion), so deep nestings cannot overflow the stack.
+/// Applies temporal decomposition and peeling to all items, iteratively (no deep recursion).
 pub(crate) fn decompose(items: &[Item]) -> Decomposition {
     let mut fixed = Vec::new();
     let mut leaves = Vec::new();
@@ -95,8 +85,7 @@ pub(crate) fn split_components(items: &[Item], sorted: &[u32]) -> Vec<core::ops:
 /// The members (in the order given) that overlap in time every other member.
 /// `i` overlaps every `j != i` iff `lower_i < min upper_j` and `max lower_j < upper_i`.
 pub(crate) fn peelable(items: &[Item], members: &[u32]) -> Vec<u32> {
-    // The smallest and second-smallest upper (and the owner of the smallest), likewise for the
-    // largest lowers, give every member's "others" values in one pass.
+    // The smallest and second-smallest upper (and the smallest's owner), likewise for the lowers.
     let mut min_upper: Option<(u32, u32)> = None;
     let mut second_min_upper = u32::MAX;
     let mut max_lower: Option<(u32, u32)> = None;

@@ -1,18 +1,9 @@
 //! Offset domains at zero slack: where each buffer *can* sit when every section is exactly full.
-//!
-//! In a placement where a section's buffers fill it from 0 to the capacity without a gap, a
-//! buffer's offset is the total size of the buffers under it there: a subset sum of the section's
-//! other buffers. It is so in every section the buffer spans, so its offset lies in the
-//! intersection of those subset sums. With sizes that rarely add up by coincidence (a perfect
-//! packing cut at random heights) the intersection is a handful of values, and the skyline search
-//! (`search::fill_skyline`) drops every buffer whose domain lacks the floor it would sit on:
-//! most wrong choices go before they are tried, and fail-first counts see the true choices.
-//!
-//! The sums are enumerated in each buffer's sparsest sections only (`DOMAIN_SECTIONS`, each with
-//! at most `DOMAIN_MOST_OTHERS` other buffers): enough to make domains small, bounded in work. A
-//! buffer without such a section, or whose domain stays large, is left unrestricted (`None`).
-//! Every domain is a superset of the offsets the buffer takes in any zero-slack placement, so
-//! the search stays exact.
+//! A buffer's offset is then, in every section it spans, a subset sum of the section's other
+//! buffers: the intersection of those sums (over its sparsest `DOMAIN_SECTIONS`, each of at most
+//! `DOMAIN_MOST_OTHERS` others) is its domain, and the skyline search drops a buffer whose domain
+//! lacks the floor. Every domain holds every offset of any zero-slack placement, so the search
+//! stays exact; a buffer without a small domain is unrestricted (`None`).
 
 use alloc::vec::Vec;
 
@@ -44,8 +35,7 @@ struct Tightening {
 }
 
 impl Domains {
-    /// The domains of `members` (local indices) at `capacity`, or `None` unless every section
-    /// is exactly full there (zero slack) or no buffer gets a domain.
+    /// The domains of `members` at `capacity`; `None` unless it is zero slack and some are found.
     pub(crate) fn of(items: &[Item], members: &[u32], sections: &Sections, capacity: u64) -> Option<Domains> {
         if sections.totals.iter().any(|&t| t != capacity) {
             return None;
@@ -59,8 +49,7 @@ impl Domains {
             .map(|(l, &m)| {
                 let size = items[m as usize].size;
                 let (start, end) = rows.spans[l];
-                // The sparsest sections, and the span's first and last (they differ most from
-                // each other: sums shared by neighbouring sections do not narrow a domain).
+                // The sparsest sections, and the span's first and last (they differ most).
                 chosen.clear();
                 chosen.extend(
                     (start as usize..end as usize)
@@ -111,29 +100,17 @@ impl Domains {
         Some(domains)
     }
 
-    /// Whether some section has no tiling with offsets from the domains (then no placement at
-    /// this capacity exists: a proof, as the domains hold every offset a placement can use).
+    /// Whether some section has no tiling with offsets from the domains: no placement, a proof.
     pub(crate) fn refuted(&self) -> bool {
         self.refuted
     }
 
-    /// Keeps in each domain only the offsets some *tiling* of a section uses: an order of the
-    /// section's buffers, stacked from 0 to the capacity without a gap, each at an offset in its
-    /// domain. Every zero-slack placement tiles every section so, so a value no tiling of one of
-    /// the buffer's sections uses is no value of any placement. A section with no tiling at all
-    /// refutes the capacity. Sections whose domains changed are tiled again. A section whose
-    /// tilings take more states than the round's limit waits for the next round, with four times
-    /// the limit (up to `TILING_SECTION_WORK`), when the others may have narrowed its domains.
-    /// Spends at most `work` states, telling `spent` after each section (it answers whether to
-    /// stop), and returns how many it spent; a section is begun only with room for its whole
-    /// limit, and the next call goes on where this one stopped, so the searches that run longer
-    /// tighten the domains further.
-    ///
-    /// Why: the domains of one buffer come from a few sections each, and a section's buffers may
-    /// each have values although no two of them fit together. A module of pinwheel 500 seed 4
-    /// (72 buffers, 16 sections) has a 17-buffer section that no tiling fills: refuted in 27,308
-    /// nodes, where the skyline search spent 47 M nodes in 30 s without a proof; another (103
-    /// buffers) is placed in 0.5 M nodes with tightened domains, 6.0 M without (BENCHMARKS.md).
+    /// Keeps in each domain only the offsets some *tiling* of a section uses (its buffers stacked
+    /// from 0 to the capacity without a gap at offsets of their domains), as every zero-slack
+    /// placement tiles every section; a section with no tiling refutes the capacity. Sections are
+    /// tiled again when their domains change, in rounds of a state limit (fourfold a round), within
+    /// `work` states, telling `spent` after each section (it answers whether to stop); returns the
+    /// states spent, and the next call goes on (BENCHMARKS.md, "Fifteenth pass").
     pub(crate) fn tighten(
         &mut self,
         items: &[Item],
@@ -234,25 +211,21 @@ impl Domains {
     }
 }
 
-/// The tilings of one section: orders of its buffers stacked from 0 to the capacity, each at an
-/// offset in its domain; what offsets they use. `None` from `new` when more than
-/// `TILING_MOST_UNLISTED` of its buffers have no listed domain.
+/// The tilings of one section and the offsets they use (`None` past `TILING_MOST_UNLISTED`).
 struct Tiler<'d> {
     domains: &'d Domains,
     /// The section's buffers (local indices), by position.
     held: &'d [u32],
     /// Per position, its size.
     size: Vec<u64>,
-    /// Every (offset, position) a small domain (`TILING_LISTED_VALUES`) allows, sorted: the
-    /// buffers that may start at an offset are one range of it.
+    /// Every (offset, position) a small domain allows, sorted.
     starts: Vec<(u64, u32)>,
     /// The positions whose buffers have no domain or a large one, as a mask (asked one by one).
     unlisted: u64,
     capacity: u64,
     /// Per position, the offsets it takes in some tiling found.
     used: Vec<Vec<u64>>,
-    /// Sets of placed buffers (masks over the positions) already searched, and whether a tiling
-    /// goes on from them: the offset reached is their total, so the set alone is the state.
+    /// Sets of placed buffers (masks) already searched, and whether a tiling goes on from them.
     seen: MaskTable,
     work: u64,
     work_limit: u64,
@@ -284,9 +257,8 @@ impl<'d> Tiler<'d> {
         Some(Tiler { domains, held, size, starts, unlisted, capacity, used, seen, work: 0, work_limit })
     }
 
-    /// Whether the buffers not in `placed` (whose total is `offset`) tile `[offset, capacity)`;
-    /// records the offsets every tiling through here uses. Stops (returning `false`) once the
-    /// work limit is reached: the caller then concludes nothing.
+    /// Whether the buffers not in `placed` (total `offset`) tile `[offset, capacity)`, recording the
+    /// offsets used; `false` also at the work limit.
     fn tile(&mut self, placed: u64, offset: u64) -> bool {
         if offset == self.capacity {
             return true; // zero slack: every buffer is placed exactly here
@@ -331,9 +303,8 @@ impl<'d> Tiler<'d> {
     }
 }
 
-/// A set of 64-bit masks, each with one bit of value: open addressing with linear probing
-/// (`u64::MAX` marks an empty slot: masks are over at most `TILING_MOST_BUFFERS` = 63 positions,
-/// so none is all ones).
+/// A set of 64-bit masks with one bit of value, by open addressing (`u64::MAX`, which no mask of
+/// at most 63 positions is, marks an empty slot).
 struct MaskTable {
     slots: Vec<(u64, bool)>,
     len: usize,

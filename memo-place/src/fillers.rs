@@ -1,18 +1,9 @@
-//! Fillers: rectangles that fill a component's slack so that every section is exactly full.
-//!
-//! A capacity above a component's lower bound leaves slack: in section `k`, `slack[k]` units that
-//! no buffer uses. Filled with rectangles (fillers, as buffers of their own), the component is
-//! zero slack, which the flat splits (`split`) take apart part by part. They succeed when the
-//! fillers are the packing's holes; but many sets of rectangles make the same slack profile, and
-//! the profile alone does not say which the holes are. Two holes of 24 and 1,544 units, the second
-//! starting where the first ends, look the same as a 24-unit one running on under a 1,520-unit
-//! one. So the fillers come in shapes, each recovering some holes exactly:
-//! - [`Shape::Nested`] and [`Shape::Runs`], one set each, made in one sweep (`Filled` in the
-//!   arena module tries both on every component with slack);
-//! - [`fewest`]: every set with the fewest rectangles (up to a number of them), for a part of a
-//!   split whose fillers turned out wrong (`split` tries them in its place).
-//!
-//! Fillers are given over section indices: `first..end` covers sections `first` to `end - 1`.
+//! Fillers: rectangles that fill a component's slack so that every section is exactly full, for
+//! the flat splits (`split`) to take it apart. They succeed where the fillers are the packing's
+//! holes, but the slack profile alone does not say where those are (a 24-unit hole ending where a
+//! 1,544-unit one starts reads as a 24-unit one under a 1,520-unit one); so the fillers come in
+//! shapes: [`Shape::Nested`] and [`Shape::Runs`], one set each from one sweep, and [`fewest`], every
+//! set of the fewest rectangles, for a part whose fillers were wrong. `first..end`: sections.
 
 use crate::tuning::*;
 use alloc::vec::Vec;
@@ -28,19 +19,16 @@ pub(crate) struct Filler {
 /// How one sweep cuts a slack profile into fillers.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Shape {
-    /// Holes nest: one that opens after another closes before it, so holes of distinct heights
-    /// overlapping in time are recovered (one gap each).
+    /// Holes nest: the open filler of exactly the fall's height closes, so holes of distinct
+    /// heights overlapping in time are recovered.
     Nested,
-    /// Holes end where the slack changes: holes side by side in time, of different heights, are
-    /// recovered.
+    /// Holes end where the slack changes: holes side by side in time are recovered.
     Runs,
 }
 
-/// The fillers of `slack` in one `shape`, or `None` when they would be more than `most`.
-///
-/// Where the slack rises, a filler opens (the rise as one). Where it falls, `Nested`: the open
-/// filler of exactly that height closes if there is one (a hole that ends here), else the latest
-/// ones close, the last in part; `Runs`: all close, and the slack left opens again as one.
+/// The fillers of `slack` in one `shape`, or `None` when they would be more than `most`. Where the
+/// slack rises, a filler opens; where it falls, `Nested` closes the open filler of that height if
+/// any, else the latest (the last in part); `Runs` closes all and opens the slack left as one.
 pub(crate) fn shaped(slack: &[u64], shape: Shape, most: usize) -> Option<Vec<Filler>> {
     let mut fillers = Vec::new();
     let mut open: Vec<(usize, u64)> = Vec::new(); // (first section, height)
@@ -83,16 +71,9 @@ pub(crate) fn shaped(slack: &[u64], shape: Shape, most: usize) -> Option<Vec<Fil
 }
 
 /// Every set of fillers of `slack` with the fewest rectangles, up to `variants` sets, each sorted,
-/// within `work` steps (one per subset of open fillers looked at). Empty when the profile needs
-/// none; without the sets that would hold more than `OPEN_MOST` fillers open at once, or that the
-/// work left unexplored.
-///
-/// At each section boundary where the slack changes, some of the open fillers close (any subset
-/// whose closing leaves no more than the new level) and at most one opens with what is missing:
-/// so holes that end where others start are among the sets, as are nested ones. A depth-first
-/// search over those choices, in order of fewer fillers opened then fewer closed, keeps every set
-/// of the fewest fillers it meets (sets with more are cut off by a count of the changes left,
-/// each of which needs a filler to open or close).
+/// within `work` steps, none holding more than `OPEN_MOST` open at once. A depth-first search over
+/// the boundaries where the slack changes, each closing any subset of the open fillers and opening
+/// at most one with what is missing, cut off by a count of the changes left.
 pub(crate) fn fewest(slack: &[u64], variants: usize, work: u64) -> Vec<Vec<Filler>> {
     let changes: Vec<usize> = (0..=slack.len()).filter(|&k| levels(slack, k).0 != levels(slack, k).1).collect();
     if changes.is_empty() {
@@ -178,8 +159,7 @@ impl Fewest<'_> {
                 return;
             }
             let opened = usize::from(opening != 0);
-            // Each change left needs a filler to open or close there; the open ones close once
-            // each, every new one opens and closes: at least this many more open.
+            // Each change left needs a filler to open or close: at least this many more open.
             let open_after = self.open.len() - subset.count_ones() as usize + opened;
             let changes_left = self.changes.len() - change - 1;
             let more = changes_left.saturating_sub(open_after).div_ceil(2);

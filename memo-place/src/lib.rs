@@ -1,21 +1,10 @@
 //! Arena placement: give every buffer an offset so that buffers alive at the same step never share
 //! a byte, with the lowest possible peak (or under a given capacity). `spec/placement.md` (at the
 //! repository root) is the contract; `ARCHITECTURE.md` beside this crate explains the pipeline:
-//!
-//! 1. units: with alignment `a`, sizes become `ceil(size / a)` units and offsets multiples of `a`;
-//! 2. reductions that keep optimality ([`decompose`]): temporal components and peeling;
-//! 3. per component, the greedy portfolio ([`greedy`]) gives an incumbent;
-//! 4. components above the lower bound go to the exact search ([`search`]), which proves a capacity
-//!    infeasible or finds a placement under it, within a deterministic node budget; at a capacity
-//!    where every time section is exactly full (zero slack), flat splits ([`split`]) are tried
-//!    first: they cut the component into independent horizontal slabs and place it part by part;
-//!    between the restarts (and in the zero-slack instances a capacity with slack is filled up
-//!    to), window modules ([`modules`]) place it as smaller instances nested one inside another.
-//!
-//! The reported peak is proven optimal when it equals the lower bound (the most bytes ever alive
-//! at once), or when the search proved every lower capacity infeasible for the component that
-//! sets it.
-
+//! units, reductions ([`decompose`]), the greedy portfolio ([`greedy`]), then for components above
+//! the lower bound the exact search ([`search`]) with flat splits ([`split`]) and window modules
+//! ([`modules`]), within a deterministic node budget. The peak is proven optimal when it equals
+//! the lower bound, or when the search proved every lower capacity infeasible.
 //!
 //! Besides the solver, the crate holds what a placement needs around it, each sharing no code with
 //! the search: [`lifetime`] (buffers, the live-bytes profile, the lower bound), [`check`] (the
@@ -78,11 +67,10 @@ pub use tuning::DEFAULT_BUDGET_NODES;
 /// What to solve for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SolveOptions {
-    /// Find a placement whose peak is at most this many bytes (the peak is still minimised as far
-    /// as the budget allows). `None`: only minimise.
+    /// Find a placement whose peak is at most this many bytes (still minimising the peak as far as
+    /// the budget allows). `None`: only minimise.
     pub capacity: Option<u64>,
-    /// Every offset is a multiple of this (0 or 1: no alignment); every buffer occupies its size
-    /// rounded up to it.
+    /// Every offset is a multiple of this (0 or 1: none); a buffer occupies its size rounded up.
     pub alignment: u64,
     /// Node budget of the exact search, over the whole solve.
     pub budget_nodes: u64,
@@ -97,32 +85,21 @@ impl Default for SolveOptions {
 }
 
 /// How a round of the exact search shares its nodes among its searches (`ARCHITECTURE.md`, "The
-/// search mixes"). `Balanced` is the best alone; `Restarts` and `Bounds` split its work between
-/// them, each placing some instances in a fraction of the time the other takes, so a solve with
-/// cores to spare runs them side by side (`solve_portfolio`, with the `std` feature;
-/// `SearchMix::portfolio`). Each alone is deterministic.
+/// search mixes"): `Balanced` is the best alone, `Restarts` and `Bounds` halves for `solve_portfolio`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SearchMix {
-    /// The best alone. In each round a component's filled instances and window modules come
-    /// first, then its bounds searches (with slack two, ties to the largest and to the narrowest
-    /// interval; at zero slack one, ties to the larger area), each with `BOUNDS_SHARE` times the
-    /// round's restart nodes.
+    /// The best alone: filled instances and window modules, then the bounds searches.
     #[default]
     Balanced,
-    /// `Balanced` without the bounds searches of components with slack, beside `Bounds` (which
-    /// runs those first): the restarts and the filled instances come sooner, and a filled
-    /// instance's bounds search gets `RESTARTS_FILLED_BOUNDS_SHARE`.
+    /// `Balanced` without the bounds searches of components with slack, beside `Bounds`.
     Restarts,
-    /// The bounds searches lead, beside `Restarts`: with slack three (ties to the narrowest
-    /// interval, the wider, the largest), before the filled instances and modules in each round,
-    /// each with `BOUNDS_MIX_SHARE` times the round's restart nodes; at zero slack one (ties to
-    /// the largest) with `BOUNDS_MIX_ZERO_SLACK_SHARE`, so the restarts there come sooner.
+    /// The bounds searches lead (with slack three orders, `BOUNDS_MIX_SHARE`; at zero slack one,
+    /// `BOUNDS_MIX_ZERO_SLACK_SHARE`), beside `Restarts`.
     Bounds,
 }
 
 impl SearchMix {
-    /// The mixes to run side by side on `threads` threads: one thread, `Balanced`; two,
-    /// `Restarts` and `Bounds`; more, all three.
+    /// The mixes to run side by side on `threads` threads (one: `Balanced`; two: the other two).
     pub fn portfolio(threads: usize) -> &'static [SearchMix] {
         match threads {
             0 | 1 => &[SearchMix::Balanced],
@@ -131,11 +108,9 @@ impl SearchMix {
         }
     }
 
-    /// One round of the exact search at one capacity (`LeafState::search_with_restarts`), as data.
-    /// The filled instances and window modules come after the round's first two restarts: they
-    /// take as many nodes as all its restarts, and searched first they cost MiniMalloc's J and K,
-    /// which those restarts settle, 40x their time (I 2x). The bounds searches follow them, except
-    /// in the `Bounds` mix with slack, where they lead.
+    /// One round of the exact search at one capacity, as data: the filled instances and modules after
+    /// the first two restarts (which alone settle many leaves), then the bounds searches (in `Bounds`
+    /// with slack, before them).
     fn round(self, zero_slack: bool) -> &'static [Step] {
         use Step::{Bounds, FilledAndModules, Restarts};
         if self == SearchMix::Bounds && !zero_slack {
@@ -145,8 +120,7 @@ impl SearchMix {
         }
     }
 
-    /// A filled instance's bounds-search share (times its modules' nodes): `Restarts` gives its
-    /// filled instances the time `Balanced` gives the leaf's bounds searches.
+    /// A filled instance's bounds-search share (times its modules' nodes).
     fn filled_bounds_share(self) -> u64 {
         match self {
             SearchMix::Restarts => RESTARTS_FILLED_BOUNDS_SHARE,
@@ -154,9 +128,8 @@ impl SearchMix {
         }
     }
 
-    /// The orders of a component's bounds searches (one search each; none, none run), and each
-    /// one's share of a round (times the round's restart nodes). A filled instance takes the
-    /// zero-slack orders.
+    /// The orders of a component's bounds searches and each one's share of a round (times the
+    /// round's restart nodes); a filled instance takes the zero-slack orders.
     fn bounds_searches(self, zero_slack: bool) -> (&'static [bounds::Tiebreak], u64) {
         use bounds::Tiebreak::{Larger, Tighter, Wider};
         match (self, zero_slack) {
@@ -172,14 +145,11 @@ impl SearchMix {
 /// One step of a round of the exact search at one capacity ([`SearchMix::round`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {
-    /// The round's next restarts, this many (`usize::MAX`: the rest): the skyline search under
-    /// one tie-break order each, up to the round's node limit.
+    /// The round's next restarts, this many (`usize::MAX`: the rest), up to the round's node limit.
     Restarts(usize),
-    /// The component's bounds searches (the mix's orders), each on from where it stopped, with
-    /// the mix's share times the nodes of all the round's restarts.
+    /// The component's bounds searches, each on from where it stopped, with the mix's share.
     Bounds,
-    /// The filled instances' searches, then the window modules with as many nodes as all the
-    /// round's restarts.
+    /// The filled instances' searches, then the window modules, each with the restarts' nodes.
     FilledAndModules,
 }
 
@@ -213,12 +183,10 @@ pub struct SolveStats {
     pub fixed_buffers: u32,
     /// Whether the node budget ran out before every component was settled.
     pub budget_exhausted: bool,
-    /// Whether the stop callback of [`solve_with`] ended the solve early (the placement is the best
-    /// found by then).
+    /// Whether the stop callback of [`solve_with`] ended the solve early.
     pub stopped: bool,
-    /// Components above the lower bound that were too large for the exact search
-    /// (`EXACT_SEARCH_MAX_BUFFERS`, `OVERLAP_PAIR_LIMIT`): the improvement search for large
-    /// components (`repair`) lowers their greedy placement instead, without proofs.
+    /// Components above the lower bound too large for the exact search (`EXACT_SEARCH_MAX_BUFFERS`,
+    /// `OVERLAP_PAIR_LIMIT`), left to the improvement search (`repair`), without proofs.
     pub unsearched_components: u32,
 }
 
@@ -239,8 +207,7 @@ pub enum SolveError {
         /// A proven lower bound on every placement's peak, above the capacity.
         lower_bound: u64,
     },
-    /// No placement under the capacity was found before the node budget ran out or the stop
-    /// callback of [`solve_with`] stopped the solve; one may exist.
+    /// No placement under the capacity was found within the budget or before a stop; one may exist.
     NotFoundWithinBudget {
         /// The capacity asked for.
         capacity: u64,
@@ -288,8 +255,7 @@ pub(crate) struct Item {
 
 #[cfg(test)]
 impl Item {
-    /// The items of `buffers` as they are (alignment 1, none empty), in order: tests build their
-    /// components straight from generated buffers.
+    /// The items of `buffers` as they are (alignment 1, none empty), in order.
     pub(crate) fn all_of(buffers: &[BufferLifetime]) -> Vec<Item> {
         buffers.iter().map(|b| Item { lower: b.lower, upper: b.upper, size: b.size }).collect()
     }
@@ -316,18 +282,13 @@ pub fn classic_peaks(buffers: &[BufferLifetime], alignment: u64) -> Option<Vec<u
     Some(peaks.into_iter().map(|p| p * alignment).collect())
 }
 
-/// [`solve`], stopped early when `stop` says so: it is polled every 16 search nodes, between greedy
-/// orders, and every 2,048 buffers inside greedy orders, sweeps, overlap-graph builds and the
-/// repair's starts and rounds (a few milliseconds apart on 100k buffers), with the progress so
-/// far, and once it returns `true` the solve ends with the best placement found by then
-/// (`stats.stopped`), or, with a capacity not met yet, with [`SolveError::NotFoundWithinBudget`].
-/// The first placement of each component (the start-order sweep, O(n log n)) comes before any
-/// other. Inside it the callback is asked afresh even after a stop, with
-/// [`Progress::first_placement`] set (so a caller may let it finish past a soft limit); a stop
-/// there (only a component of 2,048 buffers or more polls there) stacks that component's buffers
-/// one above the other instead, so there is a placement however early the
-/// stop comes, at once, if a poor one then. A caller puts a time limit or an interrupt here; the
-/// library keeps no clock. Deterministic as long as `stop` never returns `true`.
+/// [`solve`], stopped when `stop` says so: it is polled every 16 search nodes and every 2,048
+/// buffers of greedy work, with the progress so far; once it returns `true` the solve ends with the
+/// best placement found (`stats.stopped`) or, with a capacity not met, with
+/// [`SolveError::NotFoundWithinBudget`]. Inside each component's first placement (the start-order
+/// sweep) it is asked afresh even after a stop, with [`Progress::first_placement`] set; a stop
+/// there stacks the component's buffers instead, so there is always a placement. The library
+/// keeps no clock. Deterministic as long as `stop` never returns `true`.
 pub fn solve_with(
     buffers: &[BufferLifetime],
     options: &SolveOptions,
@@ -364,8 +325,7 @@ fn solve_nested(
         return Err(SolveError::ProvenInfeasible { capacity, lower_bound: lower_bound_units * alignment });
     }
 
-    // Improve the leaves that set the peak, highest first. `target` is the peak the whole arena
-    // needs anyway; a leaf need not go below it.
+    // Improve the leaves that set the peak, highest first, down to what the whole arena needs.
     let mut nodes_left = options.budget_nodes;
     let mut nodes = 0u64;
     let mut budget_exhausted = false;
@@ -374,8 +334,7 @@ fn solve_nested(
     order.sort_unstable_by_key(|&i| (core::cmp::Reverse(leaves[i].base + leaves[i].best.peak), i));
     let mut target = lower_bound_units;
     for (k, &i) in order.iter().enumerate() {
-        // The arena's peak apart from this leaf: the leaves done so far (in `target`) and the
-        // highest of those still to come (the next in `order`), for the progress shown.
+        // The arena's peak apart from this leaf, for the progress shown.
         let others = order.get(k + 1).map_or(target, |&j| target.max(leaves[j].base + leaves[j].best.peak));
         let shown = Shown { others, whole: whole.as_ref().map_or(u64::MAX, |w| w.peak), alignment };
         let leaf = &mut leaves[i];
@@ -441,8 +400,7 @@ fn solve_nested(
     })
 }
 
-/// The pair limit of a graph `solve_nested` builds: `limit`, or 0 where a test asks for the
-/// graph-free paths of dense components on small instances (`tests::GRAPH_FREE`).
+/// The pair limit of a graph `solve_nested` builds: 0 where a test asks for the graph-free paths.
 fn pair_limit(limit: usize) -> usize {
     #[cfg(test)]
     if tests::GRAPH_FREE.with(core::cell::Cell::get) {
@@ -625,9 +583,7 @@ struct Budget<'a, 'c> {
 }
 
 impl Budget<'_, '_> {
-    /// Places a zero-slack component (`items`, `members`, its sections) under `capacity` through
-    /// `modules`, its window modules, with at most `allowance` of the nodes left; charges the
-    /// nodes spent.
+    /// Places a zero-slack component by its window modules within `allowance`; charges the nodes.
     fn place_by_modules(
         &mut self,
         modules: &mut modules::Modules,
@@ -642,10 +598,9 @@ impl Budget<'_, '_> {
         placement
     }
 
-    /// Runs a component's bounds searches (`searches`: one per order of `tiebreaks`, made at the
-    /// first call; none when the component has a crowded section) on from where they stopped,
-    /// each with at most `allowance` of the nodes left, narrowing to `domains`; the first settled
-    /// outcome, else `BudgetExhausted`. Charges the nodes spent.
+    /// Runs a component's bounds searches (one per order of `tiebreaks`, made at the first call;
+    /// none with a crowded section) on from where they stopped, each with at most `allowance`
+    /// nodes; the first settled outcome, else `BudgetExhausted`. Charges the nodes spent.
     fn run_bounds(
         &mut self,
         searches: &mut Option<Vec<bounds::Bounds>>,
@@ -671,9 +626,7 @@ impl Budget<'_, '_> {
         SearchOutcome::BudgetExhausted
     }
 
-    /// Tightens a zero-slack search's domains (`search::Shared::tighten`) with at most
-    /// `allowance` of the nodes left, one state of a tiling counted as a node; the stop callback
-    /// is polled after each section tiled.
+    /// Tightens a zero-slack search's domains within `allowance`, a tiling state counted as a node.
     fn tighten(&mut self, shared: &mut search::Shared, (items, members): (&[Item], &[u32]), allowance: u64) {
         let allowance = allowance.min(*self.nodes_left);
         let control = &mut *self.control;
@@ -721,8 +674,7 @@ impl LeafState {
     }
 
     /// One capacity, searched under each tie-break order in turn with a node limit that doubles
-    /// every round (deterministic restarts), until one run finds a placement or proves there is
-    /// none, or the budget is spent. Any one run's "infeasible" is a proof: each run is complete.
+    /// every round, until a run settles it or the budget is spent; each run is complete.
     fn search_with_restarts(
         &self,
         items: &[Item],
@@ -734,8 +686,7 @@ impl LeafState {
     ) -> SearchOutcome {
         let zero_slack = self.sections.totals.iter().all(|&t| t == capacity);
         if zero_slack {
-            // Zero slack: try flat splits first (they settle perfect packings part by part). They
-            // only ever find placements; without one the restarts below go on, unchanged.
+            // Zero slack: flat splits first; they only ever find placements.
             let (placement, used) =
                 split::place(items, members, members.len(), capacity, budget.nodes_left, budget.control);
             *budget.nodes += used;
@@ -743,9 +694,7 @@ impl LeafState {
                 return SearchOutcome::Found(placement);
             }
         }
-        // Each shape of fillers once (the two often cut a profile alike), `Runs` first: of the
-        // twenty holes instances, with one thread, that saved 0.13-1.7 s on four (holes 500 seed
-        // 7: 2.08 to 0.37 s) and cost 0.46 s on one (holes 500 seed 2) (BENCHMARKS.md).
+        // Each shape of fillers once, `Runs` first (BENCHMARKS.md, "Twenty-first pass").
         let nesting = (budget.depth, budget.mix);
         let runs = Filled::new(items, members, &self.sections, capacity, fillers::Shape::Runs, nesting);
         let nested = Filled::new(items, members, &self.sections, capacity, fillers::Shape::Nested, nesting)
@@ -753,10 +702,8 @@ impl LeafState {
         let mut filled: Vec<Filled> = runs.into_iter().chain(nested).collect();
         let mut shared = search::Shared::new(items, members, &self.sections, capacity);
         let mut limit = SEARCH_FIRST_LIMIT_PER_BUFFER * members.len() as u64;
-        // Modules at zero slack only (and in the filled instances, zero slack by making): with slack
-        // their parts cost canonical nodes and placed nothing more within a second on the sets
-        // measured (MiniMalloc's H took 3x the nodes). Kept across the rounds: a module placed in
-        // one is not placed again.
+        // Modules at zero slack only (with slack their canonical parts placed nothing more;
+        // BENCHMARKS.md, "Fourteenth pass"), kept across the rounds.
         let mut modules = modules::Modules::new(zero_slack, budget.depth, budget.mix);
         // The bounds searches, made at their first turn and resumed each round after.
         let mut bounds: Option<Vec<bounds::Bounds>> = None;
@@ -764,9 +711,7 @@ impl LeafState {
         let first_limit = limit;
         loop {
             if limit > first_limit {
-                // A search that goes on past its first round tightens its domains (see
-                // `TIGHTEN_PER_RESTART_NODE`): cheap instances never pay for it, hard ones in
-                // proportion.
+                // Past its first round a search tightens its domains (`TIGHTEN_PER_RESTART_NODE`).
                 let allowance = limit.saturating_mul(ranks.len() as u64).saturating_mul(TIGHTEN_PER_RESTART_NODE);
                 budget.tighten(&mut shared, (items, members), allowance);
             }
@@ -920,12 +865,9 @@ impl LeafState {
     }
 }
 
-/// A component with slack at a capacity, made zero slack by *fillers*: extra buffers whose live
-/// totals make up each section's slack exactly (the slack profile cut into intervals, see `new`). A placement
-/// of the filled component, fillers dropped, is a placement of the component; the zero-slack
-/// machinery (flat splits, the skyline search and its look-ahead) then applies. Not complete:
-/// where the free space of a placement is not shaped like the fillers there is no such placement,
-/// so this only ever finds placements; the canonical search keeps every proof.
+/// A component with slack at a capacity, made zero slack by *fillers* (`fillers`): a placement of
+/// the filled component, fillers dropped, places the component. Not complete: it only ever finds
+/// placements; the canonical search keeps every proof.
 struct Filled {
     items: Vec<Item>,
     members: Vec<u32>,
@@ -937,8 +879,8 @@ struct Filled {
     shared: search::Shared,
     /// The filled instance's window modules (it has zero slack), kept across its searches.
     modules: modules::Modules,
-    /// Whether its flat splits still run each search with the round's allowance; `false` once a
-    /// *near-perfect* instance's have run with all the budget (`NEAR_PERFECT_BUFFERS_PER_FILLER`).
+    /// Whether its flat splits still run with each search's allowance (not after a near-perfect
+    /// instance's ran with all the budget).
     splits_pending: bool,
     /// Few fillers: the component is a perfect packing with a few pieces missing.
     near_perfect: bool,
@@ -949,9 +891,8 @@ struct Filled {
 }
 
 impl Filled {
-    /// The filled instance of a component `depth` modules deep in a solve with search mix `mix`;
-    /// `None` when the component needs no fillers (zero slack already) or more than one per
-    /// `FILLERS_PER_BUFFER` of its buffers.
+    /// The filled instance of a component `depth` modules deep; `None` when it needs no fillers or
+    /// more than one per `FILLERS_PER_BUFFER` of its buffers.
     fn new(
         items: &[Item],
         members: &[u32],
@@ -994,9 +935,8 @@ impl Filled {
         })
     }
 
-    /// Flat splits (a near-perfect instance's with all the budget, the first time only), then
-    /// window modules, then the skyline search under each tie-break order, each with `limit`
-    /// nodes; the placement of the component's own buffers if one is found.
+    /// Flat splits, window modules, then the skyline search under each tie-break order, each with
+    /// `limit` nodes; the placement of the component's own buffers if one is found.
     fn search(&mut self, capacity: u64, limit: u64, budget: &mut Budget) -> Option<ComponentPlacement> {
         let own = |placement: ComponentPlacement| {
             let offsets: Vec<u64> = placement.offsets[..self.own].to_vec();
@@ -1004,8 +944,7 @@ impl Filled {
             ComponentPlacement { offsets, peak }
         };
         if self.splits_pending {
-            // A near-perfect instance's splits once with all the budget (their own work limits
-            // bound them), the others' again each round with its allowance.
+            // A near-perfect instance's splits once with all the budget, the others' each round.
             let allowance = if self.near_perfect { u64::MAX } else { limit.saturating_mul(self.ranks.len() as u64) };
             let mut split_budget = allowance.min(*budget.nodes_left);
             self.splits_pending = !self.near_perfect;
@@ -1029,9 +968,7 @@ impl Filled {
         if let Some(placement) = budget.place_by_modules(&mut self.modules, filled, capacity, allowance) {
             return Some(own(placement));
         }
-        // Then its bounds searches, each on from where it stopped, with the mix's share
-        // (`FILLED_BOUNDS_SHARE`, `RESTARTS_FILLED_BOUNDS_SHARE`) times that. (Their
-        // "infeasible" holds for these fillers only.)
+        // Then its bounds searches (their "infeasible" holds for these fillers only).
         let allowance = allowance.saturating_mul(budget.mix.filled_bounds_share());
         let domains = self.shared.domains();
         let (tiebreaks, _) = budget.mix.bounds_searches(true);
@@ -1070,8 +1007,8 @@ impl Filled {
     }
 }
 
-/// Keeps what a search of a leaf (at `base`) at `capacity` settled: a better placement, or a
-/// higher proven bound; and shows it to the stop callback.
+/// Keeps what a search of a leaf at `capacity` settled (a better placement, a higher bound) and
+/// shows it to the stop callback.
 fn record(
     best: &mut ComponentPlacement,
     proven_lower: &mut u64,
@@ -1096,11 +1033,9 @@ fn record(
     }
 }
 
-/// The tie-break orders the restarts cycle through: buffers in the most contended sections
-/// first, then longer, then larger (MiniMalloc's best-performing preorder), twice (the second
-/// time, at `search::CONTENTION_RESTART`, each part the search splits off is ranked afresh so);
-/// largest first; longest first; then fixed-seed shuffles. Each is a rank per buffer (lower rank
-/// tried first).
+/// The tie-break orders the restarts cycle through: the contention order (MiniMalloc's best
+/// preorder: most contended sections, then longer, then larger) twice (the second at
+/// `search::CONTENTION_RESTART`); largest first; longest first; then fixed-seed shuffles.
 pub(crate) fn search_ranks(items: &[Item], members: &[u32], sections: &Sections) -> Vec<Vec<u32>> {
     let n = members.len();
     let item = |l: u32| &items[members[l as usize] as usize];

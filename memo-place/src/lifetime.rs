@@ -1,6 +1,6 @@
 //! Buffer lifetimes and what follows from them alone: the live-bytes profile over time and its
 //! maximum, which is a lower bound on the arena of any placement. (Temporal components are split
-//! where the solver needs them, in `arena::decompose`.)
+//! where the solver needs them, in `decompose`.)
 //!
 //! Time is a sequence of integer steps. A buffer is alive over the half-open range
 //! `[lower, upper)`; two buffers conflict when their ranges intersect. Sizes are bytes; with an

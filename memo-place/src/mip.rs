@@ -12,33 +12,17 @@
 //!             0 <= A_i <= CAP - S_i,  z_ij in {0, 1}
 //! ```
 //!
-//! with `CAP` the sum of the footprints (no placement needs more): `z_ij = 0` puts `i` below `j`,
-//! `z_ij = 1` puts `j` below `i`. Zero-size buffers occupy nothing, get offset 0 and no variable.
+//! with `CAP` the sum of the footprints: `z_ij = 0` puts `i` below `j`. Zero-size buffers get
+//! offset 0 and no variable. One addition: `M >= L`, `L` the most units alive at one step (every
+//! placement meets it; without it branch and bound spends minutes on 14 buffers).
 //!
-//! One addition to the paper's model: the bound `M >= L`, with `L` the most units alive at one
-//! step (computed here from the lifetimes, not taken from [`crate::lifetime`]). Every placement
-//! meets it, so the optimum is unchanged; without it the relaxation's bound is only the largest
-//! footprint, and branch and bound spends minutes on 14 buffers proving an optimum equal to `L`.
-//!
-//! Numerics. `microlp` computes in `f64` with absolute tolerances (`1e-7` feasibility, and an
-//! integer value may sit up to `int_tol` off its integer):
-//! - sizes are first divided by the greatest common divisor of the footprints (an optimal placement
-//!   exists with every offset a sum of footprints, so nothing is lost), and instances whose `CAP` is
-//!   still above [`MIP_MAX_UNITS`] = 2^50 units are refused, so every value of the model is an
-//!   exactly representable integer;
-//! - the big-M coefficient `CAP` sits next to coefficients 1; `microlp` asks for a spread of at most
-//!   `1e6` in one constraint, so instances whose `CAP` is above about a million units may fail with
-//!   [`MipError::Solver`] (the test instances stay far below);
-//! - `int_tol` is set to [`MIP_INT_TOL`] so that `CAP * int_tol` stays far below one unit for every
-//!   `CAP` within the coefficient spread above.
-//!
-//! The solver's values are not trusted. Only the binaries are read, rounded: they say which buffer
-//! of each overlapping pair lies below the other. The offsets are then recomputed exactly, in
-//! integers, as the lowest placement with that order (each buffer sits on the highest end of the
-//! buffers ordered below it), its peak compared with the solver's objective (within half a unit),
-//! and the placement checked in bytes with [`check_placement`]. A placement of that order exists
-//! with peak `M` for the solver's `M`, so the recomputed peak can only differ from the objective if
-//! the solver's bookkeeping was wrong; each such failure is an error, never a silently wrong answer.
+//! Numerics (`microlp` computes in `f64` with absolute tolerances): sizes are divided by the
+//! footprints' greatest common divisor, and a `CAP` above [`MIP_MAX_UNITS`] is refused, so every
+//! value is an exact integer; `int_tol` is [`MIP_INT_TOL`], so that `CAP * int_tol` stays far below
+//! a unit. The solver's values are not trusted: only the rounded binaries are read (which buffer of
+//! each pair lies below), the offsets recomputed exactly as the lowest placement in that order, its
+//! peak compared with the objective and the placement checked with [`check_placement`]; a
+//! mismatch is an error, never a silently wrong answer.
 
 use alloc::string::String;
 use alloc::vec;
@@ -50,25 +34,19 @@ use microlp::{ComparisonOp, OptimizationDirection, Problem, SolutionStatus, Solv
 use crate::check::{check_placement, PlacementViolation};
 use crate::lifetime::{footprint, BufferLifetime};
 
-/// The most buffers (of non-zero size) [`solve_mip`] accepts. The model has a binary for every pair
-/// of buffers alive together (up to 276 at 24 buffers) and `microlp`'s branch and bound on a big-M
-/// disjunction needs time exponential in them: the MIP is a cross-check for small instances, not a
-/// planner.
+/// The most buffers (of non-zero size) [`solve_mip`] accepts: branch and bound over a binary per
+/// overlapping pair takes time exponential in them. A cross-check, not a planner.
 pub const MIP_MAX_BUFFERS: usize = 24;
 
 /// The largest `CAP` (sum of the footprints, in units of their greatest common divisor) accepted:
-/// 2^50, so that every bound, coefficient and sum of the model is an integer `f64` holds exactly,
-/// with room to spare for the solver's intermediate sums.
+/// every value of the model is then an integer an `f64` holds exactly.
 pub const MIP_MAX_UNITS: u64 = 1 << 50;
 
-/// The branch-and-bound node limit of one solve: far above what the test instances need (at most
-/// a few thousand nodes), so that hitting it means the instance is too hard for a cross-check.
-/// (A node costs about a millisecond in a debug build at 14 buffers.)
+/// The branch-and-bound node limit of one solve: far above what the test instances need.
 pub const MIP_NODE_LIMIT: u64 = 200_000;
 
-/// The integrality tolerance given to `microlp` (its default is `1e-6`): a binary off its integer by
-/// this much loosens a big-M constraint by `CAP * MIP_INT_TOL`, which stays below `1e-3` units for
-/// every `CAP` within `microlp`'s recommended coefficient spread of `1e6`.
+/// The integrality tolerance given to `microlp`: it loosens a big-M constraint by
+/// `CAP * MIP_INT_TOL`, below `1e-3` units within `microlp`'s coefficient spread of `1e6`.
 pub const MIP_INT_TOL: f64 = 1e-9;
 
 /// An optimal placement found by the MIP, verified.
@@ -96,24 +74,21 @@ pub enum MipError {
         buffers: usize,
     },
     /// The footprints, in units of their greatest common divisor, add up to more than
-    /// [`MIP_MAX_UNITS`] (or a footprint overflows a `u64`).
+    /// [`MIP_MAX_UNITS`] (or one overflows a `u64`).
     TooLarge {
         /// The sum of the footprints in units (saturated at `u128::MAX`).
         units: u128,
     },
-    /// `microlp` returned an error (a numerical failure, or infeasibility, which the model cannot
-    /// have).
+    /// `microlp` returned an error (a numerical failure, or infeasibility).
     Solver(String),
     /// `microlp` stopped at [`MIP_NODE_LIMIT`] nodes without proving optimality.
     NotProven {
         /// Nodes solved.
         nodes: u64,
     },
-    /// The binaries the solver returned order some buffers in a cycle (`a` below `b` below ... below
-    /// `a`), which no placement can do.
+    /// The solver's binaries order some buffers in a cycle, which no placement can do.
     CyclicOrder,
-    /// The placement recomputed from the solver's binaries has another peak than the solver's
-    /// objective.
+    /// The placement recomputed from the solver's binaries has another peak than its objective.
     ObjectiveMismatch {
         /// The solver's objective, in units.
         objective: f64,
@@ -137,7 +112,7 @@ impl fmt::Display for MipError {
                 f,
                 "{buffers} buffers of non-zero size, above the MIP's limit of {MIP_MAX_BUFFERS}: the MIP is a \
                  cross-check for small instances (its branch and bound grows exponentially with the pairs of \
-                 buffers alive together); use arena::solve for larger ones"
+                 buffers alive together); use memo_place::solve for larger ones"
             ),
             Self::TooLarge { units } => write!(
                 f,
@@ -169,11 +144,8 @@ impl fmt::Display for MipError {
 
 impl core::error::Error for MipError {}
 
-/// Solves MEMO's MIP for `buffers` (see the module docs): every offset a multiple of `alignment`
-/// (0 or 1: none), every buffer occupying its size rounded up to it. Returns an optimal placement,
-/// verified with [`check_placement`], or an error (never a panic) for more than
-/// [`MIP_MAX_BUFFERS`] buffers of non-zero size, sizes the `f64` model cannot hold exactly, or a
-/// solver failure.
+/// Solves MEMO's MIP for `buffers` (see the module docs) under `alignment`: an optimal placement
+/// verified with [`check_placement`], or an error (never a panic).
 pub fn solve_mip(buffers: &[BufferLifetime], alignment: u64) -> Result<MipSolution, MipError> {
     let alignment = alignment.max(1);
     // The buffers that occupy bytes, with their footprints.
@@ -202,8 +174,7 @@ pub fn solve_mip(buffers: &[BufferLifetime], alignment: u64) -> Result<MipSoluti
     let cap = cap_wide as u64;
     let cap_f = cap as f64;
 
-    // The bound M >= (most units alive at one step): see the module docs. The most is reached at
-    // some buffer's first step.
+    // The bound M >= (most units alive at one step), reached at some buffer's first step.
     let most_alive = (0..placed.len())
         .map(|i| {
             let step = buffers[placed[i].0].lower;
@@ -275,8 +246,8 @@ pub fn solve_mip(buffers: &[BufferLifetime], alignment: u64) -> Result<MipSoluti
     Ok(MipSolution { offsets, peak, nodes })
 }
 
-/// The lowest offsets (in units) that put every buffer above those `below` it lists, or `None` if
-/// that order has a cycle. Offsets follow a topological order: each is the highest end below it.
+/// The lowest offsets (in units) that put every buffer above those `below` it lists (each at the
+/// highest end below it, in topological order), or `None` if that order has a cycle.
 fn lowest_placement(sizes: &[u64], below: &[Vec<usize>]) -> Option<Vec<u64>> {
     let n = sizes.len();
     let mut offsets = vec![0u64; n];

@@ -1,25 +1,13 @@
 //! Window modules: a way to place a component by placing smaller instances, one inside another.
 //!
-//! Take a range of the component's time sections, not all of them, and the buffers that live
-//! only inside it. If their live total is the same in every section of the range, `height`, they
-//! may fill an empty `height`-tall rectangle over that range exactly (a perfect packing cut from a
-//! rectangle has such a range wherever a rectangle was cut further inside). Then the component
-//! can be placed in two steps that never need each other's addresses:
-//! - the module, on its own, at capacity `height`;
-//! - the rest, with the module standing in as one buffer of size `height` over the range, at
-//!   the component's capacity;
-//!
-//! and the module's buffers go to the stand-in's offset plus their own. Every one of the buffers
-//! that stay outside and share a step with the module shares one with the stand-in too, so they
-//! never overlap, and modules over disjoint ranges share no step at all.
-//!
-//! Each part is solved by the whole pipeline (reductions, greedy orders, flat splits, the exact
-//! search, and modules again, inside the part), with a node allowance. Modules are tried only
-//! where the rest keeps at most half the component's buffers (`MODULE_REST_MOST_PERCENT`), and on
-//! perfect packings whose hard core is a small region the rest comes apart at once (BENCHMARKS.md).
-//! Like flat splits this is not complete: the module's buffers need not be packed together in
-//! every placement, so `place` only reports placements, and a part that is infeasible or not
-//! placed within the allowance concludes nothing about the component.
+//! Take a proper range of the component's sections and the buffers living only inside it. If their
+//! live total is the same `height` in every section of the range, the component can be placed in
+//! two steps that never need each other's addresses: the module alone at capacity `height`, then
+//! the rest with the module standing in as one buffer of size `height` over the range; the
+//! module's buffers go to the stand-in's offset plus their own. Each part is solved by the whole
+//! pipeline, modules included, with a node allowance, and only where the rest keeps at most
+//! `MODULE_REST_MOST_PERCENT` of the buffers. Not complete: `place` only reports placements, and a
+//! part not placed concludes nothing about the component.
 
 use alloc::vec::Vec;
 
@@ -30,8 +18,7 @@ use super::{solve_nested, Item, SearchMix, SolveError, SolveOptions};
 use crate::lifetime::BufferLifetime;
 use crate::tuning::*;
 
-/// A range of sections `[first, end)` and the buffers (indices into the component's `members`)
-/// that live inside it, their live total `height` in each of its sections.
+/// A range of sections `[first, end)` and the buffers living inside it, `height` in each section.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Module {
     pub first: usize,
@@ -40,9 +27,8 @@ pub(crate) struct Module {
     pub inside: Vec<u32>,
 }
 
-/// The modules of a component: every proper range of at least two sections holding at least two
-/// buffers with the same live total in each of its sections is a candidate; the ones with the
-/// most buffers are taken first, each over sections no module taken before covers.
+/// The modules of a component: every proper range of at least two sections whose inside buffers
+/// (two at least) have one live total in each; the most buffers first, over sections not covered.
 pub(crate) fn find(items: &[Item], members: &[u32], sections: &Sections) -> Vec<Module> {
     let count = sections.len();
     if !(3..=MODULE_MOST_SECTIONS).contains(&count) {
@@ -54,9 +40,8 @@ pub(crate) fn find(items: &[Item], members: &[u32], sections: &Sections) -> Vec<
     for (local, range) in ranges.iter().enumerate() {
         ending[range.end].push(local as u32);
     }
-    // For each first section, the ranges grow one section at a time. `step[k]` is the live total
-    // of section k minus that of section k - 1 (over the buffers inside the range), so the totals
-    // are all equal exactly when no step is non-zero: each buffer added changes one step only.
+    // For each first section, the ranges grow one section at a time; `step[k]` is section k's
+    // total minus section k - 1's, so the totals are all equal exactly when no step is non-zero.
     let mut candidates: Vec<(usize, usize, usize, u64)> = Vec::new(); // (buffers, first, end, height)
     let mut step = alloc::vec![0i128; count + 1];
     for first in 0..count {
@@ -102,17 +87,14 @@ pub(crate) fn find(items: &[Item], members: &[u32], sections: &Sections) -> Vec<
     taken
 }
 
-/// The modules of one component at one capacity, kept across the tries of its restart rounds:
-/// a module placed once stays placed (its placement does not depend on anything outside it), so a
-/// later try with a larger allowance spends it on the parts still unplaced.
+/// The modules of one component at one capacity, kept across its restart rounds: a module placed
+/// stays placed, so a later try spends its larger allowance on the parts still unplaced.
 pub(crate) struct Modules {
     /// The component's modules, found at the first try.
     found: Option<Vec<Module>>,
     /// Each module's placement, offsets by position in its `inside`, once placed.
     placed: Vec<Option<Vec<u64>>>,
-    /// No try can place the component: it has no modules, or too few buffers in them (see
-    /// `MODULE_REST_MOST_PERCENT`), a part was proven infeasible, or the nesting is at its depth
-    /// limit.
+    /// No try can place the component (no good modules, a part infeasible, or the depth limit).
     never: bool,
     /// How many modules deep the component is; its parts are one deeper.
     depth: u32,
@@ -121,18 +103,15 @@ pub(crate) struct Modules {
 }
 
 impl Modules {
-    /// No try yet, for a component `depth` modules deep in a solve with search mix `mix`;
-    /// `may_place` false makes every try a no-op, as does the depth limit.
+    /// No try yet, `depth` modules deep with search mix `mix`; `may_place` false: every try fails.
     pub(crate) fn new(may_place: bool, depth: u32, mix: SearchMix) -> Modules {
         let never = !may_place || depth >= MODULE_DEPTH_LIMIT;
         Modules { found: None, placed: Vec::new(), never, depth, mix }
     }
 
-    /// Places the component `members` under `capacity` through its modules (see the module docs),
-    /// spending at most `*nodes_left` nodes, each part solved one level deeper; the nodes
-    /// spent are ticked on `control` (so its callback still stops the solve) and returned. `None`
-    /// when a part is not placed within the allowance (a larger one may place it) or never will
-    /// be (then every later try returns at once).
+    /// Places the component `members` under `capacity` through its modules, each part solved one
+    /// level deeper within `*nodes_left` nodes (ticked on `control`, and returned). `None` when a
+    /// part is not placed within the allowance or never will be.
     pub(crate) fn place(
         &mut self,
         items: &[Item],
@@ -222,8 +201,7 @@ fn lifetime(item: &Item, id: u64) -> BufferLifetime {
     BufferLifetime { id, lower: item.lower, upper: item.upper, size: item.size }
 }
 
-/// Solves one part under `capacity` with the whole pipeline, one level deeper than `depth` and
-/// with the same search mix, within `*nodes_left` nodes.
+/// Solves one part under `capacity` with the whole pipeline, one level deeper, within `*nodes_left`.
 fn solve_part(
     buffers: &[BufferLifetime],
     capacity: u64,
@@ -232,8 +210,7 @@ fn solve_part(
     (depth, mix): (u32, SearchMix),
 ) -> (Part, u64) {
     let options = SolveOptions { capacity: Some(capacity), alignment: 1, budget_nodes: *nodes_left, mix };
-    // The part's nodes count on the caller's control as they are spent, so its callback sees
-    // them and may stop the part (a stopped part is not placed: `NotWithinAllowance`).
+    // The part's nodes count on the caller's control as spent, so its callback may stop the part.
     let mut seen = 0u64;
     let mut stop = |progress: &Progress| {
         let fresh = progress.nodes.saturating_sub(seen);

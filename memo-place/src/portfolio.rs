@@ -1,12 +1,8 @@
-//! Several search mixes side by side, one thread each (`std` only): the solve a caller with
-//! cores to spare runs. Each mix ([`SearchMix`]) places some instances in a fraction of the time
-//! the other takes (BENCHMARKS.md), so running both and keeping the better answer takes, on each
-//! instance, about the time of the faster.
-//!
-//! Every worker is an ordinary [`solve_with`] with its own mix and the whole node budget. A
-//! worker whose answer is final (a placement proven optimal, or the capacity proven infeasible)
-//! stops the others; otherwise each runs to its own end and the best placement wins. The
-//! caller's stop callback sees the progress of all of them together.
+//! Several search mixes side by side, one thread each (`std` only): each mix ([`SearchMix`]) places
+//! some instances in a fraction of the time the other takes, so running them together takes about
+//! the time of the faster. Every worker is an ordinary [`solve_with`] with the whole node budget; a
+//! final answer stops the others, else the best placement wins. The caller's stop callback sees the
+//! progress of all of them together.
 
 use core::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -22,20 +18,13 @@ struct Shared<'s> {
     stop: &'s mut (dyn FnMut(&Progress) -> bool + Send),
 }
 
-/// [`solve_with`] under each of `mixes` at once, one thread each (`options.mix` is not used),
-/// and the best answer: a placement proven optimal or a proof of infeasibility as soon as one
-/// worker has it, else, when all have ended, the placement with the lowest peak (ties to the
-/// earlier mix), else [`SolveError::NotFoundWithinBudget`] with the best peak of all.
-/// `stats.nodes` (and a `NotFoundWithinBudget`'s `nodes`) counts the nodes of every worker; each
-/// worker has the whole `options.budget_nodes`.
-///
-/// `stop` is polled by the workers (one at a time, at one in `POLLS_PER_SHARED_POLL` of their
-/// polls) with their progress together: the nodes of all, the lowest peak found, the highest
-/// lower bound proven, and the polling worker's `first_placement`. A stop ends them all (a
-/// worker inside a first placement is asked afresh, as [`solve_with`] asks). With one mix (or
-/// none: then the default mix) this is [`solve_with`] on the caller's thread, deterministic as it
-/// is; with more, which worker settles first depends on timing, so the placement may differ
-/// between runs (its peak and verdict do not, when a worker proves them).
+/// [`solve_with`] under each of `mixes` at once, one thread each (`options.mix` is not used), each
+/// with the whole budget: a proof (optimal or infeasible) as soon as one worker has it, else the
+/// lowest peak (ties to the earlier mix), else [`SolveError::NotFoundWithinBudget`]; `stats.nodes`
+/// counts every worker's. `stop` is polled by one worker at a time, at one in
+/// `POLLS_PER_SHARED_POLL` of its polls, with their progress together; a stop ends them all. With
+/// one mix this is [`solve_with`] on the caller's thread, deterministic; with more, the placement
+/// (not a proven peak or verdict) may differ between runs.
 pub fn solve_portfolio(
     buffers: &[BufferLifetime],
     options: &SolveOptions,
@@ -52,9 +41,7 @@ pub fn solve_portfolio(
     let shared = Mutex::new(Shared { progress: alloc::vec![Progress::default(); mixes.len()], stop });
     // `settled`: a worker's answer is final; `stopped`: the caller's callback said stop.
     let (shared, settled, stopped) = (&shared, &AtomicBool::new(false), &AtomicBool::new(false));
-    // One worker: a solve under `mix` whose polls go through `shared`, one in
-    // `POLLS_PER_SHARED_POLL`, and each inside a first placement (which are rare, and asked
-    // afresh after a stop, as `solve_with` asks them).
+    // One worker: a solve under `mix` whose polls go through `shared`.
     let worker = move |index: usize, mix: SearchMix| {
         let mut polls = 0u32;
         let result = solve_with(buffers, &SolveOptions { mix, ..*options }, &mut |progress: &Progress| {
@@ -95,8 +82,7 @@ pub fn solve_portfolio(
     })
 }
 
-/// The workers' progress as one: every node, the lowest peak found (0 while none has one), the
-/// highest lower bound.
+/// The workers' progress as one: every node, the lowest peak (0: none), the highest bound.
 fn together(progress: &[Progress], first_placement: bool) -> Progress {
     Progress {
         nodes: progress.iter().fold(0u64, |sum, p| sum.saturating_add(p.nodes)),
@@ -106,8 +92,7 @@ fn together(progress: &[Progress], first_placement: bool) -> Progress {
     }
 }
 
-/// Whether a worker's answer is final, so the others may stop: a placement proven optimal, or
-/// an error no search changes (infeasibility proven, or bad input).
+/// Whether a worker's answer is final: a proven optimum, or an error no search changes.
 fn settles(result: &Result<Solution, SolveError>) -> bool {
     match result {
         Ok(solution) => solution.optimal,
@@ -116,8 +101,7 @@ fn settles(result: &Result<Solution, SolveError>) -> bool {
     }
 }
 
-/// The answer of the workers' results (`first`, then `rest`, in mix order), as
-/// `solve_portfolio` says.
+/// The answer of the workers' results (`first`, then `rest`, in mix order).
 fn best_of(
     first: Result<Solution, SolveError>,
     rest: impl Iterator<Item = Result<Solution, SolveError>>,
@@ -128,8 +112,7 @@ fn best_of(
         let Some(spent) = nodes_spent(&result) else { return result };
         nodes = nodes.saturating_add(spent);
         answer = match (answer, result) {
-            // Ties to a proof (whose worker ended by itself; the others were stopped), then to
-            // the earlier mix.
+            // Ties to a proof, then to the earlier mix.
             (Ok(best), Ok(solution)) => {
                 Ok(if (solution.peak, !solution.optimal) < (best.peak, !best.optimal) { solution } else { best })
             }
@@ -149,8 +132,7 @@ fn best_of(
     }
 }
 
-/// The nodes a worker's result spent; `None` for an error that is the answer whatever the
-/// others found (infeasibility proven, or bad input).
+/// The nodes a worker's result spent; `None` for an error that is the answer whatever the others.
 fn nodes_spent(result: &Result<Solution, SolveError>) -> Option<u64> {
     match result {
         Ok(solution) => Some(solution.stats.nodes),

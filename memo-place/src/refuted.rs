@@ -1,8 +1,6 @@
 //! The partial placements a zero-slack search has proven infeasible, as 128-bit fingerprints
-//! (`search::Search::state_key` with the section range searched mixed in) in an open-addressing
-//! table: one probe where a B-tree walked a dozen nodes, which measured 12% of the skyline
-//! search's time (BENCHMARKS.md). The fingerprints are random-keyed sums, so two states share one
-//! only by a 2^-128 chance, as the search already assumes of its state keys.
+//! (the search's state key with the section range mixed in) in an open-addressing table: one probe
+//! per lookup. Two states share a fingerprint only by a 2^-128 chance, as the search assumes.
 
 use crate::tuning::*;
 use alloc::vec::Vec;
@@ -11,8 +9,7 @@ use alloc::vec::Vec;
 const RANGE_MIX: u128 = 0x9E37_79B9_7F4A_7C15_F39C_C060_5CED_C835;
 
 pub(crate) struct Refuted {
-    /// Open addressing with linear probing; 0 marks an empty slot (a fingerprint of 0 is stored
-    /// as 1: a one-bit change at the same 2^-128 odds).
+    /// Open addressing with linear probing; 0 marks an empty slot (a fingerprint of 0 is stored as 1).
     slots: Vec<u128>,
     len: usize,
 }

@@ -1,44 +1,18 @@
 //! The exact search: does a component fit under a capacity? A depth-first branch-and-bound over
-//! *canonical* placements, in the style of MiniMalloc (Moffitt, ASPLOS 2023).
+//! *canonical* placements, in the style of MiniMalloc (Moffitt, ASPLOS 2023): every placement can
+//! be compacted without raising the peak, each buffer at its *minimum offset* (the highest end of
+//! the placed buffers it shares a step with), so the search only chooses the order:
+//! - branch on the unplaced buffers by (minimum offset, rank), skipping branches out of canonical
+//!   order and those dominated by a buffer that fits below;
+//! - section bound: a section's unplaced buffers stack above its floor; past the capacity, cut;
+//! - branching by section (`Style::by_section`): the set placed at one offset is decided one
+//!   section at a time, the section with the fewest ways first;
+//! - dynamic decomposition: ranges of time no unplaced buffer crosses are searched on their own;
+//! - zero slack (every section of a partition exactly full): no gap may open, so a section of a
+//!   *valley* (a run at one floor with higher neighbours) is filled at its floor by one of its own
+//!   buffers (`fill_skyline`); a partition keeps its mode for its whole search.
 //!
-//! Every placement can be compacted (each buffer dropped until it rests on a buffer it shares a
-//! step with, or on 0) without raising the peak. Listed by (offset, rank), a compacted placement
-//! puts each buffer at its *minimum offset*: the highest end among the buffers placed before it
-//! that share a step with it. So the search only chooses the order:
-//! - each node branches on the unplaced buffers, in order of (minimum offset, rank), and places
-//!   the chosen one at its minimum offset;
-//! - canonical order: a branch whose (offset, rank) is below the previous placement's is skipped
-//!   (that placement is reached through another order);
-//! - dominance: a branch at or above the lowest end any unplaced buffer could reach is skipped
-//!   (that buffer fits under it, and putting it first is no worse);
-//! - section bound: in every time section, the unplaced buffers stack above both the section's
-//!   floor and the current offset; if they would pass the capacity, the node is cut. A section's
-//!   floor is the highest end placed in it, raised to the lowest minimum offset of its unplaced
-//!   buffers (space below that can never be used again);
-//! - branching by section (`Style::by_section`, most restarts): the buffers placed at one offset
-//!   share no step, so the set that goes there is decided one section at a time, the section
-//!   with the fewest ways first (one of its buffers there, or none of them, which only its slack
-//!   allows); a section with no slack is filled before any free choice is made. Exact like the
-//!   order above; on MiniMalloc's D and H, 4x fewer nodes and 10x less time (BENCHMARKS.md);
-//! - dynamic decomposition: when the buffers placed so far cut time into ranges that no unplaced
-//!   buffer crosses, the ranges are independent: each is searched on its own, and one failing
-//!   fails the node without re-enumerating the others.
-//!
-//! - zero slack: when a partition's unplaced buffers exactly fill every one of its sections up to
-//!   the capacity (as at the lower bound of a perfectly packable instance), no gap may ever open.
-//!   Every section of a *valley* (a run of sections at one floor whose neighbours are higher;
-//!   the lowest run is one) must be filled at its floor by one of its own buffers whose minimum
-//!   offset is that floor, lying inside the valley; the partition branches only on those, for
-//!   the valley section with the fewest (a skyline search; ties to the section where the
-//!   restarts so far met the most dead ends, then to the lower floor), with
-//!   identical buffers tried once, and *twins* (buffers over the same sections) stacked directly
-//!   only larger below; the value order tries first buffers with no larger twin left unplaced.
-//!   (Only a valley may be chosen: the buffer filling a section next to a lower one may have to
-//!   wait for buffers below it.) A partition keeps its mode for its whole search, so the
-//!   canonical-order argument is never mixed with this one.
-//!
-//! The search is exact: "infeasible" is a proof. It counts nodes and stops when its budget is
-//! spent, reporting that honestly rather than guessing.
+//! "Infeasible" is a proof; the search counts nodes and stops when its budget is spent.
 
 use alloc::vec::Vec;
 use core::ops::Range;
@@ -54,19 +28,13 @@ use super::twins::Twins;
 use super::Item;
 use crate::tuning::*;
 
-/// What the restarts of one search (one component, one capacity) share: the zero-slack offset
-/// domains, the partial placements proven infeasible (a proof in one restart holds in all:
-/// infeasibility is a property of the placement, not of the order that reached it), and where
-/// the skyline searches met their dead ends (`dead_ends`).
+/// What the restarts of one search (one component, one capacity) share: the zero-slack domains,
+/// the partial placements proven infeasible (a proof in one restart holds in all), the dead ends.
 pub(crate) struct Shared {
     domains: Option<Domains>,
     failed: Refuted,
-    /// Per section, how often a skyline search found it unfillable: no buffer could fill it at
-    /// its floor, or every one that could led to a refuted state. Among the sections with the
-    /// fewest candidates the search fills the one with the most dead ends first, so later nodes
-    /// and later restarts meet a known hard spot early, where a refutation is cheap, rather than
-    /// under many unrelated choices made before it (the weighted-degree heuristic of constraint
-    /// solvers, as a tie-break). Orders only: no proof depends on it.
+    /// Per section, how often a skyline search found it unfillable: among equally few candidates the
+    /// most dead ends go first (weighted degree, as a tie-break), so a hard spot is met early.
     dead_ends: Vec<u32>,
 }
 
@@ -79,10 +47,8 @@ impl Shared {
         }
     }
 
-    /// Tightens the zero-slack domains by at most `work` states of section tilings
-    /// (`Domains::tighten`, which tells `spent` as it goes); returns the states spent (0 without
-    /// domains). The refuted states stay refuted: narrower domains only drop placements that
-    /// never existed.
+    /// Tightens the domains by at most `work` tiling states (`Domains::tighten`); returns the
+    /// states spent. Refuted states stay refuted: narrower domains drop no placement.
     pub(crate) fn tighten(
         &mut self,
         items: &[Item],
@@ -123,27 +89,22 @@ const UNPLACED: u64 = u64::MAX;
 pub(crate) struct Style {
     /// Value order: flush and long buffers first, then the rank (`fill_skyline`); else the rank.
     pub guided: bool,
-    /// Among equally low sections with equally few candidates, the rightmost (else the
-    /// leftmost). At 1M nodes this settled pinwheel 300 seed 9 and 500 seed 1 besides.
+    /// Among equally low sections with equally few candidates, the rightmost (else the leftmost).
     pub rightmost: bool,
-    /// The rank is the contention order (largest unplaced total over a buffer's sections, then
-    /// longer, then larger: `search_ranks`' first): each part a canonical search splits off is
-    /// ranked afresh by it on the totals left then, as MiniMalloc re-sorts each sub-problem.
+    /// The rank is the contention order (`search_ranks`' first), and each part a canonical search
+    /// splits off is ranked afresh on the totals left then, as MiniMalloc re-sorts sub-problems.
     pub contention: bool,
-    /// A canonical search branches on sections, not buffers (`dfs_by_section`): at the current
-    /// offset, the section with the fewest ways to be filled there (one of its buffers, or none).
+    /// A canonical search branches on sections, not buffers (`dfs_by_section`).
     pub by_section: bool,
 }
 
-/// The restart that searches the contention order again (`search_ranks` lists it twice), ranking
-/// split-off parts afresh (`Style::contention`). Only a canonical search splits parts that way.
+/// The restart that searches the contention order again, ranking split-off parts afresh.
 pub(crate) const CONTENTION_RESTART: usize = 1;
 
 impl Style {
-    /// The style of restart `index` of a leaf's search: the contention restart ranks parts afresh;
-    /// the others, counted without it, are guided every other one and rightmost every other pair,
-    /// and all but the first two branch by section (those two keep MiniMalloc's branching, which
-    /// settled its F, G, J and K in under 2,000 nodes each, and its I).
+    /// The style of restart `index`: the contention restart ranks parts afresh; the others are
+    /// guided every other one, rightmost every other pair, and all but the first two branch by
+    /// section (those two keep MiniMalloc's branching; BENCHMARKS.md, "Eighth pass").
     pub(crate) fn of_restart(index: usize) -> Style {
         if index == CONTENTION_RESTART {
             return Style { guided: false, rightmost: false, contention: true, by_section: false };
@@ -159,11 +120,8 @@ struct Search<'a, 'c> {
     length: Vec<u32>,
     /// Each buffer's section range `[start, end)`.
     sections_of: Vec<(u32, u32)>,
-    /// The buffers of each section, in compressed rows, each row's unplaced buffers first: the
-    /// first `unplaced_in[s]` of row `s` (a placement swaps the buffer to the end of that prefix
-    /// and shortens it; placements are undone last first, so undoing only lengthens it again).
-    /// Every scan of a section's unplaced buffers reads the prefix alone (testing each buffer of
-    /// the row for being placed was the hottest line of the bound by levels; BENCHMARKS.md).
+    /// The buffers of each section, in compressed rows, the first `unplaced_in[s]` of row `s`
+    /// unplaced (a placement swaps the buffer to the end of that prefix; undoing lengthens it).
     section_row: Vec<usize>,
     section_members: Vec<u32>,
     unplaced_in: Vec<u32>,
@@ -180,12 +138,10 @@ struct Search<'a, 'c> {
     /// The offset of each buffer on the last path that placed it; on success, the placement.
     solution: Vec<u64>,
     min_offset: Vec<u64>,
-    /// `excluded_at[b] == min_offset[b]`: a section search decided that `b` does not sit at its
-    /// minimum offset (`dfs_by_section`'s last branch), so it sits higher. A placement that
-    /// raises the minimum offset lifts the mark with it.
+    /// `excluded_at[b] == min_offset[b]`: a section search decided that `b` sits above its minimum
+    /// offset; a placement that raises the minimum offset lifts the mark with it.
     excluded_at: Vec<u64>,
-    /// The lowest offset each buffer can still take: its minimum offset, plus one where that is
-    /// excluded (kept with both, as the skyline search reads it for every buffer it counts).
+    /// The lowest offset each buffer can still take: its minimum offset, plus one if excluded.
     lowest: Vec<u64>,
     floor: Vec<u64>,
     total: Vec<u64>,
@@ -194,48 +150,38 @@ struct Search<'a, 'c> {
     capacity: u64,
     nodes_left: u64,
     nodes: u64,
-    /// Random 128-bit keys of the buffers and sections. `state_key` is the XOR of the keys of the
-    /// placed buffers and of `key(section) * (floor + 1)` over the sections. In zero-slack mode
-    /// the placed set and the floors determine everything the rest of the search sees (every
-    /// section is filled solidly up to its floor), so equal keys mean equal subproblems, however
-    /// the placed buffers were ordered.
+    /// Random 128-bit keys of the buffers and sections; `state_key` is the XOR of the placed
+    /// buffers' keys and `key(section) * (floor + 1)`: at zero slack the placed set and the floors
+    /// determine the subproblem, whatever the order that reached it.
     keys: Vec<u128>,
     section_keys: Vec<u128>,
     state_key: u128,
-    /// Partial placements (with the section range searched) proven infeasible: a skyline search
-    /// reaches the same one through many orders, and every restart at the same capacity reaches
-    /// it again (`Shared`). Bounded; a full cache stops growing.
+    /// Partial placements (with the section range searched) proven infeasible, shared by the
+    /// restarts at one capacity (`Shared`); a full cache stops growing.
     failed: &'a mut Refuted,
     /// Dead ends per section (`Shared::dead_ends`).
     dead_ends: &'a mut [u32],
-    /// Section searches excluding buffers from their minimum offsets (`exclude_and_search`) on
-    /// the current path. Their exclusions are not in `state_key`, so a failure found under one is
-    /// not recorded (it may hinge on the exclusion); failures recorded without them still hold
-    /// under them (an exclusion only takes choices away).
+    /// Section searches excluding buffers from their minimum offsets on the current path: their
+    /// exclusions are not in `state_key`, so a failure found under one is not recorded.
     exclusions_in_scope: u32,
-    /// Sections whose floor a placement must recompute, each once (`section_mark` == `mark`
-    /// marks them); kept between placements so no placement allocates.
+    /// Sections whose floor a placement must recompute (`section_mark == mark`).
     dirty: Vec<u32>,
     section_mark: Vec<u32>,
     mark: u32,
-    /// Vectors returned by finished nodes, for the next ones to reuse: after the first descent a
-    /// node allocates nothing.
+    /// Vectors returned by finished nodes, for the next ones to reuse (a node allocates nothing).
     lists: Vec<Vec<u32>>,
     candidate_lists: Vec<Vec<(u64, u32, u32)>>,
     undos: Vec<Undo>,
     /// Scratch of `valley_coverable`: which boundaries of a valley its buffers reach.
     reach: Vec<bool>,
-    /// Scratch of `dirty_sections_fit`: (lowest offset, size) of a section's buffers above its
-    /// floor.
+    /// Scratch of `dirty_sections_fit`: (lowest offset, size) of a section's buffers above its floor.
     stack: Vec<(u64, u64)>,
     /// Zero-slack offset domains (`domains`), when the whole search is at zero slack.
     domains: Option<&'a Domains>,
-    /// Scratch of `dfs_by_section`: candidates per section (zero between nodes), and the sections
-    /// counted.
+    /// Scratch of `dfs_by_section`: candidates per section (zero between nodes), sections counted.
     section_candidates: Vec<u32>,
     counted: Vec<u32>,
-    /// The buffers over exactly the same sections as each other, in groups, with each group's
-    /// highest placed member: `stacked_out_of_order` orders them.
+    /// Twins (buffers over exactly the same sections), in groups: `stacked_out_of_order` orders them.
     twins: Twins,
 }
 
@@ -261,10 +207,9 @@ pub(crate) struct Component<'a> {
     pub sections: &'a Sections,
 }
 
-/// Searches for a placement of the component's members with peak at most `capacity` (units),
-/// spending at most `*nodes_left` nodes (decremented by what is used). `rank` orders ties between
-/// buffers with the same minimum offset (a static preference: lower rank first). Returns the
-/// outcome and the nodes spent; a stop asked for through `control` ends it as `BudgetExhausted`.
+/// Searches for a placement of the members with peak at most `capacity` (units), spending at most
+/// `*nodes_left` nodes; `rank` breaks ties between equal minimum offsets (lower first). Returns the
+/// outcome and the nodes spent; a stop through `control` ends it as `BudgetExhausted`.
 pub(crate) fn search(
     component: Component<'_>,
     rank: &[u32],
@@ -376,13 +321,11 @@ enum Dfs {
 }
 
 impl Search<'_, '_> {
-    /// Starts the search of a partition, choosing its mode: zero slack when every section that
-    /// still has unplaced buffers is exactly full, canonical otherwise.
+    /// Starts the search of a partition: zero slack when every unfinished section is full.
     fn search_partition(&mut self, unplaced: &[u32], sections: Range<usize>) -> Dfs {
         let zero_slack = sections.clone().all(|s| self.total[s] == 0 || self.floor[s] + self.total[s] == self.capacity);
         if zero_slack {
-            // The bound by levels over every section once: from here on each placement rechecks
-            // only the sections where it raised a buffer above the floor (`branch`).
+            // The bound by levels over every section once; later only where a placement lifted one.
             self.dirty.clear();
             self.dirty.extend(sections.clone().map(|s| s as u32));
             if !self.dirty_sections_fit(&sections, 0) {
@@ -402,9 +345,7 @@ impl Search<'_, '_> {
     }
 
     /// Ranks `unplaced` in the contention order on the unplaced totals as they are now, reusing
-    /// their ranks' values (so ranks stay distinct); returns the ranks it replaced, in the same
-    /// order. On the whole instance this is the static order; on a part split off deeper, the
-    /// buffers placed since no longer count, and on MiniMalloc's I that settled it (BENCHMARKS.md).
+    /// their ranks' values; returns the ranks it replaced, in the same order.
     fn rank_by_contention(&mut self, unplaced: &[u32]) -> Vec<u32> {
         let saved: Vec<u32> = unplaced.iter().map(|&l| self.rank[l as usize]).collect();
         let mut values = saved.clone();
@@ -425,8 +366,7 @@ impl Search<'_, '_> {
         saved
     }
 
-    /// Counts one node against the budget; `false` when the budget is spent or a stop was asked
-    /// for (the node is not searched).
+    /// Counts one node against the budget; `false` when it is spent or a stop was asked for.
     fn count_node(&mut self) -> bool {
         if self.nodes_left == 0 || self.control.tick(1) {
             return false;
@@ -456,21 +396,46 @@ impl Search<'_, '_> {
         if !self.count_node() {
             return Dfs::Exhausted;
         }
-        // The sections of a *valley* (a run at one floor whose neighbours are higher, or the
-        // partition's edge; the lowest run is one): whatever fills one of them at that floor lies
-        // inside the valley (past a higher neighbour it would overlap what is placed there), so
-        // every buffer below it is placed already and it can be placed now, at its minimum
-        // offset, which must equal the floor. Branch on the section with the fewest such buffers
-        // over every valley (fail first: a forced fill anywhere is taken before a choice at the
-        // lowest floor; then the section with more dead ends, `Shared::dead_ends`; then the
-        // lower floor; stacks out of order not counted); if one has none,
-        // the partition cannot be completed. Crowded sections of higher valleys are not counted
-        // (on MiniMalloc's dense J that cost 1.8x the time; BENCHMARKS.md).
-        let Some(lowest) = sections.clone().filter(|&s| self.total[s] > 0).map(|s| self.floor[s]).min() else {
-            return Dfs::Found;
+        let (section, fill) = match self.fill_choice(sections.clone()) {
+            Ok(choice) => choice,
+            Err(outcome) => return outcome,
         };
-        // (count, dead ends reversed, floor, section); `key` is the section, or its reverse when
-        // the rightmost wins ties.
+        let candidates = self.fill_candidates(section, fill, sections.clone());
+        let mut undo = self.undos.pop().unwrap_or_default();
+        let mut outcome = Dfs::Infeasible;
+        for (index, &(_, _, local)) in candidates.iter().enumerate() {
+            if candidates[..index].iter().any(|&(_, _, earlier)| self.shape(earlier) == self.shape(local)) {
+                continue; // an identical buffer was tried here: the same subtree
+            }
+            if fill + self.size[local as usize] > self.capacity {
+                continue;
+            }
+            // A buffer directly on its twin may swap places with it: only the larger below is searched.
+            if self.stacked_out_of_order(local, fill) {
+                continue;
+            }
+            outcome = self.branch((local, fill), unplaced, sections.clone(), None, 0, &mut undo);
+            if !matches!(outcome, Dfs::Infeasible) {
+                break; // found, or the budget is spent
+            }
+        }
+        if matches!(outcome, Dfs::Infeasible) {
+            self.dead_ends[section] = self.dead_ends[section].saturating_add(1);
+        }
+        self.candidate_lists.push(candidates);
+        self.undos.push(undo);
+        outcome
+    }
+
+    /// The section to fill and its floor: in a *valley* (a run at one floor with higher neighbours
+    /// or the partition's edge) whatever fills a section at its floor lies inside it. Fail first:
+    /// the fewest such buffers over every valley, then the most dead ends, then the lower floor.
+    /// `Err(Found)` when all is placed, `Err(Infeasible)` at a section no buffer can fill.
+    fn fill_choice(&mut self, sections: Range<usize>) -> Result<(usize, u64), Dfs> {
+        let Some(lowest) = sections.clone().filter(|&s| self.total[s] > 0).map(|s| self.floor[s]).min() else {
+            return Err(Dfs::Found);
+        };
+        // (count, dead ends reversed, floor, section or its reverse when the rightmost wins ties)
         let mut chosen: Option<(usize, u32, u64, usize)> = None;
         let mut run_start = sections.start;
         while run_start < sections.end {
@@ -507,7 +472,7 @@ impl Search<'_, '_> {
                     .count();
                 if count == 0 {
                     self.dead_ends[section] = self.dead_ends[section].saturating_add(1);
-                    return Dfs::Infeasible;
+                    return Err(Dfs::Infeasible);
                 }
                 let key = if self.style.rightmost { usize::MAX - section } else { section };
                 let candidate = (count, u32::MAX - self.dead_ends[section], floor, key);
@@ -517,14 +482,15 @@ impl Search<'_, '_> {
             }
         }
         let Some((_, _, fill, key)) = chosen else {
-            return Dfs::Found;
+            return Err(Dfs::Found);
         };
-        let section = if self.style.rightmost { usize::MAX - key } else { key };
+        Ok((if self.style.rightmost { usize::MAX - key } else { key }, fill))
+    }
+
+    /// The buffers that can fill `section` at `fill`, in value order: no larger twin left unplaced
+    /// first, then (guided) flush with a neighbouring floor, then the longer, then by rank.
+    fn fill_candidates(&mut self, section: usize, fill: u64, sections: Range<usize>) -> Vec<(u64, u32, u32)> {
         let mut candidates = self.candidate_lists.pop().unwrap_or_default();
-        // Value order: a buffer whose top is flush with the floor next to it first, then longer
-        // ones, then by rank. In the tilings measured (BENCHMARKS.md), the buffer that a solution
-        // puts here was the flush one whenever there was one, and otherwise almost always the
-        // longest; the static rank alone sent restarts astray early.
         let flush_or_long = |m: u32| {
             let (ms, me) = self.sections_of[m as usize];
             let top = fill + self.size[m as usize];
@@ -533,9 +499,6 @@ impl Search<'_, '_> {
             (left != Some(top) && right != Some(top), u32::MAX - (me - ms))
         };
         let flush_or_long = |m: u32| if self.style.guided { flush_or_long(m) } else { (false, 0) };
-        // Before all that, a buffer with no larger twin left unplaced: twins stacked directly go
-        // larger below (`stacked_out_of_order`), so a smaller one placed first waits for
-        // something else to separate it from the larger ones, which often fails far deeper.
         let larger_twin_left = |m: u32| {
             let l = m as usize;
             self.twins
@@ -543,8 +506,7 @@ impl Search<'_, '_> {
                 .take_while(|&t| self.size[t as usize] > self.size[l])
                 .any(|t| self.offset[t as usize] == UNPLACED)
         };
-        // The three keys packed into one word (most significant first), so the candidates share
-        // the canonical search's pooled lists and a node allocates nothing.
+        // The keys packed into one word (most significant first), so a node allocates nothing.
         let value_order = |m: u32| {
             let (not_flush, shorter) = flush_or_long(m);
             u64::from(larger_twin_left(m)) << 33 | u64::from(not_flush) << 32 | u64::from(shorter)
@@ -557,33 +519,7 @@ impl Search<'_, '_> {
                 .map(|&m| (value_order(m), self.rank[m as usize], m)),
         );
         candidates.sort_unstable();
-        let mut undo = self.undos.pop().unwrap_or_default();
-        let mut outcome = Dfs::Infeasible;
-        for (index, &(_, _, local)) in candidates.iter().enumerate() {
-            if candidates[..index].iter().any(|&(_, _, earlier)| self.shape(earlier) == self.shape(local)) {
-                continue; // an identical buffer was tried here: the same subtree
-            }
-            if fill + self.size[local as usize] > self.capacity {
-                continue;
-            }
-            // Stacks over one range: a buffer directly on its twin (a buffer over the same
-            // sections, whose top is this floor) can swap places with it, so only one order is
-            // searched: the larger below. Sorting every such stack so turns any placement into
-            // one this allows; equal sizes are identical shapes, left to the rule above.
-            if self.stacked_out_of_order(local, fill) {
-                continue;
-            }
-            outcome = self.branch((local, fill), unplaced, sections.clone(), None, 0, &mut undo);
-            if !matches!(outcome, Dfs::Infeasible) {
-                break; // found, or the budget is spent
-            }
-        }
-        if matches!(outcome, Dfs::Infeasible) {
-            self.dead_ends[section] = self.dead_ends[section].saturating_add(1);
-        }
-        self.candidate_lists.push(candidates);
-        self.undos.push(undo);
-        outcome
+        candidates
     }
 
     /// What makes two buffers interchangeable: their section range and size.
@@ -596,10 +532,8 @@ impl Search<'_, '_> {
         self.domains.as_ref().is_none_or(|d| d.allows(local as usize, offset))
     }
 
-    /// Whether placing `local` at `fill` would put it directly on a smaller twin (a buffer over
-    /// exactly the same sections): the stack order `fill_skyline` does not search. With every
-    /// section of its range at the floor `fill`, a placed twin whose top is `fill` lies directly
-    /// under it (and is the highest of its placed twins).
+    /// Whether placing `local` at `fill` would put it directly on a smaller twin: with every
+    /// section of its range at the floor `fill`, a placed twin whose top is `fill` lies under it.
     fn stacked_out_of_order(&self, local: u32, fill: u64) -> bool {
         let l = local as usize;
         self.twins.highest_placed(l).is_some_and(|t| {
@@ -608,8 +542,8 @@ impl Search<'_, '_> {
         })
     }
 
-    /// Searches the partition made of the `unplaced` buffers over `sections`, continuing a
-    /// canonical order whose last placement was `last` (offset, rank). Leaves the state as found.
+    /// Searches the partition of the `unplaced` buffers over `sections`, continuing a canonical
+    /// order whose last placement was `last` (offset, rank). Leaves the state as found.
     fn dfs(&mut self, unplaced: &[u32], sections: Range<usize>, last: (u64, u32)) -> Dfs {
         if self.style.by_section {
             return self.dfs_by_section(unplaced, sections, last.0);
@@ -628,9 +562,8 @@ impl Search<'_, '_> {
             }
             min_height = min_height.min(end);
         }
-        // Only the branches that are in canonical order and not dominated (a branch at or above
-        // the lowest end any unplaced buffer reaches has that buffer fit under it); sorting just
-        // those, not every unplaced buffer, was most of a node's cost.
+        // Only the branches in canonical order and not dominated (a buffer fits under them) are
+        // sorted.
         let mut candidates = self.candidate_lists.pop().unwrap_or_default();
         candidates.clear();
         candidates.extend(
@@ -640,8 +573,7 @@ impl Search<'_, '_> {
                 .filter(|&(offset, rank, _)| offset < min_height && (offset, rank) >= last),
         );
         candidates.sort_unstable();
-        // The largest unplaced total of the partition: placements only lower totals, so a branch
-        // whose offset plus this fits every section needs no scan of them (`branch`).
+        // Placements only lower totals: a branch whose offset plus this fits needs no scan.
         let max_total = self.total[sections.clone()].iter().copied().max().unwrap_or(0);
         let mut undo = self.undos.pop().unwrap_or_default();
         let mut outcome = Dfs::Infeasible;
@@ -657,16 +589,9 @@ impl Search<'_, '_> {
         outcome
     }
 
-    /// The canonical search, branching on sections. A canonical placement puts its buffers in
-    /// rising offsets, each at its minimum offset; the buffers at one offset share no step, so
-    /// which of them go there is a set, decided section by section: at the current offset (the
-    /// lowest minimum offset of the buffers that may still sit at `level` or above), take the
-    /// section whose buffers there (unplaced, not excluded) offer the fewest ways to fill it:
-    /// each of them, or none (excluded from that offset, all of them: the section then waits for
-    /// something higher, which only its slack allows). Each set is reached once. A section whose
-    /// slack is spent has no "none", so fill-first: a forced section is settled before any free
-    /// choice, as the zero-slack skyline search does. Dominance and the section bounds are as in
-    /// `dfs`.
+    /// The canonical search, branching on sections: the buffers at one offset share no step, so
+    /// which go there is decided section by section, the section with the fewest ways first
+    /// (each of its buffers, or none, which only its slack allows). Bounds are as in `dfs`.
     fn dfs_by_section(&mut self, unplaced: &[u32], sections: Range<usize>, level: u64) -> Dfs {
         if unplaced.is_empty() {
             return Dfs::Found;
@@ -687,8 +612,7 @@ impl Search<'_, '_> {
                 at = at.min(offset);
             }
         }
-        // Dominance: at or above the lowest end some buffer reaches, that buffer fits under (the
-        // branch that puts it there is searched already). No offset left is the same.
+        // Dominance: at or above the lowest end some buffer reaches, that buffer fits under.
         if at >= min_height {
             return Dfs::Infeasible;
         }
@@ -696,8 +620,7 @@ impl Search<'_, '_> {
         if at > level && at + max_total > self.capacity && !self.sections_fit(sections.clone(), at) {
             return Dfs::Infeasible; // everything left goes at `at` or above
         }
-        // Candidates per section; the section with the fewest ways (ties to the leftmost, or the
-        // rightmost by style).
+        // The section with the fewest ways (ties to the leftmost, or the rightmost by style).
         let mut counted = core::mem::take(&mut self.counted);
         counted.clear();
         for &l in unplaced {
@@ -753,9 +676,8 @@ impl Search<'_, '_> {
         outcome
     }
 
-    /// The last branch of `dfs_by_section`: none of `candidates` (a section's buffers that could
-    /// sit at `at`) sits there. Marks them, raises the floors of their sections, applies the
-    /// section bounds, searches on at the same offset, and undoes the marks.
+    /// The last branch of `dfs_by_section`: none of `candidates` sits at `at`; searches on at the
+    /// same offset with them excluded there.
     fn exclude_and_search(
         &mut self,
         candidates: &[(u64, u32, u32)],
@@ -794,11 +716,8 @@ impl Search<'_, '_> {
         outcome
     }
 
-    /// The section bound at offset `at` of a section search, on the `dirty` sections: every
-    /// unplaced buffer of a section sits at `at` (if it may: its minimum offset is `at` and it is
-    /// not excluded there) or above it (a buffer whose minimum offset is below `at` waits for a
-    /// placement at `at` or above to raise it), so a section without such a buffer at `at` has its
-    /// unplaced total above `at`. (A section whose slack is spent needs one.)
+    /// The section bound at offset `at` of a section search on the `dirty` sections: a section
+    /// with no buffer that may sit at `at` has its unplaced total above `at`.
     fn dirty_level_floors_fit(&self, sections: &Range<usize>, at: u64) -> bool {
         self.dirty.iter().all(|&s| {
             let s = s as usize;
@@ -810,16 +729,14 @@ impl Search<'_, '_> {
         })
     }
 
-    /// Whether buffer `m` may sit at `at` in a section search: its minimum offset is `at` and it
-    /// was not excluded there.
+    /// Whether buffer `m` may sit at `at`: its minimum offset is `at` and it is not excluded there.
     fn may_sit_at(&self, m: usize, at: u64) -> bool {
         self.min_offset[m] == at && self.excluded_at[m] != at
     }
 
-    /// One branch: places `local` at `offset`, applies the section bound, searches on, and undoes
-    /// the placement. `last` is the canonical order's new last placement (later placements of the
-    /// partition never go below its offset), or `None` in zero-slack mode (no such promise).
-    /// `max_total`: the partition's largest unplaced total before this placement.
+    /// One branch: places `local` at `offset`, applies the section bound, searches on, undoes.
+    /// `last` is the canonical order's new last placement, `None` in zero-slack mode; `max_total`
+    /// the partition's largest unplaced total before this placement.
     fn branch(
         &mut self,
         (local, offset): (u32, u64),
@@ -841,8 +758,7 @@ impl Search<'_, '_> {
         let outcome = if fits {
             let mut rest = self.lists.pop().unwrap_or_default();
             rest.clear();
-            // Two block copies around `local` (copying element by element through a filter took
-            // about 8% of the skyline search's time on 500 buffers).
+            // Two block copies around `local`, not a filter.
             let at = unplaced.iter().position(|&l| l == local).unwrap_or(unplaced.len());
             rest.extend_from_slice(&unplaced[..at]);
             rest.extend_from_slice(unplaced.get(at + 1..).unwrap_or(&[]));
@@ -856,9 +772,8 @@ impl Search<'_, '_> {
         outcome
     }
 
-    /// After placing `local`: split the partition where its placement left no unplaced buffer
-    /// crossing a section boundary, and search the parts one by one; or continue as one part, in
-    /// its mode (`last` is the canonical order's last placement, `None` in zero-slack mode).
+    /// After placing `local`: split the partition where no unplaced buffer crosses a section
+    /// boundary and search the parts one by one, or continue as one part.
     fn continue_after(&mut self, local: u32, rest: &[u32], sections: Range<usize>, last: Option<(u64, u32)>) -> Dfs {
         let (start, end) = self.sections_of[local as usize];
         let mut cut_points: Vec<usize> = Vec::new();
@@ -951,9 +866,7 @@ impl Search<'_, '_> {
         self.raise_dirty_floors(&mut undo.floors);
     }
 
-    /// Lists in `dirty` the sections of `buffers` (whose lowest offsets rose), each once
-    /// (neighbours share most of their sections, and recomputing one per neighbour was most of
-    /// a placement's cost).
+    /// Lists in `dirty` the sections of `buffers` (whose lowest offsets rose), each once.
     fn mark_dirty(&mut self, buffers: impl Iterator<Item = u32>) {
         self.next_mark();
         self.dirty.clear();
@@ -977,14 +890,13 @@ impl Search<'_, '_> {
         }
     }
 
-    /// Raises the floor of each `dirty` section to the lowest offset its unplaced buffers can
-    /// take, recording the floors replaced in `floors`.
+    /// Raises each `dirty` section's floor to the lowest offset its unplaced buffers can take,
+    /// recording the floors replaced in `floors`.
     fn raise_dirty_floors(&mut self, floors: &mut Vec<(u32, u64)>) {
         let dirty = core::mem::take(&mut self.dirty);
         for &s in &dirty {
             let s = s as usize;
-            // The lowest offset of the unplaced members, or `None` as soon as one is at or below
-            // the floor (then the floor stays: most sections end the scan early).
+            // The lowest offset of the unplaced members, or `None` once one is at or below the floor.
             let floor = self.floor[s];
             let mut lowest = u64::MAX;
             for &m in self.members_of(s) {
@@ -1001,8 +913,7 @@ impl Search<'_, '_> {
         self.dirty = dirty;
     }
 
-    /// The lowest offset buffer `m` can still take: its minimum offset, or above it where a
-    /// section search excluded that.
+    /// The lowest offset buffer `m` can still take (above its minimum offset where excluded).
     fn lowest(&self, m: usize) -> u64 {
         self.lowest[m]
     }
@@ -1031,10 +942,8 @@ impl Search<'_, '_> {
         }
     }
 
-    /// The section bound on the sections whose floor this placement raised (`undo.floors`): every
-    /// other section passed it before (at every node all sections of the partition have
-    /// floor + unplaced total within the capacity) and its total can only have fallen. Checking
-    /// only these, not the whole partition, was most of a branch's cost.
+    /// The section bound on the sections whose floor this placement raised: the others passed it
+    /// before and their totals can only have fallen.
     fn raised_floors_fit(&self, undo: &Undo, sections: &Range<usize>) -> bool {
         undo.floors.iter().all(|&(s, _)| {
             let s = s as usize;
@@ -1042,14 +951,9 @@ impl Search<'_, '_> {
         })
     }
 
-    /// Zero-slack look-ahead after placing `local`: every *valley* next to or under it (a maximal
-    /// run of sections at one floor whose neighbours are higher, or the partition's edge) must be
-    /// exactly covered at that floor by unplaced buffers lying inside it. At zero slack no gap may
-    /// open, so each section of a valley gets a buffer starting at its floor; such a buffer's
-    /// sections must all be at that floor when it is placed, and floors only rise, so it cannot
-    /// reach past the valley's higher neighbours. The buffers starting at the floor therefore
-    /// tile the valley in time. Only the runs `local` touched can have changed: other runs keep
-    /// their floors, neighbours and buffers (`local` lay inside the lowest run).
+    /// Zero-slack look-ahead after placing `local`: every valley it touched must be exactly covered
+    /// in time by unplaced buffers lying inside it (no gap may open, and a buffer starting at the
+    /// floor cannot reach past the valley's higher neighbours).
     fn valleys_coverable(&mut self, local: u32, sections: &Range<usize>) -> bool {
         let (start, end) = self.sections_of[local as usize];
         let (start, end) = (start as usize, end as usize);
@@ -1062,8 +966,7 @@ impl Search<'_, '_> {
                 continue; // outside, filled to the capacity (a wall), or a run checked already
             }
             let floor = self.floor[probe];
-            // Sections with nothing left to place are walls, whatever their floor (a part split
-            // off a canonical search may hold some below the capacity, left under gaps).
+            // Sections with nothing left to place are walls, whatever their floor.
             let open = |s: usize| self.total[s] > 0;
             let mut a = probe;
             while a > sections.start && open(a - 1) && self.floor[a - 1] == floor {
@@ -1109,13 +1012,9 @@ impl Search<'_, '_> {
         covered
     }
 
-    /// The section bound by levels, on the sections whose buffers' minimum offsets this placement
-    /// raised (`dirty`): in a section, the unplaced buffers that cannot sit below a level `z`
-    /// (their minimum offset, or the lowest offset their domain allows, is at least `z`) all lie
-    /// between `z` and the capacity, so for every such level their sizes must fit there. The
-    /// plain bound is the floor's level, and every level at or below the floor passes with it, so
-    /// only the buffers above the floor are sorted. Sections of more than `LEVELS_MOST_BUFFERS`
-    /// buffers are left to the plain bound (their sort cost more than it pruned: BENCHMARKS.md).
+    /// The section bound by levels on the `dirty` sections: the unplaced buffers that cannot sit
+    /// below a level `z` lie between `z` and the capacity, for every level above the floor.
+    /// Sections of more than `LEVELS_MOST_BUFFERS` buffers get the plain bound only.
     fn dirty_sections_fit(&mut self, sections: &Range<usize>, from: u64) -> bool {
         let mut stack = core::mem::take(&mut self.stack);
         let mut fits = true;
@@ -1146,19 +1045,15 @@ impl Search<'_, '_> {
         fits
     }
 
-    /// The level of unplaced buffer `m` in the bound by levels: its lowest offset, at least
-    /// `from`, raised to the next value its domain allows.
+    /// The level of unplaced buffer `m`: its lowest offset, at least `from`, raised to its domain.
     fn level(&self, m: usize, from: u64) -> u64 {
         let lowest = self.lowest(m).max(from);
         self.domains.map_or(lowest, |d| d.lowest_from(m, lowest))
     }
 
-    /// The bound by levels after a placement. In zero-slack mode only on the dirty sections where
-    /// the placement raised a buffer's level (its lowest offset, raised to its domain) above the
-    /// floor: in the others the bound sees the levels it passed with before, less any buffer now
-    /// at or below the floor or placed (every section passed when the partition's search began,
-    /// `search_partition`, and every node since). In canonical mode the offset bound `from`
-    /// rises with the order, so every dirty section is checked.
+    /// The bound by levels after a placement: at zero slack only where the placement raised a
+    /// buffer's level above the floor (the others passed before); in canonical mode the offset
+    /// bound `from` rises, so every dirty section is checked.
     fn placement_levels_fit(&mut self, undo: &Undo, sections: &Range<usize>, zero_slack: bool, from: u64) -> bool {
         if zero_slack {
             self.keep_dirty_raised_above_floor(undo);
@@ -1166,8 +1061,7 @@ impl Search<'_, '_> {
         self.dirty_sections_fit(sections, from)
     }
 
-    /// Keeps in `dirty` the sections where a buffer `undo` raised now has its level above the
-    /// floor.
+    /// Keeps in `dirty` the sections where a buffer `undo` raised now lies above the floor.
     fn keep_dirty_raised_above_floor(&mut self, undo: &Undo) {
         self.next_mark();
         for &(raised, _) in &undo.offsets {
@@ -1184,9 +1078,8 @@ impl Search<'_, '_> {
         self.dirty.retain(|&s| section_mark[s as usize] == mark);
     }
 
-    /// The section bound over the partition's sections: the unplaced buffers of every section
-    /// stack above its floor and above `offset` (later placements in this partition never go
-    /// lower, by the canonical order).
+    /// The section bound: the unplaced buffers of every section stack above its floor and above
+    /// `offset` (later placements in this partition never go lower, by the canonical order).
     fn sections_fit(&self, sections: Range<usize>, offset: u64) -> bool {
         self.floor[sections.clone()]
             .iter()

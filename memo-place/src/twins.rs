@@ -1,13 +1,7 @@
-//! *Twins*: buffers over exactly the same time sections. A piece of a tiling cut only across
-//! space leaves a group of them (up to 14 in one generated instance of 200 buffers), and so do
-//! the buffers that live in one section only. Twins stacked directly
-//! on each other can swap places, so the skyline search (`search::fill_skyline`) stacks them
-//! only larger below, and tries first the twins with no larger one left.
-//!
-//! Kept per group, in space linear in the buffers however large a group is: its members, larger
-//! first, and the stack of its placed members that were each higher than all placed before
-//! them, whose top is the group's highest placed member. Placements are undone last-in,
-//! first-out, so popping a member when it is unplaced keeps the stack right.
+//! *Twins*: buffers over exactly the same time sections. Stacked directly on each other they can
+//! swap places, so the skyline search stacks them only larger below, and tries first the twins with
+//! no larger one left. Per group, in linear space: its members, larger first, and the stack of its
+//! placed members each higher than all placed before (undone last-in, first-out).
 
 use alloc::vec::Vec;
 
@@ -20,8 +14,8 @@ pub(crate) struct Twins {
     /// Group `g`'s members are `members[row[g]..row[g + 1]]`, larger first (ties by index).
     row: Vec<u32>,
     members: Vec<u32>,
-    /// Group `g`'s placed members that were higher than every member placed before them, in the
-    /// slots `highs[row[g]..row[g] + high_count[g]]` (a group never holds more than its members).
+    /// Group `g`'s placed members higher than every one placed before them, in the slots
+    /// `highs[row[g]..row[g] + high_count[g]]`.
     highs: Vec<u32>,
     high_count: Vec<u32>,
 }

@@ -1,23 +1,14 @@
-//! Flat subsets as balanced flows: the second way `split` looks for them, for components where
-//! every section holds many buffers (so the heights a flat subset could have are too many to try).
-//!
-//! Read each buffer as an edge from its start boundary to its end boundary carrying its size. A
-//! flat subset is then a flow from the first boundary to the last: at every boundary in between,
-//! the bytes of the subset's buffers that end there equal those of its buffers that start there.
-//! Buffers with the same start and end are one edge whose flow is any subset sum of their sizes.
-//! The search fixes the flow on one edge that crosses the sparsest section (every flat subset
-//! crosses it) and propagates: it picks the touched boundary with the fewest undecided edges and
-//! chooses flows for them that balance it, until every touched boundary is balanced. The flow's
-//! value (what leaves the first boundary) is the height. Edges are tried with their whole group or
-//! none first: buffers with one lifetime mostly lie on one side of a cut.
-//!
-//! An attempt is a seed edge with one flow; attempts go in [`Rounds`]. A seed whose every attempt
-//! was refuted (as far as the known subset sums go) is left out of later attempts. Nothing here
-//! is a proof: the search only ever hands on subsets it found, which `split` then uses.
+//! Flat subsets as balanced flows, for components whose every section holds many buffers. Each
+//! lifetime class is an edge from its start boundary to its end carrying a subset sum of its sizes;
+//! a flat subset is a flow balanced at every inner boundary, its value the height. The search fixes
+//! the flow of one edge crossing the sparsest section and balances the touched boundary with the
+//! fewest undecided edges, whole groups or none first, until all are. Attempts (a seed edge with a
+//! flow) go in [`Rounds`]; a seed whose every attempt was refuted is left out later. No proofs.
 
 use alloc::vec::Vec;
 
 use super::{pick, Budget, Rounds, Step, SubsetSums, SUMS_PER_NODE};
+use crate::sections::endpoints;
 use crate::tuning::*;
 use crate::Item;
 
@@ -52,10 +43,7 @@ enum Balance {
 impl Network {
     /// The network of `component` (local indices into `items`).
     fn new(items: &[Item], component: &[u32]) -> Network {
-        let mut points: Vec<u32> =
-            component.iter().flat_map(|&l| [items[l as usize].lower, items[l as usize].upper]).collect();
-        points.sort_unstable();
-        points.dedup();
+        let points = endpoints(items, component);
         let boundary = |t: u32| points.partition_point(|&p| p < t);
         let mut keyed: Vec<(usize, usize, u32)> = component
             .iter()
@@ -92,20 +80,16 @@ impl Network {
     }
 }
 
-/// The search of one component, resumable: attempts (a seed edge and its flow) are tried in rounds
-/// with a work limit that doubles.
+/// The search of one component, resumable: attempts (a seed edge and its flow) in [`Rounds`].
 pub(super) struct Search {
     network: Network,
     height: u64,
-    /// Attempts (seed edge, flow) not settled yet: every seed with its whole group first, then
-    /// with its other subset sums.
+    /// Attempts (seed edge, flow) not settled yet: each seed's whole group first, then its sums.
     attempts: Rounds<(usize, u64)>,
-    /// Per edge: attempts of it not refuted yet (while it is a seed), and whether every attempt of
-    /// it was refuted, so later attempts leave it out.
+    /// Per edge: attempts not refuted yet, and whether all were, so later attempts leave it out.
     open_attempts: Vec<usize>,
     excluded: Vec<bool>,
-    /// The flows and touched marks every attempt starts from (restored by each attempt's undo):
-    /// excluded edges carry none, the others are undecided.
+    /// The flows and touched marks every attempt starts from (excluded edges carry none).
     amount: Vec<Option<u64>>,
     is_touched: Vec<bool>,
 }
@@ -236,8 +220,7 @@ impl Propagation<'_, '_, '_> {
 
     /// Balances the touched boundaries; records the first complete proper flow in `found`.
     fn propagate(&mut self, height: u64) -> Balance {
-        // The touched inner boundary with the fewest undecided edges; an unbalanced complete one
-        // fails the branch.
+        // The touched inner boundary with the fewest undecided edges (an unbalanced complete one fails).
         let mut chosen: Option<(usize, usize)> = None;
         for &node in &self.touched {
             if node == 0 || node == self.network.last {
@@ -306,8 +289,7 @@ impl Propagation<'_, '_, '_> {
             }
         }
         let edge = &self.network.edges[e];
-        // The amounts that leave the rest settleable by the later edges: `need - signed` within
-        // [-most_in, most_out].
+        // The amounts that leave the rest settleable: `need - signed` within [-most_in, most_out].
         let (low, high) = if starts { (need - most_out, need + most_in) } else { (-need - most_in, most_out - need) };
         let low = low.max(0);
         let high = high.min(i128::from(edge.total));
@@ -315,8 +297,7 @@ impl Propagation<'_, '_, '_> {
             return Balance::Impossible;
         }
         let (low, high) = (low as u64, high as u64);
-        // First the amount that would settle the boundary alone, none, all; then the other sums
-        // in range, largest first (the last edge can only take the settling one).
+        // The settling amount, none, all; then the other sums in range, largest first.
         let exact = if starts { need } else { -need };
         let mut first: Vec<u64> = Vec::new();
         if (i128::from(low)..=i128::from(high)).contains(&exact) {

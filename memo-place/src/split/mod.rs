@@ -1,27 +1,11 @@
-//! Flat splits: a way to place a component at a capacity where every one of its time sections is
-//! exactly full (zero slack), as at the lower bound of a perfectly packable instance.
-//!
-//! A subset of the buffers whose live total is the same in every section (a *flat* subset, of
-//! height `a`) can be placed in `[0, a)` on its own and the rest in `[a, capacity)`: neither part
-//! ever needs the other's addresses. Each part is again zero slack, so it splits again: first in
-//! time (temporal components), then by peeling (a buffer alive throughout is a flat subset of one),
-//! then by another flat subset, until the parts are single buffers or admit no flat subset; those
-//! are tried as pinwheels ([`pinwheel`]: five rectangles turning around a middle one, which no
-//! straight cut takes apart), and what is left goes to the exact search (`search`), except the
-//! whole component itself, left to the caller's. Instances cut from a rectangle by guillotine
-//! cuts come apart entirely this way, each part small; so do other perfect packings made of
-//! independent slabs, and those cut by pinwheels too.
-//!
-//! Two searches find flat subsets, taking turns with a work allowance that grows each round (on
-//! some components one is quick, on others the other), and each resumes where it stopped:
-//! - [`sparse`]: from the section with the fewest buffers, whose subset sums give the candidate
-//!   heights, sweeping right and left from it;
-//! - [`flow`]: as a balanced flow over the section boundaries, propagated from one edge; it needs
-//!   no candidate heights, so it serves components whose every section is crowded.
-//!
-//! This is not complete: a component can be packable although none of its splits is (a split fixes
-//! that its parts never share addresses). So `place` only ever reports a placement it found; when
-//! it finds none, the caller's exact search goes on as before and nothing is concluded.
+//! Flat splits: placing a component at a capacity where every time section is exactly full
+//! (zero slack). A *flat* subset (the same live total `a` in every section) can be placed in
+//! `[0, a)` and the rest in `[a, capacity)`, each part zero slack again: so it splits in time, by
+//! peeling, by another flat subset, as a pinwheel ([`pinwheel`]), and what is left goes to the
+//! exact search (`search`), but for the whole component, left to the caller's. Two searches find
+//! flat subsets, taking turns with a growing allowance, each resuming where it stopped: [`sparse`]
+//! (heights from the sparsest section's subset sums) and [`flow`] (a balanced flow over the section
+//! boundaries, for crowded components). Not complete: `place` only ever reports placements.
 
 mod flow;
 mod pinwheel;
@@ -41,12 +25,9 @@ use super::{search_ranks, Item};
 use crate::rng::mix;
 use crate::tuning::*;
 
-/// Places `members` (indices into `items`) under `capacity`, where every section is exactly full,
-/// by flat splits, spending at most `*nodes_left` nodes. The members from position `own` on are
-/// fillers (`fillers`), which parts that fail may have cut anew (`Splitter::refill`). Returns the
-/// placement (offsets by position in `members`, peak over the first `own`; a filler cut anew
-/// keeps a stale offset) if one was found, and the nodes spent. A stop asked for through `control`
-/// ends it as a spent budget would.
+/// Places `members` under `capacity`, every section exactly full, by flat splits within
+/// `*nodes_left` nodes; the members from position `own` on are fillers. The placement (offsets by
+/// position in `members`) if one was found, and the nodes spent.
 pub(crate) fn place(
     items: &[Item],
     members: &[u32],
@@ -60,9 +41,8 @@ pub(crate) fn place(
     (placement, spent)
 }
 
-/// The nodes a split search may still spend, and has spent, and the caller's stop callback. A stop
-/// sets `left` to 0 (without counting the nodes as spent), so every search that watches `left`
-/// ends as if the budget ran out.
+/// The nodes a split search may still spend, and has spent, and the stop callback. A stop sets
+/// `left` to 0 without counting the nodes as spent.
 struct Budget<'b, 'c> {
     left: u64,
     spent: u64,
@@ -83,8 +63,7 @@ impl Budget<'_, '_> {
         self.record(count)
     }
 
-    /// Takes `count` nodes off the budget that the exact search counted (and showed the callback)
-    /// itself.
+    /// Takes `count` nodes that the exact search counted itself off the budget.
     fn record(&mut self, count: u64) -> bool {
         if self.left < count {
             self.spent += self.left;
@@ -116,10 +95,8 @@ enum Step {
     OutOfWork,
 }
 
-/// Attempts tried in rounds: a round tries the first `window` pending attempts, each with a work
-/// limit; those that run out of work stay pending, refuted and found ones leave. After a round the
-/// limit and the window double, so both the promising and the later attempts get their turn.
-/// Resumable between calls.
+/// Attempts tried in rounds: the first `window` pending attempts, each with a work limit; those
+/// that run out stay pending, and after a round the limit and the window double. Resumable.
 struct Rounds<T> {
     pending: Vec<T>,
     window: usize,
@@ -153,8 +130,7 @@ impl<T: Copy> Rounds<T> {
         Some((self.pending[self.cursor - 1], self.limit))
     }
 
-    /// Puts `attempts` next in the current round (ahead of the pending ones, which they leave),
-    /// except those tried in this round already.
+    /// Puts `attempts` next in the current round, except those tried in this round already.
     fn put_next(&mut self, attempts: Vec<T>)
     where
         T: Ord,
@@ -186,8 +162,7 @@ struct SubsetSums {
     complete: bool,
     /// The sum of all sizes (saturating; the solver keeps footprints below 2^64).
     total: u64,
-    /// Entries merged to compute them: the work, to charge to a budget (in nodes, by
-    /// `SUMS_PER_NODE`).
+    /// Entries merged to compute them: the work, charged in nodes by `SUMS_PER_NODE`.
     cost: u64,
 }
 
@@ -203,8 +178,7 @@ impl SubsetSums {
         sums
     }
 
-    /// The distinct subset sums up to `bound` (all of them, if fewer than `limit`; else the
-    /// smallest `limit`).
+    /// The distinct subset sums up to `bound` (at most the smallest `limit`).
     fn up_to(sizes: impl Iterator<Item = u64>, bound: u64, limit: usize) -> SubsetSums {
         let mut sums = SubsetSums { sums: alloc::vec![0], complete: true, total: 0, cost: 0 };
         sums.add_bounded(sizes, limit, bound);
@@ -216,15 +190,13 @@ impl SubsetSums {
         self.add_bounded(sizes, limit, u64::MAX);
     }
 
-    /// These sums with more sizes added, keeping at most `limit`, none above `bound` (`complete`
-    /// then means complete up to `bound`: ask only about values up to it).
+    /// These sums with more sizes added, at most `limit`, none above `bound` (`complete` up to it).
     fn add_bounded(&mut self, sizes: impl Iterator<Item = u64>, limit: usize, bound: u64) {
         let sums = &mut self.sums;
         let mut next: Vec<u64> = Vec::new();
         for s in sizes {
             self.total = self.total.saturating_add(s);
-            // Merge `sums` and `sums + s` (both sorted), without repeats, keeping the smallest
-            // `limit`: the smallest sums of the whole set are among those of every prefix.
+            // Merge `sums` and `sums + s` without repeats, keeping the smallest `limit`.
             next.clear();
             let (mut i, mut j) = (0, 0);
             while next.len() < limit && (i < sums.len() || j < sums.len()) {
@@ -284,8 +256,7 @@ impl SubsetSums {
         self.total < u64::MAX
     }
 
-    /// Whether `value` may be a subset sum: `false` only when it is proven not to be (it is
-    /// one exactly when `total - value` is, so high values are checked by their complement).
+    /// Whether `value` may be a subset sum: `false` only when it is proven not to be.
     fn may_contain(&self, value: u64) -> bool {
         let exact = self.exact_to();
         if value <= exact {
@@ -309,8 +280,7 @@ impl SubsetSums {
     }
 }
 
-/// Buffers that join a sweep at the same step and leave it at the same step (`end`), with what
-/// their subsets can add up to.
+/// Buffers that join a sweep at one step and leave it at one step (`end`), and their subset sums.
 #[derive(Clone)]
 struct Group {
     end: u32,
@@ -334,16 +304,10 @@ impl Group {
     }
 
     /// The amounts worth trying when `most` must be made up by this group and the later ones
-    /// (`later`: their subset sums): the whole group, none (if `zero`), exactly `most`, then the
-    /// group's other known sums, largest first. Whole groups first: buffers with one lifetime
-    /// mostly lie on the same side of a split.
-    ///
-    /// A crowded group (sums beyond `SUBSET_SUMS_LIMIT`) knows only its smallest sums, so when
-    /// the later groups' sums are all known it also offers `most` less each of those (what leaves
-    /// the later groups able to make up the rest): a cut through a stack of buffers of one
-    /// lifetime takes such an amount from the middle of the group's sums, which the smallest
-    /// ones never reach. They come last, so components that split without them split as before.
-    /// Amounts that are not known sums may be none: callers check them with `has_amount`.
+    /// (`later`: their subset sums): the whole group, none (if `zero`), exactly `most`, the group's
+    /// other known sums, largest first; for a crowded group, last, `most` less each of the later
+    /// groups' sums (a cut through a stack of one lifetime takes an amount from its middle).
+    /// Amounts that are not known sums are checked by callers with `has_amount`.
     fn candidates(&self, most: u64, zero: bool, later: &SubsetSums) -> Vec<u64> {
         let mut out: Vec<u64> = Vec::new();
         if self.total <= most {
@@ -352,8 +316,7 @@ impl Group {
         if zero {
             out.push(0);
         }
-        // Not when `most` is 0: that is "none" again, and every later group would double the
-        // work of a sweep whose amount is made up already.
+        // Not when `most` is 0: that is "none" again.
         if 0 < most && most < self.total && self.sums.may_contain(most) {
             out.push(most);
         }
@@ -367,15 +330,9 @@ impl Group {
         out
     }
 
-    /// Whether some of the group's buffers add up to `amount`; `None` when out of work.
-    ///
-    /// Why exactly: a cut through a stack of buffers of one lifetime takes an amount from the
-    /// middle of its sums (neither among the `SUBSET_SUMS_LIMIT` smallest nor their complements),
-    /// and `candidates` offers such amounts; a sweep that went on with one that no subset makes
-    /// ends in a subset that `pick` cannot realise, and the height would be dropped although
-    /// another choice of amounts splits it. So an amount that is not known is checked against
-    /// the group's complete sums, a bitset built once (up to `ALL_SUMS_MOST_BITS`; beyond, a
-    /// bounded search for a witness).
+    /// Whether some of the group's buffers add up to `amount`; `None` when out of work: checked
+    /// against all the group's sums (a bitset up to `ALL_SUMS_MOST_BITS`, else a bounded search),
+    /// so that a sweep never goes on with an amount `pick` cannot realise.
     fn has_amount(&self, amount: u64, budget: &mut Budget, work: &mut u64) -> Option<bool> {
         if amount > self.total {
             return Some(false);
@@ -423,9 +380,8 @@ fn all_subset_sums(sizes: &[u64], bits: usize) -> (Vec<u64>, u64) {
     (all, cost)
 }
 
-/// Whether some of `sizes` (largest first) add up to `amount`, searched for at most `PICK_WORK`
-/// nodes (none found in them: `false`, as `pick` would not find one either); `None` when the
-/// budget or the caller's allowance `work` ran out first.
+/// Whether some of `sizes` (largest first) add up to `amount`, within `PICK_WORK` nodes; `None`
+/// when the budget or the allowance `work` ran out first.
 fn witness(sizes: &[u64], amount: u64, budget: &mut Budget, work: &mut u64) -> Option<bool> {
     let mut local = PICK_WORK.min(*work);
     let start = local;
@@ -442,7 +398,7 @@ fn witness(sizes: &[u64], amount: u64, budget: &mut Budget, work: &mut u64) -> O
 }
 
 /// Adds members of `members` (largest first) adding up to `amount` to `out`; `false` if none was
-/// found (within `PICK_WORK` nodes).
+/// found within `PICK_WORK` nodes.
 fn pick(items: &[Item], members: &[u32], amount: u64, out: &mut Vec<u32>, budget: &mut Budget) -> bool {
     let sizes: Vec<u64> = members.iter().map(|&l| items[l as usize].size).collect();
     let mut picked = Vec::new();
@@ -516,8 +472,7 @@ struct Splitter<'b, 'c> {
 }
 
 impl<'b, 'c> Splitter<'b, 'c> {
-    /// A splitter of `members` (indices into `items`), the first `own` of them buffers and the
-    /// rest fillers, with `nodes_left` nodes.
+    /// A splitter of `members`, the first `own` of them buffers and the rest fillers.
     fn new(items: &[Item], members: &[u32], own: usize, nodes_left: u64, control: &'b mut Control<'c>) -> Self {
         let local: Vec<Item> = members.iter().map(|&m| items[m as usize]).collect();
         let n = local.len();
@@ -562,8 +517,7 @@ impl Splitter<'_, '_> {
         true
     }
 
-    /// Places one temporal component: peel, split, or search. Components that failed once (the
-    /// same buffers at the same height, as alternative splits often meet) fail at once.
+    /// Places one temporal component (peel, split, or search); one that failed before fails at once.
     fn solve_component(&mut self, component: Vec<u32>, height: u64, base: u64) -> bool {
         if !self.budget.spend() {
             return false;
@@ -572,8 +526,7 @@ impl Splitter<'_, '_> {
         if self.failed.contains(&key) {
             return false;
         }
-        // A part with fillers (not the whole component, which the caller's fillers are for)
-        // may be placed with its fillers cut anew when it is not placed with those it has.
+        // A part with fillers (not the whole component) may be placed with its fillers cut anew.
         let refillable = self.own < self.whole
             && !self.refilling
             && self.refill_work > 0
@@ -584,19 +537,16 @@ impl Splitter<'_, '_> {
         if let (false, Some(component)) = (placed, kept) {
             placed = self.refill(&component, height, base);
         }
-        // A failure is final unless the budget ran out meanwhile (a part cut anew tries with an
-        // allowance of its own, and tries again with more).
+        // A failure is final unless the budget ran out meanwhile.
         if !placed && self.budget.left > 0 {
             self.failed.insert(key);
         }
         placed
     }
 
-    /// Places `component` with its fillers cut anew: its own buffers, and each other set of the
-    /// fewest fillers its slack takes (`fillers::fewest`) in turn, while `refill_work` lasts. The
-    /// caller's fillers come from the whole component's slack profile, which often does not say
-    /// where holes are (two holes that meet end to start look like one under another); a part
-    /// that fails with them is often placed with another set (holes 500 seed 7: BENCHMARKS.md).
+    /// Places `component` with its fillers cut anew: each other set of the fewest fillers its slack
+    /// takes (`fillers::fewest`) in turn, while `refill_work` lasts (the caller's fillers come from
+    /// the whole profile, which often does not say where the holes are).
     fn refill(&mut self, component: &[u32], height: u64, base: u64) -> bool {
         let sections = Sections::new(&self.items, component);
         let mut slack = alloc::vec![0u64; sections.len()];
@@ -613,8 +563,7 @@ impl Splitter<'_, '_> {
             slack[range].iter_mut().for_each(|s| *s += item.size);
         }
         current.sort_unstable();
-        // Each other set as a part of its own: the component's buffers and the set's fillers,
-        // appended as new items (so no failure cached for one set is taken for another's).
+        // Each set's fillers appended as new items, so no failure cached for one is taken for another.
         let mut parts: Vec<Vec<u32>> = fillers::fewest(&slack, REFILL_VARIANTS, REFILL_FEWEST_WORK)
             .into_iter()
             .filter(|variant| *variant != current)
@@ -629,8 +578,7 @@ impl Splitter<'_, '_> {
                 part
             })
             .collect();
-        // The sets take turns, each try with `allowance` nodes, four times more each round: a set
-        // that fails within its allowance (its parts' own limits ended it) fails again, and leaves.
+        // The sets take turns, four times the allowance a round; a set that fails within it leaves.
         let mut allowance = REFILL_FIRST_WORK_PER_BUFFER.saturating_mul(component.len() as u64);
         while !parts.is_empty() {
             let mut index = 0;
@@ -660,8 +608,7 @@ impl Splitter<'_, '_> {
         false
     }
 
-    /// Runs `f` with at most `nodes` of the budget: the rest is held back, and given back unless
-    /// a stop (which zeroes the budget) came meanwhile.
+    /// Runs `f` with at most `nodes` of the budget, the rest given back unless a stop came.
     fn within<R>(&mut self, nodes: u64, f: impl FnOnce(&mut Self) -> R) -> R {
         let held_back = self.budget.left.saturating_sub(nodes);
         self.budget.left -= held_back;
@@ -672,8 +619,7 @@ impl Splitter<'_, '_> {
         result
     }
 
-    /// Whether `component` is the whole one `place` was given (no part of it: a part with its
-    /// fillers cut anew has as many buffers at most by chance).
+    /// Whether `component` is the whole one `place` was given.
     fn is_whole(&self, component: &[u32]) -> bool {
         !self.refilling && component.len() == self.whole
     }
@@ -716,9 +662,7 @@ impl Splitter<'_, '_> {
             self.depth -= 1;
         }
         if self.is_whole(&component) {
-            // Nothing split off: the caller's exact search takes the whole next, with every
-            // restart (searching it here first cost pinwheels of 500 buffers up to 0.9 s of their
-            // 1 s: BENCHMARKS.md).
+            // Nothing split off: the caller's search takes the whole (BENCHMARKS.md, "Ninth pass").
             return false;
         }
         self.search_component(&component, height, base)
@@ -748,8 +692,7 @@ impl Splitter<'_, '_> {
                 let (outcome, used) = search(
                     Component { items: &self.items, members: component, overlaps: &overlaps, sections: &sections },
                     rank,
-                    // The rank alone: the guided value order (`search`) settled fewer 500-buffer
-                    // pinwheels when the parts' searches used it too (BENCHMARKS.md).
+                    // The rank alone: the guided value order settled fewer pinwheels here.
                     Style { guided: false, rightmost: order % 2 == 1, contention: false, by_section: false },
                     &mut shared,
                     height,
@@ -779,8 +722,7 @@ impl Splitter<'_, '_> {
     }
 }
 
-/// Both flat-subset searches of one component, taking turns; each call goes on where the last
-/// stopped, so a split that fails further down is followed by a different one.
+/// Both flat-subset searches of one component, taking turns, each going on where it stopped.
 struct Finder {
     sparse: Option<sparse::Search>,
     flow: Option<flow::Search>,

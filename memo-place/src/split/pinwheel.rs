@@ -1,48 +1,30 @@
 //! Pinwheel splits: the cut that flat splits and temporal components cannot make.
 //!
 //! A zero-slack component over steps `[t0, t1)` at height `C` may be five rectangles turning
-//! around a middle one, as a pinwheel: for two section boundaries `x1 < x2` and two heights
-//! `0 < y1 < y2 < C`,
-//! - *bottom* `[t0, x2) x [0, y1)`, *left* `[t0, x1) x [y1, C)`,
-//! - *centre* `[x1, x2) x [y1, y2)`,
-//! - *right* `[x2, t1) x [0, y2)`, *top* `[x1, t1) x [y2, C)`.
+//! around a middle one: for section boundaries `x1 < x2` and heights `0 < y1 < y2 < C`,
+//! *bottom* `[t0, x2) x [0, y1)`, *left* `[t0, x1) x [y1, C)`, *centre* `[x1, x2) x [y1, y2)`,
+//! *right* `[x2, t1) x [0, y2)`, *top* `[x1, t1) x [y2, C)`. No straight line crosses it without
+//! cutting a piece, and the generator's hardest cores are such pinwheels.
 //!
-//! No straight line crosses a pinwheel without cutting a piece, so neither a flat subset (a
-//! horizontal cut) nor a temporal component (a vertical one) takes it apart, and the exact search
-//! gets it whole. The generator's non-guillotine tilings are made so, and their hardest cores are
-//! pinwheels of pieces of a few bytes, which no search of ours placed in 10 s whole but whose
-//! five pieces are placed in milliseconds each (BENCHMARKS.md, twentieth pass).
-//!
-//! Given `x1 < x2`, which piece a buffer can be in follows from its lifetime: one that crosses
-//! `x1` (ending by `x2`) is in the bottom, one that crosses `x2` (starting at `x1` or later) in the
-//! top, and none may span both (else no pinwheel has those boundaries). The left piece is a flat
-//! subset (height `C - y1`, over every section of `[t0, x1)`) of the buffers living before `x1`:
-//! the whole of them when they are flat, else one the flat-subset searches of the splits find
-//! (asked for heights up to `C`: these buffers are not zero slack, the crossing ones being
-//! elsewhere). The right piece likewise after `x2` (height `y2`). A side depends on its boundary
-//! alone, so each is searched once per round over the pairs. Between `x1` and `x2` the buffers
-//! living there are shared out among bottom, centre and top so that each is flat there (a small
-//! search). Each piece is then zero slack at its own height and is placed as any part is:
-//! temporal components, peeling, flat splits, pinwheels, the exact search. The pairs go in rounds,
-//! each side's searches with four times the work of the round before, until the component's
-//! share of nodes for them (`PINWHEEL_WORK_PER_BUFFER` per buffer) is spent.
-//!
-//! Not complete, like the flat splits: a component may be placed although none of its pinwheels
-//! is. So it only finds placements.
+//! Given `x1 < x2`, a buffer crossing `x1` is in the bottom, one crossing `x2` in the top, and
+//! none may span both. The left piece is a flat subset of the buffers living before `x1` (the
+//! splits' flat-subset searches, asked for heights up to `C`), the right one of those after `x2`;
+//! the buffers between are shared out among bottom, centre and top by a small search. Each piece,
+//! zero slack at its own height, is placed as any part is. The pairs go in rounds, four times
+//! the work a round, within `PINWHEEL_WORK_PER_BUFFER`. Not complete: it only finds placements.
 
 use alloc::vec::Vec;
 
 use super::{Budget, Finder, Splitter};
 use crate::lifetime::{live_profile, BufferLifetime};
+use crate::sections::endpoints;
 use crate::tuning::*;
 use crate::Item;
 
-/// An outer piece (left or right) found: its buffers (the component's local indices, sorted) and
-/// its height.
+/// An outer piece (left or right) found: its buffers (local indices, sorted) and its height.
 type OuterPiece = (Vec<u32>, u64);
 
-/// The buffers of one side of a pair (all before `x1`, or all after `x2`), as items of their own
-/// (positions map back to the component's local indices), and the side's window.
+/// The buffers of one side of a pair (before `x1` or after `x2`) as items, and the side's window.
 struct Side {
     items: Vec<Item>,
     /// The component's local index of each item.
@@ -51,10 +33,8 @@ struct Side {
 }
 
 impl Side {
-    /// Flat subsets of the side that span its whole window, with their heights: the outer piece
-    /// (left or right), at most `SIDE_TRIES` of them. The side is not zero slack (the buffers
-    /// crossing its boundary are elsewhere), so the searches are asked for heights up to the
-    /// capacity, not half of it.
+    /// Flat subsets of the side that span its whole window, with their heights (at most
+    /// `SIDE_TRIES`), asked for heights up to the capacity: the side is not zero slack.
     fn outer_pieces(&self, capacity: u64, budget: &mut Budget) -> Vec<OuterPiece> {
         let mut found = Vec::new();
         // The whole side, when it is flat (the searches below find proper subsets only).
@@ -95,26 +75,20 @@ impl Side {
 }
 
 impl Splitter<'_, '_> {
-    /// Places `component` (zero slack at `height`, one temporal component) at `base` by a
-    /// pinwheel split, if one is found within its share of nodes.
+    /// Places `component` (zero slack at `height`) at `base` by a pinwheel split, if one is found.
     pub(super) fn pinwheel(&mut self, component: &[u32], height: u64, base: u64) -> bool {
         let work = PINWHEEL_WORK_PER_BUFFER.saturating_mul(component.len() as u64);
         self.pinwheel_rounds(component, height, base, work)
     }
 
-    /// The boundary pairs in rounds: each side's searches get `SIDE_FIRST_WORK` nodes a pair in
-    /// the first, four times more each round after, while the component's share lasts.
+    /// The boundary pairs in rounds, each side's searches with `SIDE_FIRST_WORK` nodes a pair,
+    /// four times more each round, while the component's share lasts.
     fn pinwheel_rounds(&mut self, component: &[u32], height: u64, base: u64, work: u64) -> bool {
         let items = &self.items;
-        let mut points: Vec<u32> =
-            component.iter().flat_map(|&l| [items[l as usize].lower, items[l as usize].upper]).collect();
-        points.sort_unstable();
-        points.dedup();
+        let points = endpoints(items, component);
         let (Some(&t0), Some(&t1)) = (points.first(), points.last()) else { return false };
         let inner: Vec<u32> = points.iter().copied().filter(|&p| t0 < p && p < t1).collect();
-        // For each inner boundary, the latest end of a buffer crossing it (a second boundary
-        // must not come before it) and the earliest start of one crossing it (a first boundary
-        // must not come after it).
+        // For each inner boundary, the latest end and the earliest start of a buffer crossing it.
         let reach: Vec<(u32, u32)> = inner
             .iter()
             .map(|&x| {
@@ -208,9 +182,8 @@ impl Splitter<'_, '_> {
         side
     }
 
-    /// Shares out `middle` (the buffers living within `[x1, x2)`) so that the bottom (the buffers
-    /// crossing `x1` and its share) is `y1` high in every section there and the top (those crossing
-    /// `x2` and its share) `height - y2`: per buffer of `middle`, 0 bottom, 1 centre, 2 top. A
+    /// Shares out `middle` (the buffers within `[x1, x2)`) so that the bottom is `y1` high in every
+    /// section there and the top `height - y2`: per buffer, 0 bottom, 1 centre, 2 top. A
     /// depth-first search, largest buffers first, within `MIDDLE_WORK` nodes.
     fn share_middle(
         &mut self,
@@ -249,8 +222,7 @@ impl Splitter<'_, '_> {
                 r[piece] = r[piece].checked_sub(i.size)?;
             }
         }
-        // By start, the largest first among equal starts: once every buffer starting by a
-        // section is shared out, that section's rooms must be used up exactly.
+        // By start, the largest first among equal starts.
         let mut order: Vec<u32> = middle.to_vec();
         order.sort_unstable_by_key(|&l| (items[l as usize].lower, core::cmp::Reverse(items[l as usize].size), l));
         let spans: Vec<(usize, usize, u64)> = order
@@ -275,8 +247,7 @@ impl Splitter<'_, '_> {
         Some(shares)
     }
 
-    /// Places the five pieces of the pinwheel; `shares[l]` puts a middle buffer in the bottom (0),
-    /// centre (1) or top (2).
+    /// Places the five pieces; `shares[l]` puts a middle buffer in the bottom, centre or top.
     fn place_pinwheel(
         &mut self,
         component: &[u32],
@@ -309,9 +280,8 @@ impl Splitter<'_, '_> {
     }
 }
 
-/// The depth-first search of `Splitter::share_middle`: buffer `k` onwards (by start) into the
-/// pieces with room for it in every section it spans; the sections before the next buffer's
-/// start have all their buffers then, so their rooms must be used up.
+/// The search of `Splitter::share_middle`: buffer `k` onwards (by start) into the pieces with room
+/// for it; the sections before the next buffer's start must then have their rooms used up.
 fn share(
     spans: &[(usize, usize, u64)],
     k: usize,

@@ -1,27 +1,19 @@
 //! Flat subsets from the sparsest section.
 //!
-//! A flat subset of height `a` holds buffers of exactly `a` bytes in every section, so `a` is a
-//! subset sum of the buffers alive in the section with the fewest of them (the *chosen* section)
-//! and of every other one: those sums, filtered by the next sparsest sections, are the candidate
-//! heights, lowest first (thin slabs are the usual first cut). For a height, the search chooses
-//! which of the chosen section's buffers are in (as an amount per class of equal lifetime), then
-//! sweeps right from the section: at each boundary the subset's buffers that end there free some
-//! bytes, and exactly that many bytes of the buffers starting there must join. Only the amounts
-//! per end step matter for what follows, so the choice at a boundary is an amount per group of
-//! joining buffers with the same end (a subset sum of the group), and failed states (step,
-//! amounts alive per end) are cached. The sweep left is the same with time reversed, and given the
-//! chosen section's part it is independent of the sweep right.
-//!
-//! Heights are tried in [`Rounds`]: refuting a wrong height can take long, and the right one is
-//! usually quick. The search is resumable: a call goes on with the heights not yet settled. When
-//! the chosen section has more sums than are tried and the first call found no split, heights
-//! that are sums of whole lifetime classes over sections far apart in time go next
-//! (`whole_class_heights`): in crowded components the lowest heights are coincidences.
+//! A flat subset's height `a` is a subset sum of every section: the sums of the sparsest (the
+//! *chosen* section), filtered by the next sparsest, are the candidate heights, lowest first. For a
+//! height, the search chooses an amount per lifetime class of the chosen section, then sweeps right:
+//! at each boundary the bytes of the subset's buffers ending there are made up by buffers starting
+//! there, chosen as an amount per group with the same end; failed states (step, amounts alive per
+//! end) are cached. The sweep left is the same in reversed time. Heights go in [`Rounds`], resumably;
+//! where the chosen section has too many sums, heights of whole lifetime classes go next
+//! (`whole_class_heights`).
 
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::vec::Vec;
 
 use super::{hash, pick, Budget, Group, Rounds, Step, SubsetSums, SUBSET_SUMS_LIMIT, SUMS_PER_NODE};
+use crate::sections::endpoints;
 use crate::tuning::*;
 use crate::Item;
 
@@ -52,9 +44,8 @@ impl Direction {
         Direction { groups, reach, failed: BTreeSet::new() }
     }
 
-    /// From step `i` on, the subset's buffers leaving at a step free their amount, which the
-    /// buffers joining there must make up. Steps with nothing to choose are passed in a loop.
-    /// `chosen` records (step, group, amount) on the way.
+    /// From step `i` on, the bytes freed at a step are made up by buffers joining there, recording
+    /// (step, group, amount) in `chosen`.
     fn sweep(
         &mut self,
         mut i: usize,
@@ -86,8 +77,7 @@ impl Direction {
         }
     }
 
-    /// At step `i`, chooses amounts of groups `g..` adding up to `needed`, adds them to `live`
-    /// (amount alive per leaving step), then sweeps on.
+    /// At step `i`, chooses amounts of groups `g..` adding up to `needed` into `live`, then sweeps on.
     fn amounts(
         &mut self,
         (i, g): (usize, usize),
@@ -138,17 +128,10 @@ impl Direction {
     }
 }
 
-/// Heights up to `height / 2` that are a sum of whole lifetime classes (buffers with the same
-/// start and end) in nearly every one of up to `WHOLE_FILTER_SECTIONS` sections spread over time,
-/// fewest misses first, then lowest; at most `WHOLE_HEIGHTS_LIMIT`. Also returns the work spent
-/// (subset-sum entries merged, candidates checked).
-///
-/// Why: in a crowded component nearly every height is a subset sum of every section, so the
-/// lowest heights are mostly coincidences of small buffers (flat subsets whose other part often
-/// cannot be placed), and the heights of real slabs may lie far beyond the lowest few thousand.
-/// A slab of a perfect packing mostly takes whole lifetime classes (a class is usually a column of
-/// one sub-rectangle, which lies on one side of the cut), and sums of whole classes that agree
-/// over sections far apart in time are rarely coincidences. Only an order: nothing is left out.
+/// Heights up to `height / 2` that sum whole lifetime classes in nearly every one of up to
+/// `WHOLE_FILTER_SECTIONS` sections spread over time (fewest misses first, at most
+/// `WHOLE_HEIGHTS_LIMIT`), and the work spent: in a crowded component the lowest heights are
+/// mostly coincidences, while a slab of a perfect packing mostly takes whole classes.
 fn whole_class_heights(
     items: &[Item],
     span: &[(usize, usize, u32)],
@@ -165,9 +148,7 @@ fn whole_class_heights(
         }
         totals.into_values().collect::<Vec<u64>>()
     };
-    // One section per window of time (the one with the fewest buffers), so the sections share
-    // few classes: neighbouring sections hold mostly the same classes and would all agree on the
-    // same coincidences.
+    // One section per window of time (the sparsest), so the sections share few classes.
     let rank: Vec<usize> = {
         let mut rank = alloc::vec![0; sections];
         for (position, &section) in by_crowding.iter().enumerate() {
@@ -200,9 +181,7 @@ fn whole_class_heights(
     let tolerance = sums.len() / WHOLE_TOLERANCE_SHARE;
     // The candidates come from the section with the fewest sums (the fewest to check).
     sums.sort_by_key(|s| s.sums.len());
-    // Candidates: the sums of one section; each scored by the other sections that
-    // cannot have it as a sum of whole classes. A few sections may cut a class (buffers of one
-    // lifetime from different sub-rectangles), so a few misses are tolerated.
+    // Candidates: one section's sums, scored by the sections that cannot make them of whole classes.
     let mut scored: Vec<(usize, u64)> = Vec::new();
     for &a in sums[0].between(1, height / 2) {
         let mut misses = 0;
@@ -270,13 +249,9 @@ struct Deferred {
 }
 
 impl Search {
-    /// The search of `component` (full height `height`), or `None` if it has no candidate height
-    /// (or the budget ran out while filtering them).
+    /// The search of `component` (full height `height`), or `None` without a candidate height.
     pub(super) fn new(items: &[Item], component: &[u32], height: u64, budget: &mut Budget) -> Option<Search> {
-        let mut points: Vec<u32> =
-            component.iter().flat_map(|&l| [items[l as usize].lower, items[l as usize].upper]).collect();
-        points.sort_unstable();
-        points.dedup();
+        let points = endpoints(items, component);
         let sections = points.len().checked_sub(1).filter(|&s| s > 0)?;
         let boundary = |t: u32| points.partition_point(|&p| p < t);
         let span: Vec<(usize, usize, u32)> = component
@@ -306,9 +281,7 @@ impl Search {
                 heights.retain(|a| filter.sums.binary_search(a).is_ok());
             }
         }
-        // When the heights cannot all be tried (the lowest few thousand are mostly coincidences
-        // in a crowded component), heights made of whole lifetime classes are put first once the
-        // lowest ones found no split within the first allowance (`run`).
+        // Heights of whole lifetime classes go next when the lowest found no split (`run`).
         let truncated = heights.len() > HEIGHTS_TRIED_LIMIT || !base.complete;
         heights.truncate(HEIGHTS_TRIED_LIMIT);
         let deferred = truncated.then(|| Deferred { span: span.clone(), sections, by_crowding: by_crowding.clone() });
@@ -325,8 +298,7 @@ impl Search {
             classes.into_iter().map(|(key, members)| (key, Group::new(items, key.1 as u32, members))).collect();
         let class_groups: Vec<Group> = classes.iter().map(|(_, g)| g.clone()).collect();
         let class_reach = suffix_sums(items, &class_groups);
-        // Right of the chosen section: step i is boundary chosen + 1 + i; buffers join at their
-        // start and leave at their end. Left of it: step i is boundary chosen - i; time reversed.
+        // Right of the chosen section, step i is boundary chosen + 1 + i; left, chosen - i, reversed.
         let right_entries: Vec<(usize, usize, u32)> = span
             .iter()
             .filter(|&&(start, _, _)| start > chosen_section)
@@ -406,7 +378,7 @@ impl Search {
     }
 
     /// Chooses amounts of the chosen section's classes `c..` adding up to `needed`, then sweeps
-    /// both ways; returns what each sweep chose if both complete, `Err` when out of work.
+    /// both ways; what each sweep chose if both complete, `Err` when out of work.
     #[allow(clippy::type_complexity)]
     fn try_height(
         &mut self,
