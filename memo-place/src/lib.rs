@@ -308,7 +308,6 @@ fn solve_nested(
     let alignment = options.alignment.max(1);
     let (items, buffer_of) = items_of(buffers, alignment)?;
     let capacity_units = options.capacity.map(|c| c / alignment);
-
     let reduced = decompose::decompose(&items);
     let GreedyStage {
         mut leaves,
@@ -363,9 +362,8 @@ fn solve_nested(
     }
 
     let proven_lower_units = place_leaves(&leaves, &reduced, &mut offsets_units, &mut peak_units);
-    // At the lower bound already, no order can do better.
     let whole = if classic_done || peak_units == lower_bound_units {
-        whole
+        whole // at the lower bound already, no order can do better
     } else {
         late_classic(&items, peak_units, lower_bound_units, (&mut nodes_left, &mut nodes), &mut control)
     };

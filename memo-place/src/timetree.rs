@@ -19,6 +19,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use super::greedy::Fit;
+use super::sections::endpoints;
 use super::Item;
 
 /// The most nodes one walk reaches: four a level (two it partly meets, two inside it), a level
@@ -139,10 +140,7 @@ fn choose(sets: &[&[(u64, u64)]], size: u64, fit: Fit) -> u64 {
 impl TimeTree {
     /// An empty tree over the lifetimes of `members`.
     pub(crate) fn new(items: &[Item], members: &[u32]) -> TimeTree {
-        let mut points: Vec<u32> =
-            members.iter().flat_map(|&m| [items[m as usize].lower, items[m as usize].upper]).collect();
-        points.sort_unstable();
-        points.dedup();
+        let points = endpoints(items, members);
         let nodes = 2 * points.len().saturating_sub(1).max(1).next_power_of_two();
         TimeTree {
             points,
