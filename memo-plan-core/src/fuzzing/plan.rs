@@ -112,8 +112,20 @@ pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
             ..Architecture::GPT
         };
     }
-    let parallel = Parallelism::new(tensor, u.int_in_range(1..=OPTIONS.max_data)?);
     let mut hardware = u.choose(HARDWARE_PRESETS)?.hardware();
+    // A layout the machine holds (`Nodes::validate_for`): the d x t ranks on part of one node,
+    // or filling whole nodes; one group alone wherever it is.
+    let (gpus_per_node, data) = (hardware.gpus_per_node, u.int_in_range(1..=OPTIONS.max_data)?);
+    let (data, node_count) = if data * tensor <= gpus_per_node {
+        (data, 1)
+    } else if gpus_per_node % tensor == 0 {
+        let per_node = gpus_per_node / tensor;
+        let node_count = data.div_ceil(per_node);
+        (node_count * per_node, node_count)
+    } else {
+        (1, 1)
+    };
+    let parallel = Parallelism::new(tensor, data);
     if u.ratio(1, 4)? {
         // Little or no host memory: α bound by host capacity, or below 0 (input and attention
         // output are swapped all the same), and plans that miss the host.
@@ -147,11 +159,15 @@ pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
             latency_ns: u.int_in_range(0..=1_000_000_000)?,
         };
     }
+    let nodes = crate::model::Nodes { count: node_count, ..crate::model::Nodes::single(&hardware) };
+    let sharding = *u.choose(&crate::model::OptimizerSharding::ALL)?;
     Ok(PlanRequest {
         model,
         parallel,
         hardware,
         interconnect,
+        nodes,
+        sharding,
         strategy,
         forced_alpha,
         budget_nodes,
