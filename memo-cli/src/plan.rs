@@ -519,10 +519,12 @@ fn limit_text(limit: &planner::SequenceLimit) -> String {
         return text;
     };
     if misfit.device_excess_bytes > 0 {
-        let parts: Vec<String> = [tensor("kept:", limit.device_kept), tensor("largest buffer:", limit.device_largest)]
-            .into_iter()
-            .flatten()
-            .collect();
+        let state = limit.model_state_bytes.map(|bytes| format!("model state {}", human::binary_units(bytes)));
+        let parts: Vec<String> =
+            [state, tensor("kept:", limit.device_kept), tensor("largest buffer:", limit.device_largest)]
+                .into_iter()
+                .flatten()
+                .collect();
         text.push_str(&format!(" device +{} ({})", human::binary_units(misfit.device_excess_bytes), parts.join("; ")));
     }
     if misfit.host_excess_bytes > 0 {
@@ -588,6 +590,7 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
                         "device_largest_buffer":
                             l.device_largest.map(|(role, bytes)| json!({"role": role.name(), "bytes": bytes})),
                         "host_kept": l.host_kept.map(|(role, bytes)| json!({"role": role.name(), "bytes": bytes})),
+                        "model_state_bytes": l.model_state_bytes,
                     })),
                     "plan": m.report.as_ref().map(|r| {
                         let mut c = config.clone();

@@ -470,12 +470,22 @@ pub struct SequenceLimit {
     pub device_largest: Option<(TensorRole, u64)>,
     /// On the host: the swapped tensor (by role, summed over the layers) that holds the most.
     pub host_kept: Option<(TensorRole, u64)>,
+    /// The model state one GPU holds (after any sharding over the data-parallel ranks): what no
+    /// shorter sequence frees, and past the device's memory alone when nothing fits.
+    pub model_state_bytes: Option<u64>,
 }
 
 impl SequenceLimit {
     fn of(seq_len: u64, report: Option<&PlanReport>) -> Self {
         let Some(report) = report else {
-            return SequenceLimit { seq_len, misfit: None, device_kept: None, device_largest: None, host_kept: None };
+            return SequenceLimit {
+                seq_len,
+                misfit: None,
+                device_kept: None,
+                device_largest: None,
+                host_kept: None,
+                model_state_bytes: None,
+            };
         };
         let buffers = &report.plan.buffers;
         let bytes = |b: &crate::plan::Buffer| b.rows.saturating_mul(b.row_bytes);
@@ -502,6 +512,7 @@ impl SequenceLimit {
             device_kept: most(&[BufferKind::Skeletal, BufferKind::RoundingBuffer]),
             device_largest,
             host_kept: most(&[BufferKind::HostSlot]),
+            model_state_bytes: Some(report.model_state_bytes()),
         }
     }
 }
@@ -658,16 +669,28 @@ pub fn remedies_observed(request: &PlanRequest, report: &PlanReport, observe: &m
         "more nodes (--nodes: more data-parallel ranks to shard the model state over)"
     };
     let more_nodes = (nodes_save >= excess).then_some(more_nodes);
+    // Every strategy holds the same model state: when it alone is past the device, no strategy fits.
+    let other_strategy = (report.model_state_bytes() < p.hardware.device_memory_bytes).then_some("another strategy");
     if misfit.device_excess_bytes > 0 {
-        let options = [shorter.then_some("a shorter sequence"), higher_t, zero, more_nodes, Some("another strategy")];
-        out.push(format!(
-            "device memory: {} needs {}, {} more than the GPU's {}; try {}",
+        let options = [shorter.then_some("a shorter sequence"), higher_t, zero, more_nodes, other_strategy];
+        let mut line = format!(
+            "device memory: {} needs {}, {} more than the GPU's {}",
             if report.data_parallel.saved_bytes > 0 { "the arena with the sharded model state" } else { "the arena" },
             binary_units(report.device_bytes()),
             units_and_bytes(misfit.device_excess_bytes),
             binary_units(p.hardware.device_memory_bytes),
-            one_of(&options)
-        ));
+        );
+        if other_strategy.is_none() {
+            line.push_str(&format!(
+                "; the model state alone is {} per GPU, past the GPU's memory whatever the strategy",
+                binary_units(report.model_state_bytes())
+            ));
+        }
+        let options = one_of(&options);
+        if !options.is_empty() {
+            line.push_str(&format!("; try {options}"));
+        }
+        out.push(line);
     }
     if misfit.host_excess_bytes > 0 {
         let options = [
