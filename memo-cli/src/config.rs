@@ -1124,3 +1124,48 @@ mod hf_tests {
         std::fs::remove_dir_all(&dir).ok();
     }
 }
+
+#[cfg(test)]
+mod node_tests {
+    use super::*;
+
+    /// `d` follows from the nodes, the nodes from `d`, and neither given is one node with `d = 1`
+    /// (part of it when `t` is below its GPUs).
+    #[test]
+    fn data_and_nodes_follow_from_each_other() {
+        assert_eq!(data_and_nodes(8, None, Some(4), 8), (4, 4));
+        assert_eq!(data_and_nodes(2, None, Some(2), 8), (8, 2));
+        assert_eq!(data_and_nodes(8, Some(4), None, 8), (4, 4));
+        assert_eq!(data_and_nodes(2, Some(3), None, 8), (3, 1), "6 of a node's 8 GPUs");
+        assert_eq!(data_and_nodes(4, Some(3), None, 8), (3, 2), "12 GPUs: refused later, they do not fill 2 nodes");
+        assert_eq!(data_and_nodes(2, None, None, 8), (1, 1));
+        assert_eq!(data_and_nodes(8, Some(2), Some(4), 8), (2, 4), "both as given, checked later");
+        // Zeros reach the validation that names them, without a division by zero here.
+        assert_eq!(data_and_nodes(0, None, Some(2), 8), (1, 2));
+        assert_eq!(data_and_nodes(8, Some(0), None, 8), (0, 1));
+    }
+
+    /// The network comes from the preset, then the machine file's keys, then the flags, and the
+    /// header lists what changed against the preset.
+    #[test]
+    fn the_network_comes_from_the_preset_and_the_flags() {
+        let args = ConfigArgs {
+            model: Some("7b".into()),
+            seq: Some(8192),
+            machine: Some("h100x8".into()),
+            tp: Some(8),
+            nodes: Some(2),
+            ..ConfigArgs::default()
+        };
+        let config = args.resolve().unwrap();
+        assert_eq!((config.parallel.data, config.nodes.count), (2, 2));
+        assert_eq!(config.nodes.network, Interconnect { bytes_per_s: 50_000_000_000, latency_ns: 8_000 });
+        assert!(config.machine_overrides.is_empty());
+        let flagged = ConfigArgs { network_bandwidth: Some(25_000_000_000), network_latency: Some(3_000), ..args }
+            .resolve()
+            .unwrap();
+        assert_eq!(flagged.nodes.network, Interconnect { bytes_per_s: 25_000_000_000, latency_ns: 3_000 });
+        let fields: Vec<&str> = flagged.machine_overrides.iter().map(|o| o.field).collect();
+        assert_eq!(fields, ["network_bandwidth", "network_latency"]);
+    }
+}

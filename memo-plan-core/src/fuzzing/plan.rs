@@ -179,7 +179,8 @@ pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
 pub fn describe(request: &PlanRequest) -> String {
     let m = &request.model;
     format!(
-        "{} layers, h {}, heads {}, ffn {}, vocab {}, s {}, b {}, t {}, d {}, {} (host {} B{}), {}{}, budget {}",
+        "{} layers, h {}, heads {}, ffn {}, vocab {}, s {}, b {}, t {}, d {}, {} node(s), ZeRO {}, {} (host {} B{}), {}{}, \
+         budget {}",
         m.layers,
         m.hidden,
         m.heads,
@@ -189,6 +190,8 @@ pub fn describe(request: &PlanRequest) -> String {
         m.micro_batch,
         request.parallel.tensor,
         request.parallel.data,
+        request.nodes.count,
+        request.sharding.stage(),
         request.hardware.name,
         request.hardware.host_memory_per_node_bytes,
         request.hardware.measured_layer_forward_s.map(|s| format!(", layer {s} s")).unwrap_or_default(),
@@ -213,7 +216,15 @@ pub fn check(case: PlanCase) {
     let request = &case.request;
     let report = checked_plan(request);
     let plan = &report.plan;
-    assert_eq!(report.device_bytes(), plan.totals.arena_bytes);
+    // The data-parallel sharding takes only model state off the arena, and only at ZeRO 1 or 2
+    // with d > 1; the step only grows by the data-parallel collectives.
+    let saved = report.data_parallel.saved_bytes;
+    assert_eq!(report.device_bytes(), plan.totals.arena_bytes - saved, "{}", describe(request));
+    assert!(saved <= plan.totals.parameter_bytes, "{}", describe(request));
+    if request.parallel.data == 1 || !request.sharding.shards_optimizer_state() {
+        assert_eq!(saved, 0, "{}", describe(request));
+    }
+    assert!(report.step_time_s() >= report.timeline.step_time_s, "{}", describe(request));
     assert!(plan.totals.arena_lower_bound_bytes <= plan.totals.arena_bytes, "{}", describe(request));
     assert_eq!(plan.provenance.strategy, request.strategy);
 
@@ -272,8 +283,8 @@ mod tests {
         }
     }
 
-    /// The generator reaches every strategy and tensor-parallel degree, forced and solved α, and
-    /// both kinds of node budget, within the smoke test's inputs.
+    /// The generator reaches every strategy and tensor-parallel degree, forced and solved α, both
+    /// kinds of node budget, every ZeRO stage, one node and several, within the smoke test's inputs.
     #[test]
     fn the_generator_covers_its_ranges() {
         let seen = core::cell::RefCell::new(std::collections::BTreeSet::new());
@@ -285,6 +296,9 @@ mod tests {
             seen.insert(format!("forced {}", r.forced_alpha.is_some()));
             seen.insert(format!("default budget {}", r.budget_nodes == PLAN_BUDGET_NODES));
             seen.insert(format!("layers {}", r.model.layers.min(3)));
+            seen.insert(format!("zero {}", r.sharding.stage()));
+            seen.insert(format!("nodes > 1 {}", r.nodes.count > 1));
+            seen.insert(format!("d > 1 on one node {}", r.nodes.count == 1 && r.parallel.data > 1));
         });
         for want in [
             "strategy memo",
@@ -301,6 +315,12 @@ mod tests {
             "layers 1",
             "layers 2",
             "layers 3",
+            "zero 0",
+            "zero 1",
+            "zero 2",
+            "nodes > 1 true",
+            "nodes > 1 false",
+            "d > 1 on one node true",
         ] {
             let seen = seen.borrow();
             assert!(seen.contains(want), "the smoke inputs never give {want}: {seen:?}");
