@@ -379,7 +379,7 @@ pub fn plan_with(
     interconnect.validate_for(parallel.tensor)?;
     // One tensor-parallel group sits wherever its caller puts it (the CPU trainer's ranks are
     // threads of one host); `memo plan` holds a single group to a node itself.
-    if parallel.data > 1 || nodes.count > 1 {
+    if parallel.data > 1 || nodes.count != 1 {
         nodes.validate_for(parallel, hardware)?;
     }
     let swap = match strategy {
