@@ -593,9 +593,9 @@ impl ConfigArgs {
         let nodes = Nodes { count: node_count, network };
         nodes.validate_for(&parallel, &hardware).map_err(|e| {
             let origin = match (self.dp.or(file.parallel.data), self.nodes.or(file.parallel.nodes)) {
-                (Some(_), Some(_)) => "",
-                (None, Some(_)) => " (d follows from the nodes: nodes x GPUs per node / t)",
-                (Some(_), None) => " (the nodes follow from d: d x t / GPUs per node)",
+                (Some(_), Some(_)) => "; or leave --dp out: d then follows from --nodes",
+                (None, Some(_)) => " (d followed from --nodes: nodes x GPUs per node / t)",
+                (Some(_), None) => " (the nodes followed from --dp: d x t GPUs over whole nodes)",
                 (None, None) => "",
             };
             Failure::new(exit::BAD_INPUT, format!("parallel layout: {e}{origin}"))

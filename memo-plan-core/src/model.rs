@@ -420,16 +420,16 @@ impl fmt::Display for ModelError {
                          would straddle two nodes; use a t that divides {gpus_per_node}"
                     );
                 }
-                write!(f, "a job on more than one node fills every node (d x t = nodes x GPUs per node; on one node it may use part of it); ")?;
+                f.write_str(
+                    "a job on more than one node fills every node (d x t = nodes x GPUs per node; on one node it \
+                     may use part of it); ",
+                )?;
                 let fitting_d = (have / tensor.max(&1)).max(1);
                 let fitting_nodes = gpus.div_ceil((*gpus_per_node).max(1)).max(1);
                 if gpus_per_node.is_multiple_of(*tensor) && gpus.is_multiple_of(*gpus_per_node) {
-                    write!(
-                        f,
-                        "use d = {fitting_d} (or leave d out: it follows from the nodes) or {fitting_nodes} node(s)"
-                    )
+                    write!(f, "use d = {fitting_d} or {fitting_nodes} node(s)")
                 } else {
-                    write!(f, "use d = {fitting_d} (or leave d out: it follows from the nodes)")
+                    write!(f, "use d = {fitting_d}")
                 }
             }
         }
