@@ -17,7 +17,9 @@
 //!
 //! [parallel]
 //! tensor = 8               # t: tensor/sequence-parallel degree
-//! data = 1                 # d: data-parallel degree
+//! data = 1                 # d: data-parallel degree (default: nodes x gpus_per_node / t with nodes given, else 1)
+//! nodes = 1                # nodes the d x t GPUs fill (default: enough for d x t)
+//! zero = 1                 # ZeRO stage: 0 replicated, 1 optimizer state sharded over d, 2 gradients too
 //!
 //! [machine]
 //! preset = "a800x8"        # a800x8, h100x8, h200x1, mi300x8
@@ -35,6 +37,8 @@
 //! gemm_flops = "600TFLOP/s"                # instead of achieved_flops (`spec/cost-model.md` §7)
 //! interconnect_bandwidth = "200GB/s"  # GPU-to-GPU link of the tensor-parallel group, per direction
 //! interconnect_latency = "5us"        # one ring step of a collective (s, ms, us, ns; an integer is ns)
+//! network_bandwidth = "50GB/s"        # each GPU's share of the network between nodes, per direction
+//! network_latency = "8us"             # one ring step across nodes
 //! ```
 //!
 //! Sizes and rates take the units of [`crate::units`], the same as the flags: decimal and binary
@@ -45,8 +49,14 @@
 //! `--machine-file FILE` reads only a file's `[machine]` table (what `memo profile` writes) and
 //! replaces `--config`'s. A `[machine]` table without `preset` must give `device_memory`,
 //! `host_memory_per_node`, `d2h`, `h2d` and `peak_flops`; the machine is then named after the
-//! file (`spec/cost-model.md` §10). The interconnect defaults to the preset's (none for a machine
-//! without a preset: then `t > 1` needs `interconnect_bandwidth`).
+//! file (`spec/cost-model.md` §10). The interconnect and the network default to the preset's
+//! (none for a machine without a preset: then `t > 1` needs `interconnect_bandwidth`, and `d > 1`
+//! across nodes `network_bandwidth`).
+//!
+//! Nodes and `d`: a job fills whole nodes (`d x t = nodes x gpus_per_node`) or uses part of one.
+//! With `nodes` given and `d` not, `d = nodes x gpus_per_node / t`; with `d` given and `nodes`
+//! not, `nodes = d x t / gpus_per_node` (1 when that is at most one node); with neither, one node
+//! and `d = 1`. A tensor-parallel group stays inside a node.
 //!
 //! `--model PATH` (a path ending in `.json`, or any existing file that parses as JSON) and
 //! `hf_config` read a Hugging Face `config.json` with
@@ -57,8 +67,8 @@
 use std::path::{Path, PathBuf};
 
 use memo_plan_core::model::{
-    model_from_hf_config, Architecture, Biases, Ffn, Hardware, Interconnect, MeasuredRates, ModelConfig, Norm,
-    Parallelism, HARDWARE_PRESETS, MODEL_PRESETS,
+    model_from_hf_config, Architecture, Biases, Ffn, Hardware, Interconnect, MeasuredRates, ModelConfig, Nodes, Norm,
+    OptimizerSharding, Parallelism, HARDWARE_PRESETS, MODEL_PRESETS,
 };
 use serde::Deserialize;
 
@@ -88,9 +98,20 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "T")]
     pub tp: Option<u64>,
 
-    /// Data-parallel degree d (default 1)
+    /// Data-parallel degree d (default: nodes x GPUs per node / t with --nodes, else 1)
     #[arg(long, value_name = "D")]
     pub dp: Option<u64>,
+
+    /// Nodes the d x t GPUs fill (default: as many as d x t needs); a job on more than one node
+    /// fills each (d x t = nodes x GPUs per node)
+    #[arg(long, value_name = "N")]
+    pub nodes: Option<u64>,
+
+    /// Shard the model state over the d data-parallel ranks (ZeRO stage): 0 replicated, 1 the
+    /// optimizer state (fp32 master weights, AdamW moments; Megatron-LM's distributed optimizer),
+    /// 2 the gradients too (default 0)
+    #[arg(long, value_name = "STAGE", value_parser = parse_zero)]
+    pub zero: Option<OptimizerSharding>,
 
     /// A TOML file with [model], [parallel] and [machine] tables; flags override it
     #[arg(long, value_name = "FILE")]
@@ -163,6 +184,21 @@ pub struct ConfigArgs {
     /// Latency of one ring step of a collective (e.g. 5us; s, ms, us, ns)
     #[arg(long, value_name = "TIME", value_parser = parse_latency, help_heading = "Machine overrides")]
     pub interconnect_latency: Option<u64>,
+    /// Each GPU's share of the network between nodes, per direction (e.g. 50GB/s for 400 Gb/s)
+    #[arg(long, value_name = "RATE", value_parser = parse_rate, help_heading = "Machine overrides")]
+    pub network_bandwidth: Option<u64>,
+    /// Latency of one ring step across nodes (e.g. 8us)
+    #[arg(long, value_name = "TIME", value_parser = parse_latency, help_heading = "Machine overrides")]
+    pub network_latency: Option<u64>,
+}
+
+/// A ZeRO stage: 0, 1 or 2.
+pub fn parse_zero(text: &str) -> Result<OptimizerSharding, String> {
+    text.trim()
+        .parse::<u8>()
+        .ok()
+        .and_then(OptimizerSharding::from_stage)
+        .ok_or_else(|| "expected a ZeRO stage: 0 (replicated), 1 (optimizer state sharded) or 2 (gradients too)".into())
 }
 
 /// A resolved configuration.
@@ -173,6 +209,10 @@ pub struct Config {
     pub hardware: Hardware,
     /// The links of the tensor-parallel group (the preset's, the file's, the flags').
     pub interconnect: Interconnect,
+    /// The nodes the job fills and the network between them.
+    pub nodes: Nodes,
+    /// How the data-parallel ranks share the model state.
+    pub sharding: OptimizerSharding,
     /// What the TOML file's `[machine]` fields and the machine flags changed in the machine's preset
     /// (empty without a preset, or when nothing was changed).
     pub machine_overrides: Vec<MachineOverride>,
@@ -205,7 +245,12 @@ impl MachineOverride {
 /// The fields of `hardware` and `interconnect` that differ from the preset `preset` (and its
 /// interconnect), with the host memory per GPU that follows when the host memory or the GPUs per
 /// node changed.
-fn machine_overrides(preset: &Hardware, hardware: &Hardware, interconnect: &Interconnect) -> Vec<MachineOverride> {
+fn machine_overrides(
+    preset: &Hardware,
+    hardware: &Hardware,
+    interconnect: &Interconnect,
+    network: &Interconnect,
+) -> Vec<MachineOverride> {
     use crate::human::binary_units;
     use crate::units::exact_decimal;
     let mut out = Vec::new();
@@ -237,6 +282,9 @@ fn machine_overrides(preset: &Hardware, hardware: &Hardware, interconnect: &Inte
     let preset_link = Interconnect::for_hardware(preset);
     push("interconnect_bandwidth", preset_link.bytes_per_s, interconnect.bytes_per_s, &rate);
     push("interconnect_latency", preset_link.latency_ns, interconnect.latency_ns, &nanoseconds);
+    let preset_network = Interconnect::network_for_hardware(preset);
+    push("network_bandwidth", preset_network.bytes_per_s, network.bytes_per_s, &rate);
+    push("network_latency", preset_network.latency_ns, network.latency_ns, &nanoseconds);
     for ((field, before), (_, after)) in preset.measured_rates.named().into_iter().zip(hardware.measured_rates.named())
     {
         if before != after {
@@ -309,6 +357,8 @@ struct ModelTable {
 struct ParallelTable {
     tensor: Option<u64>,
     data: Option<u64>,
+    nodes: Option<u64>,
+    zero: Option<u8>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -329,6 +379,8 @@ struct MachineTable {
     gemm_flops: Option<Quantity>,
     interconnect_bandwidth: Option<Quantity>,
     interconnect_latency: Option<Quantity>,
+    network_bandwidth: Option<Quantity>,
+    network_latency: Option<Quantity>,
 }
 
 pub use crate::units::{parse_bytes, parse_flops, parse_rate, parse_tokens};
@@ -460,10 +512,17 @@ impl ConfigArgs {
         apply(&mut a.biases, [self.biases]);
         apply(&mut a.tied_embeddings, [self.tied_embeddings]);
 
-        let parallel = Parallelism::new(
-            self.tp.or(file.parallel.tensor).unwrap_or(1),
-            self.dp.or(file.parallel.data).unwrap_or(1),
-        );
+        let tensor = self.tp.or(file.parallel.tensor).unwrap_or(1);
+        let sharding = match (self.zero, file.parallel.zero) {
+            (Some(sharding), _) => sharding,
+            (None, Some(stage)) => OptimizerSharding::from_stage(stage).ok_or_else(|| {
+                Failure::new(
+                    exit::BAD_INPUT,
+                    format!("{file_name}: parallel.zero = {stage}: expected a ZeRO stage 0, 1 or 2"),
+                )
+            })?,
+            (None, None) => OptimizerSharding::Replicated,
+        };
 
         // A machine file (what `memo profile` writes) replaces --config's [machine] table.
         let (machine_table, machine_file_name) = match &self.machine_file {
@@ -475,6 +534,9 @@ impl ConfigArgs {
         let mut interconnect = interconnect_of_table(&machine_table, &hardware, &machine_file_name)?;
         apply(&mut interconnect.bytes_per_s, [self.interconnect_bandwidth]);
         apply(&mut interconnect.latency_ns, [self.interconnect_latency]);
+        let mut network = network_of_table(&machine_table, &hardware, &machine_file_name)?;
+        apply(&mut network.bytes_per_s, [self.network_bandwidth]);
+        apply(&mut network.latency_ns, [self.network_latency]);
         let flags = [
             (&mut hardware.device_memory_bytes, self.device_memory),
             (&mut hardware.host_memory_per_node_bytes, self.host_memory),
@@ -492,13 +554,20 @@ impl ConfigArgs {
             hardware.measured_layer_forward_s = Some(seconds);
         }
         model.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("model: {e}")))?;
-        parallel.validate_for(&model).map_err(|e| Failure::new(exit::BAD_INPUT, format!("parallel layout: {e}")))?;
         hardware.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("machine: {e}")))?;
+        let (data, node_count) = data_and_nodes(
+            tensor,
+            self.dp.or(file.parallel.data),
+            self.nodes.or(file.parallel.nodes),
+            hardware.gpus_per_node,
+        );
+        let parallel = Parallelism::new(tensor, data);
+        parallel.validate_for(&model).map_err(|e| Failure::new(exit::BAD_INPUT, format!("parallel layout: {e}")))?;
         interconnect
             .validate_for(parallel.tensor)
             .map_err(|e| Failure::new(exit::BAD_INPUT, format!("machine: {e}")))?;
         let machine_overrides = match preset_name.as_deref().map(Hardware::preset) {
-            Some(Ok(preset)) => machine_overrides(&preset, &hardware, &interconnect),
+            Some(Ok(preset)) => machine_overrides(&preset, &hardware, &interconnect, &network),
             _ => Vec::new(),
         };
         if parallel.tensor > hardware.gpus_per_node {
@@ -507,9 +576,10 @@ impl ConfigArgs {
             return Err(Failure::new(
                 exit::BAD_INPUT,
                 format!(
-                    "parallel layout: t = {} needs {} GPUs in one node, but {} has {gpus} GPU{} per node{}: the \
-                     planner has no multi-node support yet (a tensor-parallel group spans one node); use {}, or a \
-                     machine with more GPUs per node ({})",
+                    "parallel layout: t = {} needs {} GPUs in one node, but {} has {gpus} GPU{} per node{}: a \
+                     tensor-parallel group stays inside one node (its collectives run in every layer, too often \
+                     for the network between nodes); use {} (with --nodes for more GPUs), or a machine with more \
+                     GPUs per node ({})",
                     parallel.tensor,
                     parallel.tensor,
                     hardware.name,
@@ -520,7 +590,42 @@ impl ConfigArgs {
                 ),
             ));
         }
-        Ok(Config { model, parallel, hardware, interconnect, machine_overrides, machine_source: machine_file_name })
+        let nodes = Nodes { count: node_count, network };
+        nodes.validate_for(&parallel, &hardware).map_err(|e| {
+            let origin = match (self.dp.or(file.parallel.data), self.nodes.or(file.parallel.nodes)) {
+                (Some(_), Some(_)) => "; or leave --dp out: d then follows from --nodes",
+                (None, Some(_)) => " (d followed from --nodes: nodes x GPUs per node / t)",
+                (Some(_), None) => " (the nodes followed from --dp: d x t GPUs over whole nodes)",
+                (None, None) => "",
+            };
+            Failure::new(exit::BAD_INPUT, format!("parallel layout: {e}{origin}"))
+        })?;
+        Ok(Config {
+            model,
+            parallel,
+            hardware,
+            interconnect,
+            nodes,
+            sharding,
+            machine_overrides,
+            machine_source: machine_file_name,
+        })
+    }
+}
+
+/// `d` and the node count from what was given (`spec/cost-model.md` section 10): both as given;
+/// `d = nodes x gpus_per_node / t` from the nodes; the nodes `d x t` needs from `d` (one when it
+/// fits one node); one node and `d = 1` from neither. [`Nodes::validate_for`] then refuses a
+/// layout that does not fill its nodes, so a derived count that does not divide is caught there.
+fn data_and_nodes(tensor: u64, data: Option<u64>, nodes: Option<u64>, gpus_per_node: u64) -> (u64, u64) {
+    match (data, nodes) {
+        (Some(data), Some(nodes)) => (data, nodes),
+        (None, Some(nodes)) => (nodes.saturating_mul(gpus_per_node).checked_div(tensor).unwrap_or(0).max(1), nodes),
+        (Some(data), None) => {
+            let gpus = data.saturating_mul(tensor);
+            (data, gpus.div_ceil(gpus_per_node.max(1)).max(1))
+        }
+        (None, None) => (1, 1),
     }
 }
 
@@ -659,6 +764,19 @@ fn machine_of_table(table: &MachineTable, preset_override: Option<&str>, file: &
     }
     hardware.measured_rates = measured_rates;
     Ok(hardware)
+}
+
+/// The network of a `[machine]` table: its `network_bandwidth` and `network_latency` over those
+/// of the machine's preset (`Interconnect::network_for_hardware`).
+fn network_of_table(table: &MachineTable, hardware: &Hardware, file: &str) -> Result<Interconnect, Failure> {
+    let mut network = Interconnect::network_for_hardware(hardware);
+    if let Some(value) = &table.network_bandwidth {
+        network.bytes_per_s = quantity(value, parse_rate, file, "machine.network_bandwidth")?;
+    }
+    if let Some(value) = &table.network_latency {
+        network.latency_ns = quantity(value, parse_latency, file, "machine.network_latency")?;
+    }
+    Ok(network)
 }
 
 /// The interconnect of a `[machine]` table: its `interconnect_bandwidth` and
@@ -1004,5 +1122,50 @@ mod hf_tests {
         let error = ConfigArgs { seq: Some(1024), ..args }.resolve().unwrap_err();
         assert!(error.message().contains("hf_config"), "{}", error.message());
         std::fs::remove_dir_all(&dir).ok();
+    }
+}
+
+#[cfg(test)]
+mod node_tests {
+    use super::*;
+
+    /// `d` follows from the nodes, the nodes from `d`, and neither given is one node with `d = 1`
+    /// (part of it when `t` is below its GPUs).
+    #[test]
+    fn data_and_nodes_follow_from_each_other() {
+        assert_eq!(data_and_nodes(8, None, Some(4), 8), (4, 4));
+        assert_eq!(data_and_nodes(2, None, Some(2), 8), (8, 2));
+        assert_eq!(data_and_nodes(8, Some(4), None, 8), (4, 4));
+        assert_eq!(data_and_nodes(2, Some(3), None, 8), (3, 1), "6 of a node's 8 GPUs");
+        assert_eq!(data_and_nodes(4, Some(3), None, 8), (3, 2), "12 GPUs: refused later, they do not fill 2 nodes");
+        assert_eq!(data_and_nodes(2, None, None, 8), (1, 1));
+        assert_eq!(data_and_nodes(8, Some(2), Some(4), 8), (2, 4), "both as given, checked later");
+        // Zeros reach the validation that names them, without a division by zero here.
+        assert_eq!(data_and_nodes(0, None, Some(2), 8), (1, 2));
+        assert_eq!(data_and_nodes(8, Some(0), None, 8), (0, 1));
+    }
+
+    /// The network comes from the preset, then the machine file's keys, then the flags, and the
+    /// header lists what changed against the preset.
+    #[test]
+    fn the_network_comes_from_the_preset_and_the_flags() {
+        let args = ConfigArgs {
+            model: Some("7b".into()),
+            seq: Some(8192),
+            machine: Some("h100x8".into()),
+            tp: Some(8),
+            nodes: Some(2),
+            ..ConfigArgs::default()
+        };
+        let config = args.resolve().unwrap();
+        assert_eq!((config.parallel.data, config.nodes.count), (2, 2));
+        assert_eq!(config.nodes.network, Interconnect { bytes_per_s: 50_000_000_000, latency_ns: 8_000 });
+        assert!(config.machine_overrides.is_empty());
+        let flagged = ConfigArgs { network_bandwidth: Some(25_000_000_000), network_latency: Some(3_000), ..args }
+            .resolve()
+            .unwrap();
+        assert_eq!(flagged.nodes.network, Interconnect { bytes_per_s: 25_000_000_000, latency_ns: 3_000 });
+        let fields: Vec<&str> = flagged.machine_overrides.iter().map(|o| o.field).collect();
+        assert_eq!(fields, ["network_bandwidth", "network_latency"]);
     }
 }

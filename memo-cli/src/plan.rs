@@ -30,8 +30,12 @@ alpha = 1) and keep-all (keep every activation). Sizes are per GPU.
 Step times and MFU are the cost model's estimates (spec/cost-model.md), not measurements; the
 table shows MFU with attention halved for the causal mask (--json adds mfu_full). A machine
 changed by --config's [machine] keys or the machine flags is marked `(overridden)` in the header,
-with what changed. The tensor-parallel degree t cannot pass the machine's GPUs per node (no
-multi-node support yet). Without --strategy the command exits 8 when no strategy fits; with
+with what changed. The tensor-parallel degree t cannot pass the machine's GPUs per node: a
+tensor-parallel group stays inside a node. --nodes N spreads d x t ranks over N nodes (d follows
+from N when --dp is not given); --zero 1 or 2 shards the optimizer state (and the gradients) over
+the d data-parallel ranks, and the step adds their gradient reduction and parameter all-gather,
+over the network when d spans nodes. The plan file (-o) holds one tensor-parallel group's program
+with its whole model state, so -o is refused with --zero 1 or 2 at d > 1. Without --strategy the command exits 8 when no strategy fits; with
 --max-seq, when no strategy fits any length (the table is printed first either way).
 
 Units: tokens take binary K, M, G (1M = 1,048,576); sizes decimal or binary units and fractions
@@ -47,6 +51,7 @@ Examples:
   memo plan --model 7b --seq 1M --machine a800x8 --tp 8
   memo plan --model 7b --seq 1M --machine a800x8 --tp 8 --strategy memo -o plan.memo
   memo plan --model 7b --machine a800x8 --tp 8 --max-seq
+  memo plan --model llama3.1-70b --machine h100x8 --tp 8 --nodes 4 --zero 1 --max-seq
   memo plan --model path/to/Llama-3.1-8B/config.json --seq 128K --machine h100x8 --tp 8
   memo plan --config my-cluster.toml --seq 512K --json";
 
@@ -109,6 +114,18 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
         return Err(Failure::new(
             exit::BAD_INPUT,
             "-o writes one plan: choose it with --strategy (e.g. --strategy memo)",
+        ));
+    }
+    if args.output.is_some() && config.sharding.shards_optimizer_state() && config.parallel.data > 1 {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!(
+                "-o with --zero {} at d = {}: a plan file holds one tensor-parallel group's program with its whole \
+                 model state (the format has no data-parallel sharding yet), so it would not be the plan shown; \
+                 drop -o, or plan the file with --zero 0",
+                config.sharding.stage(),
+                config.parallel.data
+            ),
         ));
     }
     let strategies = match args.strategy {
@@ -176,7 +193,7 @@ fn strategy_failure(strategy: Strategy, error: &planner::PlanError) -> Failure {
 
 fn request(config: &Config, strategy: Strategy) -> PlanRequest {
     let request = PlanRequest::new(config.model.clone(), config.parallel, config.hardware.clone(), strategy);
-    PlanRequest { interconnect: config.interconnect, ..request }
+    PlanRequest { interconnect: config.interconnect, nodes: config.nodes, sharding: config.sharding, ..request }
 }
 
 fn write_stdout(text: &str) -> Result<(), Failure> {
@@ -209,8 +226,10 @@ fn heading(config: &Config) -> String {
         String::new()
     };
     let overridden = if config.machine_overrides.is_empty() { "" } else { " (overridden)" };
+    let nodes = config.nodes.count;
+    let place = if nodes == 1 { h.name.clone() } else { format!("{nodes} nodes of {}", h.name) };
     let line = format!(
-        "{} ({}), {} tokens x {} sequence(s), t = {}, d = {}, on {}{overridden}: {} per GPU, {} host per node \
+        "{} ({}), {} tokens x {} sequence(s), t = {}, d = {}, on {place}{overridden}: {} per GPU, {} host per node \
          ({} per GPU)\n",
         m.name,
         m.shape_summary(),
@@ -218,7 +237,6 @@ fn heading(config: &Config) -> String {
         m.micro_batch,
         p.tensor,
         p.data,
-        h.name,
         human::binary_units(h.device_memory_bytes),
         human::binary_units(h.host_memory_per_node_bytes),
         human::binary_units(h.host_memory_per_gpu_bytes()),
@@ -227,6 +245,19 @@ fn heading(config: &Config) -> String {
         Some(body) => format!("{body}{interconnect}\n"),
         None => line,
     };
+    if p.data > 1 {
+        let link = config.nodes.data_parallel_link(p, &config.interconnect);
+        let place = if config.nodes.data_parallel_crosses_nodes(p) {
+            format!(
+                "across {nodes} nodes: the network, {:.0} GB/s per GPU per direction, {:.1} us per ring step",
+                link.bytes_per_s as f64 / 1e9,
+                link.latency_ns as f64 / 1e3
+            )
+        } else {
+            "inside the node (its links)".to_string()
+        };
+        text.push_str(&format!("data parallel: d = {} ranks per group, {place}; {}\n", p.data, config.sharding));
+    }
     if !config.machine_overrides.is_empty() {
         let changes: Vec<String> = config.machine_overrides.iter().map(|o| o.text()).collect();
         text.push_str(&format!("machine {} overridden: {}\n", h.name, changes.join("; ")));
@@ -294,11 +325,11 @@ fn table(config: &Config, planned: &[Planned]) -> String {
             r.plan.provenance.strategy.name(),
             if r.fits() { "yes" } else { "NO" },
             human::binary_units(r.device_bytes()),
-            human::binary_units(t.arena_lower_bound_bytes),
-            human::binary_units(t.parameter_bytes),
+            human::binary_units(r.arena_lower_bound_bytes()),
+            human::binary_units(r.model_state_bytes()),
             human::binary_units(t.rounding_buffer_bytes),
             human::binary_units(t.host_bytes),
-            r.timeline.step_time_s,
+            r.step_time_s(),
             collective_s(r),
             r.mfu.causal_halved * 100.0,
             human::duration(p.elapsed),
@@ -328,6 +359,12 @@ fn table(config: &Config, planned: &[Planned]) -> String {
             level(&prov.level1_backward),
             level(&prov.level2),
         ));
+        if r.data_parallel.saved_bytes > 0 {
+            out.push_str(&format!(
+                " (the plan's, with its whole model state; sharding over d takes {} off every figure of the table)",
+                human::binary_units(r.data_parallel.saved_bytes)
+            ));
+        }
         let gap = r.plan.totals.arena_bytes.saturating_sub(r.plan.totals.arena_lower_bound_bytes);
         let padding = alignment_padding(&r.plan);
         if gap > padding {
@@ -356,12 +393,15 @@ pub const ESTIMATES_NOTE: &str = "
 Estimates, not measurements: step, collect. and MFU come from the cost model (spec/cost-model.md), not
 from a GPU. MFU: model FLOPs over the estimated step, attention halved for the causal mask, recompute
 excluded (--json adds mfu_full, attention counted in full). collect.: seconds the collectives take on
-the collective stream (ring time over the interconnect; the compute stream waits for each).
+the collective stream (ring time over the interconnect; the compute stream waits for each), and with
+d > 1 the data-parallel gradient reduction and parameter all-gather after the backward.
 ";
 
-/// Seconds the step's collectives take on the collective stream.
+/// Seconds the step's collectives take: the plan's on the collective stream, and the
+/// data-parallel ones after it.
 fn collective_s(report: &PlanReport) -> f64 {
     report.timeline.stream_busy_s(&report.plan, memo_plan_core::plan::Stream::Collective)
+        + report.data_parallel.time.total_s()
 }
 
 /// Bytes lost to rounding device buffers up to the placement alignment.
@@ -395,7 +435,7 @@ pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration
         json!({"buffers": s.buffers, "peak_bytes": s.peak_bytes, "lower_bound_bytes": s.lower_bound_bytes,
                "optimal": s.optimal, "nodes": s.nodes})
     };
-    json!({
+    let mut value = json!({
         "strategy": prov.strategy.name(),
         "model": config.model.name,
         "seq_len": config.model.seq_len,
@@ -410,12 +450,12 @@ pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration
         "swapped_rows": prov.swapped_rows,
         "device_bytes": r.device_bytes(),
         "arena_bytes": t.arena_bytes,
-        "parameter_bytes": t.parameter_bytes,
+        "parameter_bytes": r.model_state_bytes(),
         "rounding_buffer_bytes": t.rounding_buffer_bytes,
-        "arena_lower_bound_bytes": t.arena_lower_bound_bytes,
+        "arena_lower_bound_bytes": r.arena_lower_bound_bytes(),
         "host_bytes": t.host_bytes,
         "skeletal_bytes_per_layer": skeletal,
-        "step_time_s": r.timeline.step_time_s,
+        "step_time_s": r.step_time_s(),
         "measured_rates": measured_rates_json(&config.hardware),
         "compute_stall_s": r.timeline.compute_stall_s(),
         "collective_s": collective_s(r),
@@ -435,7 +475,27 @@ pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration
         "buffers": r.plan.buffers.len(),
         "instructions": r.plan.instructions.len(),
         "plan_time_ms": human::millis(elapsed),
-    })
+    });
+    // The data-parallel layout and what it changes (`spec/cost-model.md` section 8).
+    let dp = &r.data_parallel;
+    let extra = [
+        ("nodes", json!(config.nodes.count)),
+        ("zero", json!(config.sharding.stage())),
+        ("plan_parameter_bytes", json!(t.parameter_bytes)),
+        ("sharded_away_bytes", json!(dp.saved_bytes)),
+        ("data_parallel_across_nodes", json!(dp.across_nodes)),
+        (
+            "data_parallel_s",
+            json!({"reduce_gradients": dp.time.reduce_gradients_s,
+            "gather_parameters": dp.time.gather_parameters_s}),
+        ),
+        ("network_bytes_per_s", json!(config.nodes.network.bytes_per_s)),
+        ("network_latency_ns", json!(config.nodes.network.latency_ns)),
+    ];
+    if let Value::Object(fields) = &mut value {
+        fields.extend(extra.into_iter().map(|(key, v)| (key.to_string(), v)));
+    }
+    value
 }
 
 fn json_text(config: &Config, planned: &[Planned]) -> String {
@@ -459,10 +519,12 @@ fn limit_text(limit: &planner::SequenceLimit) -> String {
         return text;
     };
     if misfit.device_excess_bytes > 0 {
-        let parts: Vec<String> = [tensor("kept:", limit.device_kept), tensor("largest buffer:", limit.device_largest)]
-            .into_iter()
-            .flatten()
-            .collect();
+        let state = limit.model_state_bytes.map(|bytes| format!("model state {}", human::binary_units(bytes)));
+        let parts: Vec<String> =
+            [state, tensor("kept:", limit.device_kept), tensor("largest buffer:", limit.device_largest)]
+                .into_iter()
+                .flatten()
+                .collect();
         text.push_str(&format!(" device +{} ({})", human::binary_units(misfit.device_excess_bytes), parts.join("; ")));
     }
     if misfit.host_excess_bytes > 0 {
@@ -528,6 +590,7 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
                         "device_largest_buffer":
                             l.device_largest.map(|(role, bytes)| json!({"role": role.name(), "bytes": bytes})),
                         "host_kept": l.host_kept.map(|(role, bytes)| json!({"role": role.name(), "bytes": bytes})),
+                        "model_state_bytes": l.model_state_bytes,
                     })),
                     "plan": m.report.as_ref().map(|r| {
                         let mut c = config.clone();
@@ -553,7 +616,7 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
                     tokens >> 10,
                     human::binary_units(r.device_bytes()),
                     human::binary_units(r.plan.totals.host_bytes),
-                    r.timeline.step_time_s,
+                    r.step_time_s(),
                     r.mfu.causal_halved * 100.0,
                     human::duration(*elapsed),
                 )),

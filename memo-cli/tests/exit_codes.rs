@@ -66,7 +66,7 @@ fn each_error_path_exits_with_the_code_of_its_kind() {
         ("train --device cuda --steps 1", 7, ""),
         ("plan --model 7b --seq 32K --machine a800x8 --tp 8 --layers 2 --device-memory 1GiB", 8, "no strategy fits"),
         ("plan --model 7b --machine a800x8 --tp 8 --layers 2 --device-memory 1GiB --max-seq", 8, "any length"),
-        ("plan --model 7b --seq 32K --machine h200x1 --tp 8", 2, "no multi-node support"),
+        ("plan --model 7b --seq 32K --machine h200x1 --tp 8", 2, "stays inside one node"),
         ("plan --model 7b --seq -5 --machine a800x8", 2, "can't be negative"),
     ];
     let fill = |text: &str| {

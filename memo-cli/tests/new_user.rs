@@ -95,7 +95,7 @@ fn token_counts_take_g_and_a_negative_one_says_so() {
 fn a_tensor_parallel_group_larger_than_a_node_is_refused_with_the_reason() {
     let args = ["plan", "--model", "7b", "--seq", "32K", "--machine", "h200x1", "--tp", "8", "--layers", "2"];
     let message = assert_fails(&memo(&args, None), 2);
-    for words in ["t = 8", "h200x1 has 1 GPU per node", "no multi-node support", "--tp 1", "a800x8 (8 GPUs)"] {
+    for words in ["t = 8", "h200x1 has 1 GPU per node", "stays inside one node", "--tp 1", "a800x8 (8 GPUs)"] {
         assert!(message.contains(words), "{message:?} lacks {words:?}");
     }
     // The same with the GPUs per node overridden: the message says the count is the override's.

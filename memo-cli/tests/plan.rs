@@ -372,3 +372,100 @@ fn a_profile_with_kernel_rates_predicts_from_them() {
     assert_eq!(code(&output), 2, "{}", stderr(&output));
     assert!(stderr(&output).contains("gemm_flops = 2000000000000000 is above peak_flops"), "{}", stderr(&output));
 }
+
+/// Llama-3.1-70B at t = 8 on one node of 8x H100: the model state alone (16 bytes per
+/// parameter over 8 GPUs) is past the GPU's memory, and the advice says so and offers nodes with
+/// the distributed optimizer; on 4 nodes (d = 4 follows) with `--zero 1` it fits, its model state
+/// is the plan's less what the sharding takes off, and the data-parallel ring crosses the network.
+#[test]
+fn llama_70b_fits_on_four_nodes_with_the_distributed_optimizer_only() {
+    let base = ["plan", "--model", "llama3.1-70b", "--seq", "1K", "--machine", "h100x8", "--tp", "8"];
+    let with = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        memo(&args, None)
+    };
+    let one_node = with(&["--strategy", "memo"]);
+    assert_eq!(code(&one_node), 5, "{}", stderr(&one_node));
+    let message = stderr(&one_node);
+    assert!(message.contains("more nodes with --zero 1"), "{message}");
+    assert!(message.contains("does not fit even 1024 tokens"), "{message}");
+    let output = with(&["--strategy", "memo", "--nodes", "4", "--zero", "1", "--json"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let plan = json(&output);
+    assert_eq!(
+        (plan["nodes"].as_u64(), plan["data_parallel"].as_u64(), plan["zero"].as_u64()),
+        (Some(4), Some(4), Some(1))
+    );
+    assert_eq!(plan["fits"], true);
+    assert_eq!(plan["data_parallel_across_nodes"], true);
+    assert_eq!(plan["network_bytes_per_s"], 50_000_000_000u64);
+    let whole = plan["plan_parameter_bytes"].as_u64().unwrap();
+    let saved = plan["sharded_away_bytes"].as_u64().unwrap();
+    // ZeRO 1 over 4 keeps a quarter of the 12 bytes of optimizer state per parameter: of the
+    // plan's 16 bytes per parameter, 9 go.
+    assert_eq!(saved, whole / 16 * 9, "{whole} {saved}");
+    assert_eq!(plan["parameter_bytes"].as_u64().unwrap(), whole - saved);
+    assert_eq!(plan["device_bytes"].as_u64().unwrap(), plan["arena_bytes"].as_u64().unwrap() - saved);
+    let dp = &plan["data_parallel_s"];
+    assert!(dp["reduce_gradients"].as_f64().unwrap() > 0.0 && dp["gather_parameters"].as_f64().unwrap() > 0.0);
+    // d given instead of the nodes: the nodes follow.
+    let output = with(&["--strategy", "memo", "--dp", "4", "--zero", "2", "--json"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let plan2 = json(&output);
+    assert_eq!((plan2["nodes"].as_u64(), plan2["zero"].as_u64()), (Some(4), Some(2)));
+    assert!(plan2["sharded_away_bytes"].as_u64().unwrap() > saved, "ZeRO 2 shards the gradients too");
+    // The table's header says where the data-parallel ranks sit.
+    let output = with(&["--strategy", "memo", "--nodes", "4", "--zero", "1"]);
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("on 4 nodes of h100x8"), "{text}");
+    assert!(text.contains("data parallel: d = 4 ranks per group, across 4 nodes: the network, 50 GB/s"), "{text}");
+}
+
+/// Layouts that do not fill their nodes, a group larger than a node, an unknown ZeRO stage and
+/// a plan file of a sharded plan are refused, each naming the numbers and the fix.
+#[test]
+fn node_layouts_and_zero_stages_are_checked() {
+    let base = ["plan", "--model", "7b", "--seq", "8K", "--machine", "h100x8", "--layers", "2"];
+    let refused = |extra: &[&str], words: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let message = assert_fails(&memo(&args, None), 2);
+        for w in words {
+            assert!(message.contains(w), "{args:?}: {message:?} lacks {w:?}");
+        }
+    };
+    refused(
+        &["--tp", "8", "--nodes", "4", "--dp", "2"],
+        &["d x t = 2 x 8 = 16 GPUs", "4 node(s) of 8 GPUs (32 GPUs)", "use d = 4", "or 2 node(s)"],
+    );
+    refused(&["--tp", "8", "--dp", "2", "--nodes", "1"], &["d x t = 2 x 8 = 16 GPUs", "use d = 1"]);
+    refused(&["--tp", "16"], &["t = 16", "8 GPUs per node", "stays inside one node", "--tp 8 or less"]);
+    refused(&["--tp", "16", "--nodes", "2"], &["t = 16", "stays inside one node"]);
+    refused(&["--zero", "3"], &["ZeRO stage", "0", "1", "2"]);
+    refused(&["--tp", "8", "--nodes", "0"], &["nodes is 0", "at least 1 node"]);
+    // A machine without a preset has no network: d > 1 across nodes asks for one.
+    let machine = scratch(
+        "no-network.toml",
+        b"[machine]\ndevice_memory = \"80GiB\"\nhost_memory_per_node = \"2TiB\"\ngpus_per_node = 8\n\
+          d2h = \"25GB/s\"\nh2d = \"25GB/s\"\npeak_flops = \"312T\"\ninterconnect_bandwidth = \"200GB/s\"\n",
+    );
+    let machine = machine.to_str().unwrap();
+    let args = ["plan", "--model", "7b", "--seq", "8K", "--layers", "2", "--tp", "8", "--nodes", "2"];
+    let message = assert_fails(&memo(&[&args[..], &["--machine-file", machine]].concat(), None), 2);
+    assert!(message.contains("network_bytes_per_s is 0") && message.contains("--network-bandwidth"), "{message}");
+    // With the network given it plans.
+    let given =
+        memo(&[&args[..], &["--machine-file", machine, "--network-bandwidth", "25GB/s", "--json"]].concat(), None);
+    assert_eq!(code(&given), 0, "{}", stderr(&given));
+    refused(&["--tp", "8", "--nodes", "2", "--zero", "1", "--strategy", "memo", "-o", "x.memo"], &["-o", "--zero 1"]);
+    let toml = scratch("zero-5.toml", b"[parallel]\nzero = 5\n");
+    refused(&["--config", toml.to_str().unwrap()], &["parallel.zero = 5", "0, 1 or 2"]);
+    // Part of one node is fine: t = 2, d = 2 on an 8-GPU node.
+    let mut args = base.to_vec();
+    args.extend(["--tp", "2", "--dp", "2", "--zero", "1", "--strategy", "memo", "--json"]);
+    let output = memo(&args, None);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let plan = json(&output);
+    assert_eq!((plan["nodes"].as_u64(), plan["data_parallel_across_nodes"].as_bool()), (Some(1), Some(false)));
+}

@@ -20,7 +20,7 @@
 
 use core::fmt;
 
-use crate::model::{Hardware, Interconnect, ModelConfig, ModelError, Parallelism};
+use crate::model::{Hardware, Interconnect, ModelConfig, ModelError, OptimizerSharding, Parallelism};
 use crate::plan::Op;
 
 /// How the attention products are counted under the causal mask.
@@ -472,6 +472,51 @@ pub fn collective_time_s(op: Op, bytes: u64, ranks: u64, interconnect: &Intercon
         _ => (bytes as f64 / ranks as f64, 2.0),
     };
     passes * steps * (share / bandwidth + latency)
+}
+
+/// Seconds of one step's data-parallel collectives (`spec/cost-model.md` section 7b), each a
+/// ring over the `d` ranks of a data-parallel group on `link` (the node's links, or the slowest
+/// of them and the network when the group spans nodes: [`crate::model::Nodes::data_parallel_link`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DataParallelTime {
+    /// The gradients' reduction: an all-reduce of the bf16 gradients (ZeRO 0), or their
+    /// reduce-scatter (ZeRO 1 and 2).
+    pub reduce_gradients_s: f64,
+    /// ZeRO 1 and 2: the all-gather of the bf16 parameters each rank updated; 0 for ZeRO 0.
+    pub gather_parameters_s: f64,
+}
+
+impl DataParallelTime {
+    /// Both together.
+    pub fn total_s(&self) -> f64 {
+        self.reduce_gradients_s + self.gather_parameters_s
+    }
+}
+
+/// The data-parallel collectives of one step on one GPU holding `gradient_bytes` of bf16
+/// gradients and `parameter_bytes` of bf16 parameters (its tensor-parallel shard, whole), over
+/// `data` ranks on `link`. Each is priced as one collective of the whole buffer (the buckets a
+/// framework issues add a latency each: microseconds against the seconds of the bytes).
+pub fn data_parallel_time(
+    gradient_bytes: u64,
+    parameter_bytes: u64,
+    data: u64,
+    sharding: OptimizerSharding,
+    link: &Interconnect,
+) -> DataParallelTime {
+    if data <= 1 {
+        return DataParallelTime::default();
+    }
+    if !sharding.shards_optimizer_state() {
+        return DataParallelTime {
+            reduce_gradients_s: collective_time_s(Op::AllReduceSumBf16, gradient_bytes, data, link),
+            gather_parameters_s: 0.0,
+        };
+    }
+    DataParallelTime {
+        reduce_gradients_s: collective_time_s(Op::ReduceScatter, gradient_bytes, data, link),
+        gather_parameters_s: collective_time_s(Op::AllGather, parameter_bytes.div_ceil(data), data, link),
+    }
 }
 
 #[cfg(test)]

@@ -20,10 +20,12 @@ use core::fmt;
 
 mod architecture;
 pub mod hf;
+mod nodes;
 mod presets;
 
 pub use architecture::{Architecture, Biases, Ffn, Norm, RopeScaling, SkeletalWidths};
 pub use hf::{model_from_hf_config, HfConfigError};
+pub use nodes::{shard_bytes, Nodes, OptimizerSharding};
 
 pub use presets::{
     HardwarePreset, InterconnectPreset, ModelPreset, ACHIEVED_PERCENT_OF_PEAK, CPU_INTERCONNECT, HARDWARE_PRESETS,
@@ -174,6 +176,15 @@ impl Interconnect {
             .map_or(Interconnect::UNKNOWN, |p| p.interconnect)
     }
 
+    /// Each GPU's share of the network between nodes of the machine preset named like `hardware`
+    /// (case-insensitive), or [`Interconnect::UNKNOWN`] (the CPU backend's ranks have none).
+    pub fn network_for_hardware(hardware: &Hardware) -> Self {
+        INTERCONNECT_PRESETS
+            .iter()
+            .find(|p| p.machine.eq_ignore_ascii_case(&hardware.name))
+            .map_or(Interconnect::UNKNOWN, |p| p.network)
+    }
+
     /// Checks that a group of `tensor` GPUs has a known bandwidth (`t = 1` needs none).
     pub fn validate_for(&self, tensor: u64) -> Result<(), ModelError> {
         if tensor > 1 && self.bytes_per_s == 0 {
@@ -279,6 +290,25 @@ pub enum ModelError {
         /// The name asked for.
         name: String,
     },
+    /// A tensor-parallel group larger than a node: its collectives would cross the network.
+    TensorParallelAboveNode {
+        /// `t`.
+        tensor: u64,
+        /// GPUs in one node.
+        gpus_per_node: u64,
+    },
+    /// The `d * t` ranks do not fill the nodes (or do not fit one), or `t` does not divide a
+    /// node's GPUs on more than one node ([`Nodes::validate_for`]).
+    RanksDoNotFillNodes {
+        /// `t`.
+        tensor: u64,
+        /// `d`.
+        data: u64,
+        /// Nodes of the job.
+        nodes: u64,
+        /// GPUs in one node.
+        gpus_per_node: u64,
+    },
 }
 
 /// The largest divisor of `value` that is at most `limit`, for suggesting a tensor-parallel degree;
@@ -373,6 +403,35 @@ impl fmt::Display for ModelError {
                 write!(f, "no hardware preset is named `{name}`; valid names: ")?;
                 write_names(f, HARDWARE_PRESETS.iter().map(|p| p.name))
             }
+            ModelError::TensorParallelAboveNode { tensor, gpus_per_node } => write!(
+                f,
+                "t = {tensor} needs {tensor} GPUs in one node, but a node has {gpus_per_node}: a tensor-parallel \
+                 group stays inside one node (its collectives run on every layer, too often for the network); \
+                 use t = {gpus_per_node} or less and more data-parallel ranks or nodes for the other GPUs"
+            ),
+            ModelError::RanksDoNotFillNodes { tensor, data, nodes, gpus_per_node } => {
+                let gpus = tensor.saturating_mul(*data);
+                let have = nodes.saturating_mul(*gpus_per_node);
+                write!(f, "d x t = {data} x {tensor} = {gpus} GPUs on {nodes} node(s) of {gpus_per_node} GPUs ({have} GPUs): ")?;
+                if *nodes > 1 && !gpus_per_node.is_multiple_of(*tensor) {
+                    return write!(
+                        f,
+                        "t = {tensor} does not divide the {gpus_per_node} GPUs of a node, so a tensor-parallel group \
+                         would straddle two nodes; use a t that divides {gpus_per_node}"
+                    );
+                }
+                f.write_str(
+                    "a job on more than one node fills every node (d x t = nodes x GPUs per node; on one node it \
+                     may use part of it); ",
+                )?;
+                let fitting_d = (have / tensor.max(&1)).max(1);
+                let fitting_nodes = gpus.div_ceil((*gpus_per_node).max(1)).max(1);
+                if gpus_per_node.is_multiple_of(*tensor) && gpus.is_multiple_of(*gpus_per_node) {
+                    write!(f, "use d = {fitting_d} or {fitting_nodes} node(s)")
+                } else {
+                    write!(f, "use d = {fitting_d}")
+                }
+            }
         }
     }
 }
@@ -397,6 +456,11 @@ fn zero_fix(field: &str) -> &'static str {
             "a model needs at least 1 of each"
         }
         "tensor" | "data" => "a parallel degree is at least 1 (1 = no parallelism)",
+        "nodes" => "a job runs on at least 1 node",
+        "network_bytes_per_s" => {
+            "with d > 1 across nodes the data-parallel collectives need each GPU's network bandwidth per \
+             direction: give --network-bandwidth or `network_bandwidth` in the machine table"
+        }
         "interconnect_bytes_per_s" => {
             "with t > 1 the collectives need the GPUs' link bandwidth per direction: give \
              --interconnect-bandwidth or `interconnect_bytes_per_s` in the machine file"

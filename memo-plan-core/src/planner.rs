@@ -11,12 +11,15 @@ use core::fmt;
 
 use crate::bilevel::{self, PlacementError};
 use crate::cost::{self, CostError, Mfu};
-use crate::model::{Hardware, Interconnect, ModelConfig, ModelError, Parallelism};
+use crate::model::{Hardware, Interconnect, ModelConfig, ModelError, Nodes, OptimizerSharding, Parallelism};
 use crate::plan::scratch::{NoScratch, ScratchSizer};
 use crate::plan::{BufferKind, Plan, Provenance, Strategy, TensorRole};
 use crate::schedule::{self, ScheduleError, ScheduleOptions};
 use crate::simulate::{self, Timeline};
 use crate::swap::{self, AlphaBound, SwapError, SwapFraction, SwapOptions};
+
+mod data_parallel;
+pub use data_parallel::DataParallelReport;
 
 /// What to plan.
 #[derive(Clone, Debug, PartialEq)]
@@ -30,6 +33,11 @@ pub struct PlanRequest {
     /// The links between the GPUs of a tensor-parallel group ([`Interconnect::for_hardware`] by
     /// default).
     pub interconnect: Interconnect,
+    /// The nodes the `d x t` ranks span and the network between them ([`Nodes::single`] by
+    /// default): where each data-parallel collective runs.
+    pub nodes: Nodes,
+    /// How the data-parallel ranks share the model state (ZeRO 0 by default).
+    pub sharding: OptimizerSharding,
     /// How activations are kept.
     pub strategy: Strategy,
     /// For `memo`: use this α instead of solving MEMO's LP.
@@ -46,11 +54,14 @@ impl PlanRequest {
     /// A request with the default node budget and α from the LP.
     pub fn new(model: ModelConfig, parallel: Parallelism, hardware: Hardware, strategy: Strategy) -> Self {
         let interconnect = Interconnect::for_hardware(&hardware);
+        let nodes = Nodes::single(&hardware);
         PlanRequest {
             model,
             parallel,
             hardware,
             interconnect,
+            nodes,
+            sharding: OptimizerSharding::Replicated,
             strategy,
             forced_alpha: None,
             budget_nodes: PLAN_BUDGET_NODES,
@@ -226,6 +237,8 @@ pub struct PlanReport {
     pub level1_problems: u32,
     /// `None` when the plan fits the device and the host; else by how much it does not.
     pub misfit: Option<Misfit>,
+    /// The data-parallel ranks' sharding of the model state and their collectives.
+    pub data_parallel: DataParallelReport,
 }
 
 impl PlanReport {
@@ -234,9 +247,26 @@ impl PlanReport {
         self.misfit.is_none()
     }
 
-    /// Bytes of device memory the plan uses on each GPU: its one arena.
+    /// Bytes of device memory each GPU uses: the plan's one arena, less the model state the
+    /// data-parallel ranks shard away ([`DataParallelReport::saved_bytes`]).
     pub fn device_bytes(&self) -> u64 {
-        self.plan.totals.arena_bytes
+        self.plan.totals.arena_bytes.saturating_sub(self.data_parallel.saved_bytes)
+    }
+
+    /// The live-bytes lower bound of the arena, less the sharded-away model state (live over the
+    /// whole step, so it is in the bound in full).
+    pub fn arena_lower_bound_bytes(&self) -> u64 {
+        self.plan.totals.arena_lower_bound_bytes.saturating_sub(self.data_parallel.saved_bytes)
+    }
+
+    /// Parameters, gradients and optimizer state each GPU holds after the sharding.
+    pub fn model_state_bytes(&self) -> u64 {
+        self.plan.totals.parameter_bytes.saturating_sub(self.data_parallel.saved_bytes)
+    }
+
+    /// The estimated step: the plan's timeline and the data-parallel collectives after it.
+    pub fn step_time_s(&self) -> f64 {
+        self.timeline.step_time_s + self.data_parallel.time.total_s()
     }
 }
 
@@ -332,6 +362,8 @@ pub fn plan_with(
         parallel,
         hardware,
         interconnect,
+        nodes,
+        sharding,
         strategy,
         forced_alpha,
         budget_nodes,
@@ -345,6 +377,11 @@ pub fn plan_with(
     parallel.validate_for(model)?;
     hardware.validate()?;
     interconnect.validate_for(parallel.tensor)?;
+    // One tensor-parallel group sits wherever its caller puts it (the CPU trainer's ranks are
+    // threads of one host); `memo plan` holds a single group to a node itself.
+    if parallel.data > 1 || nodes.count != 1 {
+        nodes.validate_for(parallel, hardware)?;
+    }
     let swap = match strategy {
         Strategy::Memo => Some(swap::swap_fraction(
             model,
@@ -390,12 +427,15 @@ pub fn plan_with(
     };
     stage(Stage::Simulate, plan.instructions.len(), plan.buffers.len());
     let timeline = simulate::simulate(&plan)?;
-    let mfu = cost::mfu(model, parallel, hardware, timeline.step_time_s.max(f64::MIN_POSITIVE))?;
-    let device_excess_bytes = plan.totals.arena_bytes.saturating_sub(hardware.device_memory_bytes);
+    let data_parallel = DataParallelReport::of(&plan, parallel, nodes, *sharding, interconnect)?;
+    let step_time_s = timeline.step_time_s + data_parallel.time.total_s();
+    let mfu = cost::mfu(model, parallel, hardware, step_time_s.max(f64::MIN_POSITIVE))?;
+    let device_bytes = plan.totals.arena_bytes.saturating_sub(data_parallel.saved_bytes);
+    let device_excess_bytes = device_bytes.saturating_sub(hardware.device_memory_bytes);
     let host_excess_bytes = plan.totals.host_bytes.saturating_sub(hardware.host_memory_per_gpu_bytes());
     let misfit =
         (device_excess_bytes > 0 || host_excess_bytes > 0).then_some(Misfit { device_excess_bytes, host_excess_bytes });
-    Ok(PlanReport { plan, swap, timeline, mfu, level1_problems: placement.level1_problems, misfit })
+    Ok(PlanReport { plan, swap, timeline, mfu, level1_problems: placement.level1_problems, misfit, data_parallel })
 }
 
 /// The longest sequence a strategy fits, found by bisection over multiples of `granularity`
@@ -430,12 +470,22 @@ pub struct SequenceLimit {
     pub device_largest: Option<(TensorRole, u64)>,
     /// On the host: the swapped tensor (by role, summed over the layers) that holds the most.
     pub host_kept: Option<(TensorRole, u64)>,
+    /// The model state one GPU holds (after any sharding over the data-parallel ranks): what no
+    /// shorter sequence frees, and past the device's memory alone when nothing fits.
+    pub model_state_bytes: Option<u64>,
 }
 
 impl SequenceLimit {
     fn of(seq_len: u64, report: Option<&PlanReport>) -> Self {
         let Some(report) = report else {
-            return SequenceLimit { seq_len, misfit: None, device_kept: None, device_largest: None, host_kept: None };
+            return SequenceLimit {
+                seq_len,
+                misfit: None,
+                device_kept: None,
+                device_largest: None,
+                host_kept: None,
+                model_state_bytes: None,
+            };
         };
         let buffers = &report.plan.buffers;
         let bytes = |b: &crate::plan::Buffer| b.rows.saturating_mul(b.row_bytes);
@@ -462,6 +512,7 @@ impl SequenceLimit {
             device_kept: most(&[BufferKind::Skeletal, BufferKind::RoundingBuffer]),
             device_largest,
             host_kept: most(&[BufferKind::HostSlot]),
+            model_state_bytes: Some(report.model_state_bytes()),
         }
     }
 }
@@ -589,15 +640,57 @@ pub fn remedies_observed(request: &PlanRequest, report: &PlanReport, observe: &m
     // Likewise a higher t only where the node has more GPUs (a group spans one node).
     let t = format!("a higher tensor-parallel degree than t = {}", p.parallel.tensor);
     let higher_t = (p.parallel.tensor < p.hardware.gpus_per_node).then_some(t.as_str());
+    // Sharding the model state is offered only where it can cover the excess: a further ZeRO
+    // stage over the data-parallel ranks there are, or more ranks (nodes) to shard it over (at
+    // most all of the shardable state, as d grows).
+    let dp = &report.data_parallel;
+    let (d, stage) = (p.parallel.data, request.sharding.stage());
+    let excess = misfit.device_excess_bytes;
+    let gradients_share = dp.plan_gradient_bytes.div_ceil(d.max(1)).saturating_add(dp.largest_gradient_bytes);
+    let next_saves = match stage {
+        0 => dp.plan_optimizer_bytes.saturating_sub(dp.plan_optimizer_bytes.div_ceil(d.max(1))),
+        1 => dp.plan_gradient_bytes.saturating_sub(gradients_share),
+        _ => 0,
+    };
+    let next_stage = format!(
+        "--zero {} (shards the {} over the d = {d} data-parallel ranks)",
+        stage + 1,
+        if stage == 0 { "optimizer state" } else { "gradients too" }
+    );
+    let zero = (d > 1 && stage < 2 && next_saves >= excess).then_some(next_stage.as_str());
+    let nodes_save = match stage {
+        0 => dp.plan_optimizer_bytes,
+        1 => dp.optimizer_bytes,
+        _ => dp.optimizer_bytes.saturating_add(dp.gradient_bytes.saturating_sub(dp.largest_gradient_bytes)),
+    };
+    let more_nodes = if stage == 0 {
+        "more nodes with --zero 1 (each data-parallel rank holds 1/d of the optimizer state)"
+    } else {
+        "more nodes (--nodes: more data-parallel ranks to shard the model state over)"
+    };
+    let more_nodes = (nodes_save >= excess).then_some(more_nodes);
+    // Every strategy holds the same model state: when it alone is past the device, no strategy fits.
+    let other_strategy = (report.model_state_bytes() < p.hardware.device_memory_bytes).then_some("another strategy");
     if misfit.device_excess_bytes > 0 {
-        let options = [shorter.then_some("a shorter sequence"), higher_t, Some("another strategy")];
-        out.push(format!(
-            "device memory: the arena needs {}, {} more than the GPU's {}; try {}",
-            binary_units(report.plan.totals.arena_bytes),
+        let options = [shorter.then_some("a shorter sequence"), higher_t, zero, more_nodes, other_strategy];
+        let mut line = format!(
+            "device memory: {} needs {}, {} more than the GPU's {}",
+            if report.data_parallel.saved_bytes > 0 { "the arena with the sharded model state" } else { "the arena" },
+            binary_units(report.device_bytes()),
             units_and_bytes(misfit.device_excess_bytes),
             binary_units(p.hardware.device_memory_bytes),
-            one_of(&options)
-        ));
+        );
+        if other_strategy.is_none() {
+            line.push_str(&format!(
+                "; the model state alone is {} per GPU, past the GPU's memory whatever the strategy",
+                binary_units(report.model_state_bytes())
+            ));
+        }
+        let options = one_of(&options);
+        if !options.is_empty() {
+            line.push_str(&format!("; try {options}"));
+        }
+        out.push(line);
     }
     if misfit.host_excess_bytes > 0 {
         let options = [

@@ -319,3 +319,31 @@ fn measured_rates_above_peak_or_zero_are_refused() {
     hardware.measured_rates.gemm_flops = Some(0);
     assert_eq!(hardware.validate().unwrap_err(), ModelError::Zero { field: "gemm_flops" });
 }
+
+/// The data-parallel collectives (`spec/cost-model.md` section 7b): ZeRO 0 all-reduces the
+/// gradients; ZeRO 1 and 2 reduce-scatter them and all-gather the parameters, the same bytes on
+/// the wire; nothing at d = 1.
+#[test]
+fn data_parallel_collectives_take_ring_time_over_their_link() {
+    use crate::model::{Interconnect, OptimizerSharding};
+    let link = Interconnect { bytes_per_s: 100, latency_ns: 1_000_000_000 };
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
+    // 4 ranks, 4000 bytes of gradients and 2000 of parameters: a share is 1000 and 500 bytes.
+    let zero0 = data_parallel_time(4000, 2000, 4, OptimizerSharding::Replicated, &link);
+    assert!(close(zero0.reduce_gradients_s, 2.0 * 3.0 * (10.0 + 1.0)));
+    assert_eq!(zero0.gather_parameters_s, 0.0);
+    for sharding in [OptimizerSharding::OptimizerState, OptimizerSharding::OptimizerStateAndGradients] {
+        let t = data_parallel_time(4000, 2000, 4, sharding, &link);
+        assert!(close(t.reduce_gradients_s, 3.0 * (10.0 + 1.0)));
+        assert!(close(t.gather_parameters_s, 3.0 * (5.0 + 1.0)));
+        assert!(close(t.total_s(), t.reduce_gradients_s + t.gather_parameters_s));
+    }
+    assert_eq!(data_parallel_time(4000, 2000, 1, OptimizerSharding::OptimizerState, &link).total_s(), 0.0);
+    // The same bytes over the network of a ring across nodes take longer than over NVLink.
+    let h = Hardware::preset("h100x8").unwrap();
+    let (nvlink, network) = (Interconnect::for_hardware(&h), Interconnect::network_for_hardware(&h));
+    let gib = 1u64 << 30;
+    let inside = data_parallel_time(gib, gib, 8, OptimizerSharding::OptimizerState, &nvlink);
+    let across = data_parallel_time(gib, gib, 8, OptimizerSharding::OptimizerState, &network);
+    assert!(across.total_s() > inside.total_s() * (nvlink.bytes_per_s / network.bytes_per_s) as f64 * 0.9);
+}

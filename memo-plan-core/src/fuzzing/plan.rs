@@ -112,8 +112,20 @@ pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
             ..Architecture::GPT
         };
     }
-    let parallel = Parallelism::new(tensor, u.int_in_range(1..=OPTIONS.max_data)?);
     let mut hardware = u.choose(HARDWARE_PRESETS)?.hardware();
+    // A layout the machine holds (`Nodes::validate_for`): the d x t ranks on part of one node,
+    // or filling whole nodes; one group alone wherever it is.
+    let (gpus_per_node, data) = (hardware.gpus_per_node, u.int_in_range(1..=OPTIONS.max_data)?);
+    let (data, node_count) = if data * tensor <= gpus_per_node {
+        (data, 1)
+    } else if gpus_per_node % tensor == 0 {
+        let per_node = gpus_per_node / tensor;
+        let node_count = data.div_ceil(per_node);
+        (node_count * per_node, node_count)
+    } else {
+        (1, 1)
+    };
+    let parallel = Parallelism::new(tensor, data);
     if u.ratio(1, 4)? {
         // Little or no host memory: α bound by host capacity, or below 0 (input and attention
         // output are swapped all the same), and plans that miss the host.
@@ -147,11 +159,15 @@ pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
             latency_ns: u.int_in_range(0..=1_000_000_000)?,
         };
     }
+    let nodes = crate::model::Nodes { count: node_count, ..crate::model::Nodes::single(&hardware) };
+    let sharding = *u.choose(&crate::model::OptimizerSharding::ALL)?;
     Ok(PlanRequest {
         model,
         parallel,
         hardware,
         interconnect,
+        nodes,
+        sharding,
         strategy,
         forced_alpha,
         budget_nodes,
@@ -163,7 +179,8 @@ pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
 pub fn describe(request: &PlanRequest) -> String {
     let m = &request.model;
     format!(
-        "{} layers, h {}, heads {}, ffn {}, vocab {}, s {}, b {}, t {}, d {}, {} (host {} B{}), {}{}, budget {}",
+        "{} layers, h {}, heads {}, ffn {}, vocab {}, s {}, b {}, t {}, d {}, {} node(s), ZeRO {}, {} (host {} B{}), {}{}, \
+         budget {}",
         m.layers,
         m.hidden,
         m.heads,
@@ -173,6 +190,8 @@ pub fn describe(request: &PlanRequest) -> String {
         m.micro_batch,
         request.parallel.tensor,
         request.parallel.data,
+        request.nodes.count,
+        request.sharding.stage(),
         request.hardware.name,
         request.hardware.host_memory_per_node_bytes,
         request.hardware.measured_layer_forward_s.map(|s| format!(", layer {s} s")).unwrap_or_default(),
@@ -197,7 +216,15 @@ pub fn check(case: PlanCase) {
     let request = &case.request;
     let report = checked_plan(request);
     let plan = &report.plan;
-    assert_eq!(report.device_bytes(), plan.totals.arena_bytes);
+    // The data-parallel sharding takes only model state off the arena, and only at ZeRO 1 or 2
+    // with d > 1; the step only grows by the data-parallel collectives.
+    let saved = report.data_parallel.saved_bytes;
+    assert_eq!(report.device_bytes(), plan.totals.arena_bytes - saved, "{}", describe(request));
+    assert!(saved <= plan.totals.parameter_bytes, "{}", describe(request));
+    if request.parallel.data == 1 || !request.sharding.shards_optimizer_state() {
+        assert_eq!(saved, 0, "{}", describe(request));
+    }
+    assert!(report.step_time_s() >= report.timeline.step_time_s, "{}", describe(request));
     assert!(plan.totals.arena_lower_bound_bytes <= plan.totals.arena_bytes, "{}", describe(request));
     assert_eq!(plan.provenance.strategy, request.strategy);
 
@@ -256,8 +283,8 @@ mod tests {
         }
     }
 
-    /// The generator reaches every strategy and tensor-parallel degree, forced and solved α, and
-    /// both kinds of node budget, within the smoke test's inputs.
+    /// The generator reaches every strategy and tensor-parallel degree, forced and solved α, both
+    /// kinds of node budget, every ZeRO stage, one node and several, within the smoke test's inputs.
     #[test]
     fn the_generator_covers_its_ranges() {
         let seen = core::cell::RefCell::new(std::collections::BTreeSet::new());
@@ -269,6 +296,9 @@ mod tests {
             seen.insert(format!("forced {}", r.forced_alpha.is_some()));
             seen.insert(format!("default budget {}", r.budget_nodes == PLAN_BUDGET_NODES));
             seen.insert(format!("layers {}", r.model.layers.min(3)));
+            seen.insert(format!("zero {}", r.sharding.stage()));
+            seen.insert(format!("nodes > 1 {}", r.nodes.count > 1));
+            seen.insert(format!("d > 1 on one node {}", r.nodes.count == 1 && r.parallel.data > 1));
         });
         for want in [
             "strategy memo",
@@ -285,6 +315,12 @@ mod tests {
             "layers 1",
             "layers 2",
             "layers 3",
+            "zero 0",
+            "zero 1",
+            "zero 2",
+            "nodes > 1 true",
+            "nodes > 1 false",
+            "d > 1 on one node true",
         ] {
             let seen = seen.borrow();
             assert!(seen.contains(want), "the smoke inputs never give {want}: {seen:?}");

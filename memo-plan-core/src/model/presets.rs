@@ -279,7 +279,22 @@ pub struct InterconnectPreset {
     pub source: &'static str,
     /// The figures.
     pub interconnect: Interconnect,
+    /// Each GPU's share of the network between nodes, per direction, and the latency of one ring
+    /// step across it.
+    pub network: Interconnect,
+    /// Where the network's numbers come from, and what is assumed.
+    pub network_source: &'static str,
 }
+
+/// Each GPU's own 400 Gb/s NIC (InfiniBand NDR or RoCE: one ConnectX-7 per GPU in NVIDIA's DGX
+/// H100/H200 and in the MI300X platforms): 400 Gb/s = 50 GB/s per direction. Latency assumed
+/// 8 us per ring step: a few microseconds of switch and wire plus NCCL's proxy, above NVLink's 5.
+const NETWORK_400G: Interconnect = Interconnect { bytes_per_s: 50 * GB, latency_ns: 8 * US };
+/// 400 Gb/s per GPU, the sources of [`NETWORK_400G`].
+const NETWORK_400G_SOURCE: &str = "one 400 Gb/s InfiniBand NDR / RoCE NIC per GPU (DGX H100-class nodes): \
+                                   50 GB/s per direction; 8 us per ring step assumed";
+/// DGX A100-class nodes: one 200 Gb/s InfiniBand HDR NIC per GPU, 25 GB/s per direction.
+const NETWORK_200G: Interconnect = Interconnect { bytes_per_s: 25 * GB, latency_ns: 8 * US };
 
 /// Microseconds as nanoseconds.
 const US: u64 = 1_000;
@@ -293,24 +308,33 @@ pub const INTERCONNECT_PRESETS: &[InterconnectPreset] = &[
         source: "NVIDIA A800 SXM: NVLink 400 GB/s bidirectional (datasheet; the A100's 600 GB/s cut for export), \
                  through NVSwitch: 200 GB/s per direction assumed for a ring; 5 us per step assumed",
         interconnect: Interconnect { bytes_per_s: 200 * GB, latency_ns: 5 * US },
+        network: NETWORK_200G,
+        network_source: "one 200 Gb/s InfiniBand HDR NIC per GPU (DGX A100-class nodes): 25 GB/s per direction; \
+                         8 us per ring step assumed",
     },
     InterconnectPreset {
         machine: "h100x8",
         source: "NVIDIA H100 SXM: NVLink 4, 900 GB/s bidirectional (datasheet), through NVSwitch: 450 GB/s per \
                  direction; 5 us per step assumed",
         interconnect: Interconnect { bytes_per_s: 450 * GB, latency_ns: 5 * US },
+        network: NETWORK_400G,
+        network_source: NETWORK_400G_SOURCE,
     },
     InterconnectPreset {
         machine: "h200x1",
         source: "NVIDIA H200 SXM: NVLink 4, 900 GB/s bidirectional (datasheet): 450 GB/s per direction, for \
                  groups of H200s (this preset has one GPU); 5 us per step assumed",
         interconnect: Interconnect { bytes_per_s: 450 * GB, latency_ns: 5 * US },
+        network: NETWORK_400G,
+        network_source: NETWORK_400G_SOURCE,
     },
     InterconnectPreset {
         machine: "h200x8",
         source: "NVIDIA H200 SXM: NVLink 4, 900 GB/s bidirectional (datasheet), through NVSwitch: 450 GB/s per \
                  direction; 5 us per step assumed",
         interconnect: Interconnect { bytes_per_s: 450 * GB, latency_ns: 5 * US },
+        network: NETWORK_400G,
+        network_source: NETWORK_400G_SOURCE,
     },
     InterconnectPreset {
         machine: "mi300x8",
@@ -318,6 +342,8 @@ pub const INTERCONNECT_PRESETS: &[InterconnectPreset] = &[
                  peer-to-peer (datasheet), 448 GB/s per direction when RCCL spreads rings over all 7 links \
                  (one link alone is 64 GB/s); an upper bound; 5 us per step assumed",
         interconnect: Interconnect { bytes_per_s: 448 * GB, latency_ns: 5 * US },
+        network: NETWORK_400G,
+        network_source: NETWORK_400G_SOURCE,
     },
 ];
 
