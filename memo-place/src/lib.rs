@@ -91,7 +91,8 @@ pub enum SearchMix {
     /// The best alone: filled instances and window modules, then the bounds searches.
     #[default]
     Balanced,
-    /// `Balanced` without the bounds searches of components with slack, beside `Bounds`.
+    /// `Balanced` without the bounds searches of components with slack, beside `Bounds`; a
+    /// graph-free leaf's repair runs whole before the classic orders over the tree.
     Restarts,
     /// The bounds searches lead (with slack three orders, `BOUNDS_MIX_SHARE`; at zero slack one,
     /// `BOUNDS_MIX_ZERO_SLACK_SHARE`), beside `Restarts`.
@@ -117,6 +118,17 @@ impl SearchMix {
             &[Restarts(2), Bounds, FilledAndModules, Restarts(usize::MAX)]
         } else {
             &[Restarts(2), FilledAndModules, Bounds, Restarts(usize::MAX)]
+        }
+    }
+
+    /// The most nodes per buffer the repair of a graph-free leaf may spend before the classic
+    /// orders over the tree (which its greedy portfolio lacked) and the whole instance's repair
+    /// follow: their peak-first starts alone; `Restarts` keeps the leaf's repair whole (side by
+    /// side they cover both: the orders settle some traces, a long repair of the leaf others).
+    fn repair_per_buffer(self, classic_done: bool) -> u64 {
+        match (self, classic_done) {
+            (SearchMix::Restarts, _) | (_, true) => u64::MAX,
+            _ => REPAIR_BEFORE_ORDERS_PER_BUFFER,
         }
     }
 
@@ -323,7 +335,6 @@ fn solve_nested(
     if let Some(capacity) = options.capacity.filter(|_| capacity_units.is_some_and(|c| lower_bound_units > c)) {
         return Err(SolveError::ProvenInfeasible { capacity, lower_bound: lower_bound_units * alignment });
     }
-
     // Improve the leaves that set the peak, highest first, down to what the whole arena needs.
     let mut nodes_left = options.budget_nodes;
     let mut nodes = 0u64;
@@ -348,6 +359,7 @@ fn solve_nested(
                 shown,
                 depth,
                 mix: options.mix,
+                repair_per_buffer: options.mix.repair_per_buffer(classic_done),
             };
             match leaf.improve(&items, members, goal, capacity_goal, &mut budget) {
                 Improvement::Settled => {}
@@ -365,7 +377,8 @@ fn solve_nested(
     let whole = if classic_done || peak_units == lower_bound_units {
         whole // at the lower bound already, no order can do better
     } else {
-        late_classic(&items, peak_units, lower_bound_units, (&mut nodes_left, &mut nodes), &mut control)
+        let current = (offsets_units.as_slice(), peak_units);
+        late_classic(&items, current, lower_bound_units, (&mut nodes_left, &mut nodes), &mut control)
     };
     if let Some(placement) = whole.filter(|placement| placement.peak < peak_units) {
         peak_units = placement.peak;
@@ -533,25 +546,26 @@ fn greedy_stage(items: &[Item], reduced: &decompose::Decomposition, control: &mu
 }
 
 /// The classic orders on the whole instance when it has too many pairs for a graph: over a tree
-/// of lifetimes, after the leaves are improved (on a dense trace they take seconds, which a time
-/// limit gives to the leaves' search first), each charged a node per buffer and stopped with the
-/// solve. When the best of them beats `peak` (the leaves' placement), the improvement search
-/// (`repair`) goes on from it on the whole instance, towards `goal`, with the nodes left.
+/// of lifetimes, after the leaves' search (on a dense trace the orders take seconds; the leaves'
+/// repair had a share first, `Budget::repair_per_buffer`), each charged a node per buffer and
+/// stopped with the solve. Then `repair` goes on over the whole instance, towards `goal`, from the
+/// best of them or from `current` (the leaves' placement) if none beats it, with the nodes left.
 fn late_classic(
     items: &[Item],
-    peak: u64,
+    (offsets, peak): (&[u64], u64),
     goal: u64,
-    budget: (&mut u64, &mut u64),
+    (nodes_left, nodes): (&mut u64, &mut u64),
     control: &mut Control,
 ) -> Option<ComponentPlacement> {
-    let (nodes_left, nodes) = budget;
     if control.stopped() {
         return None;
     }
     let all: Vec<u32> = (0..items.len() as u32).collect();
     let before = *nodes_left;
-    let mut best = greedy::best_classic(items, &all, None, nodes_left, control).filter(|p| p.peak < peak)?;
+    let classic = greedy::best_classic(items, &all, None, nodes_left, control);
     *nodes += before - *nodes_left;
+    let current = || ComponentPlacement { offsets: offsets.to_vec(), peak };
+    let mut best = classic.filter(|c| c.peak < peak).unwrap_or_else(current);
     *nodes += repair::repair(items, &all, &mut best, goal, nodes_left, control);
     Some(best)
 }
@@ -578,6 +592,9 @@ struct Budget<'a, 'c> {
     depth: u32,
     /// The solve's search mix.
     mix: SearchMix,
+    /// The most nodes per buffer `repair` may spend on a graph-free leaf: all when it is the last
+    /// word, a share when the classic orders over the tree and more repair follow.
+    repair_per_buffer: u64,
 }
 
 impl Budget<'_, '_> {
@@ -788,8 +805,10 @@ impl LeafState {
             }
         }
         let Some(overlaps) = self.overlaps.as_ref().filter(|_| members.len() <= EXACT_SEARCH_MAX_BUFFERS) else {
-            // Too large for the exact search: `repair` lowers the greedy peak instead.
-            self.repair(items, members, goal, u64::MAX, budget);
+            // Too large for the exact search: `repair` lowers the greedy peak instead (graph-free,
+            // only a share when the classic orders, which its greedy portfolio lacked, follow).
+            let per_buffer = if self.overlaps.is_some() { u64::MAX } else { budget.repair_per_buffer };
+            self.repair(items, members, goal, per_buffer.saturating_mul(members.len() as u64), budget);
             return Improvement::TooLarge;
         };
         let ranks = search_ranks(items, members, &self.sections);
@@ -835,6 +854,7 @@ impl LeafState {
                         shown: budget.shown,
                         depth: budget.depth,
                         mix: budget.mix,
+                        repair_per_buffer: budget.repair_per_buffer,
                     };
                     self.search_with_restarts(items, members, overlaps, &ranks, next, &mut bounded)
                 };

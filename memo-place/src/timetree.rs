@@ -203,37 +203,18 @@ impl TimeTree {
     pub(crate) fn fit(&mut self, item: &Item, size: u64, fit: Fit) -> (u64, usize) {
         let mut small = core::mem::take(&mut self.small);
         small.clear();
-        let mut nodes = [(0usize, false); WALK_MOST_NODES];
-        let mut count = 0;
-        self.walk(item, |node, inside| {
-            nodes[count] = (node, inside);
-            count += 1;
-        });
-        let spans = |&(node, inside): &(usize, bool)| if inside { &self.meeting[node] } else { &self.spanning[node] };
         let mut sets: [&[(u64, u64)]; WALK_MOST_NODES] = [&[]; WALK_MOST_NODES];
         let mut large = 0;
-        for node in &nodes[..count] {
-            let set = spans(node);
+        self.walk(item, |node, inside| {
+            let set = if inside { &self.meeting[node] } else { &self.spanning[node] };
             if set.len() <= SMALL_SET {
-                small.extend_from_slice(set);
+                set.iter().for_each(|&(start, end)| add(&mut small, start, end));
             } else {
                 sets[large] = set;
                 large += 1;
             }
-        }
-        small.sort_unstable();
-        let mut merged = 0;
-        for k in 0..small.len() {
-            match merged {
-                0 => merged = 1,
-                _ if small[merged - 1].1 >= small[k].0 => small[merged - 1].1 = small[merged - 1].1.max(small[k].1),
-                _ => {
-                    small[merged] = small[k];
-                    merged += 1;
-                }
-            }
-        }
-        sets[large] = &small[..merged];
+        });
+        sets[large] = &small;
         let offset = choose(&sets[..=large], size, fit);
         let read = sets[..=large].iter().map(|set| set.len()).sum();
         self.small = small;

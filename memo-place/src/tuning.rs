@@ -11,8 +11,10 @@ pub const DEFAULT_BUDGET_NODES: u64 = 2_000_000;
 pub(crate) const EXACT_SEARCH_MAX_BUFFERS: usize = 4096;
 /// Larger searched components get a share of `repair` first: it settles some the search takes seconds on.
 pub(crate) const REPAIR_FIRST_BUFFERS: usize = 600;
-/// That share, in nodes per buffer: the repair's peak-first starts (64) and 256 of its rounds.
+/// That share, per buffer: the repair's peak-first starts (64) and 256 of its rounds.
 pub(crate) const REPAIR_FIRST_NODES_PER_BUFFER: u64 = 320;
+/// A graph-free leaf's repair before the classic orders over the tree, per buffer: the starts alone.
+pub(crate) const REPAIR_BEFORE_ORDERS_PER_BUFFER: u64 = 64;
 /// Denser components get no overlap graph (about 8 bytes a pair), only the graph-free sweeps and repair.
 pub(crate) const OVERLAP_PAIR_LIMIT: usize = 40_000_000;
 /// Denser whole instances run the classic orders over a tree of lifetimes, after the leaves' search (64 MB).
