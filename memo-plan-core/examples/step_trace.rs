@@ -3,9 +3,9 @@
 //! splits in two. A benchmark instance for `memo solve` and its peers taken from a real plan
 //! rather than from a generator.
 //!
-//! `cargo run --release -p memo-plan-core --example step_trace -- MODEL SEQ MACHINE T [STRATEGY]
-//! > step.csv` (model and machine presets as `memo plan` names them, e.g. `7b 1048576 a800x8 8
-//! memo`; the strategy defaults to memo). Summary on standard error.
+//! `cargo run --release -p memo-plan-core --example step_trace -- MODEL SEQ MACHINE T [STRATEGY]`,
+//! standard output redirected to a CSV file (model and machine presets as `memo plan` names them,
+//! e.g. `7b 1048576 a800x8 8 memo`; the strategy defaults to memo). Summary on standard error.
 
 use memo_plan_core::bilevel::live_ranges;
 use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};

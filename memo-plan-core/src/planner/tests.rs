@@ -331,3 +331,58 @@ fn the_remedies_offer_sharding_where_it_covers_the_excess() {
     let sharded = plan(&PlanRequest { sharding: OptimizerSharding::OptimizerState, ..four }).unwrap();
     assert!(sharded.fits(), "{:?}", sharded.misfit);
 }
+
+/// A context-parallel rank's plan is its s / c tokens' program with the K/V ring buffers as
+/// transients of its attention launches (2 chunks' K and V forward, and dK, dV too backward); the
+/// step adds the ring's exposed seconds; ZeRO shards over d x c; and it fits where c = 1 does not.
+#[test]
+fn context_parallel_plans_hold_the_ranks_tokens_and_the_ring_buffers() {
+    use crate::model::{Nodes, OptimizerSharding};
+    use crate::plan::{Action, Op};
+    let seq = 32 << 10;
+    let base = request(3, seq, "h100x8", Strategy::Memo);
+    let mut r = base.clone();
+    r.parallel = Parallelism::new(4, 1).with_context(2);
+    r.sharding = OptimizerSharding::OptimizerState;
+    let report = plan(&r).unwrap();
+    let kv = cost::ring_kv_bytes(&r.model, &r.parallel).unwrap();
+    let head_dim = r.model.hidden / r.model.heads;
+    assert_eq!(kv, 2 * (seq / 2) * (r.model.kv_heads / 4) * head_dim * 2, "K and V of the rank's s / c tokens");
+    let mut seen = [0u32; 2];
+    for instruction in &report.plan.instructions {
+        let Action::Launch(launch) = &instruction.action else { continue };
+        let want = match launch.op {
+            Op::Attention => (0, 2 * kv),
+            Op::AttentionBackward => (1, 4 * kv),
+            _ => continue,
+        };
+        let scratch = launch.args.last().unwrap().region.buffer;
+        let buffer = &report.plan.buffers[scratch.index()];
+        assert_eq!(buffer.role, TensorRole::Scratch);
+        assert_eq!(buffer.bytes().unwrap(), want.1.next_multiple_of(256));
+        seen[want.0] += 1;
+    }
+    assert_eq!(seen, [3, 3], "every layer's attention forward and backward");
+    // The rank's rows: the layer input holds b s / (c t) rows of h.
+    let input = report.plan.buffers.iter().find(|b| b.role == TensorRole::LayerInput).unwrap();
+    assert_eq!(input.rows, seq / 2 / 4);
+    // ZeRO 1 over d x c = 2 ranks.
+    assert_eq!(report.data_parallel.ranks, 2);
+    assert!(report.data_parallel.saved_bytes > 0);
+    // Inside one node on NVLink; the step is the timeline, the ring's exposed part and the
+    // data-parallel collectives.
+    let exposed = report.context_parallel.exposed_s();
+    let expected = report.timeline.step_time_s + exposed + report.data_parallel.time.total_s();
+    assert!((report.step_time_s() - expected).abs() < 1e-12);
+    // On two nodes with the network 1000 times slower than it is, the ring is exposed.
+    let mut far = r.clone();
+    far.parallel = Parallelism::new(8, 1).with_context(2);
+    far.nodes = Nodes { count: 2, network: Interconnect { bytes_per_s: 50_000_000, latency_ns: 8_000 } };
+    let slow = plan(&far).unwrap();
+    assert!(slow.context_parallel.exposed_s() > 0.0);
+    assert!(slow.step_time_s() > slow.timeline.step_time_s + slow.context_parallel.exposed_s() - 1e-12);
+    // A layout that does not fit its nodes is refused before planning.
+    let mut bad = r.clone();
+    bad.parallel = Parallelism::new(8, 1).with_context(2);
+    assert!(matches!(plan(&bad), Err(PlanError::Model(ModelError::RanksDoNotFillNodes { context: 2, .. }))));
+}
