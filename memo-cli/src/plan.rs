@@ -31,8 +31,9 @@ Step times and MFU are the cost model's estimates (spec/cost-model.md), not meas
 table shows MFU with attention halved for the causal mask (--json adds mfu_full). A machine
 changed by --config's [machine] keys or the machine flags is marked `(overridden)` in the header,
 with what changed. The tensor-parallel degree t cannot pass the machine's GPUs per node: a
-tensor-parallel group stays inside a node. --nodes N spreads d x t ranks over N nodes (d follows
-from N when --dp is not given); --zero 1 or 2 shards the optimizer state (and the gradients) over
+tensor-parallel group stays inside a node. --nodes N spreads d x c x t ranks over N nodes (d
+follows from N when --dp is not given); --cp C splits each sequence over C context-parallel ranks
+(ring attention; spec/cost-model.md section 7c), refused with -o (no ring in the plan format yet); --zero 1 or 2 shards the optimizer state (and the gradients) over
 the d data-parallel ranks, and the step adds their gradient reduction and parameter all-gather,
 over the network when d spans nodes. The plan file (-o) holds one tensor-parallel group's program
 with its whole model state, so -o is refused with --zero 1 or 2 at d > 1. Without --strategy the command exits 8 when no strategy fits; with
@@ -52,6 +53,7 @@ Examples:
   memo plan --model 7b --seq 1M --machine a800x8 --tp 8 --strategy memo -o plan.memo
   memo plan --model 7b --machine a800x8 --tp 8 --max-seq
   memo plan --model llama3.1-70b --machine h100x8 --tp 8 --nodes 4 --zero 1 --max-seq
+  memo plan --model 65b --machine a800x8 --tp 8 --cp 8 --nodes 8 --zero 1 --seq 1408K
   memo plan --model path/to/Llama-3.1-8B/config.json --seq 128K --machine h100x8 --tp 8
   memo plan --config my-cluster.toml --seq 512K --json";
 

@@ -173,10 +173,12 @@ impl OptimizerSharding {
 impl fmt::Display for OptimizerSharding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OptimizerSharding::Replicated => f.write_str("ZeRO 0 (model state replicated over d)"),
-            OptimizerSharding::OptimizerState => f.write_str("ZeRO 1 (optimizer state sharded over d)"),
+            // `d` here is the sharding group: d x c with context parallelism (the header that
+            // prints this names the group).
+            OptimizerSharding::Replicated => f.write_str("ZeRO 0 (model state replicated over the group)"),
+            OptimizerSharding::OptimizerState => f.write_str("ZeRO 1 (optimizer state sharded over the group)"),
             OptimizerSharding::OptimizerStateAndGradients => {
-                f.write_str("ZeRO 2 (optimizer state and gradients sharded over d)")
+                f.write_str("ZeRO 2 (optimizer state and gradients sharded over the group)")
             }
         }
     }
