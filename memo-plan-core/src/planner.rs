@@ -706,7 +706,13 @@ pub fn remedies_observed(request: &PlanRequest, report: &PlanReport, observe: &m
     // stage over the data-parallel ranks there are, or more ranks (nodes) to shard it over (at
     // most all of the shardable state, as d grows).
     let dp = &report.data_parallel;
-    let (d, stage) = (p.parallel.data, request.sharding.stage());
+    // The sharding group: d, or d x c with context parallelism (DataParallelReport::ranks).
+    let (d, stage) = (dp.ranks, request.sharding.stage());
+    let group = if p.parallel.context > 1 {
+        format!("d x c = {d} data-parallel x context-parallel ranks")
+    } else {
+        format!("d = {d} data-parallel ranks")
+    };
     let excess = misfit.device_excess_bytes;
     let gradients_share = dp.plan_gradient_bytes.div_ceil(d.max(1)).saturating_add(dp.largest_gradient_bytes);
     let next_saves = match stage {
@@ -715,7 +721,7 @@ pub fn remedies_observed(request: &PlanRequest, report: &PlanReport, observe: &m
         _ => 0,
     };
     let next_stage = format!(
-        "--zero {} (shards the {} over the d = {d} data-parallel ranks)",
+        "--zero {} (shards the {} over the {group})",
         stage + 1,
         if stage == 0 { "optimizer state" } else { "gradients too" }
     );
