@@ -532,7 +532,8 @@ fn zero_fix(field: &str) -> &'static str {
              direction: give --network-bandwidth or `network_bandwidth` in the machine table"
         }
         "interconnect_bytes_per_s" => {
-            "with t > 1 the collectives need the GPUs' link bandwidth per direction: give \
+            "with t > 1 (or c > 1, whose ring attention runs on the same links) the collectives need the GPUs' \
+             link bandwidth per direction: give \
              --interconnect-bandwidth or `interconnect_bytes_per_s` in the machine file"
         }
         _ => "give the machine's value (at least 1)",

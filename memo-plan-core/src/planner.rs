@@ -737,10 +737,33 @@ pub fn remedies_observed(request: &PlanRequest, report: &PlanReport, observe: &m
         "more nodes (--nodes: more data-parallel ranks to shard the model state over)"
     };
     let more_nodes = (nodes_save >= excess).then_some(more_nodes);
+    // Context parallelism 2, 4 or 8 times wider: the data-parallel ranks turned into
+    // context-parallel ones where d allows (the same GPUs, or fewer), else that many times the
+    // GPUs on the nodes they need. The least that fits is offered, and only where that plan, made here, fits.
+    let more_context = [2u64, 4, 8].into_iter().find_map(|factor| {
+        let context = p.parallel.context.saturating_mul(factor);
+        let d = p.parallel.data;
+        // d ranks become d / factor (all of them, down to one, when d is below the factor).
+        let data = if d.is_multiple_of(factor) || d < factor { (d / factor).max(1) } else { d };
+        let parallel = Parallelism { context, data, ..p.parallel };
+        let (gpus, per_node) = (parallel.gpus(), p.hardware.gpus_per_node.max(1));
+        let count = if gpus <= per_node { 1 } else { gpus.div_ceil(per_node) };
+        let candidate =
+            PlanRequest { parallel, nodes: Nodes { count, ..request.nodes }, forced_alpha: None, ..request.clone() };
+        let fits = plan_with(&candidate, &NoScratch, observe).is_ok_and(|r| r.fits());
+        fits.then(|| format!("context parallelism (--cp {context} --dp {data} --nodes {count}: {gpus} GPUs)"))
+    });
     // Every strategy holds the same model state: when it alone is past the device, no strategy fits.
     let other_strategy = (report.model_state_bytes() < p.hardware.device_memory_bytes).then_some("another strategy");
     if misfit.device_excess_bytes > 0 {
-        let options = [shorter.then_some("a shorter sequence"), higher_t, zero, more_nodes, other_strategy];
+        let options = [
+            shorter.then_some("a shorter sequence"),
+            higher_t,
+            zero,
+            more_nodes,
+            more_context.as_deref(),
+            other_strategy,
+        ];
         let mut line = format!(
             "device memory: {} needs {}, {} more than the GPU's {}",
             if report.data_parallel.saved_bytes > 0 { "the arena with the sharded model state" } else { "the arena" },
@@ -765,6 +788,7 @@ pub fn remedies_observed(request: &PlanRequest, report: &PlanReport, observe: &m
             shorter.then_some("a shorter sequence"),
             Some("more host memory"),
             higher_t,
+            more_context.as_deref(),
             (p.strategy != Strategy::Memo).then_some("memo (which swaps only what fits)"),
         ];
         out.push(format!(

@@ -386,3 +386,51 @@ fn context_parallel_plans_hold_the_ranks_tokens_and_the_ring_buffers() {
     bad.parallel = Parallelism::new(8, 1).with_context(2);
     assert!(matches!(plan(&bad), Err(PlanError::Model(ModelError::RanksDoNotFillNodes { context: 2, .. }))));
 }
+
+/// c > 1 ranks pass K/V over the node's links: without a known link the ring cannot be timed, so
+/// the request is refused (as t > 1 is), naming the field and the flag, never timed as free.
+#[test]
+fn a_context_parallel_ring_without_a_known_link_is_refused() {
+    let mut r = request(2, 4096, "h100x8", Strategy::Memo);
+    r.parallel = Parallelism::new(1, 1).with_context(2);
+    r.interconnect = Interconnect::UNKNOWN;
+    let error = plan(&r).unwrap_err();
+    assert_eq!(error, PlanError::Model(ModelError::Zero { field: "interconnect_bytes_per_s" }));
+    let message = format!("{error}");
+    assert!(message.contains("c > 1") && message.contains("--interconnect-bandwidth"), "{message}");
+    r.parallel = Parallelism::new(1, 1);
+    assert!(plan(&r).is_ok(), "one GPU needs no link");
+}
+
+/// Past one node's memory the remedies offer the least context parallelism that fits, turning
+/// data-parallel ranks into context-parallel ones where d allows; and that offer plans and fits.
+#[test]
+fn the_remedies_offer_context_parallelism_that_fits() {
+    use crate::model::Nodes;
+    let mut r = request(3, 4 << 20, "h100x8", Strategy::Memo);
+    r.parallel = Parallelism::new(8, 2);
+    r.nodes = Nodes { count: 2, ..r.nodes };
+    let report = plan(&r).unwrap();
+    assert!(!report.fits());
+    let remedies = remedies(&r, &report);
+    let line = remedies.iter().find(|l| l.starts_with("device memory")).unwrap();
+    let offer = line.split("context parallelism (").nth(1).unwrap_or_else(|| panic!("{line}"));
+    let numbers: Vec<u64> = offer
+        .split(|ch: char| !ch.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .take(3)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    let (c, d, count) = (numbers[0], numbers[1], numbers[2]);
+    let offered = PlanRequest {
+        parallel: Parallelism::new(8, d).with_context(c),
+        nodes: Nodes { count, ..r.nodes },
+        ..r.clone()
+    };
+    assert!(plan(&offered).unwrap().fits(), "{line}");
+    // The least: half that c does not fit.
+    if c > 2 {
+        let half = PlanRequest { parallel: Parallelism::new(8, d * 2).with_context(c / 2), ..offered.clone() };
+        assert!(!plan(&half).map(|p| p.fits()).unwrap_or(false), "{line}");
+    }
+}
