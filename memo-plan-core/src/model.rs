@@ -7,8 +7,11 @@
 //!   Parameters, gradients, optimizer state and activations are divided by `t`; every division here
 //!   is exact because [`Parallelism::validate_for`] requires `t` to divide `heads`, `ffn_hidden` and
 //!   `seq_len`.
-//! - `d` ([`Parallelism::data`]) is the data-parallel degree. It does not change any per-GPU size
-//!   (no ZeRO sharding of optimizer state is modelled).
+//! - `d` ([`Parallelism::data`]) is the data-parallel degree. It changes no per-GPU size here; the
+//!   ZeRO sharding of the model state over `d x c` ranks is `model/nodes.rs`'s.
+//! - `c` ([`Parallelism::context`]) is the context-parallel degree: each GPU holds the `s / c`
+//!   tokens of its rank ([`ModelConfig::rank_seq_len`], the one place `c` enters every per-GPU
+//!   token count), shared by its `t` ranks.
 //! - Byte counts are `u64` computed with checked arithmetic: an overflow is a [`ModelError::Overflow`],
 //!   never a wrap or a panic.
 //!
