@@ -541,7 +541,8 @@ pub struct ContextParallelTime {
     pub forward_chunk_s: f64,
     /// Likewise for the attention backward.
     pub backward_chunk_s: f64,
-    /// The step's exposed forward seconds: `n (c - 1) max(0, transfer - chunk)`.
+    /// The step's exposed forward seconds: `launches (c - 1) max(0, transfer - chunk)`, over the
+    /// plan's attention forward launches (`n`, and again each layer full recompute reruns).
     pub forward_exposed_s: f64,
     /// The step's exposed backward seconds.
     pub backward_exposed_s: f64,
@@ -572,16 +573,18 @@ pub fn ring_kv_bytes(model: &ModelConfig, parallel: &Parallelism) -> Result<u64,
 
 /// The ring attention of one step of `model` on `parallel` (`c = parallel.context` ranks) on
 /// `hardware`, its K/V passed over `link` (the node's links, or across nodes the slowest of them
-/// and the network: [`crate::model::Nodes::context_parallel_link`]). Every one of the `n`
-/// layers runs `c - 1` ring steps in its forward and `c - 1` in its backward (attention is not
-/// recomputed by any strategy); each step's transfer overlaps the attention of the chunk in
-/// hand, one `c`-th of the launch, and only what is longer than that is exposed. All zero for
-/// `c = 1`.
+/// and the network: [`crate::model::Nodes::context_parallel_link`]). Each of the plan's
+/// `forward_launches` attention launches (one per layer, and one more per layer that full
+/// recompute reruns) runs `c - 1` ring steps, and each of its `backward_launches` `c - 1` more;
+/// each step's transfer overlaps the attention of the chunk in hand, one `c`-th of the launch, and
+/// only what is longer than that is exposed. All zero for `c = 1`.
 pub fn context_parallel_time(
     model: &ModelConfig,
     parallel: &Parallelism,
     hardware: &Hardware,
     link: &Interconnect,
+    forward_launches: u64,
+    backward_launches: u64,
 ) -> Result<ContextParallelTime, CostError> {
     let c = parallel.context;
     if c <= 1 {
@@ -607,14 +610,14 @@ pub fn context_parallel_time(
     };
     let forward_transfer_s = transfer(kv_bytes);
     let backward_transfer_s = transfer(kv_bytes.saturating_mul(2));
-    let layers = f64::from(model.layers);
+    let (forward_launches, backward_launches) = (forward_launches as f64, backward_launches as f64);
     Ok(ContextParallelTime {
         kv_bytes,
         forward_transfer_s,
         backward_transfer_s,
         forward_chunk_s,
         backward_chunk_s,
-        forward_exposed_s: layers * steps * (forward_transfer_s - forward_chunk_s).max(0.0),
-        backward_exposed_s: layers * steps * (backward_transfer_s - backward_chunk_s).max(0.0),
+        forward_exposed_s: forward_launches * steps * (forward_transfer_s - forward_chunk_s).max(0.0),
+        backward_exposed_s: backward_launches * steps * (backward_transfer_s - backward_chunk_s).max(0.0),
     })
 }

@@ -14,7 +14,7 @@ use crate::cost::{self, ContextParallelTime, CostError, Mfu};
 use crate::model::{Hardware, Interconnect, ModelConfig, ModelError, Nodes, OptimizerSharding, Parallelism};
 use crate::plan::scratch::{NoScratch, ScratchSizer};
 use crate::plan::shapes::{ArgShape, ShapeContext};
-use crate::plan::Op;
+use crate::plan::{Action, Op};
 use crate::plan::{BufferKind, Plan, Provenance, Strategy, TensorRole};
 use crate::schedule::{self, ScheduleError, ScheduleOptions};
 use crate::simulate::{self, Timeline};
@@ -437,7 +437,20 @@ pub fn plan_with(
     let timeline = simulate::simulate(&plan)?;
     let data_parallel = DataParallelReport::of(&plan, parallel, nodes, *sharding, interconnect)?;
     let ring_link = nodes.context_parallel_link(parallel, hardware, interconnect);
-    let context_parallel = cost::context_parallel_time(model, parallel, hardware, &ring_link)?;
+    // Every attention launch of the plan runs the ring: the forward once per layer and again per
+    // layer that full recompute reruns, the backward once per layer.
+    let launches = |op: Op| {
+        let count = plan.instructions.iter().filter(|i| matches!(&i.action, Action::Launch(l) if l.op == op)).count();
+        count as u64
+    };
+    let context_parallel = cost::context_parallel_time(
+        model,
+        parallel,
+        hardware,
+        &ring_link,
+        launches(Op::Attention),
+        launches(Op::AttentionBackward),
+    )?;
     let step_time_s = timeline.step_time_s + context_parallel.exposed_s() + data_parallel.time.total_s();
     let mfu = cost::mfu(model, parallel, hardware, step_time_s.max(f64::MIN_POSITIVE))?;
     let device_bytes = plan.totals.arena_bytes.saturating_sub(data_parallel.saved_bytes);

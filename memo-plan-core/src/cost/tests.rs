@@ -407,7 +407,8 @@ fn ring_transfers_are_exposed_only_past_the_chunk_attention() {
     let model = ModelConfig::preset("llama3.1-8b", 1 << 20, 1).unwrap();
     let parallel = Parallelism::new(8, 1).with_context(4);
     let nvlink = Interconnect::for_hardware(&hardware);
-    let fast = context_parallel_time(&model, &parallel, &hardware, &nvlink).unwrap();
+    let n = u64::from(model.layers);
+    let fast = context_parallel_time(&model, &parallel, &hardware, &nvlink, n, n).unwrap();
     let kv = ring_kv_bytes(&model, &parallel).unwrap();
     assert_eq!(fast.kv_bytes, kv);
     let step = |bytes: u64, link: &Interconnect| bytes as f64 / link.bytes_per_s as f64 + link.latency_ns as f64 * 1e-9;
@@ -420,14 +421,18 @@ fn ring_transfers_are_exposed_only_past_the_chunk_attention() {
     assert_eq!(fast.exposed_s(), 0.0);
     // A link 1000 times slower: exposed = n (c - 1) (transfer - chunk), each direction.
     let slow = Interconnect { bytes_per_s: nvlink.bytes_per_s / 1000, latency_ns: 10_000 };
-    let exposed = context_parallel_time(&model, &parallel, &hardware, &slow).unwrap();
-    let n = f64::from(model.layers);
+    let exposed = context_parallel_time(&model, &parallel, &hardware, &slow, n, n).unwrap();
+    // Full recompute reruns each attention forward: twice the forward launches, twice the exposure.
+    let rerun = context_parallel_time(&model, &parallel, &hardware, &slow, 2 * n, n).unwrap();
+    assert!((rerun.forward_exposed_s - 2.0 * exposed.forward_exposed_s).abs() < 1e-9 * rerun.forward_exposed_s);
+    assert_eq!(rerun.backward_exposed_s, exposed.backward_exposed_s);
+    let n = n as f64;
     let forward = n * 3.0 * (step(kv, &slow) - exposed.forward_chunk_s).max(0.0);
     let backward = n * 3.0 * (step(2 * kv, &slow) - exposed.backward_chunk_s).max(0.0);
     assert!(forward > 0.0 && backward > 0.0);
     assert!((exposed.forward_exposed_s - forward).abs() < 1e-9 * forward);
     assert!((exposed.backward_exposed_s - backward).abs() < 1e-9 * backward);
     // c = 1: no ring.
-    let none = context_parallel_time(&model, &Parallelism::new(8, 1), &hardware, &slow).unwrap();
+    let none = context_parallel_time(&model, &Parallelism::new(8, 1), &hardware, &slow, n as u64, n as u64).unwrap();
     assert_eq!(none, ContextParallelTime::default());
 }

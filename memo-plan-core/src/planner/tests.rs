@@ -381,6 +381,10 @@ fn context_parallel_plans_hold_the_ranks_tokens_and_the_ring_buffers() {
     let slow = plan(&far).unwrap();
     assert!(slow.context_parallel.exposed_s() > 0.0);
     assert!(slow.step_time_s() > slow.timeline.step_time_s + slow.context_parallel.exposed_s() - 1e-12);
+    // Full recompute reruns attention, and with it the ring, in the layers it recomputes.
+    let rerun = plan(&PlanRequest { strategy: Strategy::FullRecompute, ..far.clone() }).unwrap();
+    assert!(rerun.context_parallel.forward_exposed_s > slow.context_parallel.forward_exposed_s);
+    assert_eq!(rerun.context_parallel.backward_exposed_s, slow.context_parallel.backward_exposed_s);
     // A layout that does not fit its nodes is refused before planning.
     let mut bad = r.clone();
     bad.parallel = Parallelism::new(8, 1).with_context(2);
