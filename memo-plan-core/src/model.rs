@@ -405,7 +405,15 @@ impl fmt::Display for ModelError {
                 }
             }
             ModelError::NotDivisibleByContextParallel { seq_len, context, tensor } => {
-                let multiple = context.saturating_mul(2).saturating_mul(*tensor).max(1);
+                let Some(multiple) = context.checked_mul(2).and_then(|m| m.checked_mul(*tensor)) else {
+                    return write!(
+                        f,
+                        "2 x c x t = 2 x {context} x {tensor} is past 64 bits, so no seq_len = {seq_len} or other is a \
+                         multiple of it (context parallelism gives each of the c ranks two of 2c chunks of the \
+                         sequence, each split over the t ranks); use a smaller c"
+                    );
+                };
+                let multiple = multiple.max(1);
                 let below = seq_len - seq_len % multiple;
                 let above = below.saturating_add(multiple);
                 write!(
@@ -859,8 +867,9 @@ impl Parallelism {
         // split over the t ranks by sequence parallelism: every per-GPU token count is exact when
         // 2 c t divides s.
         if self.context > 1 {
-            let multiple = self.seq_len_multiple();
-            if !model.seq_len.is_multiple_of(multiple) {
+            // Past 64 bits no length is a multiple (the saturated figure would accept u64::MAX).
+            let multiple = self.context.checked_mul(2).and_then(|m| m.checked_mul(self.tensor));
+            if !multiple.is_some_and(|m| model.seq_len.is_multiple_of(m)) {
                 return Err(ModelError::NotDivisibleByContextParallel {
                     seq_len: model.seq_len,
                     context: self.context,

@@ -467,5 +467,10 @@ fn context_parallel_needs_two_chunks_per_rank_split_over_t() {
     let t_only = ModelConfig { seq_len: 2992, ..model.clone() };
     assert_eq!(Parallelism::new(8, 1).validate_for(&t_only), Ok(()));
     assert!(parallel.validate_for(&t_only).is_err());
+    // A c so large that 2 c t passes 64 bits: refused, with no wrapped or saturated figure.
+    let huge = Parallelism::new(2, 1).with_context(u64::MAX / 2);
+    let message = format!("{}", huge.validate_for(&model).unwrap_err());
+    assert!(message.contains("past 64 bits") && message.contains("use a smaller c"), "{message}");
+    assert!(!message.contains(&format!("= {}", u64::MAX)), "{message}");
     assert_eq!(parallel.validate_for(&ModelConfig { seq_len: 4096, ..model }), Ok(()));
 }
