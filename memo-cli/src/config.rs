@@ -17,9 +17,10 @@
 //!
 //! [parallel]
 //! tensor = 8               # t: tensor/sequence-parallel degree
-//! data = 1                 # d: data-parallel degree (default: nodes x gpus_per_node / t with nodes given, else 1)
-//! nodes = 1                # nodes the d x t GPUs fill (default: enough for d x t)
-//! zero = 1                 # ZeRO stage: 0 replicated, 1 optimizer state sharded over d, 2 gradients too
+//! data = 1                 # d: data-parallel degree (default: nodes x gpus_per_node / (c x t) with nodes given, else 1)
+//! context = 1              # c: context-parallel degree (each sequence split over c ranks; default 1)
+//! nodes = 1                # nodes the d x c x t GPUs fill (default: enough for d x c x t)
+//! zero = 1                 # ZeRO stage: 0 replicated, 1 optimizer state sharded over d x c, 2 gradients too
 //!
 //! [machine]
 //! preset = "a800x8"        # a800x8, h100x8, h200x1, mi300x8
@@ -53,10 +54,11 @@
 //! (none for a machine without a preset: then `t > 1` needs `interconnect_bandwidth`, and `d > 1`
 //! across nodes `network_bandwidth`).
 //!
-//! Nodes and `d`: a job fills whole nodes (`d x t = nodes x gpus_per_node`) or uses part of one.
-//! With `nodes` given and `d` not, `d = nodes x gpus_per_node / t`; with `d` given and `nodes`
-//! not, `nodes = d x t / gpus_per_node` (1 when that is at most one node); with neither, one node
-//! and `d = 1`. A tensor-parallel group stays inside a node.
+//! Nodes and `d`: a job fills whole nodes (`d x c x t = nodes x gpus_per_node`) or uses part of
+//! one. With `nodes` given and `d` not, `d = nodes x gpus_per_node / (c x t)`; with `d` given and
+//! `nodes` not, `nodes = d x c x t / gpus_per_node` (1 when that is at most one node); with
+//! neither, one node and `d = 1`. A tensor-parallel group stays inside a node; a context-parallel
+//! group of `c x t` GPUs sits inside one node or fills whole nodes.
 //!
 //! `--model PATH` (a path ending in `.json`, or any existing file that parses as JSON) and
 //! `hf_config` read a Hugging Face `config.json` with
@@ -98,9 +100,14 @@ pub struct ConfigArgs {
     #[arg(long, value_name = "T")]
     pub tp: Option<u64>,
 
-    /// Data-parallel degree d (default: nodes x GPUs per node / t with --nodes, else 1)
+    /// Data-parallel degree d (default: nodes x GPUs per node / (c x t) with --nodes, else 1)
     #[arg(long, value_name = "D")]
     pub dp: Option<u64>,
+
+    /// Context-parallel degree c (default 1): each sequence split over c ranks, two balanced
+    /// chunks each, K/V passed around a ring (Megatron-LM's context parallelism); GPUs = d x c x t
+    #[arg(long = "cp", value_name = "C")]
+    pub cp: Option<u64>,
 
     /// Nodes the d x t GPUs fill (default: as many as d x t needs); a job on more than one node
     /// fills each (d x t = nodes x GPUs per node)
@@ -357,6 +364,7 @@ struct ModelTable {
 struct ParallelTable {
     tensor: Option<u64>,
     data: Option<u64>,
+    context: Option<u64>,
     nodes: Option<u64>,
     zero: Option<u8>,
 }
@@ -513,6 +521,7 @@ impl ConfigArgs {
         apply(&mut a.tied_embeddings, [self.tied_embeddings]);
 
         let tensor = self.tp.or(file.parallel.tensor).unwrap_or(1);
+        let context = self.cp.or(file.parallel.context).unwrap_or(1);
         let sharding = match (self.zero, file.parallel.zero) {
             (Some(sharding), _) => sharding,
             (None, Some(stage)) => OptimizerSharding::from_stage(stage).ok_or_else(|| {
@@ -555,16 +564,18 @@ impl ConfigArgs {
         }
         model.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("model: {e}")))?;
         hardware.validate().map_err(|e| Failure::new(exit::BAD_INPUT, format!("machine: {e}")))?;
+        // d follows from the nodes over the c x t GPUs of one sequence.
         let (data, node_count) = data_and_nodes(
-            tensor,
+            tensor.saturating_mul(context),
             self.dp.or(file.parallel.data),
             self.nodes.or(file.parallel.nodes),
             hardware.gpus_per_node,
         );
-        let parallel = Parallelism::new(tensor, data);
+        let parallel = Parallelism::new(tensor, data).with_context(context);
         parallel.validate_for(&model).map_err(|e| Failure::new(exit::BAD_INPUT, format!("parallel layout: {e}")))?;
+        // c > 1 ranks inside a node pass K/V over the node's links as t > 1 ranks gather.
         interconnect
-            .validate_for(parallel.tensor)
+            .validate_for(parallel.tensor.max(parallel.context))
             .map_err(|e| Failure::new(exit::BAD_INPUT, format!("machine: {e}")))?;
         let machine_overrides = match preset_name.as_deref().map(Hardware::preset) {
             Some(Ok(preset)) => machine_overrides(&preset, &hardware, &interconnect, &network),
@@ -594,8 +605,8 @@ impl ConfigArgs {
         nodes.validate_for(&parallel, &hardware).map_err(|e| {
             let origin = match (self.dp.or(file.parallel.data), self.nodes.or(file.parallel.nodes)) {
                 (Some(_), Some(_)) => "; or leave --dp out: d then follows from --nodes",
-                (None, Some(_)) => " (d followed from --nodes: nodes x GPUs per node / t)",
-                (Some(_), None) => " (the nodes followed from --dp: d x t GPUs over whole nodes)",
+                (None, Some(_)) => " (d followed from --nodes: nodes x GPUs per node / (c x t))",
+                (Some(_), None) => " (the nodes followed from --dp: d x c x t GPUs over whole nodes)",
                 (None, None) => "",
             };
             Failure::new(exit::BAD_INPUT, format!("parallel layout: {e}{origin}"))

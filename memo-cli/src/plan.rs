@@ -31,8 +31,9 @@ Step times and MFU are the cost model's estimates (spec/cost-model.md), not meas
 table shows MFU with attention halved for the causal mask (--json adds mfu_full). A machine
 changed by --config's [machine] keys or the machine flags is marked `(overridden)` in the header,
 with what changed. The tensor-parallel degree t cannot pass the machine's GPUs per node: a
-tensor-parallel group stays inside a node. --nodes N spreads d x t ranks over N nodes (d follows
-from N when --dp is not given); --zero 1 or 2 shards the optimizer state (and the gradients) over
+tensor-parallel group stays inside a node. --nodes N spreads d x c x t ranks over N nodes (d
+follows from N when --dp is not given); --cp C splits each sequence over C context-parallel ranks
+(ring attention; spec/cost-model.md section 7c), refused with -o (no ring in the plan format yet); --zero 1 or 2 shards the optimizer state (and the gradients) over
 the d data-parallel ranks, and the step adds their gradient reduction and parameter all-gather,
 over the network when d spans nodes. The plan file (-o) holds one tensor-parallel group's program
 with its whole model state, so -o is refused with --zero 1 or 2 at d > 1. Without --strategy the command exits 8 when no strategy fits; with
@@ -52,6 +53,7 @@ Examples:
   memo plan --model 7b --seq 1M --machine a800x8 --tp 8 --strategy memo -o plan.memo
   memo plan --model 7b --machine a800x8 --tp 8 --max-seq
   memo plan --model llama3.1-70b --machine h100x8 --tp 8 --nodes 4 --zero 1 --max-seq
+  memo plan --model 65b --machine a800x8 --tp 8 --cp 8 --nodes 8 --zero 1 --seq 1408K
   memo plan --model path/to/Llama-3.1-8B/config.json --seq 128K --machine h100x8 --tp 8
   memo plan --config my-cluster.toml --seq 512K --json";
 
@@ -114,6 +116,17 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
         return Err(Failure::new(
             exit::BAD_INPUT,
             "-o writes one plan: choose it with --strategy (e.g. --strategy memo)",
+        ));
+    }
+    if args.output.is_some() && config.parallel.context > 1 {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!(
+                "-o with c = {}: a plan file holds one tensor-parallel group's program, and the format has no \
+                 context-parallel ring yet (no per-rank send/receive programs: issue 42 item 4), so no runtime \
+                 could run it; drop -o to see the plan's figures, or write the file with --cp 1",
+                config.parallel.context
+            ),
         ));
     }
     if args.output.is_some() && config.sharding.shards_optimizer_state() && config.parallel.data > 1 {
@@ -229,13 +242,14 @@ fn heading(config: &Config) -> String {
     let nodes = config.nodes.count;
     let place = if nodes == 1 { h.name.clone() } else { format!("{nodes} nodes of {}", h.name) };
     let line = format!(
-        "{} ({}), {} tokens x {} sequence(s), t = {}, d = {}, on {place}{overridden}: {} per GPU, {} host per node \
+        "{} ({}), {} tokens x {} sequence(s), t = {}, {}d = {}, on {place}{overridden}: {} per GPU, {} host per node \
          ({} per GPU)\n",
         m.name,
         m.shape_summary(),
         m.seq_len,
         m.micro_batch,
         p.tensor,
+        if p.context > 1 { format!("c = {}, ", p.context) } else { String::new() },
         p.data,
         human::binary_units(h.device_memory_bytes),
         human::binary_units(h.host_memory_per_node_bytes),
@@ -245,7 +259,25 @@ fn heading(config: &Config) -> String {
         Some(body) => format!("{body}{interconnect}\n"),
         None => line,
     };
-    if p.data > 1 {
+    if p.context > 1 {
+        let link = config.nodes.context_parallel_link(p, h, &config.interconnect);
+        let place = if config.nodes.context_parallel_crosses_nodes(p, h) {
+            format!(
+                "across nodes: the network, {:.0} GB/s per GPU per direction, {:.1} us per ring step",
+                link.bytes_per_s as f64 / 1e9,
+                link.latency_ns as f64 / 1e3
+            )
+        } else {
+            "inside the node (its links)".to_string()
+        };
+        text.push_str(&format!(
+            "context parallel: c = {} ranks per sequence, {} tokens each (two chunks of {}), ring attention {place}\n",
+            p.context,
+            m.rank_seq_len(p),
+            m.rank_seq_len(p) / 2,
+        ));
+    }
+    if p.gradient_ranks() > 1 {
         let link = config.nodes.data_parallel_link(p, &config.interconnect);
         let place = if config.nodes.data_parallel_crosses_nodes(p) {
             format!(
@@ -256,7 +288,12 @@ fn heading(config: &Config) -> String {
         } else {
             "inside the node (its links)".to_string()
         };
-        text.push_str(&format!("data parallel: d = {} ranks per group, {place}; {}\n", p.data, config.sharding));
+        let ranks = if p.context > 1 {
+            format!("d x c = {} x {} = {} ranks reduce the gradients", p.data, p.context, p.gradient_ranks())
+        } else {
+            format!("d = {} ranks per group", p.data)
+        };
+        text.push_str(&format!("data parallel: {ranks}, {place}; {}\n", config.sharding));
     }
     if !config.machine_overrides.is_empty() {
         let changes: Vec<String> = config.machine_overrides.iter().map(|o| o.text()).collect();
@@ -394,13 +431,15 @@ Estimates, not measurements: step, collect. and MFU come from the cost model (sp
 from a GPU. MFU: model FLOPs over the estimated step, attention halved for the causal mask, recompute
 excluded (--json adds mfu_full, attention counted in full). collect.: seconds the collectives take on
 the collective stream (ring time over the interconnect; the compute stream waits for each), and with
-d > 1 the data-parallel gradient reduction and parameter all-gather after the backward.
+d > 1 the data-parallel gradient reduction and parameter all-gather after the backward, with c > 1
+the ring attention's transfers that the attention does not hide.
 ";
 
 /// Seconds the step's collectives take: the plan's on the collective stream, and the
 /// data-parallel ones after it.
 fn collective_s(report: &PlanReport) -> f64 {
     report.timeline.stream_busy_s(&report.plan, memo_plan_core::plan::Stream::Collective)
+        + report.context_parallel.exposed_s()
         + report.data_parallel.time.total_s()
 }
 
@@ -442,6 +481,7 @@ pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration
         "micro_batch": config.model.micro_batch,
         "tensor_parallel": config.parallel.tensor,
         "data_parallel": config.parallel.data,
+        "context_parallel": config.parallel.context,
         "machine": config.hardware.name,
         "machine_overrides": config.machine_overrides.iter().map(|o| json!({"field": o.field, "preset": o.preset,
             "value": o.value})).collect::<Vec<_>>(),
@@ -488,6 +528,15 @@ pub fn plan_json(config: &Config, planned_report: &PlanReport, elapsed: Duration
             "data_parallel_s",
             json!({"reduce_gradients": dp.time.reduce_gradients_s,
             "gather_parameters": dp.time.gather_parameters_s}),
+        ),
+        (
+            "context_parallel_s",
+            json!({"ring_kv_bytes": r.context_parallel.kv_bytes,
+            "forward_transfer": r.context_parallel.forward_transfer_s,
+            "forward_chunk": r.context_parallel.forward_chunk_s,
+            "backward_transfer": r.context_parallel.backward_transfer_s,
+            "backward_chunk": r.context_parallel.backward_chunk_s,
+            "exposed": r.context_parallel.exposed_s()}),
         ),
         ("network_bytes_per_s", json!(config.nodes.network.bytes_per_s)),
         ("network_latency_ns", json!(config.nodes.network.latency_ns)),
@@ -542,7 +591,7 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
     if args.output.is_some() {
         return Err(Failure::new(exit::BAD_INPUT, "--max-seq writes no plan file: drop -o"));
     }
-    let granularity = planner::max_seq_granularity(config.parallel.tensor);
+    let granularity = planner::max_seq_granularity(config.parallel.seq_len_multiple());
     let strategies = match args.strategy {
         Some(strategy) => vec![strategy],
         None => Strategy::ALL.to_vec(),
@@ -602,7 +651,17 @@ fn run_max_seq(args: &PlanArgs) -> Result<(), Failure> {
             .collect();
         format!("{}\n", json!({ "granularity": granularity, "max_seq": rows }))
     } else {
+        let p = &config.parallel;
         let mut out = heading(&config).replacen(&format!("{} tokens", config.model.seq_len), "longest sequence", 1);
+        if p.context > 1 {
+            // The rank's tokens of the header's default length say nothing here: name the share.
+            let rank = config.model.rank_seq_len(p);
+            out = out.replacen(
+                &format!("{rank} tokens each (two chunks of {})", rank / 2),
+                &format!("s / {} tokens each (two chunks of s / {})", p.context, 2 * p.context),
+                1,
+            );
+        }
         out.push_str(&format!(
             "\n{:<15} {:>12} {:>8} {:>11} {:>11} {:>12} {:>11} {:>9}\n",
             "strategy", "max tokens", "(K)", "device", "host/GPU", "step (est.)", "MFU (est.)", "search"

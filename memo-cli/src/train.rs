@@ -174,6 +174,12 @@ pub struct TrainArgs {
     /// collectives yet)
     #[arg(long, default_value_t = 1, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
     tensor_parallel: u64,
+
+    /// Context-parallel ranks C (ring attention over balanced sequence chunks): planned by `memo
+    /// plan --cp C`, not run yet; C > 1 is refused (no runtime runs ring attention, and the plan
+    /// format has no per-rank send/receive programs)
+    #[arg(long, alias = "cp", default_value_t = 1, value_name = "C", value_parser = clap::value_parser!(u64).range(1..))]
+    context_parallel: u64,
 }
 
 fn parse_strategy(text: &str) -> Result<Strategy, String> {
@@ -185,6 +191,17 @@ fn parse_strategy(text: &str) -> Result<Strategy, String> {
 pub fn run(args: &TrainArgs) -> Result<(), Failure> {
     let after = crate::progress::after()?;
     let gate = progress::interrupt_gate();
+    if args.context_parallel > 1 {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!(
+                "--context-parallel {}: no runtime runs ring attention yet, and a plan file has no per-rank \
+                 send/receive programs to carry it (issue 42 item 4); nothing was run. `memo plan --cp {}` gives \
+                 the plan's figures; train with --context-parallel 1",
+                args.context_parallel, args.context_parallel
+            ),
+        ));
+    }
     if args.tensor_parallel > 1 {
         return parallel::run(args, gate, after);
     }

@@ -469,3 +469,85 @@ fn node_layouts_and_zero_stages_are_checked() {
     let plan = json(&output);
     assert_eq!((plan["nodes"].as_u64(), plan["data_parallel_across_nodes"].as_bool()), (Some(1), Some(false)));
 }
+
+/// `--cp C` (and `[parallel] context`): the header and JSON carry c, per-GPU bytes follow the
+/// rank's s / c tokens, d follows from the nodes over c x t, ZeRO shards over d x c; layouts that
+/// do not fit their nodes, sequences that are not multiples of 2 c t, `-o` and `memo train` at
+/// c > 1 are refused with exit 2 and the numbers.
+#[test]
+fn context_parallelism_is_planned_and_what_cannot_run_is_refused() {
+    let base = ["plan", "--model", "llama3.1-8b", "--seq", "64K", "--machine", "h100x8", "--layers", "3"];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        memo(&args, None)
+    };
+    let one = run(&["--tp", "4", "--strategy", "memo", "--json"]);
+    assert_eq!(code(&one), 0, "{}", stderr(&one));
+    let one = json(&one);
+    let two = run(&["--tp", "4", "--cp", "2", "--zero", "1", "--strategy", "memo", "--json"]);
+    assert_eq!(code(&two), 0, "{}", stderr(&two));
+    let two = json(&two);
+    assert_eq!((two["context_parallel"].as_u64(), one["context_parallel"].as_u64()), (Some(2), Some(1)));
+    assert_eq!((two["data_parallel"].as_u64(), two["nodes"].as_u64()), (Some(1), Some(1)));
+    // One layer's skeletal set: the rank's half of the tokens.
+    let skeletal = |p: &serde_json::Value| p["skeletal_bytes_per_layer"].as_u64().unwrap();
+    assert_eq!(skeletal(&two) * 2, skeletal(&one));
+    assert!(two["sharded_away_bytes"].as_u64().unwrap() > 0, "ZeRO 1 over d x c = 2");
+    let ring = &two["context_parallel_s"];
+    // K and V of 32K tokens of 8 / 4 = 2 K/V heads of 128: 2 x 32768 x 256 x 2 bytes.
+    assert_eq!(ring["ring_kv_bytes"].as_u64(), Some(2 * 32768 * 256 * 2));
+    assert_eq!(one["context_parallel_s"]["exposed"].as_f64(), Some(0.0));
+    // The same from a TOML file.
+    let toml = scratch("context-2.toml", b"[parallel]\ntensor = 4\ncontext = 2\n");
+    let from_file = run(&["--config", toml.to_str().unwrap(), "--strategy", "memo", "--json"]);
+    assert_eq!(code(&from_file), 0, "{}", stderr(&from_file));
+    assert_eq!(json(&from_file)["context_parallel"].as_u64(), Some(2));
+    // The text header names c and where its ring runs.
+    let text = run(&["--tp", "8", "--cp", "2", "--nodes", "2", "--strategy", "memo"]);
+    assert_eq!(code(&text), 0, "{}", stderr(&text));
+    let text = String::from_utf8_lossy(&text.stdout).to_string();
+    assert!(text.contains("t = 8, c = 2, d = 1, on 2 nodes of h100x8"), "{text}");
+    assert!(text.contains("context parallel: c = 2 ranks per sequence, 32768 tokens each"), "{text}");
+    assert!(text.contains("ring attention across nodes: the network, 50 GB/s"), "{text}");
+    let refused = |extra: &[&str], words: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let message = assert_fails(&memo(&args, None), 2);
+        for w in words {
+            assert!(message.contains(w), "{args:?}: {message:?} lacks {w:?}");
+        }
+    };
+    refused(&["--tp", "8", "--cp", "2", "--nodes", "1"], &["d x c x t = 1 x 2 x 8 = 16 GPUs", "2 node(s) or more"]);
+    let other_seq = |seq: &str, extra: &[&str], words: &[&str]| {
+        let mut args = vec!["plan", "--model", "llama3.1-8b", "--seq", seq, "--machine", "h100x8", "--layers", "3"];
+        args.extend_from_slice(extra);
+        let message = assert_fails(&memo(&args, None), 2);
+        for w in words {
+            assert!(message.contains(w), "{args:?}: {message:?} lacks {w:?}");
+        }
+    };
+    // 48K is a multiple of 2 c t = 12, so the layout itself is what is refused.
+    other_seq("48K", &["--tp", "2", "--cp", "3", "--nodes", "3"], &["c x t = 3 x 2 = 6 GPUs", "a multiple of 8"]);
+    refused(&["--tp", "2", "--cp", "3", "--nodes", "3"], &["2 x c x t = 2 x 3 x 2 = 12", "e.g. 65532 or 65544"]);
+    other_seq("1000", &["--tp", "8", "--cp", "4"], &["2 x c x t = 2 x 4 x 8 = 64", "e.g. 960 or 1024"]);
+    refused(&["--cp", "0"], &["context is 0"]);
+    refused(&["--tp", "4", "--cp", "2", "--strategy", "memo", "-o", "x.memo"], &["-o with c = 2", "issue 42 item 4"]);
+    let message =
+        assert_fails(&memo(&["train", "--device", "cpu", "--model", "tiny", "--context-parallel", "2"], None), 2);
+    assert!(message.contains("--context-parallel 2") && message.contains("ring attention"), "{message}");
+    // --max-seq searches multiples of 2 c t.
+    let output = run(&["--tp", "8", "--cp", "2", "--nodes", "2", "--strategy", "memo", "--max-seq", "--json"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let found = json(&output);
+    assert_eq!(found["granularity"].as_u64(), Some(1024), "2 c t = 32 divides 1K");
+    let longest = found["max_seq"][0]["max_seq_len"].as_u64().unwrap();
+    assert_eq!(longest % 1024, 0, "{found}");
+    // Without c, on one node: a shorter longest sequence (each GPU holds all of its tokens).
+    let output = run(&["--tp", "8", "--strategy", "memo", "--max-seq", "--json"]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert!(json(&output)["max_seq"][0]["max_seq_len"].as_u64().unwrap() < longest, "c = 2 holds half");
+    let text = run(&["--tp", "8", "--cp", "2", "--nodes", "2", "--strategy", "memo", "--max-seq"]);
+    let text = String::from_utf8_lossy(&text.stdout).to_string();
+    assert!(text.contains("c = 2 ranks per sequence, s / 2 tokens each (two chunks of s / 4)"), "{text}");
+}

@@ -182,8 +182,11 @@ pub fn layer_forward_flops(
     validated(model, parallel)?;
     const WHAT: &str = "FLOP count of one layer";
     let (h, f, t) = (model.hidden, model.ffn_hidden, parallel.tensor);
-    let rows = mul(u128::from(model.micro_batch), u128::from(model.seq_len), WHAT)?;
-    // Q K^T: for each of b sequences, an s x s product over the h columns of all heads.
+    // This rank's rows: b s / c ([`ModelConfig::rank_seq_len`]), shared by the t ranks.
+    let rows = mul(u128::from(model.micro_batch), u128::from(model.rank_seq_len(parallel)), WHAT)?;
+    // Q K^T: for each of b sequences, an s x s product over the h columns of all heads; with
+    // context parallelism this rank's s / c queries against all s keys, which with Megatron-LM's
+    // balanced chunks (i and 2c-1-i) is exactly 1/c of the causal work too.
     let full_product = mul(mul(rows, u128::from(model.seq_len), WHAT)?, u128::from(h), WHAT)?;
     let product = match attention {
         AttentionFlops::Full => mul(full_product, 2, WHAT)?,
@@ -249,7 +252,7 @@ pub fn recompute_flops(model: &ModelConfig, parallel: &Parallelism, recomputed_t
 pub fn classifier_forward_flops(model: &ModelConfig, parallel: &Parallelism) -> Result<u128, CostError> {
     validated(model, parallel)?;
     const WHAT: &str = "FLOP count of the classifier";
-    let rows = mul(u128::from(model.micro_batch), u128::from(model.seq_len), WHAT)?;
+    let rows = mul(u128::from(model.micro_batch), u128::from(model.rank_seq_len(parallel)), WHAT)?;
     Ok(gemm(rows, model.hidden, model.vocab, parallel.tensor, WHAT)?)
 }
 
@@ -279,7 +282,7 @@ pub fn step_flops(
     let layers = u128::from(model.layers);
     let forward = add(mul(layer, layers, WHAT)?, classifier_forward_flops(model, parallel)?, WHAT)?;
     let model_flops = mul(forward, 3, WHAT)?;
-    let tokens = recomputed_tokens(model.seq_len, alpha)?;
+    let tokens = recomputed_tokens(model.rank_seq_len(parallel), alpha)?;
     let swapped_layers = u128::from(model.layers.saturating_sub(2));
     let recompute = mul(recompute_flops(model, parallel, tokens)?, swapped_layers, WHAT)?;
     Ok(StepFlops {
@@ -521,3 +524,100 @@ pub fn data_parallel_time(
 
 #[cfg(test)]
 mod tests;
+
+/// Ring attention of one step on one GPU under `c`-way context parallelism (`spec/cost-model.md`
+/// section 7c): what one ring step sends, and the seconds of it the attention does not hide.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ContextParallelTime {
+    /// Bytes of K and V one GPU sends per forward ring step: its rank's `b s / c` tokens of the
+    /// key/value heads it holds, bf16 (the backward sends these and dK, dV: twice).
+    pub kv_bytes: u64,
+    /// Seconds of one forward ring step's transfer: `kv_bytes / B + L`.
+    pub forward_transfer_s: f64,
+    /// Seconds of one backward ring step's transfer: `2 kv_bytes / B + L`.
+    pub backward_transfer_s: f64,
+    /// Seconds of one layer's attention forward per ring step (its launch over `c`): what hides
+    /// a forward transfer.
+    pub forward_chunk_s: f64,
+    /// Likewise for the attention backward.
+    pub backward_chunk_s: f64,
+    /// The step's exposed forward seconds: `launches (c - 1) max(0, transfer - chunk)`, over the
+    /// plan's attention forward launches (`n`, and again each layer full recompute reruns).
+    pub forward_exposed_s: f64,
+    /// The step's exposed backward seconds.
+    pub backward_exposed_s: f64,
+}
+
+impl ContextParallelTime {
+    /// Both directions' exposed seconds.
+    pub fn exposed_s(&self) -> f64 {
+        self.forward_exposed_s + self.backward_exposed_s
+    }
+}
+
+/// Bytes of K and V (together) that one GPU holds for its rank's tokens and passes on at each
+/// ring step: `2 * b * (s / c) * k_gpu * 2`, with `k_gpu` the key/value width on one GPU of a
+/// group of `t` (`kv_heads / t` heads, or all of them when `t > kv_heads` replicates them).
+pub fn ring_kv_bytes(model: &ModelConfig, parallel: &Parallelism) -> Result<u64, CostError> {
+    validated(model, parallel)?;
+    let overflow = ModelError::Overflow { what: "ring attention K/V bytes" };
+    let width = model.kv_heads_on_gpu(parallel.tensor).checked_mul(model.head_dim()).ok_or(overflow.clone())?;
+    let bytes = model
+        .micro_batch
+        .checked_mul(model.rank_seq_len(parallel))
+        .and_then(|rows| rows.checked_mul(width))
+        .and_then(|elements| elements.checked_mul(2 * crate::model::BF16_BYTES))
+        .ok_or(overflow)?;
+    Ok(bytes)
+}
+
+/// The ring attention of one step of `model` on `parallel` (`c = parallel.context` ranks) on
+/// `hardware`, its K/V passed over `link` (the node's links, or across nodes the slowest of them
+/// and the network: [`crate::model::Nodes::context_parallel_link`]). Each of the plan's
+/// `forward_launches` attention launches (one per layer, and one more per layer that full
+/// recompute reruns) runs `c - 1` ring steps, and each of its `backward_launches` `c - 1` more;
+/// each step's transfer overlaps the attention of the chunk in hand, one `c`-th of the launch, and
+/// only what is longer than that is exposed. All zero for `c = 1`.
+pub fn context_parallel_time(
+    model: &ModelConfig,
+    parallel: &Parallelism,
+    hardware: &Hardware,
+    link: &Interconnect,
+    forward_launches: u64,
+    backward_launches: u64,
+) -> Result<ContextParallelTime, CostError> {
+    let c = parallel.context;
+    if c <= 1 {
+        validated(model, parallel)?;
+        return Ok(ContextParallelTime::default());
+    }
+    let kv_bytes = ring_kv_bytes(model, parallel)?;
+    let rates = LaunchRates::of(model, parallel, hardware)?;
+    let attention = layer_forward_flops(model, parallel, AttentionFlops::CausalHalved)?.attention();
+    let attention = u64::try_from(attention).map_err(|_| ModelError::Overflow { what: "attention FLOPs" })?;
+    let steps = (c - 1) as f64;
+    let forward_chunk_s = rates.launch_time_s(Op::Attention, attention) / c as f64;
+    let backward_chunk_s = rates.launch_time_s(Op::AttentionBackward, attention.saturating_mul(2)) / c as f64;
+    // No bandwidth known: validation refuses that across nodes, and a node's links are needed
+    // for t > 1 only; a ring inside a node without a known link is timed as free, as a
+    // collective without one is ([`collective_time_s`]).
+    let transfer = |bytes: u64| {
+        if link.bytes_per_s == 0 {
+            0.0
+        } else {
+            bytes as f64 / link.bytes_per_s as f64 + link.latency_ns as f64 * 1e-9
+        }
+    };
+    let forward_transfer_s = transfer(kv_bytes);
+    let backward_transfer_s = transfer(kv_bytes.saturating_mul(2));
+    let (forward_launches, backward_launches) = (forward_launches as f64, backward_launches as f64);
+    Ok(ContextParallelTime {
+        kv_bytes,
+        forward_transfer_s,
+        backward_transfer_s,
+        forward_chunk_s,
+        backward_chunk_s,
+        forward_exposed_s: forward_launches * steps * (forward_transfer_s - forward_chunk_s).max(0.0),
+        backward_exposed_s: backward_launches * steps * (backward_transfer_s - backward_chunk_s).max(0.0),
+    })
+}

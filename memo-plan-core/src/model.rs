@@ -7,8 +7,11 @@
 //!   Parameters, gradients, optimizer state and activations are divided by `t`; every division here
 //!   is exact because [`Parallelism::validate_for`] requires `t` to divide `heads`, `ffn_hidden` and
 //!   `seq_len`.
-//! - `d` ([`Parallelism::data`]) is the data-parallel degree. It does not change any per-GPU size
-//!   (no ZeRO sharding of optimizer state is modelled).
+//! - `d` ([`Parallelism::data`]) is the data-parallel degree. It changes no per-GPU size here; the
+//!   ZeRO sharding of the model state over `d x c` ranks is `model/nodes.rs`'s.
+//! - `c` ([`Parallelism::context`]) is the context-parallel degree: each GPU holds the `s / c`
+//!   tokens of its rank ([`ModelConfig::rank_seq_len`], the one place `c` enters every per-GPU
+//!   token count), shared by its `t` ranks.
 //! - Byte counts are `u64` computed with checked arithmetic: an overflow is a [`ModelError::Overflow`],
 //!   never a wrap or a panic.
 //!
@@ -75,6 +78,11 @@ pub struct Parallelism {
     pub tensor: u64,
     /// `d`: the data-parallel degree. Each data-parallel rank trains its own micro-batch.
     pub data: u64,
+    /// `c`: the context-parallel degree (Megatron-LM's context parallelism, `spec/cost-model.md`
+    /// section 7c). The `c` ranks of one sequence each hold `s / c` of its tokens, as two chunks
+    /// (`i` and `2c - 1 - i` of `2c`) so that causal attention work is balanced, and pass K/V
+    /// around a ring. 1: no context parallelism.
+    pub context: u64,
 }
 
 /// One machine type: its GPUs, their host link and their speed. Sizes in bytes, rates per second.
@@ -254,6 +262,16 @@ pub enum ModelError {
         /// `t`.
         tensor: u64,
     },
+    /// With `c > 1`, `seq_len` is not a multiple of `2 c t` (two chunks per context-parallel
+    /// rank, each split over the `t` ranks).
+    NotDivisibleByContextParallel {
+        /// `seq_len`.
+        seq_len: u64,
+        /// `c`.
+        context: u64,
+        /// `t`.
+        tensor: u64,
+    },
     /// A size computed from the inputs does not fit in 64 bits (128 for FLOPs).
     Overflow {
         /// What was being computed.
@@ -297,15 +315,27 @@ pub enum ModelError {
         /// GPUs in one node.
         gpus_per_node: u64,
     },
-    /// The `d * t` ranks do not fill the nodes (or do not fit one), or `t` does not divide a
+    /// The `d * c * t` ranks do not fill the nodes (or do not fit one), or `t` does not divide a
     /// node's GPUs on more than one node ([`Nodes::validate_for`]).
     RanksDoNotFillNodes {
         /// `t`.
         tensor: u64,
         /// `d`.
         data: u64,
+        /// `c`.
+        context: u64,
         /// Nodes of the job.
         nodes: u64,
+        /// GPUs in one node.
+        gpus_per_node: u64,
+    },
+    /// On more than one node, a context-parallel group's `t c` GPUs neither divide a node's GPUs
+    /// nor are whole nodes: some groups would be split unevenly between two nodes.
+    ContextGroupStraddlesNodes {
+        /// `t`.
+        tensor: u64,
+        /// `c`.
+        context: u64,
         /// GPUs in one node.
         gpus_per_node: u64,
     },
@@ -374,6 +404,31 @@ impl fmt::Display for ModelError {
                     _ => Ok(()),
                 }
             }
+            ModelError::NotDivisibleByContextParallel { seq_len, context, tensor } => {
+                let Some(multiple) = context.checked_mul(2).and_then(|m| m.checked_mul(*tensor)) else {
+                    return write!(
+                        f,
+                        "2 x c x t = 2 x {context} x {tensor} is past 64 bits, so no seq_len = {seq_len} or other is a \
+                         multiple of it (context parallelism gives each of the c ranks two of 2c chunks of the \
+                         sequence, each split over the t ranks); use a smaller c"
+                    );
+                };
+                let multiple = multiple.max(1);
+                let below = seq_len - seq_len % multiple;
+                let above = below.saturating_add(multiple);
+                write!(
+                    f,
+                    "seq_len = {seq_len} is not a multiple of 2 x c x t = 2 x {context} x {tensor} = {multiple}: \
+                     context parallelism gives each of the c ranks two of 2c equal chunks of the sequence, each \
+                     split over the t ranks; use a seq_len divisible by {multiple} (e.g. "
+                )?;
+                if below == 0 {
+                    write!(f, "{above})")?;
+                } else {
+                    write!(f, "{below} or {above})")?;
+                }
+                f.write_str(" or a smaller c")
+            }
             ModelError::Overflow { what } => write!(
                 f,
                 "the {what} does not fit in an integer (64 bits for bytes, 128 for FLOPs): the model or \
@@ -409,10 +464,16 @@ impl fmt::Display for ModelError {
                  group stays inside one node (its collectives run on every layer, too often for the network); \
                  use t = {gpus_per_node} or less and more data-parallel ranks or nodes for the other GPUs"
             ),
-            ModelError::RanksDoNotFillNodes { tensor, data, nodes, gpus_per_node } => {
-                let gpus = tensor.saturating_mul(*data);
+            ModelError::RanksDoNotFillNodes { tensor, data, context, nodes, gpus_per_node } => {
+                let group = tensor.saturating_mul(*context);
+                let gpus = group.saturating_mul(*data);
                 let have = nodes.saturating_mul(*gpus_per_node);
-                write!(f, "d x t = {data} x {tensor} = {gpus} GPUs on {nodes} node(s) of {gpus_per_node} GPUs ({have} GPUs): ")?;
+                if *context > 1 {
+                    write!(f, "d x c x t = {data} x {context} x {tensor} = {gpus} GPUs")?;
+                } else {
+                    write!(f, "d x t = {data} x {tensor} = {gpus} GPUs")?;
+                }
+                write!(f, " on {nodes} node(s) of {gpus_per_node} GPUs ({have} GPUs): ")?;
                 if *nodes > 1 && !gpus_per_node.is_multiple_of(*tensor) {
                     return write!(
                         f,
@@ -421,16 +482,36 @@ impl fmt::Display for ModelError {
                     );
                 }
                 f.write_str(
-                    "a job on more than one node fills every node (d x t = nodes x GPUs per node; on one node it \
-                     may use part of it); ",
+                    "a job on more than one node fills every node (d x c x t = nodes x GPUs per node; on one node \
+                     it may use part of it); ",
                 )?;
-                let fitting_d = (have / tensor.max(&1)).max(1);
+                // The d that fills the nodes with this c x t; when c x t alone is more GPUs than the
+                // nodes have, no d does, and the fix is fewer c or more nodes.
+                if group > have {
+                    let nodes_needed = group.div_ceil((*gpus_per_node).max(1));
+                    return write!(
+                        f,
+                        "c x t = {context} x {tensor} = {group} GPUs alone is more than the nodes have; use \
+                         {nodes_needed} node(s) or more, or a smaller c"
+                    );
+                }
+                let fitting_d = (have / group.max(1)).max(1);
                 let fitting_nodes = gpus.div_ceil((*gpus_per_node).max(1)).max(1);
                 if gpus_per_node.is_multiple_of(*tensor) && gpus.is_multiple_of(*gpus_per_node) {
                     write!(f, "use d = {fitting_d} or {fitting_nodes} node(s)")
                 } else {
                     write!(f, "use d = {fitting_d}")
                 }
+            }
+            ModelError::ContextGroupStraddlesNodes { tensor, context, gpus_per_node } => {
+                let group = tensor.saturating_mul(*context);
+                write!(
+                    f,
+                    "c x t = {context} x {tensor} = {group} GPUs per context-parallel group on nodes of \
+                     {gpus_per_node} GPUs: a group must sit inside one node (c x t dividing {gpus_per_node}) or \
+                     fill whole nodes (c x t a multiple of {gpus_per_node}), or some groups would be split \
+                     unevenly between two nodes; use a c with c x t dividing or a multiple of {gpus_per_node}"
+                )
             }
         }
     }
@@ -455,14 +536,15 @@ fn zero_fix(field: &str) -> &'static str {
         "layers" | "hidden" | "heads" | "kv_heads" | "ffn_hidden" | "vocab" | "seq_len" | "micro_batch" => {
             "a model needs at least 1 of each"
         }
-        "tensor" | "data" => "a parallel degree is at least 1 (1 = no parallelism)",
+        "tensor" | "data" | "context" => "a parallel degree is at least 1 (1 = no parallelism)",
         "nodes" => "a job runs on at least 1 node",
         "network_bytes_per_s" => {
-            "with d > 1 across nodes the data-parallel collectives need each GPU's network bandwidth per \
+            "with d > 1 or c > 1 across nodes the data-parallel and context-parallel collectives need each GPU's network bandwidth per \
              direction: give --network-bandwidth or `network_bandwidth` in the machine table"
         }
         "interconnect_bytes_per_s" => {
-            "with t > 1 the collectives need the GPUs' link bandwidth per direction: give \
+            "with t > 1 (or c > 1, whose ring attention runs on the same links) the collectives need the GPUs' \
+             link bandwidth per direction: give \
              --interconnect-bandwidth or `interconnect_bytes_per_s` in the machine file"
         }
         _ => "give the machine's value (at least 1)",
@@ -547,6 +629,14 @@ impl ModelConfig {
             }
         }
         text
+    }
+
+    /// Tokens of each sequence that one context-parallel rank holds: `s / c` (its two chunks of
+    /// `s / 2c`), which the `t` ranks of its tensor-parallel group then share. Every per-GPU
+    /// token count of the model, schedule, swap and cost modules starts here, so `c` enters in
+    /// this one place (exact once [`Parallelism::validate_for`] holds: `2 c t` divides `s`).
+    pub fn rank_seq_len(&self, parallel: &Parallelism) -> u64 {
+        self.seq_len / parallel.context.max(1)
     }
 
     /// The head dimension `hidden / heads` (0 when `heads` is 0).
@@ -677,7 +767,7 @@ impl ModelConfig {
         // the FFN widths); K and V hold kv_heads / t heads, or all of them, replicated.
         const WHAT: &str = "activation elements per token";
         let kv = mul(self.kv_heads_on_gpu(t), self.head_dim(), WHAT)?;
-        let tokens = mul(self.micro_batch, self.seq_len, "tokens per step b*s")?;
+        let tokens = mul(self.micro_batch, self.rank_seq_len(parallel), "tokens per step b*s")?;
         let elements = |per_token: u64| mul(tokens, per_token, "activation elements of one layer");
         let hidden = elements(widths.hidden / t)?;
         let query = elements(widths.query / t)?;
@@ -721,20 +811,46 @@ impl ModelConfig {
 impl Parallelism {
     /// `t`-way tensor/sequence parallelism and `d`-way data parallelism.
     pub fn new(tensor: u64, data: u64) -> Self {
-        Parallelism { tensor, data }
+        Parallelism { tensor, data, context: 1 }
     }
 
-    /// One GPU: `t = d = 1`.
+    /// One GPU: `t = d = c = 1`.
     pub fn single() -> Self {
-        Parallelism { tensor: 1, data: 1 }
+        Parallelism { tensor: 1, data: 1, context: 1 }
     }
 
-    /// GPUs used: `t * d` (saturating).
+    /// This layout with `c`-way context parallelism.
+    pub fn with_context(self, context: u64) -> Self {
+        Parallelism { context, ..self }
+    }
+
+    /// GPUs used: `t * c * d` (saturating).
     pub fn gpus(&self) -> u64 {
-        self.tensor.saturating_mul(self.data)
+        self.tensor.saturating_mul(self.context).saturating_mul(self.data)
     }
 
-    /// Checks that both degrees are at least 1, that `t` divides `heads`, `ffn_hidden` and
+    /// The multiple every sequence length must be for this layout: `t`, and `2 c t` with context
+    /// parallelism (two chunks per context-parallel rank, each split over the `t` ranks);
+    /// saturating.
+    pub fn seq_len_multiple(&self) -> u64 {
+        if self.context > 1 {
+            self.context.saturating_mul(2).saturating_mul(self.tensor)
+        } else {
+            self.tensor
+        }
+    }
+
+    /// The ranks that share the model state's optimizer sharding and the gradients' reduction:
+    /// the data-parallel and context-parallel ranks together, `d * c` (saturating), as
+    /// Megatron-LM's distributed optimizer shards over its data-parallel x context-parallel group
+    /// (the `c` ranks of a sequence hold the same parameters and each computes a part of their
+    /// gradients).
+    pub fn gradient_ranks(&self) -> u64 {
+        self.data.saturating_mul(self.context)
+    }
+
+    /// Checks that the three degrees are at least 1, that `2 c t` divides `seq_len` when
+    /// `c > 1`, that `t` divides `heads`, `ffn_hidden` and
     /// `seq_len` (so every per-GPU size is exact; `t` then divides `hidden` too), and that `t`
     /// divides `kv_heads` or `kv_heads` divides `t`.
     pub fn validate_for(&self, model: &ModelConfig) -> Result<(), ModelError> {
@@ -743,6 +859,23 @@ impl Parallelism {
         }
         if self.data == 0 {
             return Err(zero("data"));
+        }
+        if self.context == 0 {
+            return Err(zero("context"));
+        }
+        // Context parallelism cuts each sequence into 2c chunks, two per rank, and each chunk is
+        // split over the t ranks by sequence parallelism: every per-GPU token count is exact when
+        // 2 c t divides s.
+        if self.context > 1 {
+            // Past 64 bits no length is a multiple (the saturated figure would accept u64::MAX).
+            let multiple = self.context.checked_mul(2).and_then(|m| m.checked_mul(self.tensor));
+            if !multiple.is_some_and(|m| model.seq_len.is_multiple_of(m)) {
+                return Err(ModelError::NotDivisibleByContextParallel {
+                    seq_len: model.seq_len,
+                    context: self.context,
+                    tensor: self.tensor,
+                });
+            }
         }
         for (field, value) in [("heads", model.heads), ("ffn_hidden", model.ffn_hidden), ("seq_len", model.seq_len)] {
             if !value.is_multiple_of(self.tensor) {

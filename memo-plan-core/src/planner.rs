@@ -10,9 +10,11 @@ use alloc::vec::Vec;
 use core::fmt;
 
 use crate::bilevel::{self, PlacementError};
-use crate::cost::{self, CostError, Mfu};
+use crate::cost::{self, ContextParallelTime, CostError, Mfu};
 use crate::model::{Hardware, Interconnect, ModelConfig, ModelError, Nodes, OptimizerSharding, Parallelism};
 use crate::plan::scratch::{NoScratch, ScratchSizer};
+use crate::plan::shapes::{ArgShape, ShapeContext};
+use crate::plan::{Action, Op};
 use crate::plan::{BufferKind, Plan, Provenance, Strategy, TensorRole};
 use crate::schedule::{self, ScheduleError, ScheduleOptions};
 use crate::simulate::{self, Timeline};
@@ -239,6 +241,9 @@ pub struct PlanReport {
     pub misfit: Option<Misfit>,
     /// The data-parallel ranks' sharding of the model state and their collectives.
     pub data_parallel: DataParallelReport,
+    /// The context-parallel ring attention's transfers and what of them the attention does not
+    /// hide (all zero for `c = 1`).
+    pub context_parallel: ContextParallelTime,
 }
 
 impl PlanReport {
@@ -264,9 +269,10 @@ impl PlanReport {
         self.plan.totals.parameter_bytes.saturating_sub(self.data_parallel.saved_bytes)
     }
 
-    /// The estimated step: the plan's timeline and the data-parallel collectives after it.
+    /// The estimated step: the plan's timeline, the ring attention's exposed transfers and the
+    /// data-parallel collectives after it.
     pub fn step_time_s(&self) -> f64 {
-        self.timeline.step_time_s + self.data_parallel.time.total_s()
+        self.timeline.step_time_s + self.context_parallel.exposed_s() + self.data_parallel.time.total_s()
     }
 }
 
@@ -376,10 +382,11 @@ pub fn plan_with(
     model.validate()?;
     parallel.validate_for(model)?;
     hardware.validate()?;
-    interconnect.validate_for(parallel.tensor)?;
+    // The ring of c > 1 context-parallel ranks needs the node's links as much as t > 1 does.
+    interconnect.validate_for(parallel.tensor.max(parallel.context))?;
     // One tensor-parallel group sits wherever its caller puts it (the CPU trainer's ranks are
     // threads of one host); `memo plan` holds a single group to a node itself.
-    if parallel.data > 1 || nodes.count != 1 {
+    if parallel.data > 1 || parallel.context > 1 || nodes.count != 1 {
         nodes.validate_for(parallel, hardware)?;
     }
     let swap = match strategy {
@@ -402,7 +409,8 @@ pub fn plan_with(
     }
     stage(Stage::Schedule, 0, 0);
     let mut schedule = schedule::build(model, parallel, &ScheduleOptions { strategy: *strategy, alpha_fixed })?;
-    schedule::add_scratch(&mut schedule, model, parallel, scratch)?;
+    let ring = RingAttentionScratch::of(model, parallel, scratch)?;
+    schedule::add_scratch(&mut schedule, model, parallel, &ring)?;
     stage(Stage::Placement, schedule.instructions.len(), schedule.buffers.len());
     let placement = bilevel::place(&schedule, *budget_nodes)?;
     let plan = Plan {
@@ -428,14 +436,80 @@ pub fn plan_with(
     stage(Stage::Simulate, plan.instructions.len(), plan.buffers.len());
     let timeline = simulate::simulate(&plan)?;
     let data_parallel = DataParallelReport::of(&plan, parallel, nodes, *sharding, interconnect)?;
-    let step_time_s = timeline.step_time_s + data_parallel.time.total_s();
+    let ring_link = nodes.context_parallel_link(parallel, hardware, interconnect);
+    // Every attention launch of the plan runs the ring: the forward once per layer and again per
+    // layer that full recompute reruns, the backward once per layer.
+    let launches = |op: Op| {
+        let count = plan.instructions.iter().filter(|i| matches!(&i.action, Action::Launch(l) if l.op == op)).count();
+        count as u64
+    };
+    let context_parallel = cost::context_parallel_time(
+        model,
+        parallel,
+        hardware,
+        &ring_link,
+        launches(Op::Attention),
+        launches(Op::AttentionBackward),
+    )?;
+    let step_time_s = timeline.step_time_s + context_parallel.exposed_s() + data_parallel.time.total_s();
     let mfu = cost::mfu(model, parallel, hardware, step_time_s.max(f64::MIN_POSITIVE))?;
     let device_bytes = plan.totals.arena_bytes.saturating_sub(data_parallel.saved_bytes);
     let device_excess_bytes = device_bytes.saturating_sub(hardware.device_memory_bytes);
     let host_excess_bytes = plan.totals.host_bytes.saturating_sub(hardware.host_memory_per_gpu_bytes());
     let misfit =
         (device_excess_bytes > 0 || host_excess_bytes > 0).then_some(Misfit { device_excess_bytes, host_excess_bytes });
-    Ok(PlanReport { plan, swap, timeline, mfu, level1_problems: placement.level1_problems, misfit, data_parallel })
+    Ok(PlanReport {
+        plan,
+        swap,
+        timeline,
+        mfu,
+        level1_problems: placement.level1_problems,
+        misfit,
+        data_parallel,
+        context_parallel,
+    })
+}
+
+/// The K/V ring buffers of context parallelism (`spec/cost-model.md` section 7c) as transients
+/// of the attention launches, added to whatever scratch the backend's kernels ask (one scratch
+/// argument per launch, so they are placed, and live, exactly while the launch runs):
+/// - forward: two chunks' K and V, one received while the other is in use (`2 x` [`cost::ring_kv_bytes`]);
+/// - backward: the same for K and V, and two chunks' dK and dV on their way back to their owner
+///   (`4 x`).
+///
+/// With `c = 1` nothing is added.
+#[derive(Debug)]
+struct RingAttentionScratch<'a> {
+    inner: &'a dyn ScratchSizer,
+    forward_bytes: u64,
+    backward_bytes: u64,
+}
+
+impl<'a> RingAttentionScratch<'a> {
+    fn of(model: &ModelConfig, parallel: &Parallelism, inner: &'a dyn ScratchSizer) -> Result<Self, PlanError> {
+        if parallel.context <= 1 {
+            return Ok(RingAttentionScratch { inner, forward_bytes: 0, backward_bytes: 0 });
+        }
+        let kv = cost::ring_kv_bytes(model, parallel)?;
+        let overflow = || ModelError::Overflow { what: "ring attention buffers" };
+        Ok(RingAttentionScratch {
+            inner,
+            forward_bytes: kv.checked_mul(2).ok_or_else(overflow)?,
+            backward_bytes: kv.checked_mul(4).ok_or_else(overflow)?,
+        })
+    }
+}
+
+impl ScratchSizer for RingAttentionScratch<'_> {
+    fn scratch_bytes(&self, op: Op, args: &[ArgShape], ctx: &ShapeContext) -> u64 {
+        let ring = match op {
+            Op::Attention => self.forward_bytes,
+            Op::AttentionBackward => self.backward_bytes,
+            _ => 0,
+        };
+        // Saturating: a sum past 64 bits fails the scratch's own row-size check as an overflow.
+        self.inner.scratch_bytes(op, args, ctx).saturating_add(ring)
+    }
 }
 
 /// The longest sequence a strategy fits, found by bisection over multiples of `granularity`
@@ -588,14 +662,15 @@ pub fn plan_all(request: &PlanRequest) -> Result<Vec<PlanReport>, PlanError> {
 /// The longest sequence [`longest_sequence`] searches up to: 64M tokens.
 pub const MAX_SEQ_LIMIT: u64 = 64 << 20;
 
-/// The step of the longest-sequence search for tensor-parallel degree `t`: 1K tokens, or
-/// `1024 * t` when `t` does not divide 1024 (a sequence is a multiple of `t`).
-pub fn max_seq_granularity(tensor: u64) -> u64 {
-    let tensor = tensor.max(1);
-    if 1024 % tensor == 0 {
+/// The step of the longest-sequence search for a layout whose sequences are multiples of
+/// `multiple` ([`Parallelism::seq_len_multiple`]: `t`, or `2 c t` with context parallelism): 1K
+/// tokens, or `1024 * multiple` when `multiple` does not divide 1024 (saturating).
+pub fn max_seq_granularity(multiple: u64) -> u64 {
+    let multiple = multiple.max(1);
+    if 1024 % multiple == 0 {
         1024
     } else {
-        1024 * tensor
+        multiple.saturating_mul(1024)
     }
 }
 
@@ -611,7 +686,7 @@ pub fn longest_sequence_observed(
     request: &PlanRequest,
     observe: &mut dyn FnMut(Progress),
 ) -> Result<MaxSequence, PlanError> {
-    max_seq_observed(request, max_seq_granularity(request.parallel.tensor), MAX_SEQ_LIMIT, observe)
+    max_seq_observed(request, max_seq_granularity(request.parallel.seq_len_multiple()), MAX_SEQ_LIMIT, observe)
 }
 
 /// What would make a misfit fit, in words, for messages. `request` is the request `report` was
@@ -628,7 +703,7 @@ pub fn remedies_observed(request: &PlanRequest, report: &PlanReport, observe: &m
     let mut out = Vec::new();
     let Some(misfit) = &report.misfit else { return out };
     let p = &report.plan.provenance;
-    let granularity = max_seq_granularity(p.parallel.tensor);
+    let granularity = max_seq_granularity(p.parallel.seq_len_multiple());
     // The request misses at its own length, so (fitting being monotone in the length, as the
     // search assumes) the answer lies below it: searching only there gives the same answer as
     // the whole grid in fewer plans (10 instead of 16 at 1M tokens).
@@ -644,7 +719,13 @@ pub fn remedies_observed(request: &PlanRequest, report: &PlanReport, observe: &m
     // stage over the data-parallel ranks there are, or more ranks (nodes) to shard it over (at
     // most all of the shardable state, as d grows).
     let dp = &report.data_parallel;
-    let (d, stage) = (p.parallel.data, request.sharding.stage());
+    // The sharding group: d, or d x c with context parallelism (DataParallelReport::ranks).
+    let (d, stage) = (dp.ranks, request.sharding.stage());
+    let group = if p.parallel.context > 1 {
+        format!("d x c = {d} data-parallel x context-parallel ranks")
+    } else {
+        format!("d = {d} data-parallel ranks")
+    };
     let excess = misfit.device_excess_bytes;
     let gradients_share = dp.plan_gradient_bytes.div_ceil(d.max(1)).saturating_add(dp.largest_gradient_bytes);
     let next_saves = match stage {
@@ -653,7 +734,7 @@ pub fn remedies_observed(request: &PlanRequest, report: &PlanReport, observe: &m
         _ => 0,
     };
     let next_stage = format!(
-        "--zero {} (shards the {} over the d = {d} data-parallel ranks)",
+        "--zero {} (shards the {} over the {group})",
         stage + 1,
         if stage == 0 { "optimizer state" } else { "gradients too" }
     );
@@ -669,10 +750,33 @@ pub fn remedies_observed(request: &PlanRequest, report: &PlanReport, observe: &m
         "more nodes (--nodes: more data-parallel ranks to shard the model state over)"
     };
     let more_nodes = (nodes_save >= excess).then_some(more_nodes);
+    // Context parallelism 2, 4 or 8 times wider: the data-parallel ranks turned into
+    // context-parallel ones where d allows (the same GPUs, or fewer), else that many times the
+    // GPUs on the nodes they need. The least that fits is offered, and only where that plan, made here, fits.
+    let more_context = [2u64, 4, 8].into_iter().find_map(|factor| {
+        let context = p.parallel.context.saturating_mul(factor);
+        let d = p.parallel.data;
+        // d ranks become d / factor (all of them, down to one, when d is below the factor).
+        let data = if d.is_multiple_of(factor) || d < factor { (d / factor).max(1) } else { d };
+        let parallel = Parallelism { context, data, ..p.parallel };
+        let (gpus, per_node) = (parallel.gpus(), p.hardware.gpus_per_node.max(1));
+        let count = if gpus <= per_node { 1 } else { gpus.div_ceil(per_node) };
+        let candidate =
+            PlanRequest { parallel, nodes: Nodes { count, ..request.nodes }, forced_alpha: None, ..request.clone() };
+        let fits = plan_with(&candidate, &NoScratch, observe).is_ok_and(|r| r.fits());
+        fits.then(|| format!("context parallelism (--cp {context} --dp {data} --nodes {count}: {gpus} GPUs)"))
+    });
     // Every strategy holds the same model state: when it alone is past the device, no strategy fits.
     let other_strategy = (report.model_state_bytes() < p.hardware.device_memory_bytes).then_some("another strategy");
     if misfit.device_excess_bytes > 0 {
-        let options = [shorter.then_some("a shorter sequence"), higher_t, zero, more_nodes, other_strategy];
+        let options = [
+            shorter.then_some("a shorter sequence"),
+            higher_t,
+            zero,
+            more_nodes,
+            more_context.as_deref(),
+            other_strategy,
+        ];
         let mut line = format!(
             "device memory: {} needs {}, {} more than the GPU's {}",
             if report.data_parallel.saved_bytes > 0 { "the arena with the sharded model state" } else { "the arena" },
@@ -697,6 +801,7 @@ pub fn remedies_observed(request: &PlanRequest, report: &PlanReport, observe: &m
             shorter.then_some("a shorter sequence"),
             Some("more host memory"),
             higher_t,
+            more_context.as_deref(),
             (p.strategy != Strategy::Memo).then_some("memo (which swaps only what fits)"),
         ];
         out.push(format!(

@@ -265,8 +265,9 @@ impl AlphaProblem {
             bandwidth_bytes_per_s: hardware.d2h_effective_bytes_per_s(),
             layer_forward_s: cost::layer_forward_time_s(model, parallel, hardware, attention)?,
             host_bytes: hardware.host_memory_per_gpu_bytes(),
+            // The whole sequence: F is this GPU's bytes at s, so F s' / s scales to any s'.
             seq_len: model.seq_len,
-            seq_len_multiple: parallel.tensor,
+            seq_len_multiple: parallel.seq_len_multiple(),
         })
     }
 

@@ -360,8 +360,7 @@ mod tests {
         model.hidden = 256;
         (model.heads, model.kv_heads) = (4, 4);
         model.ffn_hidden = 1024;
-        let request =
-            PlanRequest::new(model, Parallelism { tensor: 1, data: 1 }, Hardware::preset("a800x8").unwrap(), strategy);
+        let request = PlanRequest::new(model, Parallelism::single(), Hardware::preset("a800x8").unwrap(), strategy);
         planner::plan(&request).unwrap().plan
     }
 

@@ -118,7 +118,7 @@ fn check_scratch_sizes(
     sizer: &dyn ScratchSizer,
     out: &mut Vec<PlanViolation>,
 ) {
-    let ctx = ShapeContext::for_model(&plan.provenance.model, rank, plan.provenance.parallel.tensor);
+    let ctx = ShapeContext::for_layout(&plan.provenance.model, &plan.provenance.parallel, rank);
     let mut shapes = Vec::new();
     for (index, instruction) in instructions.iter().enumerate() {
         let Action::Launch(launch) = &instruction.action else { continue };
@@ -326,7 +326,7 @@ impl<'p> Simulation<'p> {
             first_record,
             arena: Bytes::new(),
             host: Bytes::new(),
-            shape_context: ShapeContext::for_model(&plan.provenance.model, rank, plan.provenance.parallel.tensor),
+            shape_context: ShapeContext::for_layout(&plan.provenance.model, &plan.provenance.parallel, rank),
             work: 0,
         }
     }

@@ -347,3 +347,92 @@ fn data_parallel_collectives_take_ring_time_over_their_link() {
     let across = data_parallel_time(gib, gib, 8, OptimizerSharding::OptimizerState, &network);
     assert!(across.total_s() > inside.total_s() * (nvlink.bytes_per_s / network.bytes_per_s) as f64 * 0.9);
 }
+
+/// Context parallelism (`spec/cost-model.md` section 7c): each of the c ranks does 1/c of every
+/// FLOP of the step, attention included (the balanced chunks give every rank the same causal
+/// share), so per-GPU FLOPs at (t, c) are those at (t, 1) over c, exactly, for both attention
+/// conventions and the recompute.
+#[test]
+fn context_parallel_ranks_share_every_flop_by_c() {
+    let model = ModelConfig::preset("llama3.1-8b", 128 << 10, 1).unwrap();
+    let one = Parallelism::new(8, 1);
+    for c in [2u64, 4] {
+        let cp = one.with_context(c);
+        for attention in [AttentionFlops::CausalHalved, AttentionFlops::Full] {
+            let whole = layer_forward_flops(&model, &one, attention).unwrap();
+            let shared = layer_forward_flops(&model, &cp, attention).unwrap();
+            assert_eq!(shared.attention() * u128::from(c), whole.attention(), "c = {c}, {attention:?}");
+            assert_eq!(shared.gemm() * u128::from(c), whole.gemm(), "c = {c}");
+            // Not the attention of a sequence of s / c tokens, which would be c times less again.
+            let short = ModelConfig { seq_len: model.seq_len / c, ..model.clone() };
+            let local = layer_forward_flops(&short, &one, attention).unwrap();
+            assert_eq!(shared.attention(), local.attention() * u128::from(c));
+            let step = step_flops(&model, &one, attention, 0.25).unwrap();
+            let step_cp = step_flops(&model, &cp, attention, 0.25).unwrap();
+            assert_eq!(step_cp.model_flops * u128::from(c), step.model_flops);
+        }
+        assert_eq!(
+            classifier_forward_flops(&model, &cp).unwrap() * u128::from(c),
+            classifier_forward_flops(&model, &one).unwrap()
+        );
+    }
+}
+
+/// The K/V one GPU passes per ring step are its rank's s / c tokens of the K/V heads it holds
+/// (GQA: kv_heads / t of them, or all of them when t > kv_heads replicates them), K and V, bf16.
+#[test]
+fn ring_kv_bytes_follow_the_gqa_shapes() {
+    let model = ModelConfig::preset("llama3.1-70b", 1 << 20, 1).unwrap();
+    let head_dim = model.hidden / model.heads;
+    for (t, c) in [(8u64, 2u64), (8, 4), (4, 8), (1, 2)] {
+        let parallel = Parallelism::new(t, 1).with_context(c);
+        let heads = if t > model.kv_heads { model.kv_heads } else { model.kv_heads / t };
+        let expected = 2 * (model.seq_len / c) * heads * head_dim * BF16_BYTES_FOR_TESTS;
+        assert_eq!(ring_kv_bytes(&model, &parallel).unwrap(), expected, "t = {t}, c = {c}");
+    }
+    // t = 16 > kv_heads = 8: every rank holds all 8 heads, as t = 8 holds 1.
+    let wide = ModelConfig::preset("llama3.1-8b", 1 << 16, 1).unwrap();
+    let replicated = ring_kv_bytes(&wide, &Parallelism::new(16, 1).with_context(2)).unwrap();
+    assert_eq!(replicated, 2 * (wide.seq_len / 2) * wide.kv_heads * (wide.hidden / wide.heads) * 2);
+}
+
+const BF16_BYTES_FOR_TESTS: u64 = crate::model::BF16_BYTES;
+
+/// A ring step's transfer hides under the attention of the chunk in hand; only the excess is
+/// exposed, c - 1 times per layer, and the backward moves twice the bytes. Inside a node (NVLink)
+/// at 1M tokens the attention hides it all; a slow link exposes it, by the formula.
+#[test]
+fn ring_transfers_are_exposed_only_past_the_chunk_attention() {
+    let hardware = Hardware::preset("h100x8").unwrap();
+    let model = ModelConfig::preset("llama3.1-8b", 1 << 20, 1).unwrap();
+    let parallel = Parallelism::new(8, 1).with_context(4);
+    let nvlink = Interconnect::for_hardware(&hardware);
+    let n = u64::from(model.layers);
+    let fast = context_parallel_time(&model, &parallel, &hardware, &nvlink, n, n).unwrap();
+    let kv = ring_kv_bytes(&model, &parallel).unwrap();
+    assert_eq!(fast.kv_bytes, kv);
+    let step = |bytes: u64, link: &Interconnect| bytes as f64 / link.bytes_per_s as f64 + link.latency_ns as f64 * 1e-9;
+    assert!((fast.forward_transfer_s - step(kv, &nvlink)).abs() < 1e-12);
+    assert!((fast.backward_transfer_s - step(2 * kv, &nvlink)).abs() < 1e-12);
+    let rates = LaunchRates::of(&model, &parallel, &hardware).unwrap();
+    let attention = layer_forward_flops(&model, &parallel, AttentionFlops::CausalHalved).unwrap().attention() as u64;
+    assert!((fast.forward_chunk_s - rates.launch_time_s(Op::Attention, attention) / 4.0).abs() < 1e-12);
+    assert!(fast.forward_chunk_s > fast.forward_transfer_s, "1M tokens: attention hides the ring");
+    assert_eq!(fast.exposed_s(), 0.0);
+    // A link 1000 times slower: exposed = n (c - 1) (transfer - chunk), each direction.
+    let slow = Interconnect { bytes_per_s: nvlink.bytes_per_s / 1000, latency_ns: 10_000 };
+    let exposed = context_parallel_time(&model, &parallel, &hardware, &slow, n, n).unwrap();
+    // Full recompute reruns each attention forward: twice the forward launches, twice the exposure.
+    let rerun = context_parallel_time(&model, &parallel, &hardware, &slow, 2 * n, n).unwrap();
+    assert!((rerun.forward_exposed_s - 2.0 * exposed.forward_exposed_s).abs() < 1e-9 * rerun.forward_exposed_s);
+    assert_eq!(rerun.backward_exposed_s, exposed.backward_exposed_s);
+    let n = n as f64;
+    let forward = n * 3.0 * (step(kv, &slow) - exposed.forward_chunk_s).max(0.0);
+    let backward = n * 3.0 * (step(2 * kv, &slow) - exposed.backward_chunk_s).max(0.0);
+    assert!(forward > 0.0 && backward > 0.0);
+    assert!((exposed.forward_exposed_s - forward).abs() < 1e-9 * forward);
+    assert!((exposed.backward_exposed_s - backward).abs() < 1e-9 * backward);
+    // c = 1: no ring.
+    let none = context_parallel_time(&model, &Parallelism::new(8, 1), &hardware, &slow, n as u64, n as u64).unwrap();
+    assert_eq!(none, ContextParallelTime::default());
+}

@@ -46,6 +46,8 @@ pub struct Options {
     pub max_vocab: u64,
     /// Data-parallel degree, `1..=max_data`.
     pub max_data: u64,
+    /// The context-parallel degrees `c` a request may use (1 three times in five).
+    pub context_degrees: [u64; 5],
     /// A quarter of the requests get a node budget from `0..=small_budget_max`; the others
     /// [`PLAN_BUDGET_NODES`], the planner's default.
     pub small_budget_max: u64,
@@ -62,6 +64,7 @@ pub const OPTIONS: Options = Options {
     max_micro_batch: 2,
     max_vocab: 300,
     max_data: 4,
+    context_degrees: [1, 1, 1, 2, 4],
     small_budget_max: 2_000,
 };
 
@@ -113,19 +116,40 @@ pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
         };
     }
     let mut hardware = u.choose(HARDWARE_PRESETS)?.hardware();
-    // A layout the machine holds (`Nodes::validate_for`): the d x t ranks on part of one node,
-    // or filling whole nodes; one group alone wherever it is.
+    // Context parallelism where the machine has the links its ring needs (the node's, and the
+    // network's for a group larger than a node): c ranks of two chunks each, so the sequence is
+    // rounded up to a multiple of 2 c t.
+    let context = *u.choose(&OPTIONS.context_degrees)?;
+    let has_links = crate::model::Interconnect::for_hardware(&hardware).bytes_per_s > 0
+        && crate::model::Interconnect::network_for_hardware(&hardware).bytes_per_s > 0;
+    let context = if has_links { context } else { 1 };
+    if context > 1 {
+        model.seq_len = model.seq_len.next_multiple_of(2 * context * tensor);
+    }
+    // A layout the machine holds (`Nodes::validate_for`): the d x c x t ranks on part of one
+    // node, or filling whole nodes, a c x t group inside one node or made of whole nodes; one
+    // group alone wherever it is.
+    let group = context * tensor;
     let (gpus_per_node, data) = (hardware.gpus_per_node, u.int_in_range(1..=OPTIONS.max_data)?);
-    let (data, node_count) = if data * tensor <= gpus_per_node {
+    let (data, node_count) = if data * group <= gpus_per_node {
         (data, 1)
-    } else if gpus_per_node % tensor == 0 {
-        let per_node = gpus_per_node / tensor;
+    } else if gpus_per_node % group == 0 {
+        let per_node = gpus_per_node / group;
         let node_count = data.div_ceil(per_node);
         (node_count * per_node, node_count)
+    } else if group % gpus_per_node == 0 && gpus_per_node % tensor == 0 {
+        (data, data * group / gpus_per_node)
     } else {
         (1, 1)
     };
-    let parallel = Parallelism::new(tensor, data);
+    // Where none of these holds the c x t group (it neither divides a node nor fills whole
+    // ones), c = 1 on one node does.
+    let parallel = Parallelism::new(tensor, data).with_context(context);
+    let (parallel, node_count) = if context > 1 && data * group > gpus_per_node * node_count {
+        (Parallelism::new(tensor, 1), 1)
+    } else {
+        (parallel, node_count)
+    };
     if u.ratio(1, 4)? {
         // Little or no host memory: α bound by host capacity, or below 0 (input and attention
         // output are swapped all the same), and plans that miss the host.
@@ -179,8 +203,8 @@ pub fn request(u: &mut Unstructured<'_>) -> Result<PlanRequest> {
 pub fn describe(request: &PlanRequest) -> String {
     let m = &request.model;
     format!(
-        "{} layers, h {}, heads {}, ffn {}, vocab {}, s {}, b {}, t {}, d {}, {} node(s), ZeRO {}, {} (host {} B{}), {}{}, \
-         budget {}",
+        "{} layers, h {}, heads {}, ffn {}, vocab {}, s {}, b {}, t {}, c {}, d {}, {} node(s), ZeRO {}, {} (host {} B{}), \
+         {}{}, budget {}",
         m.layers,
         m.hidden,
         m.heads,
@@ -189,6 +213,7 @@ pub fn describe(request: &PlanRequest) -> String {
         m.seq_len,
         m.micro_batch,
         request.parallel.tensor,
+        request.parallel.context,
         request.parallel.data,
         request.nodes.count,
         request.sharding.stage(),
@@ -221,8 +246,16 @@ pub fn check(case: PlanCase) {
     let saved = report.data_parallel.saved_bytes;
     assert_eq!(report.device_bytes(), plan.totals.arena_bytes - saved, "{}", describe(request));
     assert!(saved <= plan.totals.parameter_bytes, "{}", describe(request));
-    if request.parallel.data == 1 || !request.sharding.shards_optimizer_state() {
+    if request.parallel.gradient_ranks() == 1 || !request.sharding.shards_optimizer_state() {
         assert_eq!(saved, 0, "{}", describe(request));
+    }
+    // The ring's exposed seconds are never negative, and none without a ring.
+    let exposed = report.context_parallel.exposed_s();
+    assert!(exposed >= 0.0 && (request.parallel.context > 1 || exposed == 0.0), "{}", describe(request));
+    if request.parallel.context > 1 {
+        // The plan format has no context-parallel degree (`memo plan -o` refuses c > 1): its
+        // round trip is the c = 1 plan's, below, and not this one's.
+        return;
     }
     assert!(report.step_time_s() >= report.timeline.step_time_s, "{}", describe(request));
     assert!(plan.totals.arena_lower_bound_bytes <= plan.totals.arena_bytes, "{}", describe(request));
@@ -299,6 +332,11 @@ mod tests {
             seen.insert(format!("zero {}", r.sharding.stage()));
             seen.insert(format!("nodes > 1 {}", r.nodes.count > 1));
             seen.insert(format!("d > 1 on one node {}", r.nodes.count == 1 && r.parallel.data > 1));
+            seen.insert(format!("c {}", r.parallel.context));
+            seen.insert(format!(
+                "c across nodes {}",
+                r.parallel.context * r.parallel.tensor > r.hardware.gpus_per_node
+            ));
         });
         for want in [
             "strategy memo",
@@ -321,6 +359,10 @@ mod tests {
             "nodes > 1 true",
             "nodes > 1 false",
             "d > 1 on one node true",
+            "c 1",
+            "c 2",
+            "c 4",
+            "c across nodes true",
         ] {
             let seen = seen.borrow();
             assert!(seen.contains(want), "the smoke inputs never give {want}: {seen:?}");

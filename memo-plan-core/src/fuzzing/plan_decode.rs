@@ -157,7 +157,7 @@ fn provenance(u: &mut Unstructured<'_>) -> Result<Provenance> {
         micro_batch: u.arbitrary()?,
         architecture: architecture(u)?,
     };
-    let parallel = Parallelism { tensor: u.arbitrary()?, data: u.arbitrary()? };
+    let parallel = Parallelism { tensor: u.arbitrary()?, data: u.arbitrary()?, context: 1 };
     let measured = if u.arbitrary()? {
         // Finite and above 0, as the decoder requires: from a microsecond to over an hour.
         Some(f64::from(u.int_in_range(1..=u32::MAX)?) * 1e-6)

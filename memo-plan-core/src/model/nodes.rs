@@ -1,11 +1,13 @@
-//! Where the `d x t` ranks of a job sit, and how its data-parallel ranks share the model state
-//! (`spec/cost-model.md` sections 3 and 7b).
+//! Where the `d x c x t` ranks of a job sit, and how its data-parallel ranks share the model state
+//! (`spec/cost-model.md` sections 3, 7b and 7c).
 //!
-//! Ranks are numbered tensor-parallel rank fastest (Megatron-LM's order): the `t` ranks of a
-//! tensor-parallel group are consecutive, so a group lies inside one node when `t` divides the
-//! node's GPUs, and its collectives run over the node's links (NVLink, Infinity Fabric). The `d`
-//! ranks of a data-parallel group are `t` apart: `gpus_per_node / t` of them in each node, so the
-//! group crosses the network as soon as the job spans more than one node.
+//! Ranks are numbered tensor-parallel rank fastest, then context-parallel, then data-parallel
+//! (Megatron-LM's order): the `t` ranks of a tensor-parallel group are consecutive, so a group
+//! lies inside one node when `t` divides the node's GPUs, and its collectives run over the node's
+//! links (NVLink, Infinity Fabric). The `c` ranks of a context-parallel group are `t` apart, in
+//! `t c` consecutive GPUs: inside one node when `t c` divides its GPUs, else across nodes. The
+//! `d x c` ranks that reduce the gradients together are `t` apart: `gpus_per_node / t` of them
+//! in each node, so their ring crosses the network as soon as the job spans more than one node.
 
 use core::fmt;
 
@@ -29,15 +31,18 @@ impl Nodes {
 
     /// Checks that `parallel` fits these nodes of `hardware`:
     /// - a tensor-parallel group fits in one node (`t <= gpus_per_node`);
-    /// - on one node the job uses at most its GPUs (`d * t <= gpus_per_node`: part of a node is
-    ///   allowed); on more, it fills every node (`d * t = nodes * gpus_per_node`) and `t`
+    /// - on one node the job uses at most its GPUs (`d * c * t <= gpus_per_node`: part of a node
+    ///   is allowed); on more, it fills every node (`d * c * t = nodes * gpus_per_node`) and `t`
     ///   divides `gpus_per_node`, so that no tensor-parallel group straddles two nodes;
-    /// - with `d > 1` across nodes the network's bandwidth is known.
+    /// - on more than one node, `t c` divides `gpus_per_node` or is a multiple of it, so that a
+    ///   context-parallel group is either inside one node or made of whole nodes (its ring then
+    ///   runs at one speed);
+    /// - with `d * c > 1` across nodes the network's bandwidth is known.
     pub fn validate_for(&self, parallel: &Parallelism, hardware: &Hardware) -> Result<(), ModelError> {
         if self.count == 0 {
             return Err(ModelError::Zero { field: "nodes" });
         }
-        let (t, d, per_node) = (parallel.tensor, parallel.data, hardware.gpus_per_node);
+        let (t, d, c, per_node) = (parallel.tensor, parallel.data, parallel.context, hardware.gpus_per_node);
         if t > per_node {
             return Err(ModelError::TensorParallelAboveNode { tensor: t, gpus_per_node: per_node });
         }
@@ -51,9 +56,14 @@ impl Nodes {
             return Err(ModelError::RanksDoNotFillNodes {
                 tensor: t,
                 data: d,
+                context: c,
                 nodes: self.count,
                 gpus_per_node: per_node,
             });
+        }
+        let group = t.saturating_mul(c);
+        if self.count > 1 && !per_node.is_multiple_of(group) && !group.is_multiple_of(per_node) {
+            return Err(ModelError::ContextGroupStraddlesNodes { tensor: t, context: c, gpus_per_node: per_node });
         }
         if self.data_parallel_crosses_nodes(parallel) && self.network.bytes_per_s == 0 {
             return Err(ModelError::Zero { field: "network_bytes_per_s" });
@@ -61,9 +71,34 @@ impl Nodes {
         Ok(())
     }
 
-    /// Whether the data-parallel ranks of one group sit in more than one node.
+    /// Whether the `d x c` ranks that reduce the gradients together (and share the optimizer
+    /// state) sit in more than one node.
     pub fn data_parallel_crosses_nodes(&self, parallel: &Parallelism) -> bool {
-        self.count > 1 && parallel.data > 1
+        self.count > 1 && parallel.gradient_ranks() > 1
+    }
+
+    /// Whether the `c` ranks of one context-parallel group sit in more than one node: their `t c`
+    /// consecutive GPUs are more than a node's (validated layouts make them whole nodes then).
+    pub fn context_parallel_crosses_nodes(&self, parallel: &Parallelism, hardware: &Hardware) -> bool {
+        self.count > 1
+            && parallel.context > 1
+            && parallel.tensor.saturating_mul(parallel.context) > hardware.gpus_per_node
+    }
+
+    /// The ring the context-parallel ranks pass K/V over: the node's links when the group is
+    /// inside one node; across nodes, as for the data-parallel ring, the slower bandwidth and the
+    /// longer latency of the node's links and the network.
+    pub fn context_parallel_link(
+        &self,
+        parallel: &Parallelism,
+        hardware: &Hardware,
+        node_link: &Interconnect,
+    ) -> Interconnect {
+        if self.context_parallel_crosses_nodes(parallel, hardware) {
+            slowest_of(node_link, &self.network)
+        } else {
+            *node_link
+        }
     }
 
     /// The ring a data-parallel collective runs over: the node's links inside one node; across
@@ -73,11 +108,16 @@ impl Nodes {
         if !self.data_parallel_crosses_nodes(parallel) {
             return *node_link;
         }
-        let slowest = |a: u64, b: u64| if a == 0 { b } else { a.min(b) };
-        Interconnect {
-            bytes_per_s: slowest(node_link.bytes_per_s, self.network.bytes_per_s),
-            latency_ns: node_link.latency_ns.max(self.network.latency_ns),
-        }
+        slowest_of(node_link, &self.network)
+    }
+}
+
+/// A ring over the node's links and the network: every step waits for the slowest link.
+fn slowest_of(node_link: &Interconnect, network: &Interconnect) -> Interconnect {
+    let slowest = |a: u64, b: u64| if a == 0 { b } else { a.min(b) };
+    Interconnect {
+        bytes_per_s: slowest(node_link.bytes_per_s, network.bytes_per_s),
+        latency_ns: node_link.latency_ns.max(network.latency_ns),
     }
 }
 
@@ -133,10 +173,12 @@ impl OptimizerSharding {
 impl fmt::Display for OptimizerSharding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            OptimizerSharding::Replicated => f.write_str("ZeRO 0 (model state replicated over d)"),
-            OptimizerSharding::OptimizerState => f.write_str("ZeRO 1 (optimizer state sharded over d)"),
+            // `d` here is the sharding group: d x c with context parallelism (the header that
+            // prints this names the group).
+            OptimizerSharding::Replicated => f.write_str("ZeRO 0 (model state replicated over the group)"),
+            OptimizerSharding::OptimizerState => f.write_str("ZeRO 1 (optimizer state sharded over the group)"),
             OptimizerSharding::OptimizerStateAndGradients => {
-                f.write_str("ZeRO 2 (optimizer state and gradients sharded over d)")
+                f.write_str("ZeRO 2 (optimizer state and gradients sharded over the group)")
             }
         }
     }
@@ -151,14 +193,15 @@ pub fn shard_bytes(elements: u64, data: u64, bytes_per_element: u64) -> Result<u
 impl ModelConfig {
     /// Bytes of model state on one GPU with the data-parallel ranks sharing it by `sharding`:
     /// [`ModelConfig::model_state_bytes`] with the optimizer state (stage 1) and the gradients
-    /// (stage 2) cut to one rank's `ceil(P / d)` elements.
+    /// (stage 2) cut to one rank's `ceil(P / (d c))` elements (the sharding group is the
+    /// data-parallel x context-parallel ranks, [`Parallelism::gradient_ranks`]).
     pub fn sharded_model_state_bytes(
         &self,
         parallel: &Parallelism,
         sharding: OptimizerSharding,
     ) -> Result<super::ModelStateBytes, ModelError> {
         let mut state = self.model_state_bytes(parallel)?;
-        let (per_gpu, d) = (state.parameters_per_gpu, parallel.data);
+        let (per_gpu, d) = (state.parameters_per_gpu, parallel.gradient_ranks());
         if sharding.shards_optimizer_state() {
             state.optimizer = shard_bytes(per_gpu, d, 3 * FP32_BYTES)?;
         }
@@ -239,7 +282,10 @@ mod tests {
         let message = ok(1, 16, 1).unwrap_err().to_string();
         assert!(message.contains("t = 16") && message.contains("a node has 8") && message.contains("t = 8 or less"));
         let short = ok(4, 8, 2).unwrap_err();
-        assert_eq!(short, ModelError::RanksDoNotFillNodes { tensor: 8, data: 2, nodes: 4, gpus_per_node: 8 });
+        assert_eq!(
+            short,
+            ModelError::RanksDoNotFillNodes { tensor: 8, data: 2, context: 1, nodes: 4, gpus_per_node: 8 }
+        );
         let message = short.to_string();
         for words in ["d x t = 2 x 8 = 16 GPUs", "4 node(s) of 8 GPUs (32 GPUs)", "use d = 4", "or 2 node(s)"] {
             assert!(message.contains(words), "{message:?} lacks {words:?}");
@@ -287,5 +333,81 @@ mod tests {
             let network = Interconnect::network_for_hardware(&preset.hardware());
             assert!(network.bytes_per_s > 0, "{}", preset.name.to_string());
         }
+    }
+
+    /// GPUs = d x c x t: c ranks of a sequence may span nodes, t may not; a c x t group sits in a
+    /// node or fills whole nodes; every refusal names the numbers and the fix.
+    #[test]
+    fn context_parallel_layouts_and_their_refusals() {
+        let h = h100x8();
+        let ok = |n: u64, t: u64, c: u64, d: u64| nodes(n).validate_for(&Parallelism::new(t, d).with_context(c), &h);
+        for (n, t, c, d) in
+            [(1, 4, 2, 1), (1, 2, 2, 2), (2, 8, 2, 1), (8, 8, 8, 1), (4, 8, 4, 1), (4, 4, 2, 4), (2, 1, 16, 1)]
+        {
+            assert_eq!(ok(n, t, c, d), Ok(()), "{n} nodes, t = {t}, c = {c}, d = {d}");
+        }
+        // One node of 8 cannot hold t = 8, c = 2.
+        let error = ok(1, 8, 2, 1).unwrap_err();
+        assert_eq!(
+            error,
+            ModelError::RanksDoNotFillNodes { tensor: 8, data: 1, context: 2, nodes: 1, gpus_per_node: 8 }
+        );
+        let message = error.to_string();
+        for words in ["d x c x t = 1 x 2 x 8 = 16 GPUs", "1 node(s) of 8 GPUs", "use 2 node(s) or more, or a smaller c"]
+        {
+            assert!(message.contains(words), "{message:?} lacks {words:?}");
+        }
+        // Four nodes at t = 8, c = 2 leave d = 2 to fill them.
+        let message = ok(4, 8, 2, 1).unwrap_err().to_string();
+        assert!(message.contains("use d = 2"), "{message}");
+        // t = 2, c = 3 on nodes of 8: a group of 6 would straddle two nodes.
+        let error = ok(3, 2, 3, 4).unwrap_err();
+        assert_eq!(error, ModelError::ContextGroupStraddlesNodes { tensor: 2, context: 3, gpus_per_node: 8 });
+        assert!(error.to_string().contains("c x t = 3 x 2 = 6 GPUs"), "{error}");
+        assert_eq!(
+            nodes(1).validate_for(&Parallelism::new(1, 1).with_context(0), &h),
+            Ok(()),
+            "the nodes check the GPUs; c = 0 is the layout's own check"
+        );
+        let model = ModelConfig::preset("llama3.1-8b", 1 << 16, 1).unwrap();
+        assert_eq!(
+            Parallelism::new(8, 1).with_context(0).validate_for(&model),
+            Err(ModelError::Zero { field: "context" })
+        );
+        // c ranks across nodes need the network, as d ranks do.
+        let blind = Nodes { count: 2, network: Interconnect::UNKNOWN };
+        assert_eq!(
+            blind.validate_for(&Parallelism::new(8, 1).with_context(2), &h),
+            Err(ModelError::Zero { field: "network_bytes_per_s" })
+        );
+    }
+
+    /// The ring runs on the node's links while the c x t GPUs of a sequence fit one node, and on
+    /// the network (the slowest link) once they span nodes; the ZeRO group is d x c.
+    #[test]
+    fn context_parallel_rings_run_where_their_ranks_sit() {
+        let h = h100x8();
+        let nvlink = Interconnect::for_hardware(&h);
+        let network = Interconnect::network_for_hardware(&h);
+        let inside = Parallelism::new(4, 2).with_context(2);
+        assert!(!nodes(2).context_parallel_crosses_nodes(&inside, &h));
+        assert_eq!(nodes(2).context_parallel_link(&inside, &h, &nvlink), nvlink);
+        assert!(nodes(2).data_parallel_crosses_nodes(&inside), "d x c = 4 ranks over two nodes");
+        let across = Parallelism::new(8, 1).with_context(4);
+        assert!(nodes(4).context_parallel_crosses_nodes(&across, &h));
+        assert_eq!(
+            nodes(4).context_parallel_link(&across, &h, &nvlink),
+            Interconnect { bytes_per_s: network.bytes_per_s, latency_ns: nvlink.latency_ns.max(network.latency_ns) }
+        );
+        assert!(nodes(4).data_parallel_crosses_nodes(&across), "d = 1 but c = 4: the gradients reduce over 4");
+        assert_eq!(across.gradient_ranks(), 4);
+        // ZeRO 1 shards over d x c: at d = 1, c = 8 as at d = 8, c = 1.
+        let model = ModelConfig::preset("llama3.1-70b", 1 << 16, 1).unwrap();
+        let by_c =
+            model.sharded_model_state_bytes(&Parallelism::new(8, 1).with_context(8), OptimizerSharding::OptimizerState);
+        let by_d = model.sharded_model_state_bytes(&Parallelism::new(8, 8), OptimizerSharding::OptimizerState);
+        assert_eq!(by_c, by_d);
+        let p = model.parameter_count().unwrap().div_ceil(8);
+        assert_eq!(by_c.unwrap().optimizer, 12 * p.div_ceil(8));
     }
 }

@@ -419,3 +419,58 @@ fn tensor_parallel_and_kv_heads() {
         Parallelism::new(t, 1).validate_for(&model).unwrap();
     }
 }
+
+/// With c-way context parallelism a GPU holds s / (t c) tokens of every sequence-split tensor and
+/// s / c tokens of its K/V heads: each skeletal tensor at (t, c) is the one at (t, 1) over c, each
+/// derived here from the model's own shapes.
+#[test]
+fn context_parallel_divides_every_token_split_tensor_by_c() {
+    let model = ModelConfig::preset("llama3.1-8b", 256 << 10, 1).unwrap();
+    let (s, h, t) = (model.seq_len, model.hidden, 8u64);
+    let head_dim = h / model.heads;
+    for c in [2u64, 4] {
+        let parallel = Parallelism::new(t, 1).with_context(c);
+        assert_eq!(model.rank_seq_len(&parallel), s / c);
+        let set = model.skeletal_set(&parallel).unwrap();
+        let tokens = s / c;
+        let by_kind = |kind: SkeletalKind| set.tensors.iter().find(|x| x.kind == kind).unwrap().bytes;
+        assert_eq!(by_kind(SkeletalKind::LayerInput), tokens * h / t * BF16_BYTES, "c = {c}");
+        assert_eq!(by_kind(SkeletalKind::Key), tokens * (model.kv_heads / t) * head_dim * BF16_BYTES);
+        assert_eq!(by_kind(SkeletalKind::Fc1Output), tokens * 2 * model.ffn_hidden / t * BF16_BYTES);
+        assert_eq!(by_kind(SkeletalKind::AttentionLogSumExp), tokens * model.heads / t * FP32_BYTES);
+        let whole = model.skeletal_set(&Parallelism::new(t, 1)).unwrap();
+        assert_eq!(set.total_bytes * c, whole.total_bytes);
+        assert_eq!(set.others_bytes * c, whole.others_bytes);
+        // The model state does not depend on c (ZeRO shards it; see nodes.rs).
+        assert_eq!(model.model_state_bytes(&parallel), model.model_state_bytes(&Parallelism::new(t, 1)));
+        assert_eq!(parallel.gpus(), t * c);
+        assert_eq!(parallel.seq_len_multiple(), 2 * c * t);
+    }
+}
+
+/// Two chunks per context-parallel rank, each split over t: s must be a multiple of 2 c t; the
+/// refusal names the numbers and the nearest lengths that work.
+#[test]
+fn context_parallel_needs_two_chunks_per_rank_split_over_t() {
+    let model = ModelConfig::preset("7b", 3000, 1).unwrap();
+    let parallel = Parallelism::new(8, 1).with_context(4);
+    let error = parallel.validate_for(&model).unwrap_err();
+    assert_eq!(error, ModelError::NotDivisibleByContextParallel { seq_len: 3000, context: 4, tensor: 8 });
+    let message = format!("{error}");
+    for words in ["2 x c x t = 2 x 4 x 8 = 64", "e.g. 2944 or 3008", "or a smaller c"] {
+        assert!(message.contains(words), "{message:?} lacks {words:?}");
+    }
+    // Shorter than one multiple: only the one above is offered.
+    let short = ModelConfig { seq_len: 32, ..model.clone() };
+    assert!(format!("{}", parallel.validate_for(&short).unwrap_err()).contains("(e.g. 64)"));
+    // t alone divides 3000 - 8 = 2992 but not 2 c t: c = 1 accepts what c = 4 refuses.
+    let t_only = ModelConfig { seq_len: 2992, ..model.clone() };
+    assert_eq!(Parallelism::new(8, 1).validate_for(&t_only), Ok(()));
+    assert!(parallel.validate_for(&t_only).is_err());
+    // A c so large that 2 c t passes 64 bits: refused, with no wrapped or saturated figure.
+    let huge = Parallelism::new(2, 1).with_context(u64::MAX / 2);
+    let message = format!("{}", huge.validate_for(&model).unwrap_err());
+    assert!(message.contains("past 64 bits") && message.contains("use a smaller c"), "{message}");
+    assert!(!message.contains(&format!("= {}", u64::MAX)), "{message}");
+    assert_eq!(parallel.validate_for(&ModelConfig { seq_len: 4096, ..model }), Ok(()));
+}

@@ -666,7 +666,7 @@ fn provenance(r: &mut Reader<'_>) -> Result<Provenance> {
         micro_batch: r.u64()?,
         architecture: architecture(r)?,
     };
-    let parallel = Parallelism { tensor: r.u64()?, data: r.u64()? };
+    let parallel = Parallelism { tensor: r.u64()?, data: r.u64()?, context: 1 };
     let hardware = Hardware {
         name: r.string("hardware name")?,
         device_memory_bytes: r.u64()?,

@@ -258,6 +258,8 @@ impl Plan {
         }
         w.u64(p.parallel.tensor);
         w.u64(p.parallel.data);
+        // The format has no context-parallel degree (nor per-rank send/receive programs): a plan
+        // with c > 1 is never written (`memo plan -o` refuses it), so every plan read back has c = 1.
         let h = &p.hardware;
         w.str(&h.name);
         for value in [

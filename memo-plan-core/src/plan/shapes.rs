@@ -112,6 +112,15 @@ impl ShapeContext {
         }
     }
 
+    /// [`ShapeContext::for_model`] for rank `rank` of the tensor-parallel group of `parallel`:
+    /// with context parallelism (`c > 1`) a rank's program holds its `s / c` tokens of each
+    /// sequence ([`crate::model::ModelConfig::rank_seq_len`]), so its launches are checked as
+    /// sequences of that many rows (the ring that brings the other ranks' K/V, and the positions
+    /// of the rank's second chunk, are not in the plan format yet: such plans are never written).
+    pub fn for_layout(model: &crate::model::ModelConfig, parallel: &crate::model::Parallelism, rank: u64) -> Self {
+        ShapeContext { seq_len: model.rank_seq_len(parallel), ..ShapeContext::for_model(model, rank, parallel.tensor) }
+    }
+
     /// Key/value heads in K and V: [`ShapeContext::kv_heads`], or `heads` when it is 0.
     pub fn kv_heads_in_tensor(&self) -> u64 {
         if self.kv_heads == 0 {

@@ -70,7 +70,9 @@ impl DataParallelReport {
             };
             *sum = sum.checked_add(bytes).ok_or_else(overflow)?;
         }
-        let d = parallel.data.max(1);
+        // The optimizer state is sharded, and the gradients reduced, over the d x c ranks that
+        // hold the same parameters (Megatron-LM's data-parallel x context-parallel group).
+        let d = parallel.gradient_ranks().max(1);
         let sharded = d > 1;
         let kept_optimizer = if sharded && sharding.shards_optimizer_state() {
             shard_bytes(optimizer / (3 * FP32_BYTES), d, 3 * FP32_BYTES)?

@@ -331,3 +331,110 @@ fn the_remedies_offer_sharding_where_it_covers_the_excess() {
     let sharded = plan(&PlanRequest { sharding: OptimizerSharding::OptimizerState, ..four }).unwrap();
     assert!(sharded.fits(), "{:?}", sharded.misfit);
 }
+
+/// A context-parallel rank's plan is its s / c tokens' program with the K/V ring buffers as
+/// transients of its attention launches (2 chunks' K and V forward, and dK, dV too backward); the
+/// step adds the ring's exposed seconds; ZeRO shards over d x c; and it fits where c = 1 does not.
+#[test]
+fn context_parallel_plans_hold_the_ranks_tokens_and_the_ring_buffers() {
+    use crate::model::{Nodes, OptimizerSharding};
+    use crate::plan::{Action, Op};
+    let seq = 32 << 10;
+    let base = request(3, seq, "h100x8", Strategy::Memo);
+    let mut r = base.clone();
+    r.parallel = Parallelism::new(4, 1).with_context(2);
+    r.sharding = OptimizerSharding::OptimizerState;
+    let report = plan(&r).unwrap();
+    let kv = cost::ring_kv_bytes(&r.model, &r.parallel).unwrap();
+    let head_dim = r.model.hidden / r.model.heads;
+    assert_eq!(kv, 2 * (seq / 2) * (r.model.kv_heads / 4) * head_dim * 2, "K and V of the rank's s / c tokens");
+    let mut seen = [0u32; 2];
+    for instruction in &report.plan.instructions {
+        let Action::Launch(launch) = &instruction.action else { continue };
+        let want = match launch.op {
+            Op::Attention => (0, 2 * kv),
+            Op::AttentionBackward => (1, 4 * kv),
+            _ => continue,
+        };
+        let scratch = launch.args.last().unwrap().region.buffer;
+        let buffer = &report.plan.buffers[scratch.index()];
+        assert_eq!(buffer.role, TensorRole::Scratch);
+        assert_eq!(buffer.bytes().unwrap(), want.1.next_multiple_of(256));
+        seen[want.0] += 1;
+    }
+    assert_eq!(seen, [3, 3], "every layer's attention forward and backward");
+    // The rank's rows: the layer input holds b s / (c t) rows of h.
+    let input = report.plan.buffers.iter().find(|b| b.role == TensorRole::LayerInput).unwrap();
+    assert_eq!(input.rows, seq / 2 / 4);
+    // ZeRO 1 over d x c = 2 ranks.
+    assert_eq!(report.data_parallel.ranks, 2);
+    assert!(report.data_parallel.saved_bytes > 0);
+    // Inside one node on NVLink; the step is the timeline, the ring's exposed part and the
+    // data-parallel collectives.
+    let exposed = report.context_parallel.exposed_s();
+    let expected = report.timeline.step_time_s + exposed + report.data_parallel.time.total_s();
+    assert!((report.step_time_s() - expected).abs() < 1e-12);
+    // On two nodes with the network 1000 times slower than it is, the ring is exposed.
+    let mut far = r.clone();
+    far.parallel = Parallelism::new(8, 1).with_context(2);
+    far.nodes = Nodes { count: 2, network: Interconnect { bytes_per_s: 50_000_000, latency_ns: 8_000 } };
+    let slow = plan(&far).unwrap();
+    assert!(slow.context_parallel.exposed_s() > 0.0);
+    assert!(slow.step_time_s() > slow.timeline.step_time_s + slow.context_parallel.exposed_s() - 1e-12);
+    // Full recompute reruns attention, and with it the ring, in the layers it recomputes.
+    let rerun = plan(&PlanRequest { strategy: Strategy::FullRecompute, ..far.clone() }).unwrap();
+    assert!(rerun.context_parallel.forward_exposed_s > slow.context_parallel.forward_exposed_s);
+    assert_eq!(rerun.context_parallel.backward_exposed_s, slow.context_parallel.backward_exposed_s);
+    // A layout that does not fit its nodes is refused before planning.
+    let mut bad = r.clone();
+    bad.parallel = Parallelism::new(8, 1).with_context(2);
+    assert!(matches!(plan(&bad), Err(PlanError::Model(ModelError::RanksDoNotFillNodes { context: 2, .. }))));
+}
+
+/// c > 1 ranks pass K/V over the node's links: without a known link the ring cannot be timed, so
+/// the request is refused (as t > 1 is), naming the field and the flag, never timed as free.
+#[test]
+fn a_context_parallel_ring_without_a_known_link_is_refused() {
+    let mut r = request(2, 4096, "h100x8", Strategy::Memo);
+    r.parallel = Parallelism::new(1, 1).with_context(2);
+    r.interconnect = Interconnect::UNKNOWN;
+    let error = plan(&r).unwrap_err();
+    assert_eq!(error, PlanError::Model(ModelError::Zero { field: "interconnect_bytes_per_s" }));
+    let message = format!("{error}");
+    assert!(message.contains("c > 1") && message.contains("--interconnect-bandwidth"), "{message}");
+    r.parallel = Parallelism::new(1, 1);
+    assert!(plan(&r).is_ok(), "one GPU needs no link");
+}
+
+/// Past one node's memory the remedies offer the least context parallelism that fits, turning
+/// data-parallel ranks into context-parallel ones where d allows; and that offer plans and fits.
+#[test]
+fn the_remedies_offer_context_parallelism_that_fits() {
+    use crate::model::Nodes;
+    let mut r = request(3, 4 << 20, "h100x8", Strategy::Memo);
+    r.parallel = Parallelism::new(8, 2);
+    r.nodes = Nodes { count: 2, ..r.nodes };
+    let report = plan(&r).unwrap();
+    assert!(!report.fits());
+    let remedies = remedies(&r, &report);
+    let line = remedies.iter().find(|l| l.starts_with("device memory")).unwrap();
+    let offer = line.split("context parallelism (").nth(1).unwrap_or_else(|| panic!("{line}"));
+    let numbers: Vec<u64> = offer
+        .split(|ch: char| !ch.is_ascii_digit())
+        .filter(|w| !w.is_empty())
+        .take(3)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    let (c, d, count) = (numbers[0], numbers[1], numbers[2]);
+    let offered = PlanRequest {
+        parallel: Parallelism::new(8, d).with_context(c),
+        nodes: Nodes { count, ..r.nodes },
+        ..r.clone()
+    };
+    assert!(plan(&offered).unwrap().fits(), "{line}");
+    // The least: half that c does not fit.
+    if c > 2 {
+        let half = PlanRequest { parallel: Parallelism::new(8, d * 2).with_context(c / 2), ..offered.clone() };
+        assert!(!plan(&half).map(|p| p.fits()).unwrap_or(false), "{line}");
+    }
+}

@@ -157,9 +157,10 @@ impl core::error::Error for ScheduleError {}
 pub(crate) struct Shape {
     pub layers: u32,
     pub tensor: u64,
-    /// Rows of sequence-sharded activations: `b * s / t`.
+    /// Rows of sequence-sharded activations: `b * s / (c t)`.
     pub local_rows: u64,
-    /// Rows of head-sharded activations: `b * s` (equal to `local_rows` when `t = 1`).
+    /// Rows of head-sharded activations: `b * s / c`, this context-parallel rank's tokens (equal
+    /// to `local_rows` when `t = 1`).
     pub full_rows: u64,
     /// `h * 2`: a row of a sequence-sharded activation.
     pub hidden_row: u64,
@@ -197,7 +198,9 @@ impl Shape {
         parallel.validate_for(model)?;
         let t = parallel.tensor;
         let overflow = |what| ModelError::Overflow { what };
-        let full_rows = model.micro_batch.checked_mul(model.seq_len).ok_or(overflow("rows b*s"))?;
+        // This context-parallel rank's tokens ([`ModelConfig::rank_seq_len`]): the rows of every
+        // head-sharded tensor, which sequence parallelism then splits over the t ranks.
+        let full_rows = model.micro_batch.checked_mul(model.rank_seq_len(parallel)).ok_or(overflow("rows b*s"))?;
         let hidden_row = model.hidden.checked_mul(BF16_BYTES).ok_or(overflow("row bytes"))?;
         let ffn_row = (model.ffn_hidden / t).checked_mul(BF16_BYTES).ok_or(overflow("row bytes"))?;
         let fc1_row = ffn_row.checked_mul(model.architecture.ffn_in_products()).ok_or(overflow("row bytes"))?;

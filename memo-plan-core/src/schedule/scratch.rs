@@ -27,7 +27,7 @@ pub fn add_scratch(
     sizer: &dyn ScratchSizer,
 ) -> Result<(), ScheduleError> {
     let ranks = parallel.tensor.max(1);
-    let contexts: Vec<ShapeContext> = (0..ranks).map(|rank| ShapeContext::for_model(model, rank, ranks)).collect();
+    let contexts: Vec<ShapeContext> = (0..ranks).map(|rank| ShapeContext::for_layout(model, parallel, rank)).collect();
     let mut last_block: Option<Block> = None;
     let mut shapes = Vec::new();
     for index in 0..schedule.instructions.len() {

@@ -49,7 +49,7 @@ fn provenance(strategy: Strategy, alpha: f64, measured: Option<f64>) -> Provenan
                 ..Architecture::llama(500_000.0, 1e-6)
             },
         },
-        parallel: Parallelism { tensor: 1, data: 2 },
+        parallel: Parallelism::new(1, 2),
         interconnect: Interconnect { bytes_per_s: 200_000_000_000, latency_ns: 5_000 },
         hardware: Hardware {
             name: String::from("test-box"),
