@@ -226,6 +226,19 @@ fn bound_name(bound: AlphaBound) -> &'static str {
     }
 }
 
+/// Where a ring of the header's collectives runs: `across` (which nodes it spans) over the
+/// network, with the link's figures, or inside the node.
+fn ring_place(across: Option<&str>, link: &memo_plan_core::model::Interconnect) -> String {
+    match across {
+        Some(across) => format!(
+            "{across}: the network, {:.0} GB/s per GPU per direction, {:.1} us per ring step",
+            link.bytes_per_s as f64 / 1e9,
+            link.latency_ns as f64 / 1e3
+        ),
+        None => "inside the node (its links)".to_string(),
+    }
+}
+
 fn heading(config: &Config) -> String {
     let (m, p, h) = (&config.model, &config.parallel, &config.hardware);
     let interconnect = if p.tensor > 1 {
@@ -261,15 +274,7 @@ fn heading(config: &Config) -> String {
     };
     if p.context > 1 {
         let link = config.nodes.context_parallel_link(p, h, &config.interconnect);
-        let place = if config.nodes.context_parallel_crosses_nodes(p, h) {
-            format!(
-                "across nodes: the network, {:.0} GB/s per GPU per direction, {:.1} us per ring step",
-                link.bytes_per_s as f64 / 1e9,
-                link.latency_ns as f64 / 1e3
-            )
-        } else {
-            "inside the node (its links)".to_string()
-        };
+        let place = ring_place(config.nodes.context_parallel_crosses_nodes(p, h).then_some("across nodes"), &link);
         text.push_str(&format!(
             "context parallel: c = {} ranks per sequence, {} tokens each (two chunks of {}), ring attention {place}\n",
             p.context,
@@ -279,15 +284,8 @@ fn heading(config: &Config) -> String {
     }
     if p.gradient_ranks() > 1 {
         let link = config.nodes.data_parallel_link(p, &config.interconnect);
-        let place = if config.nodes.data_parallel_crosses_nodes(p) {
-            format!(
-                "across {nodes} nodes: the network, {:.0} GB/s per GPU per direction, {:.1} us per ring step",
-                link.bytes_per_s as f64 / 1e9,
-                link.latency_ns as f64 / 1e3
-            )
-        } else {
-            "inside the node (its links)".to_string()
-        };
+        let across = format!("across {nodes} nodes");
+        let place = ring_place(config.nodes.data_parallel_crosses_nodes(p).then_some(across.as_str()), &link);
         let ranks = if p.context > 1 {
             format!("d x c = {} x {} = {} ranks reduce the gradients", p.data, p.context, p.gradient_ranks())
         } else {
