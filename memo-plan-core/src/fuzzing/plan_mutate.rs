@@ -207,8 +207,9 @@ impl<'a> Arbitrary<'a> for MutateCase {
             m.kv_heads *= 2;
             // A measured layer time was drawn for the other shape.
             request.hardware.measured_layer_forward_s = None;
-            // The drawn nodes held d groups of the old t: one group alone sits anywhere.
-            (request.parallel.data, request.nodes.count) = (1, 1);
+            // The drawn nodes held d groups of the old t: one group alone, without context
+            // parallelism, sits anywhere (a group of c ranks of the new t may outgrow a node).
+            (request.parallel.data, request.parallel.context, request.nodes.count) = (1, 1, 1);
         }
         if needs_events {
             // Events and swap-ins come with swapping: layers 0 .. n-3 of memo and full-swap plans.
