@@ -244,7 +244,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
             eprintln!();
         }
         return Err(progress::interrupted(args, trainer.steps_taken(), trained.first, |dir| {
-            save_checkpoint(&mut trainer, print, data.position(), dir)
+            save_checkpoint(trainer.checkpoint(print, data.position()), dir)
         }));
     }
     if let Some(path) = &args.trace {
@@ -479,7 +479,7 @@ impl Steps<'_> {
             }
             if let Some(dir) = &args.checkpoint {
                 if step.is_multiple_of(args.checkpoint_every.max(1)) || step == args.steps {
-                    save_checkpoint(trainer, print, data.position(), dir)?;
+                    save_checkpoint(trainer.checkpoint(print, data.position()), dir)?;
                 }
             }
             // The evaluation replays the forward only; the final one follows the trace, which must
@@ -508,15 +508,14 @@ impl Steps<'_> {
     }
 }
 
-/// Saves the trainer's state in `dir` (atomically: `Checkpoint::save`).
-fn save_checkpoint(
-    trainer: &mut Trainer<AnyBackend>,
-    print: u64,
-    data_position: u64,
+/// Saves a trainer's state, as its `checkpoint` gave it, in `dir` (atomically: `Checkpoint::save`);
+/// the one-process and the tensor-parallel trainers both save through here.
+pub(crate) fn save_checkpoint(
+    checkpoint: Result<memo_runtime::checkpoint::Checkpoint, memo_runtime::RuntimeError>,
     dir: &std::path::Path,
 ) -> Result<(), Failure> {
-    let checkpoint = trainer.checkpoint(print, data_position).map_err(runtime_failure)?;
     checkpoint
+        .map_err(runtime_failure)?
         .save(dir)
         .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot save the checkpoint in {}: {e}", dir.display())))
 }

@@ -27,7 +27,7 @@ use runtime_cpu::CpuBackend;
 use runtime_cuda::CudaBackend;
 use serde_json::json;
 
-use super::TrainArgs;
+use super::{save_checkpoint, TrainArgs};
 use crate::device::{check_fits, runtime_failure, Kind};
 use crate::exit::{self, Failure};
 use crate::human;
@@ -286,19 +286,6 @@ struct Watching {
     after: Duration,
 }
 
-/// Saves every rank's state in `dir` (atomically: `Checkpoint::save`).
-fn save_checkpoint<B: Backend + Send>(
-    trainer: &mut ParallelTrainer<B>,
-    print: u64,
-    data_position: u64,
-    dir: &std::path::Path,
-) -> Result<(), Failure> {
-    let checkpoint = trainer.checkpoint(print, data_position).map_err(runtime_failure)?;
-    checkpoint
-        .save(dir)
-        .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot save the checkpoint in {}: {e}", dir.display())))
-}
-
 /// The steps (progress or `--json` lines), checkpoints of every rank's shards, the trace and the
 /// summary, on started ranks (`how`: where they run, for the header).
 fn train<B: Backend + Send>(
@@ -402,14 +389,14 @@ fn train<B: Backend + Send>(
         }
         if let Some(dir) = &args.checkpoint {
             if step.is_multiple_of(args.checkpoint_every.max(1)) || step == args.steps {
-                save_checkpoint(&mut trainer, print, data.position(), dir)?;
+                save_checkpoint(trainer.checkpoint(print, data.position()), dir)?;
             }
         }
     }
     drop(watch);
     if interrupted {
         return Err(super::progress::interrupted(args, trainer.steps_taken(), first, |dir| {
-            save_checkpoint(&mut trainer, print, data.position(), dir)
+            save_checkpoint(trainer.checkpoint(print, data.position()), dir)
         }));
     }
     if let Some(path) = &args.trace {
