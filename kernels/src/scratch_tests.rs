@@ -4,12 +4,12 @@
 
 use memo_plan_core::check::{check_plan, check_plan_scratch, CheckedPlan};
 use memo_plan_core::model::{Hardware, ModelConfig, Parallelism};
-use memo_plan_core::plan::scratch::ScratchSizer;
+use memo_plan_core::plan::scratch::{signature_shapes, ScratchSizer};
 use memo_plan_core::plan::shapes::ShapeContext;
 use memo_plan_core::plan::{Action, Place, Plan, Strategy, TensorRole};
 use memo_plan_core::planner::{plan, plan_with_scratch, PlanRequest};
 
-use crate::{ArgShape, RecipeScratch};
+use crate::RecipeScratch;
 
 fn request(tensor: u64, strategy: Strategy) -> PlanRequest {
     let model = ModelConfig::new("tiny", 2, 64, 4, 128, 1);
@@ -22,15 +22,7 @@ fn scratch_launches(plan: &Plan) -> (usize, usize) {
     let (mut with, mut asked) = (0, 0);
     for instruction in &plan.instructions {
         let Action::Launch(launch) = &instruction.action else { continue };
-        let signature = launch.op.signature().len();
-        let shapes: Vec<ArgShape> = launch.args[..signature]
-            .iter()
-            .map(|a| ArgShape {
-                first_row: a.region.start,
-                rows: a.region.end - a.region.start,
-                row_bytes: plan.buffers[a.region.buffer.index()].row_bytes,
-            })
-            .collect();
+        let shapes = signature_shapes(plan, launch).expect("a checked plan's arguments are in it");
         let needed = RecipeScratch.scratch_bytes(launch.op, &shapes, &ctx);
         asked += usize::from(needed > 0);
         if let Some(arg) = launch.scratch() {

@@ -111,6 +111,7 @@ impl ScratchSizer for CudaScratch {
 mod tests {
     use memo_plan_core::check::check_plan_scratch;
     use memo_plan_core::model::{Hardware, Parallelism};
+    use memo_plan_core::plan::scratch::signature_shapes;
     use memo_plan_core::plan::{Action, Strategy, TensorRole};
     use memo_plan_core::planner::{plan_with_scratch, PlanRequest};
 
@@ -158,15 +159,7 @@ mod tests {
                     (offset + a.region.start * b.row_bytes, (a.region.end - a.region.start) * b.row_bytes)
                 };
                 let spans: Vec<(u64, u64)> = launch.args.iter().map(span).collect();
-                let signature = launch.op.signature().len();
-                let shapes: Vec<ArgShape> = launch.args[..signature]
-                    .iter()
-                    .map(|a| ArgShape {
-                        first_row: a.region.start,
-                        rows: a.region.end - a.region.start,
-                        row_bytes: plan.buffers[a.region.buffer.index()].row_bytes,
-                    })
-                    .collect();
+                let shapes = signature_shapes(&plan, launch).expect("a checked plan's arguments are in it");
                 match source(launch.op, &spans, sizer.scratch_bytes(launch.op, &shapes, &ctx)).unwrap() {
                     Source::Plan(..) => from_plan += 1,
                     Source::Stream => outside += 1,

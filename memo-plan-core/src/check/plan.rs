@@ -40,7 +40,7 @@ use alloc::collections::BTreeMap;
 use alloc::string::ToString;
 use alloc::vec::Vec;
 
-use crate::plan::scratch::ScratchSizer;
+use crate::plan::scratch::{signature_shapes, ScratchSizer};
 use crate::plan::shapes::{self, ArgShape, ShapeContext};
 use crate::plan::{
     Access, Action, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, Plan, Region, Stream, TensorRole,
@@ -119,22 +119,10 @@ fn check_scratch_sizes(
     out: &mut Vec<PlanViolation>,
 ) {
     let ctx = ShapeContext::for_layout(&plan.provenance.model, &plan.provenance.parallel, rank);
-    let mut shapes = Vec::new();
     for (index, instruction) in instructions.iter().enumerate() {
         let Action::Launch(launch) = &instruction.action else { continue };
-        let signature = launch.op.signature().len();
-        shapes.clear();
-        for arg in launch.args.iter().take(signature) {
-            let Some(buffer) = plan.buffer(arg.region.buffer) else { break };
-            if arg.region.start > arg.region.end || arg.region.end > buffer.rows {
-                break;
-            }
-            let rows = arg.region.end - arg.region.start;
-            shapes.push(ArgShape { first_row: arg.region.start, rows, row_bytes: buffer.row_bytes });
-        }
-        if shapes.len() != signature {
-            continue;
-        }
+        // A launch whose arguments are out of the plan is another rule's violation.
+        let Some(shapes) = signature_shapes(plan, launch) else { continue };
         let needed = sizer.scratch_bytes(launch.op, &shapes, &ctx);
         let found = launch.scratch().map_or(0, |arg| region_bytes(plan, &arg.region));
         if found < needed {

@@ -11,8 +11,10 @@
 
 use core::fmt;
 
+use alloc::vec::Vec;
+
 use super::shapes::{ArgShape, ShapeContext};
-use super::Op;
+use super::{Launch, Op, Plan};
 
 /// Bytes of scratch one launch needs: a pure function of the op, its argument shapes (in
 /// [`Op::signature`] order) and the model's shape context. A backend implements it with the same
@@ -20,6 +22,21 @@ use super::Op;
 pub trait ScratchSizer: fmt::Debug {
     /// Device bytes of scratch a launch of `op` on `args` needs; 0 for none.
     fn scratch_bytes(&self, op: Op, args: &[ArgShape], ctx: &ShapeContext) -> u64;
+}
+
+/// The shapes a sizer is asked about for `launch` of `plan`: its arguments in [`Op::signature`]
+/// order (the scratch argument past them left out); `None` when an argument names no buffer of
+/// the plan or rows outside it.
+pub fn signature_shapes(plan: &Plan, launch: &Launch) -> Option<Vec<ArgShape>> {
+    let signature = launch.op.signature().len();
+    let args = launch.args.get(..signature)?;
+    args.iter()
+        .map(|arg| {
+            let buffer = plan.buffer(arg.region.buffer)?;
+            let rows = arg.region.end.checked_sub(arg.region.start).filter(|_| arg.region.end <= buffer.rows)?;
+            Some(ArgShape { first_row: arg.region.start, rows, row_bytes: buffer.row_bytes })
+        })
+        .collect()
 }
 
 /// The sizer of a backend whose kernels need no scratch (the CPU's): 0 for every launch.

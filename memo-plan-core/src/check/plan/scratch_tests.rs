@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 
 use super::*;
 use crate::model::{Hardware, ModelConfig, Parallelism};
-use crate::plan::scratch::{NoScratch, ScratchSizer};
+use crate::plan::scratch::{signature_shapes, NoScratch, ScratchSizer};
 use crate::plan::{Arg, Strategy, TensorRole};
 use crate::planner::{self, plan_with_scratch, PlanRequest};
 
@@ -62,15 +62,7 @@ fn every_launch_the_sizer_asks_for_gets_its_own_placed_scratch_and_the_plan_chec
             let mut users: BTreeMap<BufferId, usize> = BTreeMap::new();
             let mut attention = 0;
             for (_, launch) in launches(plan) {
-                let signature = launch.op.signature().len();
-                let shapes: Vec<ArgShape> = launch.args[..signature]
-                    .iter()
-                    .map(|a| ArgShape {
-                        first_row: a.region.start,
-                        rows: a.region.end - a.region.start,
-                        row_bytes: plan.buffer(a.region.buffer).unwrap().row_bytes,
-                    })
-                    .collect();
+                let shapes = signature_shapes(plan, launch).expect("a checked plan's arguments are in it");
                 let needed = AttentionLike.scratch_bytes(launch.op, &shapes, &ctx);
                 match launch.scratch() {
                     None => assert_eq!(needed, 0, "{:?} has no scratch", launch.op),
