@@ -123,7 +123,7 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
             exit::BAD_INPUT,
             format!(
                 "-o with c = {}: a plan file holds one tensor-parallel group's program, and the format has no \
-                 context-parallel ring yet (no per-rank send/receive programs: issue 42 item 4), so no runtime \
+                 context-parallel ring yet (no per-rank send/receive programs), so no runtime \
                  could run it; drop -o to see the plan's figures, or write the file with --cp 1",
                 config.parallel.context
             ),

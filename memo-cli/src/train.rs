@@ -196,7 +196,7 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
             exit::BAD_INPUT,
             format!(
                 "--context-parallel {}: no runtime runs ring attention yet, and a plan file has no per-rank \
-                 send/receive programs to carry it (issue 42 item 4); nothing was run. `memo plan --cp {}` gives \
+                 send/receive programs to carry it; nothing was run. `memo plan --cp {}` gives \
                  the plan's figures; train with --context-parallel 1",
                 args.context_parallel, args.context_parallel
             ),
