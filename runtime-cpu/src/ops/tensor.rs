@@ -87,6 +87,9 @@ pub(crate) fn split_in<'s, const R: usize, const W: usize>(
     Ok((reads, writes, shape))
 }
 
+/// A launch's read arguments, its written ones, and what else the split found (`S`).
+pub(crate) type Split<'s, const R: usize, const W: usize, S> = ([In<'s>; R], [Out<'s>; W], S);
+
 /// Checks how `args` were passed against `signature` (the count, each argument's byte count and
 /// access) and splits them into the `R` read-only and the `W` written ones, in signature order,
 /// with their shapes for the op table's rules. Errors name `op` and the signature's argument.
@@ -94,7 +97,7 @@ pub(crate) fn split_signature<'s, const R: usize, const W: usize>(
     op: Op,
     signature: &[(&'static str, Access)],
     args: &'s mut [Arg<'_>],
-) -> Result<([In<'s>; R], [Out<'s>; W], Vec<ArgShape>), OpError> {
+) -> Result<Split<'s, R, W, Vec<ArgShape>>, OpError> {
     if args.len() != signature.len() {
         let kind = OpErrorKind::ArgumentCount { expected: signature.len(), found: args.len() };
         return Err(OpError { op, argument: None, kind });
