@@ -9,8 +9,8 @@ use memo_plan_core::plan::Op;
 
 use super::super::attention::{push_rope_angles, rotate};
 use super::super::ring::{self, signature, ContextLayout};
-use super::super::{Arg, ArgData, Group, OpContext, OpError};
-use super::{context, run, Rng, T};
+use super::super::{execute_on_rank, Arg, ArgData, Group, OpContext, OpError};
+use super::{args_of, context, Rng, T};
 
 /// Errors name this op until the plan's op table has the ring's (the kernels take the launch's).
 const OP: Op = Op::Attention;
@@ -55,6 +55,9 @@ struct Problem {
     heads: usize,
     kv_heads: usize,
     d: usize,
+    /// The tensor-parallel rank: with `ranks > 1`, K and V hold every K/V head, replicated (the
+    /// context's `heads` are this rank's share of the model's).
+    tp: Group,
 }
 
 impl Problem {
@@ -82,7 +85,17 @@ impl Problem {
 
     /// The whole-sequence context (`seq_len = s`).
     fn full_context(&self) -> OpContext {
-        OpContext { kv_heads: self.kv_heads, ..context(self.heads * self.d, self.heads, self.s, 1) }
+        let hidden = self.heads * self.d * self.tp.ranks;
+        OpContext {
+            kv_heads: self.kv_heads,
+            kv_replicated: self.tp.ranks > 1,
+            ..context(hidden, self.heads, self.s, 1)
+        }
+    }
+
+    /// The K/V head query head `head` attends with (`AttentionShape::kv_head`).
+    fn kv_of(&self, head: usize) -> usize {
+        (self.tp.rank * self.heads + head) / (self.heads * self.tp.ranks / self.kv_heads)
     }
 
     /// A rank's context: `seq_len` its rows of one sequence.
@@ -159,7 +172,7 @@ fn area(causal: bool, q: (usize, usize), k: (usize, usize)) -> usize {
 
 /// The ring of `p.c` ranks, by hand, with `threads` threads per kernel.
 fn simulate(p: &Problem, x: &Inputs, threads: usize) -> RingResult {
-    let (c, ctx, group) = (p.c, p.rank_context(), Group::SINGLE);
+    let (c, ctx, group) = (p.c, p.rank_context(), p.tp);
     let (qw, kw) = (p.heads * p.d, p.kv_heads * p.d);
     let rows_of: Vec<Vec<usize>> = (0..c).map(|k| p.rank_rows(k)).collect();
     let r = p.b * p.local();
@@ -264,11 +277,11 @@ fn reference(p: &Problem, x: &Inputs) -> [T; 5] {
     let rows = p.b * p.s;
     let (qw, kw) = (p.heads * p.d, p.kv_heads * p.d);
     let mut fwd = [x.q.clone(), x.k.clone(), x.v.clone(), T::zeros(rows, qw * 2), T::zeros(rows, p.heads * 4)];
-    run(Op::Attention, &ctx, &mut fwd);
+    check(execute_on_rank(Op::Attention, &mut args_of(Op::Attention, &mut fwd), &ctx, p.tp, 1));
     let [q, k, v, out, lse] = fwd;
     let (dq, dk, dv) = (T::zeros(rows, qw * 2), T::zeros(rows, kw * 2), T::zeros(rows, kw * 2));
     let mut bwd = [q, k, v, out.clone(), lse.clone(), x.dout.clone(), dq, dk, dv];
-    run(Op::AttentionBackward, &ctx, &mut bwd);
+    check(execute_on_rank(Op::AttentionBackward, &mut args_of(Op::AttentionBackward, &mut bwd), &ctx, p.tp, 1));
     let [_, _, _, _, _, _, dq, dk, dv] = bwd;
     [out, lse, dq, dk, dv]
 }
@@ -352,7 +365,7 @@ fn tolerances(p: &Problem, x: &Inputs, want: &[T; 5]) -> Tolerances {
     let (mut gq, mut eq) = (vec![0.0; rows * qw], vec![0.0; rows * qw]);
     for seq in 0..p.b {
         for head in 0..h {
-            let kv = head / (h / hk);
+            let kv = p.kv_of(head);
             let qa = |i: usize, c: usize| q[(seq * s + i) * qw + head * d + c];
             let ka = |j: usize, c: usize| k[(seq * s + j) * kw + kv * d + c];
             let va = |j: usize, c: usize| v[(seq * s + j) * kw + kv * d + c];
@@ -474,7 +487,7 @@ fn check_ring(p: Problem) {
 
 #[test]
 fn the_ring_matches_attention_over_the_whole_sequence() {
-    let p = |seed, c, b, s, heads, kv_heads, d| Problem { seed, c, b, s, heads, kv_heads, d };
+    let p = |seed, c, b, s, heads, kv_heads, d| Problem { seed, c, b, s, heads, kv_heads, d, tp: Group::SINGLE };
     // c = 1: the blocks alone (one causal diagonal per sequence at step 0, split in two chunks).
     check_ring(p(1, 1, 1, 32, 2, 2, 8));
     check_ring(p(2, 1, 2, 64, 4, 2, 16));
@@ -483,11 +496,18 @@ fn the_ring_matches_attention_over_the_whole_sequence() {
     check_ring(p(4, 2, 1, 64, 1, 1, 8));
     check_ring(p(5, 4, 1, 64, 4, 2, 8));
     check_ring(p(6, 4, 2, 48, 2, 1, 16));
+    // Sequences longer than attention's key tile (64): its online softmax rescales, the blocks
+    // do not.
+    check_ring(p(8, 2, 1, 160, 2, 1, 8));
+    // Tensor-parallel rank 1 of 2 with K and V replicated: 2 query heads here, 4 in the model,
+    // over 2 K/V heads (K/V head 0 unused on this rank: its gradients are zero).
+    check_ring(Problem { tp: Group { rank: 1, ranks: 2 }, ..p(9, 2, 1, 32, 2, 2, 8) });
+    check_ring(Problem { tp: Group { rank: 0, ranks: 4 }, ..p(10, 4, 1, 32, 1, 2, 8) });
 }
 
 #[test]
 fn the_ring_gives_the_same_bits_on_one_and_three_threads() {
-    let p = Problem { seed: 7, c: 2, b: 1, s: 64, heads: 4, kv_heads: 2, d: 8 };
+    let p = Problem { seed: 7, c: 2, b: 1, s: 64, heads: 4, kv_heads: 2, d: 8, tp: Group::SINGLE };
     let x = inputs(&p);
     let (one, three) = (simulate(&p, &x, 1), simulate(&p, &x, 3));
     for (what, a, b) in [
@@ -511,7 +531,7 @@ fn rotary_rotates_each_row_by_its_ring_position() {
     let full = context(heads * d, heads, s, 1);
     let mut whole = x.clone();
     check(ring::rotary(OP, &mut [wr(&mut whole, 0, b * s)], &full, Group::SINGLE, ContextLayout::SINGLE, 1));
-    let p = Problem { seed: 0, c, b, s, heads, kv_heads: heads, d };
+    let p = Problem { seed: 0, c, b, s, heads, kv_heads: heads, d, tp: Group::SINGLE };
     let ctx = p.rank_context();
     let r = b * p.local();
     for k in 0..c {
