@@ -82,21 +82,27 @@ impl Geometry {
 
 /// `(cos, sin)` of the rotary angle for each position `< s` and pair `< head_dim / 2`.
 fn rope_table(g: &Geometry) -> Vec<(f32, f32)> {
-    let pairs = g.head_dim / 2;
-    let mut table = Vec::with_capacity(g.seq_len * pairs);
+    let mut table = Vec::with_capacity(g.seq_len * (g.head_dim / 2));
     for pos in 0..g.seq_len {
-        for i in 0..pairs {
-            let inv_freq = g.rope_theta.powf(-2.0 * i as f64 / g.head_dim as f64);
-            let (sin, cos) = (pos as f64 * inv_freq).sin_cos();
-            table.push((cos as f32, sin as f32));
-        }
+        push_rope_angles(&mut table, g.rope_theta, g.head_dim, pos);
     }
     table
 }
 
+/// Appends `(cos, sin)` of the rotary angle `pos * theta^(-2i/head_dim)` for each pair
+/// `i < head_dim / 2` to `table`: the angles of one position, computed in f64 and rounded to f32
+/// (the one definition `attention` and the context-parallel `rotary` share).
+pub(super) fn push_rope_angles(table: &mut Vec<(f32, f32)>, theta: f64, head_dim: usize, pos: usize) {
+    for i in 0..head_dim / 2 {
+        let inv_freq = theta.powf(-2.0 * i as f64 / head_dim as f64);
+        let (sin, cos) = (pos as f64 * inv_freq).sin_cos();
+        table.push((cos as f32, sin as f32));
+    }
+}
+
 /// Rotates each row (`head_dim` wide) of `x` by its position's angles; `inverse` rotates back
 /// (the transpose, for gradients).
-fn rotate(x: &mut [f32], table: &[(f32, f32)], head_dim: usize, inverse: bool) {
+pub(super) fn rotate(x: &mut [f32], table: &[(f32, f32)], head_dim: usize, inverse: bool) {
     let pairs = head_dim / 2;
     for (row, angles) in x.chunks_exact_mut(head_dim).zip(table.chunks_exact(pairs)) {
         for (pair, &(cos, sin)) in row.chunks_exact_mut(2).zip(angles) {
@@ -114,12 +120,21 @@ fn rotate(x: &mut [f32], table: &[(f32, f32)], head_dim: usize, inverse: bool) {
 
 /// Head `head` of sequence `seq` of `x` (rows of `row_bytes`), as `s x head_dim` f32.
 fn gather(x: &[u8], row_bytes: usize, g: &Geometry, seq: usize, head: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; g.seq_len * g.head_dim];
     let start = seq * g.seq_len * row_bytes;
     let rows = x.get(start..start + g.seq_len * row_bytes).unwrap_or(&[]);
-    let offset = head * g.head_dim * BF16;
-    for (dst, row) in out.chunks_exact_mut(g.head_dim).zip(rows.chunks_exact(row_bytes)) {
-        let Some(src) = row.get(offset..offset + g.head_dim * BF16) else { continue };
+    gather_rows(rows, row_bytes, g.seq_len, g.head_dim, head)
+}
+
+/// Head `head` (`head_dim` wide) of the first `rows` rows of `x` (rows of `row_bytes` bf16
+/// bytes), as `rows x head_dim` f32 (zeros where `x` is short).
+pub(super) fn gather_rows(x: &[u8], row_bytes: usize, rows: usize, head_dim: usize, head: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; rows * head_dim];
+    let offset = head * head_dim * BF16;
+    if row_bytes == 0 || head_dim == 0 {
+        return out;
+    }
+    for (dst, row) in out.chunks_exact_mut(head_dim).zip(x.chunks_exact(row_bytes)) {
+        let Some(src) = row.get(offset..offset + head_dim * BF16) else { continue };
         for (value, pair) in dst.iter_mut().zip(src.chunks_exact(BF16)) {
             *value = bf16_bits_to_f32(pair[0], pair[1]);
         }
@@ -147,7 +162,7 @@ const LANES: usize = 8;
 /// An `s x d` matrix (keys or values of one head) as tiles of `LANES` rows: tile `t` holds
 /// `[c][lane]` = row `t * LANES + lane`, element `c` (zero past `s`), so the dot products of one
 /// query with `LANES` consecutive keys read one contiguous `d x LANES` block.
-fn pack_lanes(x: &[f32], s: usize, d: usize) -> Vec<f32> {
+pub(super) fn pack_lanes(x: &[f32], s: usize, d: usize) -> Vec<f32> {
     let mut out = vec![0.0f32; s.div_ceil(LANES) * LANES * d];
     for (j, row) in x.chunks_exact(d).take(s).enumerate() {
         let base = (j / LANES) * LANES * d + j % LANES;
@@ -224,7 +239,7 @@ fn axpy(acc: &mut [f32], p: f32, x: &[f32]) {
 
 /// Rows `j` of an `s x d` matrix.
 #[inline]
-fn row(x: &[f32], d: usize, j: usize) -> &[f32] {
+pub(super) fn row(x: &[f32], d: usize, j: usize) -> &[f32] {
     x.get(j * d..(j + 1) * d).unwrap_or(&[])
 }
 
@@ -243,34 +258,65 @@ fn forward_head(q: &[f32], k: &[f32], v: &[f32], g: &Geometry, key_block: usize)
         let mut j0 = 0;
         while j0 <= i {
             let j1 = (j0 + key_block).min(i + 1);
-            let block = &mut scores[..j1 - j0];
-            dots(qi, &kt, j0, j1, block);
-            let mut block_max = f32::NEG_INFINITY;
-            for score in block.iter_mut() {
-                *score *= scale;
-                block_max = block_max.max(*score);
-            }
-            let new_max = max.max(block_max);
-            let correction = (max - new_max).exp();
-            let mut block_sum = 0.0f32;
-            for score in block.iter_mut() {
-                *score = (*score - new_max).exp();
-                block_sum += *score;
-            }
-            sum = sum * correction + block_sum;
-            for a in acc.iter_mut() {
-                *a *= correction;
-            }
-            accumulate_rows(acc, block, v, j0);
-            max = new_max;
+            let keys = Keys { tiles: &kt, v, j0, j1 };
+            softmax_tile(qi, &keys, scale, &mut scores, acc, (&mut max, &mut sum));
             j0 = j1;
         }
-        for a in acc.iter_mut() {
-            *a /= sum;
-        }
-        *lse_i = max + sum.ln();
+        *lse_i = finish_row(acc, max, sum);
     }
     (out, lse)
+}
+
+/// Keys `[j0, j1)` of one head: `k` packed by [`pack_lanes`] and `v` (`s x head_dim`).
+pub(super) struct Keys<'a> {
+    pub tiles: &'a [f32],
+    pub v: &'a [f32],
+    pub j0: usize,
+    pub j1: usize,
+}
+
+/// One step of the online softmax of query row `qi` over the keys `[j0, j1)`: their scaled
+/// scores (sequential over the head dimension), the new maximum, `acc` rescaled and the keys'
+/// `exp(score - max) * v` added in key order, and the running `(max, sum)` updated. `scores`
+/// holds at least `j1 - j0` values (scratch).
+pub(super) fn softmax_tile(
+    qi: &[f32],
+    keys: &Keys<'_>,
+    scale: f32,
+    scores: &mut [f32],
+    acc: &mut [f32],
+    (max, sum): (&mut f32, &mut f32),
+) {
+    let (j0, j1) = (keys.j0, keys.j1);
+    let Some(block) = scores.get_mut(..j1.saturating_sub(j0)) else { return };
+    dots(qi, keys.tiles, j0, j1, block);
+    let mut block_max = f32::NEG_INFINITY;
+    for score in block.iter_mut() {
+        *score *= scale;
+        block_max = block_max.max(*score);
+    }
+    let new_max = max.max(block_max);
+    let correction = (*max - new_max).exp();
+    let mut block_sum = 0.0f32;
+    for score in block.iter_mut() {
+        *score = (*score - new_max).exp();
+        block_sum += *score;
+    }
+    *sum = *sum * correction + block_sum;
+    for a in acc.iter_mut() {
+        *a *= correction;
+    }
+    accumulate_rows(acc, block, keys.v, j0);
+    *max = new_max;
+}
+
+/// Ends a query row's online softmax: `acc /= sum`, and returns the natural log-sum-exp
+/// `max + ln(sum)`.
+pub(super) fn finish_row(acc: &mut [f32], max: f32, sum: f32) -> f32 {
+    for a in acc.iter_mut() {
+        *a /= sum;
+    }
+    max + sum.ln()
 }
 
 /// `attention`: `out, lse = attention(rope(q), rope(k), v)`, causal within each sequence, as
@@ -355,31 +401,21 @@ fn backward_head(x: &HeadInputs<'_>, g: &Geometry, key_block: usize) -> HeadGrad
     let kt = pack_lanes(x.k, s, d);
     let vt = pack_lanes(x.v, s, d);
     let mut grads = HeadGradients { dq: vec![0.0; s * d], dk: vec![0.0; s * d], dv: vec![0.0; s * d] };
-    let (mut p, mut dp) = (vec![0.0f32; key_block], vec![0.0f32; key_block]);
+    let mut scratch = (vec![0.0f32; key_block], vec![0.0f32; key_block]);
     for i in 0..s {
         let (qi, douti) = (row(x.q, d, i), row(x.dout, d, i));
-        let delta = douti.iter().zip(row(x.out, d, i)).fold(0.0f32, |acc, (&a, &b)| acc + a * b);
-        let lse = x.lse.get(i).copied().unwrap_or(0.0);
+        let query = QueryRow {
+            q: qi,
+            dout: douti,
+            delta: row_delta(douti, row(x.out, d, i)),
+            lse: x.lse.get(i).copied().unwrap_or(0.0),
+        };
         let mut j0 = 0;
         while j0 <= i {
             let j1 = (j0 + key_block).min(i + 1);
-            let (pb, dpb) = (&mut p[..j1 - j0], &mut dp[..j1 - j0]);
-            dots(qi, &kt, j0, j1, pb);
-            dots(douti, &vt, j0, j1, dpb);
-            for (j, (score, dpj)) in (j0..j1).zip(pb.iter_mut().zip(dpb.iter_mut())) {
-                let pj = (*score * scale - lse).exp();
-                let ds = pj * (*dpj - delta);
-                if let Some(dv) = grads.dv.get_mut(j * d..(j + 1) * d) {
-                    axpy(dv, pj, douti);
-                }
-                if let Some(dk) = grads.dk.get_mut(j * d..(j + 1) * d) {
-                    axpy(dk, ds, qi);
-                }
-                *dpj = ds;
-            }
-            if let Some(dq) = grads.dq.get_mut(i * d..(i + 1) * d) {
-                accumulate_rows(dq, dpb, x.k, j0);
-            }
+            let keys = BackwardKeys { k: x.k, k_tiles: &kt, v_tiles: &vt, j0, j1 };
+            let dq = grads.dq.get_mut(i * d..(i + 1) * d).unwrap_or(&mut []);
+            backward_tile(&query, &keys, scale, &mut scratch, (&mut grads.dk, &mut grads.dv, dq));
             j0 = j1;
         }
     }
@@ -387,6 +423,61 @@ fn backward_head(x: &HeadInputs<'_>, g: &Geometry, key_block: usize) -> HeadGrad
         *value *= scale;
     }
     grads
+}
+
+/// `D_i = dout_i . out_i`, summed over the head dimension in order.
+pub(super) fn row_delta(dout: &[f32], out: &[f32]) -> f32 {
+    dout.iter().zip(out).fold(0.0f32, |acc, (&a, &b)| acc + a * b)
+}
+
+/// One query row of the backward: rotated `q_i`, `dout_i`, `D_i` and the final `lse_i`.
+pub(super) struct QueryRow<'a> {
+    pub q: &'a [f32],
+    pub dout: &'a [f32],
+    pub delta: f32,
+    pub lse: f32,
+}
+
+/// Keys `[j0, j1)` of one head for the backward: `k` (`s x head_dim`), and `k`, `v` packed by
+/// [`pack_lanes`].
+pub(super) struct BackwardKeys<'a> {
+    pub k: &'a [f32],
+    pub k_tiles: &'a [f32],
+    pub v_tiles: &'a [f32],
+    pub j0: usize,
+    pub j1: usize,
+}
+
+/// FlashAttention-2's backward of query row `query` over the keys `[j0, j1)`, before the
+/// scale: for each key `j` in order, `p = exp(score * scale - lse)`, `ds = p (dout . v_j - D)`,
+/// `dv_j += p dout`, `dk_j += ds q`; then `dq_row += sum_j ds_j k_j` (keys in order). `dk` and
+/// `dv` are `s x head_dim` (indexed by key), `scratch` two vectors of at least `j1 - j0`.
+pub(super) fn backward_tile(
+    query: &QueryRow<'_>,
+    keys: &BackwardKeys<'_>,
+    scale: f32,
+    scratch: &mut (Vec<f32>, Vec<f32>),
+    (dk, dv, dq_row): (&mut [f32], &mut [f32], &mut [f32]),
+) {
+    let (j0, j1, d) = (keys.j0, keys.j1, query.q.len());
+    let len = j1.saturating_sub(j0);
+    let (Some(pb), Some(dpb)) = (scratch.0.get_mut(..len), scratch.1.get_mut(..len)) else { return };
+    dots(query.q, keys.k_tiles, j0, j1, pb);
+    dots(query.dout, keys.v_tiles, j0, j1, dpb);
+    for (j, (score, dpj)) in (j0..j1).zip(pb.iter_mut().zip(dpb.iter_mut())) {
+        let pj = (*score * scale - query.lse).exp();
+        let ds = pj * (*dpj - query.delta);
+        if let Some(dv) = dv.get_mut(j * d..(j + 1) * d) {
+            axpy(dv, pj, query.dout);
+        }
+        if let Some(dk) = dk.get_mut(j * d..(j + 1) * d) {
+            axpy(dk, ds, query.q);
+        }
+        *dpj = ds;
+    }
+    if dq_row.len() == d {
+        accumulate_rows(dq_row, dpb, keys.k, j0);
+    }
 }
 
 /// `attention_backward`: `dq, dk, dv` (overwritten) from `q, k, v, out, lse, dout`, through the

@@ -35,12 +35,14 @@ mod loss;
 mod norm;
 mod optim;
 mod parallel;
+pub mod ring;
 mod tensor;
 
 #[cfg(test)]
 mod tests;
 
 pub use parallel::{set_threads, threads};
+pub use ring::ContextLayout;
 
 /// AdamW's hyperparameters for one step (PyTorch's `AdamW` semantics: decoupled weight decay on
 /// every parameter it is given, bias-corrected moments, the global-norm clip; `step` is 1-based):

@@ -81,8 +81,27 @@ pub(crate) fn split_in<'s, const R: usize, const W: usize>(
     ctx: &OpContext,
     group: Group,
 ) -> Result<([In<'s>; R], [Out<'s>; W], OpShape), OpError> {
-    let signature = op.signature();
     check_argument_count(op, args.len())?;
+    let (reads, writes, arg_shapes) = split_signature::<R, W>(op, op.signature(), args)?;
+    let shape = shapes::check(op, &arg_shapes, &shape_context(ctx, group))?;
+    Ok((reads, writes, shape))
+}
+
+/// A launch's read arguments, its written ones, and what else the split found (`S`).
+pub(crate) type Split<'s, const R: usize, const W: usize, S> = ([In<'s>; R], [Out<'s>; W], S);
+
+/// Checks how `args` were passed against `signature` (the count, each argument's byte count and
+/// access) and splits them into the `R` read-only and the `W` written ones, in signature order,
+/// with their shapes for the op table's rules. Errors name `op` and the signature's argument.
+pub(crate) fn split_signature<'s, const R: usize, const W: usize>(
+    op: Op,
+    signature: &[(&'static str, Access)],
+    args: &'s mut [Arg<'_>],
+) -> Result<Split<'s, R, W, Vec<ArgShape>>, OpError> {
+    if args.len() != signature.len() {
+        let kind = OpErrorKind::ArgumentCount { expected: signature.len(), found: args.len() };
+        return Err(OpError { op, argument: None, kind });
+    }
     let mut reads = Vec::with_capacity(R);
     let mut writes = Vec::with_capacity(W);
     let mut arg_shapes = Vec::with_capacity(args.len());
@@ -109,12 +128,11 @@ pub(crate) fn split_in<'s, const R: usize, const W: usize>(
             }
         }
     }
-    let shape = shapes::check(op, &arg_shapes, &shape_context(ctx, group))?;
     // The counts follow from the signature; a mismatch here means `R`/`W` disagree with it.
     let internal = |found| OpError { op, argument: None, kind: OpErrorKind::ArgumentCount { expected: R + W, found } };
     let reads: [In<'s>; R] = reads.try_into().map_err(|v: Vec<In<'s>>| internal(v.len()))?;
     let writes: [Out<'s>; W] = writes.try_into().map_err(|v: Vec<Out<'s>>| internal(v.len()))?;
-    Ok((reads, writes, shape))
+    Ok((reads, writes, arg_shapes))
 }
 
 /// The f32 value of little-endian bf16 bytes (exact).

@@ -4,7 +4,9 @@
 //! - `invariance`: row-wise ops give the same bytes on any row range and thread count, and every
 //!   op gives the same bytes twice;
 //! - `errors`: bad launches give errors that name the op and argument, random launches never
-//!   panic.
+//!   panic;
+//! - `ring`: the context-parallel ring attention kernels, a ring simulated by hand against
+//!   `attention` over the whole sequence.
 
 use memo_plan_core::plan::{Access, Op};
 
@@ -16,6 +18,7 @@ mod forward;
 mod gradients;
 mod invariance;
 mod reference;
+mod ring;
 mod tensor_parallel;
 
 /// splitmix64: the same numbers on every platform.
