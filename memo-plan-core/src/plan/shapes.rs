@@ -68,6 +68,12 @@ pub struct ShapeContext {
     pub rank: u64,
     /// GPUs in the tensor-parallel group, `t` (0 reads as 1: `Default` is one GPU).
     pub ranks: u64,
+    /// This GPU's context-parallel rank `k`, `0..context_ranks` (`spec/context-parallel.md`):
+    /// with `seq_len` the rank's rows of one sequence, it decides each row's position
+    /// ([`ShapeContext::position`]).
+    pub context_rank: u64,
+    /// Context-parallel ranks `c` (0 reads as 1).
+    pub context_ranks: u64,
 }
 
 impl Default for ShapeContext {
@@ -86,6 +92,8 @@ impl Default for ShapeContext {
             adamw_step: 0,
             rank: 0,
             ranks: 0,
+            context_rank: 0,
+            context_ranks: 0,
         }
     }
 }
@@ -109,16 +117,63 @@ impl ShapeContext {
             adamw_step: 1,
             rank,
             ranks,
+            context_rank: 0,
+            context_ranks: 1,
         }
     }
 
     /// [`ShapeContext::for_model`] for rank `rank` of the tensor-parallel group of `parallel`:
     /// with context parallelism (`c > 1`) a rank's program holds its `s / c` tokens of each
     /// sequence ([`crate::model::ModelConfig::rank_seq_len`]), so its launches are checked as
-    /// sequences of that many rows (the ring that brings the other ranks' K/V, and the positions
-    /// of the rank's second chunk, are not in the plan format yet: such plans are never written).
+    /// sequences of that many rows. The context rank is 0: [`ShapeContext::for_ranks`] names it.
     pub fn for_layout(model: &crate::model::ModelConfig, parallel: &crate::model::Parallelism, rank: u64) -> Self {
-        ShapeContext { seq_len: model.rank_seq_len(parallel), ..ShapeContext::for_model(model, rank, parallel.tensor) }
+        ShapeContext::for_ranks(model, parallel, rank, 0)
+    }
+
+    /// [`ShapeContext::for_layout`] for tensor-parallel rank `rank` of context rank
+    /// `context_rank` (`0..c`).
+    pub fn for_ranks(
+        model: &crate::model::ModelConfig,
+        parallel: &crate::model::Parallelism,
+        rank: u64,
+        context_rank: u64,
+    ) -> Self {
+        ShapeContext {
+            seq_len: model.rank_seq_len(parallel),
+            context_rank,
+            context_ranks: parallel.context.max(1),
+            ..ShapeContext::for_model(model, rank, parallel.tensor)
+        }
+    }
+
+    /// `c`: [`ShapeContext::context_ranks`], at least 1.
+    pub fn context_group(&self) -> u64 {
+        self.context_ranks.max(1)
+    }
+
+    /// The position in its sequence of local row `row` (`spec/context-parallel.md`, "Layout"):
+    /// with `L = seq_len` (this rank's rows of one sequence, `s / c`) and `n = L / 2` (one chunk),
+    /// `j = row % L` is position `k*n + j` in the rank's first chunk (`j < n`), else
+    /// `(2c-1-k)*n + (j - n)` in its second. With `c = 1` that is `row % seq_len`. `None` when
+    /// `seq_len` is 0, or when `c > 1` and `seq_len` is odd or `k >= c`.
+    pub fn position(&self, row: u64) -> Option<u64> {
+        let (k, c, l) = (self.context_rank, self.context_group(), self.seq_len);
+        if l == 0 {
+            return None;
+        }
+        let j = row % l;
+        if c == 1 {
+            return Some(j);
+        }
+        if k >= c || !l.is_multiple_of(2) {
+            return None;
+        }
+        let n = l / 2;
+        if j < n {
+            k.checked_mul(n)?.checked_add(j)
+        } else {
+            (2 * c - 1 - k).checked_mul(n)?.checked_add(j - n)
+        }
     }
 
     /// Key/value heads in K and V: [`ShapeContext::kv_heads`], or `heads` when it is 0.
@@ -224,6 +279,16 @@ impl OpShape {
             | Op::LinearBackwardWeightNoBias
             | Op::Classifier
             | Op::ClassifierBackwardWeight => matmul_flops(self.rows, self.width, self.features).unwrap_or(u64::MAX),
+            Op::AttentionBlock | Op::AttentionBlockCausal => {
+                let causal = self.op == Op::AttentionBlockCausal;
+                attention_block_flops(self.rows, self.features, self.width, causal).unwrap_or(u64::MAX)
+            }
+            Op::AttentionBlockBackward | Op::AttentionBlockBackwardCausal => {
+                let causal = self.op == Op::AttentionBlockBackwardCausal;
+                attention_block_flops(self.rows, self.features, self.width, causal)
+                    .and_then(|f| f.checked_mul(2))
+                    .unwrap_or(u64::MAX)
+            }
             _ => 0,
         }
     }
@@ -391,6 +456,17 @@ impl OpError {
         OpError { op, argument: None, kind: OpErrorKind::Context { field, problem } }
     }
 
+    /// The refusal of a context-parallel op (codes 34-45, [`Op::is_context_parallel`]) by a
+    /// backend (`backend`: "CPU", "GPU") whose kernels for it are not wired yet: plans carry
+    /// the ring (`spec/context-parallel.md`), the runtimes do not run it yet.
+    pub fn not_yet_wired(op: Op, backend: &str) -> Self {
+        let reason = format!(
+            "context parallelism's ops are not yet wired into the {backend} backend: plans with c > 1 can be made \
+             and checked, not run; train with context parallelism 1"
+        );
+        OpError { op, argument: None, kind: OpErrorKind::Unsupported { reason } }
+    }
+
     /// The refusal of a collective by a single-device backend.
     pub fn needs_multi_gpu(op: Op) -> Self {
         OpError { op, argument: None, kind: OpErrorKind::NeedsMultiGpu }
@@ -450,7 +526,167 @@ pub fn check(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, O
         Op::CrossEntropyMax | Op::CrossEntropySums | Op::CrossEntropyFinish => cross_entropy_part(op, args, ctx),
         Op::Swiglu | Op::SwigluBackward => swiglu(op, args),
         Op::LinearBackwardWeightNoBias => linear_backward_weight_no_bias(args),
+        Op::Rotary | Op::RotaryBackward => rotary(op, args, ctx),
+        Op::AttentionBlock
+        | Op::AttentionBlockCausal
+        | Op::AttentionBlockBackward
+        | Op::AttentionBlockBackwardCausal
+        | Op::AttentionRingInit
+        | Op::AttentionRingFinish => attention_block(op, args, ctx),
+        Op::ToBf16 => {
+            let [x, y] = arguments(op, args)?;
+            let width = y.elems(BF16, "bf16")?;
+            x.want_rows(y.s.rows, "the rows of `y`")?;
+            x.want_elems(width, WORD, "one f32 per bf16 of `y`")?;
+            let elements = y.total(width)?;
+            Ok(OpShape { elements, ..shape(op, y.s.rows, width, 0) })
+        }
+        Op::RingExchange => {
+            let [x, y] = arguments(op, args)?;
+            y.want_rows(x.s.rows, "the rows of `x`: a ring exchange receives what the previous rank sends")?;
+            y.want_row_bytes(x.s.row_bytes, "the row width of `x`")?;
+            Ok(shape(op, x.s.rows, 0, 0))
+        }
+        Op::DataAllReduceSumBf16 | Op::DataAllReduceSumF32 => {
+            let [x] = arguments(op, args)?;
+            let (elem, what) = if op == Op::DataAllReduceSumBf16 { (BF16, "bf16") } else { (WORD, "f32") };
+            let width = x.elems(elem, what)?;
+            let elements = x.total(width)?;
+            Ok(OpShape { elements, ..shape(op, x.s.rows, width, 0) })
+        }
     }
+}
+
+/// The head dimension `hidden / (heads * t)` of the context (rotary and the ring's blocks), with
+/// the context's errors: no heads, or a hidden size that is not whole heads of an even width.
+fn head_dim(op: Op, ctx: &ShapeContext) -> Result<u64, OpError> {
+    let all_heads = ctx.heads.saturating_mul(ctx.group());
+    if all_heads == 0 {
+        return Err(OpError::context(op, "heads", "is 0; the op needs at least one head".into()));
+    }
+    let d = ctx.hidden / all_heads;
+    if !ctx.hidden.is_multiple_of(all_heads) || d == 0 || !d.is_multiple_of(2) {
+        let problem = format!(
+            "is {}: it must be {all_heads} heads (`heads` x `ranks`) of an even, positive head dimension",
+            ctx.hidden
+        );
+        return Err(OpError::context(op, "hidden", problem));
+    }
+    Ok(d)
+}
+
+/// `rotary` [x] and `rotary_backward` [dx]: rows of whole heads of the context's head dimension
+/// (query or key/value heads), bf16; positions from the context ([`ShapeContext::position`]), so
+/// `seq_len` must give them.
+fn rotary(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    let [x] = arguments(op, args)?;
+    let d = head_dim(op, ctx)?;
+    let elems = x.elems(BF16, "bf16")?;
+    if !elems.is_multiple_of(d) {
+        return Err(x.error(format!("whole heads of the head dimension {d}"), format!("{elems} bf16 per row")));
+    }
+    if ctx.position(0).is_none() {
+        let problem = format!(
+            "is {} with context rank {} of {}: positions need a positive `seq_len`, even when c > 1, and a context \
+             rank below c",
+            ctx.seq_len,
+            ctx.context_rank,
+            ctx.context_group()
+        );
+        return Err(OpError::context(op, "seq_len", problem));
+    }
+    let elements = x.total(elems)?;
+    Ok(OpShape { elements, ..shape(op, x.s.rows, elems, 0) })
+}
+
+/// The ring attention's ops (`spec/context-parallel.md`): `attention_block(_causal)` [q, k, v,
+/// out_acc, lse], `attention_block_backward(_causal)` [q, k, v, out, lse, dout, dq_acc, dk_acc,
+/// dv_acc], `attention_ring_init` [out_acc, lse], `attention_ring_finish` [out_acc, out]. Query
+/// rows (`q`, `out`, `dout`) have the context's heads; `k`, `v` (any rows; a causal block's equal
+/// to `q`'s) its K/V heads; the accumulators are f32 (`out_acc`, `dq_acc` like `q`, `dk_acc`,
+/// `dv_acc` like `k`), `lse` one f32 per head per query row. `rows` are the query rows,
+/// `features` the key rows, `width` a query row's elements; the geometry's `seq_len` is the key
+/// rows and `sequences` 1 (a block needs no whole sequences).
+fn attention_block(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    check_argument_count(op, args.len())?;
+    let named = |index: usize| Arg::at(op, args, index);
+    let d = head_dim(op, ctx)?;
+    let heads = ctx.heads;
+    let kv_heads = ctx.kv_heads_in_tensor();
+    let ranks = ctx.group();
+    let (all_heads, first_query) = if ctx.kv_replicated {
+        ctx.check_rank(op)?;
+        (heads.saturating_mul(ranks), ctx.rank.saturating_mul(heads))
+    } else {
+        (heads, 0)
+    };
+    if kv_heads == 0 || !all_heads.is_multiple_of(kv_heads) || (!ctx.kv_replicated && kv_heads > heads) {
+        let problem = format!("is {kv_heads}; it must divide the query heads {all_heads} (grouped-query attention)");
+        return Err(OpError::context(op, "kv_heads", problem));
+    }
+    let q_row = heads.saturating_mul(d).saturating_mul(BF16);
+    let kv_row = kv_heads.saturating_mul(d).saturating_mul(BF16);
+    let lse_row = heads.saturating_mul(WORD);
+    // (position, row bytes, whether its rows are the keys' rather than the queries').
+    let layout: &[(usize, u64, bool)] = match op {
+        Op::AttentionRingInit => &[(0, q_row * 2, false), (1, lse_row, false)],
+        Op::AttentionRingFinish => &[(0, q_row * 2, false), (1, q_row, false)],
+        Op::AttentionBlock | Op::AttentionBlockCausal => {
+            &[(0, q_row, false), (1, kv_row, true), (2, kv_row, true), (3, q_row * 2, false), (4, lse_row, false)]
+        }
+        _ => &[
+            (0, q_row, false),
+            (1, kv_row, true),
+            (2, kv_row, true),
+            (3, q_row, false),
+            (4, lse_row, false),
+            (5, q_row, false),
+            (6, q_row * 2, false),
+            (7, kv_row * 2, true),
+            (8, kv_row * 2, true),
+        ],
+    };
+    let queries = named(0).s.rows;
+    let keys = layout.iter().find(|l| l.2).map_or(0, |&(index, _, _)| named(index).s.rows);
+    let causal = matches!(op, Op::AttentionBlockCausal | Op::AttentionBlockBackwardCausal);
+    for &(index, row_bytes, key_rows) in layout {
+        let arg = named(index);
+        let why = match (index, row_bytes) {
+            (_, b) if b == lse_row && arg.name == "lse" => "one f32 per head",
+            (_, b) if b == q_row * 2 || b == kv_row * 2 => "f32 of the heads of the context's head dimension",
+            _ => "the context's heads of its head dimension, bf16",
+        };
+        arg.want_row_bytes(row_bytes, why)?;
+        if key_rows {
+            arg.want_rows(keys, "the rows of `k`")?;
+        } else {
+            arg.want_rows(queries, if index == 0 { "its own rows" } else { "the rows of the first argument" })?;
+        }
+    }
+    if causal && keys != queries {
+        return Err(named(1)
+            .error(format!("the rows of `q` ({queries}): a causal block is on the diagonal"), format!("{keys} rows")));
+    }
+    let geometry = AttentionShape {
+        heads,
+        kv_heads,
+        group: all_heads / kv_heads,
+        first_query,
+        head_dim: d,
+        seq_len: keys,
+        sequences: 1,
+    };
+    let elems = heads.saturating_mul(d);
+    Ok(OpShape { attention: Some(geometry), ..shape(op, queries, elems, keys) })
+}
+
+/// The matrix-product FLOPs of one ring attention block over `queries` x `keys` rows with
+/// `elements` bf16 per query row (the heads of this GPU times the head dimension), counted as
+/// `attention`'s are: `Q K^T` and `P V`, `2 * 2 * queries * keys * elements`, halved for a causal
+/// block; its backward twice that. `None` on overflow.
+pub fn attention_block_flops(queries: u64, keys: u64, elements: u64, causal: bool) -> Option<u64> {
+    let full = u128::from(queries) * u128::from(keys) * u128::from(elements) * 4;
+    u64::try_from(if causal { full / 2 } else { full }).ok()
 }
 
 /// `swiglu` [x, y] and `swiglu_backward` [x, dy, dx]: `x` (and `dx`) rows of `2w` bf16, the gate
