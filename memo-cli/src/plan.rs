@@ -33,7 +33,8 @@ changed by --config's [machine] keys or the machine flags is marked `(overridden
 with what changed. The tensor-parallel degree t cannot pass the machine's GPUs per node: a
 tensor-parallel group stays inside a node. --nodes N spreads d x c x t ranks over N nodes (d
 follows from N when --dp is not given); --cp C splits each sequence over C context-parallel ranks
-(ring attention; spec/cost-model.md section 7c), refused with -o (no ring in the plan format yet); --zero 1 or 2 shards the optimizer state (and the gradients) over
+(ring attention; spec/cost-model.md section 7c, spec/context-parallel.md: -o writes one program
+per context rank, which no runtime runs yet); --zero 1 or 2 shards the optimizer state (and the gradients) over
 the d data-parallel ranks, and the step adds their gradient reduction and parameter all-gather,
 over the network when d spans nodes. The plan file (-o) holds one tensor-parallel group's program
 with its whole model state, so -o is refused with --zero 1 or 2 at d > 1. Without --strategy the command exits 8 when no strategy fits; with
@@ -116,17 +117,6 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
         return Err(Failure::new(
             exit::BAD_INPUT,
             "-o writes one plan: choose it with --strategy (e.g. --strategy memo)",
-        ));
-    }
-    if args.output.is_some() && config.parallel.context > 1 {
-        return Err(Failure::new(
-            exit::BAD_INPUT,
-            format!(
-                "-o with c = {}: a plan file holds one tensor-parallel group's program, and the format has no \
-                 context-parallel ring yet (no per-rank send/receive programs), so no runtime \
-                 could run it; drop -o to see the plan's figures, or write the file with --cp 1",
-                config.parallel.context
-            ),
         ));
     }
     if args.output.is_some() && config.sharding.shards_optimizer_state() && config.parallel.data > 1 {
