@@ -1248,6 +1248,60 @@ mod tests {
         assert!(error.to_string().contains("argument `k`: expected whole sequences"), "{error}");
     }
 
+    /// Context rank k of c holds chunks k and 2c-1-k of each sequence (spec/context-parallel.md):
+    /// with s = 16, c = 2 (L = 8 local rows per sequence, chunks of n = 4), rank 0 holds positions
+    /// 0-3 and 12-15, rank 1 positions 4-11; the next sequence starts over.
+    #[test]
+    fn positions_follow_the_load_balanced_chunks() {
+        let ctx = |k, c, seq_len| ShapeContext { context_rank: k, context_ranks: c, seq_len, ..context() };
+        let rank0: alloc::vec::Vec<u64> = (0..10).map(|r| ctx(0, 2, 8).position(r).unwrap()).collect();
+        assert_eq!(rank0, [0, 1, 2, 3, 12, 13, 14, 15, 0, 1]);
+        let rank1: alloc::vec::Vec<u64> = (0..8).map(|r| ctx(1, 2, 8).position(r).unwrap()).collect();
+        assert_eq!(rank1, [4, 5, 6, 7, 8, 9, 10, 11]);
+        // c = 1: row % seq_len, whatever the parity (the default context is c = 1).
+        assert_eq!(ctx(0, 0, 3).position(7), Some(1));
+        // Refused: no sequence, an odd one at c > 1, a rank past c.
+        assert_eq!((ctx(0, 2, 0).position(0), ctx(0, 2, 7).position(0), ctx(2, 2, 8).position(0)), (None, None, None));
+    }
+
+    /// The ring's ops: block shapes (queries x keys, f32 accumulators), a causal block on the
+    /// diagonal only, FLOPs counted like attention's (halved when causal, doubled backward), the
+    /// exchange's two sides equal, rotary on whole heads.
+    #[test]
+    fn the_ring_ops_check_their_shapes_and_count_their_flops() {
+        // h = 4, 2 heads of 2: q rows of 8 bytes, lse of 8, out_acc of 16.
+        let ctx = ShapeContext { context_ranks: 2, seq_len: 4, ..context() };
+        let (q, k, acc, lse) = (arg(2, 8), arg(4, 8), arg(2, 16), arg(2, 8));
+        let block = check(Op::AttentionBlock, &[q, k, k, acc, lse], &ctx).unwrap();
+        assert_eq!((block.rows, block.features, block.width), (2, 4, 4));
+        assert_eq!(block.matmul_flops(), 4 * 2 * 4 * 4);
+        let causal = check(Op::AttentionBlockCausal, &[q, q, q, acc, lse], &ctx).unwrap();
+        assert_eq!(causal.matmul_flops(), 4 * 2 * 2 * 4 / 2);
+        let error = check(Op::AttentionBlockCausal, &[q, k, k, acc, lse], &ctx).unwrap_err();
+        assert!(error.to_string().contains("a causal block is on the diagonal"), "{error}");
+        let error = check(Op::AttentionBlock, &[q, k, k, arg(2, 8), lse], &ctx).unwrap_err();
+        assert_eq!(error.argument, Some("out_acc"));
+        let (kacc, dq) = (arg(4, 16), arg(2, 16));
+        let backward = check(Op::AttentionBlockBackward, &[q, k, k, q, lse, q, dq, kacc, kacc], &ctx).unwrap();
+        assert_eq!(backward.matmul_flops(), 2 * block.matmul_flops());
+        assert!(check(Op::RingExchange, &[arg(3, 8), arg(3, 8)], &ctx).is_ok());
+        let error = check(Op::RingExchange, &[arg(3, 8), arg(2, 8)], &ctx).unwrap_err();
+        assert_eq!(error.argument, Some("y"));
+        assert_eq!(check(Op::ToBf16, &[arg(3, 16), arg(3, 8)], &ctx).unwrap().elements, 12);
+        assert!(check(Op::ToBf16, &[arg(3, 8), arg(3, 8)], &ctx).is_err());
+        assert!(check(Op::Rotary, &[arg(5, 8)], &ctx).is_ok());
+        assert!(check(Op::Rotary, &[arg(5, 6)], &ctx).is_err(), "3 bf16 are not whole heads of 2");
+        let odd = ShapeContext { seq_len: 3, ..ctx };
+        let error = check(Op::Rotary, &[arg(5, 8)], &odd).unwrap_err();
+        assert!(matches!(error.kind, OpErrorKind::Context { field: "seq_len", .. }), "{error}");
+        // Every new op is on the collective stream exactly when it is a collective.
+        for op in [Op::RingExchange, Op::DataAllReduceSumBf16, Op::DataAllReduceSumF32] {
+            assert_eq!(op.stream(), crate::plan::Stream::Collective);
+            assert!(!op.is_collective(), "{op:?} is not the tensor group's");
+        }
+        assert_eq!(Op::Rotary.stream(), crate::plan::Stream::Compute);
+    }
+
     #[test]
     fn every_op_refuses_a_wrong_argument_count_without_panicking() {
         for &op in Op::ALL {

@@ -482,8 +482,60 @@ fn context_parallel_plans_pass_the_checker_for_every_strategy() {
                     assert!(matches!(l.op, Op::AttentionBlock | Op::AttentionBlockBackward), "{:?}", l.op);
                 }
             }
+            // Every gradient and the loss summed over the data group once, before the norm.
+            let position =
+                |op: Op| p.instructions.iter().position(|i| matches!(&i.action, Action::Launch(l) if l.op == op));
+            let reduced: Vec<crate::plan::BufferId> = p
+                .instructions
+                .iter()
+                .filter_map(|i| match &i.action {
+                    Action::Launch(l) if l.op == Op::DataAllReduceSumBf16 => Some(l.args[0].region.buffer),
+                    _ => None,
+                })
+                .collect();
+            let gradients = p.buffers.iter().filter(|b| b.kind == crate::plan::BufferKind::Gradient).count();
+            assert_eq!(reduced.len(), gradients);
+            assert!(position(Op::DataAllReduceSumF32).unwrap() < position(Op::GradNormSquared).unwrap());
             let decoded = Plan::decode(&p.encode()).unwrap();
             assert_eq!(&decoded, p);
         }
     }
+}
+
+/// The ring's blocks at c = 2 (`spec/context-parallel.md`, "The ring"): at step 1 context rank 0
+/// holds rank 1's K/V (a later source: its second chunk's queries attend all of it) and rank 1
+/// holds rank 0's (an earlier one: all its queries attend its first chunk); the diagonal blocks
+/// of step 0 are causal on both.
+#[test]
+fn the_ring_blocks_follow_the_load_balanced_chunks() {
+    use crate::plan::{Action, Op};
+    let mut r = request(2, 64, "h100x8", Strategy::KeepAll);
+    r.model = ModelConfig::new("tiny", 2, 64, 4, 64, 1);
+    r.parallel = Parallelism::new(1, 1).with_context(2);
+    let report = plan(&r).unwrap();
+    // Per rank: the forward blocks of layer 0 as (op, q rows, k rows).
+    let blocks = |program: &[crate::plan::Instruction]| {
+        let found: Vec<(Op, (u64, u64), (u64, u64))> = program
+            .iter()
+            .filter_map(|i| match &i.action {
+                Action::Launch(l)
+                    if l.layer == Some(0) && matches!(l.op, Op::AttentionBlock | Op::AttentionBlockCausal) =>
+                {
+                    let (q, k) = (l.args[0].region, l.args[1].region);
+                    Some((l.op, (q.start, q.end), (k.start, k.end)))
+                }
+                _ => None,
+            })
+            .collect();
+        found
+    };
+    let (causal, full) = (Op::AttentionBlockCausal, Op::AttentionBlock);
+    // s / c = 32 rows per rank, chunks of 16.
+    let step0 = [(causal, (0, 16), (0, 16)), (full, (16, 32), (0, 16)), (causal, (16, 32), (16, 32))];
+    let mut rank0 = step0.to_vec();
+    rank0.push((full, (16, 32), (0, 32)));
+    let mut rank1 = step0.to_vec();
+    rank1.push((full, (0, 32), (0, 16)));
+    assert_eq!(blocks(&report.plan.instructions), rank0);
+    assert_eq!(blocks(report.plan.program(1)), rank1);
 }
