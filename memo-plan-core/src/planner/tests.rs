@@ -514,8 +514,9 @@ fn the_ring_blocks_follow_the_load_balanced_chunks() {
     r.parallel = Parallelism::new(1, 1).with_context(2);
     let report = plan(&r).unwrap();
     // Per rank: the forward blocks of layer 0 as (op, q rows, k rows).
+    type Block = (Op, (u64, u64), (u64, u64));
     let blocks = |program: &[crate::plan::Instruction]| {
-        let found: Vec<(Op, (u64, u64), (u64, u64))> = program
+        let found: Vec<Block> = program
             .iter()
             .filter_map(|i| match &i.action {
                 Action::Launch(l)
