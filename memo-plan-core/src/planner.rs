@@ -97,12 +97,13 @@ pub const PLAN_GRAPH_BYTES: u64 = 512 << 20;
 /// How large a step's plan is, before it is made: [`estimate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanSize {
-    /// Instructions of the step.
+    /// Instructions of the step (of one program: with `c > 1` each context rank's is as long).
     pub instructions: u64,
     /// Buffers of the step.
     pub buffers: u64,
-    /// The memory planning takes, about ([`PLAN_BYTES_PER_INSTRUCTION`] per instruction,
-    /// [`PLAN_BYTES_PER_BUFFER`] per buffer, and [`PLAN_GRAPH_BYTES`]).
+    /// The memory planning takes, about ([`PLAN_BYTES_PER_INSTRUCTION`] per instruction of
+    /// every context rank's program, [`PLAN_BYTES_PER_BUFFER`] per buffer, and
+    /// [`PLAN_GRAPH_BYTES`]).
     pub bytes: u64,
 }
 
@@ -132,7 +133,10 @@ pub fn estimate(
             |at_two: u64, at_three: u64| at_two.saturating_add(at_three.saturating_sub(at_two).saturating_mul(extra));
         (extend(two.0, three.0), extend(two.1, three.1))
     };
+    // With context parallelism the plan holds one program per context rank
+    // (`spec/context-parallel.md`), each as long as the one counted.
     let bytes = instructions
+        .saturating_mul(parallel.context.max(1))
         .saturating_mul(PLAN_BYTES_PER_INSTRUCTION)
         .saturating_add(buffers.saturating_mul(PLAN_BYTES_PER_BUFFER))
         .saturating_add(PLAN_GRAPH_BYTES);

@@ -179,6 +179,19 @@ fn the_size_estimate_counts_the_step_exactly() {
             );
         }
     }
+    // With c = 2 the counts are one program's, exact, and the bytes hold both programs.
+    for layers in [2, 4] {
+        let mut r = request(layers, 64 << 10, "h200x8", Strategy::Memo);
+        r.parallel = Parallelism::new(1, 1).with_context(2);
+        let report = plan(&r).unwrap();
+        let alpha_fixed = schedule::alpha_to_fixed(report.plan.provenance.alpha);
+        let size = estimate(&r.model, &r.parallel, Strategy::Memo, alpha_fixed).unwrap();
+        assert_eq!(size.instructions, report.plan.instructions.len() as u64, "c = 2, {layers} layers");
+        assert_eq!(size.instructions, report.plan.rank_programs[0].instructions.len() as u64);
+        assert_eq!(size.buffers, report.plan.buffers.len() as u64);
+        let bytes = 2 * size.instructions * PLAN_BYTES_PER_INSTRUCTION + size.buffers * PLAN_BYTES_PER_BUFFER;
+        assert_eq!(size.bytes, bytes + PLAN_GRAPH_BYTES);
+    }
 }
 
 /// `memo plan --layers 100000 --hidden 65536` ran for 10+ minutes at 4.2 GB, silently. A step
