@@ -563,6 +563,11 @@ fn context_parallelism_is_planned_and_what_cannot_run_is_refused() {
     refused(&["--tp", "2", "--cp", "3", "--nodes", "3"], &["2 x c x t = 2 x 3 x 2 = 12", "e.g. 65532 or 65544"]);
     other_seq("1000", &["--tp", "8", "--cp", "4"], &["2 x c x t = 2 x 4 x 8 = 64", "e.g. 960 or 1024"]);
     refused(&["--cp", "0"], &["context is 0"]);
+    // The file would hold whole model state where the figures shard it over d x c.
+    refused(
+        &["--tp", "4", "--cp", "2", "--zero", "1", "--strategy", "memo", "-o", "x.memo"],
+        &["-o with --zero 1 at d x c = 1 x 2 = 2"],
+    );
     let message =
         assert_fails(&memo(&["train", "--device", "cpu", "--model", "tiny", "--context-parallel", "2"], None), 2);
     assert!(
