@@ -414,13 +414,13 @@ pub enum PlanViolation {
         /// `totals.arena_bytes`.
         arena_bytes: u64,
     },
-    /// A rank program for a rank outside `0..t`, or not after the previous one's rank.
+    /// A rank program for a global rank outside `0..c*t`, or not after the previous one's rank.
     BadRank {
         /// Its index in `Plan::rank_programs`.
         program: usize,
         /// Its rank.
         rank: u32,
-        /// `t`.
+        /// `c * t` (`t` without context parallelism).
         ranks: u64,
         /// The previous program's rank, when this one does not come after it.
         previous: Option<u32>,
@@ -821,7 +821,8 @@ impl fmt::Display for PlanViolation {
                 ),
                 None => write!(
                     f,
-                    "rank program {program} is for rank {rank}, but the group has {ranks} rank(s) (t = {ranks})"
+                    "rank program {program} is for rank {rank}, but the group has {ranks} rank(s) (c x t = {ranks}; \
+                     global rank = context rank x t + tensor-parallel rank)"
                 ),
             },
             Self::InRankProgram { rank, violation } => write!(f, "in rank {rank}'s own program: {violation}"),
