@@ -135,7 +135,8 @@ pub(crate) fn forward(b: &mut Builder, layer: u32, block: Block, args: [Region; 
             exchange(b, layer, &[(hand.0, ring_k[slot(step)]), (hand.1, ring_v[slot(step)])]);
             arrived.push(Some(b.record(Stream::Collective)));
         }
-        for sequence in 0..shape.full_rows / shape.rank_seq {
+        // Validation makes `rank_seq` at least 2 at c > 1; 0 would give no blocks, not a panic.
+        for sequence in 0..shape.full_rows.checked_div(shape.rank_seq).unwrap_or(0) {
             for (queries, keys, causal) in step_blocks(b, step, sequence * shape.rank_seq) {
                 let flops = block_flops(b, queries.1 - queries.0, keys.1 - keys.0, causal, false)?;
                 let op = if causal { Op::AttentionBlockCausal } else { Op::AttentionBlock };
@@ -196,7 +197,8 @@ pub(crate) fn backward(b: &mut Builder, layer: u32, block: Block, args: [Region;
             exchange(b, layer, &[(hand.0, ring_k[slot(step)]), (hand.1, ring_v[slot(step)])]);
             kv_arrived.push(Some(b.record(Stream::Collective)));
         }
-        for sequence in 0..shape.full_rows / shape.rank_seq {
+        // Validation makes `rank_seq` at least 2 at c > 1; 0 would give no blocks, not a panic.
+        for sequence in 0..shape.full_rows.checked_div(shape.rank_seq).unwrap_or(0) {
             for (queries, keys, causal) in step_blocks(b, step, sequence * shape.rank_seq) {
                 let flops = block_flops(b, queries.1 - queries.0, keys.1 - keys.0, causal, true)?;
                 let op = if causal { Op::AttentionBlockBackwardCausal } else { Op::AttentionBlockBackward };
