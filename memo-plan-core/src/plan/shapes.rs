@@ -172,7 +172,8 @@ impl ShapeContext {
         if j < n {
             k.checked_mul(n)?.checked_add(j)
         } else {
-            (2 * c - 1 - k).checked_mul(n)?.checked_add(j - n)
+            // k < c, so 2c - 1 - k >= c: no underflow once 2c fits.
+            (c.checked_mul(2)? - 1 - k).checked_mul(n)?.checked_add(j - n)
         }
     }
 
@@ -629,11 +630,15 @@ fn attention_block(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpSh
     let lse_row = heads.saturating_mul(WORD);
     // (position, row bytes, whether its rows are the keys' rather than the queries').
     let layout: &[(usize, u64, bool)] = match op {
-        Op::AttentionRingInit => &[(0, q_row * 2, false), (1, lse_row, false)],
-        Op::AttentionRingFinish => &[(0, q_row * 2, false), (1, q_row, false)],
-        Op::AttentionBlock | Op::AttentionBlockCausal => {
-            &[(0, q_row, false), (1, kv_row, true), (2, kv_row, true), (3, q_row * 2, false), (4, lse_row, false)]
-        }
+        Op::AttentionRingInit => &[(0, q_row.saturating_mul(2), false), (1, lse_row, false)],
+        Op::AttentionRingFinish => &[(0, q_row.saturating_mul(2), false), (1, q_row, false)],
+        Op::AttentionBlock | Op::AttentionBlockCausal => &[
+            (0, q_row, false),
+            (1, kv_row, true),
+            (2, kv_row, true),
+            (3, q_row.saturating_mul(2), false),
+            (4, lse_row, false),
+        ],
         _ => &[
             (0, q_row, false),
             (1, kv_row, true),
@@ -641,9 +646,9 @@ fn attention_block(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpSh
             (3, q_row, false),
             (4, lse_row, false),
             (5, q_row, false),
-            (6, q_row * 2, false),
-            (7, kv_row * 2, true),
-            (8, kv_row * 2, true),
+            (6, q_row.saturating_mul(2), false),
+            (7, kv_row.saturating_mul(2), true),
+            (8, kv_row.saturating_mul(2), true),
         ],
     };
     let queries = named(0).s.rows;
@@ -653,7 +658,9 @@ fn attention_block(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpSh
         let arg = named(index);
         let why = match (index, row_bytes) {
             (_, b) if b == lse_row && arg.name == "lse" => "one f32 per head",
-            (_, b) if b == q_row * 2 || b == kv_row * 2 => "f32 of the heads of the context's head dimension",
+            (_, b) if b == q_row.saturating_mul(2) || b == kv_row.saturating_mul(2) => {
+                "f32 of the heads of the context's head dimension"
+            }
             _ => "the context's heads of its head dimension, bf16",
         };
         arg.want_row_bytes(row_bytes, why)?;
@@ -1300,6 +1307,32 @@ mod tests {
             assert!(!op.is_collective(), "{op:?} is not the tensor group's");
         }
         assert_eq!(Op::Rotary.stream(), crate::plan::Stream::Compute);
+    }
+
+    /// The ring's ops with huge contexts and shapes give errors or shapes, never a panic
+    /// (overflowing widths saturate and then mismatch).
+    #[test]
+    fn the_ring_ops_never_panic_on_huge_values() {
+        let huge = [0, 1, 2, 3, u64::MAX / 3, u64::MAX / 2, u64::MAX - 1, u64::MAX];
+        for &op in Op::ALL.iter().filter(|op| op.is_context_parallel()) {
+            for (i, &value) in huge.iter().enumerate() {
+                let other = huge[(i * 5 + 3) % huge.len()];
+                let ctx = ShapeContext {
+                    hidden: value,
+                    heads: other,
+                    kv_heads: value,
+                    seq_len: other,
+                    context_rank: value,
+                    context_ranks: other,
+                    ..context()
+                };
+                let args: alloc::vec::Vec<ArgShape> = (0..op.signature().len())
+                    .map(|a| ArgShape { first_row: value, rows: huge[(i + a) % huge.len()], row_bytes: other })
+                    .collect();
+                let _ = check(op, &args, &ctx);
+                let _ = ctx.position(value);
+            }
+        }
     }
 
     #[test]
