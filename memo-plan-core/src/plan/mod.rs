@@ -922,7 +922,9 @@ impl Provenance {
     pub fn swap_summary(&self) -> String {
         use alloc::format;
         let layers = self.model.layers;
-        let rows = self.model.micro_batch.saturating_mul(self.model.seq_len) / self.parallel.tensor.max(1);
+        // A rank's rows: its context rank's s / c tokens of each sequence, split over t.
+        let rank_tokens = self.model.rank_seq_len(&self.parallel);
+        let rows = self.model.micro_batch.saturating_mul(rank_tokens) / self.parallel.tensor.max(1);
         match self.strategy {
             Strategy::KeepAll => String::from(
                 "nothing swapped or recomputed: every layer keeps its skeletal tensors on the device (keep-all)",

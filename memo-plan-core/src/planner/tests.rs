@@ -136,6 +136,11 @@ fn the_swap_summary_says_which_layers_swap() {
     assert!(memo.contains("layers 0-3 (4 of 6)") && memo.contains("layers 4 and 5 keep theirs"), "{memo}");
     let full = summary(6, Strategy::FullSwap);
     assert!(full.contains("all 4096 rows of each token-split tensor (nothing recomputed)"), "{full}");
+    // With c = 2 a rank holds s / c tokens: 32K / 2 / t = 2 is 8192 rows.
+    let mut r = request(6, 32 << 10, "a800x8", Strategy::FullSwap);
+    r.parallel = Parallelism::new(2, 1).with_context(2);
+    let context = plan(&r).unwrap().plan.provenance.swap_summary();
+    assert!(context.contains("all 8192 rows of each token-split tensor"), "{context}");
 }
 
 /// `memo plan --layers 1000` took 4.4 s where 200 layers took 0.26 s: the checker compared the
