@@ -82,6 +82,9 @@ pub(crate) fn shape_context(ctx: &KernelContext) -> ShapeContext {
         // classifier and cross-entropy ops (`spec/tensor-parallel.md`).
         rank: ctx.rank,
         ranks: ctx.ranks,
+        // No GPU kernels of context parallelism yet (`without_kernel` refuses its ops).
+        context_rank: 0,
+        context_ranks: 1,
     }
 }
 
@@ -149,6 +152,19 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
         Op::Swiglu => swiglu(&a, &s, "memo_swiglu_forward", &[0, 1]),
         Op::SwigluBackward => swiglu(&a, &s, "memo_swiglu_backward", &[0, 1, 2]),
         Op::LinearBackwardWeightNoBias => linear_backward_weight_no_bias(&a, &s),
+        // Context parallelism's ops: no GPU kernels yet ([`without_kernel`] says so up front).
+        Op::Rotary
+        | Op::RotaryBackward
+        | Op::AttentionBlock
+        | Op::AttentionBlockCausal
+        | Op::AttentionRingInit
+        | Op::AttentionRingFinish
+        | Op::AttentionBlockBackward
+        | Op::AttentionBlockBackwardCausal
+        | Op::ToBf16
+        | Op::RingExchange
+        | Op::DataAllReduceSumBf16
+        | Op::DataAllReduceSumF32 => Err(OpError::not_yet_wired(op, "GPU")),
     }
 }
 
@@ -156,8 +172,8 @@ pub(crate) fn steps(op: Op, args: &[ArgShape], ctx: &KernelContext) -> Result<Ve
 /// collectives run on NCCL or RCCL, so none today). Kept so that a runner's check of a plan's
 /// ops before it opens devices stays in one place.
 pub(crate) fn without_kernel(op: Op) -> Option<RecipeError> {
-    let _ = op;
-    None
+    // Context parallelism's ops (`spec/context-parallel.md`) have no GPU kernels yet.
+    op.is_context_parallel().then(|| OpError::not_yet_wired(op, "GPU"))
 }
 
 /// The norms' epsilon as the kernels take it (f32, as the CPU reference uses it).

@@ -362,9 +362,16 @@ fn bad_launches_are_errors_that_say_why() {
     let m = message(Op::AllReduceSumF32, &[shape(1, 4)]);
     assert!(m.contains("multi-GPU"), "{m}");
     // Without shapes: no op is refused for want of a kernel (what a runner checks before it
-    // opens a device); the collectives run on NCCL or RCCL.
+    // opens a device); the collectives run on NCCL or RCCL. Context parallelism's ops (codes 34-45,
+    // spec/context-parallel.md) have no GPU kernels yet and are refused by name, with the reason.
     for &op in Op::ALL {
-        assert!(crate::without_gpu_kernel(op).is_none(), "{op:?}");
+        match crate::without_gpu_kernel(op) {
+            None => assert!(!op.is_context_parallel(), "{op:?}"),
+            Some(e) => {
+                assert!(op.is_context_parallel(), "{op:?}: {e}");
+                assert!(e.to_string().contains("not yet wired into the GPU backend"), "{e}");
+            }
+        }
     }
     let mut zero_step = ctx;
     zero_step.adamw.step = 0;

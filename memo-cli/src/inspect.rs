@@ -285,6 +285,16 @@ fn summarise(plan: &Plan) -> Result<Summary, Failure> {
         p.parallel.data,
         p.hardware.name
     );
+    if p.parallel.context > 1 {
+        // spec/context-parallel.md: one program per context rank; the counts below are context
+        // rank 0's (the others differ only in the ring attention's row ranges).
+        text.push_str(&format!(
+            "context parallel: c = {} ranks per sequence, one program each ({} rank program(s) besides the shared \
+             one); the counts below are context rank 0's\n",
+            p.parallel.context,
+            plan.rank_programs.len()
+        ));
+    }
     text.push_str(&format!("{}\n", p.swap_summary()));
     text.push_str(&format!(
         "device arena {} (lower bound {}); host slab {}; GPU memory {}\n",

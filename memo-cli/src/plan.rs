@@ -33,10 +33,11 @@ changed by --config's [machine] keys or the machine flags is marked `(overridden
 with what changed. The tensor-parallel degree t cannot pass the machine's GPUs per node: a
 tensor-parallel group stays inside a node. --nodes N spreads d x c x t ranks over N nodes (d
 follows from N when --dp is not given); --cp C splits each sequence over C context-parallel ranks
-(ring attention; spec/cost-model.md section 7c), refused with -o (no ring in the plan format yet); --zero 1 or 2 shards the optimizer state (and the gradients) over
+(ring attention; spec/cost-model.md section 7c, spec/context-parallel.md: -o writes one program
+per context rank, which no runtime runs yet); --zero 1 or 2 shards the optimizer state (and the gradients) over
 the d data-parallel ranks, and the step adds their gradient reduction and parameter all-gather,
 over the network when d spans nodes. The plan file (-o) holds one tensor-parallel group's program
-with its whole model state, so -o is refused with --zero 1 or 2 at d > 1. Without --strategy the command exits 8 when no strategy fits; with
+with its whole model state, so -o is refused with --zero 1 or 2 at d x c > 1. Without --strategy the command exits 8 when no strategy fits; with
 --max-seq, when no strategy fits any length (the table is printed first either way).
 
 Units: tokens take binary K, M, G (1M = 1,048,576); sizes decimal or binary units and fractions
@@ -118,26 +119,22 @@ pub fn run(args: &PlanArgs) -> Result<(), Failure> {
             "-o writes one plan: choose it with --strategy (e.g. --strategy memo)",
         ));
     }
-    if args.output.is_some() && config.parallel.context > 1 {
+    // ZeRO shards over the d x c ranks that share a tensor-parallel rank (d alone without context
+    // parallelism); the file carries whole model state either way.
+    let sharding_ranks = config.parallel.gradient_ranks();
+    if args.output.is_some() && config.sharding.shards_optimizer_state() && sharding_ranks > 1 {
+        let group = if config.parallel.context > 1 {
+            format!("d x c = {} x {} = {sharding_ranks}", config.parallel.data, config.parallel.context)
+        } else {
+            format!("d = {}", config.parallel.data)
+        };
         return Err(Failure::new(
             exit::BAD_INPUT,
             format!(
-                "-o with c = {}: a plan file holds one tensor-parallel group's program, and the format has no \
-                 context-parallel ring yet (no per-rank send/receive programs), so no runtime \
-                 could run it; drop -o to see the plan's figures, or write the file with --cp 1",
-                config.parallel.context
-            ),
-        ));
-    }
-    if args.output.is_some() && config.sharding.shards_optimizer_state() && config.parallel.data > 1 {
-        return Err(Failure::new(
-            exit::BAD_INPUT,
-            format!(
-                "-o with --zero {} at d = {}: a plan file holds one tensor-parallel group's program with its whole \
+                "-o with --zero {} at {group}: a plan file holds one tensor-parallel group's program with its whole \
                  model state (the format has no data-parallel sharding yet), so it would not be the plan shown; \
                  drop -o, or plan the file with --zero 0",
                 config.sharding.stage(),
-                config.parallel.data
             ),
         ));
     }

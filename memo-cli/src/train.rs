@@ -176,8 +176,8 @@ pub struct TrainArgs {
     tensor_parallel: u64,
 
     /// Context-parallel ranks C (ring attention over balanced sequence chunks): planned by `memo
-    /// plan --cp C`, not run yet; C > 1 is refused (no runtime runs ring attention, and the plan
-    /// format has no per-rank send/receive programs)
+    /// plan --cp C` (which writes the plan with -o: one program per context rank), not run yet;
+    /// C > 1 is refused (no runtime runs the ring's ops and exchanges yet)
     #[arg(long, alias = "cp", default_value_t = 1, value_name = "C", value_parser = clap::value_parser!(u64).range(1..))]
     context_parallel: u64,
 }
@@ -195,9 +195,10 @@ pub fn run(args: &TrainArgs) -> Result<(), Failure> {
         return Err(Failure::new(
             exit::BAD_INPUT,
             format!(
-                "--context-parallel {}: no runtime runs ring attention yet, and a plan file has no per-rank \
-                 send/receive programs to carry it; nothing was run. `memo plan --cp {}` gives \
-                 the plan's figures; train with --context-parallel 1",
+                "--context-parallel {}: no runtime runs ring attention yet (the backends have no kernels for its \
+                 ops and no ring exchange between ranks); the plan carries it: `memo plan --cp {} --strategy memo \
+                 -o FILE` writes it and `memo check FILE` checks it; nothing was run. Train with \
+                 --context-parallel 1",
                 args.context_parallel, args.context_parallel
             ),
         ));

@@ -13,9 +13,8 @@ use crate::bilevel::{self, PlacementError};
 use crate::cost::{self, ContextParallelTime, CostError, Mfu};
 use crate::model::{Hardware, Interconnect, ModelConfig, ModelError, Nodes, OptimizerSharding, Parallelism};
 use crate::plan::scratch::{NoScratch, ScratchSizer};
-use crate::plan::shapes::{ArgShape, ShapeContext};
 use crate::plan::{Action, Op};
-use crate::plan::{BufferKind, Plan, Provenance, Strategy, TensorRole};
+use crate::plan::{BufferKind, Plan, Provenance, RankProgram, Strategy, TensorRole};
 use crate::schedule::{self, ScheduleError, ScheduleOptions};
 use crate::simulate::{self, Timeline};
 use crate::swap::{self, AlphaBound, SwapError, SwapFraction, SwapOptions};
@@ -98,12 +97,13 @@ pub const PLAN_GRAPH_BYTES: u64 = 512 << 20;
 /// How large a step's plan is, before it is made: [`estimate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanSize {
-    /// Instructions of the step.
+    /// Instructions of the step (of one program: with `c > 1` each context rank's is as long).
     pub instructions: u64,
     /// Buffers of the step.
     pub buffers: u64,
-    /// The memory planning takes, about ([`PLAN_BYTES_PER_INSTRUCTION`] per instruction,
-    /// [`PLAN_BYTES_PER_BUFFER`] per buffer, and [`PLAN_GRAPH_BYTES`]).
+    /// The memory planning takes, about ([`PLAN_BYTES_PER_INSTRUCTION`] per instruction of
+    /// every context rank's program, [`PLAN_BYTES_PER_BUFFER`] per buffer, and
+    /// [`PLAN_GRAPH_BYTES`]).
     pub bytes: u64,
 }
 
@@ -133,7 +133,10 @@ pub fn estimate(
             |at_two: u64, at_three: u64| at_two.saturating_add(at_three.saturating_sub(at_two).saturating_mul(extra));
         (extend(two.0, three.0), extend(two.1, three.1))
     };
+    // With context parallelism the plan holds one program per context rank
+    // (`spec/context-parallel.md`), each as long as the one counted.
     let bytes = instructions
+        .saturating_mul(parallel.context.max(1))
         .saturating_mul(PLAN_BYTES_PER_INSTRUCTION)
         .saturating_add(buffers.saturating_mul(PLAN_BYTES_PER_BUFFER))
         .saturating_add(PLAN_GRAPH_BYTES);
@@ -408,9 +411,26 @@ pub fn plan_with(
         return Err(PlanError::TooLarge { layers: model.layers, size, limit_bytes: *memory_limit_bytes });
     }
     stage(Stage::Schedule, 0, 0);
-    let mut schedule = schedule::build(model, parallel, &ScheduleOptions { strategy: *strategy, alpha_fixed })?;
-    let ring = RingAttentionScratch::of(model, parallel, scratch)?;
-    schedule::add_scratch(&mut schedule, model, parallel, &ring)?;
+    let options = ScheduleOptions { strategy: *strategy, alpha_fixed };
+    let mut schedule = schedule::build(model, parallel, &options)?;
+    schedule::add_scratch(&mut schedule, model, parallel, scratch)?;
+    // Context parallelism: one program per context rank (`spec/context-parallel.md`). They
+    // differ only in the ring attention's row ranges, so they touch the same buffers at the same
+    // instructions and one placement (context rank 0's lifetimes) serves them all; a difference
+    // in anything else is a planner bug, refused here rather than placed wrongly.
+    let mut rank_programs = Vec::new();
+    for context_rank in 1..parallel.context.max(1) {
+        let mut other = schedule::build_for_context_rank(model, parallel, &options, context_rank)?;
+        schedule::add_scratch(&mut other, model, parallel, scratch)?;
+        if other.buffers != schedule.buffers || other.blocks != schedule.blocks || other.events != schedule.events {
+            return Err(PlanError::Model(ModelError::Overflow {
+                what: "context ranks' programs (their buffers differ)",
+            }));
+        }
+        let rank = context_rank.saturating_mul(parallel.tensor.max(1));
+        let rank = u32::try_from(rank).map_err(|_| ModelError::Overflow { what: "global rank" })?;
+        rank_programs.push(RankProgram { rank, instructions: other.instructions });
+    }
     stage(Stage::Placement, schedule.instructions.len(), schedule.buffers.len());
     let placement = bilevel::place(&schedule, *budget_nodes)?;
     let plan = Plan {
@@ -430,26 +450,31 @@ pub fn plan_with(
         buffers: placement.buffers,
         events: schedule.events,
         instructions: schedule.instructions,
-        rank_programs: Vec::new(),
+        rank_programs,
         totals: placement.totals,
     };
     stage(Stage::Simulate, plan.instructions.len(), plan.buffers.len());
     let timeline = simulate::simulate(&plan)?;
     let data_parallel = DataParallelReport::of(&plan, parallel, nodes, *sharding, interconnect)?;
     let ring_link = nodes.context_parallel_link(parallel, hardware, interconnect);
-    // Every attention launch of the plan runs the ring: the forward once per layer and again per
-    // layer that full recompute reruns, the backward once per layer.
-    let launches = |op: Op| {
-        let count = plan.instructions.iter().filter(|i| matches!(&i.action, Action::Launch(l) if l.op == op)).count();
+    // Every attention of the plan runs the ring: the forward once per layer and again per layer
+    // that full recompute reruns (each starts with `attention_ring_init`), the backward once per
+    // layer (each ends with one `to_bf16` of `dq_acc`). With c = 1 there are none, and the time is 0.
+    let launches = |wanted: &dyn Fn(&crate::plan::Launch) -> bool| {
+        let count = plan.instructions.iter().filter(|i| matches!(&i.action, Action::Launch(l) if wanted(l))).count();
         count as u64
+    };
+    let dq_acc = |l: &crate::plan::Launch| {
+        l.args.first().and_then(|a| plan.buffer(a.region.buffer)).map(|b| b.role)
+            == Some(crate::plan::TensorRole::QueryGradientAccumulator)
     };
     let context_parallel = cost::context_parallel_time(
         model,
         parallel,
         hardware,
         &ring_link,
-        launches(Op::Attention),
-        launches(Op::AttentionBackward),
+        launches(&|l| l.op == Op::AttentionRingInit),
+        launches(&|l| l.op == Op::ToBf16 && dq_acc(l)),
     )?;
     let step_time_s = timeline.step_time_s + context_parallel.exposed_s() + data_parallel.time.total_s();
     let mfu = cost::mfu(model, parallel, hardware, step_time_s.max(f64::MIN_POSITIVE))?;
@@ -468,48 +493,6 @@ pub fn plan_with(
         data_parallel,
         context_parallel,
     })
-}
-
-/// The K/V ring buffers of context parallelism (`spec/cost-model.md` section 7c) as transients
-/// of the attention launches, added to whatever scratch the backend's kernels ask (one scratch
-/// argument per launch, so they are placed, and live, exactly while the launch runs):
-/// - forward: two chunks' K and V, one received while the other is in use (`2 x` [`cost::ring_kv_bytes`]);
-/// - backward: the same for K and V, and two chunks' dK and dV on their way back to their owner
-///   (`4 x`).
-///
-/// With `c = 1` nothing is added.
-#[derive(Debug)]
-struct RingAttentionScratch<'a> {
-    inner: &'a dyn ScratchSizer,
-    forward_bytes: u64,
-    backward_bytes: u64,
-}
-
-impl<'a> RingAttentionScratch<'a> {
-    fn of(model: &ModelConfig, parallel: &Parallelism, inner: &'a dyn ScratchSizer) -> Result<Self, PlanError> {
-        if parallel.context <= 1 {
-            return Ok(RingAttentionScratch { inner, forward_bytes: 0, backward_bytes: 0 });
-        }
-        let kv = cost::ring_kv_bytes(model, parallel)?;
-        let overflow = || ModelError::Overflow { what: "ring attention buffers" };
-        Ok(RingAttentionScratch {
-            inner,
-            forward_bytes: kv.checked_mul(2).ok_or_else(overflow)?,
-            backward_bytes: kv.checked_mul(4).ok_or_else(overflow)?,
-        })
-    }
-}
-
-impl ScratchSizer for RingAttentionScratch<'_> {
-    fn scratch_bytes(&self, op: Op, args: &[ArgShape], ctx: &ShapeContext) -> u64 {
-        let ring = match op {
-            Op::Attention => self.forward_bytes,
-            Op::AttentionBackward => self.backward_bytes,
-            _ => 0,
-        };
-        // Saturating: a sum past 64 bits fails the scratch's own row-size check as an overflow.
-        self.inner.scratch_bytes(op, args, ctx).saturating_add(ring)
-    }
 }
 
 /// The longest sequence a strategy fits, found by bisection over multiples of `granularity`

@@ -27,6 +27,12 @@ fn cases() -> Vec<(String, PlanRequest)> {
     model.architecture = Architecture::llama(10_000.0, 1e-5);
     let request = PlanRequest::new(model, Parallelism::new(4, 1), Hardware::preset("mi300x8").unwrap(), Strategy::Memo);
     out.push(("tiny-llama-3l-128-t4-memo".to_string(), request));
+    // Context parallelism (plan format 6, spec/context-parallel.md): c = 2 context ranks of t = 2,
+    // the ring attention in both programs.
+    let model = ModelConfig::new("tiny", 3, 64, 4, 256, 2);
+    let parallel = Parallelism::new(2, 1).with_context(2);
+    let request = PlanRequest::new(model, parallel, Hardware::preset("h100x8").unwrap(), Strategy::Memo);
+    out.push(("tiny-3l-256x2-t2-c2-memo".to_string(), request));
     let model = ModelConfig::preset("7b", 1 << 20, 1).unwrap();
     let request = PlanRequest::new(model, Parallelism::new(8, 1), Hardware::preset("a800x8").unwrap(), Strategy::Memo);
     out.push(("7b-1m-t8-a800x8-memo".to_string(), request));

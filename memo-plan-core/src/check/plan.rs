@@ -43,8 +43,8 @@ use alloc::vec::Vec;
 use crate::plan::scratch::{signature_shapes, ScratchSizer};
 use crate::plan::shapes::{self, ArgShape, ShapeContext};
 use crate::plan::{
-    Access, Action, BufferId, BufferKind, EventId, Instruction, Launch, Op, Place, Plan, Region, Stream, TensorRole,
-    STREAMS,
+    Access, Action, BufferId, BufferKind, CollectiveGroup, EventId, Instruction, Launch, Op, Place, Plan, Region,
+    Stream, TensorRole, STREAMS,
 };
 
 pub use checked::CheckedPlan;
@@ -64,7 +64,7 @@ pub fn check_plan_counted(plan: &Plan) -> (Result<(), Vec<PlanViolation>>, u64) 
     let mut work = 0u64;
     let extents = check_buffers(plan, &mut violations);
     work += plan.buffers.len() as u64;
-    work += Simulation::new(plan, &extents, 0).run(&mut violations);
+    work += Simulation::new(plan, &extents, (0, 0)).run(&mut violations);
     let live = live_ranges(plan);
     work += check_overlap(plan, &extents, &live, &mut violations);
     check_totals(plan, &extents, &live, &mut violations);
@@ -95,7 +95,8 @@ pub fn check_plan_scratch(plan: &Plan, sizer: &dyn ScratchSizer) -> Result<(), V
     for rank in shared {
         check_scratch_sizes(plan, &plan.instructions, rank, sizer, &mut violations);
     }
-    for program in plan.rank_programs.iter().filter(|p| u64::from(p.rank) < ranks) {
+    let global_ranks = ranks.saturating_mul(plan.provenance.parallel.context.max(1));
+    for program in plan.rank_programs.iter().filter(|p| u64::from(p.rank) < global_ranks) {
         let mut inner = Vec::new();
         check_scratch_sizes(plan, &program.instructions, u64::from(program.rank), sizer, &mut inner);
         let rank = program.rank;
@@ -118,7 +119,8 @@ fn check_scratch_sizes(
     sizer: &dyn ScratchSizer,
     out: &mut Vec<PlanViolation>,
 ) {
-    let ctx = ShapeContext::for_layout(&plan.provenance.model, &plan.provenance.parallel, rank);
+    let t = plan.provenance.parallel.tensor.max(1);
+    let ctx = ShapeContext::for_ranks(&plan.provenance.model, &plan.provenance.parallel, rank % t, rank / t);
     for (index, instruction) in instructions.iter().enumerate() {
         let Action::Launch(launch) = &instruction.action else { continue };
         // A launch whose arguments are out of the plan is another rule's violation.
@@ -299,7 +301,8 @@ struct Simulation<'p> {
 }
 
 impl<'p> Simulation<'p> {
-    fn new(plan: &'p Plan, extents: &'p [Option<Extent>], rank: u64) -> Self {
+    /// `rank`: the program's (context rank, tensor-parallel rank), for its shape context.
+    fn new(plan: &'p Plan, extents: &'p [Option<Extent>], rank: (u64, u64)) -> Self {
         let mut first_record = BTreeMap::new();
         for (index, instruction) in plan.instructions.iter().enumerate() {
             if let Action::Record(event) = instruction.action {
@@ -314,7 +317,7 @@ impl<'p> Simulation<'p> {
             first_record,
             arena: Bytes::new(),
             host: Bytes::new(),
-            shape_context: ShapeContext::for_layout(&plan.provenance.model, &plan.provenance.parallel, rank),
+            shape_context: ShapeContext::for_ranks(&plan.provenance.model, &plan.provenance.parallel, rank.1, rank.0),
             work: 0,
         }
     }
@@ -953,13 +956,18 @@ fn check_collective_sizes(plan: &Plan, out: &mut Vec<PlanViolation>) {
     }
 }
 
-/// The collectives of `program` in issue order: (instruction, what rule 9 compares).
+/// The collectives of the tensor-parallel group and of the data group in `program`, in issue
+/// order: (instruction, what rule 9 compares). Both groups' collectives share the collective
+/// stream, so their interleaving must be the same on every rank too. The ring's exchanges are
+/// compared pairwise instead ([`ring_exchanges`]).
 fn collectives(plan: &Plan, program: &[Instruction]) -> Vec<(usize, CollectiveCall)> {
     program
         .iter()
         .enumerate()
         .filter_map(|(index, i)| match &i.action {
-            Action::Launch(launch) if launch.op.is_collective() => {
+            Action::Launch(launch)
+                if matches!(launch.op.collective_group(), Some(CollectiveGroup::Tensor | CollectiveGroup::Data)) =>
+            {
                 let bytes = launch.args.iter().map(|arg| region_bytes(plan, &arg.region)).collect();
                 Some((index, CollectiveCall { op: launch.op, bytes }))
             }
@@ -968,15 +976,32 @@ fn collectives(plan: &Plan, program: &[Instruction]) -> Vec<(usize, CollectiveCa
         .collect()
 }
 
-/// The rank programs (`Plan::rank_programs`): ranks in `0..t` and increasing; every rule of one
-/// program (1-6, 8, 9's sizes and 10, with the program's rank) on each, reported inside [`PlanViolation::InRankProgram`];
-/// and rule 9 across ranks: every rank's sequence of collectives equals rank 0's.
+/// The `ring_exchange`s of `program` in issue order: (bytes sent, bytes received).
+fn ring_exchanges(plan: &Plan, program: &[Instruction]) -> Vec<(u64, u64)> {
+    program
+        .iter()
+        .filter_map(|i| match &i.action {
+            Action::Launch(launch) if launch.op == Op::RingExchange => {
+                let bytes =
+                    |position: usize| launch.args.get(position).map_or(0, |arg| region_bytes(plan, &arg.region));
+                Some((bytes(0), bytes(1)))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The rank programs (`Plan::rank_programs`): keys in `0..c*t` (global ranks
+/// `context_rank * t + tensor_rank`) and increasing; every rule of one program (1-6, 8, 9's sizes
+/// and 10, with the program's ranks) on each, reported inside [`PlanViolation::InRankProgram`];
+/// rule 9 across ranks: every rank's sequence of tensor-parallel and data-group collectives equals
+/// rank 0's; and the ring: the `n`-th `ring_exchange` of each context rank sends what the `n`-th
+/// of the next context rank receives.
 fn check_rank_programs(plan: &Plan, extents: &[Option<Extent>], out: &mut Vec<PlanViolation>) -> u64 {
     let mut work = 0u64;
-    if plan.rank_programs.is_empty() {
-        return work;
-    }
-    let ranks = plan.provenance.parallel.tensor;
+    let t = plan.provenance.parallel.tensor.max(1);
+    let c = plan.provenance.parallel.context.max(1);
+    let ranks = t.saturating_mul(c);
     let mut previous: Option<u32> = None;
     for (index, program) in plan.rank_programs.iter().enumerate() {
         let rank = program.rank;
@@ -995,7 +1020,8 @@ fn check_rank_programs(plan: &Plan, extents: &[Option<Extent>], out: &mut Vec<Pl
             totals: plan.totals,
         };
         let mut inner = Vec::new();
-        work = work.saturating_add(Simulation::new(&view, extents, u64::from(rank)).run(&mut inner));
+        let coordinates = (u64::from(rank) / t, u64::from(rank) % t);
+        work = work.saturating_add(Simulation::new(&view, extents, coordinates).run(&mut inner));
         let live = live_ranges(&view);
         work = work.saturating_add(check_overlap(&view, extents, &live, &mut inner));
         check_collective_sizes(&view, &mut inner);
@@ -1005,7 +1031,7 @@ fn check_rank_programs(plan: &Plan, extents: &[Option<Extent>], out: &mut Vec<Pl
     // Rule 9 across ranks, against rank 0's program: each listed rank's, and the shared program
     // when rank 0 has its own and some other rank runs the shared one.
     let reference = collectives(plan, plan.program(0));
-    let listed = |rank: u32| plan.rank_programs.iter().any(|p| p.rank == rank);
+    let listed = |rank: u64| plan.rank_programs.iter().any(|p| u64::from(p.rank) == rank);
     let mut others: Vec<(u32, &[Instruction])> = plan
         .rank_programs
         .iter()
@@ -1013,9 +1039,7 @@ fn check_rank_programs(plan: &Plan, extents: &[Option<Extent>], out: &mut Vec<Pl
         .map(|p| (p.rank, &p.instructions[..]))
         .collect();
     if listed(0) {
-        // The first rank that runs the shared program, if any (at most one more than listed).
-        let limit = ranks.min(plan.rank_programs.len() as u64 + 2);
-        if let Some(rank) = (1..limit).filter_map(|k| u32::try_from(k).ok()).find(|&k| !listed(k)) {
+        if let Some(rank) = first_on_shared(plan, t, c) {
             others.push((rank, &plan.instructions[..]));
         }
     }
@@ -1032,5 +1056,76 @@ fn check_rank_programs(plan: &Plan, extents: &[Option<Extent>], out: &mut Vec<Pl
             });
         }
     }
+    check_ring(plan, t, c, out);
     work
+}
+
+/// The first global rank that runs the shared program while rank 0 has its own, if any: the
+/// first tensor-parallel rank of context rank 0 without an entry, else rank `k * t` of the first
+/// context rank `k >= 1` without one (found in `O(entries)` steps whatever `t` and `c` claim).
+fn first_on_shared(plan: &Plan, t: u64, c: u64) -> Option<u32> {
+    let listed = |rank: u64| plan.rank_programs.iter().any(|p| u64::from(p.rank) == rank);
+    let bound = plan.rank_programs.len() as u64 + 1;
+    let rank = match (0..t.min(bound)).find(|&j| !listed(j)) {
+        Some(j) => Some(j),
+        None if t <= bound => (1..c.min(bound + 1)).map(|k| k.saturating_mul(t)).find(|&r| !listed(r)),
+        None => None,
+    };
+    rank.and_then(|r| u32::try_from(r).ok())
+}
+
+/// Rule 9's ring: for each context rank `k` and tensor-parallel rank `j`, the `n`-th
+/// `ring_exchange` of global rank `k*t + j` sends as many bytes as the `n`-th of `((k+1) mod c)*t
+/// + j` receives, and both have the same number of exchanges. Only the pairs whose programs can
+/// differ are compared: those with an entry in [`Plan::rank_programs`] on either side, and one
+/// pair of the context ranks' own programs (so the work is bounded by the entries, not by `c t`).
+fn check_ring(plan: &Plan, t: u64, c: u64, out: &mut Vec<PlanViolation>) {
+    use alloc::collections::BTreeSet;
+    let ranks = t.saturating_mul(c);
+    let keys: BTreeSet<u64> = plan.rank_programs.iter().map(|p| u64::from(p.rank)).filter(|&r| r < ranks).collect();
+    let before = |k: u64| if k == 0 { c - 1 } else { k - 1 };
+    // The context ranks whose programs can differ from the shared one, and their predecessors.
+    let mut senders: BTreeSet<u64> = BTreeSet::new();
+    senders.insert(0);
+    senders.insert(c - 1);
+    for &key in &keys {
+        let k = key / t;
+        senders.insert(k);
+        senders.insert(before(k));
+    }
+    let mut compared: BTreeSet<(u64, u64)> = BTreeSet::new();
+    for &k in &senders {
+        let next = (k + 1) % c;
+        // The tensor-parallel ranks with an entry on either side, and the first without one.
+        let mut tensor_ranks: BTreeSet<u64> =
+            keys.iter().filter(|&&key| key / t == k || key / t == next).map(|&key| key % t).collect();
+        if let Some(j) = (0..t.min(tensor_ranks.len() as u64 + 1)).find(|j| !tensor_ranks.contains(j)) {
+            tensor_ranks.insert(j);
+        }
+        for j in tensor_ranks {
+            let global = |context: u64| u32::try_from(context.saturating_mul(t).saturating_add(j));
+            let (Ok(from), Ok(to)) = (global(k), global(next)) else { continue };
+            let (sender, receiver) = (plan.program(from), plan.program(to));
+            // The same pair of programs needs comparing once (their addresses say which).
+            let pair = (sender.as_ptr() as u64, receiver.as_ptr() as u64);
+            if !compared.insert(pair) {
+                continue;
+            }
+            let sent = ring_exchanges(plan, sender);
+            let received = ring_exchanges(plan, receiver);
+            let length = sent.len().max(received.len());
+            let sent_at = |n: usize| sent.get(n).map(|e| e.0);
+            let received_at = |n: usize| received.get(n).map(|e| e.1);
+            if let Some(exchange) = (0..length).find(|&n| sent_at(n) != received_at(n)) {
+                out.push(PlanViolation::RingExchangeMismatch {
+                    sender: u32::try_from(k).unwrap_or(u32::MAX),
+                    receiver: u32::try_from(next).unwrap_or(u32::MAX),
+                    tensor_rank: u32::try_from(j).unwrap_or(u32::MAX),
+                    exchange,
+                    sent: sent_at(exchange),
+                    received: received_at(exchange),
+                });
+            }
+        }
+    }
 }

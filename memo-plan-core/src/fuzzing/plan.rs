@@ -252,11 +252,9 @@ pub fn check(case: PlanCase) {
     // The ring's exposed seconds are never negative, and none without a ring.
     let exposed = report.context_parallel.exposed_s();
     assert!(exposed >= 0.0 && (request.parallel.context > 1 || exposed == 0.0), "{}", describe(request));
-    if request.parallel.context > 1 {
-        // The plan format has no context-parallel degree (`memo plan -o` refuses c > 1): its
-        // round trip is the c = 1 plan's, below, and not this one's.
-        return;
-    }
+    // With c > 1 the plan holds one program per context rank (plan format 6), which must
+    // round-trip like the rest.
+    assert_eq!(plan.rank_programs.len() as u64, request.parallel.context - 1, "{}", describe(request));
     assert!(report.step_time_s() >= report.timeline.step_time_s, "{}", describe(request));
     assert!(plan.totals.arena_lower_bound_bytes <= plan.totals.arena_bytes, "{}", describe(request));
     assert_eq!(plan.provenance.strategy, request.strategy);

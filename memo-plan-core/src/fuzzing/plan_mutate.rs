@@ -102,11 +102,22 @@ pub enum Mutation {
     SkipCollective,
     /// An all-gather's output or a reduce-scatter's input a row short (rule 9's sizes).
     MisSizeCollective,
+    /// One context rank's program (c > 1) without one of its `ring_exchange`s (rule 9's ring).
+    DropRingExchange,
+    /// One `ring_exchange` of one context rank's program a row shorter, both sides (rule 9's
+    /// ring: what it sends no longer meets what the next rank receives).
+    ResizeRingExchange,
+    /// Two data-group all-reduces of different sizes swapped in one context rank's program (rule
+    /// 9: the data group's collectives in the same order everywhere).
+    ReorderDataCollectives,
+    /// Compute's Wait for a ring exchange before it reads the received K/V or accumulators
+    /// removed (rules 4 and 5).
+    DropRingWait,
 }
 
 impl Mutation {
     /// Every kind.
-    pub const ALL: [Mutation; 17] = [
+    pub const ALL: [Mutation; 21] = [
         Mutation::ShiftOffset,
         Mutation::DropWait,
         Mutation::MoveRecordAfterWait,
@@ -124,6 +135,18 @@ impl Mutation {
         Mutation::ResizeCollective,
         Mutation::SkipCollective,
         Mutation::MisSizeCollective,
+        Mutation::DropRingExchange,
+        Mutation::ResizeRingExchange,
+        Mutation::ReorderDataCollectives,
+        Mutation::DropRingWait,
+    ];
+
+    /// The context-parallel kinds (rules 4, 5 and 9 at `c > 1`, `spec/context-parallel.md`).
+    pub const CONTEXT: [Mutation; 4] = [
+        Mutation::DropRingExchange,
+        Mutation::ResizeRingExchange,
+        Mutation::ReorderDataCollectives,
+        Mutation::DropRingWait,
     ];
 
     /// The collective kinds (rules 4, 5 and 9 at `t > 1`).
@@ -163,6 +186,10 @@ impl Mutation {
             Mutation::ResizeCollective => "resize_collective",
             Mutation::SkipCollective => "skip_collective",
             Mutation::MisSizeCollective => "mis_size_collective",
+            Mutation::DropRingExchange => "drop_ring_exchange",
+            Mutation::ResizeRingExchange => "resize_ring_exchange",
+            Mutation::ReorderDataCollectives => "reorder_data_collectives",
+            Mutation::DropRingWait => "drop_ring_wait",
         }
     }
 }
@@ -210,6 +237,21 @@ impl<'a> Arbitrary<'a> for MutateCase {
             // The drawn nodes held d groups of the old t: one group alone, without context
             // parallelism, sits anywhere (a group of c ranks of the new t may outgrow a node).
             (request.parallel.data, request.parallel.context, request.nodes.count) = (1, 1, 1);
+        }
+        if Mutation::CONTEXT.contains(&mutation) && request.parallel.context == 1 {
+            // The ring comes with c > 1: two context ranks of one tensor-parallel rank each (t = 1
+            // divides every width), on one node, with a link for the ring; the sequence rounded
+            // up to the 2 c t chunks.
+            request.parallel = crate::model::Parallelism::new(1, 1).with_context(2);
+            request.nodes.count = 1;
+            // A one-GPU machine gets a second GPU in its node for the second context rank.
+            request.hardware.gpus_per_node = request.hardware.gpus_per_node.max(2);
+            request.model.seq_len = request.model.seq_len.next_multiple_of(4);
+            if request.interconnect.bytes_per_s == 0 {
+                request.interconnect = crate::model::Interconnect { bytes_per_s: 100_000_000_000, latency_ns: 5_000 };
+            }
+            // A measured layer time was drawn for the other shape.
+            request.hardware.measured_layer_forward_s = None;
         }
         if needs_events {
             // Events and swap-ins come with swapping: layers 0 .. n-3 of memo and full-swap plans.
@@ -325,6 +367,10 @@ pub fn mutate(plan: &Plan, mutation: Mutation, target: u32, detail: u64) -> Opti
             rank_program(&mut out, mutation, target, detail)?
         }
         Mutation::MisSizeCollective => mis_size_collective(&mut out, target)?,
+        Mutation::DropRingExchange | Mutation::ResizeRingExchange | Mutation::ReorderDataCollectives => {
+            context_program(&mut out, mutation, target, detail)?
+        }
+        Mutation::DropRingWait => drop_ring_wait(&mut out, target)?,
         Mutation::ChangeTotal => {
             let totals = &mut out.totals;
             let (total, field) = match target % 5 {
@@ -513,6 +559,89 @@ fn rank_program(plan: &mut Plan, mutation: Mutation, target: u32, detail: u64) -
     };
     plan.rank_programs = alloc::vec![crate::plan::RankProgram { rank: 1, instructions: program }];
     Some((what, Expected::Variant("collective_mismatch", None)))
+}
+
+/// Changes one context rank's program of a `c > 1` plan (`target` picks the context rank, and
+/// with `detail` what): drops its `n`-th `ring_exchange`, shrinks both sides of one by a row, or
+/// swaps two of its data-group all-reduces of different sizes. The program is context rank 0's
+/// (the shared one) or a rank program's; `None` without a ring.
+fn context_program(plan: &mut Plan, mutation: Mutation, target: u32, detail: u64) -> Option<(String, Expected)> {
+    if plan.provenance.parallel.context < 2 || plan.rank_programs.is_empty() {
+        return None;
+    }
+    let programs = plan.rank_programs.len() + 1;
+    let which = target as usize % programs;
+    let view = Plan { instructions: plan.program_at(which).to_vec(), rank_programs: Vec::new(), ..plan.clone() };
+    let wanted = |op: crate::plan::Op| indices(&view, move |a| matches!(a, Action::Launch(l) if l.op == op));
+    let mut program = view.instructions.clone();
+    let (what, expected) = match mutation {
+        Mutation::DropRingExchange | Mutation::ResizeRingExchange => {
+            let exchanges = wanted(crate::plan::Op::RingExchange);
+            if exchanges.is_empty() {
+                return None;
+            }
+            let n = (detail % exchanges.len() as u64) as usize;
+            let at = exchanges[n];
+            if mutation == Mutation::DropRingExchange {
+                program.remove(at);
+                (format!("program {which} without its ring exchange {n} (instruction {at})"), "ring_exchange_mismatch")
+            } else {
+                let Action::Launch(launch) = &mut program[at].action else { return None };
+                for arg in &mut launch.args {
+                    if arg.region.end == arg.region.start {
+                        return None;
+                    }
+                    arg.region.end -= 1;
+                }
+                (
+                    format!("program {which}'s ring exchange {n} (instruction {at}) a row shorter"),
+                    "ring_exchange_mismatch",
+                )
+            }
+        }
+        _ => {
+            let mut reduces = wanted(crate::plan::Op::DataAllReduceSumBf16);
+            reduces.extend(wanted(crate::plan::Op::DataAllReduceSumF32));
+            reduces.sort_unstable();
+            if reduces.is_empty() {
+                return None;
+            }
+            let first = (detail % reduces.len() as u64) as usize;
+            let at = reduces[first];
+            let call = collective_call(&view, at)?;
+            let other = reduces.iter().copied().find(|&o| collective_call(&view, o).as_ref() != Some(&call))?;
+            program.swap(at, other);
+            (
+                format!("program {which} runs its data all-reduces {at} and {other} in the other order"),
+                "collective_mismatch",
+            )
+        }
+    };
+    match which.checked_sub(1) {
+        None => plan.instructions = program,
+        Some(index) => plan.rank_programs[index].instructions = program,
+    }
+    Some((what, Expected::Variant(expected, None)))
+}
+
+/// Removes a compute Wait for an event the collective stream recorded right after a
+/// `ring_exchange` (the received K/V or accumulators are read next), whose removal leaves two
+/// conflicting accesses unordered.
+fn drop_ring_wait(plan: &mut Plan, target: u32) -> Option<(String, Expected)> {
+    let after_exchange = |event: crate::plan::EventId| {
+        plan.instructions.windows(2).any(|pair| {
+            pair[1].stream == Stream::Collective
+                && pair[1].action == Action::Record(event)
+                && matches!(&pair[0].action, Action::Launch(l) if l.op == crate::plan::Op::RingExchange)
+        })
+    };
+    let waits: Vec<usize> = (0..plan.instructions.len())
+        .filter(|&i| match plan.instructions[i].action {
+            Action::Wait(event) => plan.instructions[i].stream == Stream::Compute && after_exchange(event),
+            _ => false,
+        })
+        .collect();
+    drop_one_of(plan, &waits, target)
 }
 
 /// An all-gather's output, or a reduce-scatter's input, one row short.

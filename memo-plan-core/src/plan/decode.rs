@@ -316,6 +316,12 @@ impl fmt::Display for PlanDecodeError {
                         " (an older format: version 4 plans carry no launch scratch, which a GPU backend's kernels \
                          then hold outside the arena)",
                     )?;
+                } else if *found == 5 {
+                    // Version 5 plans have no context-parallel degree (all were c = 1).
+                    f.write_str(
+                        " (an older format: version 5 plans do not record the context-parallel degree, and their \
+                         rank programs are keyed by tensor-parallel rank only)",
+                    )?;
                 } else if found < supported {
                     // Version 2 plans have no collective stream, interconnect or per-rank programs.
                     f.write_str(
@@ -666,7 +672,7 @@ fn provenance(r: &mut Reader<'_>) -> Result<Provenance> {
         micro_batch: r.u64()?,
         architecture: architecture(r)?,
     };
-    let parallel = Parallelism { tensor: r.u64()?, data: r.u64()?, context: 1 };
+    let parallel = Parallelism { tensor: r.u64()?, data: r.u64()?, context: r.u64()? };
     let hardware = Hardware {
         name: r.string("hardware name")?,
         device_memory_bytes: r.u64()?,

@@ -258,8 +258,9 @@ impl Plan {
         }
         w.u64(p.parallel.tensor);
         w.u64(p.parallel.data);
-        // The format has no context-parallel degree (nor per-rank send/receive programs): a plan
-        // with c > 1 is never written (`memo plan -o` refuses it), so every plan read back has c = 1.
+        // Version 6: the context-parallel degree, so a decoded plan knows its layout (the
+        // rank programs of c > 1 are keyed `context_rank * t + tensor_rank`).
+        w.u64(p.parallel.context);
         let h = &p.hardware;
         w.str(&h.name);
         for value in [

@@ -62,7 +62,12 @@ impl Plan {
             None => out.push_str("null"),
         }
         out.push_str("}}");
-        write!(out, ", \"parallel\": {{\"tensor\": {}, \"data\": {}}}", p.parallel.tensor, p.parallel.data)?;
+        let parallel = &p.parallel;
+        write!(
+            out,
+            ", \"parallel\": {{\"tensor\": {}, \"data\": {}, \"context\": {}}}",
+            parallel.tensor, parallel.data, parallel.context
+        )?;
         out.push_str(", \"hardware\": {\"name\": ");
         string(out, &h.name);
         write!(
@@ -285,7 +290,7 @@ mod tests {
         let plan = sample_plan();
         let text = plan.to_json();
         let json = parse(&text);
-        assert_eq!(json["format_version"], 5);
+        assert_eq!(json["format_version"], 6);
         let p = &json["provenance"];
         assert_eq!(p["model"]["name"].as_str(), Some(plan.provenance.model.name.as_str()));
         assert_eq!(p["model"]["layers"], 2);
@@ -303,6 +308,7 @@ mod tests {
         );
         assert_eq!(p["model"]["architecture"]["norm_eps"].as_f64(), Some(1e-6));
         assert_eq!(p["parallel"]["data"], 2);
+        assert_eq!(p["parallel"]["context"], 1);
         assert_eq!(p["hardware"]["name"], "test-box");
         assert_eq!(p["hardware"]["measured_layer_forward_s"].as_f64(), Some(0.0123));
         assert_eq!(p["interconnect"], parse(r#"{"bytes_per_s": 200000000000, "latency_ns": 5000}"#));

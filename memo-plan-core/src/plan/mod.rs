@@ -55,7 +55,11 @@ pub use decode::PlanDecodeError;
 /// the rotary base and rescaling, the norm's epsilon) and the ops of the Llama family's layer.
 /// Version 5 added launch scratch: a launch may carry one argument past its signature, a whole
 /// [`TensorRole::Scratch`] transient it writes ([`Launch::scratch`]).
-pub const PLAN_FORMAT_VERSION: u16 = 5;
+/// Version 6 added context parallelism (`spec/context-parallel.md`): the context-parallel degree
+/// `c` in the provenance, ops 34-45 (rotary, the ring attention's blocks, `to_bf16`,
+/// `ring_exchange`, the data-group all-reduces), roles 65-70 (the ring's transients), and rank
+/// programs keyed by global rank `context_rank * t + tensor_rank` ([`Plan::program`]).
+pub const PLAN_FORMAT_VERSION: u16 = 6;
 
 /// Index of a buffer in [`Plan::buffers`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -359,6 +363,22 @@ named_enum! {
         /// trailing argument, [`Launch::scratch`]; one row of the bytes a
         /// [`scratch::ScratchSizer`] asked for). Live only during that launch.
         Scratch => "scratch",
+        /// Transient (c > 1): the ring attention's f32 output accumulator, one row per query row
+        /// (`attention_ring_init`, `attention_block*`, `attention_ring_finish`).
+        AttentionOutputAccumulator => "attention_out_acc",
+        /// Transient (c > 1): one of the two ring buffers of keys another context rank sent
+        /// ([`Buffer::slot`] 0 or 1; rows and width of `k`).
+        RingKey => "ring_k",
+        /// Transient (c > 1): one of the two ring buffers of values ([`Buffer::slot`] 0 or 1).
+        RingValue => "ring_v",
+        /// Transient (c > 1): the f32 accumulator of the queries' gradient over the ring backward.
+        QueryGradientAccumulator => "dq_acc",
+        /// Transient (c > 1): one of the two f32 accumulators of a K chunk's gradient, which
+        /// travel the ring with their K/V ([`Buffer::slot`] 0 or 1).
+        KeyGradientAccumulator => "dk_acc",
+        /// Transient (c > 1): one of the two f32 accumulators of a V chunk's gradient
+        /// ([`Buffer::slot`] 0 or 1).
+        ValueGradientAccumulator => "dv_acc",
     }
 }
 
@@ -443,7 +463,51 @@ named_enum! {
         SwigluBackward => "swiglu_backward",
         /// `dW = dy^T x` of a linear layer without a bias.
         LinearBackwardWeightNoBias => "linear_backward_weight_no_bias",
+        /// In place: rotates each head's pairs `(2i, 2i+1)` of every row by the row's position
+        /// ([`shapes::ShapeContext::position`]), as `attention` does inside (c > 1: the ring
+        /// carries rotated keys; `spec/context-parallel.md`).
+        Rotary => "rotary",
+        /// In place: the inverse rotation of the same positions (the gradient of the un-rotated
+        /// input).
+        RotaryBackward => "rotary_backward",
+        /// One block of ring attention without a mask: every `q` row attends every `k` row (both
+        /// rotated); merges the block's output and log-sum-exp into `out_acc` and `lse`.
+        AttentionBlock => "attention_block",
+        /// As `attention_block` with a diagonal block's causal mask (equal rows of `q` and `k`).
+        AttentionBlockCausal => "attention_block_causal",
+        /// `out_acc = 0`, `lse = -inf`: an empty accumulator.
+        AttentionRingInit => "attention_ring_init",
+        /// `out = bf16(out_acc)`.
+        AttentionRingFinish => "attention_ring_finish",
+        /// One block's backward without a mask: adds to the f32 `dq_acc`, `dk_acc`, `dv_acc`.
+        AttentionBlockBackward => "attention_block_backward",
+        /// As `attention_block_backward` with the diagonal block's causal mask.
+        AttentionBlockBackwardCausal => "attention_block_backward_causal",
+        /// `y = bf16(x)` (f32 in, round to nearest even).
+        ToBf16 => "to_bf16",
+        /// Context-parallel ring (collective stream): sends `x` to context rank `k + 1 mod c`,
+        /// receives `y` from `k - 1 mod c` (same tensor-parallel rank).
+        RingExchange => "ring_exchange",
+        /// In place over the data group (every rank with this tensor-parallel rank: `d x c`):
+        /// `x = sum over ranks of x` (bf16, f32 in rank order, rounded once).
+        DataAllReduceSumBf16 => "data_all_reduce_sum_bf16",
+        /// As `data_all_reduce_sum_bf16`, f32.
+        DataAllReduceSumF32 => "data_all_reduce_sum_f32",
     }
+}
+
+/// The group a collective runs over (`spec/validity.md`, rule 9).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
+pub enum CollectiveGroup {
+    /// The `t` ranks of a tensor-parallel group ([`Op::is_collective`]).
+    Tensor,
+    /// The ranks with the same tensor-parallel rank (`d x c` of them): the gradients' and the
+    /// loss's sums.
+    Data,
+    /// The context-parallel ring: a send to the next context rank and a receive from the
+    /// previous one (`ring_exchange`).
+    Ring,
 }
 
 impl Op {
@@ -457,10 +521,28 @@ impl Op {
         )
     }
 
-    /// The stream a launch of the op runs on: [`Stream::Collective`] for the collectives,
-    /// [`Stream::Compute`] for the rest.
+    /// The group of a collective (any op on [`Stream::Collective`]), `None` for the others.
+    /// [`Op::is_collective`] is [`CollectiveGroup::Tensor`] only: a backend that runs `t > 1`
+    /// plans need not run the context-parallel ring or the data group's sums.
+    pub fn collective_group(self) -> Option<CollectiveGroup> {
+        match self {
+            _ if self.is_collective() => Some(CollectiveGroup::Tensor),
+            Op::DataAllReduceSumBf16 | Op::DataAllReduceSumF32 => Some(CollectiveGroup::Data),
+            Op::RingExchange => Some(CollectiveGroup::Ring),
+            _ => None,
+        }
+    }
+
+    /// Whether the op is one of context parallelism's (ops 34-45): a backend without the ring
+    /// refuses these by name.
+    pub fn is_context_parallel(self) -> bool {
+        self.code() >= Op::Rotary.code()
+    }
+
+    /// The stream a launch of the op runs on: [`Stream::Collective`] for the collectives of
+    /// every group, [`Stream::Compute`] for the rest.
     pub fn stream(self) -> Stream {
-        if self.is_collective() {
+        if self.collective_group().is_some() {
             Stream::Collective
         } else {
             Stream::Compute
@@ -540,6 +622,27 @@ impl Op {
             Op::Swiglu => &[("x", R), ("y", W)],
             Op::SwigluBackward => &[("x", R), ("dy", R), ("dx", W)],
             Op::LinearBackwardWeightNoBias => &[("x", R), ("dy", R), ("dweight", W)],
+            Op::Rotary => &[("x", RW)],
+            Op::RotaryBackward => &[("dx", RW)],
+            Op::AttentionBlock | Op::AttentionBlockCausal => {
+                &[("q", R), ("k", R), ("v", R), ("out_acc", RW), ("lse", RW)]
+            }
+            Op::AttentionRingInit => &[("out_acc", W), ("lse", W)],
+            Op::AttentionRingFinish => &[("out_acc", R), ("out", W)],
+            Op::AttentionBlockBackward | Op::AttentionBlockBackwardCausal => &[
+                ("q", R),
+                ("k", R),
+                ("v", R),
+                ("out", R),
+                ("lse", R),
+                ("dout", R),
+                ("dq_acc", RW),
+                ("dk_acc", RW),
+                ("dv_acc", RW),
+            ],
+            Op::ToBf16 => &[("x", R), ("y", W)],
+            Op::RingExchange => &[("x", R), ("y", W)],
+            Op::DataAllReduceSumBf16 | Op::DataAllReduceSumF32 => &[("x", RW)],
         }
     }
 }
@@ -819,7 +922,9 @@ impl Provenance {
     pub fn swap_summary(&self) -> String {
         use alloc::format;
         let layers = self.model.layers;
-        let rows = self.model.micro_batch.saturating_mul(self.model.seq_len) / self.parallel.tensor.max(1);
+        // A rank's rows: its context rank's s / c tokens of each sequence, split over t.
+        let rank_tokens = self.model.rank_seq_len(&self.parallel);
+        let rows = self.model.micro_batch.saturating_mul(rank_tokens) / self.parallel.tensor.max(1);
         match self.strategy {
             Strategy::KeepAll => String::from(
                 "nothing swapped or recomputed: every layer keeps its skeletal tensors on the device (keep-all)",
@@ -877,7 +982,9 @@ pub struct Totals {
 /// The program of one rank that does not run the shared one ([`Plan::rank_programs`]).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct RankProgram {
-    /// The rank, `0..t`.
+    /// The global rank `context_rank * t + tensor_rank`, `0..c*t` (with `c = 1`: the
+    /// tensor-parallel rank). An entry at `k * t` (`k >= 1`) is context rank `k`'s program, run by
+    /// each of its tensor-parallel ranks that has no entry of its own ([`Plan::program`]).
     pub rank: u32,
     /// Its program, in issue order, over the plan's buffers and events.
     pub instructions: Vec<Instruction>,
@@ -887,9 +994,12 @@ pub struct RankProgram {
 ///
 /// With `t > 1` every rank of the tensor-parallel group runs [`Plan::instructions`] over its own
 /// arena (same buffers, same places, its own data), unless [`Plan::rank_programs`] gives it its
-/// own program. The planner writes no rank programs; the format carries them so that the checker's
-/// cross-rank rule (`spec/validity.md`, rule 9: the same collectives in the same order with the
-/// same sizes on every rank) is a real check for plans made elsewhere.
+/// own program. With context parallelism (`c > 1`, `spec/context-parallel.md`) the ring
+/// attention's launches differ between context ranks, so the planner writes one program per
+/// context rank: context rank 0's is [`Plan::instructions`], context rank `k`'s the rank program
+/// keyed `k * t`, shared by that context rank's `t` tensor-parallel ranks. With `c = 1` the
+/// planner writes no rank programs; the format carries them so that the checker's cross-rank rule
+/// (`spec/validity.md`, rule 9) is a real check for plans made elsewhere.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     /// How it was made.
@@ -912,8 +1022,31 @@ impl Plan {
         self.buffers.get(id.index())
     }
 
-    /// The program rank `rank` runs: its entry in [`Plan::rank_programs`], else the shared one.
+    /// The program global rank `rank` (`context_rank * t + tensor_rank`) runs: its entry in
+    /// [`Plan::rank_programs`]; else, for a context rank `k >= 1`, the entry at `k * t` (its
+    /// context rank's program); else the shared one, [`Plan::instructions`]. With `c = 1` that is
+    /// the entry of the rank, else the shared program, as in format version 5.
     pub fn program(&self, rank: u32) -> &[Instruction] {
-        self.rank_programs.iter().find(|p| p.rank == rank).map_or(&self.instructions[..], |p| &p.instructions[..])
+        let entry = |key: u32| self.rank_programs.iter().find(|p| p.rank == key).map(|p| &p.instructions[..]);
+        let t = u32::try_from(self.provenance.parallel.tensor.max(1)).unwrap_or(u32::MAX);
+        let first_of_context = rank - rank % t;
+        entry(rank)
+            .or_else(|| if first_of_context > 0 { entry(first_of_context) } else { None })
+            .unwrap_or(&self.instructions[..])
+    }
+
+    /// Program `index` of the plan as listed: 0 the shared one ([`Plan::instructions`]), `i >= 1`
+    /// rank program `i - 1`'s (the shared one past the end).
+    pub fn program_at(&self, index: usize) -> &[Instruction] {
+        match index.checked_sub(1).and_then(|i| self.rank_programs.get(i)) {
+            Some(program) => &program.instructions[..],
+            None => &self.instructions[..],
+        }
+    }
+
+    /// The context rank `k` and tensor-parallel rank of global rank `rank`.
+    pub fn rank_coordinates(&self, rank: u32) -> (u32, u32) {
+        let t = u32::try_from(self.provenance.parallel.tensor.max(1)).unwrap_or(u32::MAX);
+        (rank / t, rank % t)
     }
 }

@@ -68,6 +68,12 @@ pub struct ShapeContext {
     pub rank: u64,
     /// GPUs in the tensor-parallel group, `t` (0 reads as 1: `Default` is one GPU).
     pub ranks: u64,
+    /// This GPU's context-parallel rank `k`, `0..context_ranks` (`spec/context-parallel.md`):
+    /// with `seq_len` the rank's rows of one sequence, it decides each row's position
+    /// ([`ShapeContext::position`]).
+    pub context_rank: u64,
+    /// Context-parallel ranks `c` (0 reads as 1).
+    pub context_ranks: u64,
 }
 
 impl Default for ShapeContext {
@@ -86,6 +92,8 @@ impl Default for ShapeContext {
             adamw_step: 0,
             rank: 0,
             ranks: 0,
+            context_rank: 0,
+            context_ranks: 0,
         }
     }
 }
@@ -109,16 +117,64 @@ impl ShapeContext {
             adamw_step: 1,
             rank,
             ranks,
+            context_rank: 0,
+            context_ranks: 1,
         }
     }
 
     /// [`ShapeContext::for_model`] for rank `rank` of the tensor-parallel group of `parallel`:
     /// with context parallelism (`c > 1`) a rank's program holds its `s / c` tokens of each
     /// sequence ([`crate::model::ModelConfig::rank_seq_len`]), so its launches are checked as
-    /// sequences of that many rows (the ring that brings the other ranks' K/V, and the positions
-    /// of the rank's second chunk, are not in the plan format yet: such plans are never written).
+    /// sequences of that many rows. The context rank is 0: [`ShapeContext::for_ranks`] names it.
     pub fn for_layout(model: &crate::model::ModelConfig, parallel: &crate::model::Parallelism, rank: u64) -> Self {
-        ShapeContext { seq_len: model.rank_seq_len(parallel), ..ShapeContext::for_model(model, rank, parallel.tensor) }
+        ShapeContext::for_ranks(model, parallel, rank, 0)
+    }
+
+    /// [`ShapeContext::for_layout`] for tensor-parallel rank `rank` of context rank
+    /// `context_rank` (`0..c`).
+    pub fn for_ranks(
+        model: &crate::model::ModelConfig,
+        parallel: &crate::model::Parallelism,
+        rank: u64,
+        context_rank: u64,
+    ) -> Self {
+        ShapeContext {
+            seq_len: model.rank_seq_len(parallel),
+            context_rank,
+            context_ranks: parallel.context.max(1),
+            ..ShapeContext::for_model(model, rank, parallel.tensor)
+        }
+    }
+
+    /// `c`: [`ShapeContext::context_ranks`], at least 1.
+    pub fn context_group(&self) -> u64 {
+        self.context_ranks.max(1)
+    }
+
+    /// The position in its sequence of local row `row` (`spec/context-parallel.md`, "Layout"):
+    /// with `L = seq_len` (this rank's rows of one sequence, `s / c`) and `n = L / 2` (one chunk),
+    /// `j = row % L` is position `k*n + j` in the rank's first chunk (`j < n`), else
+    /// `(2c-1-k)*n + (j - n)` in its second. With `c = 1` that is `row % seq_len`. `None` when
+    /// `seq_len` is 0, or when `c > 1` and `seq_len` is odd or `k >= c`.
+    pub fn position(&self, row: u64) -> Option<u64> {
+        let (k, c, l) = (self.context_rank, self.context_group(), self.seq_len);
+        if l == 0 {
+            return None;
+        }
+        let j = row % l;
+        if c == 1 {
+            return Some(j);
+        }
+        if k >= c || !l.is_multiple_of(2) {
+            return None;
+        }
+        let n = l / 2;
+        if j < n {
+            k.checked_mul(n)?.checked_add(j)
+        } else {
+            // k < c, so 2c - 1 - k >= c: no underflow once 2c fits.
+            (c.checked_mul(2)? - 1 - k).checked_mul(n)?.checked_add(j - n)
+        }
     }
 
     /// Key/value heads in K and V: [`ShapeContext::kv_heads`], or `heads` when it is 0.
@@ -224,6 +280,16 @@ impl OpShape {
             | Op::LinearBackwardWeightNoBias
             | Op::Classifier
             | Op::ClassifierBackwardWeight => matmul_flops(self.rows, self.width, self.features).unwrap_or(u64::MAX),
+            Op::AttentionBlock | Op::AttentionBlockCausal => {
+                let causal = self.op == Op::AttentionBlockCausal;
+                attention_block_flops(self.rows, self.features, self.width, causal).unwrap_or(u64::MAX)
+            }
+            Op::AttentionBlockBackward | Op::AttentionBlockBackwardCausal => {
+                let causal = self.op == Op::AttentionBlockBackwardCausal;
+                attention_block_flops(self.rows, self.features, self.width, causal)
+                    .and_then(|f| f.checked_mul(2))
+                    .unwrap_or(u64::MAX)
+            }
             _ => 0,
         }
     }
@@ -391,6 +457,17 @@ impl OpError {
         OpError { op, argument: None, kind: OpErrorKind::Context { field, problem } }
     }
 
+    /// The refusal of a context-parallel op (codes 34-45, [`Op::is_context_parallel`]) by a
+    /// backend (`backend`: "CPU", "GPU") whose kernels for it are not wired yet: plans carry
+    /// the ring (`spec/context-parallel.md`), the runtimes do not run it yet.
+    pub fn not_yet_wired(op: Op, backend: &str) -> Self {
+        let reason = format!(
+            "context parallelism's ops are not yet wired into the {backend} backend: plans with c > 1 can be made \
+             and checked, not run; train with context parallelism 1"
+        );
+        OpError { op, argument: None, kind: OpErrorKind::Unsupported { reason } }
+    }
+
     /// The refusal of a collective by a single-device backend.
     pub fn needs_multi_gpu(op: Op) -> Self {
         OpError { op, argument: None, kind: OpErrorKind::NeedsMultiGpu }
@@ -450,7 +527,173 @@ pub fn check(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, O
         Op::CrossEntropyMax | Op::CrossEntropySums | Op::CrossEntropyFinish => cross_entropy_part(op, args, ctx),
         Op::Swiglu | Op::SwigluBackward => swiglu(op, args),
         Op::LinearBackwardWeightNoBias => linear_backward_weight_no_bias(args),
+        Op::Rotary | Op::RotaryBackward => rotary(op, args, ctx),
+        Op::AttentionBlock
+        | Op::AttentionBlockCausal
+        | Op::AttentionBlockBackward
+        | Op::AttentionBlockBackwardCausal
+        | Op::AttentionRingInit
+        | Op::AttentionRingFinish => attention_block(op, args, ctx),
+        Op::ToBf16 => {
+            let [x, y] = arguments(op, args)?;
+            let width = y.elems(BF16, "bf16")?;
+            x.want_rows(y.s.rows, "the rows of `y`")?;
+            x.want_elems(width, WORD, "one f32 per bf16 of `y`")?;
+            let elements = y.total(width)?;
+            Ok(OpShape { elements, ..shape(op, y.s.rows, width, 0) })
+        }
+        Op::RingExchange => {
+            let [x, y] = arguments(op, args)?;
+            y.want_rows(x.s.rows, "the rows of `x`: a ring exchange receives what the previous rank sends")?;
+            y.want_row_bytes(x.s.row_bytes, "the row width of `x`")?;
+            Ok(shape(op, x.s.rows, 0, 0))
+        }
+        Op::DataAllReduceSumBf16 | Op::DataAllReduceSumF32 => {
+            let [x] = arguments(op, args)?;
+            let (elem, what) = if op == Op::DataAllReduceSumBf16 { (BF16, "bf16") } else { (WORD, "f32") };
+            let width = x.elems(elem, what)?;
+            let elements = x.total(width)?;
+            Ok(OpShape { elements, ..shape(op, x.s.rows, width, 0) })
+        }
     }
+}
+
+/// The head dimension `hidden / (heads * t)` of the context (rotary and the ring's blocks), with
+/// the context's errors: no heads, or a hidden size that is not whole heads of an even width.
+fn head_dim(op: Op, ctx: &ShapeContext) -> Result<u64, OpError> {
+    let all_heads = ctx.heads.saturating_mul(ctx.group());
+    if all_heads == 0 {
+        return Err(OpError::context(op, "heads", "is 0; the op needs at least one head".into()));
+    }
+    let d = ctx.hidden / all_heads;
+    if !ctx.hidden.is_multiple_of(all_heads) || d == 0 || !d.is_multiple_of(2) {
+        let problem = format!(
+            "is {}: it must be {all_heads} heads (`heads` x `ranks`) of an even, positive head dimension",
+            ctx.hidden
+        );
+        return Err(OpError::context(op, "hidden", problem));
+    }
+    Ok(d)
+}
+
+/// `rotary` [x] and `rotary_backward` [dx]: rows of whole heads of the context's head dimension
+/// (query or key/value heads), bf16; positions from the context ([`ShapeContext::position`]), so
+/// `seq_len` must give them.
+fn rotary(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    let [x] = arguments(op, args)?;
+    let d = head_dim(op, ctx)?;
+    let elems = x.elems(BF16, "bf16")?;
+    if !elems.is_multiple_of(d) {
+        return Err(x.error(format!("whole heads of the head dimension {d}"), format!("{elems} bf16 per row")));
+    }
+    if ctx.position(0).is_none() {
+        let problem = format!(
+            "is {} with context rank {} of {}: positions need a positive `seq_len`, even when c > 1, and a context \
+             rank below c",
+            ctx.seq_len,
+            ctx.context_rank,
+            ctx.context_group()
+        );
+        return Err(OpError::context(op, "seq_len", problem));
+    }
+    let elements = x.total(elems)?;
+    Ok(OpShape { elements, ..shape(op, x.s.rows, elems, 0) })
+}
+
+/// The ring attention's ops (`spec/context-parallel.md`): `attention_block(_causal)` [q, k, v,
+/// out_acc, lse], `attention_block_backward(_causal)` [q, k, v, out, lse, dout, dq_acc, dk_acc,
+/// dv_acc], `attention_ring_init` [out_acc, lse], `attention_ring_finish` [out_acc, out]. Query
+/// rows (`q`, `out`, `dout`) have the context's heads; `k`, `v` (any rows; a causal block's equal
+/// to `q`'s) its K/V heads; the accumulators are f32 (`out_acc`, `dq_acc` like `q`, `dk_acc`,
+/// `dv_acc` like `k`), `lse` one f32 per head per query row. `rows` are the query rows,
+/// `features` the key rows, `width` a query row's elements; the geometry's `seq_len` is the key
+/// rows and `sequences` 1 (a block needs no whole sequences).
+fn attention_block(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, OpError> {
+    check_argument_count(op, args.len())?;
+    let named = |index: usize| Arg::at(op, args, index);
+    let d = head_dim(op, ctx)?;
+    let heads = ctx.heads;
+    let kv_heads = ctx.kv_heads_in_tensor();
+    let ranks = ctx.group();
+    let (all_heads, first_query) = if ctx.kv_replicated {
+        ctx.check_rank(op)?;
+        (heads.saturating_mul(ranks), ctx.rank.saturating_mul(heads))
+    } else {
+        (heads, 0)
+    };
+    if kv_heads == 0 || !all_heads.is_multiple_of(kv_heads) || (!ctx.kv_replicated && kv_heads > heads) {
+        let problem = format!("is {kv_heads}; it must divide the query heads {all_heads} (grouped-query attention)");
+        return Err(OpError::context(op, "kv_heads", problem));
+    }
+    let q_row = heads.saturating_mul(d).saturating_mul(BF16);
+    let kv_row = kv_heads.saturating_mul(d).saturating_mul(BF16);
+    let lse_row = heads.saturating_mul(WORD);
+    // (position, row bytes, whether its rows are the keys' rather than the queries').
+    let layout: &[(usize, u64, bool)] = match op {
+        Op::AttentionRingInit => &[(0, q_row.saturating_mul(2), false), (1, lse_row, false)],
+        Op::AttentionRingFinish => &[(0, q_row.saturating_mul(2), false), (1, q_row, false)],
+        Op::AttentionBlock | Op::AttentionBlockCausal => &[
+            (0, q_row, false),
+            (1, kv_row, true),
+            (2, kv_row, true),
+            (3, q_row.saturating_mul(2), false),
+            (4, lse_row, false),
+        ],
+        _ => &[
+            (0, q_row, false),
+            (1, kv_row, true),
+            (2, kv_row, true),
+            (3, q_row, false),
+            (4, lse_row, false),
+            (5, q_row, false),
+            (6, q_row.saturating_mul(2), false),
+            (7, kv_row.saturating_mul(2), true),
+            (8, kv_row.saturating_mul(2), true),
+        ],
+    };
+    let queries = named(0).s.rows;
+    let keys = layout.iter().find(|l| l.2).map_or(0, |&(index, _, _)| named(index).s.rows);
+    let causal = matches!(op, Op::AttentionBlockCausal | Op::AttentionBlockBackwardCausal);
+    for &(index, row_bytes, key_rows) in layout {
+        let arg = named(index);
+        let why = match (index, row_bytes) {
+            (_, b) if b == lse_row && arg.name == "lse" => "one f32 per head",
+            (_, b) if b == q_row.saturating_mul(2) || b == kv_row.saturating_mul(2) => {
+                "f32 of the heads of the context's head dimension"
+            }
+            _ => "the context's heads of its head dimension, bf16",
+        };
+        arg.want_row_bytes(row_bytes, why)?;
+        if key_rows {
+            arg.want_rows(keys, "the rows of `k`")?;
+        } else {
+            arg.want_rows(queries, if index == 0 { "its own rows" } else { "the rows of the first argument" })?;
+        }
+    }
+    if causal && keys != queries {
+        return Err(named(1)
+            .error(format!("the rows of `q` ({queries}): a causal block is on the diagonal"), format!("{keys} rows")));
+    }
+    let geometry = AttentionShape {
+        heads,
+        kv_heads,
+        group: all_heads / kv_heads,
+        first_query,
+        head_dim: d,
+        seq_len: keys,
+        sequences: 1,
+    };
+    let elems = heads.saturating_mul(d);
+    Ok(OpShape { attention: Some(geometry), ..shape(op, queries, elems, keys) })
+}
+
+/// The matrix-product FLOPs of one ring attention block over `queries` x `keys` rows with
+/// `elements` bf16 per query row (the heads of this GPU times the head dimension), counted as
+/// `attention`'s are: `Q K^T` and `P V`, `2 * 2 * queries * keys * elements`, halved for a causal
+/// block; its backward twice that. `None` on overflow.
+pub fn attention_block_flops(queries: u64, keys: u64, elements: u64, causal: bool) -> Option<u64> {
+    let full = u128::from(queries) * u128::from(keys) * u128::from(elements) * 4;
+    u64::try_from(if causal { full / 2 } else { full }).ok()
 }
 
 /// `swiglu` [x, y] and `swiglu_backward` [x, dy, dx]: `x` (and `dx`) rows of `2w` bf16, the gate
@@ -1010,6 +1253,86 @@ mod tests {
         let k = ArgShape { first_row: 1, ..q };
         let error = check(Op::Attention, &[q, k, q, q, lse], &context()).unwrap_err();
         assert!(error.to_string().contains("argument `k`: expected whole sequences"), "{error}");
+    }
+
+    /// Context rank k of c holds chunks k and 2c-1-k of each sequence (spec/context-parallel.md):
+    /// with s = 16, c = 2 (L = 8 local rows per sequence, chunks of n = 4), rank 0 holds positions
+    /// 0-3 and 12-15, rank 1 positions 4-11; the next sequence starts over.
+    #[test]
+    fn positions_follow_the_load_balanced_chunks() {
+        let ctx = |k, c, seq_len| ShapeContext { context_rank: k, context_ranks: c, seq_len, ..context() };
+        let rank0: alloc::vec::Vec<u64> = (0..10).map(|r| ctx(0, 2, 8).position(r).unwrap()).collect();
+        assert_eq!(rank0, [0, 1, 2, 3, 12, 13, 14, 15, 0, 1]);
+        let rank1: alloc::vec::Vec<u64> = (0..8).map(|r| ctx(1, 2, 8).position(r).unwrap()).collect();
+        assert_eq!(rank1, [4, 5, 6, 7, 8, 9, 10, 11]);
+        // c = 1: row % seq_len, whatever the parity (the default context is c = 1).
+        assert_eq!(ctx(0, 0, 3).position(7), Some(1));
+        // Refused: no sequence, an odd one at c > 1, a rank past c.
+        assert_eq!((ctx(0, 2, 0).position(0), ctx(0, 2, 7).position(0), ctx(2, 2, 8).position(0)), (None, None, None));
+    }
+
+    /// The ring's ops: block shapes (queries x keys, f32 accumulators), a causal block on the
+    /// diagonal only, FLOPs counted like attention's (halved when causal, doubled backward), the
+    /// exchange's two sides equal, rotary on whole heads.
+    #[test]
+    fn the_ring_ops_check_their_shapes_and_count_their_flops() {
+        // h = 4, 2 heads of 2: q rows of 8 bytes, lse of 8, out_acc of 16.
+        let ctx = ShapeContext { context_ranks: 2, seq_len: 4, ..context() };
+        let (q, k, acc, lse) = (arg(2, 8), arg(4, 8), arg(2, 16), arg(2, 8));
+        let block = check(Op::AttentionBlock, &[q, k, k, acc, lse], &ctx).unwrap();
+        assert_eq!((block.rows, block.features, block.width), (2, 4, 4));
+        assert_eq!(block.matmul_flops(), 4 * 2 * 4 * 4);
+        let causal = check(Op::AttentionBlockCausal, &[q, q, q, acc, lse], &ctx).unwrap();
+        assert_eq!(causal.matmul_flops(), 4 * 2 * 2 * 4 / 2);
+        let error = check(Op::AttentionBlockCausal, &[q, k, k, acc, lse], &ctx).unwrap_err();
+        assert!(error.to_string().contains("a causal block is on the diagonal"), "{error}");
+        let error = check(Op::AttentionBlock, &[q, k, k, arg(2, 8), lse], &ctx).unwrap_err();
+        assert_eq!(error.argument, Some("out_acc"));
+        let (kacc, dq) = (arg(4, 16), arg(2, 16));
+        let backward = check(Op::AttentionBlockBackward, &[q, k, k, q, lse, q, dq, kacc, kacc], &ctx).unwrap();
+        assert_eq!(backward.matmul_flops(), 2 * block.matmul_flops());
+        assert!(check(Op::RingExchange, &[arg(3, 8), arg(3, 8)], &ctx).is_ok());
+        let error = check(Op::RingExchange, &[arg(3, 8), arg(2, 8)], &ctx).unwrap_err();
+        assert_eq!(error.argument, Some("y"));
+        assert_eq!(check(Op::ToBf16, &[arg(3, 16), arg(3, 8)], &ctx).unwrap().elements, 12);
+        assert!(check(Op::ToBf16, &[arg(3, 8), arg(3, 8)], &ctx).is_err());
+        assert!(check(Op::Rotary, &[arg(5, 8)], &ctx).is_ok());
+        assert!(check(Op::Rotary, &[arg(5, 6)], &ctx).is_err(), "3 bf16 are not whole heads of 2");
+        let odd = ShapeContext { seq_len: 3, ..ctx };
+        let error = check(Op::Rotary, &[arg(5, 8)], &odd).unwrap_err();
+        assert!(matches!(error.kind, OpErrorKind::Context { field: "seq_len", .. }), "{error}");
+        // Every new op is on the collective stream exactly when it is a collective.
+        for op in [Op::RingExchange, Op::DataAllReduceSumBf16, Op::DataAllReduceSumF32] {
+            assert_eq!(op.stream(), crate::plan::Stream::Collective);
+            assert!(!op.is_collective(), "{op:?} is not the tensor group's");
+        }
+        assert_eq!(Op::Rotary.stream(), crate::plan::Stream::Compute);
+    }
+
+    /// The ring's ops with huge contexts and shapes give errors or shapes, never a panic
+    /// (overflowing widths saturate and then mismatch).
+    #[test]
+    fn the_ring_ops_never_panic_on_huge_values() {
+        let huge = [0, 1, 2, 3, u64::MAX / 3, u64::MAX / 2, u64::MAX - 1, u64::MAX];
+        for &op in Op::ALL.iter().filter(|op| op.is_context_parallel()) {
+            for (i, &value) in huge.iter().enumerate() {
+                let other = huge[(i * 5 + 3) % huge.len()];
+                let ctx = ShapeContext {
+                    hidden: value,
+                    heads: other,
+                    kv_heads: value,
+                    seq_len: other,
+                    context_rank: value,
+                    context_ranks: other,
+                    ..context()
+                };
+                let args: alloc::vec::Vec<ArgShape> = (0..op.signature().len())
+                    .map(|a| ArgShape { first_row: value, rows: huge[(i + a) % huge.len()], row_bytes: other })
+                    .collect();
+                let _ = check(op, &args, &ctx);
+                let _ = ctx.position(value);
+            }
+        }
     }
 
     #[test]

@@ -428,9 +428,20 @@ fn forward_ops(
             column_parallel(b, layer, linear, x, y)?;
         }
     }
+    if shape.context > 1 {
+        // Context parallelism: the ring carries rotated keys, so rotary moves out of attention
+        // to right after the projections (and the swap-out copies rotated rows).
+        for i in [Q, K] {
+            super::ring::rotary(b, layer, &segments(i));
+        }
+    }
     if what.attention {
         let (q, k, v, o, lse) = (b.all(s[Q]), b.all(s[K]), b.all(s[V]), b.all(s[O]), b.all(s[LSE]));
-        b.launch(Op::Attention, l, shape.attention_flops, &[q, k, v, o, lse]);
+        if shape.context > 1 {
+            super::ring::forward(b, layer, block, [q, k, v, o, lse])?;
+        } else {
+            b.launch(Op::Attention, l, shape.attention_flops, &[q, k, v, o, lse]);
+        }
     }
     let role = if output.is_some() { TensorRole::ProjectionOutput } else { TensorRole::RecomputedProjectionOutput };
     let projected = b.buffer(BufferKind::Transient, role, l, r - start, shape.hidden_row, blk);
@@ -584,7 +595,11 @@ pub(crate) fn backward(
     let attention_backward =
         shape.attention_flops.checked_mul(2).ok_or(ScheduleError::FlopsOverflow { op: "attention backward" })?;
     let args = [saved[0], saved[1], saved[2], saved[3], saved[4], d_attn, dq, dk, dv];
-    b.launch(Op::AttentionBackward, l, attention_backward, &args);
+    if shape.context > 1 {
+        super::ring::backward(b, layer, block, args)?;
+    } else {
+        b.launch(Op::AttentionBackward, l, attention_backward, &args);
+    }
     let d_norm1 = transient(b, TensorRole::InputNormOutputGradient, r, shape.hidden_row);
     let partial = b.partial_for(d_norm1, l, blk);
     for (i, (grad, (weight, _))) in [dq, dk, dv].into_iter().zip(p.qkv).enumerate() {

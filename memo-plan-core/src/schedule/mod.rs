@@ -38,6 +38,8 @@ use crate::plan::{
 pub use layer::SKELETAL_ROLES;
 pub use scratch::add_scratch;
 
+mod ring;
+
 /// Bytes of one token id or target (u32).
 const TOKEN_ID_BYTES: u64 = 4;
 
@@ -190,6 +192,12 @@ pub(crate) struct Shape {
     pub chunk_rows: u64,
     /// Attention FLOPs of one layer's forward, causal mask halved.
     pub attention_flops: u64,
+    /// Context-parallel ranks `c` (`spec/context-parallel.md`); 1 without context parallelism.
+    pub context: u64,
+    /// The context rank whose program is built, `0..c`.
+    pub context_rank: u64,
+    /// Rows of one sequence on this context rank: `s / c` (two chunks of `s / 2c`).
+    pub rank_seq: u64,
 }
 
 impl Shape {
@@ -240,6 +248,9 @@ impl Shape {
             vocab_rows,
             chunk_rows,
             attention_flops,
+            context: parallel.context.max(1),
+            context_rank: 0,
+            rank_seq: model.rank_seq_len(parallel),
         })
     }
 }
@@ -427,7 +438,7 @@ impl Builder {
         }
         let args = regions.iter().zip(signature).map(|(&region, &(_, access))| Arg { region, access }).collect();
         let launch = Action::Launch(Launch { op, args, layer, flops });
-        if op.is_collective() {
+        if op.stream() == Stream::Collective {
             // Events both ways: the collective starts after compute wrote its input, and compute
             // goes on (reads its output, or overwrites its buffers) after it completed.
             let ready = self.record(Stream::Compute);
@@ -438,6 +449,21 @@ impl Builder {
         } else {
             self.push(Stream::Compute, launch);
         }
+    }
+
+    /// Launches `op` on `regions` on `stream` with no events: the caller orders it (the ring's
+    /// exchanges overlap compute, so they are not fenced one by one as [`Builder::launch`] does).
+    pub fn launch_on(&mut self, stream: Stream, op: Op, layer: Option<u32>, flops: u64, regions: &[Region]) {
+        let signature = op.signature();
+        debug_assert_eq!(signature.len(), regions.len(), "{op:?}");
+        let args = regions.iter().zip(signature).map(|(&region, &(_, access))| Arg { region, access }).collect();
+        self.push(stream, Action::Launch(Launch { op, args, layer, flops }));
+    }
+
+    /// The whole of every buffer of `kind`, in id order.
+    pub fn buffers_of_kind(&self, kind: BufferKind) -> Vec<Region> {
+        let ids = (0..self.buffers.len()).filter(|&i| self.buffers[i].kind == kind);
+        ids.map(|i| self.all(BufferId(i as u32))).collect()
     }
 
     pub fn copy(&mut self, stream: Stream, src: Region, dst: Region, tensor: TensorRows) {
@@ -616,7 +642,23 @@ pub fn build(
     parallel: &Parallelism,
     options: &ScheduleOptions,
 ) -> Result<Schedule, ScheduleError> {
-    let shape = Shape::new(model, parallel)?;
+    build_for_context_rank(model, parallel, options, 0)
+}
+
+/// [`build`] for context rank `context_rank` of `parallel.context` (`spec/context-parallel.md`):
+/// the same buffers and the same instructions but for the ring attention's row ranges, which
+/// depend on the context rank. With `c = 1`, context rank 0 is [`build`].
+pub fn build_for_context_rank(
+    model: &ModelConfig,
+    parallel: &Parallelism,
+    options: &ScheduleOptions,
+    context_rank: u64,
+) -> Result<Schedule, ScheduleError> {
+    let mut shape = Shape::new(model, parallel)?;
+    if context_rank >= shape.context {
+        return Err(ScheduleError::Model(ModelError::Overflow { what: "context rank (not below c)" }));
+    }
+    shape.context_rank = context_rank;
     let mut b = Builder::new(shape);
     let replicated_rows = replicated_gradient_rows(model, parallel.tensor);
     let (r, layers) = (shape.local_rows, shape.layers);
@@ -739,6 +781,11 @@ pub fn build(
             b.launch(Op::ReduceScatter, None, 0, &[whole, part]);
             b.launch(Op::Add, None, 0, &[d_classifier, part, embedding.grad]);
         }
+    }
+    if shape.context > 1 {
+        // Context parallelism: each rank's gradients and loss are its tokens' share; the sums
+        // over the context ranks come before the gradient norm.
+        ring::data_all_reduce(&mut b, loss_all);
     }
     let norm = b.all(grad_norm);
     b.launch(Op::Zero, None, 0, &[norm]);

@@ -59,6 +59,9 @@ fn shape_context(ctx: &OpContext, group: Group) -> ShapeContext {
         adamw_step: ctx.adamw.step,
         rank: to_u64(group.rank),
         ranks: to_u64(group.ranks),
+        // No context parallelism on this backend yet (its ops are refused by `execute_on_rank`).
+        context_rank: 0,
+        context_ranks: 1,
     }
 }
 

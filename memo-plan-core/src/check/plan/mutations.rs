@@ -497,3 +497,88 @@ fn rank_programs_are_checked() {
     let violations = check_plan(&rank0).unwrap_err();
     assert!(violations.iter().any(|v| matches!(v, PlanViolation::CollectiveMismatch { rank: 1, position: 0, .. })));
 }
+
+/// A tiny memo plan with context parallelism: 4 layers, 64 tokens in sequences of 2, `t` tensor-
+/// and `c` context-parallel ranks, α forced to 0.5 (`spec/context-parallel.md`).
+fn tiny_context(t: u64, c: u64) -> Plan {
+    let model = ModelConfig::new("tiny", 4, 64, 4, 64, 2);
+    let hardware = Hardware::preset("h100x8").unwrap();
+    let mut request = PlanRequest::new(model, Parallelism::new(t, 1).with_context(c), hardware, Strategy::Memo);
+    request.forced_alpha = Some(0.5);
+    planned(request)
+}
+
+fn context_plans() -> &'static [(&'static str, Plan); 2] {
+    static PLANS: OnceLock<[(&'static str, Plan); 2]> = OnceLock::new();
+    PLANS.get_or_init(|| [("tiny t1 c2 memo", tiny_context(1, 2)), ("tiny t2 c4 memo", tiny_context(2, 4))])
+}
+
+/// Every context-parallel corruption is rejected on the c > 1 plans at several targets, with its
+/// variant; the c = 1 plans have nothing to apply them to.
+#[test]
+fn every_context_parallel_corruption_is_rejected() {
+    for (name, plan) in context_plans() {
+        for mutation in Mutation::CONTEXT {
+            for (target, detail) in [(0, 0), (1, 1), (2, 7), (3, 33), (1000, 5)] {
+                rejected(name, plan, mutation, target, detail);
+            }
+        }
+    }
+    for mutation in Mutation::CONTEXT {
+        assert!(mutate(tiny_memo(), mutation, 0, 0).is_none(), "{}: the c = 1 plan has no ring", mutation.name());
+    }
+}
+
+/// The ring's violations name the context ranks, the exchange and the bytes: context rank 1 of
+/// the c = 2 plan without its first exchange (the forward's K of layer 0) is out of step with
+/// rank 0 from the first exchange whose size differs (K and V have the same size; the
+/// accumulators twice that), in both directions of the ring.
+#[test]
+fn a_dropped_ring_exchange_names_the_ranks_the_exchange_and_the_sizes() {
+    let (_, plan) = &context_plans()[0];
+    let (mutated, _, violations) = rejected("tiny t1 c2 memo", plan, Mutation::DropRingExchange, 1, 0);
+    assert_eq!(mutated.rank_programs[0].rank, 1);
+    let ring: Vec<&PlanViolation> =
+        violations.iter().filter(|v| matches!(v, PlanViolation::RingExchangeMismatch { .. })).collect();
+    let pairs: Vec<(u32, u32)> = ring
+        .iter()
+        .filter_map(|v| match v {
+            PlanViolation::RingExchangeMismatch { sender, receiver, tensor_rank: 0, sent, received, .. } => {
+                assert_ne!(sent, received, "{v}");
+                Some((*sender, *receiver))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(pairs, [(0, 1), (1, 0)], "{ring:?}");
+    let message = ring[0].to_string();
+    assert!(message.contains("from context rank 0 to context rank 1 (tensor-parallel rank 0)"), "{message}");
+    assert!(message.contains("bytes"), "{message}");
+}
+
+/// Each context rank's program passes the single-program rules with its own context: a race in
+/// context rank 2's program (c = 4, t = 2: the rank program at global rank 4) is reported inside
+/// it.
+#[test]
+fn a_context_ranks_program_is_checked_as_its_own() {
+    let (_, plan) = &context_plans()[1];
+    assert_eq!(plan.rank_programs.iter().map(|p| p.rank).collect::<Vec<_>>(), [2, 4, 6]);
+    let mut racy = plan.clone();
+    let program = &mut racy.rank_programs[1].instructions;
+    // Compute's wait for the first K/V the ring brings in: the block launch after it then reads
+    // the ring buffer while the exchange may still write it.
+    let received = program
+        .windows(2)
+        .position(|w| {
+            matches!(&w[0].action, Action::Launch(l) if l.op == Op::RingExchange)
+                && matches!(w[1].action, Action::Record(_))
+        })
+        .and_then(|at| match program[at + 1].action {
+            Action::Record(event) => program.iter().position(|i| i.stream == C && i.action == Action::Wait(event)),
+            _ => None,
+        })
+        .expect("a compute wait for the ring");
+    program.remove(received);
+    let violations = check_plan(&racy).unwrap_err();
+    assert!(violations.iter().all(|v| matches!(v, PlanViolation::InRankProgram { rank: 4, .. })), "{violations:?}");
+}

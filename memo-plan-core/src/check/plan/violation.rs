@@ -414,13 +414,13 @@ pub enum PlanViolation {
         /// `totals.arena_bytes`.
         arena_bytes: u64,
     },
-    /// A rank program for a rank outside `0..t`, or not after the previous one's rank.
+    /// A rank program for a global rank outside `0..c*t`, or not after the previous one's rank.
     BadRank {
         /// Its index in `Plan::rank_programs`.
         program: usize,
         /// Its rank.
         rank: u32,
-        /// `t`.
+        /// `c * t` (`t` without context parallelism).
         ranks: u64,
         /// The previous program's rank, when this one does not come after it.
         previous: Option<u32>,
@@ -498,6 +498,24 @@ pub enum PlanViolation {
         /// Rank `rank`'s.
         found: Option<CollectiveCall>,
     },
+    /// The `exchange`-th `ring_exchange` (from 0) of context rank `sender` sends other bytes than
+    /// the `exchange`-th of the next context rank `receiver` (`sender + 1 mod c`, same
+    /// tensor-parallel rank) receives, or one of them has no such exchange (rule 9's ring: each
+    /// send must meet its receive, or the ring deadlocks or delivers the wrong bytes).
+    RingExchangeMismatch {
+        /// The sending context rank.
+        sender: u32,
+        /// The receiving context rank, `sender + 1 mod c`.
+        receiver: u32,
+        /// The tensor-parallel rank of both.
+        tensor_rank: u32,
+        /// The exchange's number in each program's sequence of ring exchanges, from 0.
+        exchange: usize,
+        /// The bytes of the sender's `x`, if it has that exchange.
+        sent: Option<u64>,
+        /// The bytes of the receiver's `y`, if it has that exchange.
+        received: Option<u64>,
+    },
 }
 
 impl PlanViolation {
@@ -537,6 +555,7 @@ impl PlanViolation {
             Self::InRankProgram { .. } => "in_rank_program",
             Self::CollectiveSize { .. } => "collective_size",
             Self::CollectiveMismatch { .. } => "collective_mismatch",
+            Self::RingExchangeMismatch { .. } => "ring_exchange_mismatch",
             Self::BadScratch { .. } => "bad_scratch",
             Self::ScratchTooSmall { .. } => "scratch_too_small",
         }
@@ -553,7 +572,8 @@ impl PlanViolation {
             | Self::LowerBoundAboveArena { .. }
             | Self::BadRank { .. }
             | Self::InRankProgram { .. }
-            | Self::CollectiveMismatch { .. } => None,
+            | Self::CollectiveMismatch { .. }
+            | Self::RingExchangeMismatch { .. } => None,
             Self::CollectiveSize { instruction, .. }
             | Self::LaunchShape { instruction, .. }
             | Self::BadScratch { instruction, .. }
@@ -618,7 +638,8 @@ impl PlanViolation {
             | Self::CollectiveSize { .. }
             | Self::LaunchShape { .. }
             | Self::ScratchTooSmall { .. }
-            | Self::CollectiveMismatch { .. } => None,
+            | Self::CollectiveMismatch { .. }
+            | Self::RingExchangeMismatch { .. } => None,
         }
     }
 
@@ -800,7 +821,8 @@ impl fmt::Display for PlanViolation {
                 ),
                 None => write!(
                     f,
-                    "rank program {program} is for rank {rank}, but the group has {ranks} rank(s) (t = {ranks})"
+                    "rank program {program} is for rank {rank}, but the group has {ranks} rank(s) (c x t = {ranks}; \
+                     global rank = context rank x t + tensor-parallel rank)"
                 ),
             },
             Self::InRankProgram { rank, violation } => write!(f, "in rank {rank}'s own program: {violation}"),
@@ -853,6 +875,22 @@ impl fmt::Display for PlanViolation {
                     "; every rank must issue the same collectives in the same order with the same sizes, or the \
                      group deadlocks or mixes data",
                 )
+            }
+            Self::RingExchangeMismatch { sender, receiver, tensor_rank, exchange, sent, received } => {
+                write!(
+                    f,
+                    "ring exchange {exchange} from context rank {sender} to context rank {receiver} (tensor-parallel \
+                     rank {tensor_rank}): "
+                )?;
+                match (sent, received) {
+                    (Some(s), Some(r)) => write!(f, "{sender} sends {s} bytes, {receiver} receives {r} bytes"),
+                    (Some(s), None) => write!(f, "{sender} sends {s} bytes, but {receiver} has no exchange {exchange}"),
+                    (None, Some(r)) => {
+                        write!(f, "{receiver} receives {r} bytes, but {sender} has no exchange {exchange}")
+                    }
+                    (None, None) => f.write_str("missing on both"),
+                }?;
+                f.write_str("; each ring send must meet a receive of the same bytes, or the ring deadlocks")
             }
         }
     }

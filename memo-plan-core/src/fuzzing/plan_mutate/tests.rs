@@ -12,7 +12,7 @@ use crate::fuzzing::{run_corpus, smoke};
 #[test]
 fn smoke_test() {
     let counts = core::cell::RefCell::new(BTreeMap::<Mutation, (u32, u32, u32)>::new());
-    smoke(0x6d75_7461, 240, 64, |case: MutateCase| {
+    smoke(0x6d75_7461, 320, 64, |case: MutateCase| {
         let kind = case.mutation;
         let result = check_counted(case);
         let mut counts = counts.borrow_mut();

@@ -203,11 +203,11 @@ fn layout(plan: &Plan) -> Layout {
     let model_name = HEADER_BYTES;
     // The name, layers, the seven sizes (kv_heads after heads), then the architecture: FFN, norm
     // and bias codes and the tied flag (a byte each), the rotary base and epsilon (f64 each), the
-    // rope scaling tag and, when present, its three f64 and a u64; then t and d.
+    // rope scaling tag and, when present, its three f64 and a u64; then t, d and c.
     let scaling = if p.model.architecture.rope_scaling.is_some() { 4 * 8 } else { 0 };
     let architecture = 4 + 2 * 8 + 1 + scaling;
     let kv_heads = model_name + 4 + p.model.name.len() + 4 + 2 * 8;
-    let hardware_name = model_name + 4 + p.model.name.len() + 4 + 7 * 8 + architecture + 2 * 8;
+    let hardware_name = model_name + 4 + p.model.name.len() + 4 + 7 * 8 + architecture + 3 * 8;
     let measured_tag = hardware_name + 4 + p.hardware.name.len() + 8 * 8;
     // The measured time, then the interconnect (bandwidth and latency, u64 each).
     let strategy = measured_tag + 1 + if p.hardware.measured_layer_forward_s.is_some() { 8 } else { 0 } + 16;
@@ -343,13 +343,14 @@ fn header_fields_sit_where_the_spec_says() {
 ///
 /// Version 4 (from version 3's 1340 bytes): `kv_heads` after `heads` (8 bytes) and the
 /// architecture after `micro_batch` (4 code/flag bytes, two f64, the rope scaling tag and its
-/// 3 f64 and u64: 53 bytes) make the sample 61 bytes longer.
+/// 3 f64 and u64: 53 bytes) make the sample 61 bytes longer. Version 6: the context-parallel
+/// degree after `d` (8 bytes).
 #[test]
-fn format_version_5_is_pinned() {
-    assert_eq!(PLAN_FORMAT_VERSION, 5);
+fn format_version_6_is_pinned() {
+    assert_eq!(PLAN_FORMAT_VERSION, 6);
     let plan = sample_plan();
     let bytes = plan.encode();
-    assert_eq!((bytes.len(), checksum(&bytes[HEADER_BYTES..])), (1340 + 8 + 53, 0x92d9_cda1));
+    assert_eq!((bytes.len(), checksum(&bytes[HEADER_BYTES..])), (1340 + 8 + 53 + 8, 0xc50d_e2ad));
     // The new provenance fields sit where the spec's layout puts them.
     let at = layout(&plan);
     let u64_at = |offset: usize| u64::from_le_bytes(bytes[offset..offset + 8].try_into().unwrap());
@@ -362,8 +363,8 @@ fn format_version_5_is_pinned() {
     assert_eq!(bytes[a + 20], 1, "rope scaling present");
     let scaling = [u64_at(a + 21), u64_at(a + 29), u64_at(a + 37)].map(f64::from_bits);
     assert_eq!((scaling, u64_at(a + 45)), ([8.0, 1.0, 4.0], 8192));
-    // Then the parallel layout: t 1, d 2.
-    assert_eq!((u64_at(a + 53), u64_at(a + 61)), (1, 2));
+    // Then the parallel layout: t 1, d 2, c 1.
+    assert_eq!((u64_at(a + 53), u64_at(a + 61), u64_at(a + 69)), (1, 2, 1));
 }
 
 #[test]
@@ -427,15 +428,23 @@ fn header_errors() {
     let mut newer = good.clone();
     newer[header::VERSION] += 1;
     let error = decode_err(&newer);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 6, supported: 5 });
-    assert!(error.to_string().contains("written by plan format version 6"), "{error}");
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 7, supported: 6 });
+    assert!(error.to_string().contains("written by plan format version 7"), "{error}");
     assert!(!error.to_string().contains("older format"), "{error}");
+
+    // Version 5 (before context parallelism) is refused whole, saying why.
+    let mut older = good.clone();
+    older[header::VERSION] = 5;
+    let error = decode_err(&older);
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 5, supported: 6 });
+    let message = error.to_string();
+    assert!(message.contains("version 5 plans do not record the context-parallel degree"), "{message}");
 
     // Version 4 (before launch scratch) is refused whole, saying why.
     let mut older = good.clone();
     older[header::VERSION] = 4;
     let error = decode_err(&older);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 4, supported: 5 });
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 4, supported: 6 });
     let message = error.to_string();
     assert!(message.contains("version 4 plans carry no launch scratch") && message.contains("memo plan"), "{message}");
 
@@ -443,9 +452,9 @@ fn header_errors() {
     let mut older = good.clone();
     older[header::VERSION] = 3;
     let error = decode_err(&older);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 3, supported: 5 });
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 3, supported: 6 });
     let message = error.to_string();
-    assert!(message.contains("written by plan format version 3; this build reads version 5 only"), "{message}");
+    assert!(message.contains("written by plan format version 3; this build reads version 6 only"), "{message}");
     assert!(message.contains("key/value heads and architecture") && message.contains("memo plan"), "{message}");
     assert!(!message.contains("collective stream"), "{message}");
 
@@ -453,18 +462,18 @@ fn header_errors() {
     let mut older = good.clone();
     older[header::VERSION] = 2;
     let error = decode_err(&older);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 2, supported: 5 });
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 2, supported: 6 });
     let message = error.to_string();
-    assert!(message.contains("written by plan format version 2; this build reads version 5 only"), "{message}");
+    assert!(message.contains("written by plan format version 2; this build reads version 6 only"), "{message}");
     assert!(message.contains("no collective stream") && message.contains("memo plan"), "{message}");
 
     // Version 1 (before swap identities) is refused whole, saying why.
     let mut older = good.clone();
     older[header::VERSION] = 1;
     let error = decode_err(&older);
-    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 1, supported: 5 });
+    assert_eq!(error, PlanDecodeError::UnsupportedVersion { found: 1, supported: 6 });
     let message = error.to_string();
-    assert!(message.contains("written by plan format version 1; this build reads version 5 only"), "{message}");
+    assert!(message.contains("written by plan format version 1; this build reads version 6 only"), "{message}");
     assert!(message.contains("an older format") && message.contains("memo plan"), "{message}");
 
     let mut flagged = good.clone();
