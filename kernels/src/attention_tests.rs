@@ -30,6 +30,8 @@ fn context(heads: u64, seq_len: u64) -> KernelContext {
         adamw: AdamW::default(),
         rank: 0,
         ranks: 1,
+        context_rank: 0,
+        context_ranks: 1,
     }
 }
 
@@ -359,6 +361,8 @@ mod versus_cpu {
             adamw: memo_runtime::AdamW::default(),
             rank: h.rank as u64,
             ranks: h.ranks as u64,
+            context_rank: 0,
+            context_ranks: 1,
         };
         let rows = (b * s) as u64;
         let wide = |heads: usize, bytes: usize| ArgShape { first_row: 0, rows, row_bytes: (heads * bytes) as u64 };
@@ -429,6 +433,8 @@ mod versus_cpu {
             vocab: 0,
             loss_scale_tokens: 1,
             adamw: Default::default(),
+            context_rank: 0,
+            context_ranks: 1,
         }
     }
 

@@ -57,6 +57,8 @@ fn cpu_context(ctx: &KernelContext) -> OpContext {
         vocab: ctx.vocab as usize,
         loss_scale_tokens: ctx.loss_scale_tokens as usize,
         adamw: ctx.adamw,
+        context_rank: usize::try_from(ctx.context_rank).unwrap_or(usize::MAX),
+        context_ranks: usize::try_from(ctx.context_ranks).unwrap_or(usize::MAX),
     }
 }
 

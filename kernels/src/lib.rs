@@ -262,6 +262,8 @@ pub fn kernel_context(ctx: &memo_plan_core::plan::shapes::ShapeContext) -> Kerne
         adamw: memo_runtime::AdamW { step: ctx.adamw_step, ..memo_runtime::AdamW::default() },
         rank: ctx.rank,
         ranks: ctx.ranks,
+        context_rank: ctx.context_rank,
+        context_ranks: ctx.context_ranks,
     }
 }
 

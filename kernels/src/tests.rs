@@ -31,6 +31,8 @@ fn context_for(hidden: u64, vocab: u64, rows: u64) -> KernelContext {
         adamw: AdamW { step: 3, ..AdamW::default() },
         rank: 0,
         ranks: 1,
+        context_rank: 0,
+        context_ranks: 1,
     }
 }
 
@@ -295,6 +297,8 @@ fn try_run_cpu_with(op: Op, shapes: &[ArgShape], args: &mut [Vec<u8>], ctx: &Ker
         vocab: ctx.vocab as usize,
         loss_scale_tokens: ctx.loss_scale_tokens as usize,
         adamw: ctx.adamw,
+        context_rank: 0,
+        context_ranks: 1,
     };
     let mut cpu_args: Vec<Arg<'_>> = args
         .iter_mut()

@@ -310,6 +310,8 @@ fn op_rates(device: &Device, model: &ModelConfig, repeats: usize) -> Result<OpRa
         // One GPU: the profile measures single-device rates.
         rank: 0,
         ranks: 1,
+        context_rank: 0,
+        context_ranks: 1,
     };
     let attention_flops = 4.0 * (s as f64) * (s as f64) / 2.0 * h as f64;
     let (row, lse) = (h * 2, heads * 4);

@@ -133,6 +133,11 @@ pub struct KernelContext {
     pub rank: u64,
     /// GPUs in the tensor-parallel group, `t` (1: a single GPU).
     pub ranks: u64,
+    /// This GPU's context-parallel rank, `0..context_ranks` (`spec/context-parallel.md`): which
+    /// two chunks of each sequence its rows are (`seq_len` is then its rows of one sequence).
+    pub context_rank: u64,
+    /// Ranks in the context-parallel ring, `c` (1: none).
+    pub context_ranks: u64,
 }
 
 /// What went wrong in a backend. Every variant says what and how to fix it.

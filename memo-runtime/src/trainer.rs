@@ -252,6 +252,10 @@ impl<B: Backend> Trainer<B> {
             adamw: options.adamw,
             rank,
             ranks,
+            // One context rank: a trainer of context-parallel ranks (`c > 1`) is not built yet, and
+            // such a plan's ring exchanges fail on any backend without a ring.
+            context_rank: 0,
+            context_ranks: 1,
         };
         let tokens = find(&report, TensorRole::Tokens)?;
         let targets = find(&report, TensorRole::Targets)?;

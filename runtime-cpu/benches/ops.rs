@@ -73,6 +73,8 @@ fn context() -> OpContext {
         vocab: 256,
         loss_scale_tokens: S,
         adamw,
+        context_rank: 0,
+        context_ranks: 1,
     }
 }
 

@@ -428,6 +428,8 @@ fn launch(
         vocab: context.vocab as usize,
         loss_scale_tokens: context.loss_scale_tokens as usize,
         adamw: context.adamw,
+        context_rank: usize::try_from(context.context_rank).unwrap_or(usize::MAX),
+        context_ranks: usize::try_from(context.context_ranks).unwrap_or(usize::MAX),
     };
     let group = ops::Group {
         rank: usize::try_from(context.rank).unwrap_or(usize::MAX),

@@ -94,6 +94,8 @@ fn checked_mode_catches_a_missing_wait_at_run_time() {
         adamw: AdamW::default(),
         rank: 0,
         ranks: 1,
+        context_rank: 0,
+        context_ranks: 1,
     };
     match replay.run(&mut backend, &context) {
         Err(RuntimeError::Backend(BackendError::Unordered(message))) => {

@@ -90,6 +90,8 @@ fn context(t: usize) -> KernelContext {
         adamw: AdamW::default(),
         rank: 0,
         ranks: 1,
+        context_rank: 0,
+        context_ranks: 1,
     }
 }
 
@@ -283,6 +285,8 @@ fn op(op: Op, args: &mut [(Vec<u8>, usize)], threads: usize) {
         vocab: 1,
         loss_scale_tokens: 1,
         adamw: AdamW::default(),
+        context_rank: 0,
+        context_ranks: 1,
     };
     let signature = op.signature();
     let mut kernel_args: Vec<runtime_cpu::ops::Arg<'_>> = args
@@ -477,6 +481,8 @@ fn replay_checked_unchecked_plan(plan: &Plan, t: u64, range: std::ops::Range<usi
             adamw: AdamW::default(),
             rank: k as u64,
             ranks: t,
+            context_rank: 0,
+            context_ranks: 1,
         };
         replay.run_range(backend, &context, range.clone())
     })

@@ -170,6 +170,8 @@ fn context() -> KernelContext {
         adamw: AdamW { step: 3, ..AdamW::default() },
         rank: 0,
         ranks: 1,
+        context_rank: 0,
+        context_ranks: 1,
     }
 }
 
@@ -247,6 +249,8 @@ fn cpu_context(ctx: &KernelContext) -> OpContext {
         vocab: ctx.vocab as usize,
         loss_scale_tokens: ctx.loss_scale_tokens as usize,
         adamw: ctx.adamw,
+        context_rank: usize::try_from(ctx.context_rank).unwrap_or(usize::MAX),
+        context_ranks: usize::try_from(ctx.context_ranks).unwrap_or(usize::MAX),
     }
 }
 

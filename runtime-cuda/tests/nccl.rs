@@ -300,6 +300,8 @@ fn launch_collectives<B: Backend>(backend: &mut B, rank: usize, t: usize) -> Res
         adamw: AdamW::default(),
         rank: rank as u64,
         ranks: t as u64,
+        context_rank: 0,
+        context_ranks: 1,
     };
     for (instruction, (op, args)) in placed.iter().enumerate() {
         // Safety: the ops' spans are disjoint and only these launches, in order on one stream,

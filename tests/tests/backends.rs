@@ -333,6 +333,8 @@ fn one_plan_file_is_accepted_by_every_backend_unchanged() {
         adamw: AdamW::default(),
         rank: 0,
         ranks: 1,
+        context_rank: 0,
+        context_ranks: 1,
     };
     let mut ran = Vec::new();
     for case in [&CPU, &CUDA, &HIP] {

@@ -35,14 +35,13 @@ mod loss;
 mod norm;
 mod optim;
 mod parallel;
-pub mod ring;
+mod ring;
 mod tensor;
 
 #[cfg(test)]
 mod tests;
 
 pub use parallel::{set_threads, threads};
-pub use ring::ContextLayout;
 
 /// AdamW's hyperparameters for one step (PyTorch's `AdamW` semantics: decoupled weight decay on
 /// every parameter it is given, bias-corrected moments, the global-norm clip; `step` is 1-based):
@@ -73,6 +72,12 @@ pub struct OpContext {
     pub loss_scale_tokens: usize,
     /// The optimizer's hyperparameters.
     pub adamw: AdamW,
+    /// This rank's place in the context-parallel ring (`spec/context-parallel.md`): rank
+    /// `context_rank` of `context_ranks` (0 reads as 1). Only `rotary` and `rotary_backward` read
+    /// it: they give each row its position in the whole sequence.
+    pub context_rank: usize,
+    /// Ranks in the context-parallel ring, `c`.
+    pub context_ranks: usize,
 }
 
 /// A rank's place in its tensor-parallel group: what the vocabulary-parallel ops (the embedding
@@ -141,6 +146,8 @@ pub fn execute_on_rank(
     threads: usize,
 ) -> Result<(), OpError> {
     let threads = threads.max(1);
+    // The op table's rules, for the kernels that split their arguments themselves (`ring`).
+    let table = |args: &[Arg<'_>]| tensor::check_table(op, args, ctx, group);
     match op {
         Op::Embedding => elementwise::embedding(args, ctx, group),
         Op::LayerNorm => norm::layer_norm(args, ctx),
@@ -180,20 +187,25 @@ pub fn execute_on_rank(
         Op::Swiglu => elementwise::swiglu(args, ctx),
         Op::SwigluBackward => elementwise::swiglu_backward(args, ctx),
         Op::LinearBackwardWeightNoBias => linear::backward_weight(args, ctx, false, threads),
-        // Context parallelism's ops (`spec/context-parallel.md`): their reference kernels are
-        // written apart and wired in a later change; until then a plan with them is refused here,
-        // as a value (the interpreter reports it), never a panic.
-        Op::Rotary
-        | Op::RotaryBackward
-        | Op::AttentionBlock
-        | Op::AttentionBlockCausal
-        | Op::AttentionRingInit
-        | Op::AttentionRingFinish
-        | Op::AttentionBlockBackward
-        | Op::AttentionBlockBackwardCausal
-        | Op::ToBf16
-        | Op::RingExchange
-        | Op::DataAllReduceSumBf16
-        | Op::DataAllReduceSumF32 => Err(OpError::not_yet_wired(op, "CPU")),
+        // Context parallelism's ops (`spec/context-parallel.md`): the op table's rules first,
+        // then the kernel (which checks what it reads again: it may be called on its own).
+        Op::Rotary => table(args).and_then(|()| ring::rotary(op, args, ctx, group, threads)),
+        Op::RotaryBackward => table(args).and_then(|()| ring::rotary_backward(op, args, ctx, group, threads)),
+        Op::AttentionBlock => table(args).and_then(|()| ring::attention_block(op, args, ctx, group, threads)),
+        Op::AttentionBlockCausal => {
+            table(args).and_then(|()| ring::attention_block_causal(op, args, ctx, group, threads))
+        }
+        Op::AttentionRingInit => table(args).and_then(|()| ring::attention_ring_init(op, args, ctx)),
+        Op::AttentionRingFinish => table(args).and_then(|()| ring::attention_ring_finish(op, args)),
+        Op::AttentionBlockBackward => {
+            table(args).and_then(|()| ring::attention_block_backward(op, args, ctx, group, threads))
+        }
+        Op::AttentionBlockBackwardCausal => {
+            table(args).and_then(|()| ring::attention_block_backward_causal(op, args, ctx, group, threads))
+        }
+        Op::ToBf16 => table(args).and_then(|()| ring::to_bf16(op, args)),
+        Op::RingExchange | Op::DataAllReduceSumBf16 | Op::DataAllReduceSumF32 => {
+            table(args).and_then(|()| Err(OpError::needs_multi_gpu(op)))
+        }
     }
 }

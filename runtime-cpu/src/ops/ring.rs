@@ -1,13 +1,13 @@
-//! Context-parallel ring attention (the agreed design of issue 42, op codes 34 to 42): the rotary rotation
-//! on its own, attention over one block of queries and keys merged into a running accumulator,
-//! the accumulator's start and end, the block's backward into travelling f32 accumulators, and
-//! the f32 to bf16 rounding.
+//! Context-parallel ring attention (`spec/context-parallel.md`, op codes 34 to 42): the rotary
+//! rotation on its own, attention over one block of queries and keys merged into a running
+//! accumulator, the accumulator's start and end, the block's backward into travelling f32
+//! accumulators, and the f32 to bf16 rounding.
 //!
-//! Until the plan's op table has these ops, nothing calls them but the tests: each kernel takes
-//! the launch's `op` (errors name it) and, where it needs them, the rank's place in the
-//! tensor-parallel group ([`Group`]) and in the context-parallel ring ([`ContextLayout`], what
-//! the plan's `ShapeContext` will gain as `context_rank`, `context_ranks`), so that wiring one
-//! is one match arm passing those.
+//! `execute_on_rank` checks each launch against the op table's rules first; each kernel also
+//! checks what it reads (its arguments against the op's signature, the heads against the
+//! context), so none panics on a launch made elsewhere. Positions come from the context's
+//! `context_rank` and `context_ranks` through `ShapeContext::position`, the one place they are
+//! defined.
 //!
 //! Layout: `q`, `out`, `dout` are rows of `heads * head_dim` bf16, `k`, `v` rows of
 //! `kv_heads * head_dim` bf16 (as `attention`); `out_acc`, `dq_acc` rows of `heads * head_dim`
@@ -29,93 +29,10 @@ use super::attention::{
     BackwardKeys, Keys, QueryRow,
 };
 use super::parallel::{for_each_chunk, map_tasks};
-use super::tensor::{bf16_bits_to_f32, f32_to_bf16_bytes, f32_vec, split_signature, In, Out, BF16, WORD};
+use super::tensor::{
+    bf16_bits_to_f32, f32_to_bf16_bytes, f32_vec, shape_context, split_signature, to_u64, In, Out, BF16, WORD,
+};
 use super::{Arg, Group, OpContext, OpError, OpErrorKind};
-
-/// A rank's place in the context-parallel ring: rank `rank` of `ranks` (`c`). Each sequence of
-/// `s = c * seq_len` tokens is cut into `2c` chunks of `n = seq_len / 2`; rank `k` holds chunks
-/// `k` and `2c-1-k`, in that order. The context's `seq_len` is the rank's rows of one sequence,
-/// `s / c` (what `ShapeContext::for_layout` gives a rank's program).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ContextLayout {
-    /// This rank, `0..ranks`.
-    pub rank: usize,
-    /// Ranks in the ring, `c` (0 reads as 1).
-    pub ranks: usize,
-}
-
-impl ContextLayout {
-    /// No context parallelism: rank 0 of 1 (positions are `row % seq_len`).
-    pub const SINGLE: ContextLayout = ContextLayout { rank: 0, ranks: 1 };
-
-    /// The token position of row `row` of the rank's buffer, with `seq_len` rows of one sequence
-    /// on the rank: `j = row % seq_len`; `j < n` is `rank * n + j`, else
-    /// `(2c-1-rank) * n + (j - n)`. With `c = 1`, `j`. (The kernels check the layout first.)
-    pub fn position(&self, row: usize, seq_len: usize) -> usize {
-        let j = row % seq_len.max(1);
-        if self.ranks <= 1 {
-            return j;
-        }
-        let n = seq_len / 2;
-        if j < n {
-            self.rank * n + j
-        } else {
-            (2 * self.ranks - 1 - self.rank) * n + (j - n)
-        }
-    }
-
-    /// Checks the layout with the rank's `seq_len`: `rank < ranks`, `seq_len > 0`, even when
-    /// `c > 1` (two equal chunks), and the sequence's positions `c * seq_len` fit.
-    fn check(&self, op: Op, seq_len: usize) -> Result<(), OpError> {
-        let ranks = self.ranks.max(1);
-        if self.rank >= ranks {
-            let problem = format!("is {}, but the ring has {ranks} rank(s)", self.rank);
-            return Err(OpError::context(op, "context_rank", problem));
-        }
-        if seq_len == 0 || (ranks > 1 && !seq_len.is_multiple_of(2)) {
-            let problem = format!(
-                "is {seq_len}; it must be the rank's positive rows of one sequence, two equal chunks when the \
-                 context-parallel ring has {ranks} ranks"
-            );
-            return Err(OpError::context(op, "seq_len", problem));
-        }
-        if seq_len.checked_mul(ranks).and_then(|s| s.checked_mul(2)).is_none() {
-            let problem = format!("is {ranks}: {ranks} times `seq_len` {seq_len} positions do not fit");
-            return Err(OpError::context(op, "context_ranks", problem));
-        }
-        Ok(())
-    }
-}
-
-/// The arguments of each op, in order (the design's table): what a launch passes.
-pub mod signature {
-    use memo_plan_core::plan::Access::{self, Read as R, ReadWrite as RW, Write as W};
-
-    /// `rotary`: `x` rotated in place.
-    pub const ROTARY: &[(&str, Access)] = &[("x", RW)];
-    /// `rotary_backward`: `dx` rotated back in place.
-    pub const ROTARY_BACKWARD: &[(&str, Access)] = &[("dx", RW)];
-    /// `attention_block` and `attention_block_causal`.
-    pub const ATTENTION_BLOCK: &[(&str, Access)] = &[("q", R), ("k", R), ("v", R), ("out_acc", RW), ("lse", RW)];
-    /// `attention_ring_init`.
-    pub const ATTENTION_RING_INIT: &[(&str, Access)] = &[("out_acc", W), ("lse", W)];
-    /// `attention_ring_finish`.
-    pub const ATTENTION_RING_FINISH: &[(&str, Access)] = &[("out_acc", R), ("out", W)];
-    /// `attention_block_backward` and `attention_block_backward_causal`.
-    pub const ATTENTION_BLOCK_BACKWARD: &[(&str, Access)] = &[
-        ("q", R),
-        ("k", R),
-        ("v", R),
-        ("out", R),
-        ("lse", R),
-        ("dout", R),
-        ("dq_acc", RW),
-        ("dk_acc", RW),
-        ("dv_acc", RW),
-    ];
-    /// `to_bf16`.
-    pub const TO_BF16: &[(&str, Access)] = &[("x", R), ("y", W)];
-}
 
 /// Rows per chunk of the row-wise kernels' threads.
 const CHUNK_ROWS: usize = 64;
@@ -157,17 +74,10 @@ fn rotary_head_dim(op: Op, ctx: &OpContext, group: Group) -> Result<usize, OpErr
 }
 
 /// `rotary` (code 34): rotates pairs `(2i, 2i+1)` of every head of every row of `x` (in place)
-/// by the row's position ([`ContextLayout::position`] of `first_row + i`), `attention`'s
+/// by the row's position (`ShapeContext::position` of `first_row + i`, from the context's `context_rank` and `context_ranks`), `attention`'s
 /// rotation in f32, rounded once. Heads: `row_bytes / 2 / head_dim`.
-pub fn rotary(
-    op: Op,
-    args: &mut [Arg<'_>],
-    ctx: &OpContext,
-    group: Group,
-    layout: ContextLayout,
-    threads: usize,
-) -> Result<(), OpError> {
-    rotate_rows(op, signature::ROTARY, args, ctx, (group, layout), threads, false)
+pub fn rotary(op: Op, args: &mut [Arg<'_>], ctx: &OpContext, group: Group, threads: usize) -> Result<(), OpError> {
+    rotate_rows(op, args, ctx, group, threads, false)
 }
 
 /// `rotary_backward` (code 35): `dx` rotated back (angle negated) at the same positions: the
@@ -177,25 +87,35 @@ pub fn rotary_backward(
     args: &mut [Arg<'_>],
     ctx: &OpContext,
     group: Group,
-    layout: ContextLayout,
     threads: usize,
 ) -> Result<(), OpError> {
-    rotate_rows(op, signature::ROTARY_BACKWARD, args, ctx, (group, layout), threads, true)
+    rotate_rows(op, args, ctx, group, threads, true)
 }
 
 /// [`rotary`] (`inverse` false) and [`rotary_backward`].
 fn rotate_rows(
     op: Op,
-    sig: &[(&'static str, Access)],
     args: &mut [Arg<'_>],
     ctx: &OpContext,
-    (group, layout): (Group, ContextLayout),
+    group: Group,
     threads: usize,
     inverse: bool,
 ) -> Result<(), OpError> {
+    let sig = op.signature();
     let first_row = args.first().map_or(0, |arg| arg.first_row);
     let ([], [x], _) = split_signature::<0, 1>(op, sig, args)?;
-    layout.check(op, ctx.seq_len)?;
+    let layout = shape_context(ctx, group);
+    // Every row's position exists (the layout is whole) and the last one fits: checked once here,
+    // so the loop below reads them without failing.
+    let last_row = first_row.checked_add(x.rows.saturating_sub(1)).map(to_u64);
+    if layout.position(0).is_none() || last_row.and_then(|row| layout.position(row)).is_none() {
+        let problem = format!(
+            "`seq_len` {} with context rank {} of {}: the rank's rows of one sequence must be two equal chunks of \
+             a sequence whose positions fit",
+            ctx.seq_len, ctx.context_rank, ctx.context_ranks
+        );
+        return Err(OpError::context(op, "context_rank", problem));
+    }
     let head_dim = rotary_head_dim(op, ctx, group)?;
     let head_bytes = head_dim * BF16;
     if !x.row_bytes.is_multiple_of(head_bytes) {
@@ -213,7 +133,7 @@ fn rotate_rows(
         let mut values = vec![0.0f32; row_bytes / BF16];
         for (r, bytes) in chunk.chunks_exact_mut(row_bytes).enumerate() {
             let i = chunk_index * CHUNK_ROWS + r;
-            let pos = layout.position(base + i % seq_len, seq_len);
+            let pos = layout.position(to_u64(base + i % seq_len)).map_or(0, |p| usize::try_from(p).unwrap_or(0));
             angles.clear();
             push_rope_angles(&mut angles, theta, head_dim, pos);
             for (value, pair) in values.iter_mut().zip(bytes.chunks_exact(BF16)) {
@@ -406,7 +326,7 @@ fn block_forward(
     threads: usize,
     causal: bool,
 ) -> Result<(), OpError> {
-    let sig = signature::ATTENTION_BLOCK;
+    let sig = op.signature();
     let ([q, k, v], [out_acc, lse], _) = split_signature::<3, 2>(op, sig, args)?;
     let b = Block::new(op, sig, ctx, group, &q, &k, &v)?;
     b.check_causal(op, sig, causal)?;
@@ -461,7 +381,7 @@ fn block_forward(
 /// `attention_ring_init` (code 38): `out_acc = 0`, `lse = -inf` (rows of `heads` f32 and of
 /// `heads` whole heads of f32).
 pub fn attention_ring_init(op: Op, args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
-    let sig = signature::ATTENTION_RING_INIT;
+    let sig = op.signature();
     let ([], [out_acc, lse], _) = split_signature::<0, 2>(op, sig, args)?;
     let heads = ctx.heads;
     if heads == 0 {
@@ -482,16 +402,17 @@ pub fn attention_ring_init(op: Op, args: &mut [Arg<'_>], ctx: &OpContext) -> Res
 
 /// `attention_ring_finish` (code 39): `out = bf16(out_acc)`.
 pub fn attention_ring_finish(op: Op, args: &mut [Arg<'_>]) -> Result<(), OpError> {
-    round_rows(op, signature::ATTENTION_RING_FINISH, args)
+    round_rows(op, args)
 }
 
 /// `to_bf16` (code 42): `y = bf16(x)`, round to nearest even.
 pub fn to_bf16(op: Op, args: &mut [Arg<'_>]) -> Result<(), OpError> {
-    round_rows(op, signature::TO_BF16, args)
+    round_rows(op, args)
 }
 
 /// `y = bf16(x)` for an f32 `x` and a bf16 `y` of the same rows and elements.
-fn round_rows(op: Op, sig: &[(&'static str, Access)], args: &mut [Arg<'_>]) -> Result<(), OpError> {
+fn round_rows(op: Op, args: &mut [Arg<'_>]) -> Result<(), OpError> {
+    let sig = op.signature();
     let ([x], [y], _) = split_signature::<1, 1>(op, sig, args)?;
     if !x.row_bytes.is_multiple_of(WORD) {
         let expected = "rows of whole f32 (a multiple of 4 bytes)".to_string();
@@ -558,7 +479,7 @@ fn block_backward(
     threads: usize,
     causal: bool,
 ) -> Result<(), OpError> {
-    let sig = signature::ATTENTION_BLOCK_BACKWARD;
+    let sig = op.signature();
     let ([q, k, v, out, lse, dout], [mut dq_acc, mut dk_acc, mut dv_acc], _) = split_signature::<6, 3>(op, sig, args)?;
     let b = Block::new(op, sig, ctx, group, &q, &k, &v)?;
     b.check_causal(op, sig, causal)?;

@@ -34,7 +34,7 @@ pub(crate) struct Out<'s> {
 }
 
 /// A count of the host's memory as `u64` (exact on every host this runs on).
-fn to_u64(value: usize) -> u64 {
+pub(crate) fn to_u64(value: usize) -> u64 {
     u64::try_from(value).unwrap_or(u64::MAX)
 }
 
@@ -45,7 +45,7 @@ pub(crate) fn dim(value: u64) -> usize {
 }
 
 /// What the op table needs of the context and of the rank's place in its group.
-fn shape_context(ctx: &OpContext, group: Group) -> ShapeContext {
+pub(crate) fn shape_context(ctx: &OpContext, group: Group) -> ShapeContext {
     ShapeContext {
         hidden: to_u64(ctx.hidden),
         heads: to_u64(ctx.heads),
@@ -59,9 +59,8 @@ fn shape_context(ctx: &OpContext, group: Group) -> ShapeContext {
         adamw_step: ctx.adamw.step,
         rank: to_u64(group.rank),
         ranks: to_u64(group.ranks),
-        // No context parallelism on this backend yet (its ops are refused by `execute_on_rank`).
-        context_rank: 0,
-        context_ranks: 1,
+        context_rank: to_u64(ctx.context_rank),
+        context_ranks: to_u64(ctx.context_ranks),
     }
 }
 
@@ -88,6 +87,23 @@ pub(crate) fn split_in<'s, const R: usize, const W: usize>(
     let (reads, writes, arg_shapes) = split_signature::<R, W>(op, op.signature(), args)?;
     let shape = shapes::check(op, &arg_shapes, &shape_context(ctx, group))?;
     Ok((reads, writes, shape))
+}
+
+/// Checks a launch against the op table's rules (`shapes::check`: the count, then the shapes
+/// against each other and the context) without splitting it: for the kernels that split their
+/// arguments themselves (`ring`), so that every launch meets the same rules, and errors, as on
+/// every backend.
+pub(crate) fn check_table(op: Op, args: &[Arg<'_>], ctx: &OpContext, group: Group) -> Result<(), OpError> {
+    check_argument_count(op, args.len())?;
+    let arg_shapes: Vec<ArgShape> = args
+        .iter()
+        .map(|arg| ArgShape {
+            first_row: to_u64(arg.first_row),
+            rows: to_u64(arg.rows),
+            row_bytes: to_u64(arg.row_bytes),
+        })
+        .collect();
+    shapes::check(op, &arg_shapes, &shape_context(ctx, group)).map(|_| ())
 }
 
 /// A launch's read arguments, its written ones, and what else the split found (`S`).

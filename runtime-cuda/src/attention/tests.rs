@@ -506,6 +506,8 @@ fn cpu_attention(g: &AttentionShape, x: &Inputs, rank: usize, ranks: usize, repl
         vocab: 1,
         loss_scale_tokens: rows,
         adamw: Default::default(),
+        context_rank: 0,
+        context_ranks: 1,
     };
     let group = Group { rank, ranks };
     let (q, k, v, d_o) = (bf16_bytes(&x.q), bf16_bytes(&x.k), bf16_bytes(&x.v), bf16_bytes(&x.d_o));

@@ -38,6 +38,8 @@ fn every_launch_of_the_tiny_model_marshals_inside_its_arguments() {
             adamw: AdamW::default(),
             rank: 0,
             ranks: 1,
+            context_rank: 0,
+            context_ranks: 1,
         };
         let mut layout = Layout {
             arena: (ARENA_BASE, plan.totals.arena_bytes),

@@ -147,6 +147,8 @@ pub(super) fn context(hidden: usize, heads: usize, seq_len: usize, vocab: usize)
         vocab,
         loss_scale_tokens: 1,
         adamw: AdamW::default(),
+        context_rank: 0,
+        context_ranks: 1,
     }
 }
 

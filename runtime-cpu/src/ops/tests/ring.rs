@@ -8,12 +8,8 @@
 use memo_plan_core::plan::Op;
 
 use super::super::attention::{push_rope_angles, rotate};
-use super::super::ring::{self, signature, ContextLayout};
 use super::super::{execute_on_rank, Arg, ArgData, Group, OpContext, OpError};
 use super::{args_of, context, Rng, T};
-
-/// Errors name this op until the plan's op table has the ring's (the kernels take the launch's).
-const OP: Op = Op::Attention;
 
 /// bf16's unit roundoff: round to nearest with 8 significand bits, `|bf16(x) - x| <= U |x|`.
 const U: f64 = 1.0 / 256.0;
@@ -98,9 +94,9 @@ impl Problem {
         (self.tp.rank * self.heads + head) / (self.heads * self.tp.ranks / self.kv_heads)
     }
 
-    /// A rank's context: `seq_len` its rows of one sequence.
-    fn rank_context(&self) -> OpContext {
-        OpContext { seq_len: self.local(), ..self.full_context() }
+    /// Context rank `k`'s context: `seq_len` its rows of one sequence.
+    fn rank_context(&self, k: usize) -> OpContext {
+        OpContext { seq_len: self.local(), context_rank: k, context_ranks: self.c, ..self.full_context() }
     }
 }
 
@@ -172,7 +168,8 @@ fn area(causal: bool, q: (usize, usize), k: (usize, usize)) -> usize {
 
 /// The ring of `p.c` ranks, by hand, with `threads` threads per kernel.
 fn simulate(p: &Problem, x: &Inputs, threads: usize) -> RingResult {
-    let (c, ctx, group) = (p.c, p.rank_context(), p.tp);
+    let (c, group) = (p.c, p.tp);
+    let ctx: Vec<OpContext> = (0..c).map(|k| p.rank_context(k)).collect();
     let (qw, kw) = (p.heads * p.d, p.kv_heads * p.d);
     let rows_of: Vec<Vec<usize>> = (0..c).map(|k| p.rank_rows(k)).collect();
     let r = p.b * p.local();
@@ -182,9 +179,8 @@ fn simulate(p: &Problem, x: &Inputs, threads: usize) -> RingResult {
     let v: Vec<T> = rows_of.iter().map(|rows| pick(&x.v, rows)).collect();
     let dout: Vec<T> = rows_of.iter().map(|rows| pick(&x.dout, rows)).collect();
     for k in 0..c {
-        let layout = ContextLayout { rank: k, ranks: c };
-        check(ring::rotary(OP, &mut [wr(&mut q[k], 0, r)], &ctx, group, layout, threads));
-        check(ring::rotary(OP, &mut [wr(&mut kk[k], 0, r)], &ctx, group, layout, threads));
+        check(execute_on_rank(Op::Rotary, &mut [wr(&mut q[k], 0, r)], &ctx[k], group, threads));
+        check(execute_on_rank(Op::Rotary, &mut [wr(&mut kk[k], 0, r)], &ctx[k], group, threads));
     }
     let mut areas = vec![vec![0usize; c]; c];
     // The forward ring.
@@ -192,7 +188,13 @@ fn simulate(p: &Problem, x: &Inputs, threads: usize) -> RingResult {
     let mut lse: Vec<T> = Vec::new();
     for (k, rank_areas) in areas.iter_mut().enumerate() {
         let (mut acc, mut l) = (T::zeros(r, qw * 4), T::zeros(r, p.heads * 4));
-        check(ring::attention_ring_init(OP, &mut [wr(&mut acc, 0, r), wr(&mut l, 0, r)], &ctx));
+        check(execute_on_rank(
+            Op::AttentionRingInit,
+            &mut [wr(&mut acc, 0, r), wr(&mut l, 0, r)],
+            &ctx[k],
+            group,
+            threads,
+        ));
         for (i, step_area) in rank_areas.iter_mut().enumerate() {
             let j = (k + c - i) % c;
             for seq in 0..p.b {
@@ -205,13 +207,19 @@ fn simulate(p: &Problem, x: &Inputs, threads: usize) -> RingResult {
                         wr(&mut acc, qr.0, qr.1),
                         wr(&mut l, qr.0, qr.1),
                     ];
-                    let kernel = if causal { ring::attention_block_causal } else { ring::attention_block };
-                    check(kernel(OP, &mut args, &ctx, group, threads));
+                    let op = if causal { Op::AttentionBlockCausal } else { Op::AttentionBlock };
+                    check(execute_on_rank(op, &mut args, &ctx[k], group, threads));
                 }
             }
         }
         let mut o = T::zeros(r, qw * 2);
-        check(ring::attention_ring_finish(OP, &mut [rd(&acc, 0, r), wr(&mut o, 0, r)]));
+        check(execute_on_rank(
+            Op::AttentionRingFinish,
+            &mut [rd(&acc, 0, r), wr(&mut o, 0, r)],
+            &ctx[k],
+            group,
+            threads,
+        ));
         out.push(o);
         lse.push(l);
     }
@@ -237,9 +245,8 @@ fn simulate(p: &Problem, x: &Inputs, threads: usize) -> RingResult {
                         wr(&mut dk_acc[j], kr.0, kr.1),
                         wr(&mut dv_acc[j], kr.0, kr.1),
                     ];
-                    let kernel =
-                        if causal { ring::attention_block_backward_causal } else { ring::attention_block_backward };
-                    check(kernel(OP, &mut args, &ctx, group, threads));
+                    let op = if causal { Op::AttentionBlockBackwardCausal } else { Op::AttentionBlockBackward };
+                    check(execute_on_rank(op, &mut args, &ctx[k], group, threads));
                 }
             }
         }
@@ -254,13 +261,13 @@ fn simulate(p: &Problem, x: &Inputs, threads: usize) -> RingResult {
         areas,
     };
     for k in 0..c {
-        let layout = ContextLayout { rank: k, ranks: c };
+        let run = |op: Op, args: &mut [Arg<'_>]| check(execute_on_rank(op, args, &ctx[k], group, threads));
         let (mut dq, mut dk, mut dv) = (T::zeros(r, qw * 2), T::zeros(r, kw * 2), T::zeros(r, kw * 2));
-        check(ring::to_bf16(OP, &mut [rd(&dq_acc[k], 0, r), wr(&mut dq, 0, r)]));
-        check(ring::to_bf16(OP, &mut [rd(&dk_acc[k], 0, r), wr(&mut dk, 0, r)]));
-        check(ring::to_bf16(OP, &mut [rd(&dv_acc[k], 0, r), wr(&mut dv, 0, r)]));
-        check(ring::rotary_backward(OP, &mut [wr(&mut dq, 0, r)], &ctx, group, layout, threads));
-        check(ring::rotary_backward(OP, &mut [wr(&mut dk, 0, r)], &ctx, group, layout, threads));
+        run(Op::ToBf16, &mut [rd(&dq_acc[k], 0, r), wr(&mut dq, 0, r)]);
+        run(Op::ToBf16, &mut [rd(&dk_acc[k], 0, r), wr(&mut dk, 0, r)]);
+        run(Op::ToBf16, &mut [rd(&dv_acc[k], 0, r), wr(&mut dv, 0, r)]);
+        run(Op::RotaryBackward, &mut [wr(&mut dq, 0, r)]);
+        run(Op::RotaryBackward, &mut [wr(&mut dk, 0, r)]);
         let rows = &rows_of[k];
         put(&mut result.out, rows, &out[k]);
         put(&mut result.lse, rows, &lse[k]);
@@ -530,21 +537,20 @@ fn rotary_rotates_each_row_by_its_ring_position() {
     let x = T::bf16(&rng.bf16_vec(b * s * heads * d, 2.0), b * s);
     let full = context(heads * d, heads, s, 1);
     let mut whole = x.clone();
-    check(ring::rotary(OP, &mut [wr(&mut whole, 0, b * s)], &full, Group::SINGLE, ContextLayout::SINGLE, 1));
+    check(execute_on_rank(Op::Rotary, &mut [wr(&mut whole, 0, b * s)], &full, Group::SINGLE, 1));
     let p = Problem { seed: 0, c, b, s, heads, kv_heads: heads, d, tp: Group::SINGLE };
-    let ctx = p.rank_context();
     let r = b * p.local();
     for k in 0..c {
-        let layout = ContextLayout { rank: k, ranks: c };
+        let ctx = p.rank_context(k);
         let rows = p.rank_rows(k);
         let mut local = pick(&x, &rows);
-        check(ring::rotary(OP, &mut [wr(&mut local, 0, r)], &ctx, Group::SINGLE, layout, 3));
+        check(execute_on_rank(Op::Rotary, &mut [wr(&mut local, 0, r)], &ctx, Group::SINGLE, 3));
         assert!(local.data == pick(&whole, &rows).data, "rank {k}: positions");
         // Rows [5, r) of the buffer alone: the same bits.
         let mut part = pick(&x, &rows);
-        check(ring::rotary(OP, &mut [wr(&mut part, 5, r)], &ctx, Group::SINGLE, layout, 1));
+        check(execute_on_rank(Op::Rotary, &mut [wr(&mut part, 5, r)], &ctx, Group::SINGLE, 1));
         assert!(part.data[5 * part.row_bytes..] == local.data[5 * local.row_bytes..], "rank {k}: row range");
-        check(ring::rotary_backward(OP, &mut [wr(&mut local, 0, r)], &ctx, Group::SINGLE, layout, 2));
+        check(execute_on_rank(Op::RotaryBackward, &mut [wr(&mut local, 0, r)], &ctx, Group::SINGLE, 2));
         // bf16(R x) = R x + e with |e_c| <= u (|x_a| + |x_b|) (the pair (a, b) of c); rotated
         // back, each element moves by at most |e_a| + |e_b| <= 2u (|x_a| + |x_b|), then one more
         // rounding: 3u (|x_a| + |x_b|) covers both (and the f32 rotations' 2^-22).
@@ -565,51 +571,40 @@ fn merge_and_rounding_edge_cases() {
     let (mut acc, mut lse) = (T::f32s(&[1.0; 8], 1), T::f32s(&[0.5], 1));
     let (q, k) = (T::bf16(&[0.25; 8], 1), T::zeros(0, 16));
     let mut args = [rd(&q, 0, 1), rd(&k, 0, 0), rd(&k, 0, 0), wr(&mut acc, 0, 1), wr(&mut lse, 0, 1)];
-    check(ring::attention_block(OP, &mut args, &ctx, Group::SINGLE, 1));
+    check(execute_on_rank(Op::AttentionBlock, &mut args, &ctx, Group::SINGLE, 1));
     assert_eq!((acc.f32_values(), lse.f32_values()), (vec![1.0; 8], vec![0.5]));
     // One key: o_b = v, l_b = score; merged with an equal accumulator, out stays, lse adds ln 2.
     let v = T::bf16(&[1.0; 8], 1);
     let k = T::bf16(&[0.0; 8], 1);
     let mut args = [rd(&q, 0, 1), rd(&k, 0, 1), rd(&v, 0, 1), wr(&mut acc, 0, 1), wr(&mut lse, 0, 1)];
-    check(ring::attention_block(OP, &mut args, &ctx, Group::SINGLE, 1));
+    check(execute_on_rank(Op::AttentionBlock, &mut args, &ctx, Group::SINGLE, 1));
     let l = lse.f32_values()[0];
     assert!((l - (0.5f32.exp() + 1.0).ln()).abs() < 1e-6, "lse {l}");
     // to_bf16 rounds to nearest, ties to even.
     let x = T::f32s(&[1.0 + 2f32.powi(-8), 1.0 + 3.0 * 2f32.powi(-8), -0.0, f32::NEG_INFINITY], 1);
     let mut y = T::zeros(1, 8);
-    check(ring::to_bf16(OP, &mut [rd(&x, 0, 1), wr(&mut y, 0, 1)]));
+    check(execute_on_rank(Op::ToBf16, &mut [rd(&x, 0, 1), wr(&mut y, 0, 1)], &ctx, Group::SINGLE, 1));
     assert_eq!(y.values()[..2], [1.0, 1.0 + 4.0 * 2f32.powi(-8)]);
     assert!(y.values()[2].is_sign_negative() && y.values()[3] == f32::NEG_INFINITY);
 }
 
-/// Calls the kernel `which` (0..9: rotary, rotary_backward, block, block_causal, init, finish,
-/// block_backward, block_backward_causal, to_bf16) on `args`.
-fn call(which: usize, args: &mut [Arg<'_>], ctx: &OpContext, layout: ContextLayout) -> Result<(), OpError> {
-    let g = Group::SINGLE;
-    match which {
-        0 => ring::rotary(OP, args, ctx, g, layout, 2),
-        1 => ring::rotary_backward(OP, args, ctx, g, layout, 2),
-        2 => ring::attention_block(OP, args, ctx, g, 2),
-        3 => ring::attention_block_causal(OP, args, ctx, g, 2),
-        4 => ring::attention_ring_init(OP, args, ctx),
-        5 => ring::attention_ring_finish(OP, args),
-        6 => ring::attention_block_backward(OP, args, ctx, g, 2),
-        7 => ring::attention_block_backward_causal(OP, args, ctx, g, 2),
-        _ => ring::to_bf16(OP, args),
-    }
-}
-
-const SIGNATURES: [&[(&str, memo_plan_core::plan::Access)]; 9] = [
-    signature::ROTARY,
-    signature::ROTARY_BACKWARD,
-    signature::ATTENTION_BLOCK,
-    signature::ATTENTION_BLOCK,
-    signature::ATTENTION_RING_INIT,
-    signature::ATTENTION_RING_FINISH,
-    signature::ATTENTION_BLOCK_BACKWARD,
-    signature::ATTENTION_BLOCK_BACKWARD,
-    signature::TO_BF16,
+/// The ring's kernels (codes 34 to 42), each run through `execute_on_rank` as a plan's launch.
+const OPS: [Op; 9] = [
+    Op::Rotary,
+    Op::RotaryBackward,
+    Op::AttentionBlock,
+    Op::AttentionBlockCausal,
+    Op::AttentionRingInit,
+    Op::AttentionRingFinish,
+    Op::AttentionBlockBackward,
+    Op::AttentionBlockBackwardCausal,
+    Op::ToBf16,
 ];
+
+/// Runs the kernel `which` (an index of [`OPS`]) on `args`, with 2 threads.
+fn call(which: usize, args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+    execute_on_rank(OPS[which], args, ctx, Group::SINGLE, 2)
+}
 
 /// `tensors` as arguments of a launch with `sig`: read ones as `Read`, the others `Write`.
 fn args_for<'a>(sig: &[(&str, memo_plan_core::plan::Access)], tensors: &'a mut [T]) -> Vec<Arg<'a>> {
@@ -654,15 +649,15 @@ fn valid(which: usize, keys: usize) -> Vec<T> {
 
 #[test]
 fn every_kernel_refuses_bad_launches_with_an_error() {
-    let ctx = OpContext { kv_heads: 1, ..context(8, 2, 4, 1) };
-    let layout = ContextLayout { rank: 1, ranks: 2 };
-    for (which, &sig) in SIGNATURES.iter().enumerate() {
+    let ctx = OpContext { kv_heads: 1, context_rank: 1, context_ranks: 2, ..context(8, 2, 4, 1) };
+    for (which, op) in OPS.iter().enumerate() {
+        let sig = op.signature();
         let mut ok = valid(which, 6);
-        assert_eq!(call(which, &mut args_for(sig, &mut ok), &ctx, layout), Ok(()), "kernel {which}");
+        assert_eq!(call(which, &mut args_for(sig, &mut ok), &ctx), Ok(()), "kernel {which}");
         // One argument too few.
         let mut fewer = valid(which, 6);
         fewer.pop();
-        assert!(call(which, &mut args_for(sig, &mut fewer), &ctx, layout).is_err(), "kernel {which}: count");
+        assert!(call(which, &mut args_for(sig, &mut fewer), &ctx).is_err(), "kernel {which}: count");
         // Each argument one row short, then a row 2 bytes wider.
         for index in 0..sig.len() {
             for (drows, dbytes) in [(1usize, 0usize), (0, 2)] {
@@ -670,7 +665,7 @@ fn every_kernel_refuses_bad_launches_with_an_error() {
                 let a = &mut t[index];
                 let (rows, row_bytes) = (a.rows.saturating_sub(drows), a.row_bytes + dbytes);
                 *a = T::zeros(rows, row_bytes);
-                let result = call(which, &mut args_for(sig, &mut t), &ctx, layout);
+                let result = call(which, &mut args_for(sig, &mut t), &ctx);
                 // A row fewer of the rotary ops' lone argument is still a launch; every other
                 // change is refused, naming the argument.
                 if matches!(which, 0 | 1) && drows == 1 {
@@ -687,21 +682,21 @@ fn every_kernel_refuses_bad_launches_with_an_error() {
             let mut copy = t[index].data.clone();
             let mut args = args_for(sig, &mut t);
             args[index].data = ArgData::Write(&mut copy);
-            assert!(call(which, &mut args, &ctx, layout).is_err(), "kernel {which}: access");
+            assert!(call(which, &mut args, &ctx).is_err(), "kernel {which}: access");
         }
     }
     // The context: no heads, a rank outside the ring, an odd rank sequence with c > 1.
     let mut x = valid(0, 6);
     let none = OpContext { heads: 0, ..ctx };
-    assert!(call(0, &mut args_for(signature::ROTARY, &mut x), &none, layout).is_err());
-    assert!(call(2, &mut args_for(signature::ATTENTION_BLOCK, &mut valid(2, 6)), &none, layout).is_err());
-    let outside = ContextLayout { rank: 2, ranks: 2 };
-    assert!(call(0, &mut args_for(signature::ROTARY, &mut x), &ctx, outside).is_err());
+    assert!(call(0, &mut args_for(Op::Rotary.signature(), &mut x), &none).is_err());
+    assert!(call(2, &mut args_for(Op::AttentionBlock.signature(), &mut valid(2, 6)), &none).is_err());
+    let outside = OpContext { context_rank: 2, ..ctx };
+    assert!(call(0, &mut args_for(Op::Rotary.signature(), &mut x), &outside).is_err());
     let odd = OpContext { seq_len: 5, ..ctx };
-    assert!(call(1, &mut args_for(signature::ROTARY_BACKWARD, &mut x), &odd, layout).is_err());
+    assert!(call(1, &mut args_for(Op::RotaryBackward.signature(), &mut x), &odd).is_err());
     // A causal block with fewer keys than queries.
     let mut t = valid(2, 3);
-    assert!(call(3, &mut args_for(signature::ATTENTION_BLOCK, &mut t), &ctx, layout).is_err());
+    assert!(call(3, &mut args_for(Op::AttentionBlock.signature(), &mut t), &ctx).is_err());
 }
 
 #[test]
@@ -709,7 +704,7 @@ fn random_launches_never_panic() {
     let mut rng = Rng::new(99);
     for _ in 0..3000 {
         let which = rng.below(9);
-        let sig = SIGNATURES[which];
+        let sig = OPS[which].signature();
         let mut t = valid(which, 1 + rng.below(6));
         // Perturb a few arguments' rows and widths, sometimes the count.
         for _ in 0..rng.below(3) {
@@ -724,16 +719,22 @@ fn random_launches_never_panic() {
         let ctx = OpContext {
             kv_heads: rng.below(3),
             kv_replicated: rng.below(4) == 0,
+            context_rank: rng.below(4),
+            context_ranks: rng.below(4),
             ..context(rng.below(20), rng.below(4), rng.below(9), 1)
         };
-        let layout = ContextLayout { rank: rng.below(4), ranks: rng.below(4) };
-        let _ = call(which, &mut args_for(sig, &mut t), &ctx, layout);
+        let _ = call(which, &mut args_for(sig, &mut t), &ctx);
     }
     // Huge numbers in the context and layout.
-    let ctx = OpContext { kv_heads: usize::MAX, ..context(usize::MAX, usize::MAX, usize::MAX, 1) };
-    let layout = ContextLayout { rank: usize::MAX - 1, ranks: usize::MAX };
-    for (which, &sig) in SIGNATURES.iter().enumerate() {
+    let ctx = OpContext {
+        kv_heads: usize::MAX,
+        context_rank: usize::MAX - 1,
+        context_ranks: usize::MAX,
+        ..context(usize::MAX, usize::MAX, usize::MAX, 1)
+    };
+    for (which, op) in OPS.iter().enumerate() {
+        let sig = op.signature();
         let mut t = valid(which, 6);
-        let _ = call(which, &mut args_for(sig, &mut t), &ctx, layout);
+        let _ = call(which, &mut args_for(sig, &mut t), &ctx);
     }
 }
