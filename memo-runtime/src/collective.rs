@@ -167,6 +167,14 @@ pub enum CollectiveError {
         /// Its reason.
         reason: String,
     },
+    /// The ranks' [`Collectives::exchange`] calls do not pair up (or one rank issued a collective
+    /// where another issued an exchange).
+    Exchange {
+        /// The call's number in the group, from 0.
+        call: u64,
+        /// What does not match.
+        problem: String,
+    },
     /// Ranks did not arrive within the group's timeout.
     Timeout {
         /// The call's number in the group, from 0.
@@ -197,6 +205,11 @@ impl fmt::Display for CollectiveError {
             CollectiveError::RankFailed { rank, reason } => {
                 write!(f, "rank {rank} of the tensor-parallel group failed: {reason}")
             }
+            CollectiveError::Exchange { call, problem } => write!(
+                f,
+                "exchange #{call}: {problem}: every rank must issue the same exchange, each receiving from the rank \
+                 that sends to it as many bytes as it sends (replay the same plan on every rank)"
+            ),
             CollectiveError::Timeout { call, collective, rank, missing, waited } => write!(
                 f,
                 "collective #{call} ({collective}): rank {rank} waited {:.1} s and rank(s) {missing:?} did not \
@@ -228,6 +241,21 @@ pub trait Collectives: Send + Sync {
 
     /// `data` = the reduction over ranks of `data`, by [`reduce`], on every rank.
     fn all_reduce(&self, element: Element, reduction: Reduction, data: &mut [u8]) -> Result<(), CollectiveError>;
+
+    /// Point to point, as one call of the whole group (every rank issues it as its next call, like
+    /// a collective): sends `send` to rank `send_to` and receives `receive.len()` bytes from rank
+    /// `receive_from` into `receive`. A ring shift (each rank sends to `k + 1` and receives from
+    /// `k - 1`) is one call, without deadlock whatever the order the ranks arrive in. Ranks whose
+    /// pairs do not match (rank `a` sends to `b` but `b` receives from another rank, or the sizes
+    /// differ) fail the call on every rank with [`CollectiveError::Exchange`]. No arithmetic: the
+    /// bytes arrive as sent.
+    fn exchange(
+        &self,
+        send_to: usize,
+        send: &[u8],
+        receive_from: usize,
+        receive: &mut [u8],
+    ) -> Result<(), CollectiveError>;
 
     /// Marks this rank failed: every rank's pending and later calls return
     /// [`CollectiveError::RankFailed`] with `reason`. Idempotent; the first reason stays.
@@ -273,6 +301,7 @@ impl LocalGroup {
                 call: 0,
                 arrived: vec![None; ranks],
                 result: Arc::new(Vec::new()),
+                offsets: Vec::new(),
                 failure: None,
                 left: vec![false; ranks],
             }),
@@ -291,10 +320,17 @@ struct Group {
     timeout: Duration,
 }
 
+/// What a rank issued: a collective, or its side of an exchange.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    Collective(Collective),
+    Exchange { send_to: usize, receive_from: usize },
+}
+
 /// One rank's contribution to the call being gathered.
 #[derive(Clone)]
 struct Arrival {
-    collective: Collective,
+    call: Call,
     input: Vec<u8>,
     output_len: usize,
 }
@@ -304,8 +340,11 @@ struct GroupState {
     call: u64,
     /// Per rank, its contribution to call `call` once it has arrived.
     arrived: Vec<Option<Arrival>>,
-    /// The whole result of call `call - 1` (each rank copies its part).
+    /// The whole result of call `call - 1` (each rank copies its part): for an exchange, what
+    /// each rank receives, in rank order.
     result: Arc<Vec<u8>>,
+    /// Where rank `k`'s part of an exchange's result starts (empty after a collective).
+    offsets: Vec<usize>,
     /// The first failure; every call fails from then on.
     failure: Option<CollectiveError>,
     /// Ranks whose handle was dropped: a call that needs them fails at once.
@@ -333,6 +372,16 @@ impl LocalRank {
 
     /// Issues `collective` with `input`; returns the whole result (every rank's share).
     fn call(&self, collective: Collective, input: &[u8], output_len: usize) -> Result<Arc<Vec<u8>>, CollectiveError> {
+        self.issue(Call::Collective(collective), input, output_len).map(|(result, _)| result)
+    }
+
+    /// Issues `issued` with `input`; returns the whole result and the exchange's offsets.
+    fn issue(
+        &self,
+        issued: Call,
+        input: &[u8],
+        output_len: usize,
+    ) -> Result<(Arc<Vec<u8>>, Vec<usize>), CollectiveError> {
         let group = &*self.group;
         let mut calls = lock(&self.calls);
         let mut state = lock(&group.state);
@@ -344,17 +393,43 @@ impl LocalRank {
             let reason = format!("rank {} is at collective #{call} while the group is at #{}", self.rank, state.call);
             return Err(self.fail(&mut state, CollectiveError::RankFailed { rank: self.rank, reason }));
         }
-        if let Some(shape) = shape_problem(collective, input.len(), output_len, group.ranks) {
-            let error = CollectiveError::Shape { rank: self.rank, collective, problem: shape };
-            return Err(self.fail(&mut state, error));
+        match issued {
+            Call::Collective(collective) => {
+                if let Some(shape) = shape_problem(collective, input.len(), output_len, group.ranks) {
+                    let error = CollectiveError::Shape { rank: self.rank, collective, problem: shape };
+                    return Err(self.fail(&mut state, error));
+                }
+            }
+            Call::Exchange { send_to, receive_from } => {
+                if send_to >= group.ranks || receive_from >= group.ranks {
+                    let problem = format!(
+                        "rank {} sends to rank {send_to} and receives from rank {receive_from} in a group of {}",
+                        self.rank, group.ranks
+                    );
+                    return Err(self.fail(&mut state, CollectiveError::Exchange { call, problem }));
+                }
+            }
         }
         if let Some((other, theirs)) = state.arrived.iter().enumerate().find_map(|(r, a)| a.as_ref().map(|a| (r, a))) {
-            if theirs.collective != collective || theirs.input.len() != input.len() || theirs.output_len != output_len {
-                let error = CollectiveError::Mismatch {
-                    call,
-                    first: (other, theirs.collective, theirs.input.len()),
-                    second: (self.rank, collective, input.len()),
-                };
+            let error = match (theirs.call, issued) {
+                (Call::Collective(first), Call::Collective(second))
+                    if first != second || theirs.input.len() != input.len() || theirs.output_len != output_len =>
+                {
+                    Some(CollectiveError::Mismatch {
+                        call,
+                        first: (other, first, theirs.input.len()),
+                        second: (self.rank, second, input.len()),
+                    })
+                }
+                (Call::Collective(c), Call::Exchange { .. }) | (Call::Exchange { .. }, Call::Collective(c)) => {
+                    let (exchanging, collecting) =
+                        if matches!(issued, Call::Exchange { .. }) { (self.rank, other) } else { (other, self.rank) };
+                    let problem = format!("rank {exchanging} issued an exchange but rank {collecting} issued {c}");
+                    Some(CollectiveError::Exchange { call, problem })
+                }
+                _ => None,
+            };
+            if let Some(error) = error {
                 return Err(self.fail(&mut state, error));
             }
         }
@@ -362,10 +437,22 @@ impl LocalRank {
             let reason = format!("it left the group (its thread ended) before collective #{call}");
             return Err(self.fail(&mut state, CollectiveError::RankFailed { rank: gone, reason }));
         }
-        state.arrived[self.rank] = Some(Arrival { collective, input: input.to_vec(), output_len });
+        state.arrived[self.rank] = Some(Arrival { call: issued, input: input.to_vec(), output_len });
         if state.arrived.iter().all(Option::is_some) {
             let arrivals: Vec<Arrival> = state.arrived.iter_mut().filter_map(Option::take).collect();
-            state.result = Arc::new(combine(collective, &arrivals));
+            match issued {
+                Call::Collective(collective) => {
+                    state.result = Arc::new(combine(collective, &arrivals));
+                    state.offsets = Vec::new();
+                }
+                Call::Exchange { .. } => match pair_up(&arrivals) {
+                    Ok((result, offsets)) => {
+                        state.result = Arc::new(result);
+                        state.offsets = offsets;
+                    }
+                    Err(problem) => return Err(self.fail(&mut state, CollectiveError::Exchange { call, problem })),
+                },
+            }
             state.call += 1;
             group.changed.notify_all();
         } else {
@@ -373,9 +460,21 @@ impl LocalRank {
             while state.call == call && state.failure.is_none() {
                 let now = Instant::now();
                 if now >= deadline {
-                    let missing = (0..group.ranks).filter(|&r| state.arrived[r].is_none()).collect();
-                    let error =
-                        CollectiveError::Timeout { call, collective, rank: self.rank, missing, waited: group.timeout };
+                    let missing: Vec<usize> = (0..group.ranks).filter(|&r| state.arrived[r].is_none()).collect();
+                    let waited = group.timeout;
+                    let error = match issued {
+                        Call::Collective(collective) => {
+                            CollectiveError::Timeout { call, collective, rank: self.rank, missing, waited }
+                        }
+                        Call::Exchange { .. } => CollectiveError::Exchange {
+                            call,
+                            problem: format!(
+                                "rank {} waited {:.1} s and rank(s) {missing:?} did not arrive",
+                                self.rank,
+                                waited.as_secs_f64()
+                            ),
+                        },
+                    };
                     return Err(self.fail(&mut state, error));
                 }
                 state = group.changed.wait_timeout(state, deadline - now).map_or_else(|p| p.into_inner().0, |r| r.0);
@@ -390,8 +489,38 @@ impl LocalRank {
         }
         // The result stays until the next call completes, which needs this rank.
         *calls += 1;
-        Ok(Arc::clone(&state.result))
+        Ok((Arc::clone(&state.result), state.offsets.clone()))
     }
+}
+
+/// An exchange's result from every rank's side: what each rank receives, in rank order, and
+/// where each rank's part starts; or what does not pair up (the same words on every rank).
+fn pair_up(arrivals: &[Arrival]) -> Result<(Vec<u8>, Vec<usize>), String> {
+    let mut result = Vec::new();
+    let mut offsets = Vec::with_capacity(arrivals.len());
+    for (k, arrival) in arrivals.iter().enumerate() {
+        let Call::Exchange { receive_from, .. } = arrival.call else {
+            return Err(format!("rank {k} issued a collective where the others issued an exchange"));
+        };
+        let sender = &arrivals[receive_from];
+        match sender.call {
+            Call::Exchange { send_to, .. } if send_to == k => {}
+            Call::Exchange { send_to, .. } => {
+                return Err(format!("rank {k} receives from rank {receive_from}, which sends to rank {send_to}"));
+            }
+            Call::Collective(_) => return Err(format!("rank {receive_from} issued a collective, not an exchange")),
+        }
+        if sender.input.len() != arrival.output_len {
+            return Err(format!(
+                "rank {receive_from} sends {} bytes to rank {k}, which receives {}",
+                sender.input.len(),
+                arrival.output_len
+            ));
+        }
+        offsets.push(result.len());
+        result.extend_from_slice(&sender.input);
+    }
+    Ok((result, offsets))
 }
 
 /// What is wrong with a call's sizes, if anything.
@@ -461,6 +590,24 @@ impl Collectives for LocalRank {
     fn all_reduce(&self, element: Element, reduction: Reduction, data: &mut [u8]) -> Result<(), CollectiveError> {
         let result = self.call(Collective::AllReduce(element, reduction), data, data.len())?;
         data.copy_from_slice(&result[..data.len()]);
+        Ok(())
+    }
+
+    fn exchange(
+        &self,
+        send_to: usize,
+        send: &[u8],
+        receive_from: usize,
+        receive: &mut [u8],
+    ) -> Result<(), CollectiveError> {
+        let (result, offsets) = self.issue(Call::Exchange { send_to, receive_from }, send, receive.len())?;
+        let start = offsets.get(self.rank).copied().unwrap_or(0);
+        match result.get(start..start + receive.len()) {
+            Some(part) => receive.copy_from_slice(part),
+            None => {
+                return Err(CollectiveError::Exchange { call: 0, problem: "the exchange's result is short".into() });
+            }
+        }
         Ok(())
     }
 
@@ -747,5 +894,101 @@ mod tests {
             ranks[0].all_reduce(Element::Bf16, Reduction::Sum, &mut [0; 3]),
             Err(CollectiveError::Shape { .. })
         ));
+    }
+
+    #[test]
+    fn an_exchange_shifts_a_ring_on_1_to_4_ranks_whatever_the_arrival_order() {
+        for t in 1..=4 {
+            for order in orders(t) {
+                let received = on_ranks(LocalGroup::ranks(t), &order, |rank| {
+                    let k = rank.rank();
+                    // Rank k sends k+1 copies of its number; rank k+1 receives them.
+                    let send = vec![k as u8; k + 1];
+                    let from = (k + t - 1) % t;
+                    let mut receive = vec![0xAA; from + 1];
+                    rank.exchange((k + 1) % t, &send, from, &mut receive).map(|()| receive)
+                });
+                for (k, bytes) in received.into_iter().enumerate() {
+                    let from = (k + t - 1) % t;
+                    assert_eq!(bytes.unwrap(), vec![from as u8; from + 1], "t {t} rank {k} order {order:?}");
+                }
+            }
+        }
+        // Exchanges and collectives follow each other in order.
+        let results = on_ranks(LocalGroup::ranks(2), &[1, 0], |rank| {
+            let mut received = [0u8; 1];
+            rank.exchange(1 - rank.rank(), &[rank.rank() as u8], 1 - rank.rank(), &mut received)?;
+            let mut x = f32_bytes(&[f32::from(received[0])]);
+            rank.all_reduce(Element::F32, Reduction::Sum, &mut x).map(|()| x)
+        });
+        for result in results {
+            assert_eq!(result.unwrap(), f32_bytes(&[1.0]));
+        }
+    }
+
+    #[test]
+    fn exchanges_that_do_not_pair_up_fail_on_every_rank() {
+        for t in 2..=4 {
+            // Rank 0 expects one byte more than its sender sends.
+            let results = on_ranks(LocalGroup::ranks(t), &(0..t).rev().collect::<Vec<_>>(), |rank| {
+                let k = rank.rank();
+                let mut receive = vec![0u8; if k == 0 { 3 } else { 2 }];
+                rank.exchange((k + 1) % t, &[1, 2], (k + t - 1) % t, &mut receive)
+            });
+            for (k, result) in results.iter().enumerate() {
+                match result {
+                    Err(CollectiveError::Exchange { call: 0, problem }) => {
+                        assert!(
+                            problem.contains("sends 2 bytes to rank 0, which receives 3"),
+                            "t {t} rank {k}: {problem}"
+                        )
+                    }
+                    other => panic!("t {t} rank {k}: {other:?}"),
+                }
+            }
+            // Rank 1 receives from itself while rank 0 sends to it.
+            let results = on_ranks(LocalGroup::ranks(t), &(0..t).collect::<Vec<_>>(), |rank| {
+                let k = rank.rank();
+                let from = if k == 1 { 1 } else { (k + t - 1) % t };
+                rank.exchange((k + 1) % t, &[0], from, &mut [0])
+            });
+            for result in &results {
+                assert!(matches!(result, Err(CollectiveError::Exchange { .. })), "t {t}: {result:?}");
+            }
+            // An exchange against a collective; a peer out of the group.
+            let results = on_ranks(LocalGroup::ranks(t), &(0..t).collect::<Vec<_>>(), |rank| {
+                if rank.rank() == 0 {
+                    rank.all_gather(&[0], &mut vec![0; t])
+                } else {
+                    rank.exchange(0, &[0], 0, &mut [0])
+                }
+            });
+            for result in &results {
+                assert!(matches!(result, Err(CollectiveError::Exchange { .. })), "t {t}: {result:?}");
+            }
+            let ranks = LocalGroup::ranks(t);
+            assert!(matches!(ranks[0].exchange(t, &[0], 0, &mut [0]), Err(CollectiveError::Exchange { .. })));
+        }
+    }
+
+    #[test]
+    fn an_aborted_peer_fails_every_exchange() {
+        for t in 2..=4 {
+            let results = on_ranks(LocalGroup::ranks(t), &(0..t).collect::<Vec<_>>(), |rank| {
+                let k = rank.rank();
+                if k == 1 {
+                    rank.abort("its kernel failed");
+                    return Ok(());
+                }
+                rank.exchange((k + 1) % t, &[1], (k + t - 1) % t, &mut [0])
+            });
+            for (k, result) in results.into_iter().enumerate().filter(|&(k, _)| k != 1) {
+                assert_eq!(
+                    result,
+                    Err(CollectiveError::RankFailed { rank: 1, reason: "its kernel failed".into() }),
+                    "t {t} rank {k}"
+                );
+            }
+        }
     }
 }

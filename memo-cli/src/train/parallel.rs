@@ -168,6 +168,16 @@ impl Collectives for DeviceRank {
         Err(self.host_call())
     }
 
+    fn exchange(
+        &self,
+        _send_to: usize,
+        _send: &[u8],
+        _receive_from: usize,
+        _receive: &mut [u8],
+    ) -> Result<(), CollectiveError> {
+        Err(self.host_call())
+    }
+
     fn abort(&self, reason: &str) {
         if let Ok(mut aborted) = self.aborted.lock() {
             aborted.get_or_insert_with(|| reason.to_string());
