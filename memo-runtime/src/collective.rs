@@ -93,6 +93,9 @@ pub enum Collective {
     ReduceScatter(Element),
     /// The element-wise reduction of every rank's buffer, in place on every rank.
     AllReduce(Element, Reduction),
+    /// The context-parallel ring's step (`ring_exchange`): rank `k`'s input goes to rank
+    /// `k + 1 mod n`, and its output is rank `k - 1 mod n`'s input (any bytes, as sent).
+    RingShift,
 }
 
 impl fmt::Display for Collective {
@@ -103,21 +106,26 @@ impl fmt::Display for Collective {
             Collective::AllReduce(element, reduction) => {
                 write!(f, "all_reduce ({} {})", element.name(), reduction.name())
             }
+            Collective::RingShift => f.write_str("ring shift"),
         }
     }
 }
 
 impl Collective {
-    /// The collective a plan's op performs, if it is one ([`Op::is_collective`];
-    /// `spec/tensor-parallel.md` §3): `all_gather` of any bytes, `reduce_scatter` summing bf16,
-    /// the all-reduces by their names.
+    /// The collective a plan's op performs, if it is one (`Op::collective_group` says on which
+    /// group: `spec/tensor-parallel.md` §3, `spec/context-parallel.md`): `all_gather` of any
+    /// bytes, `reduce_scatter` summing bf16, the all-reduces by their names (the data group's
+    /// too), `ring_exchange` a ring shift.
     pub fn of_op(op: Op) -> Option<Collective> {
         match op {
             Op::AllGather => Some(Collective::AllGather),
             Op::ReduceScatter => Some(Collective::ReduceScatter(Element::Bf16)),
-            Op::AllReduceSumBf16 => Some(Collective::AllReduce(Element::Bf16, Reduction::Sum)),
-            Op::AllReduceSumF32 => Some(Collective::AllReduce(Element::F32, Reduction::Sum)),
+            Op::AllReduceSumBf16 | Op::DataAllReduceSumBf16 => {
+                Some(Collective::AllReduce(Element::Bf16, Reduction::Sum))
+            }
+            Op::AllReduceSumF32 | Op::DataAllReduceSumF32 => Some(Collective::AllReduce(Element::F32, Reduction::Sum)),
             Op::AllReduceMaxF32 => Some(Collective::AllReduce(Element::F32, Reduction::Max)),
+            Op::RingExchange => Some(Collective::RingShift),
             _ => None,
         }
     }
@@ -135,6 +143,10 @@ impl Collective {
             Collective::AllGather => group.all_gather(input, output),
             Collective::ReduceScatter(element) => group.reduce_scatter(element, input, output),
             Collective::AllReduce(element, reduction) => group.all_reduce(element, reduction, output),
+            Collective::RingShift => {
+                let (k, n) = (group.rank(), group.ranks().max(1));
+                group.exchange((k + 1) % n, input, (k + n - 1) % n, output)
+            }
         }
     }
 }
@@ -534,6 +546,8 @@ fn shape_problem(collective: Collective, input: usize, output: usize, ranks: usi
             (element.bytes(), Some(input / ranks))
         }
         Collective::AllReduce(element, _) => (element.bytes(), Some(input)),
+        // `Collective::run` makes a ring shift an `exchange`; it never arrives as a call.
+        Collective::RingShift => return Some("a ring shift is an exchange, not a collective call".into()),
     };
     if expected_output != Some(output) {
         return Some(format!(
@@ -562,6 +576,8 @@ fn combine(collective: Collective, arrivals: &[Arrival]) -> Vec<u8> {
             reduce(element, reduction, &inputs, &mut out);
             out
         }
+        // Refused by `shape_problem` before any call combines.
+        Collective::RingShift => Vec::new(),
     }
 }
 

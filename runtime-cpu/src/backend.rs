@@ -13,15 +13,17 @@
 //! With a group ([`CpuBackend::with_collectives`]) the backend is one rank of a tensor-parallel
 //! group: the plan's collective launches (`all_gather`, `reduce_scatter`, `all_reduce_*`) go to
 //! the group on the stream the plan puts them on (the collective stream), where they block until
-//! every rank has issued them. A stream error aborts the group, so the other ranks' collectives
-//! fail rather than wait for this one.
+//! every rank has issued them. With a data group ([`CpuBackend::with_data_group`]: the ranks
+//! that share its tensor-parallel rank) the context-parallel collectives (`data_all_reduce_*`,
+//! `ring_exchange`) go to that one. A stream error aborts every group, so the other ranks'
+//! collectives fail rather than wait for this one.
 
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use memo_plan_core::plan::{Access, EventId, Op, Stream};
+use memo_plan_core::plan::{Access, CollectiveGroup, EventId, Op, Stream};
 use memo_runtime::collective::Collective;
 use memo_runtime::control::StepControl;
 use memo_runtime::{
@@ -61,8 +63,31 @@ enum Command {
 struct Shared {
     state: Mutex<SharedState>,
     changed: Condvar,
-    /// The tensor-parallel group this backend is a rank of, if any.
-    group: Option<Arc<dyn Collectives>>,
+    /// The groups this backend is a rank of: the plan's collectives run on them.
+    groups: Groups,
+}
+
+/// A rank's groups (`Op::collective_group`): its tensor-parallel group, and the ranks with its
+/// tensor-parallel rank (the data and context ranks: the gradients' sums and the ring).
+#[derive(Clone, Default)]
+struct Groups {
+    tensor: Option<Arc<dyn Collectives>>,
+    data: Option<Arc<dyn Collectives>>,
+}
+
+impl Groups {
+    /// The group `op` runs on, if it is a collective and the backend is a rank of that group.
+    fn of(&self, op: Op) -> Option<&dyn Collectives> {
+        match op.collective_group()? {
+            CollectiveGroup::Tensor => self.tensor.as_deref(),
+            CollectiveGroup::Data | CollectiveGroup::Ring => self.data.as_deref(),
+        }
+    }
+
+    /// Marks this rank failed in every group, so that no rank waits for it.
+    fn abort(&self, reason: &str) {
+        self.tensor.iter().chain(&self.data).for_each(|group| group.abort(reason));
+    }
 }
 
 struct SharedState {
@@ -84,9 +109,7 @@ impl Shared {
     /// aborts the group, so that no other rank waits for its collectives.
     fn fail(&self, error: BackendError) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(group) = &self.group {
-            group.abort(&error.to_string());
-        }
+        self.groups.abort(&error.to_string());
         state.error.get_or_insert(error);
         self.changed.notify_all();
     }
@@ -134,7 +157,7 @@ impl CpuBackend {
                 control: None,
             }),
             changed: Condvar::new(),
-            group: None,
+            groups: Groups::default(),
         });
         CpuBackend {
             memory: None,
@@ -168,7 +191,21 @@ impl CpuBackend {
     /// Makes this backend rank `group.rank()` of a tensor-parallel group: the plan's collective
     /// launches run on `group` (without one they are refused, as on a single GPU). Call before
     /// [`Backend::allocate`]; it stops any stream threads, so memory must be allocated again.
-    pub fn with_collectives(mut self, group: Arc<dyn Collectives>) -> Self {
+    pub fn with_collectives(self, group: Arc<dyn Collectives>) -> Self {
+        let data = self.shared.groups.data.clone();
+        self.with_groups(Groups { tensor: Some(group), data })
+    }
+
+    /// Makes this backend rank `group.rank()` of the ranks that share its tensor-parallel rank
+    /// (its context rank, with context parallelism: `spec/context-parallel.md`): the plan's
+    /// `data_all_reduce_*` and `ring_exchange` run on `group`. As [`CpuBackend::with_collectives`],
+    /// call before [`Backend::allocate`].
+    pub fn with_data_group(self, group: Arc<dyn Collectives>) -> Self {
+        let tensor = self.shared.groups.tensor.clone();
+        self.with_groups(Groups { tensor, data: Some(group) })
+    }
+
+    fn with_groups(mut self, groups: Groups) -> Self {
         self.stop_workers();
         self.memory = None;
         let (timing, control) = {
@@ -184,14 +221,14 @@ impl CpuBackend {
                 control,
             }),
             changed: Condvar::new(),
-            group: Some(group),
+            groups,
         });
         self
     }
 
-    /// The group this backend is a rank of, if any.
+    /// The tensor-parallel group this backend is a rank of, if any.
     pub fn collectives(&self) -> Option<&Arc<dyn Collectives>> {
-        self.shared.group.as_ref()
+        self.shared.groups.tensor.as_ref()
     }
 
     fn memory(&self) -> Result<&Arc<Memory>, BackendError> {
@@ -338,7 +375,7 @@ fn execute(command: Command, context: &WorkerContext) {
                 if !check_access(context, instruction, &reads, &writes) {
                     return;
                 }
-                if let Err(message) = launch(memory, op, &args, &kernel, shared.group.as_deref()) {
+                if let Err(message) = launch(memory, op, &args, &kernel, &shared.groups) {
                     shared.fail(BackendError::Kernel { instruction, message });
                 }
             }
@@ -389,7 +426,7 @@ fn launch(
     op: Op,
     args: &[KernelArg],
     context: &KernelContext,
-    group: Option<&dyn Collectives>,
+    groups: &Groups,
 ) -> Result<(), String> {
     for (i, a) in args.iter().enumerate() {
         if a.span.space != Space::Device {
@@ -404,7 +441,7 @@ fn launch(
         }
     }
     let mut views = memory.views(args)?;
-    if let (Some(collective), Some(group)) = (Collective::of_op(op), group) {
+    if let (Some(collective), Some(group)) = (Collective::of_op(op), groups.of(op)) {
         return run_collective(op, collective, group, &mut views);
     }
     let mut kernel_args: Vec<ops::Arg<'_>> = views

@@ -716,7 +716,11 @@ impl Backend for CudaBackend {
             }
             spans.push((self.address(arg.span)?, arg.span.len));
         }
-        if let Some(collective) = memo_runtime::collective::Collective::of_op(op) {
+        // The tensor-parallel group's collectives run on NCCL; context parallelism's (the data
+        // group's sums, the ring) have no communicator here yet and go on to the kernel table,
+        // which refuses them by name.
+        let collective = memo_runtime::collective::Collective::of_op(op).filter(|_| !op.is_context_parallel());
+        if let Some(collective) = collective {
             // Safety: this method's own contract, passed on.
             return unsafe { self.launch_collective(instruction, stream, op, collective, &spans) };
         }
