@@ -658,12 +658,13 @@ impl fmt::Debug for LocalRank {
 mod tests {
     use super::*;
 
-    /// Every collective op of the plan maps to a call, and nothing else does.
+    /// Every collective op of the plan, of any group, maps to a call, and nothing else does.
     #[test]
     fn every_collective_op_has_its_call() {
         for &op in Op::ALL {
-            assert_eq!(Collective::of_op(op).is_some(), op.is_collective(), "{op:?}");
+            assert_eq!(Collective::of_op(op).is_some(), op.collective_group().is_some(), "{op:?}");
         }
+        assert_eq!(Collective::of_op(Op::RingExchange), Some(Collective::RingShift));
         assert!(Collective::of_op(Op::AllReduceSumF32).is_some_and(Collective::in_place));
         assert!(!Collective::AllGather.in_place());
     }

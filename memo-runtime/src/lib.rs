@@ -27,6 +27,6 @@ pub use control::{StepControl, StopGate};
 pub use error::{CheckpointMismatch, PlanMismatch, RuntimeError, TokenError};
 pub use interpret::Replay;
 pub use trainer::{
-    cpu_hardware, training_model, NamedBytes, ParallelTrainer, PlannedStep, SetupTimes, TrainOptions, Trainer,
-    TRAINING_MODELS,
+    cpu_hardware, training_model, NamedBytes, ParallelTrainer, PlannedStep, RankGroups, SetupTimes, TrainOptions,
+    Trainer, TRAINING_MODELS,
 };

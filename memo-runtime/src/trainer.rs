@@ -27,7 +27,7 @@ mod logits;
 mod parallel;
 pub mod shard;
 
-pub use parallel::ParallelTrainer;
+pub use parallel::{ParallelTrainer, RankGroups};
 use shard::{Shard, ShardLayout};
 
 /// A machine description for planning on the CPU backend: what the host gives one "device".
@@ -136,6 +136,16 @@ impl PlannedStep {
         tensor: u64,
         scratch: &dyn memo_plan_core::plan::scratch::ScratchSizer,
     ) -> Result<Self, RuntimeError> {
+        Self::with_layout(options, Parallelism { tensor, ..Parallelism::single() }, scratch)
+    }
+
+    /// Plans the step of `options` for the ranks of `parallel` (`t`-way tensor and `c`-way
+    /// context parallelism: `spec/context-parallel.md`), with the launch scratch `scratch` asks.
+    pub fn with_layout(
+        options: &TrainOptions,
+        parallel: Parallelism,
+        scratch: &dyn memo_plan_core::plan::scratch::ScratchSizer,
+    ) -> Result<Self, RuntimeError> {
         if options.model.architecture.rope_scaling.is_some() {
             return Err(RuntimeError::ModelNotTrainable(
                 "its rope_scaling (Llama 3.1's rescaled rotary frequencies) is not implemented by the kernels; \
@@ -145,7 +155,7 @@ impl PlannedStep {
         }
         let started = std::time::Instant::now();
         let mut request = options.plan_request();
-        request.parallel = Parallelism { tensor, ..request.parallel };
+        request.parallel = parallel;
         let report = planner::plan_with_scratch(&request, scratch)?;
         Ok(PlannedStep { options: options.clone(), report, plan_s: started.elapsed().as_secs_f64() })
     }
@@ -222,8 +232,9 @@ impl<B: Backend> Trainer<B> {
         Self::for_rank(backend, planned, checked, 0, checking)
     }
 
-    /// Rank `rank` of a tensor-parallel step ([`ParallelTrainer`]): allocates the checked plan on
-    /// `backend` and initialises this rank's shard of the model.
+    /// Global rank `rank` (`context_rank * t + tensor_rank`) of a parallel step
+    /// ([`ParallelTrainer`]): allocates the checked plan on `backend` (its context rank's
+    /// program) and initialises its tensor-parallel rank's shard of the model.
     fn for_rank(
         mut backend: B,
         planned: PlannedStep,
@@ -232,13 +243,17 @@ impl<B: Backend> Trainer<B> {
         checking: std::time::Instant,
     ) -> Result<Self, RuntimeError> {
         let PlannedStep { options, report, plan_s } = planned;
-        let ranks = report.plan.provenance.parallel.tensor.max(1);
-        let replay = Replay::for_rank(checked, u32::try_from(rank).unwrap_or(u32::MAX))?;
+        let parallel = report.plan.provenance.parallel;
+        let ranks = parallel.tensor.max(1);
+        let global = u32::try_from(rank).unwrap_or(u32::MAX);
+        let (context_rank, tensor_rank) = report.plan.rank_coordinates(global);
+        let replay = Replay::for_rank(checked, global)?;
         replay.allocate(&mut backend)?;
         let allocated = std::time::Instant::now();
         let model = &options.model;
-        // The rank's share of the model, as the op table (and the plan's checker) sees it.
-        let shape = ShapeContext::for_model(model, rank, ranks);
+        // The rank's share of the model and of the sequence, as the op table (and the plan's
+        // checker) sees it.
+        let shape = ShapeContext::for_ranks(model, &parallel, u64::from(tensor_rank), u64::from(context_rank));
         let context = KernelContext {
             hidden: shape.hidden,
             heads: shape.heads,
@@ -250,13 +265,12 @@ impl<B: Backend> Trainer<B> {
             vocab: shape.vocab,
             loss_scale_tokens: shape.loss_scale_tokens,
             adamw: options.adamw,
-            rank,
+            rank: shape.rank,
             ranks,
-            // One context rank: a trainer of context-parallel ranks (`c > 1`) is not built yet, and
-            // such a plan's ring exchanges fail on any backend without a ring.
-            context_rank: 0,
-            context_ranks: 1,
+            context_rank: shape.context_rank,
+            context_ranks: shape.context_ranks,
         };
+        let rank = shape.rank;
         let tokens = find(&report, TensorRole::Tokens)?;
         let targets = find(&report, TensorRole::Targets)?;
         let loss = find(&report, TensorRole::Loss)?;

@@ -421,13 +421,7 @@ fn execute(command: Command, context: &WorkerContext) {
 
 /// Runs one kernel on the arena: checks the arguments, makes the slices, calls the op (a
 /// collective: the group's call, when the backend has a group).
-fn launch(
-    memory: &Memory,
-    op: Op,
-    args: &[KernelArg],
-    context: &KernelContext,
-    groups: &Groups,
-) -> Result<(), String> {
+fn launch(memory: &Memory, op: Op, args: &[KernelArg], context: &KernelContext, groups: &Groups) -> Result<(), String> {
     for (i, a) in args.iter().enumerate() {
         if a.span.space != Space::Device {
             return Err(format!("{}: argument {i} is not in the device arena", op.name()));

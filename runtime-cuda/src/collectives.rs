@@ -135,9 +135,9 @@ pub(crate) fn call(
             check_overlap(name, (y, y_len), (x, x_len), x + rank as u64 * y_len)?;
             Ok(Call::ReduceScatter { count: whole(bytes(y_len)?, dtype)?, dtype, op: ReduceOp::Sum })
         }
-        Collective::RingShift => Err(Launch(format!(
-            "op `{name}`: the context-parallel ring has no NCCL send/receive on this backend yet"
-        ))),
+        Collective::RingShift => {
+            Err(Launch(format!("op `{name}`: the context-parallel ring has no NCCL send/receive on this backend yet")))
+        }
     }
 }
 

@@ -1,8 +1,13 @@
-//! [`ParallelTrainer`]: `t` ranks of a tensor-parallel group, each a [`Trainer`] replaying the
-//! same checked plan on its own backend (its own arena), joined by a group of [`Collectives`].
-//! Each step runs every rank on a thread of its own; rank `k` trains on rows `[k*r, (k+1)*r)`
-//! of the step's tokens and targets (`r = R / t`, `spec/tensor-parallel.md` §1), and every rank
-//! computes the same loss (checked bit for bit; rank 0's is returned).
+//! [`ParallelTrainer`]: the `c x t` ranks of a step with tensor parallelism `t` and context
+//! parallelism `c`, each a [`Trainer`] replaying the checked plan (its context rank's program) on
+//! its own backend (its own arena), joined by [`Collectives`]: its tensor-parallel group, and
+//! with `c > 1` the ranks that share its tensor-parallel rank (the data group: the ring and the
+//! gradients' sums), which its backend holds. Global rank `g = k*t + j` is tensor-parallel rank
+//! `j` of context rank `k`. Each step runs every rank on a thread of its own; context rank `k`
+//! takes chunks `k` and `2c-1-k` of every sequence (`spec/context-parallel.md` §1), and its
+//! tensor-parallel rank `j` rows `[j*r, (j+1)*r)` of those (`r = R / t`,
+//! `spec/tensor-parallel.md` §1); every rank computes the same loss (checked bit for bit; rank
+//! 0's is returned).
 
 use std::sync::Arc;
 
@@ -18,19 +23,60 @@ use crate::collective::Collectives;
 use crate::control::{StepControl, StopGate};
 use crate::error::{CheckpointMismatch, RuntimeError, TokenError};
 
-/// A model trained with tensor and sequence parallelism over `t` ranks in this process.
+/// A model trained with tensor and context parallelism over `c x t` ranks in this process.
 pub struct ParallelTrainer<B: Backend + Send> {
     ranks: Vec<Trainer<B>>,
-    groups: Vec<Arc<dyn Collectives>>,
+    groups: Vec<RankGroups>,
+    /// `t`, the tensor-parallel group's size.
+    tensor: usize,
+}
+
+/// The groups one rank belongs to, as [`ParallelTrainer::with_plan`] takes them: its
+/// tensor-parallel group, and with context parallelism the ranks that share its tensor-parallel
+/// rank (the data group, which its backend was built with). A failing rank aborts both, so no
+/// rank waits for it.
+#[derive(Clone)]
+pub struct RankGroups {
+    /// The tensor-parallel group: `rank()` is the tensor-parallel rank, `ranks()` is `t`.
+    pub tensor: Arc<dyn Collectives>,
+    /// The data group with `c > 1`: `rank()` is the context rank, `ranks()` is `c`.
+    pub data: Option<Arc<dyn Collectives>>,
+}
+
+impl RankGroups {
+    fn abort(&self, reason: &str) {
+        self.tensor.abort(reason);
+        if let Some(data) = &self.data {
+            data.abort(reason);
+        }
+    }
+}
+
+impl From<Arc<dyn Collectives>> for RankGroups {
+    fn from(tensor: Arc<dyn Collectives>) -> Self {
+        RankGroups { tensor, data: None }
+    }
+}
+
+/// Rows of context rank `k` of `c` from a step's `b` sequences of `s` tokens (`rows`, `b*s`
+/// long): per sequence, chunk `k` then chunk `2c-1-k` of `2c` equal chunks
+/// (`spec/context-parallel.md` §1). With `c = 1`, all of them.
+fn context_rows<T: Copy>(rows: &[T], seq_len: usize, k: usize, c: usize) -> Vec<T> {
+    if c <= 1 {
+        return rows.to_vec();
+    }
+    let n = seq_len / (2 * c);
+    rows.chunks(seq_len.max(1))
+        .flat_map(|sequence| {
+            [k, 2 * c - 1 - k].into_iter().flat_map(move |chunk| &sequence[chunk * n..(chunk + 1) * n])
+        })
+        .copied()
+        .collect()
 }
 
 /// Runs `f(rank, trainer)` on one thread per rank; a rank that fails aborts the group, so no
 /// other rank waits for it. The results in rank order.
-fn on_every_rank<B, R, F>(
-    ranks: &mut [Trainer<B>],
-    groups: &[Arc<dyn Collectives>],
-    f: F,
-) -> Vec<Result<R, RuntimeError>>
+fn on_every_rank<B, R, F>(ranks: &mut [Trainer<B>], groups: &[RankGroups], f: F) -> Vec<Result<R, RuntimeError>>
 where
     B: Backend + Send,
     R: Send,
@@ -114,29 +160,44 @@ fn first_error<R>(results: Vec<Result<R, RuntimeError>>) -> Result<Vec<R>, Runti
 }
 
 impl<B: Backend + Send> ParallelTrainer<B> {
-    /// Checks the planned step's plan once and starts one rank per backend: `ranks[k]` is rank
-    /// `k`'s backend, built as a member of the group `ranks[k].1` (whose `rank()` must be `k`);
-    /// each allocates the plan and initialises its shard of the model (on its own thread).
-    pub fn with_plan(planned: PlannedStep, ranks: Vec<(B, Arc<dyn Collectives>)>) -> Result<Self, RuntimeError> {
+    /// Checks the planned step's plan once and starts one rank per backend: `ranks[g]` is global
+    /// rank `g`'s backend (`g = k*t + j`), built as a member of its groups (`ranks[g].1`: its
+    /// tensor-parallel group, where it is rank `j` of `t`; with `c > 1` also the data group its
+    /// backend runs the ring on, where it is rank `k` of `c`); each allocates the plan and
+    /// initialises its shard of the model (on its own thread).
+    pub fn with_plan<G: Into<RankGroups>>(planned: PlannedStep, ranks: Vec<(B, G)>) -> Result<Self, RuntimeError> {
         let tensor = planned.tensor().max(1);
+        let context = planned.report.plan.provenance.parallel.context.max(1);
         let checking = std::time::Instant::now();
-        if ranks.len() as u64 != tensor {
-            return Err(RuntimeError::Backend(crate::BackendError::Other(format!(
-                "the step is planned for {tensor} tensor-parallel rank(s) but {} backend(s) were given: give one per rank",
+        let refuse = |message: String| Err(RuntimeError::Backend(crate::BackendError::Other(message)));
+        if ranks.len() as u64 != tensor * context {
+            return refuse(format!(
+                "the step is planned for {tensor} tensor-parallel x {context} context-parallel rank(s) but {} \
+                 backend(s) were given: give one per rank",
                 ranks.len()
-            ))));
+            ));
         }
-        if let Some((k, (_, group))) =
-            ranks.iter().enumerate().find(|(k, (_, g))| g.rank() != *k || g.ranks() as u64 != tensor)
-        {
-            return Err(RuntimeError::Backend(crate::BackendError::Other(format!(
-                "backend {k} is rank {} of a group of {}: it must be rank {k} of {tensor}",
-                group.rank(),
-                group.ranks()
-            ))));
+        let ranks: Vec<(B, RankGroups)> = ranks.into_iter().map(|(backend, groups)| (backend, groups.into())).collect();
+        for (g, (_, groups)) in ranks.iter().enumerate() {
+            let (k, j) = (g as u64 / tensor, g as u64 % tensor);
+            let tensor_group = &groups.tensor;
+            if tensor_group.rank() as u64 != j || tensor_group.ranks() as u64 != tensor {
+                return refuse(format!(
+                    "backend {g} is rank {} of a tensor-parallel group of {}: it must be rank {j} of {tensor}",
+                    tensor_group.rank(),
+                    tensor_group.ranks()
+                ));
+            }
+            let data = groups.data.as_ref().map(|d| (d.rank() as u64, d.ranks() as u64));
+            if context > 1 && data != Some((k, context)) {
+                return refuse(format!(
+                    "backend {g} is in data group {data:?} (rank, ranks): with context parallelism {context} it \
+                     must be rank {k} of {context} of the ranks that share tensor-parallel rank {j}"
+                ));
+            }
         }
         let checked = CheckedPlan::check(planned.report.plan.clone()).map_err(RuntimeError::Invalid)?;
-        let groups: Vec<Arc<dyn Collectives>> = ranks.iter().map(|(_, g)| Arc::clone(g)).collect();
+        let groups: Vec<RankGroups> = ranks.iter().map(|(_, g)| g.clone()).collect();
         let started: Vec<Result<Trainer<B>, RuntimeError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = ranks
                 .into_iter()
@@ -151,12 +212,17 @@ impl<B: Backend + Send> ParallelTrainer<B> {
             joined(handles, "setup thread")
         });
         let ranks = first_error(started)?;
-        Ok(ParallelTrainer { ranks, groups })
+        Ok(ParallelTrainer { ranks, groups, tensor: tensor as usize })
     }
 
-    /// The group's size `t`.
+    /// The tensor-parallel group's size `t`.
     pub fn tensor(&self) -> usize {
-        self.ranks.len()
+        self.tensor
+    }
+
+    /// Context-parallel ranks, `c`.
+    pub fn context(&self) -> usize {
+        self.ranks.len() / self.tensor.max(1)
     }
 
     /// One training step on the whole micro-batch's `tokens` and `targets` (`micro_batch *
@@ -167,7 +233,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
     /// a rank aborts the group: the group stays failed, so every later step fails too (restore
     /// the last checkpoint into a new trainer to go on).
     pub fn step(&mut self, tokens: &[u32], targets: &[u32]) -> Result<f32, RuntimeError> {
-        let t = self.ranks.len();
+        let (t, c) = (self.tensor, self.context());
         let context = self.ranks[0].context;
         let expected = context.loss_scale_tokens as usize;
         if tokens.len() != expected || targets.len() != expected {
@@ -176,7 +242,11 @@ impl<B: Backend + Send> ParallelTrainer<B> {
         if let Some(bad) = tokens.iter().chain(targets).find(|&&t| u64::from(t) >= context.vocab) {
             return Err(TokenError::OutsideVocabulary { token: *bad, vocab: context.vocab }.into());
         }
-        let r = expected / t.max(1);
+        // Each context rank's rows, then each tensor-parallel rank's share of them.
+        let seq_len = self.ranks[0].report.plan.provenance.model.seq_len as usize;
+        let rows: Vec<(Vec<u32>, Vec<u32>)> =
+            (0..c).map(|k| (context_rows(tokens, seq_len, k, c), context_rows(targets, seq_len, k, c))).collect();
+        let r = expected / (c * t).max(1);
         // One gate for every rank: asked and reset once, before any rank runs.
         if let Some(control) = &self.ranks[0].control {
             if control.gate().stop_requested() {
@@ -184,8 +254,9 @@ impl<B: Backend + Send> ParallelTrainer<B> {
             }
             control.gate().begin_step();
         }
-        let results = on_every_rank(&mut self.ranks, &self.groups, |k, trainer| {
-            trainer.run_step(&tokens[k * r..(k + 1) * r], &targets[k * r..(k + 1) * r])
+        let results = on_every_rank(&mut self.ranks, &self.groups, |g, trainer| {
+            let ((tokens, targets), j) = (&rows[g / t], g % t);
+            trainer.run_step(&tokens[j * r..(j + 1) * r], &targets[j * r..(j + 1) * r])
         });
         // Stopped before any rank began the update: every rank kept the previous step's state.
         if results.iter().any(is_interrupted) {
@@ -246,10 +317,12 @@ impl<B: Backend + Send> ParallelTrainer<B> {
                 kind.name()
             ))));
         }
-        let per_rank = self.buffers_of_kind(kind)?;
+        let mut per_rank = self.buffers_of_kind(kind)?;
+        // Context rank 0's tensor-parallel ranks: every context rank holds the same model.
+        per_rank.truncate(self.tensor);
         let plan = self.ranks[0].replay.plan().clone();
         let model = &plan.provenance.model;
-        let layout = ShardLayout::of(model, self.ranks.len() as u64);
+        let layout = ShardLayout::of(model, self.tensor as u64);
         let mut out = Vec::new();
         for (i, ((role, layer), _)) in per_rank[0].iter().enumerate() {
             let Some(buffer) = plan.buffers.iter().find(|b| b.kind == kind && b.role == *role && b.layer == *layer)
@@ -257,7 +330,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
                 continue;
             };
             if matches!(role, TensorRole::ReplicatedGradients | TensorRole::ReplicatedBiasGradients) {
-                let t = self.ranks.len() as u64;
+                let t = self.tensor as u64;
                 out.extend(split_replicated_gradients(&per_rank[0][i].1, buffer, model, t));
                 continue;
             }
@@ -276,37 +349,44 @@ impl<B: Backend + Send> ParallelTrainer<B> {
         self.checkpoint(0, 0).map(|_| ())
     }
 
-    /// Every rank's state as one checkpoint: each sharded tensor per rank (tagged with it), each
-    /// replicated one once, after checking it is bit-identical on every rank.
+    /// Every rank's state as one checkpoint: each sharded tensor per tensor-parallel rank (tagged
+    /// with it), each replicated one once, after checking that every rank holding a copy (the
+    /// tensor-parallel ranks of a replicated tensor; the context ranks of any tensor) holds the
+    /// same bits. With `c > 1` the checkpoint is the `c = 1` one of `t` ranks: the context ranks
+    /// hold the same model.
     pub fn checkpoint(&mut self, fingerprint: u64, data_position: u64) -> Result<Checkpoint, RuntimeError> {
-        let t = self.ranks.len() as u64;
+        let t = self.tensor as u64;
         let layout = ShardLayout::of(&self.ranks[0].report.plan.provenance.model, t);
         let step = self.ranks[0].step;
         let mut tensors = Vec::new();
         let per_rank: Vec<_> = self.ranks.iter_mut().map(Trainer::state_tensors).collect::<Result<_, _>>()?;
-        for (rank, rank_tensors) in per_rank.iter().enumerate() {
+        for (g, rank_tensors) in per_rank.iter().enumerate() {
+            let j = g as u64 % t;
             for tensor in rank_tensors {
-                if !Shard::of(tensor.role, rank as u64, t, &layout).is_whole() {
-                    tensors.push(super::SavedTensor { rank: Some(rank as u32), ..tensor.clone() });
-                } else if rank == 0 {
-                    for (other, theirs) in per_rank.iter().enumerate().skip(1) {
-                        let same = theirs
-                            .iter()
-                            .find(|x| (x.kind, x.role, x.layer) == (tensor.kind, tensor.role, tensor.layer));
-                        if same.map(|x| &x.bytes) != Some(&tensor.bytes) {
-                            let what = match tensor.kind {
-                                StateKind::Parameter => "parameter",
-                                StateKind::OptimizerState => "optimizer state",
-                            };
-                            return Err(RuntimeError::RanksDiverged(format!(
-                                "the replicated {what} {} of layer {:?} differs between rank 0 and rank {other}",
-                                tensor.role.name(),
-                                tensor.layer
-                            )));
-                        }
-                    }
-                    tensors.push(tensor.clone());
+                let whole = Shard::of(tensor.role, j, t, &layout).is_whole();
+                // The ranks that must hold these bits: every rank for a whole tensor, else the
+                // ranks with this tensor-parallel rank. The first of them saves it.
+                let holders = || per_rank.iter().enumerate().filter(move |(h, _)| whole || *h as u64 % t == j);
+                if holders().next().map(|(h, _)| h) != Some(g) {
+                    continue;
                 }
+                for (other, theirs) in holders().skip(1) {
+                    let same =
+                        theirs.iter().find(|x| (x.kind, x.role, x.layer) == (tensor.kind, tensor.role, tensor.layer));
+                    if same.map(|x| &x.bytes) != Some(&tensor.bytes) {
+                        let what = match tensor.kind {
+                            StateKind::Parameter => "parameter",
+                            StateKind::OptimizerState => "optimizer state",
+                        };
+                        return Err(RuntimeError::RanksDiverged(format!(
+                            "the {what} {} of layer {:?} differs between rank {g} and rank {other}",
+                            tensor.role.name(),
+                            tensor.layer
+                        )));
+                    }
+                }
+                let rank = if whole { None } else { Some(j as u32) };
+                tensors.push(super::SavedTensor { rank, ..tensor.clone() });
             }
         }
         tensors.sort_by_key(|t| (t.kind, t.role, t.layer, t.rank));
@@ -319,7 +399,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
         if checkpoint.fingerprint != fingerprint {
             return Err(CheckpointMismatch::OtherModel.into());
         }
-        let t = self.ranks.len() as u64;
+        let t = self.tensor as u64;
         if u64::from(checkpoint.ranks) != t {
             return Err(CheckpointMismatch::Ranks { saved: checkpoint.ranks, running: t }.into());
         }
