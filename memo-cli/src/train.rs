@@ -175,9 +175,10 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = 1, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
     tensor_parallel: u64,
 
-    /// Context-parallel ranks C (ring attention over balanced sequence chunks): planned by `memo
-    /// plan --cp C` (which writes the plan with -o: one program per context rank), not run yet;
-    /// C > 1 is refused (no runtime runs the ring's ops and exchanges yet)
+    /// Context-parallel ranks C (spec/context-parallel.md: ring attention over balanced sequence
+    /// chunks, one program per context rank): C x T ranks; 2 x C x T must divide the sequence.
+    /// cpu: C x T threads of one host. cuda and hip: refused (no GPU kernels for the ring's ops
+    /// and no NCCL ring yet)
     #[arg(long, alias = "cp", default_value_t = 1, value_name = "C", value_parser = clap::value_parser!(u64).range(1..))]
     context_parallel: u64,
 }
@@ -191,19 +192,7 @@ fn parse_strategy(text: &str) -> Result<Strategy, String> {
 pub fn run(args: &TrainArgs) -> Result<(), Failure> {
     let after = crate::progress::after()?;
     let gate = progress::interrupt_gate();
-    if args.context_parallel > 1 {
-        return Err(Failure::new(
-            exit::BAD_INPUT,
-            format!(
-                "--context-parallel {}: no runtime runs ring attention yet (the backends have no kernels for its \
-                 ops and no ring exchange between ranks); the plan carries it: `memo plan --cp {} --strategy memo \
-                 -o FILE` writes it and `memo check FILE` checks it; nothing was run. Train with \
-                 --context-parallel 1",
-                args.context_parallel, args.context_parallel
-            ),
-        ));
-    }
-    if args.tensor_parallel > 1 {
+    if args.tensor_parallel > 1 || args.context_parallel > 1 {
         return parallel::run(args, gate, after);
     }
     let model = model(args)?;

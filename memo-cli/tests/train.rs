@@ -295,6 +295,39 @@ fn tensor_parallel_trains_checkpoints_and_resumes_bit_identically() {
     assert!(message.contains("resume with --tensor-parallel 2"), "{message}");
 }
 
+/// `--context-parallel 2` with `--tensor-parallel 2` trains on 4 CPU threads (the loss falls,
+/// `context_parallel` in the JSON), resumes bit-identically (the first half in checked mode), and
+/// its checkpoint (the `c = 1` one of 2 ranks) resumes at `c = 1`; a GPU and a sequence that does
+/// not split into `2 c t` chunks are refused with the reason.
+#[test]
+fn context_parallel_trains_checkpoints_and_resumes_bit_identically() {
+    let cp = ["--tensor-parallel", "2", "--context-parallel", "2"];
+    let straight = fresh_dir("cp-straight");
+    let dir = straight.to_str().unwrap();
+    let output = train(&[&cp[..], &["--steps", "6", "--checkpoint", dir, "--json"]].concat());
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&output.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 7);
+    assert_eq!((lines[0]["tensor_parallel"].as_u64(), lines[0]["context_parallel"].as_u64()), (Some(2), Some(2)));
+    assert!(lines[5]["loss"].as_f64().unwrap() < lines[0]["loss"].as_f64().unwrap(), "{lines:?}");
+    let split = fresh_dir("cp-split");
+    let dir = split.to_str().unwrap();
+    let output = train(&[&cp[..], &["--steps", "3", "--checkpoint", dir, "--checked"]].concat());
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let output = train(&[&cp[..], &["--steps", "6", "--checkpoint", dir, "--resume"]].concat());
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert!(checkpoint_bytes(&straight) == checkpoint_bytes(&split), "the resumed run differs");
+    let output = train(&["--tensor-parallel", "2", "--steps", "7", "--checkpoint", dir, "--resume"]);
+    assert_eq!(code(&output), 0, "c = 2's checkpoint at c = 1: {}", stderr(&output));
+    let mut gpu = vec!["train", "--device", "cuda", "--model", "tiny", "--seq", "32", "--steps", "1"];
+    gpu.extend_from_slice(&cp);
+    let message = assert_fails(&memo(&gpu, None), 2);
+    assert!(message.contains("--context-parallel 2 on --device cuda") && message.contains("--device cpu"), "{message}");
+    let message = assert_fails(&train(&["--context-parallel", "3", "--steps", "1"]), 2);
+    assert!(message.contains("2 x c x t = 2 x 3 x 1 = 6"), "{message}");
+}
+
 /// Starts `memo train` (tiny, 32 tokens) with `extra` and progress lines forced on every step;
 /// sends SIGINT once its stderr shows step `at` running (bounded by work: the run has far more
 /// steps than it can take before the signal lands); returns its exit code and stderr.

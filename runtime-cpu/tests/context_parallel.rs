@@ -10,10 +10,7 @@ use memo_plan_core::plan::scratch::NoScratch;
 use memo_plan_core::plan::{BufferKind, Strategy};
 use memo_runtime::checkpoint::Checkpoint;
 use memo_runtime::data::{TextData, DEFAULT_TEXT};
-use memo_runtime::{
-    cpu_hardware, AdamW, Collectives, LocalGroup, NamedBytes, ParallelTrainer, PlannedStep, RankGroups, TrainOptions,
-    Trainer,
-};
+use memo_runtime::{cpu_hardware, AdamW, NamedBytes, ParallelTrainer, PlannedStep, RankGroups, TrainOptions, Trainer};
 use runtime_cpu::CpuBackend;
 
 /// The Llama-shaped training model: 4 query heads over 2 K/V heads, SwiGLU, RMSNorm, untied; 16
@@ -47,26 +44,16 @@ fn trainer(options: &TrainOptions, t: u64, c: u64) -> ParallelTrainer<CpuBackend
     let mut options = options.clone();
     options.hardware.gpus_per_node = c * t;
     let planned = PlannedStep::with_layout(&options, parallel, &NoScratch).unwrap();
-    let (t, c) = (t as usize, c as usize);
-    let mut tensor_groups: Vec<Vec<Option<LocalRankHandle>>> = (0..c)
-        .map(|_| LocalGroup::ranks(t).into_iter().map(|r| Some(Arc::new(r) as LocalRankHandle)).collect())
-        .collect();
-    let mut data_groups: Vec<Vec<Option<LocalRankHandle>>> = (0..t)
-        .map(|_| LocalGroup::ranks(c).into_iter().map(|r| Some(Arc::new(r) as LocalRankHandle)).collect())
-        .collect();
-    let ranks = (0..c * t)
-        .map(|g| {
-            let (k, j) = (g / t, g % t);
-            let tensor = tensor_groups[k][j].take().unwrap();
-            let data = data_groups[j][k].take().unwrap();
-            let backend = CpuBackend::new().with_collectives(Arc::clone(&tensor)).with_data_group(Arc::clone(&data));
-            (backend, RankGroups { tensor, data: Some(data) })
+    let ranks = RankGroups::local(t as usize, c as usize)
+        .into_iter()
+        .map(|groups| {
+            let backend = CpuBackend::new().with_collectives(Arc::clone(&groups.tensor));
+            let data = groups.data.clone().expect("c > 1: a data group");
+            (backend.with_data_group(data), groups)
         })
         .collect();
     ParallelTrainer::with_plan(planned, ranks).unwrap()
 }
-
-type LocalRankHandle = Arc<dyn Collectives>;
 
 struct Run {
     losses: Vec<u32>,

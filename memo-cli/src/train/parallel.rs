@@ -15,13 +15,14 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use memo_plan_core::model::ModelConfig;
+use memo_plan_core::model::{ModelConfig, Parallelism};
+use memo_plan_core::plan::scratch::NoScratch;
 use memo_plan_core::plan::{Action, Op};
 use memo_runtime::checkpoint::{fingerprint, Checkpoint};
 use memo_runtime::collective::{CollectiveError, Element, Reduction};
 use memo_runtime::rendezvous::TorchrunEnv;
 use memo_runtime::{
-    Backend, BackendError, Collectives, LocalGroup, ParallelTrainer, PlannedStep, RuntimeError, StopGate,
+    Backend, BackendError, Collectives, ParallelTrainer, PlannedStep, RankGroups, RuntimeError, StopGate,
 };
 use runtime_cpu::CpuBackend;
 use runtime_cuda::CudaBackend;
@@ -40,7 +41,17 @@ const JOIN_TIMEOUT: Duration = memo_runtime::rendezvous::DEFAULT_TIMEOUT;
 /// backend does not launch collectives yet), the recall task (its evaluation reads one GPU's
 /// logits), and a `T` that does not divide the heads, the FFN width and the sequence.
 pub(super) fn refuse(args: &TrainArgs, model: &ModelConfig) -> Result<(), Failure> {
-    let t = args.tensor_parallel;
+    let (t, c) = (args.tensor_parallel, args.context_parallel);
+    if c > 1 && args.device.kind != Kind::Cpu {
+        return Err(Failure::new(
+            exit::BAD_INPUT,
+            format!(
+                "--context-parallel {c} on --device {}: the GPU backends have no kernels for the ring's ops and \
+                 no ring exchange between GPUs yet; use --device cpu (C x T threads), or --context-parallel 1",
+                args.device.label()
+            ),
+        ));
+    }
     if args.device.kind == Kind::Hip {
         return Err(Failure::new(
             exit::BAD_INPUT,
@@ -55,8 +66,8 @@ pub(super) fn refuse(args: &TrainArgs, model: &ModelConfig) -> Result<(), Failur
         return Err(Failure::new(
             exit::BAD_INPUT,
             format!(
-                "--task is not supported with --tensor-parallel {t} yet (its evaluation reads the logits of one \
-                 GPU); drop it or use --tensor-parallel 1"
+                "--task is not supported with --tensor-parallel {t} --context-parallel {c} yet (its evaluation \
+                 reads the logits of one GPU); drop it or use --tensor-parallel 1 --context-parallel 1"
             ),
         ));
     }
@@ -243,8 +254,14 @@ pub(super) fn run(args: &TrainArgs, gate: Arc<StopGate>, after: Duration) -> Res
     refuse(args, &model)?;
     let torchrun = if args.device.kind == Kind::Cuda { torchrun(args)? } else { None };
     let data = super::data_source(args, &model)?;
-    let options = super::train_options(args, &model)?;
-    let planned = PlannedStep::tensor_parallel(&options, t).map_err(runtime_failure)?;
+    let mut options = super::train_options(args, &model)?;
+    let c = args.context_parallel;
+    if args.device.kind == Kind::Cpu {
+        // CPU ranks are threads of this host: one node holds all c x t of them.
+        options.hardware.gpus_per_node = options.hardware.gpus_per_node.max(c * t);
+    }
+    let parallel = Parallelism { tensor: t, ..Parallelism::single() }.with_context(c);
+    let planned = PlannedStep::with_layout(&options, parallel, &NoScratch).map_err(runtime_failure)?;
     if args.device.kind == Kind::Cuda {
         refuse_ops_without_gpu_kernel(args, &planned)?;
     }
@@ -271,17 +288,21 @@ pub(super) fn run(args: &TrainArgs, gate: Arc<StopGate>, after: Duration) -> Res
             train(args, &model, data, trainer, opening.elapsed().as_secs_f64(), "NVIDIA GPUs, NCCL", watching)
         }
         _ => {
-            let ranks = LocalGroup::ranks(t as usize)
+            let ranks = RankGroups::local(t as usize, c as usize)
                 .into_iter()
-                .map(|rank| {
-                    let group: Arc<dyn Collectives> = Arc::new(rank);
+                .map(|groups| {
                     let backend = if args.checked {
                         CpuBackend::checked()
                     } else {
                         CpuBackend::with_copy_bandwidth(args.copy_bandwidth)
                     };
                     let backend = if args.trace.is_some() || args.timings { backend.measure() } else { backend };
-                    (backend.with_collectives(Arc::clone(&group)), group)
+                    let backend = backend.with_collectives(Arc::clone(&groups.tensor));
+                    let backend = match &groups.data {
+                        Some(data) => backend.with_data_group(Arc::clone(data)),
+                        None => backend,
+                    };
+                    (backend, groups)
                 })
                 .collect();
             let trainer = ParallelTrainer::with_plan(planned, ranks).map_err(runtime_failure)?;
@@ -307,7 +328,7 @@ fn train<B: Backend + Send>(
     how: &str,
     watching: Watching,
 ) -> Result<(), Failure> {
-    let t = args.tensor_parallel;
+    let (t, c) = (args.tensor_parallel, args.context_parallel);
     let model = model.clone();
     let print = fingerprint(&model, args.seed);
     let controls = trainer.set_stop_gate(Arc::clone(&watching.gate));
@@ -333,7 +354,7 @@ fn train<B: Backend + Send>(
     let unigram = data.unigram_entropy();
     if !args.json {
         eprintln!(
-            "memo train: {} ({} layers, h {}), {} tokens x {}, {} plan, tensor-parallel {t} ({how}), per rank: \
+            "memo train: {} ({} layers, h {}), {} tokens x {}, {} plan, tensor-parallel {t}{} ({how}), per rank: \
              arena {}, host slab {}{}",
             model.name,
             model.layers,
@@ -341,6 +362,7 @@ fn train<B: Backend + Send>(
             model.seq_len,
             model.micro_batch,
             args.strategy.name(),
+            if c > 1 { format!(" x context-parallel {c}") } else { String::new() },
             human::binary_units(memory.device_bytes),
             human::binary_units(memory.host_bytes),
             unigram.map(|u| format!("; unigram entropy of the data {u:.3} nats")).unwrap_or_default(),
@@ -387,7 +409,7 @@ fn train<B: Backend + Send>(
         let step = trainer.steps_taken();
         if args.json {
             let mut line = json!({"step": step, "loss": last_loss, "tokens_per_s": tokens_per_s, "step_time_s": step_time_s,
-                              "tensor_parallel": t, "device_bytes": memory.device_bytes, "host_bytes": memory.host_bytes});
+                              "tensor_parallel": t, "context_parallel": c, "device_bytes": memory.device_bytes, "host_bytes": memory.host_bytes});
             if args.timings {
                 // Rank 0's streams (every rank runs the same program).
                 let timeline = trainer.rank(0).and_then(memo_runtime::Trainer::last_step_timeline);
@@ -420,7 +442,7 @@ fn train<B: Backend + Send>(
     if args.json {
         let mut line = json!({
             "summary": true, "steps": trainer.steps_taken(), "final_loss": last_loss, "unigram_entropy": unigram,
-            "tokens_per_s": tokens_per_s, "strategy": args.strategy.name(), "tensor_parallel": t,
+            "tokens_per_s": tokens_per_s, "strategy": args.strategy.name(), "tensor_parallel": t, "context_parallel": c,
             "alpha": plan.provenance.alpha, "swaps": plan.provenance.swap_summary(),
             "device_bytes": plan.totals.arena_bytes, "host_bytes": plan.totals.host_bytes, "device": args.device.label(),
             "setup_s": {"open_backend": open_s, "plan": setup.plan_s, "allocate": setup.allocate_s,

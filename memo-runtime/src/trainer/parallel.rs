@@ -19,7 +19,7 @@ use memo_plan_core::schedule::{replicated_gradient_rows, ReplicatedPool};
 use super::{NamedBytes, PlannedStep, SetupTimes, Shard, ShardLayout, Trainer};
 use crate::backend::{Backend, BackendError, CheckReport, MemoryReport};
 use crate::checkpoint::{Checkpoint, StateKind};
-use crate::collective::Collectives;
+use crate::collective::{Collectives, LocalGroup, LocalRank};
 use crate::control::{StepControl, StopGate};
 use crate::error::{CheckpointMismatch, RuntimeError, TokenError};
 
@@ -49,6 +49,27 @@ impl RankGroups {
         if let Some(data) = &self.data {
             data.abort(reason);
         }
+    }
+}
+
+impl RankGroups {
+    /// The in-process groups of `c x t` ranks (one process, a thread per rank): entry `k*t + j`
+    /// is rank `j` of context rank `k`'s tensor-parallel group and, with `c > 1`, rank `k` of
+    /// tensor-parallel rank `j`'s data group; what [`ParallelTrainer::with_plan`] takes, each
+    /// beside a backend built with them.
+    pub fn local(t: usize, c: usize) -> Vec<RankGroups> {
+        let (t, c) = (t.max(1), c.max(1));
+        let mut data: Vec<std::vec::IntoIter<LocalRank>> =
+            if c > 1 { (0..t).map(|_| LocalGroup::ranks(c).into_iter()).collect() } else { Vec::new() };
+        let mut out = Vec::with_capacity(c * t);
+        for _ in 0..c {
+            for (j, rank) in LocalGroup::ranks(t).into_iter().enumerate() {
+                // Context rank `k`'s turn takes the `k`-th rank of each data group.
+                let data = data.get_mut(j).and_then(Iterator::next).map(|d| Arc::new(d) as Arc<dyn Collectives>);
+                out.push(RankGroups { tensor: Arc::new(rank), data });
+            }
+        }
+        out
     }
 }
 
