@@ -423,9 +423,7 @@ pub fn plan_with(
         let mut other = schedule::build_for_context_rank(model, parallel, &options, context_rank)?;
         schedule::add_scratch(&mut other, model, parallel, scratch)?;
         if other.buffers != schedule.buffers || other.blocks != schedule.blocks || other.events != schedule.events {
-            return Err(PlanError::Model(ModelError::Overflow {
-                what: "context ranks' programs (their buffers differ)",
-            }));
+            return Err(PlanError::Schedule(ScheduleError::ContextRanksDiffer { context_rank }));
         }
         let rank = context_rank.saturating_mul(parallel.tensor.max(1));
         let rank = u32::try_from(rank).map_err(|_| ModelError::Overflow { what: "global rank" })?;

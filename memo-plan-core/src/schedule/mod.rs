@@ -122,6 +122,13 @@ pub enum ScheduleError {
         /// The op.
         op: &'static str,
     },
+    /// A context rank's program would use other buffers, blocks or events than context rank 0's
+    /// (the programs may differ only in the ring's row ranges, so that one placement serves them
+    /// all): a planner bug, refused rather than placed wrongly.
+    ContextRanksDiffer {
+        /// The context rank whose program differs.
+        context_rank: u64,
+    },
 }
 
 impl From<ModelError> for ScheduleError {
@@ -147,6 +154,12 @@ impl fmt::Display for ScheduleError {
                 f,
                 "the FLOPs of one {op} launch do not fit in 64 bits: the sequence is too long for this model; \
                  use fewer tokens or a higher tensor-parallel degree"
+            ),
+            ScheduleError::ContextRanksDiffer { context_rank } => write!(
+                f,
+                "context rank {context_rank}'s program uses other buffers than context rank 0's, where only the \
+                 ring's row ranges may differ: a planner bug, nothing was placed; plan with --cp 1 and report the \
+                 command"
             ),
         }
     }
