@@ -189,19 +189,19 @@ pub fn execute_on_rank(
         Op::LinearBackwardWeightNoBias => linear::backward_weight(args, ctx, false, threads),
         // Context parallelism's ops (`spec/context-parallel.md`): the op table's rules first,
         // then the kernel (which checks what it reads again: it may be called on its own).
-        Op::Rotary => table(args).and_then(|()| ring::rotary(op, args, ctx, group, threads)),
-        Op::RotaryBackward => table(args).and_then(|()| ring::rotary_backward(op, args, ctx, group, threads)),
-        Op::AttentionBlock => table(args).and_then(|()| ring::attention_block(op, args, ctx, group, threads)),
-        Op::AttentionBlockCausal => {
-            table(args).and_then(|()| ring::attention_block_causal(op, args, ctx, group, threads))
+        Op::Rotary | Op::RotaryBackward => {
+            let inverse = op == Op::RotaryBackward;
+            table(args).and_then(|()| ring::rotary(op, args, ctx, group, threads, inverse))
+        }
+        Op::AttentionBlock | Op::AttentionBlockCausal => {
+            let causal = op == Op::AttentionBlockCausal;
+            table(args).and_then(|()| ring::attention_block(op, args, ctx, group, threads, causal))
         }
         Op::AttentionRingInit => table(args).and_then(|()| ring::attention_ring_init(op, args, ctx)),
         Op::AttentionRingFinish => table(args).and_then(|()| ring::attention_ring_finish(op, args)),
-        Op::AttentionBlockBackward => {
-            table(args).and_then(|()| ring::attention_block_backward(op, args, ctx, group, threads))
-        }
-        Op::AttentionBlockBackwardCausal => {
-            table(args).and_then(|()| ring::attention_block_backward_causal(op, args, ctx, group, threads))
+        Op::AttentionBlockBackward | Op::AttentionBlockBackwardCausal => {
+            let causal = op == Op::AttentionBlockBackwardCausal;
+            table(args).and_then(|()| ring::attention_block_backward(op, args, ctx, group, threads, causal))
         }
         Op::ToBf16 => table(args).and_then(|()| ring::to_bf16(op, args)),
         Op::RingExchange | Op::DataAllReduceSumBf16 | Op::DataAllReduceSumF32 => {

@@ -73,27 +73,12 @@ fn rotary_head_dim(op: Op, ctx: &OpContext, group: Group) -> Result<usize, OpErr
     Ok(head_dim)
 }
 
-/// `rotary` (code 34): rotates pairs `(2i, 2i+1)` of every head of every row of `x` (in place)
-/// by the row's position (`ShapeContext::position` of `first_row + i`, from the context's `context_rank` and `context_ranks`), `attention`'s
-/// rotation in f32, rounded once. Heads: `row_bytes / 2 / head_dim`.
-pub fn rotary(op: Op, args: &mut [Arg<'_>], ctx: &OpContext, group: Group, threads: usize) -> Result<(), OpError> {
-    rotate_rows(op, args, ctx, group, threads, false)
-}
-
-/// `rotary_backward` (code 35): `dx` rotated back (angle negated) at the same positions: the
-/// gradient of the un-rotated input, in f32, rounded once.
-pub fn rotary_backward(
-    op: Op,
-    args: &mut [Arg<'_>],
-    ctx: &OpContext,
-    group: Group,
-    threads: usize,
-) -> Result<(), OpError> {
-    rotate_rows(op, args, ctx, group, threads, true)
-}
-
-/// [`rotary`] (`inverse` false) and [`rotary_backward`].
-fn rotate_rows(
+/// `rotary` (code 34, `inverse` false): rotates pairs `(2i, 2i+1)` of every head of every row of
+/// `x` (in place) by the row's position (`ShapeContext::position` of `first_row + i`, from the
+/// context's `context_rank` and `context_ranks`), `attention`'s rotation in f32, rounded once;
+/// heads: `row_bytes / 2 / head_dim`. `rotary_backward` (code 35, `inverse` true): the angle
+/// negated at the same positions, the gradient of the un-rotated input.
+pub(crate) fn rotary(
     op: Op,
     args: &mut [Arg<'_>],
     ctx: &OpContext,
@@ -268,31 +253,6 @@ fn set_f32(bytes: &mut [u8], at: usize, value: f32) {
     }
 }
 
-/// `attention_block` (code 36): every q row attends every k row (no mask); the block's
-/// softmax-normalised output `o_b` and log-sum-exp `l_b` merged into `out_acc`, `lse`
-/// (`lse = logaddexp(lse, l_b)`, `out_acc` reweighted; see `merge` below).
-pub fn attention_block(
-    op: Op,
-    args: &mut [Arg<'_>],
-    ctx: &OpContext,
-    group: Group,
-    threads: usize,
-) -> Result<(), OpError> {
-    block_forward(op, args, ctx, group, threads, false)
-}
-
-/// `attention_block_causal` (code 37): [`attention_block`] with a diagonal block's causal mask
-/// (q row `r` of its region sees k rows `0..=r` of its region; equal rows).
-pub fn attention_block_causal(
-    op: Op,
-    args: &mut [Arg<'_>],
-    ctx: &OpContext,
-    group: Group,
-    threads: usize,
-) -> Result<(), OpError> {
-    block_forward(op, args, ctx, group, threads, true)
-}
-
 /// Merges a block's `o_b`, `l_b` into one accumulator row (one head): with `m = max(lse, l_b)`,
 /// `l = m + ln(exp(lse - m) + exp(l_b - m))`, `out_acc = out_acc * exp(lse - l) + o_b *
 /// exp(l_b - l)` (each product rounded, then the sum; f32), `lse = l`. A block without keys
@@ -318,7 +278,12 @@ fn merge(acc: &mut [f32], lse: &mut f32, o_b: &[f32], l_b: f32) {
     *lse = l;
 }
 
-fn block_forward(
+/// `attention_block` (code 36; `causal` false): every q row attends every k row (no mask); the
+/// block's softmax-normalised output `o_b` and log-sum-exp `l_b` merged into `out_acc`, `lse`
+/// (`lse = logaddexp(lse, l_b)`, `out_acc` reweighted: [`merge`]). `attention_block_causal`
+/// (code 37; `causal` true): with a diagonal block's causal mask (q row `r` of its region sees k
+/// rows `0..=r` of its region; equal rows).
+pub(crate) fn attention_block(
     op: Op,
     args: &mut [Arg<'_>],
     ctx: &OpContext,
@@ -380,7 +345,7 @@ fn block_forward(
 
 /// `attention_ring_init` (code 38): `out_acc = 0`, `lse = -inf` (rows of `heads` f32 and of
 /// `heads` whole heads of f32).
-pub fn attention_ring_init(op: Op, args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
+pub(crate) fn attention_ring_init(op: Op, args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
     let sig = op.signature();
     let ([], [out_acc, lse], _) = split_signature::<0, 2>(op, sig, args)?;
     let heads = ctx.heads;
@@ -401,12 +366,12 @@ pub fn attention_ring_init(op: Op, args: &mut [Arg<'_>], ctx: &OpContext) -> Res
 }
 
 /// `attention_ring_finish` (code 39): `out = bf16(out_acc)`.
-pub fn attention_ring_finish(op: Op, args: &mut [Arg<'_>]) -> Result<(), OpError> {
+pub(crate) fn attention_ring_finish(op: Op, args: &mut [Arg<'_>]) -> Result<(), OpError> {
     round_rows(op, args)
 }
 
 /// `to_bf16` (code 42): `y = bf16(x)`, round to nearest even.
-pub fn to_bf16(op: Op, args: &mut [Arg<'_>]) -> Result<(), OpError> {
+pub(crate) fn to_bf16(op: Op, args: &mut [Arg<'_>]) -> Result<(), OpError> {
     round_rows(op, args)
 }
 
@@ -423,32 +388,6 @@ fn round_rows(op: Op, args: &mut [Arg<'_>]) -> Result<(), OpError> {
         pair.copy_from_slice(&f32_to_bf16_bytes(f32::from_le_bytes([word[0], word[1], word[2], word[3]])));
     }
     Ok(())
-}
-
-/// `attention_block_backward` (code 40): with the final `out` and `lse`, no mask:
-/// `P = exp(scale q k^T - lse)`, `D = rowsum(dout * out)`, `dS = P (dout v^T - D)`;
-/// `dq_acc += scale dS k`, `dk_acc += scale dS^T q`, `dv_acc += P^T dout` (f32; a K/V head sums
-/// its query heads in head order; each accumulator element gets one add per launch).
-pub fn attention_block_backward(
-    op: Op,
-    args: &mut [Arg<'_>],
-    ctx: &OpContext,
-    group: Group,
-    threads: usize,
-) -> Result<(), OpError> {
-    block_backward(op, args, ctx, group, threads, false)
-}
-
-/// `attention_block_backward_causal` (code 41): [`attention_block_backward`] with the diagonal
-/// block's causal mask.
-pub fn attention_block_backward_causal(
-    op: Op,
-    args: &mut [Arg<'_>],
-    ctx: &OpContext,
-    group: Group,
-    threads: usize,
-) -> Result<(), OpError> {
-    block_backward(op, args, ctx, group, threads, true)
 }
 
 /// Gradients of one head of a block, before they are added to the accumulators.
@@ -471,7 +410,13 @@ fn add_into(acc: &mut Out<'_>, values: &[f32], (offset, width): (usize, usize)) 
     }
 }
 
-fn block_backward(
+/// `attention_block_backward` (code 40; `causal` false): with the final `out` and `lse`, no
+/// mask: `P = exp(scale q k^T - lse)`, `D = rowsum(dout * out)`, `dS = P (dout v^T - D)`;
+/// `dq_acc += scale dS k`, `dk_acc += scale dS^T q`, `dv_acc += P^T dout` (f32; a K/V head sums
+/// its query heads in head order; each accumulator element gets one add per launch).
+/// `attention_block_backward_causal` (code 41; `causal` true): with the diagonal block's causal
+/// mask.
+pub(crate) fn attention_block_backward(
     op: Op,
     args: &mut [Arg<'_>],
     ctx: &OpContext,
