@@ -466,3 +466,80 @@ fn write_rank_0_trace<B: Backend + Send>(
     crate::checked::write_atomically(path, text.as_bytes())
         .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write {}: {e}; check the directory", path.display())))
 }
+
+#[cfg(test)]
+mod tests {
+    use memo_plan_core::plan::Strategy;
+    use memo_runtime::{cpu_hardware, AdamW, LocalRank, TrainOptions};
+
+    use super::*;
+
+    fn options() -> TrainOptions {
+        let mut model = ModelConfig::new("test", 2, 64, 4, 32, 2);
+        model.vocab = 256;
+        TrainOptions {
+            model,
+            strategy: Strategy::FullSwap,
+            forced_alpha: None,
+            hardware: cpu_hardware(1 << 30),
+            seed: 11,
+            adamw: AdamW { lr: 3e-3, ..AdamW::default() },
+        }
+    }
+
+    fn rank(group: LocalRank) -> Rank<CpuBackend> {
+        let group: Arc<dyn Collectives> = Arc::new(group);
+        (CpuBackend::new().with_collectives(Arc::clone(&group)), group)
+    }
+
+    /// Two trainers holding one rank each (as two processes would, here on two threads joined by
+    /// an in-process group) take the losses of one trainer holding both, bit for bit.
+    #[test]
+    fn trainers_holding_one_rank_each_equal_one_holding_every_rank() {
+        let options = options();
+        let t = 2;
+        let steps = 3;
+        let tokens: Vec<u32> = (0..64u32).map(|i| (i * 37 + 5) % 256).collect();
+        let targets: Vec<u32> = (0..64u32).map(|i| (i * 11 + 3) % 256).collect();
+        let planned = PlannedStep::tensor_parallel(&options, t).unwrap();
+        let mut whole =
+            ParallelTrainer::with_plan(planned.clone(), LocalGroup::ranks(2).into_iter().map(rank).collect()).unwrap();
+        let want: Vec<u32> = (0..steps).map(|_| whole.step(&tokens, &targets).unwrap().to_bits()).collect();
+        // Given in the wrong order on purpose: the handles say which rank each is.
+        let mut groups = LocalGroup::ranks(2);
+        let second = groups.pop().unwrap();
+        let first = groups.pop().unwrap();
+        let got: Vec<Vec<u32>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = [second, first]
+                .into_iter()
+                .map(|group| {
+                    let planned = planned.clone();
+                    let (tokens, targets) = (&tokens, &targets);
+                    scope.spawn(move || {
+                        let mut trainer = ParallelTrainer::with_plan(planned, vec![rank(group)]).unwrap();
+                        assert_eq!(trainer.tensor(), 2);
+                        let message = trainer.checkpoint(0, 0).unwrap_err().to_string();
+                        assert!(message.contains("not implemented yet"), "{message}");
+                        (0..steps).map(|_| trainer.step(tokens, targets).unwrap().to_bits()).collect()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(got, vec![want.clone(), want]);
+    }
+
+    #[test]
+    fn a_rank_given_twice_or_outside_the_group_is_refused() {
+        let planned = PlannedStep::tensor_parallel(&options(), 2).unwrap();
+        let mut a = LocalGroup::ranks(2);
+        let mut b = LocalGroup::ranks(2);
+        let twice = vec![rank(a.remove(0)), rank(b.remove(0))];
+        let Err(error) = ParallelTrainer::with_plan(planned.clone(), twice) else { panic!("accepted") };
+        assert!(error.to_string().contains("two backends are rank 0"), "{error}");
+        let Err(error) = ParallelTrainer::with_plan(planned, vec![rank(LocalGroup::ranks(3).remove(0))]) else {
+            panic!("accepted")
+        };
+        assert!(error.to_string().contains("group of 3"), "{error}");
+    }
+}

@@ -3,6 +3,14 @@
 //! Each step runs every rank on a thread of its own; rank `k` trains on rows `[k*r, (k+1)*r)`
 //! of the step's tokens and targets (`r = R / t`, `spec/tensor-parallel.md` §1), and every rank
 //! computes the same loss (checked bit for bit; rank 0's is returned).
+//!
+//! A trainer may hold only some ranks of the group (one, in a process of its own, its peers in
+//! other processes joined by a group such as `memo-mpi`'s): each held rank is given with its
+//! group handle, whose `rank()` says which rank it is. It steps only its ranks (on their rows),
+//! and checks only its own ranks' losses against each other: that every rank of the group
+//! computes the same loss rests on the plan (`spec/tensor-parallel.md` §4: every rank computes
+//! the loss of every gathered row from all-reduced figures, so with the same bits). Checkpoints and reassembly still need every rank in the
+//! trainer (the gather across processes is not written yet) and say so.
 
 use std::sync::Arc;
 
@@ -20,8 +28,13 @@ use crate::error::{CheckpointMismatch, RuntimeError, TokenError};
 
 /// A model trained with tensor and sequence parallelism over `t` ranks in this process.
 pub struct ParallelTrainer<B: Backend + Send> {
+    /// The held ranks, in increasing rank order.
     ranks: Vec<Trainer<B>>,
     groups: Vec<Arc<dyn Collectives>>,
+    /// The rank in the group of each held trainer.
+    ids: Vec<usize>,
+    /// The group's size `t`.
+    tensor: usize,
 }
 
 /// Runs `f(rank, trainer)` on one thread per rank; a rank that fails aborts the group, so no
@@ -29,6 +42,7 @@ pub struct ParallelTrainer<B: Backend + Send> {
 fn on_every_rank<B, R, F>(
     ranks: &mut [Trainer<B>],
     groups: &[Arc<dyn Collectives>],
+    ids: &[usize],
     f: F,
 ) -> Vec<Result<R, RuntimeError>>
 where
@@ -41,8 +55,8 @@ where
         let handles: Vec<_> = ranks
             .iter_mut()
             .zip(groups)
-            .enumerate()
-            .map(|(rank, (trainer, group))| {
+            .zip(ids)
+            .map(|((trainer, group), &rank)| {
                 let spawned =
                     std::thread::Builder::new().name(format!("memo-rank-{rank}")).spawn_scoped(scope, move || {
                         let result = f(rank, trainer);
@@ -57,7 +71,7 @@ where
                 spawned
             })
             .collect();
-        joined(handles, "thread")
+        joined(handles, ids, "thread")
     })
 }
 
@@ -65,13 +79,14 @@ where
 /// panicked is that rank's error (`what` names the thread in the message).
 fn joined<R>(
     handles: Vec<std::io::Result<std::thread::ScopedJoinHandle<'_, Result<R, RuntimeError>>>>,
+    ids: &[usize],
     what: &str,
 ) -> Vec<Result<R, RuntimeError>> {
     let failed = |message: String| RuntimeError::Backend(crate::BackendError::Other(message));
     handles
         .into_iter()
-        .enumerate()
-        .map(|(rank, handle)| match handle {
+        .zip(ids)
+        .map(|(handle, &rank)| match handle {
             Ok(handle) => handle.join().unwrap_or_else(|_| Err(failed(format!("rank {rank}'s {what} panicked")))),
             Err(error) => Err(failed(format!("cannot start rank {rank}'s thread: {error}"))),
         })
@@ -101,10 +116,11 @@ fn is_interrupted<R>(result: &Result<R, RuntimeError>) -> bool {
     matches!(result, Err(RuntimeError::Backend(BackendError::Interrupted)))
 }
 
-/// The first rank's error, tagged with its rank; else every rank's value.
-fn first_error<R>(results: Vec<Result<R, RuntimeError>>) -> Result<Vec<R>, RuntimeError> {
+/// The first rank's error, tagged with its rank (`ids`: the rank of each result); else every
+/// rank's value.
+fn first_error<R>(results: Vec<Result<R, RuntimeError>>, ids: &[usize]) -> Result<Vec<R>, RuntimeError> {
     let mut values = Vec::with_capacity(results.len());
-    for (rank, result) in results.into_iter().enumerate() {
+    for (result, &rank) in results.into_iter().zip(ids) {
         match result {
             Ok(value) => values.push(value),
             Err(error) => return Err(RuntimeError::Rank { rank: rank as u64, error: Box::new(error) }),
@@ -114,49 +130,72 @@ fn first_error<R>(results: Vec<Result<R, RuntimeError>>) -> Result<Vec<R>, Runti
 }
 
 impl<B: Backend + Send> ParallelTrainer<B> {
-    /// Checks the planned step's plan once and starts one rank per backend: `ranks[k]` is rank
-    /// `k`'s backend, built as a member of the group `ranks[k].1` (whose `rank()` must be `k`);
-    /// each allocates the plan and initialises its shard of the model (on its own thread).
-    pub fn with_plan(planned: PlannedStep, ranks: Vec<(B, Arc<dyn Collectives>)>) -> Result<Self, RuntimeError> {
+    /// Checks the planned step's plan once and starts one rank per backend: each backend is
+    /// built as a member of its group handle, whose `rank()` says which rank it is (every rank of
+    /// the group, or some of them when the others run elsewhere); each allocates the plan and
+    /// initialises its shard of the model (on its own thread).
+    pub fn with_plan(planned: PlannedStep, mut ranks: Vec<(B, Arc<dyn Collectives>)>) -> Result<Self, RuntimeError> {
         let tensor = planned.tensor().max(1);
         let checking = std::time::Instant::now();
-        if ranks.len() as u64 != tensor {
-            return Err(RuntimeError::Backend(crate::BackendError::Other(format!(
-                "the step is planned for {tensor} tensor-parallel rank(s) but {} backend(s) were given: give one per rank",
+        let refuse = |message: String| Err(RuntimeError::Backend(crate::BackendError::Other(message)));
+        if ranks.is_empty() || ranks.len() as u64 > tensor {
+            return refuse(format!(
+                "the step is planned for {tensor} tensor-parallel rank(s) but {} backend(s) were given: give one per \
+                 rank this process runs (1 to {tensor})",
                 ranks.len()
-            ))));
+            ));
         }
-        if let Some((k, (_, group))) =
-            ranks.iter().enumerate().find(|(k, (_, g))| g.rank() != *k || g.ranks() as u64 != tensor)
-        {
-            return Err(RuntimeError::Backend(crate::BackendError::Other(format!(
-                "backend {k} is rank {} of a group of {}: it must be rank {k} of {tensor}",
+        if let Some((_, group)) = ranks.iter().find(|(_, g)| g.ranks() as u64 != tensor || g.rank() as u64 >= tensor) {
+            return refuse(format!(
+                "a backend is rank {} of a group of {}: the step is planned for a group of {tensor}",
                 group.rank(),
                 group.ranks()
-            ))));
+            ));
         }
+        ranks.sort_by_key(|(_, g)| g.rank());
+        if let Some(pair) = ranks.windows(2).find(|pair| pair[0].1.rank() == pair[1].1.rank()) {
+            return refuse(format!("two backends are rank {} of the group: give each rank once", pair[0].1.rank()));
+        }
+        let ids: Vec<usize> = ranks.iter().map(|(_, g)| g.rank()).collect();
         let checked = CheckedPlan::check(planned.report.plan.clone()).map_err(RuntimeError::Invalid)?;
         let groups: Vec<Arc<dyn Collectives>> = ranks.iter().map(|(_, g)| Arc::clone(g)).collect();
         let started: Vec<Result<Trainer<B>, RuntimeError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = ranks
                 .into_iter()
-                .enumerate()
-                .map(|(rank, (backend, _))| {
+                .zip(&ids)
+                .map(|((backend, _), &rank)| {
                     let (planned, checked) = (planned.clone(), checked.clone());
                     std::thread::Builder::new().name(format!("memo-rank-{rank}")).spawn_scoped(scope, move || {
                         Trainer::for_rank(backend, planned, checked, rank as u64, checking)
                     })
                 })
                 .collect();
-            joined(handles, "setup thread")
+            joined(handles, &ids, "setup thread")
         });
-        let ranks = first_error(started)?;
-        Ok(ParallelTrainer { ranks, groups })
+        let ranks = first_error(started, &ids)?;
+        Ok(ParallelTrainer { ranks, groups, ids, tensor: tensor as usize })
     }
 
     /// The group's size `t`.
     pub fn tensor(&self) -> usize {
-        self.ranks.len()
+        self.tensor
+    }
+
+    /// The ranks this trainer runs, in increasing order (`0..t` when it holds every rank).
+    pub fn held_ranks(&self) -> &[usize] {
+        &self.ids
+    }
+
+    /// Refuses `what` unless this trainer holds every rank of the group.
+    fn every_rank_held(&self, what: &str) -> Result<(), RuntimeError> {
+        if self.ids.len() == self.tensor {
+            return Ok(());
+        }
+        Err(RuntimeError::Backend(crate::BackendError::Other(format!(
+            "{what} needs every rank's state, and this trainer runs rank(s) {:?} of {}: gathering state across \
+             processes is not implemented yet; run the ranks as threads of one process",
+            self.ids, self.tensor
+        ))))
     }
 
     /// One training step on the whole micro-batch's `tokens` and `targets` (`micro_batch *
@@ -167,7 +206,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
     /// a rank aborts the group: the group stays failed, so every later step fails too (restore
     /// the last checkpoint into a new trainer to go on).
     pub fn step(&mut self, tokens: &[u32], targets: &[u32]) -> Result<f32, RuntimeError> {
-        let t = self.ranks.len();
+        let t = self.tensor;
         let context = self.ranks[0].context;
         let expected = context.loss_scale_tokens as usize;
         if tokens.len() != expected || targets.len() != expected {
@@ -184,7 +223,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
             }
             control.gate().begin_step();
         }
-        let results = on_every_rank(&mut self.ranks, &self.groups, |k, trainer| {
+        let results = on_every_rank(&mut self.ranks, &self.groups, &self.ids, |k, trainer| {
             trainer.run_step(&tokens[k * r..(k + 1) * r], &targets[k * r..(k + 1) * r])
         });
         // Stopped before any rank began the update: every rank kept the previous step's state.
@@ -196,11 +235,11 @@ impl<B: Backend + Send> ParallelTrainer<B> {
             }
             return Err(BackendError::Interrupted.into());
         }
-        let losses = first_error(results)?;
-        if let Some((k, loss)) = losses.iter().enumerate().find(|(_, l)| l.to_bits() != losses[0].to_bits()) {
+        let losses = first_error(results, &self.ids)?;
+        if let Some((i, loss)) = losses.iter().enumerate().find(|(_, l)| l.to_bits() != losses[0].to_bits()) {
             return Err(RuntimeError::RanksDiverged(format!(
-                "rank {k}'s loss {loss} differs from rank 0's {}",
-                losses[0]
+                "rank {}'s loss {loss} differs from rank {}'s {}",
+                self.ids[i], self.ids[0], losses[0]
             )));
         }
         Ok(losses[0])
@@ -224,9 +263,10 @@ impl<B: Backend + Send> ParallelTrainer<B> {
         })
     }
 
-    /// Rank `rank`'s trainer (its plan, its buffers, its backend).
+    /// Rank `rank`'s trainer (its plan, its buffers, its backend), if this trainer runs it.
     pub fn rank(&mut self, rank: usize) -> Option<&mut Trainer<B>> {
-        self.ranks.get_mut(rank)
+        let at = self.ids.iter().position(|&id| id == rank)?;
+        self.ranks.get_mut(at)
     }
 
     /// Every buffer of `kind` of every rank (`[rank][(role, layer), bytes]`, as
@@ -246,6 +286,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
                 kind.name()
             ))));
         }
+        self.every_rank_held("reassembling the t = 1 tensors")?;
         let per_rank = self.buffers_of_kind(kind)?;
         let plan = self.ranks[0].replay.plan().clone();
         let model = &plan.provenance.model;
@@ -279,6 +320,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
     /// Every rank's state as one checkpoint: each sharded tensor per rank (tagged with it), each
     /// replicated one once, after checking it is bit-identical on every rank.
     pub fn checkpoint(&mut self, fingerprint: u64, data_position: u64) -> Result<Checkpoint, RuntimeError> {
+        self.every_rank_held("a checkpoint")?;
         let t = self.ranks.len() as u64;
         let layout = ShardLayout::of(&self.ranks[0].report.plan.provenance.model, t);
         let step = self.ranks[0].step;
@@ -319,6 +361,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
         if checkpoint.fingerprint != fingerprint {
             return Err(CheckpointMismatch::OtherModel.into());
         }
+        self.every_rank_held("restoring a checkpoint")?;
         let t = self.ranks.len() as u64;
         if u64::from(checkpoint.ranks) != t {
             return Err(CheckpointMismatch::Ranks { saved: checkpoint.ranks, running: t }.into());
