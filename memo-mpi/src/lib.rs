@@ -474,13 +474,14 @@ impl MpiGroup {
         lock(&self.failure).clone()
     }
 
-    /// Ends this process's use of MPI: `MPI_Finalize` when every call completed, so `mpirun`
-    /// sees a clean exit. After a failure it does nothing (MPI requests may be pending, and
+    /// Ends this process's use of MPI: `MPI_Finalize` when no MPI request is pending (every call
+    /// completed, or failed on a check before any payload moved), so `mpirun` sees a clean exit.
+    /// After a failure that left requests pending, or an abort, it does nothing (MPI requests may be pending, and
     /// `MPI_Finalize` would wait for peers that may never come): the process then exits with its
     /// error, and `mpirun` ends the others.
     pub fn finish(self) -> Result<(), MpiError> {
         let mut state = lock(&self.state);
-        if state.pending || self.failure().is_some() || self.aborting.load(Ordering::SeqCst) {
+        if state.pending || self.aborting.load(Ordering::SeqCst) {
             return Ok(());
         }
         if !state.abort_request.is_null() {
@@ -490,10 +491,14 @@ impl MpiGroup {
             let deadline = Instant::now() + self.timeout;
             while !state.abort_request.is_null() && Instant::now() < deadline {
                 let mut done: c_int = 0;
-                // Safety: as above; a completed request is set to MPI_REQUEST_NULL.
+                // Safety: as above.
                 unsafe { (self.mpi.fns.test)(&mut state.abort_request, &mut done, std::ptr::null_mut()) };
                 if done == 0 {
                     std::thread::yield_now();
+                } else {
+                    // Open MPI's MPI_REQUEST_NULL is the address of a global, not a null pointer:
+                    // a null pointer is this crate's own mark of a completed request.
+                    state.abort_request = std::ptr::null_mut();
                 }
             }
         }
@@ -536,6 +541,10 @@ impl MpiGroup {
                 if code != SUCCESS {
                     state.pending = true;
                     return Err(self.mpi_failed("MPI_Test", code));
+                }
+                if done != 0 {
+                    // Completed (MPI set it to its MPI_REQUEST_NULL, a global's address): mark it.
+                    *request = std::ptr::null_mut();
                 }
                 all &= done != 0;
             }
@@ -585,6 +594,7 @@ impl MpiGroup {
         if code != SUCCESS || done == 0 {
             return None;
         }
+        state.abort_request = std::ptr::null_mut();
         let buffer = &state.abort_buffer;
         let rank = u32::from_le_bytes([buffer[0], buffer[1], buffer[2], buffer[3]]) as usize;
         let len = (u32::from_le_bytes([buffer[4], buffer[5], buffer[6], buffer[7]]) as usize).min(ABORT_BYTES);
@@ -865,6 +875,9 @@ impl Collectives for MpiGroup {
                 let mut done: c_int = 0;
                 // Safety: a send this call started; its buffer is in the state.
                 unsafe { (self.mpi.fns.test)(request, &mut done, std::ptr::null_mut()) };
+                if done != 0 {
+                    *request = std::ptr::null_mut();
+                }
             }
             std::thread::yield_now();
         }

@@ -5,6 +5,10 @@
 //! (`spec/backends.md` "Collectives on GPUs"). The plan is made once for `T` ranks; `--trace` and
 //! `--timings` show rank 0's streams.
 //!
+//! Under Open MPI's `mpirun` with `--device cpu` (`OMPI_COMM_WORLD_SIZE = T`), each process runs
+//! one rank over `memo_mpi::MpiGroup` instead; only rank 0 prints (`spec/backends.md` "CPU ranks
+//! across processes").
+//!
 //! What is refused, before any device is opened: a plan with ops that have no GPU kernel
 //! (`memo_kernels::without_gpu_kernel`: none today, the `t > 1` step's split ops have kernels),
 //! AMD GPUs (the HIP backend does not launch collectives yet), and under `torchrun` (one rank per
@@ -93,6 +97,48 @@ fn torchrun(args: &TrainArgs) -> Result<Option<TorchrunEnv>, Failure> {
                 env.world_size, env.world_size
             ),
         ));
+    }
+    Ok(Some(env))
+}
+
+/// Under Open MPI's mpirun (`OMPI_COMM_WORLD_SIZE` set) with CPU ranks: the job's variables,
+/// checked (`OMPI_COMM_WORLD_SIZE` must be `T`), and what does not work across processes yet
+/// refused. Under torchrun without mpirun: refused (no CPU transport under torchrun).
+fn mpirun(args: &TrainArgs) -> Result<Option<memo_mpi::MpiEnv>, Failure> {
+    let t = args.tensor_parallel;
+    let env = memo_mpi::MpiEnv::from_env()
+        .map_err(|e| Failure::new(exit::BAD_INPUT, format!("--tensor-parallel {t} under mpirun: {e}")))?;
+    let Some(env) = env else {
+        if std::env::var_os("WORLD_SIZE").is_some() {
+            return Err(Failure::new(
+                exit::BAD_INPUT,
+                format!(
+                    "--tensor-parallel {t} --device cpu under torchrun (WORLD_SIZE is set): CPU ranks in separate \
+                     processes talk over Open MPI, not torchrun; launch them with `mpirun -np {t} memo train ...`, or \
+                     run memo train once without a launcher (the ranks become threads)"
+                ),
+            ));
+        }
+        return Ok(None);
+    };
+    let fail = |message: String| {
+        Err(Failure::new(
+            exit::BAD_INPUT,
+            format!("rank {} of {}: --tensor-parallel {t} under mpirun: {message}", env.rank, env.size),
+        ))
+    };
+    if env.size as u64 != t {
+        return fail(format!(
+            "the job has {} processes: each process is one rank, so start mpirun -np {t} or pass --tensor-parallel {}",
+            env.size, env.size
+        ));
+    }
+    if args.checkpoint.is_some() || args.resume || args.trace.is_some() {
+        return fail(
+            "--checkpoint, --resume and --trace are not supported across processes yet (rank 0 would need every \
+             rank's state); run the ranks as threads of one process (no mpirun) for those"
+                .into(),
+        );
     }
     Ok(Some(env))
 }
@@ -237,11 +283,12 @@ fn cuda_ranks(args: &TrainArgs) -> Result<Vec<Rank<CudaBackend>>, Failure> {
 /// Trains with `--tensor-parallel T` ranks: plan once, refuse what cannot run, start the ranks
 /// (CPU threads, or CUDA devices joined by NCCL), then [`train`].
 pub(super) fn run(args: &TrainArgs, gate: Arc<StopGate>, after: Duration) -> Result<(), Failure> {
-    let watching = Watching { gate, after };
+    let watching = Watching { gate, after, across: None, leader: true };
     let t = args.tensor_parallel;
     let model = super::model(args)?;
     refuse(args, &model)?;
     let torchrun = if args.device.kind == Kind::Cuda { torchrun(args)? } else { None };
+    let mpirun = if args.device.kind == Kind::Cuda { None } else { mpirun(args)? };
     let data = super::data_source(args, &model)?;
     let options = super::train_options(args, &model)?;
     let planned = PlannedStep::tensor_parallel(&options, t).map_err(runtime_failure)?;
@@ -270,6 +317,31 @@ pub(super) fn run(args: &TrainArgs, gate: Arc<StopGate>, after: Duration) -> Res
             let trainer = ParallelTrainer::with_plan(planned, ranks).map_err(runtime_failure)?;
             train(args, &model, data, trainer, opening.elapsed().as_secs_f64(), "NVIDIA GPUs, NCCL", watching)
         }
+        _ if mpirun.is_some() => {
+            let env = mpirun.unwrap_or(memo_mpi::MpiEnv { rank: 0, size: 1, local_rank: 0 });
+            let prefix = |f: Failure| f.prefixed(&format!("rank {} of {}: ", env.rank, env.size));
+            let group = memo_mpi::MpiGroup::init()
+                .map_err(|e| Failure::new(exit::DEVICE_UNAVAILABLE, format!("--tensor-parallel {t} under mpirun: {e}")))
+                .map_err(prefix)?;
+            let group = Arc::new(group);
+            let handle: Arc<dyn Collectives> = group.clone();
+            let backend =
+                if args.checked { CpuBackend::checked() } else { CpuBackend::with_copy_bandwidth(args.copy_bandwidth) };
+            let backend = if args.timings { backend.measure() } else { backend };
+            let ranks = vec![(backend.with_collectives(Arc::clone(&handle)), Arc::clone(&handle))];
+            let trainer = ParallelTrainer::with_plan(planned, ranks).map_err(runtime_failure).map_err(prefix)?;
+            let watching = Watching { across: Some(handle), leader: env.rank == 0, ..watching };
+            let how = "CPU processes, Open MPI";
+            train(args, &model, data, trainer, opening.elapsed().as_secs_f64(), how, watching).map_err(prefix)?;
+            // Every call completed: end MPI cleanly (after a failure the process exits with its
+            // error instead, and mpirun ends the job).
+            match Arc::try_unwrap(group) {
+                Ok(group) => {
+                    group.finish().map_err(|e| Failure::new(exit::DEVICE_UNAVAILABLE, e.to_string())).map_err(prefix)
+                }
+                Err(_) => Ok(()),
+            }
+        }
         _ => {
             let ranks = LocalGroup::ranks(t as usize)
                 .into_iter()
@@ -290,10 +362,27 @@ pub(super) fn run(args: &TrainArgs, gate: Arc<StopGate>, after: Duration) -> Res
     }
 }
 
-/// Ctrl-C's gate and when a running step reports its progress.
+/// Ctrl-C's gate and when a running step reports its progress; under mpirun, the group across
+/// processes that agrees on stopping, and whether this process prints (rank 0 only).
 struct Watching {
     gate: Arc<StopGate>,
     after: Duration,
+    across: Option<Arc<dyn Collectives>>,
+    leader: bool,
+}
+
+impl Watching {
+    /// Whether to stop before the next step. Across processes every rank decides alike: the
+    /// stop requests are all-reduced with max, so no process stops alone.
+    fn stop(&self) -> Result<bool, Failure> {
+        let here = self.gate.stop_requested();
+        let Some(group) = &self.across else { return Ok(here) };
+        let mut flag = (if here { 1.0f32 } else { 0.0 }).to_le_bytes();
+        group.all_reduce(Element::F32, Reduction::Max, &mut flag).map_err(|e| {
+            Failure::new(exit::DEVICE_UNAVAILABLE, format!("agreeing on Ctrl-C across the processes: {e}"))
+        })?;
+        Ok(f32::from_le_bytes(flag) > 0.0)
+    }
 }
 
 /// The steps (progress or `--json` lines), checkpoints of every rank's shards, the trace and the
@@ -310,7 +399,11 @@ fn train<B: Backend + Send>(
     let t = args.tensor_parallel;
     let model = model.clone();
     let print = fingerprint(&model, args.seed);
-    let controls = trainer.set_stop_gate(Arc::clone(&watching.gate));
+    // Across processes a stop is decided between steps only (`Watching::stop`): a step stopped
+    // inside one process but not another would leave the ranks apart.
+    let controls =
+        if watching.across.is_some() { Vec::new() } else { trainer.set_stop_gate(Arc::clone(&watching.gate)) };
+    let leader = watching.leader;
     if args.resume {
         let dir = args.checkpoint.as_deref().unwrap_or(std::path::Path::new("."));
         let checkpoint = Checkpoint::load(dir).map_err(|e| Failure::new(exit::BAD_INPUT, e))?;
@@ -327,11 +420,13 @@ fn train<B: Backend + Send>(
                 ),
             ));
         }
-        eprintln!("memo train: resumed from the checkpoint in {} at step {}", dir.display(), trainer.steps_taken());
+        if leader {
+            eprintln!("memo train: resumed from the checkpoint in {} at step {}", dir.display(), trainer.steps_taken());
+        }
     }
     let memory = trainer.memory();
     let unigram = data.unigram_entropy();
-    if !args.json {
+    if !args.json && leader {
         eprintln!(
             "memo train: {} ({} layers, h {}), {} tokens x {}, {} plan, tensor-parallel {t} ({how}), per rank: \
              arena {}, host slab {}{}",
@@ -362,7 +457,7 @@ fn train<B: Backend + Send>(
     );
     let mut interrupted = false;
     while trainer.steps_taken() < args.steps {
-        if watching.gate.stop_requested() {
+        if watching.stop()? {
             interrupted = true;
             break;
         }
@@ -385,7 +480,8 @@ fn train<B: Backend + Send>(
         let step_time_s = step_started.elapsed().as_secs_f64().max(1e-9);
         let tokens_per_s = super::tokens_per_step(&model) / step_time_s;
         let step = trainer.steps_taken();
-        if args.json {
+        if !leader {
+        } else if args.json {
             let mut line = json!({"step": step, "loss": last_loss, "tokens_per_s": tokens_per_s, "step_time_s": step_time_s,
                               "tensor_parallel": t, "device_bytes": memory.device_bytes, "host_bytes": memory.host_bytes});
             if args.timings {
@@ -417,7 +513,8 @@ fn train<B: Backend + Send>(
     let checked = super::checked_line(args, trainer.checks(), trainer.steps_taken() - first);
     let plan = &trainer.report().plan;
     let setup = trainer.setup_times();
-    if args.json {
+    if !leader {
+    } else if args.json {
         let mut line = json!({
             "summary": true, "steps": trainer.steps_taken(), "final_loss": last_loss, "unigram_entropy": unigram,
             "tokens_per_s": tokens_per_s, "strategy": args.strategy.name(), "tensor_parallel": t,
