@@ -9,8 +9,10 @@
 //! group handle, whose `rank()` says which rank it is. It steps only its ranks (on their rows),
 //! and checks only its own ranks' losses against each other: that every rank of the group
 //! computes the same loss rests on the plan (`spec/tensor-parallel.md` §4: every rank computes
-//! the loss of every gathered row from all-reduced figures, so with the same bits). Checkpoints and reassembly still need every rank in the
-//! trainer (the gather across processes is not written yet) and say so.
+//! the loss of every gathered row from all-reduced figures, so with the same bits). A checkpoint gathers the other ranks' state through the
+//! group (every process gets the same checkpoint; the caller writes it from rank 0 only); a
+//! restore restores the held ranks' tensors. Reassembling `t = 1` tensors still needs every rank
+//! in the trainer and says so.
 
 use std::sync::Arc;
 
@@ -320,12 +322,11 @@ impl<B: Backend + Send> ParallelTrainer<B> {
     /// Every rank's state as one checkpoint: each sharded tensor per rank (tagged with it), each
     /// replicated one once, after checking it is bit-identical on every rank.
     pub fn checkpoint(&mut self, fingerprint: u64, data_position: u64) -> Result<Checkpoint, RuntimeError> {
-        self.every_rank_held("a checkpoint")?;
-        let t = self.ranks.len() as u64;
+        let t = self.tensor as u64;
         let layout = ShardLayout::of(&self.ranks[0].report.plan.provenance.model, t);
         let step = self.ranks[0].step;
         let mut tensors = Vec::new();
-        let per_rank: Vec<_> = self.ranks.iter_mut().map(Trainer::state_tensors).collect::<Result<_, _>>()?;
+        let per_rank = self.every_rank_state()?;
         for (rank, rank_tensors) in per_rank.iter().enumerate() {
             for tensor in rank_tensors {
                 if !Shard::of(tensor.role, rank as u64, t, &layout).is_whole() {
@@ -355,25 +356,72 @@ impl<B: Backend + Send> ParallelTrainer<B> {
         Ok(Checkpoint { fingerprint, step, data_position, ranks: t as u32, tensors })
     }
 
+    /// Every rank's state tensors, in rank order: this trainer's own, and, when other ranks run
+    /// elsewhere, theirs gathered through the group (a collective: every rank's process calls
+    /// this at the same point). Each rank's tensors travel encoded as a checkpoint of their own;
+    /// the sizes differ between ranks, so the lengths are gathered first and the bytes padded to
+    /// the longest.
+    fn every_rank_state(&mut self) -> Result<Vec<Vec<super::SavedTensor>>, RuntimeError> {
+        let own: Vec<Vec<super::SavedTensor>> =
+            self.ranks.iter_mut().map(Trainer::state_tensors).collect::<Result<_, _>>()?;
+        if self.ids.len() == self.tensor {
+            return Ok(own);
+        }
+        let ranks = self.tensor as u32;
+        let encoded: Vec<Vec<u8>> = own
+            .into_iter()
+            .map(|tensors| Checkpoint { fingerprint: 0, step: 0, data_position: 0, ranks, tensors }.encode())
+            .collect();
+        let t = self.tensor;
+        let (trainers, groups, ids) = (&mut self.ranks, &self.groups, &self.ids);
+        let gathered = on_every_rank(trainers, groups, ids, |k, _| {
+            let at = ids.iter().position(|&id| id == k).unwrap_or(0);
+            let (group, mine) = (&groups[at], &encoded[at]);
+            let failed = |e: crate::collective::CollectiveError| {
+                RuntimeError::Backend(BackendError::Other(format!("gathering the checkpoint: {e}")))
+            };
+            let mut lengths = vec![0u8; 8 * t];
+            group.all_gather(&(mine.len() as u64).to_le_bytes(), &mut lengths).map_err(failed)?;
+            let lengths: Vec<usize> =
+                lengths.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as usize).collect();
+            let longest = lengths.iter().copied().max().unwrap_or(0);
+            let mut padded = mine.clone();
+            padded.resize(longest, 0);
+            let mut all = vec![0u8; longest * t];
+            group.all_gather(&padded, &mut all).map_err(failed)?;
+            (0..t)
+                .map(|j| {
+                    let bytes = &all[j * longest..j * longest + lengths[j].min(longest)];
+                    Checkpoint::decode(bytes).map(|c| c.tensors).map_err(|e| {
+                        RuntimeError::Backend(BackendError::Other(format!("rank {j}'s state did not decode: {e}")))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
+        });
+        let mut every = first_error(gathered, &self.ids)?;
+        Ok(every.swap_remove(0))
+    }
+
     /// Restores a checkpoint of as many ranks: each rank its own shards and the replicated
     /// tensors.
     pub fn restore(&mut self, checkpoint: &Checkpoint, fingerprint: u64) -> Result<(), RuntimeError> {
         if checkpoint.fingerprint != fingerprint {
             return Err(CheckpointMismatch::OtherModel.into());
         }
-        self.every_rank_held("restoring a checkpoint")?;
-        let t = self.ranks.len() as u64;
+        let t = self.tensor as u64;
         if u64::from(checkpoint.ranks) != t {
             return Err(CheckpointMismatch::Ranks { saved: checkpoint.ranks, running: t }.into());
         }
         let mut used = vec![false; checkpoint.tensors.len()];
-        for (rank, trainer) in self.ranks.iter_mut().enumerate() {
+        for (&rank, trainer) in self.ids.iter().zip(self.ranks.iter_mut()) {
             let indices = trainer
                 .restore_tensors(checkpoint)
                 .map_err(|e| RuntimeError::Rank { rank: rank as u64, error: Box::new(e) })?;
             indices.into_iter().for_each(|i| used[i] = true);
         }
-        if used.iter().any(|u| !u) {
+        // Shards of ranks that run elsewhere are theirs to restore.
+        let elsewhere = |i: usize| checkpoint.tensors[i].rank.is_some_and(|r| !self.ids.contains(&(r as usize)));
+        if used.iter().enumerate().any(|(i, u)| !u && !elsewhere(i)) {
             return Err(CheckpointMismatch::Extra.into());
         }
         Ok(())
