@@ -18,12 +18,7 @@ const ARGS: [&str; 11] =
 /// more ranks than cores, TCP between processes (the shared-memory transport's single-copy
 /// mechanism needs ptrace rights containers lack), and mpirun's own bound on the job.
 fn mpirun(np: usize, args: &[&str]) -> Option<Output> {
-    if let Err(why) = memo_mpi::probe() {
-        skip::skip(format!("no usable Open MPI: {why}"));
-        return None;
-    }
-    if Command::new("mpirun").arg("--version").output().is_err() {
-        skip::skip("no usable Open MPI: mpirun is not on PATH (apt-get install openmpi-bin)");
+    if !usable() {
         return None;
     }
     let output = Command::new("mpirun")
@@ -34,6 +29,19 @@ fn mpirun(np: usize, args: &[&str]) -> Option<Output> {
         .output()
         .expect("mpirun runs");
     Some(output)
+}
+
+/// Whether Open MPI's library and mpirun are here; else a SKIP line naming the cause.
+fn usable() -> bool {
+    if let Err(why) = memo_mpi::probe() {
+        skip::skip(format!("no usable Open MPI: {why}"));
+        return false;
+    }
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        skip::skip("no usable Open MPI: mpirun is not on PATH (apt-get install openmpi-bin)");
+        return false;
+    }
+    true
 }
 
 /// The `loss` of each step line and the summary's `final_loss`, as printed (their decimal
@@ -134,8 +142,7 @@ fn cpu_ranks_under_torchrun_are_refused_naming_mpirun() {
 #[test]
 fn a_killed_rank_ends_the_job_with_an_error() {
     use std::io::BufRead;
-    if memo_mpi::probe().is_err() || Command::new("mpirun").arg("--version").output().is_err() {
-        skip::skip("no usable Open MPI: see four_processes_print_the_losses_of_four_threads_bit_for_bit");
+    if !usable() {
         return;
     }
     let mut args = ARGS.to_vec();
