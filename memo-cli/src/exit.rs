@@ -89,6 +89,12 @@ impl Failure {
         &self.message
     }
 
+    /// The same failure with `prefix` before its message (`rank 2 of 4: ...` for one process of
+    /// several).
+    pub fn prefixed(self, prefix: &str) -> Self {
+        Failure { code: self.code, message: format!("{prefix}{}", self.message) }
+    }
+
     /// Prints the message as one line on standard error (a failing stderr is ignored: there is
     /// nowhere left to report it) and returns the exit code.
     pub fn report(&self) -> ExitCode {

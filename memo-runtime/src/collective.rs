@@ -535,8 +535,10 @@ fn pair_up(arrivals: &[Arrival]) -> Result<(Vec<u8>, Vec<usize>), String> {
     Ok((result, offsets))
 }
 
-/// What is wrong with a call's sizes, if anything.
-fn shape_problem(collective: Collective, input: usize, output: usize, ranks: usize) -> Option<String> {
+/// What is wrong with a call's sizes, if anything: `input` and `output` bytes of one rank of
+/// `ranks`. Every implementation of [`Collectives`] checks its calls so (this group, and
+/// `memo-mpi`'s across processes), so the same call fails with the same words everywhere.
+pub fn shape_problem(collective: Collective, input: usize, output: usize, ranks: usize) -> Option<String> {
     let (element, expected_output) = match collective {
         Collective::AllGather => (1, input.checked_mul(ranks)),
         Collective::ReduceScatter(element) => {

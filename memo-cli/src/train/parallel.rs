@@ -5,6 +5,10 @@
 //! (`spec/backends.md` "Collectives on GPUs"). The plan is made once for `T` ranks; `--trace` and
 //! `--timings` show rank 0's streams.
 //!
+//! Under Open MPI's `mpirun` with `--device cpu` (`OMPI_COMM_WORLD_SIZE = T`), each process runs
+//! one rank over `memo_mpi::MpiGroup` instead; only rank 0 prints (`spec/backends.md` "CPU ranks
+//! across processes").
+//!
 //! What is refused, before any device is opened: a plan with ops that have no GPU kernel
 //! (`memo_kernels::without_gpu_kernel`: none today, the `t > 1` step's split ops have kernels),
 //! AMD GPUs (the HIP backend does not launch collectives yet), and under `torchrun` (one rank per
@@ -104,6 +108,56 @@ fn torchrun(args: &TrainArgs) -> Result<Option<TorchrunEnv>, Failure> {
                 env.world_size, env.world_size
             ),
         ));
+    }
+    Ok(Some(env))
+}
+
+/// Under Open MPI's mpirun (`OMPI_COMM_WORLD_SIZE` set) with CPU ranks: the job's variables,
+/// checked (`OMPI_COMM_WORLD_SIZE` must be `T`), and what does not work across processes yet
+/// refused. Under torchrun without mpirun: refused (no CPU transport under torchrun).
+fn mpirun(args: &TrainArgs) -> Result<Option<memo_mpi::MpiEnv>, Failure> {
+    let t = args.tensor_parallel;
+    let env = memo_mpi::MpiEnv::from_env()
+        .map_err(|e| Failure::new(exit::BAD_INPUT, format!("--tensor-parallel {t} under mpirun: {e}")))?;
+    let Some(env) = env else {
+        if std::env::var_os("WORLD_SIZE").is_some() {
+            return Err(Failure::new(
+                exit::BAD_INPUT,
+                format!(
+                    "--tensor-parallel {t} --device cpu under torchrun (WORLD_SIZE is set): CPU ranks in separate \
+                     processes talk over Open MPI, not torchrun; launch them with `mpirun -np {t} memo train ...`, or \
+                     run memo train once without a launcher (the ranks become threads)"
+                ),
+            ));
+        }
+        return Ok(None);
+    };
+    let fail = |message: String| {
+        Err(Failure::new(
+            exit::BAD_INPUT,
+            format!("rank {} of {}: --tensor-parallel {t} under mpirun: {message}", env.rank, env.size),
+        ))
+    };
+    if args.context_parallel > 1 {
+        return fail(format!(
+            "--context-parallel {} under mpirun: one context-parallel rank per process is not there yet (the ring \
+             runs between threads of one process); run memo train once, without mpirun: the {} ranks become threads",
+            args.context_parallel,
+            args.context_parallel * t
+        ));
+    }
+    if env.size as u64 != t {
+        return fail(format!(
+            "the job has {} processes: each process is one rank, so start mpirun -np {t} or pass --tensor-parallel {}",
+            env.size, env.size
+        ));
+    }
+    if args.trace.is_some() {
+        return fail(
+            "--trace is not supported across processes yet; run the ranks as threads of one process (no mpirun) for \
+             a trace"
+                .into(),
+        );
     }
     Ok(Some(env))
 }
@@ -248,11 +302,12 @@ fn cuda_ranks(args: &TrainArgs) -> Result<Vec<Rank<CudaBackend>>, Failure> {
 /// Trains with `--tensor-parallel T` ranks: plan once, refuse what cannot run, start the ranks
 /// (CPU threads, or CUDA devices joined by NCCL), then [`train`].
 pub(super) fn run(args: &TrainArgs, gate: Arc<StopGate>, after: Duration) -> Result<(), Failure> {
-    let watching = Watching { gate, after };
+    let watching = Watching { gate, after, across: None, leader: true };
     let t = args.tensor_parallel;
     let model = super::model(args)?;
     refuse(args, &model)?;
     let torchrun = if args.device.kind == Kind::Cuda { torchrun(args)? } else { None };
+    let mpirun = if args.device.kind == Kind::Cuda { None } else { mpirun(args)? };
     let data = super::data_source(args, &model)?;
     let mut options = super::train_options(args, &model)?;
     let c = args.context_parallel;
@@ -288,6 +343,9 @@ pub(super) fn run(args: &TrainArgs, gate: Arc<StopGate>, after: Duration) -> Res
             train(args, &model, data, trainer, opening.elapsed().as_secs_f64(), "NVIDIA GPUs, NCCL", watching)
         }
         _ => {
+            if let Some(env) = mpirun {
+                return train_one_process(args, &model, data, planned, &env, (opening, watching));
+            }
             let ranks = RankGroups::local(t as usize, c as usize)
                 .into_iter()
                 .map(|groups| {
@@ -311,10 +369,61 @@ pub(super) fn run(args: &TrainArgs, gate: Arc<StopGate>, after: Duration) -> Res
     }
 }
 
-/// Ctrl-C's gate and when a running step reports its progress.
+/// One CPU rank of `--tensor-parallel T` in this process, under mpirun (`env`): its peers are the
+/// other processes, joined by Open MPI (`memo-mpi`); rank 0 prints and writes, every rank's
+/// failure is prefixed with its rank.
+fn train_one_process(
+    args: &TrainArgs,
+    model: &ModelConfig,
+    data: super::Source,
+    planned: PlannedStep,
+    env: &memo_mpi::MpiEnv,
+    (opening, watching): (Instant, Watching),
+) -> Result<(), Failure> {
+    let t = args.tensor_parallel;
+    let prefix = |f: Failure| f.prefixed(&format!("rank {} of {}: ", env.rank, env.size));
+    let group = memo_mpi::MpiGroup::init()
+        .map_err(|e| Failure::new(exit::DEVICE_UNAVAILABLE, format!("--tensor-parallel {t} under mpirun: {e}")))
+        .map_err(prefix)?;
+    let group = Arc::new(group);
+    let handle: Arc<dyn Collectives> = group.clone();
+    let backend =
+        if args.checked { CpuBackend::checked() } else { CpuBackend::with_copy_bandwidth(args.copy_bandwidth) };
+    let backend = if args.timings { backend.measure() } else { backend };
+    let ranks = vec![(backend.with_collectives(Arc::clone(&handle)), Arc::clone(&handle))];
+    let trainer = ParallelTrainer::with_plan(planned, ranks).map_err(runtime_failure).map_err(prefix)?;
+    let watching = Watching { across: Some(handle), leader: env.rank == 0, ..watching };
+    let how = "CPU processes, Open MPI";
+    train(args, model, data, trainer, opening.elapsed().as_secs_f64(), how, watching).map_err(prefix)?;
+    // Every call completed: end MPI cleanly (after a failure the process exits with its error
+    // instead, and mpirun ends the job).
+    match Arc::try_unwrap(group) {
+        Ok(group) => group.finish().map_err(|e| Failure::new(exit::DEVICE_UNAVAILABLE, e.to_string())).map_err(prefix),
+        Err(_) => Ok(()),
+    }
+}
+
+/// Ctrl-C's gate and when a running step reports its progress; under mpirun, the group across
+/// processes that agrees on stopping, and whether this process prints (rank 0 only).
 struct Watching {
     gate: Arc<StopGate>,
     after: Duration,
+    across: Option<Arc<dyn Collectives>>,
+    leader: bool,
+}
+
+impl Watching {
+    /// Whether to stop before the next step. Across processes every rank decides alike: the
+    /// stop requests are all-reduced with max, so no process stops alone.
+    fn stop(&self) -> Result<bool, Failure> {
+        let here = self.gate.stop_requested();
+        let Some(group) = &self.across else { return Ok(here) };
+        let mut flag = (if here { 1.0f32 } else { 0.0 }).to_le_bytes();
+        group.all_reduce(Element::F32, Reduction::Max, &mut flag).map_err(|e| {
+            Failure::new(exit::DEVICE_UNAVAILABLE, format!("agreeing on Ctrl-C across the processes: {e}"))
+        })?;
+        Ok(f32::from_le_bytes(flag) > 0.0)
+    }
 }
 
 /// The steps (progress or `--json` lines), checkpoints of every rank's shards, the trace and the
@@ -331,7 +440,11 @@ fn train<B: Backend + Send>(
     let (t, c) = (args.tensor_parallel, args.context_parallel);
     let model = model.clone();
     let print = fingerprint(&model, args.seed);
-    let controls = trainer.set_stop_gate(Arc::clone(&watching.gate));
+    // Across processes a stop is decided between steps only (`Watching::stop`): a step stopped
+    // inside one process but not another would leave the ranks apart.
+    let controls =
+        if watching.across.is_some() { Vec::new() } else { trainer.set_stop_gate(Arc::clone(&watching.gate)) };
+    let leader = watching.leader;
     if args.resume {
         let dir = args.checkpoint.as_deref().unwrap_or(std::path::Path::new("."));
         let checkpoint = Checkpoint::load(dir).map_err(|e| Failure::new(exit::BAD_INPUT, e))?;
@@ -348,11 +461,13 @@ fn train<B: Backend + Send>(
                 ),
             ));
         }
-        eprintln!("memo train: resumed from the checkpoint in {} at step {}", dir.display(), trainer.steps_taken());
+        if leader {
+            eprintln!("memo train: resumed from the checkpoint in {} at step {}", dir.display(), trainer.steps_taken());
+        }
     }
     let memory = trainer.memory();
     let unigram = data.unigram_entropy();
-    if !args.json {
+    if !args.json && leader {
         eprintln!(
             "memo train: {} ({} layers, h {}), {} tokens x {}, {} plan, tensor-parallel {t}{} ({how}), per rank: \
              arena {}, host slab {}{}",
@@ -384,7 +499,7 @@ fn train<B: Backend + Send>(
     );
     let mut interrupted = false;
     while trainer.steps_taken() < args.steps {
-        if watching.gate.stop_requested() {
+        if watching.stop()? {
             interrupted = true;
             break;
         }
@@ -407,7 +522,8 @@ fn train<B: Backend + Send>(
         let step_time_s = step_started.elapsed().as_secs_f64().max(1e-9);
         let tokens_per_s = super::tokens_per_step(&model) / step_time_s;
         let step = trainer.steps_taken();
-        if args.json {
+        if !leader {
+        } else if args.json {
             let mut line = json!({"step": step, "loss": last_loss, "tokens_per_s": tokens_per_s, "step_time_s": step_time_s,
                               "tensor_parallel": t, "context_parallel": c, "device_bytes": memory.device_bytes, "host_bytes": memory.host_bytes});
             if args.timings {
@@ -421,14 +537,14 @@ fn train<B: Backend + Send>(
         }
         if let Some(dir) = &args.checkpoint {
             if step.is_multiple_of(args.checkpoint_every.max(1)) || step == args.steps {
-                save_checkpoint(trainer.checkpoint(print, data.position()), dir)?;
+                save_from_leader(leader, trainer.checkpoint(print, data.position()), dir)?;
             }
         }
     }
     drop(watch);
     if interrupted {
         return Err(super::progress::interrupted(args, trainer.steps_taken(), first, |dir| {
-            save_checkpoint(trainer.checkpoint(print, data.position()), dir)
+            save_from_leader(leader, trainer.checkpoint(print, data.position()), dir)
         }));
     }
     if let Some(path) = &args.trace {
@@ -439,7 +555,8 @@ fn train<B: Backend + Send>(
     let checked = super::checked_line(args, trainer.checks(), trainer.steps_taken() - first);
     let plan = &trainer.report().plan;
     let setup = trainer.setup_times();
-    if args.json {
+    if !leader {
+    } else if args.json {
         let mut line = json!({
             "summary": true, "steps": trainer.steps_taken(), "final_loss": last_loss, "unigram_entropy": unigram,
             "tokens_per_s": tokens_per_s, "strategy": args.strategy.name(), "tensor_parallel": t, "context_parallel": c,
@@ -465,6 +582,20 @@ fn train<B: Backend + Send>(
     Ok(())
 }
 
+/// Saves a checkpoint from rank 0's process only (every process gathers it, since the gather is
+/// a collective; one file is written, the one the threaded run writes); a failure to gather is
+/// every process's error.
+fn save_from_leader(
+    leader: bool,
+    checkpoint: Result<Checkpoint, RuntimeError>,
+    dir: &std::path::Path,
+) -> Result<(), Failure> {
+    if leader {
+        return save_checkpoint(checkpoint, dir);
+    }
+    checkpoint.map(|_| ()).map_err(runtime_failure)
+}
+
 /// Writes rank 0's measured timeline of the last step (its four streams) to `--trace`.
 fn write_rank_0_trace<B: Backend + Send>(
     trainer: &mut ParallelTrainer<B>,
@@ -487,4 +618,84 @@ fn write_rank_0_trace<B: Backend + Send>(
     );
     crate::checked::write_atomically(path, text.as_bytes())
         .map_err(|e| Failure::new(exit::IO_ERROR, format!("cannot write {}: {e}; check the directory", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use memo_plan_core::plan::Strategy;
+    use memo_runtime::{cpu_hardware, AdamW, LocalGroup, LocalRank, TrainOptions};
+
+    use super::*;
+
+    fn options() -> TrainOptions {
+        let mut model = ModelConfig::new("test", 2, 64, 4, 32, 2);
+        model.vocab = 256;
+        TrainOptions {
+            model,
+            strategy: Strategy::FullSwap,
+            forced_alpha: None,
+            hardware: cpu_hardware(1 << 30),
+            seed: 11,
+            adamw: AdamW { lr: 3e-3, ..AdamW::default() },
+        }
+    }
+
+    fn rank(group: LocalRank) -> Rank<CpuBackend> {
+        let group: Arc<dyn Collectives> = Arc::new(group);
+        (CpuBackend::new().with_collectives(Arc::clone(&group)), group)
+    }
+
+    /// Two trainers holding one rank each (as two processes would, here on two threads joined by
+    /// an in-process group) take the losses of one trainer holding both, bit for bit, and make
+    /// its checkpoint, byte for byte.
+    #[test]
+    fn trainers_holding_one_rank_each_equal_one_holding_every_rank() {
+        let options = options();
+        let t = 2;
+        let steps = 3;
+        let tokens: Vec<u32> = (0..64u32).map(|i| (i * 37 + 5) % 256).collect();
+        let targets: Vec<u32> = (0..64u32).map(|i| (i * 11 + 3) % 256).collect();
+        let planned = PlannedStep::tensor_parallel(&options, t).unwrap();
+        let mut whole =
+            ParallelTrainer::with_plan(planned.clone(), LocalGroup::ranks(2).into_iter().map(rank).collect()).unwrap();
+        let want: Vec<u32> = (0..steps).map(|_| whole.step(&tokens, &targets).unwrap().to_bits()).collect();
+        // Given in the wrong order on purpose: the handles say which rank each is.
+        let mut groups = LocalGroup::ranks(2);
+        let second = groups.pop().unwrap();
+        let first = groups.pop().unwrap();
+        let got: Vec<(Vec<u32>, Vec<u8>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = [second, first]
+                .into_iter()
+                .map(|group| {
+                    let planned = planned.clone();
+                    let (tokens, targets) = (&tokens, &targets);
+                    scope.spawn(move || {
+                        let mut trainer = ParallelTrainer::with_plan(planned, vec![rank(group)]).unwrap();
+                        assert_eq!(trainer.tensor(), 2);
+                        let losses: Vec<u32> =
+                            (0..steps).map(|_| trainer.step(tokens, targets).unwrap().to_bits()).collect();
+                        // The checkpoint gathers the other rank's state through the group.
+                        (losses, trainer.checkpoint(7, 9).unwrap().encode())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let saved = whole.checkpoint(7, 9).unwrap().encode();
+        assert!(got == vec![(want.clone(), saved.clone()), (want, saved)], "the losses or checkpoints differ");
+    }
+
+    #[test]
+    fn a_rank_given_twice_or_outside_the_group_is_refused() {
+        let planned = PlannedStep::tensor_parallel(&options(), 2).unwrap();
+        let mut a = LocalGroup::ranks(2);
+        let mut b = LocalGroup::ranks(2);
+        let twice = vec![rank(a.remove(0)), rank(b.remove(0))];
+        let Err(error) = ParallelTrainer::with_plan(planned.clone(), twice) else { panic!("accepted") };
+        assert!(error.to_string().contains("two backends are rank 0"), "{error}");
+        let Err(error) = ParallelTrainer::with_plan(planned, vec![rank(LocalGroup::ranks(3).remove(0))]) else {
+            panic!("accepted")
+        };
+        assert!(error.to_string().contains("group of 3"), "{error}");
+    }
 }

@@ -8,6 +8,16 @@
 //! tensor-parallel rank `j` rows `[j*r, (j+1)*r)` of those (`r = R / t`,
 //! `spec/tensor-parallel.md` §1); every rank computes the same loss (checked bit for bit; rank
 //! 0's is returned).
+//!
+//! A trainer may hold only some ranks (one, in a process of its own, its peers in other
+//! processes joined by a group such as `memo-mpi`'s): each held rank is given with its groups,
+//! whose ranks say which global rank it is. It steps only its ranks (on their rows), and checks
+//! only its own ranks' losses against each other: that every rank computes the same loss rests
+//! on the plan (`spec/tensor-parallel.md` §4: every rank computes the loss of every gathered row
+//! from all-reduced figures, so with the same bits). A checkpoint gathers the other ranks' state
+//! through the tensor-parallel group (`c = 1`; every process gets the same checkpoint, the
+//! caller writes it from rank 0 only); a restore restores the held ranks' tensors. Reassembling
+//! `t = 1` tensors, and checkpoints with `c > 1`, need every rank in the trainer and say so.
 
 use std::sync::Arc;
 
@@ -25,10 +35,15 @@ use crate::error::{CheckpointMismatch, RuntimeError, TokenError};
 
 /// A model trained with tensor and context parallelism over `c x t` ranks in this process.
 pub struct ParallelTrainer<B: Backend + Send> {
+    /// The held ranks, in increasing global rank.
     ranks: Vec<Trainer<B>>,
     groups: Vec<RankGroups>,
+    /// The global rank `k*t + j` of each held trainer.
+    ids: Vec<usize>,
     /// `t`, the tensor-parallel group's size.
     tensor: usize,
+    /// `c`, the context-parallel ranks.
+    context: usize,
 }
 
 /// The groups one rank belongs to, as [`ParallelTrainer::with_plan`] takes them: its
@@ -44,6 +59,13 @@ pub struct RankGroups {
 }
 
 impl RankGroups {
+    /// The global rank these groups make: `k*t + j`, with `j` the tensor-parallel group's rank and
+    /// `k` the data group's (0 without one).
+    fn global_rank(&self) -> usize {
+        let k = self.data.as_ref().map_or(0, |data| data.rank());
+        k * self.tensor.ranks() + self.tensor.rank()
+    }
+
     fn abort(&self, reason: &str) {
         self.tensor.abort(reason);
         if let Some(data) = &self.data {
@@ -97,7 +119,12 @@ fn context_rows<T: Copy>(rows: &[T], seq_len: usize, k: usize, c: usize) -> Vec<
 
 /// Runs `f(rank, trainer)` on one thread per rank; a rank that fails aborts the group, so no
 /// other rank waits for it. The results in rank order.
-fn on_every_rank<B, R, F>(ranks: &mut [Trainer<B>], groups: &[RankGroups], f: F) -> Vec<Result<R, RuntimeError>>
+fn on_every_rank<B, R, F>(
+    ranks: &mut [Trainer<B>],
+    groups: &[RankGroups],
+    ids: &[usize],
+    f: F,
+) -> Vec<Result<R, RuntimeError>>
 where
     B: Backend + Send,
     R: Send,
@@ -108,8 +135,8 @@ where
         let handles: Vec<_> = ranks
             .iter_mut()
             .zip(groups)
-            .enumerate()
-            .map(|(rank, (trainer, group))| {
+            .zip(ids)
+            .map(|((trainer, group), &rank)| {
                 let spawned =
                     std::thread::Builder::new().name(format!("memo-rank-{rank}")).spawn_scoped(scope, move || {
                         let result = f(rank, trainer);
@@ -124,7 +151,7 @@ where
                 spawned
             })
             .collect();
-        joined(handles, "thread")
+        joined(handles, ids, "thread")
     })
 }
 
@@ -132,13 +159,14 @@ where
 /// panicked is that rank's error (`what` names the thread in the message).
 fn joined<R>(
     handles: Vec<std::io::Result<std::thread::ScopedJoinHandle<'_, Result<R, RuntimeError>>>>,
+    ids: &[usize],
     what: &str,
 ) -> Vec<Result<R, RuntimeError>> {
     let failed = |message: String| RuntimeError::Backend(crate::BackendError::Other(message));
     handles
         .into_iter()
-        .enumerate()
-        .map(|(rank, handle)| match handle {
+        .zip(ids)
+        .map(|(handle, &rank)| match handle {
             Ok(handle) => handle.join().unwrap_or_else(|_| Err(failed(format!("rank {rank}'s {what} panicked")))),
             Err(error) => Err(failed(format!("cannot start rank {rank}'s thread: {error}"))),
         })
@@ -168,10 +196,11 @@ fn is_interrupted<R>(result: &Result<R, RuntimeError>) -> bool {
     matches!(result, Err(RuntimeError::Backend(BackendError::Interrupted)))
 }
 
-/// The first rank's error, tagged with its rank; else every rank's value.
-fn first_error<R>(results: Vec<Result<R, RuntimeError>>) -> Result<Vec<R>, RuntimeError> {
+/// The first rank's error, tagged with its rank (`ids`: the rank of each result); else every
+/// rank's value.
+fn first_error<R>(results: Vec<Result<R, RuntimeError>>, ids: &[usize]) -> Result<Vec<R>, RuntimeError> {
     let mut values = Vec::with_capacity(results.len());
-    for (rank, result) in results.into_iter().enumerate() {
+    for (result, &rank) in results.into_iter().zip(ids) {
         match result {
             Ok(value) => values.push(value),
             Err(error) => return Err(RuntimeError::Rank { rank: rank as u64, error: Box::new(error) }),
@@ -181,59 +210,68 @@ fn first_error<R>(results: Vec<Result<R, RuntimeError>>) -> Result<Vec<R>, Runti
 }
 
 impl<B: Backend + Send> ParallelTrainer<B> {
-    /// Checks the planned step's plan once and starts one rank per backend: `ranks[g]` is global
-    /// rank `g`'s backend (`g = k*t + j`), built as a member of its groups (`ranks[g].1`: its
-    /// tensor-parallel group, where it is rank `j` of `t`; with `c > 1` also the data group its
-    /// backend runs the ring on, where it is rank `k` of `c`); each allocates the plan and
+    /// Checks the planned step's plan once and starts one rank per backend. Each backend comes
+    /// with its groups ([`RankGroups`]: its tensor-parallel group, where it is rank `j` of `t`;
+    /// with `c > 1` also the data group its backend runs the ring on, where it is rank `k` of
+    /// `c`), which say its global rank `g = k*t + j`: every rank of the step, or some of them
+    /// when the others run elsewhere. Each allocates the plan (its context rank's program) and
     /// initialises its shard of the model (on its own thread).
     pub fn with_plan<G: Into<RankGroups>>(planned: PlannedStep, ranks: Vec<(B, G)>) -> Result<Self, RuntimeError> {
-        let tensor = planned.tensor().max(1);
-        let context = planned.report.plan.provenance.parallel.context.max(1);
+        let tensor = planned.tensor().max(1) as usize;
+        let context = planned.report.plan.provenance.parallel.context.max(1) as usize;
+        let all = tensor * context;
         let checking = std::time::Instant::now();
         let refuse = |message: String| Err(RuntimeError::Backend(crate::BackendError::Other(message)));
-        if ranks.len() as u64 != tensor * context {
+        if ranks.is_empty() || ranks.len() > all {
             return refuse(format!(
                 "the step is planned for {tensor} tensor-parallel x {context} context-parallel rank(s) but {} \
-                 backend(s) were given: give one per rank",
+                 backend(s) were given: give one per rank this process runs (1 to {all})",
                 ranks.len()
             ));
         }
-        let ranks: Vec<(B, RankGroups)> = ranks.into_iter().map(|(backend, groups)| (backend, groups.into())).collect();
-        for (g, (_, groups)) in ranks.iter().enumerate() {
-            let (k, j) = (g as u64 / tensor, g as u64 % tensor);
-            let tensor_group = &groups.tensor;
-            if tensor_group.rank() as u64 != j || tensor_group.ranks() as u64 != tensor {
+        let mut ranks: Vec<(B, RankGroups)> =
+            ranks.into_iter().map(|(backend, groups)| (backend, groups.into())).collect();
+        for (_, groups) in &ranks {
+            let (j, t) = (groups.tensor.rank(), groups.tensor.ranks());
+            if t != tensor || j >= tensor {
                 return refuse(format!(
-                    "backend {g} is rank {} of a tensor-parallel group of {}: it must be rank {j} of {tensor}",
-                    tensor_group.rank(),
-                    tensor_group.ranks()
+                    "a backend is rank {j} of a tensor-parallel group of {t}: the step is planned for a group of \
+                     {tensor}"
                 ));
             }
-            let data = groups.data.as_ref().map(|d| (d.rank() as u64, d.ranks() as u64));
-            if context > 1 && data != Some((k, context)) {
+            let data = groups.data.as_ref().map(|d| (d.rank(), d.ranks()));
+            if context > 1 && !data.is_some_and(|(k, c)| c == context && k < context) {
                 return refuse(format!(
-                    "backend {g} is in data group {data:?} (rank, ranks): with context parallelism {context} it \
-                     must be rank {k} of {context} of the ranks that share tensor-parallel rank {j}"
+                    "tensor-parallel rank {j} is in data group {data:?} (rank, ranks): with context parallelism \
+                     {context} each rank is one of the {context} ranks that share its tensor-parallel rank"
                 ));
             }
         }
+        ranks.sort_by_key(|(_, groups)| groups.global_rank());
+        if let Some(pair) = ranks.windows(2).find(|pair| pair[0].1.global_rank() == pair[1].1.global_rank()) {
+            return refuse(format!(
+                "two backends are rank {} of the step: give each rank once",
+                pair[0].1.global_rank()
+            ));
+        }
+        let ids: Vec<usize> = ranks.iter().map(|(_, groups)| groups.global_rank()).collect();
         let checked = CheckedPlan::check(planned.report.plan.clone()).map_err(RuntimeError::Invalid)?;
         let groups: Vec<RankGroups> = ranks.iter().map(|(_, g)| g.clone()).collect();
         let started: Vec<Result<Trainer<B>, RuntimeError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = ranks
                 .into_iter()
-                .enumerate()
-                .map(|(rank, (backend, _))| {
+                .zip(&ids)
+                .map(|((backend, _), &rank)| {
                     let (planned, checked) = (planned.clone(), checked.clone());
                     std::thread::Builder::new().name(format!("memo-rank-{rank}")).spawn_scoped(scope, move || {
                         Trainer::for_rank(backend, planned, checked, rank as u64, checking)
                     })
                 })
                 .collect();
-            joined(handles, "setup thread")
+            joined(handles, &ids, "setup thread")
         });
-        let ranks = first_error(started)?;
-        Ok(ParallelTrainer { ranks, groups, tensor: tensor as usize })
+        let ranks = first_error(started, &ids)?;
+        Ok(ParallelTrainer { ranks, groups, ids, tensor, context })
     }
 
     /// The tensor-parallel group's size `t`.
@@ -243,7 +281,26 @@ impl<B: Backend + Send> ParallelTrainer<B> {
 
     /// Context-parallel ranks, `c`.
     pub fn context(&self) -> usize {
-        self.ranks.len() / self.tensor.max(1)
+        self.context
+    }
+
+    /// The global ranks this trainer runs, in increasing order (`0..c*t` when it holds every
+    /// rank).
+    pub fn held_ranks(&self) -> &[usize] {
+        &self.ids
+    }
+
+    /// Refuses `what` unless this trainer holds every rank of the step.
+    fn every_rank_held(&self, what: &str) -> Result<(), RuntimeError> {
+        if self.ids.len() == self.tensor * self.context {
+            return Ok(());
+        }
+        Err(RuntimeError::Backend(crate::BackendError::Other(format!(
+            "{what} needs every rank's state, and this trainer runs rank(s) {:?} of {}: gathering state across \
+             processes is implemented for tensor parallelism alone (c = 1); run the ranks as threads of one process",
+            self.ids,
+            self.tensor * self.context
+        ))))
     }
 
     /// One training step on the whole micro-batch's `tokens` and `targets` (`micro_batch *
@@ -254,7 +311,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
     /// a rank aborts the group: the group stays failed, so every later step fails too (restore
     /// the last checkpoint into a new trainer to go on).
     pub fn step(&mut self, tokens: &[u32], targets: &[u32]) -> Result<f32, RuntimeError> {
-        let (t, c) = (self.tensor, self.context());
+        let (t, c) = (self.tensor, self.context);
         let context = self.ranks[0].context;
         let expected = context.loss_scale_tokens as usize;
         if tokens.len() != expected || targets.len() != expected {
@@ -275,7 +332,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
             }
             control.gate().begin_step();
         }
-        let results = on_every_rank(&mut self.ranks, &self.groups, |g, trainer| {
+        let results = on_every_rank(&mut self.ranks, &self.groups, &self.ids, |g, trainer| {
             let ((tokens, targets), j) = (&rows[g / t], g % t);
             trainer.run_step(&tokens[j * r..(j + 1) * r], &targets[j * r..(j + 1) * r])
         });
@@ -288,11 +345,11 @@ impl<B: Backend + Send> ParallelTrainer<B> {
             }
             return Err(BackendError::Interrupted.into());
         }
-        let losses = first_error(results)?;
-        if let Some((k, loss)) = losses.iter().enumerate().find(|(_, l)| l.to_bits() != losses[0].to_bits()) {
+        let losses = first_error(results, &self.ids)?;
+        if let Some((i, loss)) = losses.iter().enumerate().find(|(_, l)| l.to_bits() != losses[0].to_bits()) {
             return Err(RuntimeError::RanksDiverged(format!(
-                "rank {k}'s loss {loss} differs from rank 0's {}",
-                losses[0]
+                "rank {}'s loss {loss} differs from rank {}'s {}",
+                self.ids[i], self.ids[0], losses[0]
             )));
         }
         Ok(losses[0])
@@ -316,9 +373,10 @@ impl<B: Backend + Send> ParallelTrainer<B> {
         })
     }
 
-    /// Rank `rank`'s trainer (its plan, its buffers, its backend).
+    /// Global rank `rank`'s trainer (its plan, its buffers, its backend), if this trainer runs it.
     pub fn rank(&mut self, rank: usize) -> Option<&mut Trainer<B>> {
-        self.ranks.get_mut(rank)
+        let at = self.ids.iter().position(|&id| id == rank)?;
+        self.ranks.get_mut(at)
     }
 
     /// Every buffer of `kind` of every rank (`[rank][(role, layer), bytes]`, as
@@ -338,6 +396,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
                 kind.name()
             ))));
         }
+        self.every_rank_held("reassembling the t = 1 tensors")?;
         let mut per_rank = self.buffers_of_kind(kind)?;
         // Context rank 0's tensor-parallel ranks: every context rank holds the same model.
         per_rank.truncate(self.tensor);
@@ -380,7 +439,7 @@ impl<B: Backend + Send> ParallelTrainer<B> {
         let layout = ShardLayout::of(&self.ranks[0].report.plan.provenance.model, t);
         let step = self.ranks[0].step;
         let mut tensors = Vec::new();
-        let per_rank: Vec<_> = self.ranks.iter_mut().map(Trainer::state_tensors).collect::<Result<_, _>>()?;
+        let per_rank = self.every_rank_state()?;
         for (g, rank_tensors) in per_rank.iter().enumerate() {
             let j = g as u64 % t;
             for tensor in rank_tensors {
@@ -414,6 +473,55 @@ impl<B: Backend + Send> ParallelTrainer<B> {
         Ok(Checkpoint { fingerprint, step, data_position, ranks: t as u32, tensors })
     }
 
+    /// Every rank's state tensors, in rank order: this trainer's own, and, when other ranks run
+    /// elsewhere, theirs gathered through the group (a collective: every rank's process calls
+    /// this at the same point). Each rank's tensors travel encoded as a checkpoint of their own;
+    /// the sizes differ between ranks, so the lengths are gathered first and the bytes padded to
+    /// the longest.
+    fn every_rank_state(&mut self) -> Result<Vec<Vec<super::SavedTensor>>, RuntimeError> {
+        let own: Vec<Vec<super::SavedTensor>> =
+            self.ranks.iter_mut().map(Trainer::state_tensors).collect::<Result<_, _>>()?;
+        if self.ids.len() == self.tensor * self.context {
+            return Ok(own);
+        }
+        if self.context > 1 {
+            self.every_rank_held("a checkpoint with context parallelism")?;
+        }
+        let ranks = self.tensor as u32;
+        let encoded: Vec<Vec<u8>> = own
+            .into_iter()
+            .map(|tensors| Checkpoint { fingerprint: 0, step: 0, data_position: 0, ranks, tensors }.encode())
+            .collect();
+        let t = self.tensor;
+        let (trainers, groups, ids) = (&mut self.ranks, &self.groups, &self.ids);
+        let gathered = on_every_rank(trainers, groups, ids, |k, _| {
+            let at = ids.iter().position(|&id| id == k).unwrap_or(0);
+            let (group, mine) = (&groups[at].tensor, &encoded[at]);
+            let failed = |e: crate::collective::CollectiveError| {
+                RuntimeError::Backend(BackendError::Other(format!("gathering the checkpoint: {e}")))
+            };
+            let mut lengths = vec![0u8; 8 * t];
+            group.all_gather(&(mine.len() as u64).to_le_bytes(), &mut lengths).map_err(failed)?;
+            let lengths: Vec<usize> =
+                lengths.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as usize).collect();
+            let longest = lengths.iter().copied().max().unwrap_or(0);
+            let mut padded = mine.clone();
+            padded.resize(longest, 0);
+            let mut all = vec![0u8; longest * t];
+            group.all_gather(&padded, &mut all).map_err(failed)?;
+            (0..t)
+                .map(|j| {
+                    let bytes = &all[j * longest..j * longest + lengths[j].min(longest)];
+                    Checkpoint::decode(bytes).map(|c| c.tensors).map_err(|e| {
+                        RuntimeError::Backend(BackendError::Other(format!("rank {j}'s state did not decode: {e}")))
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()
+        });
+        let mut every = first_error(gathered, &self.ids)?;
+        Ok(every.swap_remove(0))
+    }
+
     /// Restores a checkpoint of as many ranks: each rank its own shards and the replicated
     /// tensors.
     pub fn restore(&mut self, checkpoint: &Checkpoint, fingerprint: u64) -> Result<(), RuntimeError> {
@@ -425,13 +533,16 @@ impl<B: Backend + Send> ParallelTrainer<B> {
             return Err(CheckpointMismatch::Ranks { saved: checkpoint.ranks, running: t }.into());
         }
         let mut used = vec![false; checkpoint.tensors.len()];
-        for (rank, trainer) in self.ranks.iter_mut().enumerate() {
+        for (&rank, trainer) in self.ids.iter().zip(self.ranks.iter_mut()) {
             let indices = trainer
                 .restore_tensors(checkpoint)
                 .map_err(|e| RuntimeError::Rank { rank: rank as u64, error: Box::new(e) })?;
             indices.into_iter().for_each(|i| used[i] = true);
         }
-        if used.iter().any(|u| !u) {
+        // Shards of tensor-parallel ranks that run elsewhere are theirs to restore.
+        let held = |j: u32| self.ids.iter().any(|&g| (g % self.tensor) as u32 == j);
+        let elsewhere = |i: usize| checkpoint.tensors[i].rank.is_some_and(|j| !held(j));
+        if used.iter().enumerate().any(|(i, u)| !u && !elsewhere(i)) {
             return Err(CheckpointMismatch::Extra.into());
         }
         Ok(())
