@@ -207,6 +207,29 @@ impl ShapeContext {
         self.vocab.saturating_sub(self.vocab_offset()).min(self.vocab_shard())
     }
 
+    /// The query heads of the whole model that K and V serve, and this rank's first query head
+    /// as K counts them (grouped-query attention: `attention` and the ring's blocks alike); with
+    /// K and V replicated (`t > kv_heads`) every query head of the model, else this rank's. An
+    /// error names `kv_heads` when they do not divide those query heads, or exceed this rank's
+    /// unless replicated.
+    fn query_heads(&self, op: Op) -> Result<(u64, u64), OpError> {
+        let (heads, kv_heads) = (self.heads, self.kv_heads_in_tensor());
+        let (all_heads, first_query) = if self.kv_replicated {
+            self.check_rank(op)?;
+            (heads.saturating_mul(self.group()), self.rank.saturating_mul(heads))
+        } else {
+            (heads, 0)
+        };
+        if kv_heads == 0 || !all_heads.is_multiple_of(kv_heads) || (!self.kv_replicated && kv_heads > heads) {
+            let problem = format!(
+                "is {kv_heads}; it must divide the query heads {all_heads} (grouped-query attention), and be at most \
+                 the {heads} query heads of this rank unless K and V are replicated"
+            );
+            return Err(OpError::context(op, "kv_heads", problem));
+        }
+        Ok((all_heads, first_query))
+    }
+
     /// Checks `rank < ranks` for an op that depends on the rank.
     fn check_rank(&self, op: Op) -> Result<(), OpError> {
         if self.rank >= self.group() {
@@ -614,17 +637,7 @@ fn attention_block(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpSh
     let d = head_dim(op, ctx)?;
     let heads = ctx.heads;
     let kv_heads = ctx.kv_heads_in_tensor();
-    let ranks = ctx.group();
-    let (all_heads, first_query) = if ctx.kv_replicated {
-        ctx.check_rank(op)?;
-        (heads.saturating_mul(ranks), ctx.rank.saturating_mul(heads))
-    } else {
-        (heads, 0)
-    };
-    if kv_heads == 0 || !all_heads.is_multiple_of(kv_heads) || (!ctx.kv_replicated && kv_heads > heads) {
-        let problem = format!("is {kv_heads}; it must divide the query heads {all_heads} (grouped-query attention)");
-        return Err(OpError::context(op, "kv_heads", problem));
-    }
+    let (all_heads, first_query) = ctx.query_heads(op)?;
     let q_row = heads.saturating_mul(d).saturating_mul(BF16);
     let kv_row = kv_heads.saturating_mul(d).saturating_mul(BF16);
     let lse_row = heads.saturating_mul(WORD);
@@ -1113,20 +1126,7 @@ fn attention(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, O
     }
     // The query heads per K/V head of the whole model, and this launch's first query head as K
     // counts them.
-    let ranks = ctx.group();
-    let (all_heads, first_query) = if ctx.kv_replicated {
-        ctx.check_rank(op)?;
-        (heads.saturating_mul(ranks), ctx.rank.saturating_mul(heads))
-    } else {
-        (heads, 0)
-    };
-    if !all_heads.is_multiple_of(kv_heads) || (!ctx.kv_replicated && kv_heads > heads) {
-        let problem = format!(
-            "is {kv_heads}; it must divide the query heads {all_heads} (grouped-query attention), and be at most \
-             the {heads} query heads of this rank unless K and V are replicated"
-        );
-        return Err(OpError::context(op, "kv_heads", problem));
-    }
+    let (all_heads, first_query) = ctx.query_heads(op)?;
     let group = all_heads / kv_heads;
     let q = named(0);
     let elems = q.elems(BF16, "bf16")?;
