@@ -34,7 +34,7 @@ with what changed. The tensor-parallel degree t cannot pass the machine's GPUs p
 tensor-parallel group stays inside a node. --nodes N spreads d x c x t ranks over N nodes (d
 follows from N when --dp is not given); --cp C splits each sequence over C context-parallel ranks
 (ring attention; spec/cost-model.md section 7c, spec/context-parallel.md: -o writes one program
-per context rank, which no runtime runs yet); --zero 1 or 2 shards the optimizer state (and the gradients) over
+per context rank; memo train --device cpu --context-parallel C runs them); --zero 1 or 2 shards the optimizer state (and the gradients) over
 the d data-parallel ranks, and the step adds their gradient reduction and parameter all-gather,
 over the network when d spans nodes. The plan file (-o) holds one tensor-parallel group's program
 with its whole model state, so -o is refused with --zero 1 or 2 at d x c > 1. Without --strategy the command exits 8 when no strategy fits; with
