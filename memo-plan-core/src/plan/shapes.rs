@@ -583,7 +583,7 @@ pub fn check(op: Op, args: &[ArgShape], ctx: &ShapeContext) -> Result<OpShape, O
 
 /// The head dimension `hidden / (heads * t)` of the context (rotary and the ring's blocks), with
 /// the context's errors: no heads, or a hidden size that is not whole heads of an even width.
-fn head_dim(op: Op, ctx: &ShapeContext) -> Result<u64, OpError> {
+pub fn head_dim(op: Op, ctx: &ShapeContext) -> Result<u64, OpError> {
     let all_heads = ctx.heads.saturating_mul(ctx.group());
     if all_heads == 0 {
         return Err(OpError::context(op, "heads", "is 0; the op needs at least one head".into()));

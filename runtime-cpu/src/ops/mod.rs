@@ -146,8 +146,6 @@ pub fn execute_on_rank(
     threads: usize,
 ) -> Result<(), OpError> {
     let threads = threads.max(1);
-    // The op table's rules, for the kernels that split their arguments themselves (`ring`).
-    let table = |args: &[Arg<'_>]| tensor::check_table(op, args, ctx, group);
     match op {
         Op::Embedding => elementwise::embedding(args, ctx, group),
         Op::LayerNorm => norm::layer_norm(args, ctx),
@@ -187,25 +185,24 @@ pub fn execute_on_rank(
         Op::Swiglu => elementwise::swiglu(args, ctx),
         Op::SwigluBackward => elementwise::swiglu_backward(args, ctx),
         Op::LinearBackwardWeightNoBias => linear::backward_weight(args, ctx, false, threads),
-        // Context parallelism's ops (`spec/context-parallel.md`): the op table's rules first,
-        // then the kernel (which checks what it reads again: it may be called on its own).
-        Op::Rotary | Op::RotaryBackward => {
-            let inverse = op == Op::RotaryBackward;
-            table(args).and_then(|()| ring::rotary(op, args, ctx, group, threads, inverse))
-        }
+        // Context parallelism's ops (`spec/context-parallel.md`).
+        Op::Rotary | Op::RotaryBackward => ring::rotary(op, args, ctx, group, threads, op == Op::RotaryBackward),
         Op::AttentionBlock | Op::AttentionBlockCausal => {
-            let causal = op == Op::AttentionBlockCausal;
-            table(args).and_then(|()| ring::attention_block(op, args, ctx, group, threads, causal))
+            ring::attention_block(op, args, ctx, group, threads, op == Op::AttentionBlockCausal)
         }
-        Op::AttentionRingInit => table(args).and_then(|()| ring::attention_ring_init(op, args, ctx)),
-        Op::AttentionRingFinish => table(args).and_then(|()| ring::attention_ring_finish(op, args)),
+        Op::AttentionRingInit => ring::attention_ring_init(op, args, ctx, group),
+        Op::AttentionRingFinish => ring::attention_ring_finish(op, args, ctx, group),
         Op::AttentionBlockBackward | Op::AttentionBlockBackwardCausal => {
-            let causal = op == Op::AttentionBlockBackwardCausal;
-            table(args).and_then(|()| ring::attention_block_backward(op, args, ctx, group, threads, causal))
+            ring::attention_block_backward(op, args, ctx, group, threads, op == Op::AttentionBlockBackwardCausal)
         }
-        Op::ToBf16 => table(args).and_then(|()| ring::to_bf16(op, args)),
-        Op::RingExchange | Op::DataAllReduceSumBf16 | Op::DataAllReduceSumF32 => {
-            table(args).and_then(|()| Err(OpError::needs_multi_gpu(op)))
+        Op::ToBf16 => ring::to_bf16(op, args, ctx, group),
+        Op::RingExchange => {
+            tensor::split_in::<1, 1>(op, args, ctx, group)?;
+            Err(OpError::needs_multi_gpu(op))
+        }
+        Op::DataAllReduceSumBf16 | Op::DataAllReduceSumF32 => {
+            tensor::split_in::<0, 1>(op, args, ctx, group)?;
+            Err(OpError::needs_multi_gpu(op))
         }
     }
 }

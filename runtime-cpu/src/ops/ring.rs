@@ -3,9 +3,10 @@
 //! accumulator, the accumulator's start and end, the block's backward into travelling f32
 //! accumulators, and the f32 to bf16 rounding.
 //!
-//! `execute_on_rank` checks each launch against the op table's rules first; each kernel also
-//! checks what it reads (its arguments against the op's signature, the heads against the
-//! context), so none panics on a launch made elsewhere. Positions come from the context's
+//! Each kernel splits its arguments as every kernel does (`tensor::split_in`: the signature,
+//! then the op table's shape rules, `shapes::check`), and takes the block's heads and rows from
+//! what those rules found, so a launch made elsewhere is refused with the error every backend
+//! gives, never a panic. Positions come from the context's
 //! `context_rank` and `context_ranks` through `ShapeContext::position`, the one place they are
 //! defined.
 //!
@@ -21,57 +22,19 @@
 //! (`rotate` with `push_rope_angles`) rounded once to bf16. Threads take whole heads, and no
 //! two threads add into the same number, so the bits do not depend on the thread count.
 
-use memo_plan_core::plan::shapes::AttentionShape;
-use memo_plan_core::plan::{Access, Op};
+use memo_plan_core::plan::shapes::{self, AttentionShape, OpShape};
+use memo_plan_core::plan::Op;
 
 use super::attention::{
     backward_tile, finish_row, gather_rows, pack_lanes, push_rope_angles, rotate, row, row_delta, softmax_tile,
     BackwardKeys, Keys, QueryRow,
 };
 use super::parallel::{for_each_chunk, map_tasks};
-use super::tensor::{
-    bf16_bits_to_f32, f32_to_bf16_bytes, f32_vec, shape_context, split_signature, to_u64, In, Out, BF16, WORD,
-};
-use super::{Arg, Group, OpContext, OpError, OpErrorKind};
+use super::tensor::{bf16_bits_to_f32, f32_to_bf16_bytes, f32_vec, shape_context, split_in, to_u64, Out, BF16, WORD};
+use super::{Arg, Group, OpContext, OpError};
 
 /// Rows per chunk of the row-wise kernels' threads.
 const CHUNK_ROWS: usize = 64;
-
-/// A shape error of argument `name`.
-fn shape_error(op: Op, name: &'static str, expected: String, found: String) -> OpError {
-    OpError { op, argument: Some(name), kind: OpErrorKind::Shape { expected, found } }
-}
-
-/// `rows` rows, `row_bytes` bytes per row, or a shape error naming `name`.
-fn want(
-    op: Op,
-    name: &'static str,
-    (rows, row_bytes): (usize, usize),
-    expected: (usize, usize),
-    why: &str,
-) -> Result<(), OpError> {
-    if (rows, row_bytes) == expected {
-        return Ok(());
-    }
-    let expected = format!("{} rows of {} bytes ({why})", expected.0, expected.1);
-    Err(shape_error(op, name, expected, format!("{rows} rows of {row_bytes} bytes")))
-}
-
-/// The head dimension of the rotary ops: `hidden / (heads * t)` (the context's `heads` are this
-/// rank's share of the model's), even and positive.
-fn rotary_head_dim(op: Op, ctx: &OpContext, group: Group) -> Result<usize, OpError> {
-    let all_heads = ctx.heads.saturating_mul(group.ranks.max(1));
-    let head_dim = ctx.hidden.checked_div(all_heads).unwrap_or(0);
-    if all_heads == 0 || !ctx.hidden.is_multiple_of(all_heads) || head_dim == 0 || !head_dim.is_multiple_of(2) {
-        let problem = format!(
-            "is {}; it must be the {all_heads} query heads of the model ({} on this rank) times an even, positive \
-             head dimension (rotary positions rotate pairs)",
-            ctx.hidden, ctx.heads
-        );
-        return Err(OpError::context(op, "hidden", problem));
-    }
-    Ok(head_dim)
-}
 
 /// `rotary` (code 34, `inverse` false): rotates pairs `(2i, 2i+1)` of every head of every row of
 /// `x` (in place) by the row's position (`ShapeContext::position` of `first_row + i`, from the
@@ -86,14 +49,13 @@ pub(crate) fn rotary(
     threads: usize,
     inverse: bool,
 ) -> Result<(), OpError> {
-    let sig = op.signature();
     let first_row = args.first().map_or(0, |arg| arg.first_row);
-    let ([], [x], _) = split_signature::<0, 1>(op, sig, args)?;
+    let ([], [x], _) = split_in::<0, 1>(op, args, ctx, group)?;
     let layout = shape_context(ctx, group);
-    // Every row's position exists (the layout is whole) and the last one fits: checked once here,
-    // so the loop below reads them without failing.
+    // The op table checked the layout gives positions; the launch's last row's must fit too, so
+    // the loop below reads every one without failing.
     let last_row = first_row.checked_add(x.rows.saturating_sub(1)).map(to_u64);
-    if layout.position(0).is_none() || last_row.and_then(|row| layout.position(row)).is_none() {
+    if last_row.and_then(|row| layout.position(row)).is_none() {
         let problem = format!(
             "`seq_len` {} with context rank {} of {}: the rank's rows of one sequence must be two equal chunks of \
              a sequence whose positions fit",
@@ -101,12 +63,8 @@ pub(crate) fn rotary(
         );
         return Err(OpError::context(op, "context_rank", problem));
     }
-    let head_dim = rotary_head_dim(op, ctx, group)?;
-    let head_bytes = head_dim * BF16;
-    if !x.row_bytes.is_multiple_of(head_bytes) {
-        let expected = format!("rows of whole heads of {head_dim} bf16 ({head_bytes} bytes)");
-        return Err(shape_error(op, sig[0].0, expected, format!("{} bytes per row", x.row_bytes)));
-    }
+    // The op table checked the rows are whole heads of this head dimension.
+    let head_dim = usize::try_from(shapes::head_dim(op, &layout)?).unwrap_or(usize::MAX);
     if x.rows == 0 || x.row_bytes == 0 {
         return Ok(());
     }
@@ -135,8 +93,8 @@ pub(crate) fn rotary(
     Ok(())
 }
 
-/// The heads of a block launch, checked as `attention` checks them (`shapes::attention`): the
-/// context's heads and K/V heads, the head dimension from `q`'s row, `k` and `v` alike.
+/// The heads and rows of a block launch, as the op table's rules found them
+/// (`shapes::attention_block`: its geometry, its query rows and its key rows).
 struct Block {
     shape: AttentionShape,
     heads: usize,
@@ -147,61 +105,19 @@ struct Block {
 }
 
 impl Block {
-    fn new(
-        op: Op,
-        sig: &[(&'static str, Access)],
-        ctx: &OpContext,
-        group: Group,
-        q: &In<'_>,
-        k: &In<'_>,
-        v: &In<'_>,
-    ) -> Result<Self, OpError> {
-        let heads = ctx.heads;
-        let kv_heads = if ctx.kv_heads == 0 { heads } else { ctx.kv_heads };
-        if heads == 0 {
-            return Err(OpError::context(op, "heads", "is 0; attention needs at least one head".into()));
-        }
-        let ranks = group.ranks.max(1);
-        let (all_heads, first_query) = if ctx.kv_replicated {
-            if group.rank >= ranks {
-                let problem = format!("is {}, but the group has {ranks} rank(s)", group.rank);
-                return Err(OpError::context(op, "rank", problem));
-            }
-            (heads.saturating_mul(ranks), group.rank.saturating_mul(heads))
-        } else {
-            (heads, 0)
+    fn of(op: Op, shape: &OpShape) -> Result<Self, OpError> {
+        let Some(geometry) = shape.attention else {
+            return Err(OpError::context(op, "heads", "the op table gave the block no attention geometry".into()));
         };
-        if kv_heads == 0 || !all_heads.is_multiple_of(kv_heads) || (!ctx.kv_replicated && kv_heads > heads) {
-            let problem = format!(
-                "is {kv_heads}; it must divide the query heads {all_heads} (grouped-query attention), and be at most \
-                 the {heads} query heads of this rank unless K and V are replicated"
-            );
-            return Err(OpError::context(op, "kv_heads", problem));
-        }
-        let elems = q.row_bytes / BF16;
-        let head_dim = elems / heads;
-        if !q.row_bytes.is_multiple_of(BF16)
-            || !elems.is_multiple_of(heads)
-            || head_dim == 0
-            || !head_dim.is_multiple_of(2)
-        {
-            let expected = format!("a row of `heads` ({heads}) heads of an even, positive head dimension");
-            return Err(shape_error(op, sig[0].0, expected, format!("{} bytes per row", q.row_bytes)));
-        }
-        let kv_row = kv_heads.saturating_mul(head_dim).saturating_mul(BF16);
-        let why = "`kv_heads` heads of `q`'s head dimension";
-        want(op, sig[1].0, (k.rows, k.row_bytes), (k.rows, kv_row), why)?;
-        want(op, sig[2].0, (v.rows, v.row_bytes), (k.rows, kv_row), "the rows and width of `k`")?;
-        let shape = AttentionShape {
-            heads: heads as u64,
-            kv_heads: kv_heads as u64,
-            group: (all_heads / kv_heads) as u64,
-            first_query: first_query as u64,
-            head_dim: head_dim as u64,
-            seq_len: 0,
-            sequences: 0,
-        };
-        Ok(Block { shape, heads, kv_heads, head_dim, q_rows: q.rows, k_rows: k.rows })
+        let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+        Ok(Block {
+            shape: geometry,
+            heads: size(geometry.heads),
+            kv_heads: size(geometry.kv_heads),
+            head_dim: size(geometry.head_dim),
+            q_rows: size(shape.rows),
+            k_rows: size(shape.features),
+        })
     }
 
     fn kv_head(&self, head: usize) -> usize {
@@ -210,25 +126,6 @@ impl Block {
 
     fn scale(&self) -> f32 {
         1.0 / (self.head_dim as f32).sqrt()
-    }
-
-    /// Bytes of an f32 row of `heads` heads (`out_acc`, `dq_acc`).
-    fn acc_row(&self) -> usize {
-        self.heads.saturating_mul(self.head_dim).saturating_mul(WORD)
-    }
-
-    /// Bytes of an f32 row of `kv_heads` heads (`dk_acc`, `dv_acc`).
-    fn kv_acc_row(&self) -> usize {
-        self.kv_heads.saturating_mul(self.head_dim).saturating_mul(WORD)
-    }
-
-    /// Checks the causal mask's square block.
-    fn check_causal(&self, op: Op, sig: &[(&'static str, Access)], causal: bool) -> Result<(), OpError> {
-        if causal && self.k_rows != self.q_rows {
-            let expected = format!("{} rows (a diagonal block has as many keys as queries)", self.q_rows);
-            return Err(shape_error(op, sig[1].0, expected, format!("{} rows", self.k_rows)));
-        }
-        Ok(())
     }
 
     /// Keys query row `i` sees: `0..=i` in a causal block, all of them in the others.
@@ -291,18 +188,8 @@ pub(crate) fn attention_block(
     threads: usize,
     causal: bool,
 ) -> Result<(), OpError> {
-    let sig = op.signature();
-    let ([q, k, v], [out_acc, lse], _) = split_signature::<3, 2>(op, sig, args)?;
-    let b = Block::new(op, sig, ctx, group, &q, &k, &v)?;
-    b.check_causal(op, sig, causal)?;
-    want(op, sig[3].0, (out_acc.rows, out_acc.row_bytes), (b.q_rows, b.acc_row()), "f32 rows of `q`'s heads")?;
-    want(
-        op,
-        sig[4].0,
-        (lse.rows, lse.row_bytes),
-        (b.q_rows, b.heads.saturating_mul(WORD)),
-        "one f32 per head of `q`'s rows",
-    )?;
+    let ([q, k, v], [out_acc, lse], shape) = split_in::<3, 2>(op, args, ctx, group)?;
+    let b = Block::of(op, &shape)?;
     let (d, scale) = (b.head_dim, b.scale());
     let results = map_tasks(b.heads, threads, |head| {
         let kv = b.kv_head(head);
@@ -345,19 +232,8 @@ pub(crate) fn attention_block(
 
 /// `attention_ring_init` (code 38): `out_acc = 0`, `lse = -inf` (rows of `heads` f32 and of
 /// `heads` whole heads of f32).
-pub(crate) fn attention_ring_init(op: Op, args: &mut [Arg<'_>], ctx: &OpContext) -> Result<(), OpError> {
-    let sig = op.signature();
-    let ([], [out_acc, lse], _) = split_signature::<0, 2>(op, sig, args)?;
-    let heads = ctx.heads;
-    if heads == 0 {
-        return Err(OpError::context(op, "heads", "is 0; attention needs at least one head".into()));
-    }
-    let head_bytes = heads.saturating_mul(WORD);
-    if !out_acc.row_bytes.is_multiple_of(head_bytes) {
-        let expected = format!("rows of `heads` ({heads}) heads of f32");
-        return Err(shape_error(op, sig[0].0, expected, format!("{} bytes per row", out_acc.row_bytes)));
-    }
-    want(op, sig[1].0, (lse.rows, lse.row_bytes), (out_acc.rows, head_bytes), "one f32 per head of `out_acc`'s rows")?;
+pub(crate) fn attention_ring_init(op: Op, args: &mut [Arg<'_>], ctx: &OpContext, group: Group) -> Result<(), OpError> {
+    let ([], [out_acc, lse], _) = split_in::<0, 2>(op, args, ctx, group)?;
     out_acc.bytes.fill(0);
     for word in lse.bytes.chunks_exact_mut(WORD) {
         word.copy_from_slice(&f32::NEG_INFINITY.to_le_bytes());
@@ -366,24 +242,23 @@ pub(crate) fn attention_ring_init(op: Op, args: &mut [Arg<'_>], ctx: &OpContext)
 }
 
 /// `attention_ring_finish` (code 39): `out = bf16(out_acc)`.
-pub(crate) fn attention_ring_finish(op: Op, args: &mut [Arg<'_>]) -> Result<(), OpError> {
-    round_rows(op, args)
+pub(crate) fn attention_ring_finish(
+    op: Op,
+    args: &mut [Arg<'_>],
+    ctx: &OpContext,
+    group: Group,
+) -> Result<(), OpError> {
+    round_rows(op, args, ctx, group)
 }
 
 /// `to_bf16` (code 42): `y = bf16(x)`, round to nearest even.
-pub(crate) fn to_bf16(op: Op, args: &mut [Arg<'_>]) -> Result<(), OpError> {
-    round_rows(op, args)
+pub(crate) fn to_bf16(op: Op, args: &mut [Arg<'_>], ctx: &OpContext, group: Group) -> Result<(), OpError> {
+    round_rows(op, args, ctx, group)
 }
 
 /// `y = bf16(x)` for an f32 `x` and a bf16 `y` of the same rows and elements.
-fn round_rows(op: Op, args: &mut [Arg<'_>]) -> Result<(), OpError> {
-    let sig = op.signature();
-    let ([x], [y], _) = split_signature::<1, 1>(op, sig, args)?;
-    if !x.row_bytes.is_multiple_of(WORD) {
-        let expected = "rows of whole f32 (a multiple of 4 bytes)".to_string();
-        return Err(shape_error(op, sig[0].0, expected, format!("{} bytes per row", x.row_bytes)));
-    }
-    want(op, sig[1].0, (y.rows, y.row_bytes), (x.rows, x.row_bytes / WORD * BF16), "a bf16 for each f32 of the input")?;
+fn round_rows(op: Op, args: &mut [Arg<'_>], ctx: &OpContext, group: Group) -> Result<(), OpError> {
+    let ([x], [y], _) = split_in::<1, 1>(op, args, ctx, group)?;
     for (pair, word) in y.bytes.chunks_exact_mut(BF16).zip(x.bytes.chunks_exact(WORD)) {
         pair.copy_from_slice(&f32_to_bf16_bytes(f32::from_le_bytes([word[0], word[1], word[2], word[3]])));
     }
@@ -424,22 +299,9 @@ pub(crate) fn attention_block_backward(
     threads: usize,
     causal: bool,
 ) -> Result<(), OpError> {
-    let sig = op.signature();
-    let ([q, k, v, out, lse, dout], [mut dq_acc, mut dk_acc, mut dv_acc], _) = split_signature::<6, 3>(op, sig, args)?;
-    let b = Block::new(op, sig, ctx, group, &q, &k, &v)?;
-    b.check_causal(op, sig, causal)?;
-    want(op, sig[3].0, (out.rows, out.row_bytes), (b.q_rows, q.row_bytes), "the rows and width of `q`")?;
-    want(
-        op,
-        sig[4].0,
-        (lse.rows, lse.row_bytes),
-        (b.q_rows, b.heads.saturating_mul(WORD)),
-        "one f32 per head of `q`'s rows",
-    )?;
-    want(op, sig[5].0, (dout.rows, dout.row_bytes), (b.q_rows, q.row_bytes), "the rows and width of `q`")?;
-    want(op, sig[6].0, (dq_acc.rows, dq_acc.row_bytes), (b.q_rows, b.acc_row()), "f32 rows of `q`'s heads")?;
-    want(op, sig[7].0, (dk_acc.rows, dk_acc.row_bytes), (b.k_rows, b.kv_acc_row()), "f32 rows of `k`'s heads")?;
-    want(op, sig[8].0, (dv_acc.rows, dv_acc.row_bytes), (b.k_rows, b.kv_acc_row()), "f32 rows of `k`'s heads")?;
+    let ([q, k, v, out, lse, dout], [mut dq_acc, mut dk_acc, mut dv_acc], shape) =
+        split_in::<6, 3>(op, args, ctx, group)?;
+    let b = Block::of(op, &shape)?;
     let (d, scale) = (b.head_dim, b.scale());
     let all_lse = f32_vec(lse.bytes);
     let results = map_tasks(b.heads, threads, |head| {

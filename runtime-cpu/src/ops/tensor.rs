@@ -89,23 +89,6 @@ pub(crate) fn split_in<'s, const R: usize, const W: usize>(
     Ok((reads, writes, shape))
 }
 
-/// Checks a launch against the op table's rules (`shapes::check`: the count, then the shapes
-/// against each other and the context) without splitting it: for the kernels that split their
-/// arguments themselves (`ring`), so that every launch meets the same rules, and errors, as on
-/// every backend.
-pub(crate) fn check_table(op: Op, args: &[Arg<'_>], ctx: &OpContext, group: Group) -> Result<(), OpError> {
-    check_argument_count(op, args.len())?;
-    let arg_shapes: Vec<ArgShape> = args
-        .iter()
-        .map(|arg| ArgShape {
-            first_row: to_u64(arg.first_row),
-            rows: to_u64(arg.rows),
-            row_bytes: to_u64(arg.row_bytes),
-        })
-        .collect();
-    shapes::check(op, &arg_shapes, &shape_context(ctx, group)).map(|_| ())
-}
-
 /// A launch's read arguments, its written ones, and what else the split found (`S`).
 pub(crate) type Split<'s, const R: usize, const W: usize, S> = ([In<'s>; R], [Out<'s>; W], S);
 
