@@ -11,8 +11,8 @@ use memo_runtime::checkpoint::{Checkpoint, StateKind};
 use memo_runtime::collective::{reduce, Element, Reduction};
 use memo_runtime::data::{TextData, DEFAULT_TEXT};
 use memo_runtime::{
-    cpu_hardware, AdamW, Backend, BackendError, Collectives, KernelArg, KernelContext, LocalGroup, NamedBytes,
-    ParallelTrainer, PlannedStep, Replay, RuntimeError, Space, Span, TrainOptions, Trainer,
+    cpu_hardware, AdamW, Backend, BackendError, Collectives, KernelArg, KernelContext, LocalGroup, LocalRank,
+    NamedBytes, ParallelTrainer, PlannedStep, Replay, RuntimeError, Space, Span, TrainOptions, Trainer,
 };
 use runtime_cpu::CpuBackend;
 
@@ -754,4 +754,64 @@ fn bad_tokens_are_refused_without_failing_the_group() {
     assert!(error.contains("16 tokens"), "{error}");
     assert!(trainer.step(&tokens, &targets).unwrap().is_finite());
     assert_eq!(trainer.steps_taken(), 1);
+}
+
+/// A backend of rank `group`'s, with its handle: one rank as `ParallelTrainer::with_plan` takes it.
+fn held_rank(group: LocalRank) -> (CpuBackend, Arc<dyn Collectives>) {
+    let group: Arc<dyn Collectives> = Arc::new(group);
+    (CpuBackend::new().with_collectives(Arc::clone(&group)), group)
+}
+
+/// Two trainers holding one rank each (as two processes would, here on two threads joined by
+/// an in-process group) take the losses of one trainer holding both, bit for bit, and make
+/// its checkpoint, byte for byte.
+#[test]
+fn trainers_holding_one_rank_each_equal_one_holding_every_rank() {
+    let options = options(&model(2, 64, 4, 32, 2), Strategy::FullSwap, None);
+    let t = 2;
+    let steps = 3;
+    let tokens: Vec<u32> = (0..64u32).map(|i| (i * 37 + 5) % 256).collect();
+    let targets: Vec<u32> = (0..64u32).map(|i| (i * 11 + 3) % 256).collect();
+    let planned = PlannedStep::tensor_parallel(&options, t).unwrap();
+    let mut whole =
+        ParallelTrainer::with_plan(planned.clone(), LocalGroup::ranks(2).into_iter().map(held_rank).collect()).unwrap();
+    let want: Vec<u32> = (0..steps).map(|_| whole.step(&tokens, &targets).unwrap().to_bits()).collect();
+    // Given in the wrong order on purpose: the handles say which rank each is.
+    let mut groups = LocalGroup::ranks(2);
+    let second = groups.pop().unwrap();
+    let first = groups.pop().unwrap();
+    let got: Vec<(Vec<u32>, Vec<u8>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = [second, first]
+            .into_iter()
+            .map(|group| {
+                let planned = planned.clone();
+                let (tokens, targets) = (&tokens, &targets);
+                scope.spawn(move || {
+                    let mut trainer = ParallelTrainer::with_plan(planned, vec![held_rank(group)]).unwrap();
+                    assert_eq!(trainer.tensor(), 2);
+                    let losses: Vec<u32> =
+                        (0..steps).map(|_| trainer.step(tokens, targets).unwrap().to_bits()).collect();
+                    // The checkpoint gathers the other rank's state through the group.
+                    (losses, trainer.checkpoint(7, 9).unwrap().encode())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let saved = whole.checkpoint(7, 9).unwrap().encode();
+    assert!(got == vec![(want.clone(), saved.clone()), (want, saved)], "the losses or checkpoints differ");
+}
+
+#[test]
+fn a_rank_given_twice_or_outside_the_group_is_refused() {
+    let planned = PlannedStep::tensor_parallel(&options(&model(2, 64, 4, 32, 2), Strategy::FullSwap, None), 2).unwrap();
+    let mut a = LocalGroup::ranks(2);
+    let mut b = LocalGroup::ranks(2);
+    let twice = vec![held_rank(a.remove(0)), held_rank(b.remove(0))];
+    let Err(error) = ParallelTrainer::with_plan(planned.clone(), twice) else { panic!("accepted") };
+    assert!(error.to_string().contains("two backends are rank 0"), "{error}");
+    let Err(error) = ParallelTrainer::with_plan(planned, vec![held_rank(LocalGroup::ranks(3).remove(0))]) else {
+        panic!("accepted")
+    };
+    assert!(error.to_string().contains("group of 3"), "{error}");
 }
